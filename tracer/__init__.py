@@ -1,0 +1,134 @@
+"""rollout-trace's recorder: decorate rollout code, get zstd Arrow trace files.
+
+Typical use::
+
+    import tracer
+
+    tracer.init(project_name="gsm8k", experiment_name="grpo-1", backend="arrow")
+
+    @tracer.rollout_trace_op(kind="llm")
+    async def generate(prompt_ids): ...
+
+    with tracer.rollout_trace_attr(sample_index=i, step=step, rollout_n=n):
+        await agent_loop(...)
+    tracer.log_reward(1.0, advantage=0.5)
+    tracer.flush()
+
+Importing this package imports none of mlflow, wandb, swanlab, torch,
+transformers, vllm, streamlit or ray.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tracer import _recorder
+from tracer._backends import available_backends
+from tracer._config import ENV_BACKEND, ENV_STRICT, ENV_TRACE_DIR, TraceConfig, TraceConfigError
+from tracer._decorators import log_reward, propagate, rollout_trace_attr, rollout_trace_op
+from tracer._reader import (
+    TraceFileWarning,
+    iter_batches,
+    list_trace_files,
+    parse_json,
+    read_file_metadata,
+    read_spans,
+    read_trajectories,
+)
+from tracer._recorder import FlushResult
+from tracer._schema import (
+    SCHEMA_VERSION,
+    SPAN_COLUMNS,
+    SPAN_FIELDS,
+    SPAN_SCHEMA,
+    TRAJECTORY_COLUMNS,
+    TRAJECTORY_FIELDS,
+    TRAJECTORY_SCHEMA,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ENV_BACKEND",
+    "ENV_STRICT",
+    "ENV_TRACE_DIR",
+    "SCHEMA_VERSION",
+    "SPAN_COLUMNS",
+    "SPAN_FIELDS",
+    "SPAN_SCHEMA",
+    "TRAJECTORY_COLUMNS",
+    "TRAJECTORY_FIELDS",
+    "TRAJECTORY_SCHEMA",
+    "FlushResult",
+    "TraceConfig",
+    "TraceConfigError",
+    "TraceFileWarning",
+    "available_backends",
+    "flush",
+    "get_config",
+    "init",
+    "iter_batches",
+    "list_trace_files",
+    "log_reward",
+    "parse_json",
+    "propagate",
+    "read_file_metadata",
+    "read_spans",
+    "read_trajectories",
+    "rollout_trace_attr",
+    "rollout_trace_op",
+    "shutdown",
+]
+
+_config: TraceConfig | None = None
+
+
+def init(config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
+    """Configure tracing for this process and return the config in force.
+
+    Calling it again replaces the configuration: the previous recorder is
+    flushed and closed first. ``fields`` override ``config``; unset fields
+    come from the environment (``ROLLOUT_TRACE_DIR``, ``ROLLOUT_TRACE_BACKEND``)
+    and defaults.
+
+    Raises:
+        TraceConfigError: a field is unknown or has a bad value.
+    """
+    global _config
+    cfg = TraceConfig.resolve(config, **fields)
+    rec = _recorder.Recorder(cfg) if cfg.enabled else None
+    if rec is not None:
+        from tracer._exporting import attach_exporters
+
+        attach_exporters(rec)
+    _recorder.set_active(rec)
+    _config = cfg
+    return cfg
+
+
+def get_config() -> TraceConfig | None:
+    """The config of the last :func:`init`, or None if it was never called."""
+    return _config
+
+
+def flush(timeout: float | None = 30.0) -> FlushResult:
+    """Return when everything recorded so far is durable on disk.
+
+    Never raises for a storage failure: the result says what could not be
+    written (``result.ok`` is False, ``result.message`` says why).
+    """
+    rec = _recorder.ACTIVE
+    if rec is None:
+        return FlushResult(True)
+    return rec.flush(timeout)
+
+
+def shutdown(timeout: float | None = 30.0) -> FlushResult:
+    """Flush, close the files and turn tracing off until the next :func:`init`."""
+    global _config
+    rec = _recorder.ACTIVE
+    _recorder.ACTIVE = None
+    _config = None
+    if rec is None:
+        return FlushResult(True)
+    return rec.shutdown(timeout)

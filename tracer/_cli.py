@@ -1,0 +1,78 @@
+"""The ``rollout-trace`` command line.
+
+Subcommands come from the packages that own them, through the entry-point
+group ``rollout_trace.commands`` (see pyproject.toml): each entry point is a
+function ``register(subparsers)`` that adds one parser and sets its
+``func(args) -> int``. ``info`` is tracer's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+
+ENTRY_POINT_GROUP = "rollout_trace.commands"
+
+
+def _info(args: argparse.Namespace) -> int:
+    from tracer import TraceFileWarning, list_trace_files, read_trajectories
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TraceFileWarning)
+        try:
+            files = list_trace_files(args.path)
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        table = read_trajectories(args.path)
+    steps = sorted({s for s in table["step"].to_pylist() if s is not None})
+    print(f"{args.path}: {len(files)} file(s), {table.num_rows} trajectories, steps {steps[:1]}..{steps[-1:]}")
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rollout-trace", description="Record, view and export agentic RL rollouts.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    info = sub.add_parser("info", help="summarise the trace files under PATH")
+    info.add_argument("path")
+    info.set_defaults(func=_info)
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            register = ep.load()
+        except ImportError as exc:
+            broken = sub.add_parser(ep.name, help=f"(unavailable: {exc})")
+            broken.set_defaults(func=_unavailable(ep.name, exc))
+            continue
+        register(sub)
+    return parser
+
+
+def _unavailable(name: str, exc: ImportError) -> object:
+    def run(args: argparse.Namespace) -> int:
+        print(
+            f"error: '{name}' needs a package that is not installed ({exc}); "
+            f"pip install 'rollout-trace[all]'",
+            file=sys.stderr,
+        )
+        return 2
+
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    return int(func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The tracer's only ContextVar and the per-trajectory state it carries.
+
+``CURRENT_SPAN`` holds a ``(span_id, trace_id, trajectory)`` tuple for the span
+(or trajectory context) the running code is inside. A tuple, not an object:
+the decorator builds one per call, and that cost is on the rollout's path.
+Copies of the context made by ``asyncio.create_task``, ``asyncio.to_thread``
+and :func:`tracer.wrap_context` carry it to children.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+#: ``(span_id, trace_id, Trajectory | None)`` of the innermost open span or
+#: trajectory context, or None outside any.
+CURRENT_SPAN: contextvars.ContextVar[tuple[int, int, Trajectory | None] | None] = (
+    contextvars.ContextVar("rollout_trace_current_span", default=None)
+)
+
+
+class Trajectory:
+    """Attributes shared by every span of one trajectory (one rollout).
+
+    Created by :func:`tracer.rollout_trace_attr` or by a ``kind="rollout"``
+    op outside one. Spans hold a reference; the background writer turns it
+    into columns.
+    """
+
+    __slots__ = (
+        "step",
+        "sample_index",
+        "rollout_n",
+        "validate",
+        "name",
+        "extra",
+        "recording",
+        "root_span_id",
+        "trace_id",
+        "root_claimed",
+        "spans",
+        "sample",
+    )
+
+    def __init__(
+        self,
+        step: int | None,
+        sample_index: str | None,
+        rollout_n: int | None,
+        validate: bool | None,
+        name: str,
+        extra: dict[str, Any] | None,
+        recording: bool,
+        root_span_id: int,
+        trace_id: int,
+    ) -> None:
+        self.step = step
+        self.sample_index = sample_index
+        self.rollout_n = rollout_n
+        self.validate = validate
+        self.name = name
+        self.extra = extra
+        #: False when tracing is off for this trajectory (trace=False, or the
+        #: sampler left it out): decorators call straight through.
+        self.recording = recording
+        self.root_span_id = root_span_id
+        self.trace_id = trace_id
+        #: True once a kind="rollout" op became the root span.
+        self.root_claimed = False
+        #: Spans recorded so far (the context's synthetic root is written
+        #: only when something was recorded inside it).
+        self.spans = 0
+        #: The sampler's record of this trajectory's sample, or None.
+        self.sample: Any = None

@@ -1,0 +1,327 @@
+"""Readers: spans and trajectories back from trace files, tolerant of damage.
+
+A trace file a killed writer left behind is read up to its last complete
+batch with a :class:`TraceFileWarning` that says how much was recovered;
+empty, foreign or corrupt files are skipped with a warning. Readers never
+raise for a damaged file, only for a path that does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracer import _schema as S
+
+
+class TraceFileWarning(UserWarning):
+    """A trace file was damaged, empty or unreadable; the message says what was kept."""
+
+
+def list_trace_files(path: str | os.PathLike[str]) -> list[str]:
+    """Trace files under ``path`` (a file, or a directory searched recursively), sorted.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    p = os.fspath(path)
+    if os.path.isfile(p):
+        return [p]
+    if not os.path.isdir(p):
+        raise FileNotFoundError(f"trace path {p!r} does not exist; give a .arrow file or a directory of them")
+    found: list[str] = []
+    for root, dirs, files in os.walk(p):
+        dirs.sort()
+        found.extend(os.path.join(root, f) for f in sorted(files) if f.endswith(S.FILE_SUFFIX))
+    return found
+
+
+def _major(version: str) -> int:
+    try:
+        return int(version.split(".", 1)[0])
+    except ValueError:
+        return -1
+
+
+def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The schema-level metadata of one trace file (schema version, config, host, ...)."""
+    with pa.OSFile(os.fspath(path), "rb") as f:
+        schema = pa.ipc.open_stream(f).schema
+    return {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+
+
+def iter_batches(
+    path: str | os.PathLike[str], columns: Iterable[str] | None = None
+) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """Yield ``(file, batch)`` for every readable batch under ``path``.
+
+    Only ``columns`` are decompressed (all when None). Columns a file lacks
+    (an older format) come back as nulls.
+    """
+    wanted = list(S.SPAN_COLUMNS if columns is None else columns)
+    unknown = [c for c in wanted if c not in S.SPAN_COLUMNS]
+    if unknown:
+        raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
+    for file in list_trace_files(path):
+        yield from ((file, b) for b in _read_file(file, wanted))
+
+
+def _read_file(file: str, wanted: list[str]) -> Iterator[pa.RecordBatch]:
+    try:
+        size = os.path.getsize(file)
+    except OSError as exc:
+        warnings.warn(f"{file}: skipped, cannot stat: {exc}", TraceFileWarning, stacklevel=3)
+        return
+    if size == 0:
+        warnings.warn(f"{file}: skipped, empty file (0 bytes)", TraceFileWarning, stacklevel=3)
+        return
+    try:
+        with pa.OSFile(file, "rb") as f:
+            schema = pa.ipc.open_stream(f).schema
+    except (OSError, pa.ArrowException) as exc:
+        warnings.warn(f"{file}: skipped, not a readable trace file: {exc}", TraceFileWarning, stacklevel=3)
+        return
+    meta = schema.metadata or {}
+    version = meta.get(S.META_SCHEMA_VERSION.encode(), b"").decode()
+    if not version:
+        warnings.warn(f"{file}: skipped, not a rollout-trace file (no schema version)", TraceFileWarning, stacklevel=3)
+        return
+    if _major(version) > _major(S.SCHEMA_VERSION):
+        warnings.warn(
+            f"{file}: skipped, written in format {version}, newer than this reader's {S.SCHEMA_VERSION}; "
+            f"upgrade rollout-trace",
+            TraceFileWarning,
+            stacklevel=3,
+        )
+        return
+    present = [c for c in wanted if c in schema.names]
+    indices = [schema.get_field_index(c) for c in present]
+    out_schema = pa.schema([S.SPAN_SCHEMA.field(c) for c in wanted])
+    batches = rows = 0
+    try:
+        with pa.OSFile(file, "rb") as f:
+            reader = pa.ipc.open_stream(f, options=pa.ipc.IpcReadOptions(included_fields=indices))
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    return
+                batches += 1
+                rows += batch.num_rows
+                yield _conform(batch, wanted, out_schema)
+    except (OSError, pa.ArrowException) as exc:
+        warnings.warn(
+            f"{file}: damaged after {batches} complete batch(es); recovered {rows} span(s) "
+            f"({type(exc).__name__}: {exc})",
+            TraceFileWarning,
+            stacklevel=3,
+        )
+
+
+def _conform(batch: pa.RecordBatch, wanted: list[str], schema: pa.Schema) -> pa.RecordBatch:
+    names = batch.schema.names
+    arrays = []
+    for c in wanted:
+        if c in names:
+            arr = batch.column(names.index(c))
+            target = schema.field(c).type
+            arrays.append(arr if arr.type == target else arr.cast(target))
+        else:
+            arrays.append(pa.nulls(batch.num_rows, schema.field(c).type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _as_set(value: Any) -> list[Any] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, int)):
+        return [value]
+    return list(value)
+
+
+def read_spans(
+    path: str | os.PathLike[str],
+    columns: Iterable[str] | None = None,
+    steps: int | Iterable[int] | None = None,
+    validate: bool | None = None,
+    trace_ids: str | Iterable[str] | None = None,
+) -> pa.Table:
+    """Read spans from a trace file or a directory tree of them.
+
+    Args:
+        path: A ``.arrow`` file or a directory searched recursively.
+        columns: Columns to return (default all); only these (and the
+            filter columns) are decompressed.
+        steps: Keep spans of this step or these steps.
+        validate: Keep only validation (True) or training (False) spans.
+        trace_ids: Keep spans of these trajectories.
+
+    Returns:
+        A table with the requested columns of :data:`tracer.SPAN_SCHEMA`.
+    """
+    out_cols = list(S.SPAN_COLUMNS if columns is None else columns)
+    step_set = _as_set(steps)
+    trace_set = _as_set(trace_ids)
+    read_cols = list(out_cols)
+    for needed, active in ((S.STEP, step_set), (S.VALIDATE, validate), (S.TRACE_ID, trace_set)):
+        if active is not None and needed not in read_cols:
+            read_cols.append(needed)
+    pieces: list[pa.RecordBatch] = []
+    for _, batch in iter_batches(path, read_cols):
+        mask = None
+        if step_set is not None:
+            mask = pc.is_in(batch.column(S.STEP), value_set=pa.array(step_set, pa.int64()))
+        if validate is not None:
+            m = pc.equal(pc.fill_null(batch.column(S.VALIDATE), False), validate)
+            mask = m if mask is None else pc.and_(mask, m)
+        if trace_set is not None:
+            m = pc.is_in(batch.column(S.TRACE_ID), value_set=pa.array(trace_set, pa.string()))
+            mask = m if mask is None else pc.and_(mask, m)
+        if mask is not None:
+            batch = batch.filter(pc.fill_null(mask, False))
+        if batch.num_rows:
+            pieces.append(batch.select(out_cols))
+    schema = pa.schema([S.SPAN_SCHEMA.field(c) for c in out_cols])
+    return pa.Table.from_batches(pieces, schema=schema)
+
+
+_TRAJ_READ = (
+    S.TRACE_ID,
+    S.PARENT_SPAN_ID,
+    S.NAME,
+    S.KIND,
+    S.STATUS,
+    S.START_NS,
+    S.END_NS,
+    S.STEP,
+    S.SAMPLE_INDEX,
+    S.ROLLOUT_N,
+    S.VALIDATE,
+    S.REWARD,
+)
+
+
+def read_trajectories(
+    path: str | os.PathLike[str],
+    steps: int | Iterable[int] | None = None,
+    validate: bool | None = None,
+) -> pa.Table:
+    """One row per trajectory, with its reward, status, timing and call counts.
+
+    A trajectory whose root span was never written (its writer was killed
+    mid-rollout) is listed with status ``"incomplete"``. Rewards logged from
+    another process are joined by ``(step, sample_index, rollout_n, validate)``.
+
+    Returns:
+        A table of :data:`tracer.TRAJECTORY_SCHEMA`.
+    """
+    spans = read_spans(path, columns=_TRAJ_READ, steps=steps, validate=validate)
+    is_reward_row = pc.and_(pc.equal(spans[S.KIND], S.KIND_REWARD), pc.equal(spans[S.NAME], S.REWARD_SPAN_NAME))
+    rewards = spans.filter(is_reward_row)
+    body = spans.filter(pc.invert(is_reward_row))
+    if body.num_rows == 0:
+        return S.TRAJECTORY_SCHEMA.empty_table()
+
+    def flag(mask: Any) -> Any:
+        return pc.cast(pc.fill_null(mask, False), pa.int64())
+
+    kind, status = body[S.KIND], body[S.STATUS]
+    body = body.append_column("is_llm", flag(pc.equal(kind, S.KIND_LLM)))
+    body = body.append_column("is_tool", flag(pc.equal(kind, S.KIND_TOOL)))
+    body = body.append_column("is_tool_err", flag(pc.and_(pc.equal(kind, S.KIND_TOOL), pc.not_equal(status, S.STATUS_OK))))
+    body = body.append_column("is_err", flag(pc.equal(status, S.STATUS_ERROR)))
+    grouped = body.group_by(S.TRACE_ID, use_threads=False).aggregate(
+        [
+            (S.START_NS, "min"),
+            (S.END_NS, "max"),
+            (S.KIND, "count"),
+            ("is_llm", "sum"),
+            ("is_tool", "sum"),
+            ("is_tool_err", "sum"),
+            ("is_err", "sum"),
+            (S.STEP, "first"),
+            (S.SAMPLE_INDEX, "first"),
+            (S.ROLLOUT_N, "first"),
+            (S.VALIDATE, "first"),
+        ]
+    )
+    roots = body.filter(pc.is_null(body[S.PARENT_SPAN_ID])).select([S.TRACE_ID, S.NAME, S.STATUS])
+    root_by_trace = {t: (n, s) for t, n, s in zip(*(roots[c].to_pylist() for c in roots.column_names))}
+    # Rewards returned by kind="reward" ops count when no log_reward names one.
+    scored = body.filter(pc.is_valid(body[S.REWARD])).sort_by(S.END_NS)
+    op_reward = dict(zip(scored[S.TRACE_ID].to_pylist(), scored[S.REWARD].to_pylist()))
+    reward_by_trace, reward_by_key = _collect_rewards(path, rewards, steps, validate)
+
+    trace_ids = grouped[S.TRACE_ID].to_pylist()
+    steps_l = grouped[f"{S.STEP}_first"].to_pylist()
+    samples = grouped[f"{S.SAMPLE_INDEX}_first"].to_pylist()
+    rollouts = grouped[f"{S.ROLLOUT_N}_first"].to_pylist()
+    validates = grouped[f"{S.VALIDATE}_first"].to_pylist()
+    names, statuses, reward_col, info_col = [], [], [], []
+    for i, tid in enumerate(trace_ids):
+        name, status_v = root_by_trace.get(tid, (None, S.STATUS_INCOMPLETE))
+        names.append(name)
+        statuses.append(status_v)
+        found = reward_by_trace.get(tid) or reward_by_key.get((steps_l[i], samples[i], rollouts[i], bool(validates[i])))
+        if found is not None:
+            reward_col.append(found[1])
+            info_col.append(found[2])
+        else:
+            reward_col.append(op_reward.get(tid))
+            info_col.append(None)
+    columns = {
+        S.TRACE_ID: trace_ids,
+        S.NAME: names,
+        S.STEP: steps_l,
+        S.SAMPLE_INDEX: samples,
+        S.ROLLOUT_N: rollouts,
+        S.VALIDATE: validates,
+        S.REWARD: reward_col,
+        "reward_info": info_col,
+        S.STATUS: statuses,
+        S.START_NS: grouped[f"{S.START_NS}_min"],
+        S.END_NS: grouped[f"{S.END_NS}_max"],
+        "num_spans": grouped[f"{S.KIND}_count"],
+        "num_llm_calls": grouped["is_llm_sum"],
+        "num_tool_calls": grouped["is_tool_sum"],
+        "num_tool_errors": grouped["is_tool_err_sum"],
+        "num_errors": grouped["is_err_sum"],
+    }
+    table = pa.table({k: columns[k] for k in S.TRAJECTORY_COLUMNS}, schema=S.TRAJECTORY_SCHEMA)
+    return table.sort_by([(S.STEP, "ascending"), (S.SAMPLE_INDEX, "ascending"), (S.ROLLOUT_N, "ascending"), (S.START_NS, "ascending")])
+
+
+def _collect_rewards(
+    path: Any, rewards: pa.Table, steps: Any, validate: Any
+) -> tuple[dict[str, tuple[int, float, str | None]], dict[tuple[Any, ...], tuple[int, float, str | None]]]:
+    """Last reward per trace id, and per (step, sample, rollout, validate) key."""
+    by_trace: dict[str, tuple[int, float, str | None]] = {}
+    by_key: dict[tuple[Any, ...], tuple[int, float, str | None]] = {}
+    if rewards.num_rows == 0:
+        return by_trace, by_key
+    # The reward rows' attributes (advantage, ...) are read only for them.
+    attrs = read_spans(path, columns=[S.ATTRIBUTES, S.KIND, S.NAME, S.END_NS, S.TRACE_ID], steps=steps, validate=validate)
+    attrs = attrs.filter(pc.and_(pc.equal(attrs[S.KIND], S.KIND_REWARD), pc.equal(attrs[S.NAME], S.REWARD_SPAN_NAME)))
+    info = attrs[S.ATTRIBUTES].to_pylist()
+    cols = [rewards[c].to_pylist() for c in (S.TRACE_ID, S.END_NS, S.REWARD, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)]
+    for i, (tid, end, reward, step, sample, rollout, val) in enumerate(zip(*cols)):
+        entry = (end, reward, info[i] if i < len(info) else None)
+        if tid:
+            if tid not in by_trace or by_trace[tid][0] <= end:
+                by_trace[tid] = entry
+        else:
+            key = (step, sample, rollout, bool(val))
+            if key not in by_key or by_key[key][0] <= end:
+                by_key[key] = entry
+    return by_trace, by_key
+
+
+def parse_json(text: str | None) -> Any:
+    """Parse one of the JSON columns (inputs, outputs, attributes, error); None stays None."""
+    return None if text is None else json.loads(text)

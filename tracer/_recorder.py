@@ -1,0 +1,591 @@
+"""The process's recorder: the buffer decorators append to, and the writer thread.
+
+``ACTIVE`` is the one configured recorder of this process (None when tracing
+is off); :func:`tracer.init` replaces it. Decorators append one tuple per
+finished span to :attr:`Recorder.buffer` and return; the writer thread drains
+the buffer every ``flush_interval_s`` (sooner when it fills or on
+:func:`tracer.flush`), applies sampling, encodes, decodes tokens, and writes a
+zstd Arrow batch with ``fsync``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import inspect
+import itertools
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from tracer import _schema as S
+from tracer._capture import capture
+from tracer._config import ENV_STRICT, TraceConfig
+from tracer._context import Trajectory
+from tracer._encode import Encoder, error_json, to_json
+from tracer._sampling import IN, OUT, PENDING, StepSampler
+from tracer._writer import SpanWriter
+
+logger = logging.getLogger("rollout_trace")
+
+#: The configured recorder of this process, or None when tracing is off.
+ACTIVE: Recorder | None = None
+
+#: Rows per Arrow batch written.
+BATCH_ROWS = 8192
+#: Trajectories remembered for log_reward calls made after the rollout.
+MAX_REMEMBERED_TRAJECTORIES = 200_000
+
+# Positions in a span record tuple (built on the caller's path).
+R_SPAN, R_PARENT, R_TRACE, R_SPEC, R_TRAJ, R_START, R_END, R_EXC, R_ARGS, R_KWARGS, R_OUT, R_SELF = range(12)
+
+
+class OpSpec:
+    """What the decorator knows about a traced function, computed once."""
+
+    __slots__ = ("name", "kind", "params", "varargs", "has_self", "special")
+
+    def __init__(self, fn: Callable[..., Any] | None, name: str | None, kind: str | None, special: str | None = None) -> None:
+        self.name = name or (getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "span"))
+        self.kind = kind or S.KIND_SPAN
+        self.special = special
+        self.params: tuple[str, ...] = ()
+        self.varargs: str | None = None
+        self.has_self = False
+        if fn is None:
+            return
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        if params and params[0].name in ("self", "cls"):
+            self.has_self = True
+            params = params[1:]
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self.params = tuple(p.name for p in params if p.kind in positional)
+        self.varargs = next((p.name for p in params if p.kind == inspect.Parameter.VAR_POSITIONAL), None)
+
+    def bind(self, args: tuple[Any, ...] | None, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+        """Name the captured arguments."""
+        out: dict[str, Any] = {}
+        if args:
+            n = len(self.params)
+            for i, value in enumerate(args):
+                if i < n:
+                    out[self.params[i]] = value
+                else:
+                    out.setdefault(self.varargs or "args", []).append(value)
+        if kwargs:
+            out.update(kwargs)
+        return out
+
+
+ROOT_SPEC = OpSpec(None, "rollout_trace", S.KIND_ROLLOUT, special="root")
+REWARD_SPEC = OpSpec(None, S.REWARD_SPAN_NAME, S.KIND_REWARD, special="reward")
+
+
+@dataclasses.dataclass
+class FlushResult:
+    """What :func:`tracer.flush` achieved. Truthy when nothing failed.
+
+    Attributes:
+        ok: Everything recorded before the call is durable on disk.
+        spans_written: Spans written by this process so far.
+        spans_dropped: Spans dropped because the buffer was full (``on_buffer_full="drop"``).
+        spans_failed: Spans that could not be written (storage errors).
+        internal_errors: Tracer errors counted (encoding, decoding, ...).
+        message: Empty when ok, else what went wrong and where.
+    """
+
+    ok: bool
+    spans_written: int = 0
+    spans_dropped: int = 0
+    spans_failed: int = 0
+    internal_errors: int = 0
+    message: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+class _ProblemLog:
+    """Counts the tracer's own problems and logs each kind once."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.last: dict[str, str] = {}
+        self.first_exception: BaseException | None = None
+
+    def report(self, kind: str, detail: str, exc: BaseException | None = None) -> None:
+        self.counts[kind] += 1
+        self.last[kind] = detail
+        if exc is not None and self.first_exception is None:
+            self.first_exception = exc
+        if self.counts[kind] == 1:
+            logger.warning(
+                "rollout-trace: %s: %s (logged once; later ones are counted, see tracer.flush())",
+                kind,
+                detail,
+            )
+
+
+class Recorder:
+    """Buffer, sampler and writer thread for one process and one config."""
+
+    def __init__(self, config: TraceConfig) -> None:
+        self.config = config
+        self.buffer: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.limit = config.max_buffered_spans
+        self.block_when_full = config.on_buffer_full == "block"
+        self.strict = os.environ.get(ENV_STRICT, "") not in ("", "0")
+        self.span_ids = itertools.count(1)
+        self.trace_ids = itertools.count(1)
+        self.span_prefix = secrets.token_hex(4)
+        self.trace_prefix = secrets.token_hex(8)
+        self.sampler = (
+            StepSampler(config.max_samples_per_step_per_worker, config.seed, config.flush_interval_s)
+            if config.max_samples_per_step_per_worker
+            else None
+        )
+        self.problems = _ProblemLog()
+        self._trajectories: collections.OrderedDict[tuple[Any, ...], Trajectory] = collections.OrderedDict()
+        self._traj_lock = threading.Lock()
+        self._held: list[tuple[Any, ...]] = []
+        self._listeners: list[Callable[[pa.RecordBatch], None]] = []
+        self._closers: list[Callable[[float | None], object]] = []
+        self._wake = threading.Event()
+        self._cond = threading.Condition()
+        self._flush_requested = 0
+        self._flush_done = 0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self.spans_written = 0
+        self.spans_dropped = 0
+        self.spans_failed = 0
+        self.spans_sampled_out = 0
+        self._tokenizer: Any = None
+        self._tokenizer_loaded = False
+        self.writer = SpanWriter(
+            config.run_dir,
+            self._file_metadata(),
+            compression_level=config.compression_level,
+            max_file_bytes=config.max_file_bytes,
+        )
+
+    def _file_metadata(self) -> dict[str, str]:
+        return {
+            S.META_SCHEMA_VERSION: S.SCHEMA_VERSION,
+            S.META_CONFIG: json.dumps(self.config.to_dict()),
+            S.META_PROJECT: self.config.project_name,
+            S.META_EXPERIMENT: self.config.experiment_name,
+            S.META_HOST: socket.gethostname(),
+            S.META_PID: str(os.getpid()),
+            S.META_CREATED_NS: str(time.time_ns()),
+        }
+
+    # -- caller's path -----------------------------------------------------
+
+    def open_span(self, spec: OpSpec, parent: tuple[int, int, Trajectory | None] | None) -> tuple[tuple[int, int, Trajectory | None], int | None] | None:
+        """Return (frame, parent span id) for a new span, or None to not record."""
+        if parent is None:
+            if spec.kind == S.KIND_ROLLOUT:
+                traj = self.new_trajectory(None, None, None, None, spec.name, None, True)
+                traj.root_claimed = True
+                traj.spans = 1
+                return (traj.root_span_id, traj.trace_id, traj), None
+            return (next(self.span_ids), next(self.trace_ids), None), None
+        traj = parent[2]
+        if traj is not None:
+            if not traj.recording:
+                return None
+            traj.spans += 1
+            if spec.kind == S.KIND_ROLLOUT:
+                if parent[0] == traj.root_span_id and not traj.root_claimed:
+                    traj.root_claimed = True
+                    return (traj.root_span_id, traj.trace_id, traj), None
+                # A rollout inside a trajectory starts a trajectory of its own.
+                child = self.new_trajectory(
+                    traj.step, traj.sample_index, traj.rollout_n, traj.validate, spec.name, traj.extra, True, remember=False
+                )
+                child.root_claimed = True
+                child.spans = 1
+                child.sample = traj.sample
+                return (child.root_span_id, child.trace_id, child), None
+        return (next(self.span_ids), parent[1], traj), parent[0]
+
+    def close_span(
+        self,
+        spec: OpSpec,
+        frame: tuple[int, int, Trajectory | None],
+        parent_sid: int | None,
+        start: int,
+        exc: BaseException | None,
+        args: Any,
+        kwargs: Any,
+        out: Any,
+        self_obj: Any,
+    ) -> None:
+        """Append a finished span to the buffer."""
+        end = time.time_ns()
+        if exc is None:
+            try:
+                out = capture(out)
+            except Exception as err:
+                out = None
+                self.internal_error("capturing a return value", err)
+        self.append((frame[0], parent_sid, frame[1], spec, frame[2], start, end, exc, args, kwargs, out, self_obj))
+
+    def append(self, record: tuple[Any, ...]) -> None:
+        buf = self.buffer
+        if len(buf) >= self.limit:
+            if not self._make_room():
+                self.spans_dropped += 1
+                return
+        buf.append(record)
+        if len(buf) >= BATCH_ROWS and not self._wake.is_set():
+            self._wake.set()
+        if self._thread is None:
+            self._start_thread()
+
+    def _make_room(self) -> bool:
+        """The buffer is full: wait for the writer (block mode) or give up (drop)."""
+        if not self.block_when_full or self._stopping:
+            return False
+        self._start_thread()
+        self._wake.set()
+        with self._cond:
+            while len(self.buffer) >= self.limit:
+                thread = self._thread
+                if thread is None or not thread.is_alive():
+                    return False
+                self._cond.wait(timeout=0.05)
+        return True
+
+    def new_trajectory(
+        self,
+        step: int | None,
+        sample_index: str | None,
+        rollout_n: int | None,
+        validate: bool | None,
+        name: str,
+        extra: dict[str, Any] | None,
+        trace: bool,
+        remember: bool = True,
+    ) -> Trajectory:
+        """Start a trajectory: ids, sampling decision, and log_reward lookup."""
+        traj = Trajectory(step, sample_index, rollout_n, validate, name, extra, trace, next(self.span_ids), next(self.trace_ids))
+        if trace and self.sampler is not None and sample_index is not None:
+            sample = self.sampler.admit(step, validate, sample_index)
+            if sample is None:
+                traj.recording = False
+            else:
+                traj.sample = sample
+                sample.trajectories.append(traj)
+                if sample.state == OUT:
+                    traj.recording = False
+        if remember and sample_index is not None:
+            key = (step, sample_index, rollout_n, bool(validate))
+            with self._traj_lock:
+                self._trajectories[key] = traj
+                if len(self._trajectories) > MAX_REMEMBERED_TRAJECTORIES:
+                    self._trajectories.popitem(last=False)
+        return traj
+
+    def end_trajectory(self, traj: Trajectory, start: int, exc: BaseException | None) -> None:
+        """Close a rollout_trace_attr block: write its root unless an op was the root."""
+        if traj.recording and not traj.root_claimed and traj.spans > 0:
+            self.append((traj.root_span_id, None, traj.trace_id, ROOT_SPEC, traj, start, time.time_ns(), exc, None, None, None, None))
+
+    def find_trajectory(self, step: Any, sample_index: str | None, rollout_n: Any, validate: Any) -> Trajectory | None:
+        with self._traj_lock:
+            return self._trajectories.get((step, sample_index, rollout_n, bool(validate)))
+
+    def internal_error(self, what: str, exc: BaseException) -> None:
+        """Count a failure of the tracer itself; raise it under ROLLOUT_TRACE_STRICT."""
+        self.problems.report("internal error", f"{what}: {type(exc).__name__}: {exc}", exc)
+        if self.strict:
+            raise exc
+
+    # -- writer thread -----------------------------------------------------
+
+    def _start_thread(self) -> None:
+        with self._thread_lock:
+            if self._thread is None and not self._stopping:
+                self._thread = threading.Thread(target=self._run, name="rollout-trace-writer", daemon=True)
+                self._thread.start()
+
+    def add_listener(self, fn: Callable[[pa.RecordBatch], None]) -> None:
+        """Call ``fn(batch)`` on the writer thread after each durable batch (exporters)."""
+        self._listeners.append(fn)
+
+    def add_closer(self, fn: Callable[[float | None], object]) -> None:
+        """Call ``fn(timeout)`` at shutdown, after the last batch (exporters drain)."""
+        self._closers.append(fn)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(timeout=self.config.flush_interval_s)
+            self._wake.clear()
+            with self._cond:
+                target = self._flush_requested
+                stopping = self._stopping
+            try:
+                self._cycle(force=stopping or target > self._flush_done)
+            except BaseException as exc:  # never let the writer thread die silently
+                self.problems.report("writer error", f"{type(exc).__name__}: {exc}", exc)
+            with self._cond:
+                self._flush_done = max(self._flush_done, target)
+                self._cond.notify_all()
+            if stopping and not self.buffer:
+                return
+
+    def _cycle(self, force: bool) -> None:
+        buf = self.buffer
+        records = [buf.popleft() for _ in range(len(buf))]
+        if records:
+            with self._cond:
+                self._cond.notify_all()  # room for blocked callers
+        if self.sampler is not None:
+            self.sampler.decide(force)
+            records = self._apply_sampling(records)
+        for i in range(0, len(records), BATCH_ROWS):
+            self._write(records[i : i + BATCH_ROWS])
+
+    def _apply_sampling(self, records: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        ready: list[tuple[Any, ...]] = []
+        held: list[tuple[Any, ...]] = []
+        for rec in itertools.chain(self._held, records):
+            traj = rec[R_TRAJ]
+            sample = traj.sample if traj is not None else None
+            state = sample.state if sample is not None else IN
+            if state == IN:
+                ready.append(rec)
+            elif state == PENDING:
+                held.append(rec)
+            else:
+                self.spans_sampled_out += 1
+        self._held = held
+        return ready
+
+    def _tokenizer_for(self, self_obj: Any) -> Any:
+        if not self.config.token2text:
+            return None
+        if not self._tokenizer_loaded:
+            self._tokenizer_loaded = True
+            tok = self.config.tokenizer
+            if isinstance(tok, (str, os.PathLike)):
+                from tracer._tokenizer import load_tokenizer
+
+                try:
+                    tok = load_tokenizer(os.fspath(tok))
+                except Exception as exc:
+                    self.problems.report("tokenizer", f"cannot load {tok!r}: {exc}", exc)
+                    tok = None
+            self._tokenizer = tok
+        if self._tokenizer is not None:
+            return self._tokenizer
+        return getattr(self_obj, "tokenizer", None) if self_obj is not None else None
+
+    def _write(self, records: list[tuple[Any, ...]]) -> None:
+        batch = self.encode(records)
+        try:
+            self.writer.write(batch, self._batch_metadata(len(records)))
+        except Exception as exc:
+            self.spans_failed += len(records)
+            self.problems.report("write failed", f"{len(records)} spans not written to {self.writer.run_dir}: {type(exc).__name__}: {exc}", exc)
+            return
+        self.spans_written += len(records)
+        for fn in self._listeners:
+            try:
+                fn(batch)
+            except Exception as exc:
+                self.problems.report("listener error", f"{getattr(fn, '__qualname__', fn)}: {exc}", exc)
+
+    def _batch_metadata(self, n: int) -> dict[str, str]:
+        return {
+            S.BATCH_META_SPANS_WRITTEN: str(self.spans_written + n),
+            S.BATCH_META_SPANS_DROPPED: str(self.spans_dropped),
+            S.BATCH_META_INTERNAL_ERRORS: str(sum(self.problems.counts.values())),
+        }
+
+    def encode(self, records: list[tuple[Any, ...]]) -> pa.RecordBatch:
+        """Turn span records into one Arrow batch (writer thread)."""
+        cfg = self.config
+        enc = Encoder(cfg.token_fields, cfg.token2text, cfg.max_tokens, cfg.store_full_token)
+        n = len(records)
+        cols: dict[str, list[Any]] = {name: [None] * n for name in S.SPAN_COLUMNS}
+        prepared: list[tuple[Any, Any, dict[str, Any]]] = []
+        sp, tp = self.span_prefix, self.trace_prefix
+        for i, rec in enumerate(records):
+            spec: OpSpec = rec[R_SPEC]
+            traj: Trajectory | None = rec[R_TRAJ]
+            exc = rec[R_EXC]
+            attrs: dict[str, Any] = {}
+            inputs: Any = None
+            outputs: Any = None
+            try:
+                if spec.special == "reward":
+                    cols[S.REWARD][i] = rec[R_ARGS][0]
+                    attrs.update(enc.prepare(rec[R_KWARGS] or {}, None, {}))
+                else:
+                    tok = self._tokenizer_for(rec[R_SELF])
+                    if spec.special is None:
+                        inputs = enc.prepare(spec.bind(rec[R_ARGS], rec[R_KWARGS]), tok, attrs)
+                        if exc is None:
+                            out = rec[R_OUT]
+                            outputs = enc.prepare(out, tok, attrs)
+                            if spec.kind == S.KIND_REWARD:
+                                cols[S.REWARD][i] = _as_reward(out)
+                if traj is not None and rec[R_PARENT] is None and traj.extra:
+                    attrs.update(enc.prepare(traj.extra, None, {}))
+            except Exception as err:
+                self.problems.report("internal error", f"encoding span {spec.name!r}: {type(err).__name__}: {err}", err)
+                inputs, outputs = f"<not recorded: {type(err).__name__}: {err}>", None
+            prepared.append((inputs, outputs, attrs, spec.special is None and exc is None))
+            trace_int = rec[R_TRACE]
+            cols[S.TRACE_ID][i] = f"{tp}{trace_int:016x}" if trace_int else ""
+            cols[S.SPAN_ID][i] = f"{sp}{rec[R_SPAN]:08x}"
+            parent = rec[R_PARENT]
+            cols[S.PARENT_SPAN_ID][i] = None if parent is None else f"{sp}{parent:08x}"
+            cols[S.NAME][i] = traj.name if spec.special == "root" and traj is not None else spec.name
+            cols[S.KIND][i] = spec.kind
+            cols[S.START_NS][i] = rec[R_START]
+            cols[S.END_NS][i] = rec[R_END]
+            if exc is None:
+                cols[S.STATUS][i] = S.STATUS_OK
+            elif _is_cancel(exc):
+                cols[S.STATUS][i] = S.STATUS_CANCELLED
+            else:
+                cols[S.STATUS][i] = S.STATUS_ERROR
+                cols[S.ERROR][i] = error_json(exc)
+            if traj is not None:
+                cols[S.STEP][i] = traj.step
+                cols[S.SAMPLE_INDEX][i] = traj.sample_index
+                cols[S.ROLLOUT_N][i] = traj.rollout_n
+                cols[S.VALIDATE][i] = traj.validate
+        errors = enc.decode_pending()
+        if errors:
+            self.problems.report("token2text", f"{errors} batch_decode call(s) failed; decoded one by one")
+        inputs_col, outputs_col, attrs_col = cols[S.INPUTS], cols[S.OUTPUTS], cols[S.ATTRIBUTES]
+        for i, (inputs, outputs, attrs, has_outputs) in enumerate(prepared):
+            inputs_col[i] = None if inputs is None else to_json(inputs)
+            outputs_col[i] = to_json(outputs) if has_outputs else None
+            if "truncated" in attrs:
+                attrs[S.ATTR_TRUNCATED] = attrs.pop("truncated")
+            attrs_col[i] = to_json(attrs) if attrs else None
+        arrays = [pa.array(cols[name], type=typ) for name, typ, _, _ in S.SPAN_FIELDS]
+        return pa.RecordBatch.from_arrays(arrays, schema=S.SPAN_SCHEMA)
+
+    # -- flush and shutdown -------------------------------------------------
+
+    def flush(self, timeout: float | None = 30.0) -> FlushResult:
+        """Wait until everything recorded before this call is durable."""
+        if self._thread is None and not self.buffer and not self._held:
+            return self.result(True)
+        self._start_thread()
+        with self._cond:
+            self._flush_requested += 1
+            target = self._flush_requested
+        self._wake.set()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._flush_done < target:
+                thread = self._thread
+                if thread is None or not thread.is_alive():
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return self.result(False, f"flush timed out after {timeout} s; the writer is still busy")
+                self._cond.wait(timeout=0.1 if left is None else min(left, 0.1))
+        if self.strict and self.problems.first_exception is not None:
+            exc, self.problems.first_exception = self.problems.first_exception, None
+            raise exc
+        return self.result(self._flush_done >= target)
+
+    def result(self, done: bool, message: str = "") -> FlushResult:
+        failed = self.spans_failed
+        problems = sum(self.problems.counts.values())
+        ok = done and failed == 0 and self.spans_dropped == 0
+        if not message and not ok:
+            message = "; ".join(f"{k} x{v}: {self.problems.last.get(k, '')}" for k, v in self.problems.counts.items())
+            if self.spans_dropped:
+                message = f"{self.spans_dropped} spans dropped (buffer full); " + message
+        return FlushResult(ok, self.spans_written, self.spans_dropped, failed, problems, message)
+
+    def shutdown(self, timeout: float | None = 30.0) -> FlushResult:
+        """Flush, stop the writer thread, close the file."""
+        result = self.flush(timeout)
+        with self._cond:
+            self._stopping = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        try:
+            self.writer.close()
+        except Exception as exc:
+            self.problems.report("close failed", str(exc), exc)
+        for fn in self._closers:
+            try:
+                fn(timeout)
+            except Exception as exc:
+                self.problems.report("exporter shutdown failed", f"{getattr(fn, '__qualname__', fn)}: {exc}", exc)
+        return result
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    import asyncio
+    import concurrent.futures
+
+    return isinstance(exc, (asyncio.CancelledError, concurrent.futures.CancelledError))
+
+
+def _as_reward(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    try:
+        import numbers
+
+        if isinstance(value, numbers.Real):
+            return float(value)
+    except (TypeError, ValueError):
+        return None
+    return None
+
+
+def set_active(rec: Recorder | None) -> None:
+    """Install ``rec`` as this process's recorder, shutting the previous one down."""
+    global ACTIVE
+    old, ACTIVE = ACTIVE, rec
+    if old is not None and old is not rec:
+        old.shutdown()
+
+
+def _after_fork_in_child() -> None:
+    # The writer thread does not survive fork(); give the child a recorder
+    # of its own (own file name, own ids). Spans buffered in the parent stay
+    # the parent's.
+    global ACTIVE
+    if ACTIVE is not None:
+        ACTIVE = Recorder(ACTIVE.config)
+
+
+def _at_exit() -> None:
+    rec = ACTIVE
+    if rec is not None:
+        rec.shutdown(timeout=10.0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_at_exit)

@@ -1,0 +1,124 @@
+"""The span record and its Arrow schema: the one place that names the columns.
+
+Every file written by :mod:`tracer` is a zstd-compressed Arrow IPC *stream*
+(``.arrow``) holding rows of :data:`SPAN_SCHEMA`. Writers, readers, exporters
+and the viewer import the column constants below; no other module spells a
+column name as a string literal.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+#: Version of the on-disk format. Bump on any incompatible change; readers
+#: refuse files whose major version is newer than theirs.
+SCHEMA_VERSION = "1.0"
+
+#: File suffix of trace files.
+FILE_SUFFIX = ".arrow"
+
+# Keys of the schema-level metadata written into every file.
+META_SCHEMA_VERSION = "rollout_trace.schema_version"
+META_CONFIG = "rollout_trace.config"
+META_PROJECT = "rollout_trace.project_name"
+META_EXPERIMENT = "rollout_trace.experiment_name"
+META_HOST = "rollout_trace.host"
+META_PID = "rollout_trace.pid"
+META_CREATED_NS = "rollout_trace.created_ns"
+
+# Keys of the per-batch metadata: running totals of this writer's process.
+BATCH_META_SPANS_WRITTEN = "rollout_trace.spans_written"
+BATCH_META_SPANS_DROPPED = "rollout_trace.spans_dropped"
+BATCH_META_INTERNAL_ERRORS = "rollout_trace.internal_errors"
+
+# Column names.
+TRACE_ID = "trace_id"
+SPAN_ID = "span_id"
+PARENT_SPAN_ID = "parent_span_id"
+NAME = "name"
+KIND = "kind"
+START_NS = "start_ns"
+END_NS = "end_ns"
+STATUS = "status"
+ERROR = "error"
+STEP = "step"
+SAMPLE_INDEX = "sample_index"
+ROLLOUT_N = "rollout_n"
+VALIDATE = "validate"
+REWARD = "reward"
+INPUTS = "inputs"
+OUTPUTS = "outputs"
+ATTRIBUTES = "attributes"
+
+# Span kinds.
+KIND_ROLLOUT = "rollout"
+KIND_LLM = "llm"
+KIND_TOOL = "tool"
+KIND_REWARD = "reward"
+KIND_SPAN = "span"
+KINDS = (KIND_ROLLOUT, KIND_LLM, KIND_TOOL, KIND_REWARD, KIND_SPAN)
+
+# Span statuses.
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+STATUS_CANCELLED = "cancelled"
+#: Trajectory status when its root span never ended (the writer was killed).
+STATUS_INCOMPLETE = "incomplete"
+
+#: Name of the span :func:`tracer.log_reward` writes.
+REWARD_SPAN_NAME = "log_reward"
+
+#: Attribute key under which truncated fields record their original length.
+ATTR_TRUNCATED = "rollout_trace.truncated"
+
+#: One entry per column: (name, type, nullable, description). The docstring of
+#: each column; README's table of the file format is generated from it.
+SPAN_FIELDS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
+    (TRACE_ID, pa.string(), False, "Trajectory id (32 hex chars); one per rollout."),
+    (SPAN_ID, pa.string(), False, "Span id (16 hex chars), unique within its trajectory."),
+    (PARENT_SPAN_ID, pa.string(), True, "Parent span id; null for the trajectory's root."),
+    (NAME, pa.string(), False, "Span name: the function's qualified name unless given."),
+    (KIND, pa.string(), False, "One of rollout, llm, tool, reward, span."),
+    (START_NS, pa.int64(), False, "Start time, nanoseconds since the Unix epoch."),
+    (END_NS, pa.int64(), False, "End time, nanoseconds since the Unix epoch."),
+    (STATUS, pa.string(), False, "ok, error or cancelled."),
+    (ERROR, pa.string(), True, 'JSON {"type", "message", "traceback"} when status is error.'),
+    (STEP, pa.int64(), True, "Training step from rollout_trace_attr."),
+    (SAMPLE_INDEX, pa.string(), True, "Prompt (sample) id from rollout_trace_attr, as text."),
+    (ROLLOUT_N, pa.int64(), True, "Index of the rollout within its prompt's group."),
+    (VALIDATE, pa.bool_(), True, "True for validation rollouts."),
+    (REWARD, pa.float64(), True, "Reward, on reward spans (log_reward or a kind=reward op)."),
+    (INPUTS, pa.string(), True, "JSON of the call's arguments (after token2text, truncation)."),
+    (OUTPUTS, pa.string(), True, "JSON of the return value (after token2text, truncation)."),
+    (ATTRIBUTES, pa.string(), True, "JSON of extra attributes (rollout_trace_attr extras, ...)."),
+)
+
+#: Column names in file order.
+SPAN_COLUMNS: tuple[str, ...] = tuple(f[0] for f in SPAN_FIELDS)
+
+#: The Arrow schema of every trace file (without its file metadata).
+SPAN_SCHEMA = pa.schema(
+    [pa.field(name, typ, nullable=nullable) for name, typ, nullable, _ in SPAN_FIELDS]
+)
+
+#: Columns of :func:`tracer.read_trajectories`, one row per trajectory.
+TRAJECTORY_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
+    (TRACE_ID, pa.string(), "Trajectory id."),
+    (NAME, pa.string(), "Name of the root span."),
+    (STEP, pa.int64(), "Training step."),
+    (SAMPLE_INDEX, pa.string(), "Prompt (sample) id."),
+    (ROLLOUT_N, pa.int64(), "Rollout index within the group."),
+    (VALIDATE, pa.bool_(), "Validation rollout."),
+    (REWARD, pa.float64(), "Last reward logged for the trajectory, null if none."),
+    ("reward_info", pa.string(), "JSON of the extras given to log_reward (advantage, ...)."),
+    (STATUS, pa.string(), "Root span status, or 'incomplete' when the root never ended."),
+    (START_NS, pa.int64(), "Earliest span start."),
+    (END_NS, pa.int64(), "Latest span end."),
+    ("num_spans", pa.int64(), "Spans recorded in the trajectory."),
+    ("num_llm_calls", pa.int64(), "Spans of kind llm."),
+    ("num_tool_calls", pa.int64(), "Spans of kind tool."),
+    ("num_tool_errors", pa.int64(), "Tool spans whose status is not ok."),
+    ("num_errors", pa.int64(), "Spans whose status is error."),
+)
+TRAJECTORY_COLUMNS: tuple[str, ...] = tuple(f[0] for f in TRAJECTORY_FIELDS)
+TRAJECTORY_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in TRAJECTORY_FIELDS])
