@@ -36,6 +36,7 @@ from tracer._reader import (
     read_trajectories,
 )
 from tracer._recorder import FlushResult
+from tracer._summary import step_metrics, trajectory_messages
 from tracer._schema import (
     SCHEMA_VERSION,
     SPAN_COLUMNS,
@@ -78,6 +79,8 @@ __all__ = [
     "rollout_trace_attr",
     "rollout_trace_op",
     "shutdown",
+    "step_metrics",
+    "trajectory_messages",
 ]
 
 _config: TraceConfig | None = None
