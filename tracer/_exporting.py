@@ -24,3 +24,5 @@ def attach_exporters(rec: Recorder) -> None:
         exporter = load_backend(name)(rec.config)
         rec.add_listener(exporter.export)
         rec.add_closer(exporter.shutdown)
+        if hasattr(exporter, "flush"):
+            rec.add_flusher(exporter.flush)

@@ -162,6 +162,7 @@ class Recorder:
         self._held: list[tuple[Any, ...]] = []
         self._listeners: list[Callable[[pa.RecordBatch], None]] = []
         self._closers: list[Callable[[float | None], object]] = []
+        self._flushers: list[Callable[[float | None], object]] = []
         self._wake = threading.Event()
         self._cond = threading.Condition()
         self._flush_requested = 0
@@ -327,6 +328,10 @@ class Recorder:
     def add_listener(self, fn: Callable[[pa.RecordBatch], None]) -> None:
         """Call ``fn(batch)`` on the writer thread after each durable batch (exporters)."""
         self._listeners.append(fn)
+
+    def add_flusher(self, fn: Callable[[float | None], object]) -> None:
+        """Call ``fn(timeout)`` at the end of flush() (exporters ship what they hold)."""
+        self._flushers.append(fn)
 
     def add_closer(self, fn: Callable[[float | None], object]) -> None:
         """Call ``fn(timeout)`` at shutdown, after the last batch (exporters drain)."""
@@ -507,6 +512,11 @@ class Recorder:
                 if left is not None and left <= 0:
                     return self.result(False, f"flush timed out after {timeout} s; the writer is still busy")
                 self._cond.wait(timeout=0.1 if left is None else min(left, 0.1))
+        for fn in self._flushers:
+            try:
+                fn(timeout)
+            except Exception as exc:
+                self.problems.report("exporter flush failed", f"{getattr(fn, '__qualname__', fn)}: {exc}", exc)
         if self.strict and self.problems.first_exception is not None:
             exc, self.problems.first_exception = self.problems.first_exception, None
             raise exc

@@ -58,6 +58,7 @@ class LiveShipper:
         self._root_seen: dict[str, float] = {}
         self._wake = threading.Event()
         self._stop = False
+        self._flush_now = False
         self._idle = threading.Event()
         self._lock = threading.Lock()
         self.trajectories_shipped = 0
@@ -91,8 +92,11 @@ class LiveShipper:
             self._warn_once("shutdown", f"gave up after {timeout} s with trajectories unshipped")
         self.close()
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until the queue is empty and nothing is pending (tests, flush)."""
+    def flush(self, timeout: float | None) -> bool:
+        """Ship every queued trajectory whose root was seen, now; wait until done."""
+        self._flush_now = True
+        self._idle.clear()
+        self._wake.set()
         return self._idle.wait(timeout)
 
     # -- to implement ------------------------------------------------------
@@ -111,6 +115,7 @@ class LiveShipper:
             self._wake.wait(timeout=max(self.grace_s / 2, 0.05))
             self._wake.clear()
             stopping = self._stop
+            flushing, self._flush_now = self._flush_now, False
             with self._lock:
                 batches = list(self._queue)
                 self._queue.clear()
@@ -118,7 +123,7 @@ class LiveShipper:
             now = time.monotonic()
             for batch in batches:
                 self._absorb(batch, now)
-            ready = [t for t, seen in self._root_seen.items() if stopping or now - seen >= self.grace_s]
+            ready = [t for t, seen in self._root_seen.items() if stopping or flushing or now - seen >= self.grace_s]
             if stopping:
                 ready.extend(t for t in self._pending if t not in self._root_seen)
             if ready:
@@ -126,7 +131,7 @@ class LiveShipper:
                 for t in ready:
                     self._root_seen.pop(t, None)
                 self._ship_with_retry(tables, stopping)
-            if not self._pending and not self._queue:
+            if flushing or (not self._pending and not self._queue):
                 self._idle.set()
             if stopping:
                 return
