@@ -10,6 +10,7 @@ from typing import Any, TypeVar, overload
 
 from tracer import _recorder
 from tracer import _schema as S
+from tracer._capture import IMMUTABLE_TYPES as _IMMUTABLE
 from tracer._capture import Placeholder, capture
 from tracer._context import CURRENT_SPAN, Trajectory
 from tracer._recorder import REWARD_SPEC, OpSpec
@@ -22,12 +23,40 @@ _reset = CURRENT_SPAN.reset
 _time_ns = time.time_ns
 
 
-def _capture_args(rec: _recorder.Recorder, args: tuple[Any, ...]) -> Any:
+def _capture_args(rec: _recorder.Recorder, args: Any) -> Any:
     try:
         return capture(args)
     except Exception as exc:
-        rec.internal_error("capturing arguments", exc)
+        _internal_error(rec, "capturing arguments", exc)
         return (Placeholder(f"<arguments not captured: {type(exc).__name__}>"),)
+
+
+def _capture_out(rec: _recorder.Recorder, out: Any) -> Any:
+    try:
+        return capture(out)
+    except Exception as exc:
+        _internal_error(rec, "capturing a return value", exc)
+        return Placeholder(f"<return value not captured: {type(exc).__name__}>")
+
+
+def _open(rec: _recorder.Recorder, spec: OpSpec, parent: Any) -> Any:
+    try:
+        return rec.open_span(spec, parent)
+    except Exception as exc:
+        _internal_error(rec, "opening a span", exc)
+        return None
+
+
+def _record(rec: _recorder.Recorder, record: tuple[Any, ...]) -> None:
+    try:
+        rec.append(record)
+    except Exception as exc:
+        _internal_error(rec, "recording a span", exc)
+
+
+def _internal_error(rec: _recorder.Recorder, what: str, exc: BaseException) -> None:
+    """Count a tracer failure; never let it reach the user's code (except strict mode, in flush)."""
+    rec.problems.report("internal error", f"{what}: {type(exc).__name__}: {exc}", exc)
 
 
 @overload
@@ -58,6 +87,10 @@ def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | N
     def decorate(fn: F) -> F:
         spec = OpSpec(fn, name, kind)
         has_self = spec.has_self
+        # Spans that never start a trajectory take the short path below: no
+        # method calls besides the ones the record needs.
+        plain = spec.kind != S.KIND_ROLLOUT
+
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
@@ -65,33 +98,39 @@ def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | N
                 rec = _recorder.ACTIVE
                 if rec is None:
                     return await fn(*args, **kwargs)
-                try:
-                    opened = rec.open_span(spec, _get())
-                except Exception as exc:
-                    rec.internal_error("opening a span", exc)
-                    opened = None
-                if opened is None:
-                    return await fn(*args, **kwargs)
-                frame, parent_sid = opened
-                self_obj = args[0] if has_self and args else None
-                a = _capture_args(rec, args[1:] if has_self else args)
-                k = capture(kwargs) if kwargs else None
+                parent = _get()
+                if plain and parent is not None and (parent[2] is None or parent[2].recording):
+                    traj = parent[2]
+                    if traj is not None:
+                        traj.spans += 1
+                    frame = (next(rec.span_ids), parent[1], traj)
+                    parent_sid: int | None = parent[0]
+                else:
+                    opened = _open(rec, spec, parent)
+                    if opened is None:
+                        return await fn(*args, **kwargs)
+                    frame, parent_sid = opened
+                a = args[1:] if has_self else args
+                if a and not _IMMUTABLE.issuperset(map(type, a)):
+                    a = _capture_args(rec, a)
+                k = _capture_args(rec, kwargs) if kwargs else None
                 token = _set(frame)
                 start = _time_ns()
                 try:
                     out = await fn(*args, **kwargs)
                 except BaseException as exc:
                     _reset(token)
-                    try:
-                        rec.close_span(spec, frame, parent_sid, start, exc, a, k, None, self_obj)
-                    except Exception as err:
-                        rec.internal_error("closing a span", err)
+                    _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), exc, a, k, None, args[0] if has_self else None))
                     raise
                 _reset(token)
-                try:
-                    rec.close_span(spec, frame, parent_sid, start, None, a, k, out, self_obj)
-                except Exception as err:
-                    rec.internal_error("closing a span", err)
+                end = _time_ns()
+                o = out if type(out) in _IMMUTABLE else _capture_out(rec, out)
+                buf = rec.buffer
+                record = (frame[0], parent_sid, frame[1], spec, frame[2], start, end, None, a, k, o, args[0] if has_self else None)
+                if len(buf) < rec.fast_limit:
+                    buf.append(record)
+                else:
+                    _record(rec, record)
                 return out
 
             return traced_async  # type: ignore[return-value]
@@ -101,33 +140,39 @@ def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | N
             rec = _recorder.ACTIVE
             if rec is None:
                 return fn(*args, **kwargs)
-            try:
-                opened = rec.open_span(spec, _get())
-            except Exception as exc:
-                rec.internal_error("opening a span", exc)
-                opened = None
-            if opened is None:
-                return fn(*args, **kwargs)
-            frame, parent_sid = opened
-            self_obj = args[0] if has_self and args else None
-            a = _capture_args(rec, args[1:] if has_self else args)
-            k = capture(kwargs) if kwargs else None
+            parent = _get()
+            if plain and parent is not None and (parent[2] is None or parent[2].recording):
+                traj = parent[2]
+                if traj is not None:
+                    traj.spans += 1
+                frame = (next(rec.span_ids), parent[1], traj)
+                parent_sid: int | None = parent[0]
+            else:
+                opened = _open(rec, spec, parent)
+                if opened is None:
+                    return fn(*args, **kwargs)
+                frame, parent_sid = opened
+            a = args[1:] if has_self else args
+            if a and not _IMMUTABLE.issuperset(map(type, a)):
+                a = _capture_args(rec, a)
+            k = _capture_args(rec, kwargs) if kwargs else None
             token = _set(frame)
             start = _time_ns()
             try:
                 out = fn(*args, **kwargs)
             except BaseException as exc:
                 _reset(token)
-                try:
-                    rec.close_span(spec, frame, parent_sid, start, exc, a, k, None, self_obj)
-                except Exception as err:
-                    rec.internal_error("closing a span", err)
+                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), exc, a, k, None, args[0] if has_self else None))
                 raise
             _reset(token)
-            try:
-                rec.close_span(spec, frame, parent_sid, start, None, a, k, out, self_obj)
-            except Exception as err:
-                rec.internal_error("closing a span", err)
+            end = _time_ns()
+            o = out if type(out) in _IMMUTABLE else _capture_out(rec, out)
+            buf = rec.buffer
+            record = (frame[0], parent_sid, frame[1], spec, frame[2], start, end, None, a, k, o, args[0] if has_self else None)
+            if len(buf) < rec.fast_limit:
+                buf.append(record)
+            else:
+                _record(rec, record)
             return out
 
         return traced  # type: ignore[return-value]

@@ -145,6 +145,9 @@ class Recorder:
         self.config = config
         self.buffer: collections.deque[tuple[Any, ...]] = collections.deque()
         self.limit = config.max_buffered_spans
+        #: Below this many buffered spans, decorators append directly; at or
+        #: above it they go through append() (wake the writer, enforce limit).
+        self.fast_limit = min(BATCH_ROWS, self.limit)
         self.block_when_full = config.on_buffer_full == "block"
         self.strict = os.environ.get(ENV_STRICT, "") not in ("", "0")
         self.span_ids = itertools.count(1)
@@ -182,6 +185,7 @@ class Recorder:
             compression_level=config.compression_level,
             max_file_bytes=config.max_file_bytes,
         )
+        self._start_thread()
 
     def _file_metadata(self) -> dict[str, str]:
         return {
@@ -224,39 +228,16 @@ class Recorder:
                 return (child.root_span_id, child.trace_id, child), None
         return (next(self.span_ids), parent[1], traj), parent[0]
 
-    def close_span(
-        self,
-        spec: OpSpec,
-        frame: tuple[int, int, Trajectory | None],
-        parent_sid: int | None,
-        start: int,
-        exc: BaseException | None,
-        args: Any,
-        kwargs: Any,
-        out: Any,
-        self_obj: Any,
-    ) -> None:
-        """Append a finished span to the buffer."""
-        end = time.time_ns()
-        if exc is None:
-            try:
-                out = capture(out)
-            except Exception as err:
-                out = None
-                self.internal_error("capturing a return value", err)
-        self.append((frame[0], parent_sid, frame[1], spec, frame[2], start, end, exc, args, kwargs, out, self_obj))
-
     def append(self, record: tuple[Any, ...]) -> None:
+        """Add a finished span; the slow path when the buffer is filling up."""
         buf = self.buffer
         if len(buf) >= self.limit:
             if not self._make_room():
                 self.spans_dropped += 1
                 return
         buf.append(record)
-        if len(buf) >= BATCH_ROWS and not self._wake.is_set():
+        if len(buf) >= self.fast_limit and not self._wake.is_set():
             self._wake.set()
-        if self._thread is None:
-            self._start_thread()
 
     def _make_room(self) -> bool:
         """The buffer is full: wait for the writer (block mode) or give up (drop)."""
