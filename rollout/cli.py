@@ -1,0 +1,242 @@
+"""``rollout-trace demo``: run GRPO-style rollout steps and record them.
+
+Registered with ``rollout-trace`` through the entry point
+``demo = "rollout.cli:register_demo"``; ``python -m rollout`` runs the same.
+With no flags it runs the scripted policy (no model) for a few steps and
+writes local Arrow trace files under ``./rollout_traces``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_PROJECT = "rollout-demo"
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the demo's flags to ``parser``."""
+    run = parser.add_argument_group("run")
+    run.add_argument("--steps", type=int, default=4, help="training steps (default 4)")
+    run.add_argument("--batch", type=int, default=4, help="problems per step (default 4)")
+    run.add_argument("--n", type=int, default=4, help="rollouts per problem, the GRPO group size (default 4)")
+    run.add_argument(
+        "--val-every",
+        type=int,
+        default=2,
+        metavar="K",
+        help="validation pass (greedy, validate=True) every K steps; 0: never (default 2)",
+    )
+    run.add_argument("--val-size", type=int, default=4, help="problems held out for validation (default 4)")
+    run.add_argument("--temperature", type=float, default=1.0)
+    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--problems", metavar="JSONL", help="problems file (default: the ones shipped in rollout/data)")
+    budget = parser.add_argument_group("rollout budgets")
+    budget.add_argument("--max-turns", type=int, default=4, help="model turns per rollout (default 4)")
+    budget.add_argument("--max-new-tokens", type=int, default=256, help="tokens per model turn (default 256)")
+    budget.add_argument(
+        "--max-response-tokens", type=int, default=1024, help="tokens after the prompt per rollout (default 1024)"
+    )
+    eng = parser.add_argument_group("engine")
+    eng.add_argument(
+        "--engine",
+        default="scripted",
+        choices=["scripted", "hf", "openai", "vllm"],
+        help="scripted (a scripted policy, no model; default), hf, openai or vllm",
+    )
+    eng.add_argument(
+        "--model", metavar="PATH", help="model folder (hf, vllm), or the model name sent to an openai endpoint"
+    )
+    eng.add_argument("--gguf-file", metavar="NAME", help="hf: load this GGUF file inside --model")
+    eng.add_argument("--base-url", metavar="URL", help="openai: the endpoint, e.g. http://127.0.0.1:8000/v1")
+    eng.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="tokenizer folder (default: the model's; scripted/openai: a Qwen tokenizer built locally)",
+    )
+    eng.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="where the built Qwen tokenizer is cached (default $ROLLOUT_TRACE_CACHE or ~/.cache/rollout-trace)",
+    )
+    eng.add_argument(
+        "--max-batch-size", type=int, default=16, help="hf: most sequences generated together (default 16)"
+    )
+    eng.add_argument(
+        "--scripted-latency",
+        type=float,
+        default=0.0005,
+        metavar="S",
+        help="scripted: simulated seconds per generated token (default 0.0005)",
+    )
+    out = parser.add_argument_group("recording")
+    out.add_argument(
+        "--out", default="./rollout_traces", metavar="DIR", help="trace output directory (default ./rollout_traces)"
+    )
+    out.add_argument("--project", default=DEFAULT_PROJECT, help=f"project name (default {DEFAULT_PROJECT})")
+    out.add_argument("--experiment", help="experiment name (default: ENGINE-YYYYmmdd-HHMMSS)")
+    out.add_argument(
+        "--no-trace",
+        action="store_true",
+        help="run without recording (backend=None), e.g. to measure the tracing overhead",
+    )
+    out.add_argument("--quiet", action="store_true", help="print only the summary")
+
+
+def register_demo(subparsers: Any) -> None:
+    """Entry point of ``rollout-trace demo`` (group ``rollout_trace.commands``)."""
+    parser = subparsers.add_parser(
+        "demo",
+        help="run GRPO-style tool-calling rollouts (scripted policy by default) and record them",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_demo_arguments(parser)
+    parser.set_defaults(func=run_demo)
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _check_args(args: argparse.Namespace) -> str | None:
+    for key in ("steps", "batch", "n", "max_turns", "max_new_tokens", "max_response_tokens", "max_batch_size"):
+        if getattr(args, key) < 1:
+            return f"--{key.replace('_', '-')} must be at least 1 (got {getattr(args, key)})"
+    if args.val_every < 0:
+        return f"--val-every must be 0 (never) or a number of steps (got {args.val_every})"
+    if args.engine in ("hf", "vllm") and not args.model:
+        return f"--engine {args.engine} needs --model PATH (a local model folder)"
+    if args.engine in ("hf", "vllm") and not os.path.exists(args.model):
+        return f"--model {args.model!r} does not exist; give a local model folder (no model is downloaded)"
+    if args.engine == "openai" and not args.base_url:
+        return "--engine openai needs --base-url URL, e.g. http://127.0.0.1:8000/v1"
+    return None
+
+
+def build_engine(args: argparse.Namespace, problems: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """The engine and tokenizer the flags ask for."""
+    from rollout.engines import create_engine
+    from rollout.tokenizer import load_qwen_tokenizer
+
+    def tokenizer_from(path: str | None, **kw: Any) -> Any:
+        if path is None:
+            return load_qwen_tokenizer(args.cache)
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, **kw)
+
+    if args.engine == "scripted":
+        tok = tokenizer_from(args.tokenizer)
+        return create_engine(
+            "scripted", tokenizer=tok, problems=problems, latency_per_token_s=args.scripted_latency
+        ), tok
+    if args.engine == "hf":
+        extra = {"gguf_file": args.gguf_file} if args.gguf_file and not args.tokenizer else {}
+        tok = tokenizer_from(args.tokenizer or args.model, **extra)
+        engine = create_engine(
+            "hf", model=args.model, tokenizer=tok, gguf_file=args.gguf_file, max_batch_size=args.max_batch_size
+        )
+        return engine, tok
+    if args.engine == "openai":
+        tok_path = args.tokenizer or (args.model if args.model and os.path.isdir(args.model) else None)
+        tok = tokenizer_from(tok_path)
+        engine = create_engine("openai", base_url=args.base_url, model=args.model or "default", tokenizer=tok)
+        return engine, tok
+    tok = tokenizer_from(args.tokenizer or args.model)
+    return create_engine("vllm", model=args.model, tokenizer=tok), tok
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo with parsed ``args``; return the exit status."""
+    problem = _check_args(args)
+    if problem:
+        return _fail(problem)
+    try:
+        return asyncio.run(_run(args))
+    except (ImportError, FileNotFoundError, ValueError, ConnectionError) as exc:
+        return _fail(str(exc))
+
+
+async def _run(args: argparse.Namespace) -> int:
+    import tracer
+    from rollout.agent_loop import AgentLoopConfig, ToolAgentLoop
+    from rollout.runner import RunConfig, load_problems, run_steps
+    from rollout.tools import default_tools
+
+    started = time.perf_counter()
+    problems = load_problems(args.problems)
+    engine, tokenizer = build_engine(args, problems)
+    experiment = args.experiment or f"{args.engine}-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg = tracer.init(
+        project_name=args.project,
+        experiment_name=experiment,
+        backend=None if args.no_trace else "arrow",
+        output_dir=args.out,
+        token2text=True,
+        tokenizer=tokenizer,
+    )
+    loop = ToolAgentLoop(
+        engine,
+        tokenizer,
+        default_tools(),
+        AgentLoopConfig(
+            max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_response_tokens=args.max_response_tokens
+        ),
+    )
+    run_cfg = RunConfig(
+        steps=args.steps,
+        batch_size=args.batch,
+        n=args.n,
+        val_every=args.val_every,
+        val_size=args.val_size,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    engine_label = (
+        f"{args.engine} ({'scripted policy, no model' if args.engine == 'scripted' else args.model or args.base_url})"
+    )
+    if not args.quiet:
+        print(f"engine: {engine_label}; {args.steps} steps x {args.batch} problems x {args.n} rollouts")
+    try:
+        results = await run_steps(
+            loop, problems, run_cfg, on_step=None if args.quiet else lambda r: print(r.describe(), flush=True)
+        )
+    finally:
+        await engine.close()
+        flushed = tracer.shutdown()
+    elapsed = time.perf_counter() - started
+    failed = [e for r in results for e in r.errors]
+    n_train = sum(len(r.rollouts) for r in results if not r.validate)
+    n_val = sum(len(r.rollouts) for r in results if r.validate)
+    print(f"ran {n_train} training and {n_val} validation rollouts in {elapsed:.1f} s")
+    if failed:
+        print(f"warning: {len(failed)} rollouts failed; first: {failed[0]}", file=sys.stderr)
+    if args.no_trace:
+        print("tracing was off (--no-trace): nothing recorded")
+        return 1 if failed else 0
+    if not flushed.ok:
+        print(f"warning: not everything was written: {flushed.message}", file=sys.stderr)
+    run_dir = cfg.run_dir
+    print(f"recorded to {run_dir}")
+    print(f"  view:    rollout-trace view {run_dir}")
+    print(f"  export:  rollout-trace export {run_dir} --to mlflow")
+    print(f"  summary: rollout-trace info {run_dir}")
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m rollout``: the demo's flags, without the ``demo`` word."""
+    parser = argparse.ArgumentParser(
+        prog="python -m rollout", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_demo_arguments(parser)
+    return run_demo(parser.parse_args(argv))
