@@ -13,6 +13,9 @@ from typing import Any
 #: Backend name -> "module:attribute" of its exporter class (None: built in).
 BACKENDS: dict[str, str | None] = {
     "arrow": None,
+    "wandb": "tracer.exporters.wandb:WandbExporter",
+    "swanlab": "tracer.exporters.swanlab:SwanlabExporter",
+    "console": "tracer.exporters.console:ConsoleExporter",
 }
 
 
