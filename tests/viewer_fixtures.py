@@ -41,12 +41,14 @@ def _search(query: str) -> str:
 
 
 @tracer.rollout_trace_op(kind="rollout", name="agent_loop")
-def _agent_loop(question: str, step: int, sample: int, rollout_n: int) -> dict:
+def _agent_loop(question: str, step: int, sample: int, rollout_n: int, crash: bool = False) -> dict:
     messages: list[dict] = [
         {"role": "system", "content": "You are a careful calculator agent."},
         {"role": "user", "content": question},
     ]
     _generate([1, 2, 3], 0, rollout_n)
+    if crash:
+        raise RuntimeError("validation rollout crashed")
     expr = "1/0" if rollout_n == 1 else f"{sample} + {rollout_n}"
     tool = "calculator" if sample % 2 == 0 or rollout_n < 2 else "search"
     messages.append(
@@ -62,6 +64,9 @@ def _agent_loop(question: str, step: int, sample: int, rollout_n: int) -> dict:
         result = f"error: {exc}"
     messages.append({"role": "tool", "tool_call_id": "call_0", "name": tool, "content": result})
     _generate([1, 2, 3, 4], 1, rollout_n)
+    if rollout_n == 3:  # one more turn: the 4th rollout of every group has 3 turns
+        messages.append({"role": "assistant", "content": "Let me double-check."})
+        _generate([1, 2, 3, 4, 5], 2, rollout_n)
     answer = HOSTILE_TEXT if rollout_n == 0 else f"The answer is {result}."
     if (step, sample, rollout_n) == (2, 1, 3):
         answer += f" {NEEDLE}"
@@ -74,7 +79,8 @@ def record_run(output_dir: str | os.PathLike[str], steps: int = 3, prompts: int 
 
     Step ``s`` (1-based), prompt ``p`` and rollout ``n`` get reward
     ``(n + s) % 2`` and the group-normalised advantage. Also records one
-    validation rollout per step.
+    validation rollout per step; the last step's validation rollout raises
+    (status error). Rollout 3 of every group takes 3 turns, the others 2.
     """
     cfg = tracer.init(
         project_name=PROJECT,
@@ -93,7 +99,10 @@ def record_run(output_dir: str | os.PathLike[str], steps: int = 3, prompts: int 
                     _agent_loop(f"What is {sample} + {n}?", step, sample, n)
                     tracer.log_reward(rewards[n], advantage=rewards[n] - mean, acc=rewards[n])
         with tracer.rollout_trace_attr(sample_index=100, step=step, rollout_n=0, validate=True):
-            _agent_loop("Validation: what is 2 + 2?", step, 100, 0)
+            try:
+                _agent_loop("Validation: what is 2 + 2?", step, 100, 0, crash=step == steps)
+            except RuntimeError:
+                pass
             tracer.log_reward(1.0)
     tracer.flush()
     tracer.shutdown()
