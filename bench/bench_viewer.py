@@ -65,7 +65,13 @@ def _agent_loop(question: str, n: int) -> dict[str, Any]:
             {
                 "role": "assistant",
                 "content": f"Turn {turn}: I will compute {expr}.",
-                "tool_calls": [{"id": f"c{turn}", "type": "function", "function": {"name": "calculator", "arguments": f'{{"expression": "{expr}"}}'}}],
+                "tool_calls": [
+                    {
+                        "id": f"c{turn}",
+                        "type": "function",
+                        "function": {"name": "calculator", "arguments": f'{{"expression": "{expr}"}}'},
+                    }
+                ],
             }
         )
         messages.append({"role": "tool", "tool_call_id": f"c{turn}", "name": "calculator", "content": result})
@@ -77,7 +83,9 @@ def record(output_dir: str, spans: int, steps: int) -> str:
     """Record about ``spans`` spans over ``steps`` steps; return the run directory."""
     trajectories = max(1, spans // SPANS_PER_TRAJECTORY)
     per_step = max(1, trajectories // steps)
-    cfg = tracer.init(project_name="bench", experiment_name="viewer", backend="arrow", output_dir=output_dir, flush_interval_s=2.0)
+    cfg = tracer.init(
+        project_name="bench", experiment_name="viewer", backend="arrow", output_dir=output_dir, flush_interval_s=2.0
+    )
     done = 0
     for step in range(steps):
         for k in range(per_step):
@@ -163,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     step = steps[len(steps) // 2]
     in_step = D.select(traj, step, None)
     tid = in_step.column(D.TRACE_ID)[in_step.num_rows // 2].as_py()
-    print(f"run: {len(files)} file(s), {size / 1e6:.1f} MB, {nspans:,} spans, {traj.num_rows:,} trajectories, {len(steps)} steps ({in_step.num_rows:,} in step {step})")
+    print(
+        f"run: {len(files)} file(s), {size / 1e6:.1f} MB, {nspans:,} spans, {traj.num_rows:,} trajectories, {len(steps)} steps ({in_step.num_rows:,} in step {step})"
+    )
     rows: list[tuple[str, float, str]] = []
     s, _ = timed(lambda: D.load_trajectories(root), args.repeat)
     rows.append(("read_trajectories, whole run (+ advantage, latency)", s, "overview + list base"))
@@ -172,9 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     s, _ = timed(lambda: first_page(root, step), args.repeat)
     rows.append((f"first page of step {step}, cold (50 rows, sorted by reward)", s, "target < 2 s"))
     cached = D.with_tools(traj, D.tools_by_trajectory(root).table)
-    s, _ = timed(lambda: D.list_rows(D.sort_and_page(D.select(cached, step, None), "reward", True, 3, 50)[0]), args.repeat)
+    s, _ = timed(
+        lambda: D.list_rows(D.sort_and_page(D.select(cached, step, None), "reward", True, 3, 50)[0]), args.repeat
+    )
     rows.append((f"another page of step {step}, cached tables", s, "paging/sorting"))
-    s, _ = timed(lambda: D.apply_filters(D.select(cached, None, None), D.Filters(reward_min=0.5, tools=["calculator"], statuses=["ok"])), args.repeat)
+    s, _ = timed(
+        lambda: D.apply_filters(
+            D.select(cached, None, None), D.Filters(reward_min=0.5, tools=["calculator"], statuses=["ok"])
+        ),
+        args.repeat,
+    )
     rows.append(("filter the whole run (reward, tool, status), cached", s, ""))
     s, n = timed(lambda: one_trajectory(root, tid, step), args.repeat)
     rows.append((f"one trajectory ({n} spans), step known", s, "target < 0.5 s"))

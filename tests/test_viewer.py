@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 from streamlit.testing.v1 import AppTest
+from viewer_fixtures import HOSTILE_TEXT, NEEDLE, record_run
 
 import tracer
 from viewer import data as D
-from viewer_fixtures import HOSTILE_TEXT, NEEDLE, record_run
 
 APP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "viewer", "app.py")
 TIMEOUT = 120  # generous: a loaded 2-core machine
@@ -55,7 +55,12 @@ def frame_with(at: AppTest, column: str):  # noqa: ANN201 - a pandas DataFrame
 
 
 def all_text(at: AppTest) -> str:
-    parts = [e.value for e in at.text] + [e.value for e in at.code] + [e.value for e in at.markdown] + [e.value for e in at.caption]
+    parts = (
+        [e.value for e in at.text]
+        + [e.value for e in at.code]
+        + [e.value for e in at.markdown]
+        + [e.value for e in at.caption]
+    )
     return "\n".join(str(p) for p in parts)
 
 

@@ -55,7 +55,13 @@ def _agent_loop(question: str, step: int, sample: int, rollout_n: int, crash: bo
         {
             "role": "assistant",
             "content": "Let me compute.",
-            "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": tool, "arguments": f'{{"expression": "{expr}"}}'}}],
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": tool, "arguments": f'{{"expression": "{expr}"}}'},
+                }
+            ],
         }
     )
     try:

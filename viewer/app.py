@@ -48,7 +48,10 @@ ROLE_AVATARS = {"system": ":material/settings:", "tool": ":material/build:"}
 def _trajectories(path: str, sig: tuple) -> D.Loaded:
     loaded = D.load_trajectories(path)
     tools = D.tools_by_trajectory(path)
-    return D.Loaded(D.with_tools(loaded.table, tools.table), loaded.warnings + [w for w in tools.warnings if w not in loaded.warnings])
+    return D.Loaded(
+        D.with_tools(loaded.table, tools.table),
+        loaded.warnings + [w for w in tools.warnings if w not in loaded.warnings],
+    )
 
 
 @st.cache_resource(max_entries=SEARCH_CACHE_ENTRIES, show_spinner="Searching conversations...")
@@ -207,21 +210,45 @@ def _view_overview(traj: Any, path: str) -> None:
         st.subheader("Turns and tool calls per trajectory")
         long = df.melt(id_vars=["step", "split"], value_vars=["turns/mean", "tool_calls/mean"], var_name="metric")
         st.altair_chart(
-            alt.Chart(long).mark_line(point=True).encode(x="step:Q", y=alt.Y("value:Q", title="mean"), color="metric:N", strokeDash="split:N", tooltip=["step", "split", "metric", "value"]),
+            alt.Chart(long)
+            .mark_line(point=True)
+            .encode(
+                x="step:Q",
+                y=alt.Y("value:Q", title="mean"),
+                color="metric:N",
+                strokeDash="split:N",
+                tooltip=["step", "split", "metric", "value"],
+            ),
             width="stretch",
         )
     c3, c4 = st.columns(2)
     with c3:
         st.subheader("Tool error rate")
         st.altair_chart(
-            alt.Chart(df).mark_bar().encode(x="step:O", xOffset="split:N", y=alt.Y("tool_error_rate:Q", axis=alt.Axis(format="%")), color="split:N", tooltip=["step", "split", "tool_error_rate"]),
+            alt.Chart(df)
+            .mark_bar()
+            .encode(
+                x="step:O",
+                xOffset="split:N",
+                y=alt.Y("tool_error_rate:Q", axis=alt.Axis(format="%")),
+                color="split:N",
+                tooltip=["step", "split", "tool_error_rate"],
+            ),
             width="stretch",
         )
     with c4:
         st.subheader("Latency (s)")
         lat = df.melt(id_vars=["step", "split"], value_vars=["latency_s/p50", "latency_s/p95"], var_name="metric")
         st.altair_chart(
-            alt.Chart(lat).mark_line(point=True).encode(x="step:Q", y=alt.Y("value:Q", title="seconds"), color="metric:N", strokeDash="split:N", tooltip=["step", "split", "metric", "value"]),
+            alt.Chart(lat)
+            .mark_line(point=True)
+            .encode(
+                x="step:Q",
+                y=alt.Y("value:Q", title="seconds"),
+                color="metric:N",
+                strokeDash="split:N",
+                tooltip=["step", "split", "metric", "value"],
+            ),
             width="stretch",
         )
     st.subheader("Per step")
@@ -237,7 +264,9 @@ def _view_list(traj: Any, path: str, sig: tuple) -> None:
         st.info("No trajectories for this step and split.")
         return
     c1, c2, c3 = st.columns([2, 1, 1])
-    query = c1.text_input("Search the conversations", key="q", placeholder="text in any prompt, response, tool call or result")
+    query = c1.text_input(
+        "Search the conversations", key="q", placeholder="text in any prompt, response, tool call or result"
+    )
     statuses = sorted({s for s in base.column(D.STATUS).to_pylist() if s})
     chosen_status = c2.multiselect("Status", statuses, key="f_status")
     tools = D.tool_names(base)
@@ -246,11 +275,19 @@ def _view_list(traj: Any, path: str, sig: tuple) -> None:
     rewards = [r for r in base.column(D.REWARD).to_pylist() if r is not None]
     reward_range = None
     if rewards and min(rewards) < max(rewards):
-        reward_range = c4.slider("Reward", float(min(rewards)), float(max(rewards)), (float(min(rewards)), float(max(rewards))), key="f_reward")
+        reward_range = c4.slider(
+            "Reward",
+            float(min(rewards)),
+            float(max(rewards)),
+            (float(min(rewards)), float(max(rewards))),
+            key="f_reward",
+        )
     turns = base.column(D.NUM_LLM_CALLS).to_pylist()
     turns_range = None
     if turns and min(turns) < max(turns):
-        turns_range = c5.slider("Turns", int(min(turns)), int(max(turns)), (int(min(turns)), int(max(turns))), key="f_turns")
+        turns_range = c5.slider(
+            "Turns", int(min(turns)), int(max(turns)), (int(min(turns)), int(max(turns))), key="f_turns"
+        )
     sort = c6.selectbox("Sort by", list(D.SORT_COLUMNS), key="sort")
     desc = c7.toggle("Descending", key="desc")
     filters = D.Filters(statuses=chosen_status, tools=chosen_tools)
@@ -289,7 +326,12 @@ def _view_list(traj: Any, path: str, sig: tuple) -> None:
         },
     )
     o1, o2 = st.columns([3, 1])
-    labels = {r["trace_id"]: f"step {r['step']} · sample {r['sample']} · rollout {r['rollout']} · reward {r['reward']} · {r['trace_id']}" for r in rows}
+    labels = {
+        r[
+            "trace_id"
+        ]: f"step {r['step']} · sample {r['sample']} · rollout {r['rollout']} · reward {r['reward']} · {r['trace_id']}"
+        for r in rows
+    }
     o1.selectbox("Open a trajectory (or select a row above)", list(labels), format_func=labels.get, key="pick")
     o2.button("Open", key="open_pick", on_click=_open_picked, type="primary")
 
@@ -321,7 +363,13 @@ def _waterfall_chart(rows: list[dict[str, Any]]) -> alt.Chart:
             y=alt.Y("span:N", sort=None, title=None),
             color=alt.Color("kind:N"),
             stroke=alt.condition(alt.datum.status == "error", alt.value("red"), alt.value(None)),
-            tooltip=["name", "kind", "status", alt.Tooltip("duration_ms:Q", format=".3f"), alt.Tooltip("start_ms:Q", format=".3f")],
+            tooltip=[
+                "name",
+                "kind",
+                "status",
+                alt.Tooltip("duration_ms:Q", format=".3f"),
+                alt.Tooltip("start_ms:Q", format=".3f"),
+            ],
         )
         .properties(height=max(120, 22 * len(rows)))
     )
@@ -336,9 +384,19 @@ def _token_chart(turn: D.TokenTurn) -> alt.Chart | None:
     base = alt.Chart(df).encode(
         x=alt.X("col:O", axis=None),
         y=alt.Y("row:O", axis=None),
-        tooltip=["pos", "token", "token_id", alt.Tooltip("logprob:Q", format=".4f"), alt.Tooltip("prob:Q", format=".3f")],
+        tooltip=[
+            "pos",
+            "token",
+            "token_id",
+            alt.Tooltip("logprob:Q", format=".4f"),
+            alt.Tooltip("prob:Q", format=".3f"),
+        ],
     )
-    color = alt.Color("logprob:Q", scale=alt.Scale(scheme="redyellowgreen", domain=[-5, 0], clamp=True), title="logprob") if has_lp else alt.value("#dde")
+    color = (
+        alt.Color("logprob:Q", scale=alt.Scale(scheme="redyellowgreen", domain=[-5, 0], clamp=True), title="logprob")
+        if has_lp
+        else alt.value("#dde")
+    )
     rect = base.mark_rect(stroke="white").encode(color=color)
     text = base.mark_text(fontSize=10).encode(text="label:N")
     rows = int(df["row"].max()) + 1
@@ -368,9 +426,15 @@ def _view_replay(traj: Any, path: str, sig: tuple) -> None:
     m[4].metric("advantage", "—" if row.get(D.ADVANTAGE_COL) is None else f"{row[D.ADVANTAGE_COL]:.4g}")
     m[5].metric("status", row[D.STATUS])
     m[6].metric("latency", f"{row[D.LATENCY_COL]:.3f} s")
-    st.caption(D.escape_markdown(f"trace {tid} · {'validation' if row[D.VALIDATE] else 'train'} · {row[D.NUM_SPANS]} spans · {row[D.NUM_LLM_CALLS]} turns · {row[D.NUM_TOOL_CALLS]} tool calls ({row[D.NUM_TOOL_ERRORS]} failed)"))
+    st.caption(
+        D.escape_markdown(
+            f"trace {tid} · {'validation' if row[D.VALIDATE] else 'train'} · {row[D.NUM_SPANS]} spans · {row[D.NUM_LLM_CALLS]} turns · {row[D.NUM_TOOL_CALLS]} tool calls ({row[D.NUM_TOOL_ERRORS]} failed)"
+        )
+    )
     if row[D.STEP] is not None and row[D.SAMPLE_INDEX] is not None:
-        st.button("Show this prompt's group", key="to_group", on_click=_open_group, args=(row[D.STEP], row[D.SAMPLE_INDEX]))
+        st.button(
+            "Show this prompt's group", key="to_group", on_click=_open_group, args=(row[D.STEP], row[D.SAMPLE_INDEX])
+        )
     if row.get(D.REWARD_INFO):
         with st.expander("Reward details"):
             st.code(D.pretty_json(row[D.REWARD_INFO]), language="json")
@@ -379,7 +443,9 @@ def _view_replay(traj: Any, path: str, sig: tuple) -> None:
         if err["traceback"]:
             with st.expander(f"Traceback of {err['name']}"):
                 st.code(err["traceback"], language="python")
-    tab_conv, tab_tools, tab_time, tab_tokens, tab_spans = st.tabs(["Conversation", "Tool calls", "Timing", "Tokens", "Spans"])
+    tab_conv, tab_tools, tab_time, tab_tokens, tab_spans = st.tabs(
+        ["Conversation", "Tool calls", "Timing", "Tokens", "Spans"]
+    )
     with tab_conv:
         msgs = D.messages(spans)
         if not msgs:
@@ -398,7 +464,11 @@ def _view_replay(traj: Any, path: str, sig: tuple) -> None:
             a.code(call["arguments"], language="json", wrap_lines=True)
             if call["error"]:
                 b.caption("error")
-                b.code(f"{call['error'].get('type', '')}: {call['error'].get('message', '')}", language=None, wrap_lines=True)
+                b.code(
+                    f"{call['error'].get('type', '')}: {call['error'].get('message', '')}",
+                    language=None,
+                    wrap_lines=True,
+                )
             else:
                 b.caption("result")
                 b.code(call["result"], language=None, wrap_lines=True)
@@ -421,7 +491,11 @@ def _view_replay(traj: Any, path: str, sig: tuple) -> None:
                 head += f" · finish {turn.finish_reason}"
             st.markdown("**" + D.escape_markdown(head) + "**")
             if turn.truncated:
-                st.warning(D.escape_markdown(f"Truncated: the engine produced {turn.recorded if turn.recorded is not None else 'more'} tokens; the record keeps the first {kept} (tracer max_tokens)."))
+                st.warning(
+                    D.escape_markdown(
+                        f"Truncated: the engine produced {turn.recorded if turn.recorded is not None else 'more'} tokens; the record keeps the first {kept} (tracer max_tokens)."
+                    )
+                )
             if turn.logprobs is None:
                 st.caption("No per-token logprobs recorded.")
             chart = _token_chart(turn)
@@ -441,7 +515,9 @@ def _view_group(traj: Any, path: str, sig: tuple) -> None:
         st.info("Choose a step in the sidebar to see its groups.")
         return
     in_step = D.select(traj, step, _split_value())
-    samples = sorted({s for s in in_step.column(D.SAMPLE_INDEX).to_pylist() if s is not None}, key=lambda s: (len(s), s))
+    samples = sorted(
+        {s for s in in_step.column(D.SAMPLE_INDEX).to_pylist() if s is not None}, key=lambda s: (len(s), s)
+    )
     if not samples:
         st.info("No trajectories at this step.")
         return
@@ -453,11 +529,36 @@ def _view_group(traj: Any, path: str, sig: tuple) -> None:
     st.caption(f"step {step} · sample {sample} · {len(rows)} rollout(s)")
     df = pd.DataFrame(rows)
     if not df.empty:
-        st.dataframe(df[["rollout", "reward", "advantage", "status", "turns", "tool calls", "tool errors", "tools", "latency_s", "trace_id"]], hide_index=True, key="group_table")
+        st.dataframe(
+            df[
+                [
+                    "rollout",
+                    "reward",
+                    "advantage",
+                    "status",
+                    "turns",
+                    "tool calls",
+                    "tool errors",
+                    "tools",
+                    "latency_s",
+                    "trace_id",
+                ]
+            ],
+            hide_index=True,
+            key="group_table",
+        )
         long = df.melt(id_vars=["rollout"], value_vars=["reward", "advantage"], var_name="metric").dropna()
         if not long.empty:
             st.altair_chart(
-                alt.Chart(long).mark_bar().encode(x="rollout:O", xOffset="metric:N", y="value:Q", color="metric:N", tooltip=["rollout", "metric", "value"]),
+                alt.Chart(long)
+                .mark_bar()
+                .encode(
+                    x="rollout:O",
+                    xOffset="metric:N",
+                    y="value:Q",
+                    color="metric:N",
+                    tooltip=["rollout", "metric", "value"],
+                ),
                 width="stretch",
             )
     loaded = _group_spans(path, sig, tuple(r["trace_id"] for r in rows), step)
@@ -467,8 +568,15 @@ def _view_group(traj: Any, path: str, sig: tuple) -> None:
         cols = st.columns(GROUP_COLUMNS)
         for col, r in zip(cols, rows[start : start + GROUP_COLUMNS]):
             with col, st.container(border=True):
-                st.markdown(D.escape_markdown(f"rollout {r['rollout']}") + f" · reward **{_fmt(r['reward'])}** · advantage **{_fmt(r['advantage'])}**")
-                st.caption(D.escape_markdown(f"{r['status']} · {r['turns']} turns · {r['tool calls']} tool calls ({r['tool errors']} failed)"))
+                st.markdown(
+                    D.escape_markdown(f"rollout {r['rollout']}")
+                    + f" · reward **{_fmt(r['reward'])}** · advantage **{_fmt(r['advantage'])}**"
+                )
+                st.caption(
+                    D.escape_markdown(
+                        f"{r['status']} · {r['turns']} turns · {r['tool calls']} tool calls ({r['tool errors']} failed)"
+                    )
+                )
                 spans = by_trace.get(r["trace_id"])
                 msgs = D.messages(spans) if spans is not None else []
                 final = next((m for m in reversed(msgs) if m.get("role") == "assistant"), None)
@@ -478,7 +586,9 @@ def _view_group(traj: Any, path: str, sig: tuple) -> None:
                     for m in msgs:
                         st.caption(D.escape_markdown(str(m.get("role"))))
                         st.text(D.content_text(m.get("content")) or "(tool call)")
-                st.button("Replay", key=f"replay_{r['trace_id']}", on_click=_open_trajectory, args=(r["trace_id"], r["step"]))
+                st.button(
+                    "Replay", key=f"replay_{r['trace_id']}", on_click=_open_trajectory, args=(r["trace_id"], r["step"])
+                )
     st.subheader("The same sample across steps")
     across = D.sample_across_steps(traj, sample, _split_value())
     if across:
@@ -487,7 +597,8 @@ def _view_group(traj: Any, path: str, sig: tuple) -> None:
         if len(adf) > 1:
             base = alt.Chart(adf).encode(x="step:Q")
             st.altair_chart(
-                base.mark_area(opacity=0.2).encode(y="reward min:Q", y2="reward max:Q") + base.mark_line(point=True).encode(y=alt.Y("reward mean:Q", title="reward (mean, min-max)")),
+                base.mark_area(opacity=0.2).encode(y="reward min:Q", y2="reward max:Q")
+                + base.mark_line(point=True).encode(y=alt.Y("reward mean:Q", title="reward (mean, min-max)")),
                 width="stretch",
             )
 
@@ -529,9 +640,13 @@ def main() -> None:
     if ss.get("step_sel") not in steps:
         ss["step_sel"] = ALL_STEPS
     st.sidebar.radio("View", VIEWS, key="view")
-    st.sidebar.selectbox("Step", [ALL_STEPS, *steps], format_func=lambda s: s if s == ALL_STEPS else f"step {s}", key="step_sel")
+    st.sidebar.selectbox(
+        "Step", [ALL_STEPS, *steps], format_func=lambda s: s if s == ALL_STEPS else f"step {s}", key="step_sel"
+    )
     st.sidebar.radio("Split", SPLITS, key="split", horizontal=True)
-    st.sidebar.button("Reload files", on_click=st.cache_resource.clear, help="Drop cached tables and re-read the trace files")
+    st.sidebar.button(
+        "Reload files", on_click=st.cache_resource.clear, help="Drop cached tables and re-read the trace files"
+    )
     view = ss["view"]
     try:
         if view == "Overview":

@@ -19,7 +19,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8501
 
 
-def streamlit_command(path: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, python: str | None = None) -> list[str]:
+def streamlit_command(
+    path: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, python: str | None = None
+) -> list[str]:
     """The ``streamlit run`` command line that serves the viewer over ``path``."""
     return [
         python or sys.executable,
@@ -46,7 +48,9 @@ def _view(args: argparse.Namespace) -> int:
         print("error: the viewer needs Streamlit; pip install 'rollout-trace[viewer]'", file=sys.stderr)
         return 2
     if not os.path.exists(args.path):
-        print(f"error: trace path {args.path!r} does not exist; give a trace file or a directory of them", file=sys.stderr)
+        print(
+            f"error: trace path {args.path!r} does not exist; give a trace file or a directory of them", file=sys.stderr
+        )
         return 2
     cmd = streamlit_command(args.path, args.host, args.port)
     print(f"rollout-trace viewer: http://{args.host}:{args.port}/  (Ctrl-C to stop)", file=sys.stderr)
@@ -61,5 +65,9 @@ def register_view(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("view", help="browse and replay recorded trajectories in a local web app")
     p.add_argument("path", help="a trace file or a directory tree of them (e.g. rollout_traces/PROJECT/EXPERIMENT)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})")
-    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}; 0.0.0.0 exposes your traces to the network)")
+    p.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"address to bind (default {DEFAULT_HOST}; 0.0.0.0 exposes your traces to the network)",
+    )
     p.set_defaults(func=_view)

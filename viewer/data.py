@@ -125,7 +125,9 @@ def file_signature(path: str) -> tuple[tuple[str, int, int], ...]:
     try:
         files = tracer.list_trace_files(path)
     except FileNotFoundError as exc:
-        raise ViewerPathError(f"{exc}. Pass a trace directory: rollout-trace view DIR, ?path=DIR or ROLLOUT_TRACE_DIR=DIR") from None
+        raise ViewerPathError(
+            f"{exc}. Pass a trace directory: rollout-trace view DIR, ?path=DIR or ROLLOUT_TRACE_DIR=DIR"
+        ) from None
     if not files:
         raise ViewerPathError(
             f"no trace files (*.arrow) under {path!r}. Record a run with tracer.init(backend='arrow', "
@@ -211,7 +213,9 @@ def run_totals(trajectories: pa.Table) -> dict[str, Any]:
         "spans": pc.sum(trajectories.column(NUM_SPANS)).as_py() or 0,
         "tool calls": calls,
         "tool error rate": (errs / calls) if calls else 0.0,
-        "failed trajectories": int(pc.sum(pc.cast(pc.not_equal(trajectories.column(STATUS), STATUS_OK), pa.int64())).as_py() or 0),
+        "failed trajectories": int(
+            pc.sum(pc.cast(pc.not_equal(trajectories.column(STATUS), STATUS_OK), pa.int64())).as_py() or 0
+        ),
     }
 
 
@@ -227,7 +231,9 @@ def select(trajectories: pa.Table, step: int | None = None, validate: bool | Non
 
 def tools_by_trajectory(path: str, steps: Iterable[int] | None = None) -> Loaded:
     """Table (trace_id, tools): the distinct tool names each trajectory called."""
-    loaded = _reading(tracer.read_spans, path, columns=[TRACE_ID, KIND, NAME], steps=None if steps is None else list(steps))
+    loaded = _reading(
+        tracer.read_spans, path, columns=[TRACE_ID, KIND, NAME], steps=None if steps is None else list(steps)
+    )
     spans = loaded.table
     tools = spans.filter(pc.fill_null(pc.equal(spans.column(KIND), KIND_TOOL), False))
     grouped = tools.group_by(TRACE_ID, use_threads=False).aggregate([(NAME, "distinct")])
@@ -240,7 +246,11 @@ def with_tools(trajectories: pa.Table, tools: pa.Table) -> pa.Table:
     if TOOLS_COL in trajectories.column_names:
         return trajectories
     idx = pc.index_in(trajectories.column(TRACE_ID), value_set=tools.column(TRACE_ID).combine_chunks())
-    names = tools.column(TOOLS_COL).combine_chunks().take(idx) if tools.num_rows else pa.nulls(trajectories.num_rows, pa.list_(pa.string()))
+    names = (
+        tools.column(TOOLS_COL).combine_chunks().take(idx)
+        if tools.num_rows
+        else pa.nulls(trajectories.num_rows, pa.list_(pa.string()))
+    )
     return trajectories.append_column(TOOLS_COL, names)
 
 
@@ -259,7 +269,9 @@ def search_trace_ids(path: str, text: str, steps: Iterable[int] | None = None) -
     prompts and responses, tool arguments and results) as JSON text, so a
     search also matches JSON-escaped text as written there.
     """
-    loaded = _reading(tracer.read_spans, path, columns=[TRACE_ID, INPUTS, OUTPUTS], steps=None if steps is None else list(steps))
+    loaded = _reading(
+        tracer.read_spans, path, columns=[TRACE_ID, INPUTS, OUTPUTS], steps=None if steps is None else list(steps)
+    )
     spans = loaded.table
     needles = {text, json.dumps(text)[1:-1]}
     mask = None
@@ -632,18 +644,26 @@ def _logprob_of(x: Any) -> float | None:
 
 def group(trajectories: pa.Table, step: int, sample_index: str, validate: bool | None = None) -> pa.Table:
     """The rollouts of one prompt at one step, by rollout index."""
-    t = trajectories.filter(pc.and_(pc.equal(trajectories.column(STEP), step), pc.equal(trajectories.column(SAMPLE_INDEX), str(sample_index))))
+    t = trajectories.filter(
+        pc.and_(
+            pc.equal(trajectories.column(STEP), step), pc.equal(trajectories.column(SAMPLE_INDEX), str(sample_index))
+        )
+    )
     if validate is not None:
         t = t.filter(pc.equal(pc.fill_null(t.column(VALIDATE), False), validate))
     return t.sort_by([(ROLLOUT_N, "ascending")])
 
 
-def sample_across_steps(trajectories: pa.Table, sample_index: str, validate: bool | None = None) -> list[dict[str, Any]]:
+def sample_across_steps(
+    trajectories: pa.Table, sample_index: str, validate: bool | None = None
+) -> list[dict[str, Any]]:
     """Per step, the rollouts of one sample: count, reward mean/min/max, trace ids."""
     t = trajectories.filter(pc.equal(trajectories.column(SAMPLE_INDEX), str(sample_index)))
     if validate is not None:
         t = t.filter(pc.equal(pc.fill_null(t.column(VALIDATE), False), validate))
-    g = t.group_by(STEP, use_threads=False).aggregate([(REWARD, "mean"), (REWARD, "min"), (REWARD, "max"), (TRACE_ID, "count")])
+    g = t.group_by(STEP, use_threads=False).aggregate(
+        [(REWARD, "mean"), (REWARD, "min"), (REWARD, "max"), (TRACE_ID, "count")]
+    )
     rows = [
         {"step": s, "rollouts": n, "reward mean": m, "reward min": lo, "reward max": hi}
         for s, m, lo, hi, n in zip(
