@@ -12,6 +12,7 @@ metrics over all its trajectories seen so far.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -104,7 +105,7 @@ class StepShipper(LiveShipper):
 
     # -- internals ------------------------------------------------------------------
 
-    def _publish_steps(self, steps: list[int | None]) -> None:
+    def _publish_steps(self, steps: Sequence[int | None]) -> None:
         for step in sorted(steps, key=lambda s: (s is None, s or 0)):
             rows = self._rows.get(step)
             if not rows:

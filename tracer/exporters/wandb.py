@@ -184,7 +184,7 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
         from wandb.proto import wandb_internal_pb2 as pb
 
         for raw in read_leveldb_log(files[0], WANDB_FILE_IDENT):
-            record = pb.Record()
+            record = pb.Record()  # type: ignore[attr-defined]  # generated protobuf module, no stubs
             record.ParseFromString(raw)
             if record.WhichOneof("record_type") != "history":
                 continue
