@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import contextvars
 import functools
-import inspect
 import os
 import statistics
 import sys
@@ -37,12 +36,12 @@ def build(decorate_rollout: Callable[[Any], Any], decorate_tool: Callable[[Any],
 
     @decorate_rollout
     async def rollout(prompt: str) -> str:
-        for i in range(TOOLS_PER_ROLLOUT):
+        for _ in range(TOOLS_PER_ROLLOUT):
             await call_tool("calculator", "1 + 2")
         return "done"
 
     async def run(n: int) -> None:
-        for i in range(n):
+        for _ in range(n):
             await rollout("What is 1 + 2?")
 
     return run
@@ -69,13 +68,14 @@ def minimal(fn: Any) -> Any:
             return await fn(*args, **kwargs)
         finally:
             _PARENT.reset(token)
-            MINIMAL_SPANS.append({"id": sid, "parent": parent, "name": fn.__name__, "start": start, "end": time.time_ns(), "args": args})
+            MINIMAL_SPANS.append(
+                {"id": sid, "parent": parent, "name": fn.__name__, "start": start, "end": time.time_ns(), "args": args}
+            )
 
     return wrapper
 
 
 def otel_decorator() -> Callable[[Any], Any]:
-    from opentelemetry import trace as ot
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
@@ -155,7 +155,9 @@ def main() -> None:
     spans = tracer.read_spans(tmp, columns=["span_id"]).num_rows
     ours = per_span["rollout-trace"]
     floor = per_span["minimal (ContextVar + dict append)"]
-    print(f"\n{args.rollouts} rollouts x {SPANS_PER_ROLLOUT} spans, median of {args.rounds} rounds; undecorated {base * 1e6:.2f} us/span")
+    print(
+        f"\n{args.rollouts} rollouts x {SPANS_PER_ROLLOUT} spans, median of {args.rounds} rounds; undecorated {base * 1e6:.2f} us/span"
+    )
     print(f"{'recorder':42s} {'us/span':>9s} {'vs rollout-trace':>17s}")
     for name, v in per_span.items():
         if name == "undecorated":

@@ -1,6 +1,6 @@
 """Regenerate sample_data/golden/trace_v1.arrow (only when the format version changes on purpose).
 
-    python tests/make_golden.py
+python tests/make_golden.py
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tracer  # noqa: E402
 
-GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_data", "golden", "trace_v1.arrow")
+GOLDEN = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_data", "golden", "trace_v1.arrow"
+)
 
 
 @tracer.rollout_trace_op(kind="llm")

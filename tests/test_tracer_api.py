@@ -14,14 +14,41 @@ from tracer import TraceConfig, TraceConfigError
 
 def test_public_names_are_pinned() -> None:
     """A change to tracer's public API is a visible decision."""
-    assert sorted(tracer.__all__) == sorted([
-        "ENV_BACKEND", "ENV_STRICT", "ENV_TRACE_DIR", "SCHEMA_VERSION", "SPAN_COLUMNS", "SPAN_FIELDS",
-        "SPAN_SCHEMA", "TRAJECTORY_COLUMNS", "TRAJECTORY_FIELDS", "TRAJECTORY_SCHEMA", "FlushResult",
-        "TraceConfig", "TraceConfigError", "TraceFileWarning", "available_backends", "flush", "get_config",
-        "init", "iter_batches", "list_trace_files", "log_reward", "parse_json", "propagate",
-        "read_file_metadata", "read_spans", "read_trajectories", "rollout_trace_attr", "rollout_trace_op",
-        "shutdown", "step_metrics", "trajectory_messages",
-    ])
+    assert sorted(tracer.__all__) == sorted(
+        [
+            "ENV_BACKEND",
+            "ENV_STRICT",
+            "ENV_TRACE_DIR",
+            "SCHEMA_VERSION",
+            "SPAN_COLUMNS",
+            "SPAN_FIELDS",
+            "SPAN_SCHEMA",
+            "TRAJECTORY_COLUMNS",
+            "TRAJECTORY_FIELDS",
+            "TRAJECTORY_SCHEMA",
+            "FlushResult",
+            "TraceConfig",
+            "TraceConfigError",
+            "TraceFileWarning",
+            "available_backends",
+            "flush",
+            "get_config",
+            "init",
+            "iter_batches",
+            "list_trace_files",
+            "log_reward",
+            "parse_json",
+            "propagate",
+            "read_file_metadata",
+            "read_spans",
+            "read_trajectories",
+            "rollout_trace_attr",
+            "rollout_trace_op",
+            "shutdown",
+            "step_metrics",
+            "trajectory_messages",
+        ]
+    )
     for name in tracer.__all__:
         assert hasattr(tracer, name), name
 
@@ -29,7 +56,7 @@ def test_public_names_are_pinned() -> None:
 def test_import_tracer_loads_no_heavy_library() -> None:
     """`import tracer` imports none of the optional backends or ML libraries."""
     heavy = ["mlflow", "wandb", "swanlab", "torch", "transformers", "vllm", "streamlit", "ray", "tokenizers"]
-    code = "import sys, tracer, tracer.exporters; print(' '.join(m for m in %r if m in sys.modules))" % (heavy,)
+    code = f"import sys, tracer, tracer.exporters; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 
@@ -38,8 +65,24 @@ def test_schema_record_and_columns_agree() -> None:
     """The field docs, the column list and the Arrow schema name the same columns."""
     assert tuple(f.name for f in tracer.SPAN_SCHEMA) == tracer.SPAN_COLUMNS
     assert len({f[0] for f in tracer.SPAN_FIELDS}) == len(tracer.SPAN_FIELDS)
-    required = {"trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns", "status", "error",
-                "step", "sample_index", "rollout_n", "validate", "inputs", "outputs", "attributes"}
+    required = {
+        "trace_id",
+        "span_id",
+        "parent_span_id",
+        "name",
+        "kind",
+        "start_ns",
+        "end_ns",
+        "status",
+        "error",
+        "step",
+        "sample_index",
+        "rollout_n",
+        "validate",
+        "inputs",
+        "outputs",
+        "attributes",
+    }
     assert required <= set(tracer.SPAN_COLUMNS)
     assert all(f[3] for f in tracer.SPAN_FIELDS)
 
@@ -55,16 +98,18 @@ def test_default_output_dir_comes_from_the_environment(monkeypatch: pytest.Monke
 
 def test_verl_overrides_parse_to_field_types() -> None:
     """verl's dotted keys, short keys and trainer names become typed fields."""
-    cfg = TraceConfig.from_overrides([
-        "actor_rollout_ref.rollout.trace.backend=arrow",
-        "actor_rollout_ref.rollout.trace.token2text=True",
-        "rollout.trace.max_tokens=256",
-        "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=null",
-        "trace.flush_interval_s=0.5",
-        "trainer.project_name=gsm8k",
-        "trainer.experiment_name=grpo_1",
-        "data.train_batch_size=1024",  # the rest of a verl command line is ignored
-    ])
+    cfg = TraceConfig.from_overrides(
+        [
+            "actor_rollout_ref.rollout.trace.backend=arrow",
+            "actor_rollout_ref.rollout.trace.token2text=True",
+            "rollout.trace.max_tokens=256",
+            "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=null",
+            "trace.flush_interval_s=0.5",
+            "trainer.project_name=gsm8k",
+            "trainer.experiment_name=grpo_1",
+            "data.train_batch_size=1024",  # the rest of a verl command line is ignored
+        ]
+    )
     assert cfg.backend == "arrow" and cfg.token2text is True and cfg.max_tokens == 256
     assert cfg.max_samples_per_step_per_worker is None and cfg.flush_interval_s == 0.5
     assert (cfg.project_name, cfg.experiment_name) == ("gsm8k", "grpo_1")
@@ -130,7 +175,13 @@ def test_yaml_nested_and_dotted(tmp_path: os.PathLike[str]) -> None:
         )
     cfg = TraceConfig.from_yaml(path)
     assert (cfg.project_name, cfg.experiment_name, cfg.backend, cfg.token2text, cfg.max_samples, cfg.seed) == (
-        "p", "e", "arrow", True, 2, 7)
+        "p",
+        "e",
+        "arrow",
+        True,
+        2,
+        7,
+    )
 
 
 def test_yaml_errors_are_clear(tmp_path: os.PathLike[str]) -> None:
@@ -150,6 +201,7 @@ def test_yaml_errors_are_clear(tmp_path: os.PathLike[str]) -> None:
 
 def test_init_twice_replaces_the_configuration(trace_dir: str) -> None:
     """A second init() flushes the first recorder and records under the new config."""
+
     @tracer.rollout_trace_op
     def f(x: int) -> int:
         return x

@@ -16,7 +16,9 @@ import pytest
 
 import tracer
 
-GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_data", "golden", "trace_v1.arrow")
+GOLDEN = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_data", "golden", "trace_v1.arrow"
+)
 
 
 @tracer.rollout_trace_op(kind="tool")
@@ -155,7 +157,7 @@ def test_full_buffer_in_drop_mode_counts_every_drop(trace_dir: str) -> None:
                 last = reader.read_next_batch_with_custom_metadata()
             except StopIteration:
                 break
-    assert last is not None and "rollout_trace.spans_dropped" in {k.decode() for k in last.custom_metadata.keys()}
+    assert last is not None and "rollout_trace.spans_dropped" in {k.decode() for k in last.custom_metadata}
 
 
 def test_golden_file_still_reads() -> None:
@@ -164,13 +166,17 @@ def test_golden_file_still_reads() -> None:
     assert table.num_rows == 8  # 2 trajectories: root, generate, calculator, reward
     trajectories = tracer.read_trajectories(GOLDEN).to_pylist()
     assert [(t["rollout_n"], t["reward"], t["status"], t["num_tool_errors"]) for t in trajectories] == [
-        (0, 1.0, "ok", 0), (1, 0.0, "ok", 1)]
+        (0, 1.0, "ok", 0),
+        (1, 0.0, "ok", 1),
+    ]
     assert json.loads(trajectories[1]["reward_info"]) == {"advantage": -0.5}
     rows = {(r["name"], r["rollout_n"]): r for r in table.to_pylist()}
     assert json.loads(rows[("generate", 0)]["inputs"]) == {"prompt_ids": [1, 2, 3]}
     assert json.loads(rows[("calculator", 1)]["error"])["type"] == "ZeroDivisionError"
     assert tracer.trajectory_messages([r for r in table.to_pylist() if r["rollout_n"] == 0])[0] == {
-        "role": "user", "content": "What is 2+2?"}
+        "role": "user",
+        "content": "What is 2+2?",
+    }
 
 
 def test_missing_path_is_a_clear_error(tmp_path: object) -> None:

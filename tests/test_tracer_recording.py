@@ -45,7 +45,11 @@ class Agent:
         loop = asyncio.get_running_loop()
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             c = await loop.run_in_executor(pool, tracer.propagate(self.calculator), "3+4")
-        return {"messages": [{"role": "user", "content": question}], "answer": a + c, "n": out["response_ids"][0] + len(b)}
+        return {
+            "messages": [{"role": "user", "content": question}],
+            "answer": a + c,
+            "n": out["response_ids"][0] + len(b),
+        }
 
 
 def test_span_tree_survives_gather_tasks_threads_and_pools(trace_dir: str) -> None:
@@ -71,7 +75,12 @@ def test_span_tree_survives_gather_tasks_threads_and_pools(trace_dir: str) -> No
         if s is not root:
             assert s["parent_span_id"] == root["span_id"]
     assert sorted(s["name"].split(".")[-1] for s in spans if s["trace_id"] == roots[0]["trace_id"]) == [
-        "agent_loop", "calculator", "calculator", "generate", "generate"]
+        "agent_loop",
+        "calculator",
+        "calculator",
+        "generate",
+        "generate",
+    ]
     assert json.loads(roots[0]["attributes"]) == {"split": "train"}
     assert all('"self"' not in (s["inputs"] or "") for s in spans)
 
@@ -93,6 +102,7 @@ def test_hundreds_of_concurrent_trajectories_from_threads_and_tasks(trace_dir: s
         async def one(i: int) -> None:
             with tracer.rollout_trace_attr(sample_index=f"t{thread_no}-{i}", step=1):
                 await rollout(f"t{thread_no}-{i}")
+
         await asyncio.gather(*(one(i) for i in range(100)))
 
     threads = [threading.Thread(target=asyncio.run, args=(worker(t),)) for t in range(3)]
@@ -186,6 +196,7 @@ def test_backend_none_passes_straight_through(trace_dir: str) -> None:
         tracer.log_reward(1.0)
     assert tracer.flush().ok
     import os
+
     assert not os.path.exists(trace_dir)
 
 
@@ -222,7 +233,10 @@ def test_attr_block_without_rollout_op_gets_a_root_named_after_it(trace_dir: str
     spans = spans_by_name(trace_dir)
     (root,) = spans["agent"]
     assert root["kind"] == "rollout" and root["parent_span_id"] is None and root["validate"] is True
-    assert {s["parent_span_id"] for s in spans["test_attr_block_without_rollout_op_gets_a_root_named_after_it.<locals>.generate"]} == {root["span_id"]}
+    assert {
+        s["parent_span_id"]
+        for s in spans["test_attr_block_without_rollout_op_gets_a_root_named_after_it.<locals>.generate"]
+    } == {root["span_id"]}
     assert tracer.read_trajectories(trace_dir).num_rows == 1
 
 
@@ -247,6 +261,7 @@ def test_log_reward_inside_and_after_the_rollout(trace_dir: str) -> None:
         with tracer.rollout_trace_attr(sample_index=0, step=5, rollout_n=2):
             await rollout(2)
             score(2)
+
     asyncio.run(main())
     tracer.log_reward(0.0, step=5, sample_index=0, rollout_n=1, advantage=-0.5)
     # A trainer in another process knows only the keys: the reward joins by them.
@@ -297,6 +312,7 @@ def test_tracer_failures_never_reach_user_code(trace_dir: str, monkeypatch: pyte
 def test_storage_failure_is_reported_not_raised(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """An output dir that cannot be created: the rollout runs, flush reports it, later spans still try."""
     import os
+
     monkeypatch.delenv(tracer.ENV_STRICT)
     blocker = os.path.join(str(tmp_path), "file")
     open(blocker, "w").close()

@@ -19,8 +19,10 @@ def run_step(step: int, samples: list[int], n: int = 4, validate: bool = False) 
         with tracer.rollout_trace_attr(sample_index=sample, step=step, rollout_n=k, validate=validate):
             await generate([sample])
             tracer.log_reward(float(k))
+
     async def main() -> None:
         await asyncio.gather(*(one(s, k) for s in samples for k in range(n)))
+
     asyncio.run(main())
 
 
@@ -55,6 +57,7 @@ def test_fewer_samples_than_the_limit_are_all_recorded(trace_dir: str) -> None:
 def test_choice_is_reproducible_and_ignores_arrival_order(tmp_path: object) -> None:
     """The same seed picks the same samples whatever order they start in; not simply the first ones."""
     import os
+
     chosen = []
     for i, order in enumerate([list(range(30)), list(reversed(range(30))), random.Random(5).sample(range(30), 30)]):
         d = os.path.join(str(tmp_path), f"run{i}")

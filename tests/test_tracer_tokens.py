@@ -34,6 +34,7 @@ class Server:
 
 def record_one(tok: object, ids: object) -> dict:
     import asyncio
+
     asyncio.run(Server(tok).generate(ids, {"temperature": 1.0}))
     tracer.flush()
     return tracer.read_spans(tracer.get_config().run_dir).to_pylist()[-1]

@@ -9,7 +9,7 @@ import tempfile
 CORPUS = [
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
     "How many clips did Natalia sell altogether in April and May? The answer is 72.",
-    "<tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"48 + 24\"}}</tool_call>",
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "48 + 24"}}</tool_call>',
     "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting.",
 ] * 20
 
@@ -23,8 +23,11 @@ def tokenizer_dir() -> str:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
     path = os.path.join(tempfile.mkdtemp(prefix="rt-tok-"), "tokenizer")

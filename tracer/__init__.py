@@ -36,7 +36,6 @@ from tracer._reader import (
     read_trajectories,
 )
 from tracer._recorder import FlushResult
-from tracer._summary import step_metrics, trajectory_messages
 from tracer._schema import (
     SCHEMA_VERSION,
     SPAN_COLUMNS,
@@ -46,6 +45,7 @@ from tracer._schema import (
     TRAJECTORY_FIELDS,
     TRAJECTORY_SCHEMA,
 )
+from tracer._summary import step_metrics, trajectory_messages
 
 __version__ = "0.1.0"
 

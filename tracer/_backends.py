@@ -13,6 +13,7 @@ from typing import Any
 #: Backend name -> "module:attribute" of its exporter class (None: built in).
 BACKENDS: dict[str, str | None] = {
     "arrow": None,
+    "mlflow": "tracer.exporters.mlflow:MlflowExporter",
     "wandb": "tracer.exporters.wandb:WandbExporter",
     "swanlab": "tracer.exporters.swanlab:SwanlabExporter",
     "console": "tracer.exporters.console:ConsoleExporter",

@@ -55,8 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _unavailable(name: str, exc: ImportError) -> object:
     def run(args: argparse.Namespace) -> int:
         print(
-            f"error: '{name}' needs a package that is not installed ({exc}); "
-            f"pip install 'rollout-trace[all]'",
+            f"error: '{name}' needs a package that is not installed ({exc}); pip install 'rollout-trace[all]'",
             file=sys.stderr,
         )
         return 2

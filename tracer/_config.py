@@ -166,8 +166,7 @@ class TraceConfig:
             value = getattr(self, key)
             if not isinstance(value, str) or not value or os.sep in value or value in (".", ".."):
                 raise TraceConfigError(
-                    f"{key}: {value!r} is not a usable name; give a non-empty string "
-                    f"without {os.sep!r}"
+                    f"{key}: {value!r} is not a usable name; give a non-empty string without {os.sep!r}"
                 )
         for key in ("max_tokens", "max_samples_per_step_per_worker"):
             value = getattr(self, key)
@@ -178,25 +177,19 @@ class TraceConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise TraceConfigError(f"{key}: {value!r} must be a positive integer")
         if not isinstance(self.flush_interval_s, (int, float)) or not self.flush_interval_s > 0:
-            raise TraceConfigError(
-                f"flush_interval_s: {self.flush_interval_s!r} must be a number of seconds > 0"
-            )
+            raise TraceConfigError(f"flush_interval_s: {self.flush_interval_s!r} must be a number of seconds > 0")
         if self.on_buffer_full not in ON_FULL_CHOICES:
             raise TraceConfigError(
                 f"on_buffer_full: {self.on_buffer_full!r} is not one of {', '.join(ON_FULL_CHOICES)}"
             )
         if not isinstance(self.compression_level, int) or not 1 <= self.compression_level <= 22:
-            raise TraceConfigError(
-                f"compression_level: {self.compression_level!r} must be an integer from 1 to 22"
-            )
+            raise TraceConfigError(f"compression_level: {self.compression_level!r} must be an integer from 1 to 22")
         if isinstance(self.token_fields, str):
             self.token_fields = (self.token_fields,)
         self.token_fields = tuple(self.token_fields)
         for name in self.token_fields:
             if not isinstance(name, str) or not name.endswith("_ids"):
-                raise TraceConfigError(
-                    f"token_fields: {name!r} must be a field name ending in '_ids'"
-                )
+                raise TraceConfigError(f"token_fields: {name!r} must be a field name ending in '_ids'")
 
     # -- construction ----------------------------------------------------
 
@@ -226,9 +219,7 @@ class TraceConfig:
         return dataclasses.replace(config, **fields)
 
     @classmethod
-    def from_overrides(
-        cls, overrides: Iterable[str], base: TraceConfig | None = None
-    ) -> TraceConfig:
+    def from_overrides(cls, overrides: Iterable[str], base: TraceConfig | None = None) -> TraceConfig:
         """Parse verl-style ``key=value`` overrides.
 
         Accepted keys: ``actor_rollout_ref.rollout.trace.<field>``,
@@ -276,9 +267,7 @@ class TraceConfig:
         return cls._from_pairs(list(_flatten(data)), base, parse_text=False)
 
     @classmethod
-    def _from_pairs(
-        cls, pairs: list[tuple[str, Any]], base: TraceConfig | None, parse_text: bool
-    ) -> TraceConfig:
+    def _from_pairs(cls, pairs: list[tuple[str, Any]], base: TraceConfig | None, parse_text: bool) -> TraceConfig:
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         trace_fields: dict[str, Any] = {}
         trainer_fields: dict[str, Any] = {}
@@ -294,8 +283,7 @@ class TraceConfig:
             if name not in types:
                 valid = sorted(set(types) | set(_ALIASES))
                 raise TraceConfigError(
-                    f"{key}: unknown trace setting {name!r}; valid settings are "
-                    f"{', '.join(prefix + v for v in valid)}"
+                    f"{key}: unknown trace setting {name!r}; valid settings are {', '.join(prefix + v for v in valid)}"
                 )
             trace_fields[name] = _parse_value(key, raw, str(types[name]), parse_text)
         fields = {**trainer_fields, **trace_fields}
@@ -304,9 +292,7 @@ class TraceConfig:
         except TraceConfigError as exc:
             # Name the override key, not only the field.
             field = str(exc).split(":", 1)[0]
-            spelled = next(
-                (k for k, _ in pairs if k.endswith("." + field) or k == field), field
-            )
+            spelled = next((k for k, _ in pairs if k.endswith("." + field) or k == field), field)
             raise TraceConfigError(f"{spelled}: {str(exc).split(':', 1)[1].strip()}") from None
 
 
@@ -327,10 +313,7 @@ _FALSE_WORDS = {"false", "no", "0", "off"}
 def _backend_list(backend: str | list[str] | tuple[str, ...] | None) -> list[str]:
     if backend is None:
         return []
-    if isinstance(backend, str):
-        items = [backend]
-    else:
-        items = list(backend)
+    items = [backend] if isinstance(backend, str) else list(backend)
     out = []
     for item in items:
         for part in str(item).split(","):

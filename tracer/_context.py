@@ -14,8 +14,8 @@ from typing import Any
 
 #: ``(span_id, trace_id, Trajectory | None)`` of the innermost open span or
 #: trajectory context, or None outside any.
-CURRENT_SPAN: contextvars.ContextVar[tuple[int, int, Trajectory | None] | None] = (
-    contextvars.ContextVar("rollout_trace_current_span", default=None)
+CURRENT_SPAN: contextvars.ContextVar[tuple[int, int, Trajectory | None] | None] = contextvars.ContextVar(
+    "rollout_trace_current_span", default=None
 )
 
 

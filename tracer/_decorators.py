@@ -120,13 +120,42 @@ def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | N
                     out = await fn(*args, **kwargs)
                 except BaseException as exc:
                     _reset(token)
-                    _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), exc, a, k, None, args[0] if has_self else None))
+                    _record(
+                        rec,
+                        (
+                            frame[0],
+                            parent_sid,
+                            frame[1],
+                            spec,
+                            frame[2],
+                            start,
+                            _time_ns(),
+                            exc,
+                            a,
+                            k,
+                            None,
+                            args[0] if has_self else None,
+                        ),
+                    )
                     raise
                 _reset(token)
                 end = _time_ns()
                 o = out if type(out) in _IMMUTABLE else _capture_out(rec, out)
                 buf = rec.buffer
-                record = (frame[0], parent_sid, frame[1], spec, frame[2], start, end, None, a, k, o, args[0] if has_self else None)
+                record = (
+                    frame[0],
+                    parent_sid,
+                    frame[1],
+                    spec,
+                    frame[2],
+                    start,
+                    end,
+                    None,
+                    a,
+                    k,
+                    o,
+                    args[0] if has_self else None,
+                )
                 if len(buf) < rec.fast_limit:
                     buf.append(record)
                 else:
@@ -162,13 +191,42 @@ def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | N
                 out = fn(*args, **kwargs)
             except BaseException as exc:
                 _reset(token)
-                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), exc, a, k, None, args[0] if has_self else None))
+                _record(
+                    rec,
+                    (
+                        frame[0],
+                        parent_sid,
+                        frame[1],
+                        spec,
+                        frame[2],
+                        start,
+                        _time_ns(),
+                        exc,
+                        a,
+                        k,
+                        None,
+                        args[0] if has_self else None,
+                    ),
+                )
                 raise
             _reset(token)
             end = _time_ns()
             o = out if type(out) in _IMMUTABLE else _capture_out(rec, out)
             buf = rec.buffer
-            record = (frame[0], parent_sid, frame[1], spec, frame[2], start, end, None, a, k, o, args[0] if has_self else None)
+            record = (
+                frame[0],
+                parent_sid,
+                frame[1],
+                spec,
+                frame[2],
+                start,
+                end,
+                None,
+                a,
+                k,
+                o,
+                args[0] if has_self else None,
+            )
             if len(buf) < rec.fast_limit:
                 buf.append(record)
             else:
@@ -206,7 +264,19 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
         **extra: More attributes, written on the trajectory's root span.
     """
 
-    __slots__ = ("sample_index", "step", "rollout_n", "name", "validate", "trace", "extra", "_token", "_traj", "_start", "_rec")
+    __slots__ = (
+        "sample_index",
+        "step",
+        "rollout_n",
+        "name",
+        "validate",
+        "trace",
+        "extra",
+        "_token",
+        "_traj",
+        "_start",
+        "_rec",
+    )
 
     def __init__(
         self,
@@ -235,7 +305,9 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
         if rec is None:
             return self
         try:
-            traj = rec.new_trajectory(self.step, self.sample_index, self.rollout_n, self.validate, self.name, self.extra, self.trace)
+            traj = rec.new_trajectory(
+                self.step, self.sample_index, self.rollout_n, self.validate, self.name, self.extra, self.trace
+            )
         except Exception as exc:
             rec.internal_error("starting a trajectory", exc)
             return self
@@ -317,7 +389,22 @@ def log_reward(
         traj.spans += 1
         now = _time_ns()
         parent = traj.root_span_id or None
-        rec.append((next(rec.span_ids), parent, traj.trace_id, REWARD_SPEC, traj, now, now, None, (float(reward),), capture(extra), None, None))
+        rec.append(
+            (
+                next(rec.span_ids),
+                parent,
+                traj.trace_id,
+                REWARD_SPEC,
+                traj,
+                now,
+                now,
+                None,
+                (float(reward),),
+                capture(extra),
+                None,
+                None,
+            )
+        )
     except ValueError:
         raise
     except Exception as exc:

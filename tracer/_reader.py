@@ -234,7 +234,9 @@ def read_trajectories(
     kind, status = body[S.KIND], body[S.STATUS]
     body = body.append_column("is_llm", flag(pc.equal(kind, S.KIND_LLM)))
     body = body.append_column("is_tool", flag(pc.equal(kind, S.KIND_TOOL)))
-    body = body.append_column("is_tool_err", flag(pc.and_(pc.equal(kind, S.KIND_TOOL), pc.not_equal(status, S.STATUS_OK))))
+    body = body.append_column(
+        "is_tool_err", flag(pc.and_(pc.equal(kind, S.KIND_TOOL), pc.not_equal(status, S.STATUS_OK)))
+    )
     body = body.append_column("is_err", flag(pc.equal(status, S.STATUS_ERROR)))
     grouped = body.group_by(S.TRACE_ID, use_threads=False).aggregate(
         [
@@ -263,7 +265,10 @@ def read_trajectories(
     samples = grouped[f"{S.SAMPLE_INDEX}_first"].to_pylist()
     rollouts = grouped[f"{S.ROLLOUT_N}_first"].to_pylist()
     validates = grouped[f"{S.VALIDATE}_first"].to_pylist()
-    names, statuses, reward_col, info_col = [], [], [], []
+    names: list[str | None] = []
+    statuses: list[str] = []
+    reward_col: list[float | None] = []
+    info_col: list[str | None] = []
     for i, tid in enumerate(trace_ids):
         name, status_v = root_by_trace.get(tid, (None, S.STATUS_INCOMPLETE))
         names.append(name)
@@ -294,7 +299,9 @@ def read_trajectories(
         "num_errors": grouped["is_err_sum"],
     }
     table = pa.table({k: columns[k] for k in S.TRAJECTORY_COLUMNS}, schema=S.TRAJECTORY_SCHEMA)
-    return table.sort_by([(S.STEP, "ascending"), (S.SAMPLE_INDEX, "ascending"), (S.ROLLOUT_N, "ascending"), (S.START_NS, "ascending")])
+    return table.sort_by(
+        [(S.STEP, "ascending"), (S.SAMPLE_INDEX, "ascending"), (S.ROLLOUT_N, "ascending"), (S.START_NS, "ascending")]
+    )
 
 
 def _collect_rewards(
@@ -306,10 +313,15 @@ def _collect_rewards(
     if rewards.num_rows == 0:
         return by_trace, by_key
     # The reward rows' attributes (advantage, ...) are read only for them.
-    attrs = read_spans(path, columns=[S.ATTRIBUTES, S.KIND, S.NAME, S.END_NS, S.TRACE_ID], steps=steps, validate=validate)
+    attrs = read_spans(
+        path, columns=[S.ATTRIBUTES, S.KIND, S.NAME, S.END_NS, S.TRACE_ID], steps=steps, validate=validate
+    )
     attrs = attrs.filter(pc.and_(pc.equal(attrs[S.KIND], S.KIND_REWARD), pc.equal(attrs[S.NAME], S.REWARD_SPAN_NAME)))
     info = attrs[S.ATTRIBUTES].to_pylist()
-    cols = [rewards[c].to_pylist() for c in (S.TRACE_ID, S.END_NS, S.REWARD, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)]
+    cols = [
+        rewards[c].to_pylist()
+        for c in (S.TRACE_ID, S.END_NS, S.REWARD, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)
+    ]
     for i, (tid, end, reward, step, sample, rollout, val) in enumerate(zip(*cols)):
         entry = (end, reward, info[i] if i < len(info) else None)
         if tid:

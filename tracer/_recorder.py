@@ -28,7 +28,6 @@ from typing import Any
 import pyarrow as pa
 
 from tracer import _schema as S
-from tracer._capture import capture
 from tracer._config import ENV_STRICT, TraceConfig
 from tracer._context import Trajectory
 from tracer._encode import Encoder, error_json, to_json
@@ -54,8 +53,10 @@ class OpSpec:
 
     __slots__ = ("name", "kind", "params", "varargs", "has_self", "special")
 
-    def __init__(self, fn: Callable[..., Any] | None, name: str | None, kind: str | None, special: str | None = None) -> None:
-        self.name = name or (getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "span"))
+    def __init__(
+        self, fn: Callable[..., Any] | None, name: str | None, kind: str | None, special: str | None = None
+    ) -> None:
+        self.name: str = name or str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "span"))
         self.kind = kind or S.KIND_SPAN
         self.special = special
         self.params: tuple[str, ...] = ()
@@ -200,7 +201,9 @@ class Recorder:
 
     # -- caller's path -----------------------------------------------------
 
-    def open_span(self, spec: OpSpec, parent: tuple[int, int, Trajectory | None] | None) -> tuple[tuple[int, int, Trajectory | None], int | None] | None:
+    def open_span(
+        self, spec: OpSpec, parent: tuple[int, int, Trajectory | None] | None
+    ) -> tuple[tuple[int, int, Trajectory | None], int | None] | None:
         """Return (frame, parent span id) for a new span, or None to not record."""
         if parent is None:
             if spec.kind == S.KIND_ROLLOUT:
@@ -209,8 +212,9 @@ class Recorder:
                 traj.spans = 1
                 return (traj.root_span_id, traj.trace_id, traj), None
             return (next(self.span_ids), next(self.trace_ids), None), None
-        traj = parent[2]
-        if traj is not None:
+        ptraj = parent[2]
+        if ptraj is not None:
+            traj = ptraj
             if not traj.recording:
                 return None
             traj.spans += 1
@@ -220,21 +224,27 @@ class Recorder:
                     return (traj.root_span_id, traj.trace_id, traj), None
                 # A rollout inside a trajectory starts a trajectory of its own.
                 child = self.new_trajectory(
-                    traj.step, traj.sample_index, traj.rollout_n, traj.validate, spec.name, traj.extra, True, remember=False
+                    traj.step,
+                    traj.sample_index,
+                    traj.rollout_n,
+                    traj.validate,
+                    spec.name,
+                    traj.extra,
+                    True,
+                    remember=False,
                 )
                 child.root_claimed = True
                 child.spans = 1
                 child.sample = traj.sample
                 return (child.root_span_id, child.trace_id, child), None
-        return (next(self.span_ids), parent[1], traj), parent[0]
+        return (next(self.span_ids), parent[1], ptraj), parent[0]
 
     def append(self, record: tuple[Any, ...]) -> None:
         """Add a finished span; the slow path when the buffer is filling up."""
         buf = self.buffer
-        if len(buf) >= self.limit:
-            if not self._make_room():
-                self.spans_dropped += 1
-                return
+        if len(buf) >= self.limit and not self._make_room():
+            self.spans_dropped += 1
+            return
         buf.append(record)
         if len(buf) >= self.fast_limit and not self._wake.is_set():
             self._wake.set()
@@ -265,7 +275,9 @@ class Recorder:
         remember: bool = True,
     ) -> Trajectory:
         """Start a trajectory: ids, sampling decision, and log_reward lookup."""
-        traj = Trajectory(step, sample_index, rollout_n, validate, name, extra, trace, next(self.span_ids), next(self.trace_ids))
+        traj = Trajectory(
+            step, sample_index, rollout_n, validate, name, extra, trace, next(self.span_ids), next(self.trace_ids)
+        )
         if trace and self.sampler is not None and sample_index is not None:
             sample = self.sampler.admit(step, validate, sample_index)
             if sample is None:
@@ -286,7 +298,22 @@ class Recorder:
     def end_trajectory(self, traj: Trajectory, start: int, exc: BaseException | None) -> None:
         """Close a rollout_trace_attr block: write its root unless an op was the root."""
         if traj.recording and not traj.root_claimed and traj.spans > 0:
-            self.append((traj.root_span_id, None, traj.trace_id, ROOT_SPEC, traj, start, time.time_ns(), exc, None, None, None, None))
+            self.append(
+                (
+                    traj.root_span_id,
+                    None,
+                    traj.trace_id,
+                    ROOT_SPEC,
+                    traj,
+                    start,
+                    time.time_ns(),
+                    exc,
+                    None,
+                    None,
+                    None,
+                    None,
+                )
+            )
 
     def find_trajectory(self, step: Any, sample_index: str | None, rollout_n: Any, validate: Any) -> Trajectory | None:
         with self._traj_lock:
@@ -388,7 +415,11 @@ class Recorder:
             self.writer.write(batch, self._batch_metadata(len(records)))
         except Exception as exc:
             self.spans_failed += len(records)
-            self.problems.report("write failed", f"{len(records)} spans not written to {self.writer.run_dir}: {type(exc).__name__}: {exc}", exc)
+            self.problems.report(
+                "write failed",
+                f"{len(records)} spans not written to {self.writer.run_dir}: {type(exc).__name__}: {exc}",
+                exc,
+            )
             return
         self.spans_written += len(records)
         for fn in self._listeners:
@@ -410,7 +441,7 @@ class Recorder:
         enc = Encoder(cfg.token_fields, cfg.token2text, cfg.max_tokens, cfg.store_full_token)
         n = len(records)
         cols: dict[str, list[Any]] = {name: [None] * n for name in S.SPAN_COLUMNS}
-        prepared: list[tuple[Any, Any, dict[str, Any]]] = []
+        prepared: list[tuple[Any, Any, dict[str, Any], bool]] = []
         sp, tp = self.span_prefix, self.trace_prefix
         for i, rec in enumerate(records):
             spec: OpSpec = rec[R_SPEC]
@@ -498,9 +529,10 @@ class Recorder:
                 fn(timeout)
             except Exception as exc:
                 self.problems.report("exporter flush failed", f"{getattr(fn, '__qualname__', fn)}: {exc}", exc)
-        if self.strict and self.problems.first_exception is not None:
-            exc, self.problems.first_exception = self.problems.first_exception, None
-            raise exc
+        first = self.problems.first_exception
+        if self.strict and first is not None:
+            self.problems.first_exception = None
+            raise first
         return self.result(self._flush_done >= target)
 
     def result(self, done: bool, message: str = "") -> FlushResult:

@@ -32,9 +32,7 @@ MAX_BUCKETS = 64
 
 def sample_score(seed: int, step: Any, validate: Any, sample_index: Any) -> float:
     """Seeded, order-independent score of a sample in [0, 1)."""
-    digest = hashlib.blake2b(
-        f"{seed}\x1f{step}\x1f{bool(validate)}\x1f{sample_index}".encode(), digest_size=8
-    ).digest()
+    digest = hashlib.blake2b(f"{seed}\x1f{step}\x1f{bool(validate)}\x1f{sample_index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2.0**64
 
 

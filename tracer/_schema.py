@@ -97,9 +97,7 @@ SPAN_FIELDS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
 SPAN_COLUMNS: tuple[str, ...] = tuple(f[0] for f in SPAN_FIELDS)
 
 #: The Arrow schema of every trace file (without its file metadata).
-SPAN_SCHEMA = pa.schema(
-    [pa.field(name, typ, nullable=nullable) for name, typ, nullable, _ in SPAN_FIELDS]
-)
+SPAN_SCHEMA = pa.schema([pa.field(name, typ, nullable=nullable) for name, typ, nullable, _ in SPAN_FIELDS])
 
 #: Columns of :func:`tracer.read_trajectories`, one row per trajectory.
 TRAJECTORY_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (

@@ -38,7 +38,7 @@ def trajectory_messages(spans: pa.Table | Iterable[Mapping[str, Any]]) -> list[d
         OpenAI-style messages: ``{"role", "content", ...}``.
     """
     rows = spans.to_pylist() if isinstance(spans, pa.Table) else list(spans)
-    rows.sort(key=lambda r: (r.get(S.START_NS) or 0))
+    rows.sort(key=lambda r: r.get(S.START_NS) or 0)
     for row in rows:
         if row.get(S.PARENT_SPAN_ID) is None and row.get(S.KIND) == S.KIND_ROLLOUT:
             out = _loads(row.get(S.OUTPUTS))
@@ -53,7 +53,9 @@ def trajectory_messages(spans: pa.Table | Iterable[Mapping[str, Any]]) -> list[d
             if not messages and isinstance(inputs, Mapping):
                 prompt = inputs.get("prompt_text") or inputs.get("messages") or inputs.get("prompt")
                 if prompt is not None:
-                    messages.append({"role": "user", "content": prompt if isinstance(prompt, str) else json.dumps(prompt)})
+                    messages.append(
+                        {"role": "user", "content": prompt if isinstance(prompt, str) else json.dumps(prompt)}
+                    )
             text = outputs.get("response_text") if isinstance(outputs, Mapping) else outputs
             messages.append({"role": "assistant", "content": text if isinstance(text, str) else json.dumps(text)})
         elif kind == S.KIND_TOOL:

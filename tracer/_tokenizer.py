@@ -17,7 +17,9 @@ def load_tokenizer(path: str) -> Any:
         ImportError: neither package is installed; names the pip line.
     """
     if not os.path.exists(path):
-        raise FileNotFoundError(f"tokenizer path {path!r} does not exist; give a folder with tokenizer.json or a tokenizer.json file")
+        raise FileNotFoundError(
+            f"tokenizer path {path!r} does not exist; give a folder with tokenizer.json or a tokenizer.json file"
+        )
     file = path if os.path.isfile(path) else os.path.join(path, "tokenizer.json")
     if os.path.isfile(file):
         try:
