@@ -221,3 +221,10 @@ def test_unknown_init_field_is_named() -> None:
     """init() with a field that does not exist says which and lists the valid ones."""
     with pytest.raises(TraceConfigError, match="tokenizr.*valid fields"):
         tracer.init(tokenizr="x")
+
+
+def test_readme_documents_every_column() -> None:
+    """README's file-format tables list every span and trajectory column."""
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    for name in (*tracer.SPAN_COLUMNS, *tracer.TRAJECTORY_COLUMNS):
+        assert f"| `{name}` |" in readme, name
