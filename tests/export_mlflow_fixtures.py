@@ -1,0 +1,150 @@
+"""A small recorded run for the MLflow exporter's tests, made with tracer's public API.
+
+A few steps, groups of 4 rollouts per prompt, llm spans with prompt and
+response token ids (decoded by a tiny tokenizer object), tool spans of which
+one raises, rewards with advantages, a validation rollout per step, and one
+reward logged from outside its trajectory (joined by step/sample/rollout).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import tracer
+
+PROJECT = "mlflow-test"
+EXPERIMENT = "grpo-1"
+STEPS = 2
+PROMPTS = 2
+GROUP = 4
+
+
+class WordTokenizer:
+    """Decodes id ``k`` to the word ``w<k>``: enough for token2text."""
+
+    def batch_decode(self, batch: list[list[int]], **_: Any) -> list[str]:
+        return [" ".join(f"w{i}" for i in ids) for ids in batch]
+
+
+@tracer.rollout_trace_op(kind="llm", name="generate")
+def _generate(prompt_ids: list[int], turn: int) -> dict:
+    ids = [100 + turn * 10 + k for k in range(6)]
+    return {
+        "response_ids": ids,
+        "logprobs": [-0.1 * k for k in range(6)],
+        "finish_reason": "tool_calls" if turn == 0 else "stop",
+    }
+
+
+@tracer.rollout_trace_op(kind="tool", name="calculator")
+def _calculator(expression: str) -> str:
+    if "/0" in expression:
+        raise ZeroDivisionError("division by zero")
+    return str(sum(int(x) for x in expression.split("+")))
+
+
+@tracer.rollout_trace_op(kind="rollout", name="agent_loop")
+def _agent_loop(question: str, sample: int, rollout_n: int) -> dict:
+    messages: list[dict] = [
+        {"role": "system", "content": "You are a calculator agent."},
+        {"role": "user", "content": question},
+    ]
+    _generate([1, 2, 3], 0)
+    expr = "1/0" if rollout_n == 1 else f"{sample}+{rollout_n}"
+    messages.append(
+        {
+            "role": "assistant",
+            "content": "Let me compute.",
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": f'{{"expression": "{expr}"}}'},
+                }
+            ],
+        }
+    )
+    try:
+        result = _calculator(expr)
+    except ZeroDivisionError as exc:
+        result = f"error: {exc}"
+    messages.append({"role": "tool", "tool_call_id": "call_0", "name": "calculator", "content": result})
+    _generate([1, 2, 3, 4, 5], 1)
+    answer = f"The answer is {result}."
+    messages.append({"role": "assistant", "content": answer})
+    return {"messages": messages, "answer": answer, "num_turns": 2, "stop_reason": "stop"}
+
+
+def record_run(
+    output_dir: str | os.PathLike[str], steps: int = STEPS, prompts: int = PROMPTS, group: int = GROUP, **init: Any
+) -> str:
+    """Record a small run under ``output_dir`` and return the run's directory.
+
+    Step ``s``, prompt ``p``, rollout ``n`` gets reward ``(n + s) % 2`` and its
+    group-normalised advantage; each step also has one validation rollout.
+    The reward of step 1, prompt 0, rollout 3 is logged outside its trajectory.
+    ``init`` overrides :func:`tracer.init` fields (backend, backend_options).
+    """
+    fields: dict[str, Any] = {
+        "project_name": PROJECT,
+        "experiment_name": EXPERIMENT,
+        "backend": "arrow",
+        "output_dir": os.fspath(output_dir),
+        "token2text": True,
+        "tokenizer": WordTokenizer(),
+        "flush_interval_s": 0.2,
+    }
+    cfg = tracer.init(**{**fields, **init})
+    for step in range(1, steps + 1):
+        for sample in range(prompts):
+            rewards = [float((n + step) % 2) for n in range(group)]
+            mean = sum(rewards) / group
+            for n in range(group):
+                outside = (step, sample, n) == (1, 0, 3)
+                with tracer.rollout_trace_attr(sample_index=sample, step=step, rollout_n=n):
+                    _agent_loop(f"What is {sample} + {n}?", sample, n)
+                    if not outside:
+                        tracer.log_reward(rewards[n], advantage=rewards[n] - mean)
+                if outside:
+                    tracer.log_reward(
+                        rewards[n], step=step, sample_index=sample, rollout_n=n, advantage=rewards[n] - mean
+                    )
+        with tracer.rollout_trace_attr(sample_index=100, step=step, rollout_n=0, validate=True):
+            _agent_loop("Validation: what is 2 + 2?", 100, 0)
+            tracer.log_reward(1.0)
+    tracer.flush()
+    tracer.shutdown(timeout=60)
+    return cfg.run_dir
+
+
+def trajectory_count(steps: int = STEPS, prompts: int = PROMPTS, group: int = GROUP) -> int:
+    """Trajectories :func:`record_run` records."""
+    return steps * (prompts * group + 1)
+
+
+def mlflow_traces(tracking_uri: str, experiment: str = PROJECT, **search: Any) -> list[Any]:
+    """Every trace of an MLflow experiment (with spans), read with MLflow's public client."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    out: list[Any] = []
+    token = None
+    while True:
+        page = client.search_traces(locations=[exp.experiment_id], max_results=200, page_token=token, **search)
+        out.extend(page)
+        token = page.token
+        if not token:
+            return out
+
+
+def comparable_spans(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All span rows under ``path``, JSON columns parsed, sorted by (trace_id, span_id)."""
+    rows = tracer.read_spans(path).to_pylist()
+    for row in rows:
+        for col in ("inputs", "outputs", "attributes", "error"):
+            row[col] = tracer.parse_json(row[col])
+    return sorted(rows, key=lambda r: (r["trace_id"], r["span_id"]))
