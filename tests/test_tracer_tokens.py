@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tracer
-from tests.tracer_fixtures import hf_tokenizer, tokenizer_dir
+from tracer_fixtures import hf_tokenizer, tokenizer_dir
 
 TEXT = "How many clips did Natalia sell altogether in April and May?"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -86,6 +87,9 @@ class TraceConfig:
         log_val_generations: Validation trajectories per step put into
             exporters' tables (verl's ``trainer.log_val_generations``).
         backend_options: Extra per-backend options (exporters read them).
+        redact: Replace secrets (API keys, tokens, passwords) with
+            ``<redacted>`` before anything is written; see ``tracer._redact``.
+        redact_patterns: Extra regular expressions to redact.
     """
 
     project_name: str = "rollout_trace"
@@ -106,6 +110,8 @@ class TraceConfig:
     compression_level: int = 3
     log_val_generations: int = 10
     backend_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    redact: bool = True
+    redact_patterns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.validate()
@@ -137,7 +143,9 @@ class TraceConfig:
         return os.path.join(self.output_dir, self.project_name, self.experiment_name)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe view of the config, as written into file metadata."""
+        """JSON-safe view of the config, as written into file metadata (secrets redacted)."""
+        from tracer._redact import REDACTED, is_secret_key
+
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -146,6 +154,8 @@ class TraceConfig:
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
+        if self.redact:
+            out["backend_options"] = _redact_keys(out["backend_options"], is_secret_key, REDACTED)
         return json.loads(json.dumps(out, default=repr))
 
     # -- checking --------------------------------------------------------
@@ -184,6 +194,16 @@ class TraceConfig:
             )
         if not isinstance(self.compression_level, int) or not 1 <= self.compression_level <= 22:
             raise TraceConfigError(f"compression_level: {self.compression_level!r} must be an integer from 1 to 22")
+        if isinstance(self.redact_patterns, str):
+            self.redact_patterns = (self.redact_patterns,)
+        self.redact_patterns = tuple(self.redact_patterns)
+        for pattern in self.redact_patterns:
+            try:
+                re.compile(pattern)
+            except (re.error, TypeError) as exc:
+                raise TraceConfigError(
+                    f"redact_patterns: {pattern!r} is not a valid regular expression: {exc}"
+                ) from None
         if isinstance(self.token_fields, str):
             self.token_fields = (self.token_fields,)
         self.token_fields = tuple(self.token_fields)
@@ -294,6 +314,17 @@ class TraceConfig:
             field = str(exc).split(":", 1)[0]
             spelled = next((k for k, _ in pairs if k.endswith("." + field) or k == field), field)
             raise TraceConfigError(f"{spelled}: {str(exc).split(':', 1)[1].strip()}") from None
+
+
+def _redact_keys(value: Any, is_secret: Any, mark: str) -> Any:
+    if isinstance(value, Mapping):
+        return {
+            k: mark if isinstance(k, str) and is_secret(k) else _redact_keys(v, is_secret, mark)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_redact_keys(v, is_secret, mark) for v in value]
+    return value
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:

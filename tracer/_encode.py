@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from tracer._capture import Placeholder
+from tracer._redact import REDACTED, is_secret_key
 
 #: Field names that hold token ids (verl's names plus common ones).
 DEFAULT_TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", "output_ids")
@@ -66,11 +67,13 @@ class Encoder:
         token2text: bool,
         max_tokens: int | None,
         store_full_token: bool,
+        redact_keys: bool = True,
     ) -> None:
         self.token_fields = frozenset(DEFAULT_TOKEN_FIELDS) | frozenset(token_fields)
         self.token2text = token2text
         self.max_tokens = max_tokens
         self.store_full_token = store_full_token
+        self.redact_keys = redact_keys
         self.jobs: list[DecodeJob] = []
         #: Containers whose id lists are dropped after decoding.
         self._drop_ids: list[tuple[dict[str, Any], str]] = []
@@ -92,6 +95,9 @@ class Encoder:
             out: dict[str, Any] = {}
             for k, v in value.items():
                 key = k if isinstance(k, str) else str(k)
+                if self.redact_keys and is_secret_key(key):
+                    out[key] = REDACTED
+                    continue
                 if key in self.token_fields:
                     ids = _as_id_list(v)
                     if ids is not None:

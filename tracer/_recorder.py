@@ -31,6 +31,7 @@ from tracer import _schema as S
 from tracer._config import ENV_STRICT, TraceConfig
 from tracer._context import Trajectory
 from tracer._encode import Encoder, error_json, to_json
+from tracer._redact import Redactor
 from tracer._sampling import IN, OUT, PENDING, StepSampler
 from tracer._writer import SpanWriter
 
@@ -161,6 +162,7 @@ class Recorder:
             else None
         )
         self.problems = _ProblemLog()
+        self.redactor = Redactor(config.redact_patterns) if config.redact else None
         self._trajectories: collections.OrderedDict[tuple[Any, ...], Trajectory] = collections.OrderedDict()
         self._traj_lock = threading.Lock()
         self._held: list[tuple[Any, ...]] = []
@@ -438,7 +440,7 @@ class Recorder:
     def encode(self, records: list[tuple[Any, ...]]) -> pa.RecordBatch:
         """Turn span records into one Arrow batch (writer thread)."""
         cfg = self.config
-        enc = Encoder(cfg.token_fields, cfg.token2text, cfg.max_tokens, cfg.store_full_token)
+        enc = Encoder(cfg.token_fields, cfg.token2text, cfg.max_tokens, cfg.store_full_token, cfg.redact)
         n = len(records)
         cols: dict[str, list[Any]] = {name: [None] * n for name in S.SPAN_COLUMNS}
         prepared: list[tuple[Any, Any, dict[str, Any], bool]] = []
@@ -500,6 +502,13 @@ class Recorder:
             if "truncated" in attrs:
                 attrs[S.ATTR_TRUNCATED] = attrs.pop("truncated")
             attrs_col[i] = to_json(attrs) if attrs else None
+        if self.redactor is not None:
+            text = self.redactor.text
+            for name in (S.INPUTS, S.OUTPUTS, S.ATTRIBUTES, S.ERROR):
+                col = cols[name]
+                for i, value in enumerate(col):
+                    if value is not None:
+                        col[i] = text(value)
         arrays = [pa.array(cols[name], type=typ) for name, typ, _, _ in S.SPAN_FIELDS]
         return pa.RecordBatch.from_arrays(arrays, schema=S.SPAN_SCHEMA)
 
