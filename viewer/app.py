@@ -33,6 +33,7 @@ ALL_STEPS = "all steps"
 GROUP_COLUMNS = 4
 #: Cache sizes: whole-run tables are few and large, trajectories many and small.
 RUN_CACHE_ENTRIES = 4
+STEP_CACHE_ENTRIES = 16
 SEARCH_CACHE_ENTRIES = 16
 TRAJECTORY_CACHE_ENTRIES = 64
 
@@ -44,14 +45,26 @@ ROLE_AVATARS = {"system": ":material/settings:", "tool": ":material/build:"}
 # pickling them on every rerun (st.cache_data would copy them each time).
 
 
-@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Reading trajectories...")
-def _trajectories(path: str, sig: tuple) -> D.Loaded:
-    loaded = D.load_trajectories(path)
+@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Listing steps...")
+def _steps(path: str, sig: tuple) -> D.Loaded:
+    return D.list_steps(path)
+
+
+@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Reading every trajectory of the run...")
+def _run_base(path: str, sig: tuple) -> D.Loaded:
+    return D.load_trajectories(path)
+
+
+@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Reading the tools of every trajectory...")
+def _run(path: str, sig: tuple) -> D.Loaded:
+    base = _run_base(path, sig)
     tools = D.tools_by_trajectory(path)
-    return D.Loaded(
-        D.with_tools(loaded.table, tools.table),
-        loaded.warnings + [w for w in tools.warnings if w not in loaded.warnings],
-    )
+    return D.Loaded(D.with_tools(base.table, tools.table), D.merge_warnings(base.warnings, tools.warnings))
+
+
+@st.cache_resource(max_entries=STEP_CACHE_ENTRIES, show_spinner="Reading the step's trajectories...")
+def _step_table(path: str, sig: tuple, step: int) -> D.Loaded:
+    return D.load_step(path, step)
 
 
 @st.cache_resource(max_entries=SEARCH_CACHE_ENTRIES, show_spinner="Searching conversations...")
@@ -165,6 +178,11 @@ def _on_list_select() -> None:
         _open_trajectory(tid, None)
 
 
+def _show_warnings(box: Any) -> None:
+    for m in _WARNINGS:
+        box.warning("Damaged or unreadable trace file, read up to the damage: " + D.escape_markdown(m))
+
+
 def _step() -> int | None:
     """The chosen step, None for all steps."""
     s = st.session_state.get("step_sel", ALL_STEPS)
@@ -175,16 +193,31 @@ def _split_value() -> bool | None:
     return {"both": None, "train": False, "validation": True}[st.session_state.get("split", "both")]
 
 
+#: Readers' warnings about damaged files seen during this script run, shown once at the top.
+_WARNINGS: list[str] = []
+
+
 def _warn(messages: list[str]) -> None:
     for m in messages:
-        st.warning("Damaged or unreadable trace file, shown up to the damage: " + D.escape_markdown(m))
+        if m not in _WARNINGS:
+            _WARNINGS.append(m)
+
+
+def _table(path: str, sig: tuple, step: int | None) -> Any:
+    """The trajectories of ``step`` (cached per step), or of the whole run when None."""
+    loaded = _run(path, sig) if step is None else _step_table(path, sig, step)
+    _warn(loaded.warnings)
+    return loaded.table
 
 
 # -- views ---------------------------------------------------------------------
 
 
-def _view_overview(traj: Any, path: str) -> None:
+def _view_overview(path: str, sig: tuple) -> None:
     st.header("Run overview")
+    loaded = _run_base(path, sig)
+    _warn(loaded.warnings)
+    traj = D.select(loaded.table, None, _split_value())
     totals = D.run_totals(traj)
     cols = st.columns(len(totals))
     for col, (k, v) in zip(cols, totals.items()):
@@ -255,11 +288,11 @@ def _view_overview(traj: Any, path: str) -> None:
     st.dataframe(df.drop(columns=["reward/lo", "reward/hi"]), hide_index=True, key="overview_table")
 
 
-def _view_list(traj: Any, path: str, sig: tuple) -> None:
+def _view_list(path: str, sig: tuple) -> None:
     ss = st.session_state
     step = _step()
     st.header("Trajectories" + (f" of step {step}" if step is not None else " (all steps)"))
-    base = D.select(traj, step, _split_value())
+    base = D.select(_table(path, sig, step), None, _split_value())
     if base.num_rows == 0:
         st.info("No trajectories for this step and split.")
         return
@@ -403,7 +436,7 @@ def _token_chart(turn: D.TokenTurn) -> alt.Chart | None:
     return (rect + text).properties(height=26 * rows)
 
 
-def _view_replay(traj: Any, path: str, sig: tuple) -> None:
+def _view_replay(path: str, sig: tuple) -> None:
     ss = st.session_state
     st.header("Trajectory replay")
     st.text_input("Trace id", key="trace_id", placeholder="paste a trace id, or open one from the Trajectories view")
@@ -411,13 +444,16 @@ def _view_replay(traj: Any, path: str, sig: tuple) -> None:
     if not tid:
         st.info("Pick a trajectory in the Trajectories view, or paste its trace id above.")
         return
-    row = D.find_trajectory(traj, tid)
+    loaded = _trajectory(path, sig, tid, None)
+    _warn(loaded.warnings)
+    spans = loaded.table
+    row = D.trajectory_summary(spans)
     if row is None:
         st.error(D.escape_markdown(f"No trajectory with trace id {tid} under {path}. Check the id, or the path."))
         return
-    loaded = _trajectory(path, sig, tid, row[D.STEP])
-    _warn(loaded.warnings)
-    spans = loaded.table
+    if row[D.REWARD] is None and row[D.STEP] is not None:
+        # A reward logged from another process carries no trace id: the step's table joins it.
+        row = D.find_trajectory(_table(path, sig, row[D.STEP]), tid) or row
     m = st.columns(7)
     m[0].metric("step", row[D.STEP])
     m[1].metric("sample", row[D.SAMPLE_INDEX])
@@ -507,14 +543,15 @@ def _view_replay(traj: Any, path: str, sig: tuple) -> None:
         st.dataframe(pd.DataFrame(D.waterfall(spans)), hide_index=True, key="span_table")
 
 
-def _view_group(traj: Any, path: str, sig: tuple) -> None:
+def _view_group(path: str, sig: tuple) -> None:
     ss = st.session_state
     st.header("Group: the rollouts of one prompt")
     step = _step()
     if step is None:
         st.info("Choose a step in the sidebar to see its groups.")
         return
-    in_step = D.select(traj, step, _split_value())
+    traj = _table(path, sig, step)
+    in_step = D.select(traj, None, _split_value())
     samples = sorted(
         {s for s in in_step.column(D.SAMPLE_INDEX).to_pylist() if s is not None}, key=lambda s: (len(s), s)
     )
@@ -590,7 +627,7 @@ def _view_group(traj: Any, path: str, sig: tuple) -> None:
                     "Replay", key=f"replay_{r['trace_id']}", on_click=_open_trajectory, args=(r["trace_id"], r["step"])
                 )
     st.subheader("The same sample across steps")
-    across = D.sample_across_steps(traj, sample, _split_value())
+    across = D.sample_across_steps(_run_base(path, sig).table, sample, _split_value())
     if across:
         adf = pd.DataFrame(across)
         st.dataframe(adf, hide_index=True, key="across_table")
@@ -630,13 +667,14 @@ def main() -> None:
     except D.ViewerPathError as exc:
         st.error(D.escape_markdown(str(exc)))
         return
-    loaded = _trajectories(path, sig)
-    _warn(loaded.warnings)
-    traj = loaded.table
-    if traj.num_rows == 0:
+    warn_box = st.container()
+    steps_loaded = _steps(path, sig)
+    _warn(steps_loaded.warnings)
+    steps = steps_loaded.table.column(D.STEP).to_pylist()
+    if not steps and _run_base(path, sig).table.num_rows == 0:
+        _show_warnings(warn_box)
         st.info(D.escape_markdown(f"The trace files under {path} hold no readable trajectories yet."))
         return
-    steps = D.steps_of(traj)
     if ss.get("step_sel") not in steps:
         ss["step_sel"] = ALL_STEPS
     st.sidebar.radio("View", VIEWS, key="view")
@@ -650,17 +688,18 @@ def main() -> None:
     view = ss["view"]
     try:
         if view == "Overview":
-            _view_overview(D.select(traj, None, _split_value()), path)
+            _view_overview(path, sig)
         elif view == "Trajectories":
-            _view_list(traj, path, sig)
+            _view_list(path, sig)
         elif view == "Replay":
-            _view_replay(traj, path, sig)
+            _view_replay(path, sig)
         else:
-            _view_group(traj, path, sig)
+            _view_group(path, sig)
     except Exception as exc:  # one broken record must not take the page down
         st.error(D.escape_markdown(f"Could not draw this view: {type(exc).__name__}: {exc}"))
         with st.expander("details"):
             st.code(traceback.format_exc(), language="python")
+    _show_warnings(warn_box)
     _sync_query_params(url_path)
 
 

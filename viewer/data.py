@@ -74,6 +74,8 @@ STATUS_OK = "ok"
 STATUS_ERROR = "error"
 ATTR_TRUNCATED = "rollout_trace.truncated"
 ATTR_TOKENS = "tokens"
+#: Name of the span tracer.log_reward writes.
+REWARD_SPAN_NAME = "log_reward"
 #: Key of the advantage in log_reward's extras (``reward_info``).
 ADVANTAGE = "advantage"
 
@@ -173,6 +175,22 @@ def _json_number(text: str | None, key: str) -> float | None:
     return None
 
 
+#: The advantage's number in reward_info's JSON (orjson writes it compactly; spaces allowed).
+_ADVANTAGE_RE = r'"advantage"\s*:\s*(?P<v>-?[0-9][0-9.eE+-]*)'
+
+
+def advantages(reward_info: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The ``advantage`` number of each reward_info JSON text, null where absent.
+
+    Vectorised (a regex over the column, no JSON parse per row): 125k rows in
+    milliseconds. Only a top-level numeric ``advantage`` is meant; reward_info
+    is the flat dict of ``log_reward``'s extras.
+    """
+    matched = pc.extract_regex(pc.fill_null(reward_info, ""), _ADVANTAGE_RE)
+    values = pc.struct_field(matched, [0])
+    return pc.cast(pc.if_else(pc.is_valid(matched), values, pa.scalar(None, pa.string())), pa.float64())
+
+
 def load_trajectories(path: str, steps: Iterable[int] | None = None) -> Loaded:
     """Trajectories under ``path`` (optionally of some steps) with advantage and latency columns added.
 
@@ -181,11 +199,40 @@ def load_trajectories(path: str, steps: Iterable[int] | None = None) -> Loaded:
     """
     loaded = _reading(tracer.read_trajectories, path, steps=None if steps is None else list(steps))
     t = loaded.table
-    adv = [_json_number(x, ADVANTAGE) for x in t.column(REWARD_INFO).to_pylist()]
-    t = t.append_column(ADVANTAGE_COL, pa.array(adv, pa.float64()))
+    t = t.append_column(ADVANTAGE_COL, advantages(t.column(REWARD_INFO)))
     lat = pc.divide(pc.cast(pc.subtract(t.column(END_NS), t.column(START_NS)), pa.float64()), 1e9)
     t = t.append_column(LATENCY_COL, lat)
     return Loaded(t, loaded.warnings)
+
+
+def list_steps(path: str) -> Loaded:
+    """The run's distinct steps, from the step column alone (cheap: one int column).
+
+    The table has one column, ``step``, ascending, nulls (spans recorded
+    outside any step) dropped.
+    """
+    loaded = _reading(tracer.read_spans, path, columns=[STEP])
+    steps = sorted(s for s in pc.unique(loaded.table.column(STEP)).to_pylist() if s is not None)
+    return Loaded(pa.table({STEP: pa.array(steps, pa.int64())}), loaded.warnings)
+
+
+def load_step(path: str, step: int) -> Loaded:
+    """The trajectories of one step, with advantage, latency and tools columns."""
+    loaded = load_trajectories(path, [step])
+    tools = tools_by_trajectory(path, [step])
+    return Loaded(with_tools(loaded.table, tools.table), merge_warnings(loaded.warnings, tools.warnings))
+
+
+def load_run(path: str) -> Loaded:
+    """Every trajectory of the run, with advantage, latency and tools columns."""
+    loaded = load_trajectories(path)
+    tools = tools_by_trajectory(path)
+    return Loaded(with_tools(loaded.table, tools.table), merge_warnings(loaded.warnings, tools.warnings))
+
+
+def merge_warnings(*lists: list[str]) -> list[str]:
+    """The messages of several lists, each once, in first-seen order."""
+    return list(dict.fromkeys(m for lst in lists for m in lst))
 
 
 def steps_of(trajectories: pa.Table) -> list[int]:
@@ -395,6 +442,47 @@ def load_trajectory(path: str, trace_id: str, step: int | None = None) -> Loaded
     """
     loaded = _reading(tracer.read_spans, path, trace_ids=[trace_id], steps=None if step is None else [step])
     return Loaded(loaded.table.sort_by([(START_NS, "ascending")]), loaded.warnings)
+
+
+def trajectory_summary(spans: pa.Table) -> dict[str, Any] | None:
+    """A trajectory-table row (see :func:`load_trajectories`) computed from the trajectory's own spans.
+
+    Lets the replay open a deep link without reading the whole step. The
+    reward is the last ``log_reward`` (or kind=reward op) recorded under the
+    trace id; rewards logged from another process without a trace id are not
+    seen here (the caller falls back to the step's table).
+    """
+    rows = spans.to_pylist()
+    if not rows:
+        return None
+    body = [r for r in rows if not (r[KIND] == KIND_REWARD and r[NAME] == REWARD_SPAN_NAME)]
+    rewards = sorted((r for r in rows if r[REWARD] is not None), key=lambda r: (r[NAME] == REWARD_SPAN_NAME, r[END_NS]))
+    root = next((r for r in body if r[PARENT_SPAN_ID] is None), None)
+    first = root or rows[0]
+    reward = rewards[-1] if rewards else None
+    info = reward[ATTRIBUTES] if reward is not None and reward[NAME] == REWARD_SPAN_NAME else None
+    start = min(r[START_NS] for r in body or rows)
+    end = max(r[END_NS] for r in body or rows)
+    return {
+        TRACE_ID: first[TRACE_ID],
+        NAME: root[NAME] if root else None,
+        STEP: first[STEP],
+        SAMPLE_INDEX: first[SAMPLE_INDEX],
+        ROLLOUT_N: first[ROLLOUT_N],
+        VALIDATE: first[VALIDATE],
+        REWARD: reward[REWARD] if reward is not None else None,
+        REWARD_INFO: info,
+        STATUS: root[STATUS] if root else "incomplete",
+        START_NS: start,
+        END_NS: end,
+        NUM_SPANS: len(body),
+        NUM_LLM_CALLS: sum(r[KIND] == KIND_LLM for r in body),
+        NUM_TOOL_CALLS: sum(r[KIND] == KIND_TOOL for r in body),
+        NUM_TOOL_ERRORS: sum(r[KIND] == KIND_TOOL and r[STATUS] != STATUS_OK for r in body),
+        NUM_ERRORS: sum(r[STATUS] == STATUS_ERROR for r in body),
+        ADVANTAGE_COL: _json_number(info, ADVANTAGE),
+        LATENCY_COL: (end - start) / 1e9,
+    }
 
 
 def find_trajectory(trajectories: pa.Table, trace_id: str) -> dict[str, Any] | None:
