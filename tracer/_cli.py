@@ -35,12 +35,37 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    import json
+
+    from tracer._check import check_path, format_report, summary_dict
+
+    try:
+        report = check_path(args.path, repair=args.repair)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary_dict(report), indent=2) if args.json else format_report(report, args.path))
+    return 0 if report.ok or args.repair else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollout-trace", description="Record, view and export agentic RL rollouts.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     info = sub.add_parser("info", help="summarise the trace files under PATH")
     info.add_argument("path")
     info.set_defaults(func=_info)
+    check = sub.add_parser(
+        "check",
+        help="validate trace files (schema, batches, span tree, duplicates); exit 1 on damage",
+        description="Validate every trace file under PATH. Exit status 1 when a file is damaged or spans are duplicated.",
+    )
+    check.add_argument("path")
+    check.add_argument(
+        "--repair", action="store_true", help="rewrite readable data of damaged files; originals kept as *.damaged"
+    )
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.set_defaults(func=_check)
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             register = ep.load()
