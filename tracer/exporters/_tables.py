@@ -509,7 +509,7 @@ def compare_rows(
     wrong = [t for t in expected if t in found and not _same(expected[t], found[t])]
     ok = not (missing or unexpected or wrong)
     lines.append(
-        f"verify {backend}: {'OK' if ok else 'MISMATCH'}: {len(found)} trajectory rows read back, "
+        f"verify {backend}: {'OK' if ok else 'FAILED'}: {len(found)} trajectory rows read back, "
         f"{len(expected)} expected; {len(missing)} missing, {len(unexpected)} unexpected, "
         f"{len(wrong)} with a different reward"
     )
@@ -531,7 +531,7 @@ def compare_metrics(
     """One verification line for ``(step, metric) -> value`` maps."""
     missing = [k for k in expected if k not in found]
     wrong = [k for k in expected if k in found and not _same(expected[k], found[k])]
-    status = "OK" if not (missing or wrong) else "MISMATCH"
+    status = "OK" if not (missing or wrong) else "FAILED"
     return (
         f"verify {backend}: {status}: {len(expected)} step metric values expected, "
         f"{len(missing)} missing, {len(wrong)} different"

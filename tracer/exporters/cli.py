@@ -31,6 +31,8 @@ MODES: dict[str, tuple[str, ...]] = {
 COMMON = ("steps", "since_step", "progress", "verify")
 #: Exit status for bad input (as argparse uses).
 EXIT_USAGE = 2
+#: Exit status when the backend fails.
+EXIT_FAILED = 1
 #: Exit status when ``--verify`` finds a difference.
 EXIT_VERIFY_FAILED = 1
 
@@ -125,6 +127,9 @@ def run_export(args: argparse.Namespace) -> int:
         return _error(str(exc))
     except ValueError as exc:
         return _error(str(exc))
+    except Exception as exc:  # the backend's own failure (no login, server down): say it, no traceback
+        print(f"rollout-trace export: {target} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     print(
         f"{report.backend}: sent {report.trajectories_sent} trajectories"
         + (f" ({report.spans_sent} spans)" if report.spans_sent else "")
@@ -132,6 +137,8 @@ def run_export(args: argparse.Namespace) -> int:
     )
     for line in report.details:
         print(f"  {line}")
-    if args.verify and any(line.startswith("verify") and "MISMATCH" in line for line in report.details):
+    if args.verify and any(
+        line.startswith("verify") and ("FAILED" in line or "MISMATCH" in line) for line in report.details
+    ):
         return EXIT_VERIFY_FAILED
     return 0
