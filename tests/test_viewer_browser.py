@@ -135,14 +135,19 @@ class _Browser:
         return base64.b64decode(shot["data"])
 
 
-def _load_page(url: str, wait_for_text: str, user_data_dir: str) -> dict[str, Any]:
-    """Load ``url`` in headless Chromium until ``wait_for_text`` shows; return text, HTML and a PNG."""
+def _load_page(url: str, wait_for_text: str, user_data_dir: str, click_text: str | None = None) -> dict[str, Any]:
+    """Load ``url`` in headless Chromium until ``wait_for_text`` shows; return text, HTML and a PNG.
+
+    ``click_text``: then click the button or tab with this label (e.g. a replay tab).
+    """
     from websockets.sync.client import connect
 
+    port_file = os.path.join(user_data_dir, "DevToolsActivePort")
+    if os.path.exists(port_file):  # a stale file from an earlier browser names the wrong port
+        os.remove(port_file)
     cmd = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        port_file = os.path.join(user_data_dir, "DevToolsActivePort")
 
         def port_line() -> list[str] | None:
             try:
@@ -157,12 +162,23 @@ def _load_page(url: str, wait_for_text: str, user_data_dir: str) -> dict[str, An
             b = _Browser(ws)
             b.open(url)
             deadline = time.monotonic() + RENDER_TIMEOUT_S
+            previous = None
             while time.monotonic() < deadline:
                 text = b.evaluate("document.body ? document.body.innerText : ''") or ""
-                running = b.evaluate("!!document.querySelector('[data-testid=\"stStatusWidget\"]')")
-                if wait_for_text in text and not running:
+                busy = b.evaluate(
+                    '!!document.querySelector(\'[data-testid="stStatusWidget"], [data-testid="stSkeleton"]\')'
+                )
+                # Done: the text is there, nothing is loading, and the page stopped changing.
+                if wait_for_text in text and not busy and text == previous:
                     break
+                previous = text
                 time.sleep(0.5)
+            if click_text:
+                b.evaluate(
+                    "Array.from(document.querySelectorAll('button, [role=tab]'))"
+                    f".find(e => e.innerText.trim() === {json.dumps(click_text)})?.click()"
+                )
+                time.sleep(2.0)
             time.sleep(1.0)  # let charts finish drawing before the screenshot
             return {
                 "text": b.evaluate("document.body.innerText") or "",

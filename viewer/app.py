@@ -385,6 +385,14 @@ def _render_message(msg: dict[str, Any]) -> None:
             st.code(D.pretty_json(fn.get("arguments", "")), language="json", wrap_lines=True)
 
 
+def _waterfall_height(rows: list[dict[str, Any]]) -> int:
+    return max(120, 28 * len(rows) + 50)
+
+
+def _token_height(turn: D.TokenTurn) -> int:
+    return 28 * (max(1, -(-turn.kept // D.TOKENS_PER_ROW))) + 20
+
+
 def _waterfall_chart(rows: list[dict[str, Any]]) -> alt.Chart:
     df = pd.DataFrame(rows)
     return (
@@ -393,7 +401,7 @@ def _waterfall_chart(rows: list[dict[str, Any]]) -> alt.Chart:
         .encode(
             x=alt.X("start_ms:Q", title="ms since the trajectory started"),
             x2="end_ms:Q",
-            y=alt.Y("span:N", sort=None, title=None),
+            y=alt.Y("span:N", sort=None, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=300)),
             color=alt.Color("kind:N"),
             stroke=alt.condition(alt.datum.status == "error", alt.value("red"), alt.value(None)),
             tooltip=[
@@ -404,7 +412,7 @@ def _waterfall_chart(rows: list[dict[str, Any]]) -> alt.Chart:
                 alt.Tooltip("start_ms:Q", format=".3f"),
             ],
         )
-        .properties(height=max(120, 22 * len(rows)))
+        .properties(height=_waterfall_height(rows))
     )
 
 
@@ -432,8 +440,7 @@ def _token_chart(turn: D.TokenTurn) -> alt.Chart | None:
     )
     rect = base.mark_rect(stroke="white").encode(color=color)
     text = base.mark_text(fontSize=10).encode(text="label:N")
-    rows = int(df["row"].max()) + 1
-    return (rect + text).properties(height=26 * rows)
+    return (rect + text).properties(height=_token_height(turn))
 
 
 def _view_replay(path: str, sig: tuple) -> None:
@@ -511,7 +518,7 @@ def _view_replay(path: str, sig: tuple) -> None:
     with tab_time:
         rows = D.waterfall(spans)
         if rows:
-            st.altair_chart(_waterfall_chart(rows), width="stretch")
+            st.altair_chart(_waterfall_chart(rows), width="stretch", height=_waterfall_height(rows))
     with tab_tokens:
         turns = D.token_turns(spans)
         if not turns:
@@ -536,7 +543,7 @@ def _view_replay(path: str, sig: tuple) -> None:
                 st.caption("No per-token logprobs recorded.")
             chart = _token_chart(turn)
             if chart is not None:
-                st.altair_chart(chart, width="stretch")
+                st.altair_chart(chart, width="stretch", height=_token_height(turn))
             if turn.text:
                 st.text(turn.text)
     with tab_spans:

@@ -604,6 +604,10 @@ def tool_spans(spans: pa.Table) -> list[dict[str, Any]]:
     return out
 
 
+#: Tokens per row of the token grid.
+TOKENS_PER_ROW = 24
+
+
 @dataclass
 class TokenTurn:
     """The response tokens of one llm span, for the token view."""
@@ -628,7 +632,7 @@ class TokenTurn:
             return len(self.token_texts)
         return 0
 
-    def cells(self, per_row: int = 24) -> list[dict[str, Any]]:
+    def cells(self, per_row: int = TOKENS_PER_ROW) -> list[dict[str, Any]]:
         """One cell per token for the token grid: row, column, label, id, logprob, probability."""
         n = self.kept or (len(self.logprobs) if self.logprobs else 0)
         cells = []
