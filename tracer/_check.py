@@ -19,7 +19,8 @@ from typing import Any
 import pyarrow as pa
 
 from tracer import _schema as S
-from tracer._reader import _major, list_trace_files
+from tracer._index import is_arrow_file_format
+from tracer._reader import _major, list_trace_files, read_schema
 
 #: The 8 bytes that end a cleanly closed Arrow IPC stream.
 EOS_MARKER = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -73,6 +74,8 @@ def _scan(path: str, keep: list[pa.RecordBatch] | None) -> FileReport:
     if os.path.getsize(path) == 0:
         report.damage = "empty file (0 bytes)"
         return report
+    if is_arrow_file_format(path):
+        return _scan_ipc_file(path, report, keep)
     try:
         with pa.OSFile(path, "rb") as f:
             reader = pa.ipc.open_stream(f)
@@ -98,6 +101,25 @@ def _scan(path: str, keep: list[pa.RecordBatch] | None) -> FileReport:
         report.damage = f"{what} after {report.batches} complete batch(es), {report.rows} span(s) readable: {exc}"
         return report
     report.closed = _ends_with_eos(path)
+    return report
+
+
+def _scan_ipc_file(path: str, report: FileReport, keep: list[pa.RecordBatch] | None) -> FileReport:
+    """A compacted file (IPC file format, with footer)."""
+    try:
+        with pa.OSFile(path, "rb") as f:
+            reader = pa.ipc.open_file(f)
+            report.schema_version = (reader.schema.metadata or {}).get(S.META_SCHEMA_VERSION.encode(), b"").decode()
+            for i in range(reader.num_record_batches):
+                batch = reader.get_batch(i)
+                report.batches += 1
+                report.rows += batch.num_rows
+                if keep is not None:
+                    keep.append(batch)
+    except (OSError, pa.ArrowException) as exc:
+        report.damage = f"compacted file unreadable after {report.batches} batch(es): {exc}"
+        return report
+    report.closed = True
     return report
 
 
@@ -136,8 +158,11 @@ def _repair(report: FileReport, batches: list[pa.RecordBatch]) -> None:
     stem = path[: -len(S.FILE_SUFFIX)] if path.endswith(S.FILE_SUFFIX) else path
     if batches:
         target = stem + REPAIRED_SUFFIX
-        with pa.OSFile(path, "rb") as f:
-            schema = pa.ipc.open_stream(f).schema
+        schema = batches[0].schema
+        try:
+            schema = read_schema(path)
+        except (OSError, pa.ArrowException):
+            pass
         tmp = target + ".tmp"
         with open(tmp, "wb") as sink:
             with pa.ipc.new_stream(sink, schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:

@@ -49,6 +49,23 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if report.ok or args.repair else 1
 
 
+def _compact(args: argparse.Namespace) -> int:
+    from tracer._compact import compact
+
+    try:
+        report = compact(args.path, target_bytes=int(args.target_mb * 1024 * 1024))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"compacted {report.files_in} file(s) in {report.run_dirs} run dir(s) into {report.files_out}: "
+        f"{report.rows} span(s), {report.bytes_in / 1e6:.1f} MB -> {report.bytes_out / 1e6:.1f} MB"
+    )
+    for path in report.skipped_open:
+        print(f"skipped (still open or torn; see `rollout-trace check`): {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollout-trace", description="Record, view and export agentic RL rollouts.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -66,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.set_defaults(func=_check)
+    comp = sub.add_parser(
+        "compact",
+        help="merge closed shard files into large step-indexed files (originals removed once the merge is durable)",
+    )
+    comp.add_argument("path", help="a run directory or a tree of them")
+    comp.add_argument("--target-mb", type=float, default=256.0, help="size of compacted files (default 256)")
+    comp.set_defaults(func=_compact)
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             register = ep.load()

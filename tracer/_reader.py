@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import _schema as S
+from tracer._index import INDEX_NAME, batches_for_steps, is_arrow_file_format, load_index, replaced_files
 
 
 class TraceFileWarning(UserWarning):
@@ -26,6 +27,8 @@ class TraceFileWarning(UserWarning):
 
 def list_trace_files(path: str | os.PathLike[str]) -> list[str]:
     """Trace files under ``path`` (a file, or a directory searched recursively), sorted.
+
+    Files that a finished compaction replaced (see ``tracer._index``) are left out.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -38,7 +41,11 @@ def list_trace_files(path: str | os.PathLike[str]) -> list[str]:
     found: list[str] = []
     for root, dirs, files in os.walk(p):
         dirs.sort()
-        found.extend(os.path.join(root, f) for f in sorted(files) if f.endswith(S.FILE_SUFFIX))
+        names = sorted(f for f in files if f.endswith(S.FILE_SUFFIX))
+        if INDEX_NAME in files:
+            hidden = replaced_files(root, load_index(root))
+            names = [n for n in names if n not in hidden]
+        found.extend(os.path.join(root, n) for n in names)
     return found
 
 
@@ -51,28 +58,37 @@ def _major(version: str) -> int:
 
 def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
     """The schema-level metadata of one trace file (schema version, config, host, ...)."""
-    with pa.OSFile(os.fspath(path), "rb") as f:
-        schema = pa.ipc.open_stream(f).schema
+    schema = read_schema(os.fspath(path))
     return {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
 
 
 def iter_batches(
-    path: str | os.PathLike[str], columns: Iterable[str] | None = None
+    path: str | os.PathLike[str], columns: Iterable[str] | None = None, steps: Iterable[int] | None = None
 ) -> Iterator[tuple[str, pa.RecordBatch]]:
     """Yield ``(file, batch)`` for every readable batch under ``path``.
 
     Only ``columns`` are decompressed (all when None). Columns a file lacks
-    (an older format) come back as nulls.
+    (an older format) come back as nulls. With ``steps``, batches of
+    compacted files that the index says hold other steps are not read at
+    all; other batches still need filtering by the caller.
     """
     wanted = list(S.SPAN_COLUMNS if columns is None else columns)
     unknown = [c for c in wanted if c not in S.SPAN_COLUMNS]
     if unknown:
         raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
+    step_set = None if steps is None else set(steps)
+    indexes: dict[str, dict[str, Any]] = {}
     for file in list_trace_files(path):
-        yield from ((file, b) for b in _read_file(file, wanted))
+        run_dir = os.path.dirname(file)
+        if run_dir not in indexes:
+            indexes[run_dir] = load_index(run_dir)
+        entry = indexes[run_dir]["files"].get(os.path.basename(file), {})
+        yield from ((file, b) for b in _read_file(file, wanted, entry, step_set))
 
 
-def _read_file(file: str, wanted: list[str]) -> Iterator[pa.RecordBatch]:
+def _read_file(
+    file: str, wanted: list[str], entry: dict[str, Any] | None = None, steps: set[int] | None = None
+) -> Iterator[pa.RecordBatch]:
     try:
         size = os.path.getsize(file)
     except OSError as exc:
@@ -81,9 +97,9 @@ def _read_file(file: str, wanted: list[str]) -> Iterator[pa.RecordBatch]:
     if size == 0:
         warnings.warn(f"{file}: skipped, empty file (0 bytes)", TraceFileWarning, stacklevel=3)
         return
+    file_format = is_arrow_file_format(file)
     try:
-        with pa.OSFile(file, "rb") as f:
-            schema = pa.ipc.open_stream(f).schema
+        schema = read_schema(file, file_format)
     except (OSError, pa.ArrowException) as exc:
         warnings.warn(f"{file}: skipped, not a readable trace file: {exc}", TraceFileWarning, stacklevel=3)
         return
@@ -101,15 +117,25 @@ def _read_file(file: str, wanted: list[str]) -> Iterator[pa.RecordBatch]:
         )
         return
     present = [c for c in wanted if c in schema.names]
-    indices = [schema.get_field_index(c) for c in present]
+    options = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index(c) for c in present])
     out_schema = pa.schema([S.SPAN_SCHEMA.field(c) for c in wanted])
     batches = rows = 0
     try:
+        if file_format:
+            chosen = batches_for_steps(entry or {}, size, steps)
+            with pa.OSFile(file, "rb") as f:
+                reader = pa.ipc.open_file(f, options=options)
+                for i in range(reader.num_record_batches) if chosen is None else chosen:
+                    batch = reader.get_batch(i)
+                    batches += 1
+                    rows += batch.num_rows
+                    yield _conform(batch, wanted, out_schema)
+            return
         with pa.OSFile(file, "rb") as f:
-            reader = pa.ipc.open_stream(f, options=pa.ipc.IpcReadOptions(included_fields=indices))
+            stream = pa.ipc.open_stream(f, options=options)
             while True:
                 try:
-                    batch = reader.read_next_batch()
+                    batch = stream.read_next_batch()
                 except StopIteration:
                     return
                 batches += 1
@@ -122,6 +148,14 @@ def _read_file(file: str, wanted: list[str]) -> Iterator[pa.RecordBatch]:
             TraceFileWarning,
             stacklevel=3,
         )
+
+
+def read_schema(file: str, file_format: bool | None = None) -> pa.Schema:
+    """The schema (with metadata) of a trace file, stream or IPC file."""
+    if file_format is None:
+        file_format = is_arrow_file_format(file)
+    with pa.OSFile(file, "rb") as f:
+        return pa.ipc.open_file(f).schema if file_format else pa.ipc.open_stream(f).schema
 
 
 def _conform(batch: pa.RecordBatch, wanted: list[str], schema: pa.Schema) -> pa.RecordBatch:
@@ -173,7 +207,7 @@ def read_spans(
         if active is not None and needed not in read_cols:
             read_cols.append(needed)
     pieces: list[pa.RecordBatch] = []
-    for _, batch in iter_batches(path, read_cols):
+    for _, batch in iter_batches(path, read_cols, steps=step_set):
         mask = None
         if step_set is not None:
             mask = pc.is_in(batch.column(S.STEP), value_set=pa.array(step_set, pa.int64()))
