@@ -90,3 +90,17 @@ def test_line_shows_reward_turns_tool_error_rate_and_count() -> None:
         "rollout-trace step 3: reward 0.625 ± 0.484 [0, 1] | turns 2.0 | tool calls 1.5, errors 25.0% | "
         "8 trajectories, 1 failed | latency p50 1.20s p95 3.41s"
     )
+
+
+def test_late_trajectories_of_a_published_step_update_its_line(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Trajectories arriving after their step was published by a flush give a new line counting all of them."""
+    caplog.set_level(logging.INFO, logger="rollout_trace")
+    _init(tmp_path)
+    record_rollouts(steps=(1,), val_per_step=0)
+    tracer.flush()
+    record_rollouts(steps=(1,), val_per_step=0)
+    tracer.shutdown()
+    lines = [line for line in _lines(caplog) if line.startswith("rollout-trace step 1: ")]
+    assert len(lines) == 2
+    assert f"| {TRAIN_PER_STEP} trajectories," in lines[0]
+    assert f"| {2 * TRAIN_PER_STEP} trajectories," in lines[1]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -184,3 +186,37 @@ def test_failing_backend_costs_nothing_in_the_files(
     assert table.num_rows == len(STEPS) * (TRAIN_PER_STEP + 3)
     assert set(table["status"].to_pylist()) == {"ok"}
     assert any(f"rollout-trace export {cfg.run_dir} --to wandb" in r.getMessage() for r in caplog.records)
+
+
+def test_live_backend_without_its_library_fails_at_init(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tracer.init with backend wandb and no wandb installed raises ImportError with the pip line."""
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ImportError, match=r"pip install 'rollout-trace\[wandb\]'"):
+        tracer.init(backend=["wandb"], output_dir=str(tmp_path))
+    assert tracer.get_config() is None
+
+
+def test_wandb_proxy_option_reaches_the_run_settings(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl's wandb_proxy is passed to wandb as its HTTPS and HTTP proxy."""
+    wandb_env(monkeypatch, tmp_path / "wandb")
+    run = wandb_export.WandbRun(project=PROJECT, name="proxy", mode="offline", proxy="http://127.0.0.1:3128")
+    try:
+        assert run.run.settings.https_proxy == "http://127.0.0.1:3128"
+        assert run.run.settings.http_proxy == "http://127.0.0.1:3128"
+    finally:
+        run.finish()
+
+
+def test_verify_catches_a_changed_reward(exported: dict[str, Any], tmp_path: Any) -> None:
+    """verify_run reports FAILED when a row in the run's files has a different reward than was sent."""
+    copy = shutil.copytree(exported["dir"], tmp_path / "run")
+    sent, metrics = wandb_export.read_back(str(copy))
+    file = sorted(glob.glob(os.path.join(copy, "files", "media", "table", "rollout_trace", "table_*.table.json")))[0]
+    with open(file, encoding="utf-8") as f:
+        table = json.load(f)
+    table["data"][0][table["columns"].index("reward")] += 1.0
+    with open(file, "w", encoding="utf-8") as f:
+        json.dump(table, f)
+    lines = wandb_export.verify_run(str(copy), sent, metrics)
+    assert lines[0].startswith("verify wandb: FAILED:") and "1 with a different reward" in lines[0]
+    assert lines[1].startswith("verify wandb: OK:")

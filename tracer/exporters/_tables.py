@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -96,6 +97,23 @@ def import_backend(module: str, extra: str) -> Any:
             f"the {extra} exporter needs the '{module}' package, which is not installed "
             f"({exc}); install it with: pip install 'rollout-trace[{extra}]'"
         ) from exc
+
+
+def require_backend(module: str, extra: str) -> None:
+    """Check (without importing it) that a backend library is installed.
+
+    Raises:
+        ImportError: naming the missing library and the install command.
+    """
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ImportError(
+            f"the {extra} exporter needs the '{module}' package, which is not installed; "
+            f"install it with: pip install 'rollout-trace[{extra}]'"
+        )
 
 
 # -- rows ----------------------------------------------------------------------

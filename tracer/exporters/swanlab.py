@@ -41,6 +41,7 @@ from tracer.exporters._tables import (
     iter_step_chunks,
     open_run,
     read_leveldb_log,
+    require_backend,
 )
 
 #: Modes ``export_files`` accepts.
@@ -179,6 +180,26 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
     return rows, metrics
 
 
+def verify_run(
+    directory: str, expected_rows: Mapping[str, float | None], expected_metrics: Mapping[tuple[Any, str], float]
+) -> list[str]:
+    """Compare a finished run's files with what was sent.
+
+    Args:
+        directory: The run's directory.
+        expected_rows: ``trace_id -> reward`` of every row sent.
+        expected_metrics: ``(step, metric key) -> value`` of every metric sent.
+
+    Returns:
+        Two ``verify swanlab: OK|FAILED: ...`` lines (rows and rewards; metrics).
+    """
+    found_rows, found_metrics = read_back(directory)
+    return [
+        *compare_rows("swanlab", expected_rows, found_rows),
+        compare_metrics("swanlab", expected_metrics, found_metrics),
+    ]
+
+
 def export_files(
     path: str | os.PathLike[str],
     *,
@@ -259,10 +280,7 @@ def export_files(
     elif sl.mode == "local":
         report.details.append(f"browse it with: swanlab watch {os.path.dirname(sl.directory)}")
     if verify:
-        found_rows, found_metrics = read_back(sl.directory)
-        lines = compare_rows("swanlab", expected_rows, found_rows)
-        lines.append(compare_metrics("swanlab", expected_metrics, found_metrics))
-        report.details.extend(lines)
+        report.details.extend(verify_run(sl.directory, expected_rows, expected_metrics))
     return report
 
 
@@ -276,6 +294,7 @@ class SwanlabExporter(StepShipper):
     """
 
     def __init__(self, config: TraceConfig) -> None:
+        require_backend("swanlab", "swanlab")
         self._sl: SwanlabRun | None = None
         self._init_error: Exception | None = None
         self._init_failed_at = 0.0

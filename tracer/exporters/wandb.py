@@ -45,6 +45,7 @@ from tracer.exporters._tables import (
     iter_step_chunks,
     open_run,
     read_leveldb_log,
+    require_backend,
 )
 
 #: Metric that every logged step carries; charts of our metrics use it as x-axis.
@@ -200,6 +201,26 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
     return rows, metrics
 
 
+def verify_run(
+    directory: str, expected_rows: Mapping[str, float | None], expected_metrics: Mapping[tuple[Any, str], float]
+) -> list[str]:
+    """Compare a finished run's files with what was sent.
+
+    Args:
+        directory: The run's directory.
+        expected_rows: ``trace_id -> reward`` of every row sent.
+        expected_metrics: ``(step, metric key) -> value`` of every metric sent.
+
+    Returns:
+        Two ``verify wandb: OK|FAILED: ...`` lines (rows and rewards; metrics).
+    """
+    found_rows, found_metrics = read_back(directory)
+    return [
+        *compare_rows("wandb", expected_rows, found_rows),
+        compare_metrics("wandb", expected_metrics, found_metrics),
+    ]
+
+
 def export_files(
     path: str | os.PathLike[str],
     *,
@@ -284,10 +305,7 @@ def export_files(
     if mode == "offline":
         report.details.append(f"upload it with: wandb sync {wb.directory}")
     if verify:
-        found_rows, found_metrics = read_back(wb.directory)
-        lines = compare_rows("wandb", expected_rows, found_rows)
-        lines.append(compare_metrics("wandb", expected_metrics, found_metrics))
-        report.details.extend(lines)
+        report.details.extend(verify_run(wb.directory, expected_rows, expected_metrics))
     return report
 
 
@@ -302,6 +320,7 @@ class WandbExporter(StepShipper):
     """
 
     def __init__(self, config: TraceConfig) -> None:
+        require_backend("wandb", "wandb")
         self._wb: WandbRun | None = None
         self._init_error: Exception | None = None
         self._init_failed_at = 0.0
