@@ -176,6 +176,8 @@ class Recorder:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
+        #: Held by the writer during a cycle; fork() waits for it (see _before_fork).
+        self._fork_lock = threading.RLock()
         self.spans_written = 0
         self.spans_dropped = 0
         self.spans_failed = 0
@@ -355,7 +357,8 @@ class Recorder:
                 target = self._flush_requested
                 stopping = self._stopping
             try:
-                self._cycle(force=stopping or target > self._flush_done)
+                with self._fork_lock:
+                    self._cycle(force=stopping or target > self._flush_done)
             except BaseException as exc:  # never let the writer thread die silently
                 self.problems.report("writer error", f"{type(exc).__name__}: {exc}", exc)
             with self._cond:
@@ -603,11 +606,34 @@ def set_active(rec: Recorder | None) -> None:
         old.shutdown()
 
 
+_FORK_HELD: list[Recorder] = []
+# Imported now, not by the writer's first batch (pandas imports it) during a
+# fork's wait below: its fork hooks would be registered between "before"
+# and "after" and its after-hook would release a lock it never took.
+import concurrent.futures.thread  # noqa: E402,F401
+
+
+def _before_fork() -> None:
+    # A fork while the writer thread holds a lock (an import: its first batch
+    # imports pandas through pa.array; a tokenizer load) leaves that lock held
+    # forever in the child, whose own writer then hangs and loses every span.
+    # Wait (bounded) for the writer to finish its cycle.
+    rec = ACTIVE
+    if rec is not None and rec._fork_lock.acquire(timeout=30.0):
+        _FORK_HELD.append(rec)
+
+
+def _after_fork_in_parent() -> None:
+    while _FORK_HELD:
+        _FORK_HELD.pop()._fork_lock.release()
+
+
 def _after_fork_in_child() -> None:
     # The writer thread does not survive fork(); give the child a recorder
     # of its own (own file name, own ids). Spans buffered in the parent stay
     # the parent's.
     global ACTIVE
+    _after_fork_in_parent()
     if ACTIVE is not None:
         ACTIVE = Recorder(ACTIVE.config)
 
@@ -619,5 +645,7 @@ def _at_exit() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+    )
 atexit.register(_at_exit)
