@@ -108,40 +108,43 @@ def _compact_dir(run_dir: str, target_bytes: int, report: CompactReport) -> None
             report.skipped_open.append(full)
             continue
         inputs.append(full)
-    if not inputs:
-        return
+    report.run_dirs += 1
+    # Memory stays bounded: each group of inputs up to target_bytes is merged on its own.
+    group: list[str] = []
+    size = 0
+    for full in inputs:
+        group.append(full)
+        size += os.path.getsize(full)
+        if size >= target_bytes:
+            _merge(run_dir, group, index, report)
+            group, size = [], 0
+    if group:
+        _merge(run_dir, group, index, report)
+
+
+def _merge(run_dir: str, inputs: list[str], index: dict[str, Any], report: CompactReport) -> None:
+    """Merge ``inputs`` into one compacted file, following steps 1-4 of the module docstring."""
     batches = [b for f in inputs for b in _read_file(f, list(S.SPAN_COLUMNS))]
     table = pa.Table.from_batches(batches, schema=S.SPAN_SCHEMA) if batches else S.SPAN_SCHEMA.empty_table()
+    del batches
     bytes_in = sum(os.path.getsize(f) for f in inputs)
     meta = dict(read_schema(inputs[0]).metadata or {})
     meta[META_COMPACTED_FROM.encode()] = str(len(inputs)).encode()
-    schema = S.SPAN_SCHEMA.with_metadata(meta)
     table = table.sort_by(_SORT_KEYS)
-    rows_per_file = max(1, int(target_bytes / max(bytes_in / max(table.num_rows, 1), 1)))
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    nonce = secrets.token_hex(4)
-    outputs: list[tuple[str, dict[str, Any]]] = []
-    for n, start in enumerate(range(0, max(table.num_rows, 1), rows_per_file)):
-        part = table.slice(start, rows_per_file)
-        name = f"compacted_{stamp}_{nonce}_{n:04d}{S.FILE_SUFFIX}"
-        entry = _write_compacted(os.path.join(run_dir, name + ".tmp"), part, schema)
-        outputs.append((name, entry))
+    name = f"compacted_{stamp}_{secrets.token_hex(4)}{S.FILE_SUFFIX}"
+    entry = _write_compacted(os.path.join(run_dir, name + ".tmp"), table, S.SPAN_SCHEMA.with_metadata(meta))
     fsync_dir(run_dir)
-    replaced = [os.path.basename(f) for f in inputs]
-    for i, (name, entry) in enumerate(outputs):
-        # The first output carries the list; all outputs must exist before it counts.
-        index["files"][name] = {**entry, "replaces": replaced if i == 0 else [], "group": [o[0] for o in outputs]}
+    index["files"][name] = {**entry, "replaces": [os.path.basename(f) for f in inputs], "group": [name]}
     save_index(run_dir, index)
-    for name, _ in outputs:
-        os.replace(os.path.join(run_dir, name + ".tmp"), os.path.join(run_dir, name))
+    os.replace(os.path.join(run_dir, name + ".tmp"), os.path.join(run_dir, name))
     fsync_dir(run_dir)
     _finish_interrupted(run_dir, index)
-    report.run_dirs += 1
     report.files_in += len(inputs)
-    report.files_out += len(outputs)
+    report.files_out += 1
     report.rows += table.num_rows
     report.bytes_in += bytes_in
-    report.bytes_out += sum(e["size"] for _, e in outputs)
+    report.bytes_out += entry["size"]
 
 
 def _finish_interrupted(run_dir: str, index: dict[str, Any]) -> None:
