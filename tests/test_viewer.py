@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from viewer_fixtures import HOSTILE_TEXT, NEEDLE, record_run
+from viewer_fixtures import HOSTILE_TEXT, NEEDLE, record_run, write_tokenizer
 
 import tracer
 from viewer import data as D
@@ -215,6 +215,18 @@ def test_replay_token_view_marks_truncation(run_dir: str) -> None:
     heads = [m.value.replace("\\", "") for m in at.markdown]
     assert any("8 token(s) kept of 12" in h for h in heads)
     assert any("Truncated" in w.value for w in at.warning)
+
+
+def test_replay_token_view_uses_a_tokenizer_from_the_url(run_dir: str, tmp_path: str) -> None:
+    """?tokenizer= gives the token view each token's text; a bad one leaves ids with a note."""
+    pytest.importorskip("tokenizers")
+    tid = trace_id_of(run_dir, 1, "0", 2)
+    at = open_app(run_dir, trace_id=tid, tokenizer=write_tokenizer(tmp_path))
+    assert not at.error
+    charts = b"".join(c.proto.SerializeToString() for c in at.get("vega_lite_chart"))
+    assert b"w100" in charts and b"w117" in charts
+    at = open_app(run_dir, trace_id=tid, tokenizer=os.fspath(tmp_path / "missing"))
+    assert any("Token text unavailable" in c.value.replace("\\", "") for c in at.caption)
 
 
 def test_replay_draws_waterfall_and_token_charts(run_dir: str) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
-from viewer_fixtures import NEEDLE, record_run
+from viewer_fixtures import NEEDLE, record_run, write_tokenizer
 
 import tracer
 from viewer import data as D
@@ -90,6 +90,22 @@ def test_token_turns_mark_truncation_and_keep_logprobs(run_dir: str) -> None:
     cells = first.cells()
     assert [c["label"] for c in cells][:2] == ["100", "101"]
     assert cells[1]["logprob"] == pytest.approx(-0.05)
+
+
+def test_token_turns_show_each_token_text_with_a_tokenizer(run_dir: str, tmp_path: str) -> None:
+    """With a tokenizer.json, each token id of the token view gets its own text."""
+    pytest.importorskip("tokenizers")
+    decoder = D.load_token_decoder(write_tokenizer(tmp_path))
+    tid = D.load_step(run_dir, 1).table.column(D.TRACE_ID)[0].as_py()
+    first = D.token_turns(D.load_trajectory(run_dir, tid).table, decoder)[0]
+    assert first.token_texts == [f"w{i}" for i in range(100, 108)]
+    assert [c["label"] for c in first.cells()][:2] == ["w100", "w101"]
+
+
+def test_load_token_decoder_names_a_missing_file(tmp_path: str) -> None:
+    """A tokenizer path without tokenizer.json raises FileNotFoundError naming it."""
+    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+        D.load_token_decoder(os.fspath(tmp_path))
 
 
 def test_waterfall_orders_spans_and_nests_children(run_dir: str) -> None:

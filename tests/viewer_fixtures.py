@@ -113,3 +113,15 @@ def record_run(output_dir: str | os.PathLike[str], steps: int = 3, prompts: int 
     tracer.flush()
     tracer.shutdown()
     return cfg.run_dir
+
+
+def write_tokenizer(folder: str | os.PathLike[str]) -> str:
+    """A tiny word-level tokenizer.json whose ids 100-129 are the words ``w100``..``w129``; returns its path."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(100, 130)}}
+    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    path = os.path.join(os.fspath(folder), "tokenizer.json")
+    tok.save(path)
+    return path

@@ -86,14 +86,33 @@ def _group_spans(path: str, sig: tuple, trace_ids: tuple[str, ...], step: int | 
 # -- state and deep links ------------------------------------------------------
 
 
-def _script_path_arg(argv: list[str]) -> list[str]:
-    """The value of ``--path`` among the script's arguments, as a one-item list (or empty)."""
+def _script_arg(argv: list[str], name: str) -> list[str]:
+    """The value of ``--name`` among the script's arguments, as a one-item list (or empty)."""
+    flag = f"--{name}"
     for i, a in enumerate(argv):
-        if a == "--path" and i + 1 < len(argv):
+        if a == flag and i + 1 < len(argv):
             return [argv[i + 1]]
-        if a.startswith("--path="):
+        if a.startswith(flag + "="):
             return [a.split("=", 1)[1]]
     return []
+
+
+@st.cache_resource(max_entries=4, show_spinner="Loading the tokenizer...")
+def _decoder(tokenizer_path: str) -> Any:
+    return D.load_token_decoder(tokenizer_path)
+
+
+def _token_decoder(path: str) -> Any:
+    """Per-token text for the token view: ?tokenizer=, --tokenizer, or the run's recorded tokenizer path."""
+    chosen = st.query_params.get("tokenizer") or next(iter(_script_arg(sys.argv[1:], "tokenizer")), None)
+    chosen = chosen or D.run_tokenizer_path(path)
+    if not chosen:
+        return None
+    try:
+        return _decoder(chosen)
+    except Exception as exc:  # a missing or broken tokenizer leaves ids in the view
+        st.caption(D.escape_markdown(f"Token text unavailable ({type(exc).__name__}: {exc}); showing token ids."))
+        return None
 
 
 def _int_or_none(text: Any) -> int | None:
@@ -520,7 +539,7 @@ def _view_replay(path: str, sig: tuple) -> None:
         if rows:
             st.altair_chart(_waterfall_chart(rows), width="stretch", height=_waterfall_height(rows))
     with tab_tokens:
-        turns = D.token_turns(spans)
+        turns = D.token_turns(spans, _token_decoder(path))
         if not turns:
             st.caption("No llm spans.")
         for turn in turns:
@@ -660,7 +679,7 @@ def main() -> None:
     _init_state()
     ss = st.session_state
     url_path = st.query_params.get("path")
-    path = D.resolve_path(url_path, _script_path_arg(sys.argv[1:]))
+    path = D.resolve_path(url_path, _script_arg(sys.argv[1:], "path"))
     st.sidebar.title("rollout-trace")
     if path is None:
         st.info(

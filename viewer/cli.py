@@ -20,9 +20,14 @@ DEFAULT_PORT = 8501
 
 
 def streamlit_command(
-    path: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, python: str | None = None
+    path: str,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    python: str | None = None,
+    tokenizer: str | None = None,
 ) -> list[str]:
     """The ``streamlit run`` command line that serves the viewer over ``path``."""
+    extra = ["--tokenizer", os.path.abspath(tokenizer)] if tokenizer else []
     return [
         python or sys.executable,
         "-m",
@@ -40,6 +45,7 @@ def streamlit_command(
         "--",
         "--path",
         os.path.abspath(path),
+        *extra,
     ]
 
 
@@ -52,7 +58,7 @@ def _view(args: argparse.Namespace) -> int:
             f"error: trace path {args.path!r} does not exist; give a trace file or a directory of them", file=sys.stderr
         )
         return 2
-    cmd = streamlit_command(args.path, args.host, args.port)
+    cmd = streamlit_command(args.path, args.host, args.port, tokenizer=args.tokenizer)
     print(f"rollout-trace viewer: http://{args.host}:{args.port}/  (Ctrl-C to stop)", file=sys.stderr)
     try:
         return subprocess.call(cmd)
@@ -69,5 +75,9 @@ def register_view(subparsers: argparse._SubParsersAction) -> None:
         "--host",
         default=DEFAULT_HOST,
         help=f"address to bind (default {DEFAULT_HOST}; 0.0.0.0 exposes your traces to the network)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        help="tokenizer.json (or its folder) to show the text of each token; default: the run's recorded tokenizer path",
     )
     p.set_defaults(func=_view)

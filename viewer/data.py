@@ -15,7 +15,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -664,8 +664,61 @@ _RESPONSE_ID_KEYS = ("response_ids", "token_ids", "output_ids")
 _TOKEN_TEXT_KEYS = ("response_tokens", "tokens", "token_texts")
 
 
-def token_turns(spans: pa.Table) -> list[TokenTurn]:
-    """The llm spans' response tokens, logprobs and truncation, in call order."""
+#: Key of the tokenizer in the run config written into every file's metadata.
+CONFIG_TOKENIZER = "tokenizer"
+#: Key of the config in the file metadata (see tracer.read_file_metadata).
+META_CONFIG = "rollout_trace.config"
+
+
+def run_tokenizer_path(path: str) -> str | None:
+    """The tokenizer path the run was recorded with (its config), if it was a path that still exists."""
+    try:
+        files = tracer.list_trace_files(path)
+    except FileNotFoundError:
+        return None
+    for file in files[:1]:
+        try:
+            config = json.loads(tracer.read_file_metadata(file).get(META_CONFIG, "{}"))
+        except (OSError, ValueError, pa.ArrowException):
+            return None
+        tok = config.get(CONFIG_TOKENIZER) if isinstance(config, dict) else None
+        if isinstance(tok, str) and os.path.exists(tok):
+            return tok
+    return None
+
+
+def load_token_decoder(tokenizer_path: str) -> Callable[[list[int]], list[str]]:
+    """A function turning token ids into one text piece per token, from a ``tokenizer.json`` (or its folder).
+
+    Needs the ``tokenizers`` package, imported here only.
+
+    Raises:
+        FileNotFoundError: no tokenizer.json at ``tokenizer_path``.
+        ImportError: ``tokenizers`` is not installed; names the pip line.
+    """
+    file = tokenizer_path if os.path.isfile(tokenizer_path) else os.path.join(tokenizer_path, "tokenizer.json")
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"no tokenizer.json at {tokenizer_path!r}; give a tokenizer.json file or its folder")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise ImportError(
+            "showing token text needs the tokenizers package: pip install 'rollout-trace[tokenizers]'"
+        ) from exc
+    tok = Tokenizer.from_file(file)
+
+    def decode(ids: list[int]) -> list[str]:
+        return tok.decode_batch([[i] for i in ids], skip_special_tokens=False)
+
+    return decode
+
+
+def token_turns(spans: pa.Table, decoder: Callable[[list[int]], list[str]] | None = None) -> list[TokenTurn]:
+    """The llm spans' response tokens, logprobs and truncation, in call order.
+
+    ``decoder`` (see :func:`load_token_decoder`) gives each token id its text,
+    so the token view shows where each token starts and ends.
+    """
     llm = spans.filter(pc.fill_null(pc.equal(spans.column(KIND), KIND_LLM), False))
     out = []
     for i, r in enumerate(llm.to_pylist()):
@@ -703,6 +756,11 @@ def token_turns(spans: pa.Table) -> list[TokenTurn]:
                     recorded = v if isinstance(v, int) else recorded
         if recorded is None and isinstance(counts, dict) and key_used in counts:
             recorded = counts[key_used]
+        if texts is None and ids is not None and decoder is not None:
+            try:
+                texts = decoder([int(i) for i in ids])
+            except Exception:  # a tokenizer that does not fit these ids must not break the view
+                texts = None
         prompt_tokens = counts.get("prompt_ids") if isinstance(counts, dict) else None
         if prompt_tokens is None and isinstance(inputs, dict) and isinstance(inputs.get("prompt_ids"), list):
             prompt_tokens = len(inputs["prompt_ids"])
