@@ -1,0 +1,301 @@
+"""Fault injection: kill -9, full and unwritable disks, many writers, damaged files, a backend killed.
+
+Run alone with ``pytest -m faults``. Each test adds its figures (faults
+injected, spans acknowledged, spans recovered) to the terminal summary.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import os
+import random
+import re
+import signal
+import time
+from typing import Any
+
+import pytest
+from reliability_fixtures import FIGURES, figures_report, read_quietly, start_fault_script  # noqa: F401 - fixture
+
+import tracer
+
+pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("figures_report")]
+
+KILLS = 24
+KILL_SEED = 20261130
+SPANS_PER_TRAJECTORY = 4  # tests/faults/writer.py: rollout, llm, tool, log_reward
+
+#: What a reader may say about a file a killed writer left behind.
+TORN_TAIL = re.compile(r"damaged after \d+ complete batch|empty file \(0 bytes\)|not a readable trace file")
+
+
+def _kill_one(out: str, run: int, rng: random.Random) -> dict[str, Any]:
+    """Start a writer, SIGKILL it at a random moment, return what it acknowledged."""
+    during_startup = rng.random() < 0.15
+    delay = rng.uniform(0.0, 3.0)
+    proc = start_fault_script("writer.py", out, run, rng.randrange(2**31))
+    assert proc.stdout is not None and proc.stderr is not None
+    if not during_startup:
+        line = proc.stdout.readline()
+        assert line.startswith("READY"), line + proc.stderr.read()
+    time.sleep(delay)
+    os.kill(proc.pid, signal.SIGKILL)
+    rest = proc.stdout.read()
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, f"writer {run} ended on its own ({proc.returncode}): {rest} {err}"
+    assert "FAIL" not in rest, rest
+    acks = [int(x) for x in re.findall(r"^ACK (\d+)$", rest, re.M)]
+    return {"run": run, "acknowledged": max(acks, default=0), "during_startup": during_startup}
+
+
+@pytest.mark.slow
+def test_kill_dash_9_at_random_moments_loses_no_acknowledged_span(tmp_path: os.PathLike[str]) -> None:
+    """24 writers killed with SIGKILL at seeded random moments: every span flush() acknowledged reads back."""
+    out = os.path.join(os.fspath(tmp_path), "traces")
+    rngs = [random.Random(KILL_SEED + run) for run in range(KILLS)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        runs = list(pool.map(lambda run: _kill_one(out, run, rngs[run]), range(KILLS)))
+
+    spans, messages = read_quietly(tracer.read_spans, out, columns=["sample_index", "span_id", "trace_id"])
+    per_sample = collections.Counter(spans["sample_index"].to_pylist())
+    acknowledged = sum(r["acknowledged"] for r in runs) * SPANS_PER_TRAJECTORY
+    for r in runs:
+        missing = [i for i in range(r["acknowledged"]) if per_sample.get(f"{r['run']}-{i}") != SPANS_PER_TRAJECTORY]
+        assert not missing, f"run {r['run']}: acknowledged {r['acknowledged']}, incomplete: {missing[:10]}"
+    assert max(per_sample.values(), default=0) <= SPANS_PER_TRAJECTORY, "a span was read twice"
+    ids = list(zip(spans["trace_id"].to_pylist(), spans["span_id"].to_pylist()))
+    assert len(set(ids)) == len(ids)
+    assert all(TORN_TAIL.search(m) for m in messages), messages
+    files = tracer.list_trace_files(out)
+    FIGURES["kill -9"] = {
+        "kills": KILLS,
+        "kills_during_startup": sum(r["during_startup"] for r in runs),
+        "spans_acknowledged": acknowledged,
+        "spans_recovered": spans.num_rows,
+        "files": len(files),
+        "files_with_torn_tail": sum("damaged after" in m for m in messages),
+        "files_without_a_batch": sum("damaged after" not in m for m in messages),
+    }
+
+
+# -- many writers, one directory ------------------------------------------------
+
+PROCESSES = 3  # of each start method
+THREADS = 4
+PER_THREAD = 100
+
+
+@pytest.mark.slow
+def test_many_processes_and_threads_share_one_directory_without_collisions(trace_dir: str) -> None:
+    """Spawned and forked processes with 4 threads each, plus the parent: every span is present exactly once."""
+    import multiprocessing
+
+    from faults import workers
+
+    tracer.init(output_dir=trace_dir, project_name="faults", experiment_name="many", flush_interval_s=0.01)
+    workers.record_trajectories("parent-before-fork", 20)
+    procs = []
+    for method in ("spawn", "fork"):
+        ctx = multiprocessing.get_context(method)
+        for p in range(PROCESSES):
+            name = f"{method}{p}"
+            out = trace_dir if method == "spawn" else None  # a forked child keeps the parent's config
+            proc = ctx.Process(target=workers.record_in_threads, args=(name, THREADS, PER_THREAD, out), name=name)
+            proc.start()
+            procs.append(proc)
+    workers.record_trajectories("parent", 200)
+    assert tracer.shutdown().ok
+    for proc in procs:
+        proc.join(timeout=300)
+        assert proc.exitcode == 0, f"{proc.name} exited with {proc.exitcode}"
+
+    spans = tracer.read_spans(trace_dir, columns=["trace_id", "span_id", "sample_index"])
+    expected = {f"parent-before-fork-{i}" for i in range(20)} | {f"parent-{i}" for i in range(200)}
+    for proc in procs:
+        expected |= {f"{proc.name}-t{t}-{i}" for t in range(THREADS) for i in range(PER_THREAD)}
+    per_sample = collections.Counter(spans["sample_index"].to_pylist())
+    assert set(per_sample) == expected
+    assert set(per_sample.values()) == {workers.SPANS_PER_TRAJECTORY}
+    ids = list(zip(spans["trace_id"].to_pylist(), spans["span_id"].to_pylist()))
+    assert len(set(ids)) == len(ids), "duplicate span ids"
+    trace_of: dict[str, set[str]] = collections.defaultdict(set)
+    for trace_id, sample in zip(spans["trace_id"].to_pylist(), spans["sample_index"].to_pylist()):
+        trace_of[sample].add(trace_id)
+    assert all(len(t) == 1 for t in trace_of.values()), "a trajectory's spans carry two trace ids"
+    assert len({next(iter(t)) for t in trace_of.values()}) == len(expected), "two trajectories share a trace id"
+    files = tracer.list_trace_files(trace_dir)
+    owners: dict[str, set[str]] = {}
+    for file, batch in tracer.iter_batches(trace_dir, ["sample_index"]):
+        owners.setdefault(file, set()).update(s.rsplit("-", 1)[0].split("-t")[0] for s in batch.column(0).to_pylist())
+    pids = [tracer.read_file_metadata(f)["rollout_trace.pid"] for f in files]
+    assert all(len(o) == 1 or o <= {"parent", "parent-before-fork"} for o in owners.values()), owners
+    assert len({os.path.basename(f).split("_")[1] for f in files}) == len(set(pids)) == 1 + 2 * PROCESSES
+    FIGURES["many writers"] = {
+        "processes": 1 + 2 * PROCESSES,
+        "threads": 1 + 2 * PROCESSES * THREADS,
+        "files": len(files),
+        "spans_expected": len(expected) * workers.SPANS_PER_TRAJECTORY,
+        "spans_read": spans.num_rows,
+    }
+
+
+# -- damaged files ----------------------------------------------------------------
+
+BATCHES = 5
+TRAJECTORIES_PER_BATCH = 10
+
+
+@pytest.fixture(scope="module")
+def damaged_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A recorded run (conversation convention) plus every kind of damaged file beside its good files."""
+    from export_fixtures import record_run
+
+    root = tmp_path_factory.mktemp("damaged")
+    run_dir = record_run(root / "traces")
+    good = tracer.read_spans(run_dir, columns=["span_id"]).num_rows
+    good_trajectories = tracer.read_trajectories(run_dir).num_rows
+    # A second writer's file, written one flush per batch, to be torn after a known number of batches.
+    from faults import workers
+
+    tracer.init(output_dir=os.fspath(root / "tear"), flush_interval_s=60.0)
+    for b in range(BATCHES):
+        workers.record_trajectories(f"tear{b}", TRAJECTORIES_PER_BATCH)
+        assert tracer.flush().ok
+    tracer.shutdown()
+    (source,) = tracer.list_trace_files(os.fspath(root / "tear"))
+    with open(source, "rb") as f:
+        data = f.read()
+    damaged = {
+        "torn.arrow": data[: len(data) * 7 // 10],
+        "header_only.arrow": data[:200],
+        "zero.arrow": b"",
+        "garbage.arrow": random.Random(7).randbytes(5000),
+        "text.arrow": b"spans: none, this is a note someone saved with the wrong name\n" * 20,
+    }
+    for name, content in damaged.items():
+        with open(os.path.join(run_dir, name), "wb") as f:
+            f.write(content)
+    os.symlink(os.path.join(run_dir, "no-such-target.arrow"), os.path.join(run_dir, "dangling.arrow"))
+    _write_foreign_files(run_dir)
+    return {"dir": run_dir, "good_spans": good, "good_trajectories": good_trajectories, "damaged": damaged}
+
+
+def _write_foreign_files(run_dir: str) -> None:
+    """An Arrow stream that is not a trace file, and a trace file from a future major format."""
+    import pyarrow as pa
+
+    table = pa.table({"x": [1, 2, 3]})
+    with pa.OSFile(os.path.join(run_dir, "foreign.arrow"), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table)
+    future = tracer.SPAN_SCHEMA.with_metadata({"rollout_trace.schema_version": "99.0"})
+    with pa.OSFile(os.path.join(run_dir, "future.arrow"), "wb") as f, pa.ipc.new_stream(f, future) as w:
+        w.write_batch(pa.RecordBatch.from_pylist([], schema=future))
+
+
+DAMAGED_NAMES = (
+    "torn.arrow",
+    "header_only.arrow",
+    "zero.arrow",
+    "garbage.arrow",
+    "text.arrow",
+    "dangling.arrow",
+    "foreign.arrow",
+    "future.arrow",
+)
+
+
+def _torn_recovered(messages: list[str]) -> int:
+    # read_trajectories reads the files twice (reward attributes), so it may warn twice.
+    (torn,) = {m for m in messages if "torn.arrow" in m}
+    match = re.search(r"recovered (\d+) span", torn)
+    assert match, torn
+    return int(match.group(1))
+
+
+def test_read_spans_keeps_the_rest_and_names_every_damaged_file(damaged_dir: dict[str, Any]) -> None:
+    """read_spans over a directory with 8 kinds of damaged file: all good spans, whole batches of the torn file, one warning per damaged file."""
+    spans, messages = read_quietly(tracer.read_spans, damaged_dir["dir"])
+    for name in DAMAGED_NAMES:
+        assert sum(name in m for m in messages) == 1, f"{name}: {messages}"
+    recovered = _torn_recovered(messages)
+    per_batch = TRAJECTORIES_PER_BATCH * 3
+    assert recovered % per_batch == 0 and 0 < recovered < BATCHES * per_batch
+    assert spans.num_rows == damaged_dir["good_spans"] + recovered
+
+
+def test_read_trajectories_keeps_the_rest(damaged_dir: dict[str, Any]) -> None:
+    """read_trajectories over the damaged directory returns every good trajectory and those of the torn file's whole batches."""
+    table, messages = read_quietly(tracer.read_trajectories, damaged_dir["dir"])
+    recovered = _torn_recovered(messages)
+    assert table.num_rows == damaged_dir["good_trajectories"] + recovered // 3
+    assert all(any(name in m for m in messages) for name in DAMAGED_NAMES), messages
+
+
+def test_each_damaged_file_alone_reads_without_raising(damaged_dir: dict[str, Any]) -> None:
+    """Every damaged file, read on its own by every reader, warns and returns (never raises)."""
+    for name in DAMAGED_NAMES:
+        path = os.path.join(damaged_dir["dir"], name)
+        if not os.path.exists(path):  # the dangling link: a directory listing still names it
+            continue
+        for reader in (tracer.read_spans, tracer.read_trajectories):
+            _, messages = read_quietly(reader, path)
+            assert messages, f"{reader.__name__}({name}) said nothing"
+
+
+def test_wandb_export_skips_damaged_files_and_says_so(damaged_dir: dict[str, Any], tmp_path: os.PathLike[str]) -> None:
+    """The wandb exporter (offline) exports every readable trajectory of the damaged directory and warns per damaged file."""
+    wandb_export = pytest.importorskip("tracer.exporters.wandb", reason="wandb exporter not installed")
+    pytest.importorskip("wandb")
+    from export_fixtures import wandb_env
+
+    with pytest.MonkeyPatch.context() as mp:
+        wandb_env(mp, os.path.join(os.fspath(tmp_path), "wandb"))
+        report, messages = read_quietly(wandb_export.export_files, damaged_dir["dir"], progress=False)
+        import wandb
+
+        wandb.teardown()
+    recovered = _torn_recovered(messages)
+    assert report.trajectories_sent + report.trajectories_skipped >= damaged_dir["good_trajectories"] + recovered // 3
+    assert report.trajectories_sent > 0
+    for name in DAMAGED_NAMES:
+        assert any(name in m for m in messages), f"{name} not reported: {messages}"
+
+
+def test_viewer_shows_the_rest_and_lists_the_damaged_files(damaged_dir: dict[str, Any]) -> None:
+    """The viewer (Streamlit AppTest) over the damaged directory: no exception, every damaged file named, good trajectories counted."""
+    testing = pytest.importorskip("streamlit.testing.v1", reason="streamlit not installed")
+    from reliability_fixtures import REPO
+
+    app = os.path.join(REPO, "viewer", "app.py")
+    if not os.path.exists(app):
+        pytest.skip("viewer/app.py is not in this tree yet")
+    at = testing.AppTest.from_file(app, default_timeout=120)
+    at.query_params["path"] = damaged_dir["dir"]
+    with warnings_suppressed():
+        at.run()
+    assert not at.exception, at.exception[0].message
+    shown = " ".join(w.value.replace("\\", "") for w in at.warning)
+    missing = [n for n in DAMAGED_NAMES if n not in shown]
+    assert not missing, f"viewer did not name {missing}: {shown[:2000]}"
+    metrics = {m.label: m.value for m in at.metric}
+    assert int(metrics["trajectories"]) >= damaged_dir["good_trajectories"]
+
+
+def warnings_suppressed() -> Any:
+    """TraceFileWarning is expected here; the viewer shows it on the page."""
+    import warnings
+
+    ctx = warnings.catch_warnings()
+    ctx.__enter__()
+    warnings.simplefilter("ignore", tracer.TraceFileWarning)
+
+    class _Exit:
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: object) -> None:
+            ctx.__exit__(*exc)
+
+    return _Exit()
