@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -47,6 +48,8 @@ from tracer.exporters._tables import (
     read_leveldb_log,
     require_backend,
 )
+
+logger = logging.getLogger("rollout_trace")
 
 #: Metric that every logged step carries; charts of our metrics use it as x-axis.
 STEP_METRIC = "rollout_trace/step"
@@ -324,7 +327,6 @@ class WandbExporter(StepShipper):
         self._wb: WandbRun | None = None
         self._init_error: Exception | None = None
         self._init_failed_at = 0.0
-        self.notes: list[str] = []
         super().__init__(config, "wandb")
 
     def _run_for(self) -> WandbRun:
@@ -354,7 +356,8 @@ class WandbExporter(StepShipper):
 
     def publish(self, data: StepData) -> None:
         """Log the step's new rows and metrics."""
-        self.notes.extend(self._run_for().log_step(data))
+        for note in self._run_for().log_step(data):
+            logger.info("rollout-trace wandb exporter: %s", note)
 
     def close_backend(self) -> None:
         """Finish the run."""
