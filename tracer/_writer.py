@@ -60,6 +60,7 @@ class SpanWriter:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         self._stem = f"{host}_{os.getpid()}_{stamp}_{secrets.token_hex(4)}"
         self._seq = 0
+        self._batches = 0
         self._file: Any = None
         self._stream: pa.ipc.RecordBatchStreamWriter | None = None
         self.path: str | None = None
@@ -67,6 +68,8 @@ class SpanWriter:
         self.paths: list[str] = []
 
     def _open(self) -> None:
+        self._batches = 0
+        self.path = None
         os.makedirs(self.run_dir, exist_ok=True)
         self.path = os.path.join(self.run_dir, f"{self._stem}_{self._seq:04d}{S.FILE_SUFFIX}")
         self._seq += 1
@@ -84,26 +87,36 @@ class SpanWriter:
         as it is (readers recover its complete batches) and the next call
         starts a new file; the exception propagates to the caller.
         """
-        if self._stream is None:
-            self._open()
-        assert self._stream is not None
         try:
+            if self._stream is None:
+                self._open()
+            assert self._stream is not None
             self._stream.write_batch(batch, custom_metadata=batch_metadata)
             self._file.flush()
             os.fsync(self._file.fileno())
         except BaseException:
             self._abandon()
             raise
+        self._batches += 1
         if self._file.tell() >= self.max_file_bytes:
             self.close()
 
     def _abandon(self) -> None:
         try:
-            self._file.close()
+            if self._file is not None:
+                self._file.close()
         except Exception:
             pass
         self._file = None
         self._stream = None
+        # A file with no complete batch (a full disk failed its header) holds
+        # nothing; left behind, it would only make every reader warn.
+        if self._batches == 0 and self.path is not None:
+            try:
+                os.remove(self.path)
+                self.paths.remove(self.path)
+            except (OSError, ValueError):
+                pass
 
     def close(self) -> None:
         """End the current file cleanly (end-of-stream marker, fsync)."""
