@@ -79,23 +79,45 @@ def _agent_loop(question: str, n: int) -> dict[str, Any]:
     return {"messages": messages, "answer": "42", "num_turns": 3}
 
 
-def record(output_dir: str, spans: int, steps: int) -> str:
-    """Record about ``spans`` spans over ``steps`` steps; return the run directory."""
+def record(output_dir: str, spans: int, steps: int, worker: int = 0, workers: int = 1) -> str:
+    """Record about ``spans`` spans over ``steps`` steps; return the run directory.
+
+    With ``workers`` > 1 this process records only the samples with
+    ``sample % workers == worker``, like one of several rollout workers.
+    """
     trajectories = max(1, spans // SPANS_PER_TRAJECTORY)
     per_step = max(1, trajectories // steps)
     cfg = tracer.init(
         project_name="bench", experiment_name="viewer", backend="arrow", output_dir=output_dir, flush_interval_s=2.0
     )
-    done = 0
     for step in range(steps):
         for k in range(per_step):
             sample, n = divmod(k, GROUP)
+            if sample % workers != worker:
+                continue
             with tracer.rollout_trace_attr(sample_index=sample, step=step, rollout_n=n):
                 _agent_loop(f"Question {sample} of step {step}: what is 6 times 7? Explain.", n)
                 tracer.log_reward(float((n + sample) % 2), advantage=((n + sample) % 2) - 0.5)
-            done += 1
     tracer.shutdown(timeout=None)
     return cfg.run_dir
+
+
+def record_parallel(output_dir: str, spans: int, steps: int, workers: int) -> None:
+    """Record with ``workers`` processes at once (each writes its own files), as a multi-worker rollout does."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        list(
+            pool.map(
+                record,
+                [output_dir] * workers,
+                [spans] * workers,
+                [steps] * workers,
+                range(workers),
+                [workers] * workers,
+            )
+        )
 
 
 def timed(fn: Callable[[], Any], repeat: int = 3) -> tuple[float, Any]:
@@ -129,6 +151,14 @@ def one_trajectory(path: str, trace_id: str, step: int | None) -> int:
     D.waterfall(spans)
     D.token_turns(spans)
     D.tool_spans(spans)
+    return spans.num_rows
+
+
+def one_trajectory_in(path: str, trace_id: str, files: list[str]) -> int:
+    """The replay's reads when the trace file index is known."""
+    spans = D.load_trajectory(path, trace_id, None, files).table
+    D.trajectory_summary(spans)
+    D.messages(spans)
     return spans.num_rows
 
 
@@ -180,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--dir", help="use (or record into, if empty) this directory instead of a temp dir")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--workers", type=int, default=1, help="record with this many processes (files per worker)")
     args = p.parse_args(argv)
     root = args.dir or tempfile.mkdtemp(prefix="bench_viewer_")
     try:
@@ -188,7 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         files = []
     if not files:
         t = time.perf_counter()
-        record(root, args.spans, args.steps)
+        if args.workers > 1:
+            record_parallel(root, args.spans, args.steps, args.workers)
+        else:
+            record(root, args.spans, args.steps)
         rec_s = time.perf_counter() - t
         print(f"recorded {args.spans:,} spans in {rec_s:.1f} s ({args.spans / rec_s:,.0f} spans/s) under {root}")
     files = tracer.list_trace_files(root)
@@ -219,7 +253,13 @@ def main(argv: list[str] | None = None) -> int:
     s, hits = timed(lambda: D.search_trace_ids(root, "Question 3 of", [step]), args.repeat)
     rows.append((f"full-text search in step {step} ({hits.table.num_rows:,} hits)", s, "cached per query"))
     s, n = timed(lambda: one_trajectory(root, tid, None), args.repeat)
-    rows.append((f"one trajectory ({n} spans) from its trace id, cold", s, "target < 0.5 s"))
+    rows.append((f"one trajectory ({n} spans) from its trace id, cold, reading every file", s, "target < 0.5 s"))
+    if len(files) > 1:
+        s, index = timed(lambda: D.trace_file_index(root), 1)
+        rows.append((f"trace id -> file index ({len(files)} files), once per run", s, "built from 3 files on"))
+        own = D.files_of(index.table, [tid])
+        s, n = timed(lambda: one_trajectory_in(root, tid, own), args.repeat)
+        rows.append((f"one trajectory from its own file ({len(own)} of {len(files)})", s, "target < 0.5 s"))
     s, _ = timed(lambda: D.load_run(root), 1)
     rows.append(("every trajectory + tools of the run", s, "all-steps list"))
     s, _ = timed(lambda: overview(root), 1)

@@ -255,6 +255,17 @@ def test_replay_of_a_crashed_rollout_shows_its_error(run_dir: str) -> None:
     assert {m.label: m.value for m in at.metric}["status"] == "error"
 
 
+def test_replay_in_a_run_of_many_files(tmp_path: str) -> None:
+    """A run written by several processes (many files) still replays a trajectory in full."""
+    run = ""
+    for _ in range(3):
+        run = record_run(tmp_path, steps=1, prompts=1, group=2)
+    assert len(tracer.list_trace_files(run)) == 3
+    tid = tracer.read_trajectories(run).column("trace_id")[4].as_py()
+    at = open_app(run, trace_id=tid)
+    assert [c.name for c in at.chat_message] == ["system", "user", "assistant", "tool", "assistant"]
+
+
 def test_unknown_trace_id_says_so(run_dir: str) -> None:
     """A deep link to a trace id that is not in the run gives a clear error."""
     at = open_app(run_dir, trace_id="f" * 32)

@@ -38,6 +38,19 @@ def test_trajectory_summary_matches_read_trajectories(run_dir: str) -> None:
         assert summary[D.ADVANTAGE_COL] == row[D.ADVANTAGE_COL]
 
 
+def test_trace_file_index_finds_a_trajectory_in_its_own_file(tmp_path: str) -> None:
+    """With several files, the index names the one file holding a trajectory, and reading it gives all its spans."""
+    run = record_run(tmp_path, steps=1, prompts=1, group=2)
+    record_run(tmp_path, steps=1, prompts=1, group=2)
+    files = tracer.list_trace_files(run)
+    assert len(files) == 2
+    index = D.trace_file_index(run).table
+    tid = D.load_trajectories(run).table.column(D.TRACE_ID)[0].as_py()
+    own = D.files_of(index, [tid])
+    assert len(own) == 1
+    assert D.load_trajectory(run, tid, files=own).table.equals(D.load_trajectory(run, tid).table)
+
+
 def test_advantages_reads_the_number_from_reward_info() -> None:
     """advantage comes out of reward_info's JSON; missing or non-numeric gives null."""
     info = pa.chunked_array(

@@ -34,6 +34,9 @@ GROUP_COLUMNS = 4
 #: Cache sizes: whole-run tables are few and large, trajectories many and small.
 RUN_CACHE_ENTRIES = 4
 STEP_CACHE_ENTRIES = 16
+#: From this many trace files on, a trace id -> file index is built once so a
+#: trajectory is read from its own file(s) only (a run of many rollout workers).
+INDEX_MIN_FILES = 3
 SEARCH_CACHE_ENTRIES = 16
 TRAJECTORY_CACHE_ENTRIES = 64
 
@@ -72,14 +75,26 @@ def _search(path: str, sig: tuple, text: str, step: int | None) -> D.Loaded:
     return D.search_trace_ids(path, text, None if step is None else [step])
 
 
+@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Indexing which file holds which trajectory...")
+def _trace_index(path: str, sig: tuple) -> D.Loaded:
+    return D.trace_file_index(path)
+
+
+def _files_for(path: str, sig: tuple, trace_ids: tuple[str, ...]) -> list[str] | None:
+    """The files holding these trajectories, for runs of many files; None (read all) for small runs."""
+    if len(sig) < INDEX_MIN_FILES:
+        return None
+    return D.files_of(_trace_index(path, sig).table, trace_ids)
+
+
 @st.cache_resource(max_entries=TRAJECTORY_CACHE_ENTRIES, show_spinner="Reading the trajectory...")
 def _trajectory(path: str, sig: tuple, trace_id: str, step: int | None) -> D.Loaded:
-    return D.load_trajectory(path, trace_id, step)
+    return D.load_trajectory(path, trace_id, step, _files_for(path, sig, (trace_id,)))
 
 
 @st.cache_resource(max_entries=TRAJECTORY_CACHE_ENTRIES, show_spinner="Reading the group...")
 def _group_spans(path: str, sig: tuple, trace_ids: tuple[str, ...], step: int | None) -> dict[str, Any]:
-    loaded = D.load_group_spans(path, trace_ids, step)
+    loaded = D.load_group_spans(path, trace_ids, step, _files_for(path, sig, trace_ids))
     return {"by_trace": D.split_by_trace(loaded.table), "warnings": loaded.warnings}
 
 

@@ -83,6 +83,7 @@ ADVANTAGE = "advantage"
 ADVANTAGE_COL = "advantage"
 LATENCY_COL = "latency_s"
 TOOLS_COL = "tools"
+FILE_COL = "file"
 
 #: Columns of the span table used by the waterfall, without the heavy JSON ones.
 LIGHT_SPAN_COLUMNS = [TRACE_ID, SPAN_ID, PARENT_SPAN_ID, NAME, KIND, START_NS, END_NS, STATUS, STEP]
@@ -435,12 +436,56 @@ def list_rows(page: pa.Table) -> list[dict[str, Any]]:
     return rows
 
 
-def load_trajectory(path: str, trace_id: str, step: int | None = None) -> Loaded:
+def trace_file_index(path: str) -> Loaded:
+    """Which file holds which trajectory: a table (trace_id, file), one row per pair.
+
+    Built from the trace id column alone (cheap to decompress). With it, a
+    trajectory is read from its own file(s) instead of every file of the run:
+    a run written by many rollout workers has one or more files per worker,
+    and a trajectory is recorded by one worker.
+    """
+    ids: list[pa.Array] = []
+    names: list[pa.Array] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", tracer.TraceFileWarning)
+        for file, batch in tracer.iter_batches(path, [TRACE_ID]):
+            unique = pc.unique(batch.column(0))
+            ids.append(unique)
+            names.append(pa.array([file] * len(unique), pa.string()))
+    msgs = [str(w.message) for w in caught if issubclass(w.category, tracer.TraceFileWarning)]
+    if not ids:
+        return Loaded(pa.table({TRACE_ID: pa.array([], pa.string()), FILE_COL: pa.array([], pa.string())}), msgs)
+    table = pa.table({TRACE_ID: pa.concat_arrays(ids), FILE_COL: pa.concat_arrays(names)})
+    table = table.group_by([TRACE_ID, FILE_COL], use_threads=False).aggregate([])
+    return Loaded(table, list(dict.fromkeys(msgs)))
+
+
+def files_of(index: pa.Table, trace_ids: Sequence[str]) -> list[str]:
+    """The files that hold any of ``trace_ids``, per :func:`trace_file_index`."""
+    hit = index.filter(pc.is_in(index.column(TRACE_ID), value_set=pa.array(list(trace_ids), pa.string())))
+    return sorted(set(hit.column(FILE_COL).to_pylist()))
+
+
+def _read_from(path: str, files: Sequence[str] | None, **kwargs: Any) -> Loaded:
+    """read_spans over ``path``, or over only ``files`` when given."""
+    if files is None:
+        return _reading(tracer.read_spans, path, **kwargs)
+    parts = [_reading(tracer.read_spans, f, **kwargs) for f in files]
+    if not parts:
+        return _reading(tracer.read_spans, path, **{**kwargs, "trace_ids": []})
+    return Loaded(pa.concat_tables([p.table for p in parts]), merge_warnings(*(p.warnings for p in parts)))
+
+
+def load_trajectory(path: str, trace_id: str, step: int | None = None, files: Sequence[str] | None = None) -> Loaded:
     """Every span of one trajectory, all columns, in start order.
 
-    ``step`` (when known) lets the reader skip other steps' rows early.
+    Args:
+        path: The run.
+        trace_id: The trajectory.
+        step: Its step, when known (a cheaper filter than the trace id).
+        files: Read only these files (see :func:`trace_file_index`).
     """
-    loaded = _reading(tracer.read_spans, path, trace_ids=[trace_id], steps=None if step is None else [step])
+    loaded = _read_from(path, files, trace_ids=[trace_id], steps=None if step is None else [step])
     return Loaded(loaded.table.sort_by([(START_NS, "ascending")]), loaded.warnings)
 
 
@@ -827,9 +872,11 @@ def sample_across_steps(
     return sorted(rows, key=lambda r: (r["step"] is None, r["step"] or 0))
 
 
-def load_group_spans(path: str, trace_ids: Sequence[str], step: int | None) -> Loaded:
-    """All spans of several trajectories (one group), in one pass over the files."""
-    return _reading(tracer.read_spans, path, trace_ids=list(trace_ids), steps=None if step is None else [step])
+def load_group_spans(
+    path: str, trace_ids: Sequence[str], step: int | None, files: Sequence[str] | None = None
+) -> Loaded:
+    """All spans of several trajectories (one group), in one pass over the files (or only ``files``)."""
+    return _read_from(path, files, trace_ids=list(trace_ids), steps=None if step is None else [step])
 
 
 def split_by_trace(spans: pa.Table) -> dict[str, pa.Table]:
