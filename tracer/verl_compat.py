@@ -1,0 +1,351 @@
+"""verl drop-in: verl's ``rollout_trace`` API, recorded by rollout-trace.
+
+verl's agent loops import three names from ``verl.utils.rollout_trace``:
+``RolloutTraceConfig``, ``rollout_trace_attr`` and ``rollout_trace_op``. This
+module has the same names with the same signatures. :func:`install` makes
+``import verl.utils.rollout_trace`` return them, so verl's own decorated
+methods (``LLMServerClient.generate``, ``BaseTool.execute``, the agent loops'
+``run``) record into rollout-trace's files. Install it in every Ray worker by
+configuration alone::
+
+    python -m verl.trainer.main_ppo ... \\
+        actor_rollout_ref.rollout.trace.backend=arrow \\
+        +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracer.verl_compat.install \\
+        +ray_kwargs.ray_init.runtime_env.env_vars.ROLLOUT_TRACE_DIR=/shared/traces
+
+``backend`` takes rollout-trace's names (``arrow``, ``mlflow``, ``wandb``,
+``swanlab``, ``console``; see :func:`tracer.available_backends`); verl's own
+``weave`` and ``trackio`` backends are handed to verl's original module
+unchanged. Importing this module does not import verl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import inspect
+import logging
+import os
+import sys
+import types
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import tracer
+
+logger = logging.getLogger("rollout_trace")
+
+#: The verl module this one stands in for.
+VERL_MODULE = "verl.utils.rollout_trace"
+#: Name verl's original module is loaded under when a backend only it has
+#: (``weave``, ``trackio``) is asked for.
+ORIGINAL_ALIAS = "verl.utils._rollout_trace_original"
+#: Names :func:`install` provides in ``verl.utils.rollout_trace``.
+PROVIDED = ("RolloutTraceConfig", "rollout_trace_attr", "rollout_trace_op")
+
+#: Method names whose spans get a kind, so the viewer and exporters can tell
+#: LLM calls and tool calls apart (verl's decorator has no kind argument).
+#: Keys are the last part of the function's ``__qualname__``.
+KIND_BY_METHOD = {
+    "generate": "llm",
+    "chat_completion": "llm",
+    "execute": "tool",
+}
+
+# Set when RolloutTraceConfig.init chose a backend only verl's original
+# module has; every call is then handed to that module.
+_delegate: types.ModuleType | None = None
+
+
+def span_kind(qualname: str) -> str | None:
+    """The span kind of a verl method, from its ``__qualname__``.
+
+    ``SomethingAgentLoop.run`` is a trajectory's root (``"rollout"``);
+    ``generate`` is an LLM call; ``execute`` is a tool call; anything else is
+    a plain span.
+    """
+    parts = qualname.split(".")
+    method = parts[-1]
+    owner = parts[-2] if len(parts) > 1 else ""
+    if method == "run" and "AgentLoop" in owner:
+        return "rollout"
+    return KIND_BY_METHOD.get(method)
+
+
+class RolloutTraceConfig:
+    """verl's per-process trace settings singleton, backed by :func:`tracer.init`.
+
+    Same class attributes and class methods as verl's. ``init`` may be called
+    once per process (later calls are ignored, as in verl) until
+    :meth:`reset`.
+
+    Attributes:
+        backend: The backend name verl's config gave (None: off).
+        client: The ``tracer`` module for rollout-trace backends; verl's
+            client for ``weave``/``trackio``; None when off.
+        token2text: Decode token ids to text.
+        project_name: Project name.
+        experiment_name: Experiment name.
+        max_samples_per_step_per_worker: verl's agent loop worker reads this
+            and picks the samples to trace itself; it is not applied twice.
+    """
+
+    _instance: ClassVar[RolloutTraceConfig | None] = None
+    backend: str | None = None
+    client: object | None = None
+    token2text: bool = False
+    _initialized: bool = False
+    project_name: str | None = None
+    experiment_name: str | None = None
+    max_samples_per_step_per_worker: int | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> RolloutTraceConfig:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+            cls._instance._initialized = False
+        return cls._instance
+
+    @classmethod
+    def get_instance(cls) -> RolloutTraceConfig:
+        """The process's instance (created empty on first use)."""
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    @classmethod
+    def init(
+        cls,
+        project_name: str | None,
+        experiment_name: str | None,
+        backend: str | None,
+        token2text: bool = False,
+        max_samples_per_step_per_worker: int | None = None,
+    ) -> None:
+        """Start tracing in this process with verl's trace settings.
+
+        Fields verl does not have (``output_dir``, ``max_tokens``, ...) come
+        from the environment (``ROLLOUT_TRACE_DIR``, ...) or from a config
+        already given to :func:`tracer.init` in this process.
+
+        Raises:
+            tracer.TraceConfigError: ``backend`` is neither rollout-trace's nor verl's.
+        """
+        global _delegate
+        config = cls.get_instance()
+        if config._initialized:
+            return
+        name = None if backend is None or str(backend).strip().lower() in ("", "none", "null") else str(backend)
+        config.backend = name
+        config.token2text = bool(token2text)
+        config.project_name = project_name
+        config.experiment_name = experiment_name
+        config.max_samples_per_step_per_worker = max_samples_per_step_per_worker
+        config.client = None
+        if name is not None and name.lower() in _verl_only_backends():
+            original = _original_module()
+            original.RolloutTraceConfig.init(
+                project_name, experiment_name, name, token2text, max_samples_per_step_per_worker
+            )
+            config.client = original.RolloutTraceConfig.get_client()
+            _delegate = original
+        elif name is not None:
+            fields: dict[str, Any] = {"backend": name, "token2text": bool(token2text)}
+            if project_name:
+                fields["project_name"] = str(project_name)
+            if experiment_name:
+                fields["experiment_name"] = str(experiment_name)
+            tracer.init(tracer.get_config(), **fields)
+            config.client = tracer
+        config._initialized = True
+
+    @classmethod
+    def get_backend(cls) -> str | None:
+        """The backend name, or None when tracing is off."""
+        return cls.get_instance().backend
+
+    @classmethod
+    def get_client(cls) -> object | None:
+        """The backend's client object (the ``tracer`` module for ours)."""
+        return cls.get_instance().client
+
+    @classmethod
+    def enable_token2text(cls) -> bool | None:
+        """Whether token ids are decoded to text."""
+        return cls.get_instance().token2text
+
+    @classmethod
+    def reset(cls) -> None:
+        """Forget the settings and close rollout-trace's files (tests call it)."""
+        global _delegate
+        inst = cls._instance
+        cls._instance = None
+        if _delegate is not None:
+            _delegate.RolloutTraceConfig.reset()
+            _delegate = None
+        elif inst is not None and inst.client is tracer:
+            tracer.shutdown()
+
+
+def rollout_trace_attr(
+    sample_index: Any = None,
+    step: int | None = None,
+    rollout_n: int | None = None,
+    name: str = "rollout_trace",
+    validate: bool = False,
+    trace: bool = True,
+) -> contextlib.AbstractContextManager[Any]:
+    """verl's ``rollout_trace_attr``: one trajectory's attributes for the block.
+
+    Returns :class:`tracer.rollout_trace_attr` (or verl's own context
+    manager when a verl-only backend is in force).
+    """
+    if _delegate is not None:
+        return _delegate.rollout_trace_attr(sample_index, step, rollout_n, name, validate, trace)
+    # rollout_n=None is kept as null, as verl does.
+    return tracer.rollout_trace_attr(
+        sample_index,
+        step,
+        rollout_n,  # type: ignore[arg-type]
+        name=name,
+        validate=validate,
+        trace=trace,
+    )
+
+
+def rollout_trace_op(func: Callable[..., Any]) -> Callable[..., Any]:
+    """verl's ``rollout_trace_op`` (bare decorator, methods): record each call.
+
+    The span is named after ``func.__qualname__`` as in verl, with a kind from
+    :func:`span_kind`; ``self`` is not recorded, and with ``token2text`` the
+    token ids are decoded with ``self.tokenizer``.
+    """
+    ours = tracer.rollout_trace_op(name=func.__qualname__, kind=span_kind(func.__qualname__))(func)
+    theirs: dict[int, Callable[..., Any]] = {}
+
+    def original(delegate: types.ModuleType) -> Callable[..., Any]:
+        fn = theirs.get(id(delegate))
+        if fn is None:
+            fn = theirs[id(delegate)] = delegate.rollout_trace_op(func)
+        return fn
+
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def traced_async(*args: Any, **kwargs: Any) -> Any:
+            delegate = _delegate
+            if delegate is not None:
+                return await original(delegate)(*args, **kwargs)
+            return await ours(*args, **kwargs)
+
+        traced_async.__rollout_trace_verl__ = True  # type: ignore[attr-defined]
+        return traced_async
+
+    @functools.wraps(func)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        delegate = _delegate
+        if delegate is not None:
+            return original(delegate)(*args, **kwargs)
+        return ours(*args, **kwargs)
+
+    traced.__rollout_trace_verl__ = True  # type: ignore[attr-defined]
+    return traced
+
+
+def _verl_only_backends() -> tuple[str, ...]:
+    """verl backends rollout-trace does not implement itself."""
+    return tuple(b for b in ("weave", "trackio") if b not in tracer.available_backends())
+
+
+def _original_module() -> types.ModuleType:
+    """verl's own ``rollout_trace`` module, loaded under :data:`ORIGINAL_ALIAS`."""
+    loaded = sys.modules.get(ORIGINAL_ALIAS)
+    if loaded is not None:
+        return loaded
+    current = sys.modules.get(VERL_MODULE)
+    if current is not None and getattr(current, "__rollout_trace_stand_in__", False) is False:
+        return current  # install() found it imported already: it is the original
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise tracer.TraceConfigError(
+            "backend: verl's own backends (weave, trackio) need verl installed; "
+            "pip install verl, or use one of " + ", ".join(tracer.available_backends())
+        )
+    path = os.path.join(list(spec.submodule_search_locations)[0], "utils", "rollout_trace.py")
+    file_spec = importlib.util.spec_from_file_location(ORIGINAL_ALIAS, path)
+    assert file_spec is not None and file_spec.loader is not None
+    module = importlib.util.module_from_spec(file_spec)
+    sys.modules[ORIGINAL_ALIAS] = module
+    file_spec.loader.exec_module(module)
+    return module
+
+
+def _stand_in_module() -> types.ModuleType:
+    """A fresh module named ``verl.utils.rollout_trace`` holding this module's names."""
+    module = types.ModuleType(VERL_MODULE, __doc__)
+    for name in PROVIDED:
+        setattr(module, name, globals()[name])
+    module.__rollout_trace_stand_in__ = True  # type: ignore[attr-defined]
+    module.__all__ = list(PROVIDED)  # type: ignore[attr-defined]
+    return module
+
+
+class _StandInLoader(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return _stand_in_module()
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder):
+    """Answers ``import verl.utils.rollout_trace`` with the stand-in module."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != VERL_MODULE:
+            return None
+        return importlib.util.spec_from_loader(fullname, _StandInLoader())
+
+
+def installed() -> bool:
+    """True when :func:`install` is in force in this process."""
+    return any(isinstance(f, _StandInFinder) for f in sys.meta_path)
+
+
+def install() -> None:
+    """Make verl's ``rollout_trace`` names record with rollout-trace in this process.
+
+    Call it before verl's agent-loop modules are imported: in a Ray cluster,
+    give it as the runtime environment's ``worker_process_setup_hook``
+    (``"tracer.verl_compat.install"``), which Ray runs in every worker
+    before any task or actor. Calling it again does nothing. If verl's
+    module was already imported, its names are replaced in place and a
+    warning says that methods decorated before this call keep verl's tracing.
+    """
+    if installed():
+        return
+    sys.meta_path.insert(0, _StandInFinder())
+    current = sys.modules.get(VERL_MODULE)
+    if current is None or getattr(current, "__rollout_trace_stand_in__", False):
+        return
+    # Imported before install(): swap its names (weave/trackio then load a
+    # fresh copy of it); modules that already did `from ... import` keep
+    # theirs, so say so.
+    for name in PROVIDED:
+        setattr(current, name, globals()[name])
+    current.__rollout_trace_stand_in__ = True  # type: ignore[attr-defined]
+    logger.warning(
+        "rollout-trace: %s was imported before tracer.verl_compat.install(); methods decorated "
+        "before now keep verl's tracing. Install it earlier (Ray runtime_env worker_process_setup_hook).",
+        VERL_MODULE,
+    )
+
+
+def uninstall() -> None:
+    """Undo :func:`install` for later imports (tests use it)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _StandInFinder)]
+    current = sys.modules.get(VERL_MODULE)
+    if current is not None and getattr(current, "__rollout_trace_stand_in__", False):
+        del sys.modules[VERL_MODULE]
