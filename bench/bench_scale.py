@@ -87,7 +87,7 @@ def generate(run_dir: str, spans: int, steps: int) -> None:
     for step in range(steps):
         # Each step's spans spread over the workers, 8192-row batches, as live writers produce them.
         per_worker = per_step // WORKERS
-        for w, writer in enumerate(writers):
+        for writer in writers:
             for off in range(0, per_worker, 8192):
                 n = min(8192, per_worker - off)
                 writer.write(chunk(start, n, step, now))
@@ -120,7 +120,9 @@ def main() -> None:
     gen_s = time.perf_counter() - t0
     files = tracer.list_trace_files(run)
     disk = sum(os.path.getsize(f) for f in files)
-    print(f"{args.spans:,} spans, {args.steps} steps, {len(files)} shard files, {disk / 1e6:.0f} MB on disk (generated in {gen_s:.0f} s)")
+    print(
+        f"{args.spans:,} spans, {args.steps} steps, {len(files)} shard files, {disk / 1e6:.0f} MB on disk (generated in {gen_s:.0f} s)"
+    )
     step = args.steps // 2
     cols = ["trace_id", "span_id", "parent_span_id", "name", "kind", "status", "inputs", "outputs"]
 
@@ -134,10 +136,16 @@ def main() -> None:
     idx_s, t2 = timed(lambda: tracer.read_spans(run, columns=cols, steps=[step]))
     idx_traj_s, _ = timed(lambda: tracer.read_trajectories(run, steps=[step]))
     assert t2.num_rows == rows  # type: ignore[attr-defined]
-    print(f"compaction: {report.files_in} files -> {report.files_out} in {compact_s:.0f} s ({report.rows / compact_s:,.0f} spans/s), "
-          f"{report.bytes_in / 1e6:.0f} MB -> {report.bytes_out / 1e6:.0f} MB")
-    print(f"read one step ({rows:,} spans, 8 columns): shard scan {scan_s:.2f} s, indexed {idx_s:.3f} s -> {scan_s / idx_s:.0f}x")
-    print(f"read_trajectories of one step:         shard scan {scan_traj_s:.2f} s, indexed {idx_traj_s:.3f} s -> {scan_traj_s / idx_traj_s:.0f}x")
+    print(
+        f"compaction: {report.files_in} files -> {report.files_out} in {compact_s:.0f} s ({report.rows / compact_s:,.0f} spans/s), "
+        f"{report.bytes_in / 1e6:.0f} MB -> {report.bytes_out / 1e6:.0f} MB"
+    )
+    print(
+        f"read one step ({rows:,} spans, 8 columns): shard scan {scan_s:.2f} s, indexed {idx_s:.3f} s -> {scan_s / idx_s:.0f}x"
+    )
+    print(
+        f"read_trajectories of one step:         shard scan {scan_traj_s:.2f} s, indexed {idx_traj_s:.3f} s -> {scan_traj_s / idx_traj_s:.0f}x"
+    )
     factor = 1e9 / args.spans
     print(
         f"prediction for 1B spans ({factor:.0f}x this run, same steps): a shard scan reads the whole run, "
