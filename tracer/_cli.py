@@ -29,7 +29,8 @@ def _info(args: argparse.Namespace) -> int:
             return 2
         table = read_trajectories(args.path)
     steps = sorted({s for s in table["step"].to_pylist() if s is not None})
-    print(f"{args.path}: {len(files)} file(s), {table.num_rows} trajectories, steps {steps[:1]}..{steps[-1:]}")
+    span = f"steps {steps[0]}-{steps[-1]} ({len(steps)})" if steps else "no steps"
+    print(f"{args.path}: {len(files)} file(s), {table.num_rows} trajectories, {span}")
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     return 0
