@@ -24,6 +24,10 @@ ENV_BACKEND = "ROLLOUT_TRACE_BACKEND"
 #: Environment variable: set to ``1`` to make the tracer's own errors raise
 #: instead of being counted and logged (tests set it).
 ENV_STRICT = "ROLLOUT_TRACE_STRICT"
+#: Environment variable: a JSON object of config fields, the base that
+#: ``ROLLOUT_TRACE_DIR``/``ROLLOUT_TRACE_BACKEND`` and keyword arguments
+#: override (hands a whole config to Ray workers through ``runtime_env``).
+ENV_CONFIG = "ROLLOUT_TRACE_CONFIG"
 
 DEFAULT_OUTPUT_DIR = "./rollout_traces"
 
@@ -90,6 +94,8 @@ class TraceConfig:
         redact: Replace secrets (API keys, tokens, passwords) with
             ``<redacted>`` before anything is written; see ``tracer._redact``.
         redact_patterns: Extra regular expressions to redact.
+        upload_interval_s: When ``output_dir`` is a URI (``s3://...``): a
+            staged file is closed and uploaded at least this often.
     """
 
     project_name: str = "rollout_trace"
@@ -112,6 +118,7 @@ class TraceConfig:
     backend_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     redact: bool = True
     redact_patterns: tuple[str, ...] = ()
+    upload_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -188,6 +195,8 @@ class TraceConfig:
                 raise TraceConfigError(f"{key}: {value!r} must be a positive integer")
         if not isinstance(self.flush_interval_s, (int, float)) or not self.flush_interval_s > 0:
             raise TraceConfigError(f"flush_interval_s: {self.flush_interval_s!r} must be a number of seconds > 0")
+        if not isinstance(self.upload_interval_s, (int, float)) or not self.upload_interval_s > 0:
+            raise TraceConfigError(f"upload_interval_s: {self.upload_interval_s!r} must be a number of seconds > 0")
         if self.on_buffer_full not in ON_FULL_CHOICES:
             raise TraceConfigError(
                 f"on_buffer_full: {self.on_buffer_full!r} is not one of {', '.join(ON_FULL_CHOICES)}"
@@ -227,7 +236,7 @@ class TraceConfig:
                 f"{', '.join(sorted(names | set(_ALIASES)))}"
             )
         if config is None:
-            base: dict[str, Any] = {}
+            base: dict[str, Any] = _env_config(names)
             env_dir = os.environ.get(ENV_TRACE_DIR)
             if env_dir:
                 base["output_dir"] = env_dir
@@ -325,6 +334,31 @@ def _redact_keys(value: Any, is_secret: Any, mark: str) -> Any:
     if isinstance(value, list):
         return [_redact_keys(v, is_secret, mark) for v in value]
     return value
+
+
+def _env_config(names: set[str]) -> dict[str, Any]:
+    """The fields given as JSON in ``ROLLOUT_TRACE_CONFIG`` (empty when unset)."""
+    raw = os.environ.get(ENV_CONFIG, "").strip()
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise TraceConfigError(
+            f'{ENV_CONFIG}: not valid JSON ({exc}); give an object like {{"max_tokens": 4096}}'
+        ) from None
+    if not isinstance(data, dict):
+        raise TraceConfigError(f"{ENV_CONFIG}: must be a JSON object of config fields, not {type(data).__name__}")
+    data = {_ALIASES.get(k, k): v for k, v in data.items()}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise TraceConfigError(
+            f"{ENV_CONFIG}: unknown config field(s) {', '.join(unknown)}; valid fields are {', '.join(sorted(names))}"
+        )
+    for key in ("token_fields", "redact_patterns"):
+        if isinstance(data.get(key), list):
+            data[key] = tuple(data[key])
+    return data
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
