@@ -20,6 +20,7 @@ from typing import Any
 
 import altair as alt
 import pandas as pd
+import pyarrow.compute as pc
 import streamlit as st
 
 from viewer import data as D
@@ -169,6 +170,8 @@ def _sync_query_params(path_from_url: str | None) -> None:
     qp: dict[str, str] = {"view": ss["view"].lower()}
     if path_from_url:
         qp["path"] = path_from_url
+    if st.query_params.get("tokenizer"):
+        qp["tokenizer"] = st.query_params["tokenizer"]
     if _step() is not None:
         qp["step"] = str(_step())
     if ss.get("split") != "both":
@@ -322,6 +325,28 @@ def _view_overview(path: str, sig: tuple) -> None:
     st.dataframe(df.drop(columns=["reward/lo", "reward/hi"]), hide_index=True, key="overview_table")
 
 
+def _min_max(column: Any) -> tuple[Any, Any]:
+    mm = pc.min_max(column)
+    return mm["min"].as_py(), mm["max"].as_py()
+
+
+def _keep_known(ss: Any, key: str, options: list[str]) -> None:
+    """Drop choices a previous step offered that this one does not (Streamlit refuses unknown values)."""
+    if key in ss:
+        ss[key] = [v for v in ss[key] if v in options]
+
+
+def _keep_in_range(ss: Any, key: str, lo: Any, hi: Any) -> None:
+    """Reset a range slider whose remembered range lies outside this step's values."""
+    value = ss.get(key)
+    if value is not None and not (lo <= value[0] <= hi and lo <= value[1] <= hi):
+        del ss[key]
+
+
+def _row_label(r: dict[str, Any]) -> str:
+    return f"step {r['step']} · sample {r['sample']} · rollout {r['rollout']} · reward {_fmt(r['reward'])} · {r['trace_id']}"
+
+
 def _view_list(path: str, sig: tuple) -> None:
     ss = st.session_state
     step = _step()
@@ -334,31 +359,27 @@ def _view_list(path: str, sig: tuple) -> None:
     query = c1.text_input(
         "Search the conversations", key="q", placeholder="text in any prompt, response, tool call or result"
     )
-    statuses = sorted({s for s in base.column(D.STATUS).to_pylist() if s})
+    statuses = sorted(s for s in pc.unique(base.column(D.STATUS)).to_pylist() if s)
+    _keep_known(ss, "f_status", statuses)
     chosen_status = c2.multiselect("Status", statuses, key="f_status")
     tools = D.tool_names(base)
+    _keep_known(ss, "f_tools", tools)
     chosen_tools = c3.multiselect("Tool used", tools, key="f_tools")
     c4, c5, c6, c7 = st.columns(4)
-    rewards = [r for r in base.column(D.REWARD).to_pylist() if r is not None]
+    r_lo, r_hi = _min_max(base.column(D.REWARD))
     reward_range = None
-    if rewards and min(rewards) < max(rewards):
-        reward_range = c4.slider(
-            "Reward",
-            float(min(rewards)),
-            float(max(rewards)),
-            (float(min(rewards)), float(max(rewards))),
-            key="f_reward",
-        )
-    turns = base.column(D.NUM_LLM_CALLS).to_pylist()
+    if r_lo is not None and r_lo < r_hi:
+        _keep_in_range(ss, "f_reward", float(r_lo), float(r_hi))
+        reward_range = c4.slider("Reward", float(r_lo), float(r_hi), (float(r_lo), float(r_hi)), key="f_reward")
+    t_lo, t_hi = _min_max(base.column(D.NUM_LLM_CALLS))
     turns_range = None
-    if turns and min(turns) < max(turns):
-        turns_range = c5.slider(
-            "Turns", int(min(turns)), int(max(turns)), (int(min(turns)), int(max(turns))), key="f_turns"
-        )
+    if t_lo is not None and t_lo < t_hi:
+        _keep_in_range(ss, "f_turns", int(t_lo), int(t_hi))
+        turns_range = c5.slider("Turns", int(t_lo), int(t_hi), (int(t_lo), int(t_hi)), key="f_turns")
     sort = c6.selectbox("Sort by", list(D.SORT_COLUMNS), key="sort")
     desc = c7.toggle("Descending", key="desc")
     filters = D.Filters(statuses=chosen_status, tools=chosen_tools)
-    if reward_range is not None and reward_range != (min(rewards), max(rewards)):
+    if reward_range is not None and reward_range != (r_lo, r_hi):
         filters.reward_min, filters.reward_max = reward_range
     if turns_range is not None:
         filters.turns_min, filters.turns_max = turns_range
@@ -393,12 +414,7 @@ def _view_list(path: str, sig: tuple) -> None:
         },
     )
     o1, o2 = st.columns([3, 1])
-    labels = {
-        r[
-            "trace_id"
-        ]: f"step {r['step']} · sample {r['sample']} · rollout {r['rollout']} · reward {r['reward']} · {r['trace_id']}"
-        for r in rows
-    }
+    labels = {r["trace_id"]: _row_label(r) for r in rows}
     o1.selectbox("Open a trajectory (or select a row above)", list(labels), format_func=labels.get, key="pick")
     o2.button("Open", key="open_pick", on_click=_open_picked, type="primary")
 
