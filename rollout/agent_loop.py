@@ -35,6 +35,28 @@ SYSTEM_PROMPT = (
     "reply with one short sentence ending in \\boxed{N}, where N is the number."
 )
 
+#: One worked example (OpenAI-style messages) put before the question with
+#: ``few_shot=True``: small models copy the tool-call format from it.
+FEW_SHOT_EXAMPLE: list[dict[str, Any]] = [
+    {
+        "role": "user",
+        "content": "A shop sells pens for $4 each. Mia buys 12 pens and pays with a $100 bill. How much change does she get?",
+    },
+    {
+        "role": "assistant",
+        "content": "Mia pays 4 * 12 for the pens, so the change is 100 - 4 * 12. I will use the calculator.",
+        "tool_calls": [
+            {
+                "id": "example_0",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "100 - 4 * 12"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "example_0", "name": "calculator", "content": "52"},
+    {"role": "assistant", "content": "The calculator says 52, so Mia gets $52 in change. The answer is \\boxed{52}."},
+]
+
 #: Why a rollout stopped (``stop_reason`` in the root span's output).
 STOP_ANSWER = "answer"
 STOP_MAX_TURNS = "max_turns"
@@ -64,6 +86,7 @@ class AgentLoopConfig:
         max_tool_calls_per_turn: Calls beyond this many in a turn are refused.
         max_observation_chars: A tool result is cut to this many characters.
         system_prompt: The system message; None for none.
+        few_shot: Put :data:`FEW_SHOT_EXAMPLE` before the question.
     """
 
     max_turns: int = 4
@@ -72,6 +95,7 @@ class AgentLoopConfig:
     max_tool_calls_per_turn: int = 4
     max_observation_chars: int = MAX_OBSERVATION_CHARS
     system_prompt: str | None = SYSTEM_PROMPT
+    few_shot: bool = False
 
 
 class ToolAgentLoop:
@@ -98,6 +122,8 @@ class ToolAgentLoop:
         messages: list[dict[str, Any]] = []
         if self.config.system_prompt:
             messages.append({"role": "system", "content": self.config.system_prompt})
+        if self.config.few_shot:
+            messages.extend(dict(m) for m in FEW_SHOT_EXAMPLE)
         messages.append({"role": "user", "content": question})
         return messages
 

@@ -97,6 +97,8 @@ class ChatFormat:
         if tools and not self.template_has_tools:
             messages = self._tools_in_system(messages, tools)
             tools = None
+        if not self.template_has_tool_role:
+            messages = self._plain_messages(messages)
         return self._render(messages, tools, add_generation_prompt=True)
 
     def encode_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -130,6 +132,32 @@ class ChatFormat:
     def _as_user(tool_messages: list[dict[str, Any]]) -> dict[str, Any]:
         parts = [f"<tool_response>\n{m['content']}\n</tool_response>" for m in tool_messages]
         return {"role": "user", "content": "\n".join(parts)}
+
+    @classmethod
+    def _plain_messages(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Tool calls and results as plain text, for templates that cannot render them."""
+        out: list[dict[str, Any]] = []
+        pending: list[dict[str, Any]] = []
+        for m in messages:
+            if m.get("role") == "tool":
+                pending.append(m)
+                continue
+            if pending:
+                out.append(cls._as_user(pending))
+                pending = []
+            if m.get("role") == "assistant" and m.get("tool_calls"):
+                parts = [str(m.get("content") or "")]
+                for call in m["tool_calls"]:
+                    fn = call.get("function", call)
+                    args = fn.get("arguments")
+                    args_text = args if isinstance(args, str) else json.dumps(args)
+                    parts.append(f'<tool_call>\n{{"name": "{fn.get("name")}", "arguments": {args_text}}}\n</tool_call>')
+                out.append({"role": "assistant", "content": "\n".join(p for p in parts if p)})
+            else:
+                out.append(m)
+        if pending:
+            out.append(cls._as_user(pending))
+        return out
 
     @staticmethod
     def _tools_in_system(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -37,6 +37,11 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--top-p", type=float, default=1.0)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--problems", metavar="JSONL", help="problems file (default: the ones shipped in rollout/data)")
+    run.add_argument(
+        "--few-shot",
+        action="store_true",
+        help="put one worked tool-calling example before each question (helps small models)",
+    )
     budget = parser.add_argument_group("rollout budgets")
     budget.add_argument("--max-turns", type=int, default=4, help="model turns per rollout (default 4)")
     budget.add_argument("--max-new-tokens", type=int, default=256, help="tokens per model turn (default 256)")
