@@ -62,17 +62,21 @@ def _generate(output_dir: str) -> None:
     tracer.shutdown()
 
 
-@pytest.fixture()
-def results(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple[Any, ...]]]:
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[Any, ...]]]:
     """Run the doc's python blocks then each sql block (keyed by its first '-- ' comment)."""
     need("duckdb", "duckdb")
     import duckdb
 
-    monkeypatch.chdir(tmp_path)
-    _generate("traces")
-    namespace: dict[str, Any] = {}
-    for code in _blocks("python"):
-        exec(compile(code, DOC, "exec"), namespace)
+    cwd = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("sql"))  # the doc's relative paths, as a user runs them
+    try:
+        _generate("traces")
+        namespace: dict[str, Any] = {}
+        for code in _blocks("python"):
+            exec(compile(code, DOC, "exec"), namespace)
+    finally:
+        os.chdir(cwd)
     con = duckdb.connect()
     con.register("spans", namespace["spans"])
     con.register("trajectories", namespace["trajectories"])
