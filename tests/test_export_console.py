@@ -104,3 +104,22 @@ def test_late_trajectories_of_a_published_step_update_its_line(tmp_path: Any, ca
     assert len(lines) == 2
     assert f"| {TRAIN_PER_STEP} trajectories," in lines[0]
     assert f"| {2 * TRAIN_PER_STEP} trajectories," in lines[1]
+
+
+def test_print_can_be_turned_off(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """backend_options console_print=False keeps the lines on the log only."""
+    caplog.set_level(logging.INFO, logger="rollout_trace")
+    tracer.init(
+        project_name=PROJECT,
+        experiment_name=EXPERIMENT,
+        backend=["console"],
+        output_dir=str(tmp_path),
+        flush_interval_s=0.1,
+        backend_options={"console_print": False},
+    )
+    record_rollouts(steps=(1,), val_per_step=0)
+    tracer.shutdown()
+    assert "rollout-trace step 1" not in capsys.readouterr().err
+    assert any(line.startswith("rollout-trace step 1: ") for line in _lines(caplog))

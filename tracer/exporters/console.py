@@ -48,10 +48,16 @@ def format_step_line(step: int | None, metrics: Mapping[str, float], validate: b
     )
 
 
-def emit(line: str) -> None:
-    """Write ``line`` to the ``rollout_trace`` logger (INFO) and to stderr."""
+#: ``TraceConfig.backend_options`` key: set it to False to only log, not print
+#: (when your logging already writes INFO to stderr).
+OPTION_PRINT = "console_print"
+
+
+def emit(line: str, print_too: bool = True) -> None:
+    """Write ``line`` to the ``rollout_trace`` logger (INFO) and, unless told not to, to stderr."""
     logger.info(line)
-    print(line, file=sys.stderr, flush=True)
+    if print_too:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _lines(data: StepData) -> list[str]:
@@ -66,8 +72,9 @@ class ConsoleExporter(StepShipper):
 
     def publish(self, data: StepData) -> None:
         """Write the step's lines."""
+        print_too = bool(self.config.backend_options.get(OPTION_PRINT, True))
         for line in _lines(data):
-            emit(line)
+            emit(line, print_too)
 
 
 def export_files(
