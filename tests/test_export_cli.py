@@ -111,3 +111,13 @@ def test_swanlab_export_since_step_verifies(run_dir: str, tmp_path: Any, capsys:
     assert f"swanlab: sent {2 * (TRAIN_PER_STEP + VAL_PER_STEP)} trajectories" in out
     assert out.count(": OK:") == 2
     assert f"swanlab run files: {log_dir}" in out
+
+
+def test_backend_failure_exits_1_with_its_message(
+    run_dir: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A backend that refuses the export (wandb online without an API key) gives exit status 1 and wandb's reason."""
+    wandb_env(monkeypatch, tmp_path / "wandb")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    assert main(["export", run_dir, "--to", "wandb", "--mode", "online", "--no-progress"]) == 1
+    assert "rollout-trace export: wandb failed: UsageError" in capsys.readouterr().err
