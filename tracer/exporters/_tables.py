@@ -19,7 +19,7 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -508,13 +508,51 @@ def read_leveldb_log(path: str | os.PathLike[str], ident: bytes) -> list[bytes]:
     return records
 
 
-def expected_rows(steps: Iterable[StepData]) -> dict[str, float | None]:
-    """``trace_id -> reward`` of every row a backend was sent."""
-    out: dict[str, float | None] = {}
-    for data in steps:
-        for row in (*data.rows, *data.val_rows):
-            out[row[COL["trace_id"]]] = row[COL["reward"]]
-    return out
+@dataclasses.dataclass
+class Sent:
+    """What a post-hoc export sent, kept small for ``--verify``.
+
+    Attributes:
+        rows: ``trace_id -> reward`` of every row sent.
+        metrics: ``(step, metric key) -> value`` of every metric sent.
+    """
+
+    rows: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    metrics: dict[tuple[Any, str], float] = dataclasses.field(default_factory=dict)
+
+
+def send_steps(
+    run: RunFiles, log_val_generations: int, log_step: Callable[[StepData], Sequence[str]], report: Any, progress: bool
+) -> Sent:
+    """Build every selected step's rows and metrics, in step order, and hand each to ``log_step``.
+
+    Counts what was sent and left out into ``report`` (an ``ExportReport``),
+    with ``log_step``'s notes, and draws a progress bar when ``progress``.
+    """
+    sent = Sent()
+    bar = Progress(run.trajectories.num_rows, f"export {report.backend}", progress)
+    try:
+        for trajs, spans in iter_step_chunks(run):
+            for data in build_steps(trajs, spans, log_val_generations):
+                report.details.extend(log_step(data))
+                report.trajectories_sent += len(data.rows) + len(data.val_rows)
+                report.trajectories_skipped += data.val_dropped
+                if data.val_dropped:
+                    report.details.append(
+                        f"step {data.step}: {data.val_dropped} validation trajectories left out of the table "
+                        f"(log_val_generations={log_val_generations})"
+                    )
+                for row in (*data.rows, *data.val_rows):
+                    sent.rows[row[COL["trace_id"]]] = row[COL["reward"]]
+                if data.step is not None:
+                    sent.metrics.update({(data.step, k): v for k, v in data.metrics.items()})
+                bar.update(len(data.rows) + len(data.val_rows) + data.val_dropped)
+    finally:
+        bar.close()
+    if run.not_selected:
+        report.trajectories_skipped += run.not_selected
+        report.details.append(f"{run.not_selected} trajectories outside the selected steps not exported")
+    return sent
 
 
 def compare_rows(

@@ -32,16 +32,14 @@ from tracer.exporters._tables import (
     TABLE_COLUMNS,
     TABLE_KEY,
     VAL_TABLE_KEY,
-    Progress,
     StepData,
-    build_steps,
     compare_metrics,
     compare_rows,
     import_backend,
-    iter_step_chunks,
     open_run,
     read_leveldb_log,
     require_backend,
+    send_steps,
 )
 
 #: Modes ``export_files`` accepts.
@@ -116,8 +114,8 @@ class SwanlabRun:
         self._last_swanlab_step = -1
         self._last_step: int | None = None
 
-    def log_step(self, data: StepData) -> None:
-        """Log one step's tables, conversation texts and metrics at that step."""
+    def log_step(self, data: StepData) -> list[str]:
+        """Log one step's tables, conversation texts and metrics at that step; return notes (none)."""
         swanlab = self._swanlab
         if data.step is not None and data.step == self._last_step:
             # A step published again (late trajectories): SwanLab keeps one value per step and key.
@@ -146,6 +144,7 @@ class SwanlabRun:
         self.run.log(payload, step=sl_step)
         self._last_swanlab_step = sl_step
         self._last_step = data.step
+        return []
 
     def finish(self) -> None:
         """Finish the run if this object started it."""
@@ -249,38 +248,17 @@ def export_files(
     )
     if sl.note:
         report.details.append(sl.note)
-    bar = Progress(run_files.trajectories.num_rows, "export swanlab", progress)
-    expected_rows: dict[str, float | None] = {}
-    expected_metrics: dict[tuple[Any, str], float] = {}
     try:
-        for trajs, spans in iter_step_chunks(run_files):
-            for data in build_steps(trajs, spans, cap):
-                sl.log_step(data)
-                report.trajectories_sent += len(data.rows) + len(data.val_rows)
-                report.trajectories_skipped += data.val_dropped
-                if data.val_dropped:
-                    report.details.append(
-                        f"step {data.step}: {data.val_dropped} validation trajectories left out of the table "
-                        f"(log_val_generations={cap})"
-                    )
-                for row in (*data.rows, *data.val_rows):
-                    expected_rows[row[COL["trace_id"]]] = row[COL["reward"]]
-                if data.step is not None:
-                    expected_metrics.update({(data.step, k): v for k, v in data.metrics.items()})
-                bar.update(len(data.rows) + len(data.val_rows) + data.val_dropped)
+        sent = send_steps(run_files, cap, sl.log_step, report, progress)
     finally:
-        bar.close()
         sl.finish()
-    if run_files.not_selected:
-        report.trajectories_skipped += run_files.not_selected
-        report.details.append(f"{run_files.not_selected} trajectories outside the selected steps not exported")
     report.details.append(f"swanlab run files: {sl.directory}")
     if sl.mode == "offline":
         report.details.append(f"upload it with: swanlab sync {sl.directory}")
     elif sl.mode == "local":
         report.details.append(f"browse it with: swanlab watch {os.path.dirname(sl.directory)}")
     if verify:
-        report.details.extend(verify_run(sl.directory, expected_rows, expected_metrics))
+        report.details.extend(verify_run(sl.directory, sent.rows, sent.metrics))
     return report
 
 

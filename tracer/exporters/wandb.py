@@ -31,22 +31,19 @@ from tracer._config import TraceConfig
 from tracer.exporters import ExportReport
 from tracer.exporters._steps import StepShipper
 from tracer.exporters._tables import (
-    COL,
     METRIC_PREFIX,
     TABLE_COLUMNS,
     TABLE_KEY,
     VAL_METRIC_PREFIX,
     VAL_TABLE_KEY,
-    Progress,
     StepData,
-    build_steps,
     compare_metrics,
     compare_rows,
     import_backend,
-    iter_step_chunks,
     open_run,
     read_leveldb_log,
     require_backend,
+    send_steps,
 )
 
 logger = logging.getLogger("rollout_trace")
@@ -276,39 +273,18 @@ def export_files(
         proxy=proxy,
         max_rows=max_rows,
     )
-    bar = Progress(run_files.trajectories.num_rows, "export wandb", progress)
-    expected_rows: dict[str, float | None] = {}
-    expected_metrics: dict[tuple[Any, str], float] = {}
     try:
-        for trajs, spans in iter_step_chunks(run_files):
-            for data in build_steps(trajs, spans, cap):
-                report.details.extend(wb.log_step(data))
-                report.trajectories_sent += len(data.rows) + len(data.val_rows)
-                report.trajectories_skipped += data.val_dropped
-                if data.val_dropped:
-                    report.details.append(
-                        f"step {data.step}: {data.val_dropped} validation trajectories left out of the table "
-                        f"(log_val_generations={cap})"
-                    )
-                for row in (*data.rows, *data.val_rows):
-                    expected_rows[row[COL["trace_id"]]] = row[COL["reward"]]
-                if data.step is not None:
-                    expected_metrics.update({(data.step, k): v for k, v in data.metrics.items()})
-                bar.update(len(data.rows) + len(data.val_rows) + data.val_dropped)
+        sent = send_steps(run_files, cap, wb.log_step, report, progress)
     finally:
-        bar.close()
         wb.finish()
         wandb = _wandb()
         if wandb.run is None:
             wandb.teardown()
-    if run_files.not_selected:
-        report.trajectories_skipped += run_files.not_selected
-        report.details.append(f"{run_files.not_selected} trajectories outside the selected steps not exported")
     report.details.append(f"wandb run files: {wb.directory}")
     if mode == "offline":
         report.details.append(f"upload it with: wandb sync {wb.directory}")
     if verify:
-        report.details.extend(verify_run(wb.directory, expected_rows, expected_metrics))
+        report.details.extend(verify_run(wb.directory, sent.rows, sent.metrics))
     return report
 
 
