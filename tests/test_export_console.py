@@ -123,3 +123,16 @@ def test_print_can_be_turned_off(
     tracer.shutdown()
     assert "rollout-trace step 1" not in capsys.readouterr().err
     assert any(line.startswith("rollout-trace step 1: ") for line in _lines(caplog))
+
+
+def test_reward_for_a_trajectory_recorded_elsewhere_adds_no_row(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reward logged by keys for a trajectory this process never recorded is not counted as a trajectory live."""
+    caplog.set_level(logging.INFO, logger="rollout_trace")
+    _init(tmp_path)
+    record_rollouts(steps=(1,), val_per_step=0)
+    tracer.log_reward(1.0, step=1, sample_index=999, rollout_n=0)
+    tracer.shutdown()
+    lines = [line for line in _lines(caplog) if line.startswith("rollout-trace step 1: ")]
+    assert len(lines) == 1 and f"| {TRAIN_PER_STEP} trajectories," in lines[0]

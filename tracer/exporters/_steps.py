@@ -68,6 +68,11 @@ class StepShipper(LiveShipper):
                     continue
                 traj = summary[0]
                 step, tid = traj[S.STEP], traj[S.TRACE_ID]
+                if not tid or traj["num_spans"] == 0:
+                    # Rewards logged for a trajectory this process did not
+                    # record: the files join them (post-hoc export); live, there
+                    # is no row to put them on.
+                    continue
                 self._summaries.setdefault(step, {})[tid] = traj
                 if tid not in self._published.get(step, ()):
                     self._rows.setdefault(step, {})[tid] = trajectory_row(traj, spans.to_pylist())

@@ -232,7 +232,8 @@ def summarize_trajectories(spans: pa.Table) -> pa.Table:
         by_trace.setdefault(r[S.TRACE_ID], []).append(r)
     for tid, rows in by_trace.items():
         rewards = [r for r in rows if r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME]
-        body = [r for r in rows if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)] or rows
+        body = [r for r in rows if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)]
+        timed = body or rows
         root = next((r for r in body if r[S.PARENT_SPAN_ID] is None), None)
         reward = info = None
         if rewards:
@@ -241,7 +242,7 @@ def summarize_trajectories(spans: pa.Table) -> pa.Table:
         else:
             scored = sorted((r for r in body if r[S.REWARD] is not None), key=lambda r: r[S.END_NS] or 0)
             reward = scored[-1][S.REWARD] if scored else None
-        first = body[0]
+        first = timed[0]
         tools = [r for r in body if r[S.KIND] == S.KIND_TOOL]
         values = {
             S.TRACE_ID: tid,
@@ -253,8 +254,8 @@ def summarize_trajectories(spans: pa.Table) -> pa.Table:
             S.REWARD: reward,
             "reward_info": info,
             S.STATUS: root[S.STATUS] if root else S.STATUS_INCOMPLETE,
-            S.START_NS: min(r[S.START_NS] for r in body),
-            S.END_NS: max(r[S.END_NS] for r in body),
+            S.START_NS: min(r[S.START_NS] for r in timed),
+            S.END_NS: max(r[S.END_NS] for r in timed),
             "num_spans": len(body),
             "num_llm_calls": sum(1 for r in body if r[S.KIND] == S.KIND_LLM),
             "num_tool_calls": len(tools),
