@@ -107,12 +107,13 @@ def test_verl_overrides_parse_to_field_types() -> None:
             "trace.flush_interval_s=0.5",
             "trainer.project_name=gsm8k",
             "trainer.experiment_name=grpo_1",
+        "trainer.log_val_generations=4",
             "data.train_batch_size=1024",  # the rest of a verl command line is ignored
         ]
     )
     assert cfg.backend == "arrow" and cfg.token2text is True and cfg.max_tokens == 256
     assert cfg.max_samples_per_step_per_worker is None and cfg.flush_interval_s == 0.5
-    assert (cfg.project_name, cfg.experiment_name) == ("gsm8k", "grpo_1")
+    assert (cfg.project_name, cfg.experiment_name, cfg.log_val_generations) == ("gsm8k", "grpo_1", 4)
 
 
 def test_trace_keys_win_over_trainer_names_and_alias_works() -> None:

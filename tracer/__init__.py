@@ -103,7 +103,11 @@ def init(config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
     if rec is not None:
         from tracer._exporting import attach_exporters
 
-        attach_exporters(rec)
+        try:
+            attach_exporters(rec)
+        except BaseException:
+            rec.shutdown()  # a backend that cannot start must not leave a writer thread behind
+            raise
     _recorder.set_active(rec)
     _config = cfg
     return cfg

@@ -44,6 +44,7 @@ _TRACE_PREFIXES = ("actor_rollout_ref.rollout.trace.", "rollout.trace.", "trace.
 _TRAINER_KEYS = {
     "trainer.project_name": "project_name",
     "trainer.experiment_name": "experiment_name",
+    "trainer.log_val_generations": "log_val_generations",
 }
 #: Alternative names accepted for fields.
 _ALIASES = {"max_samples": "max_samples_per_step_per_worker"}
@@ -302,7 +303,8 @@ class TraceConfig:
         trainer_fields: dict[str, Any] = {}
         for key, raw in pairs:
             if key in _TRAINER_KEYS:
-                trainer_fields[_TRAINER_KEYS[key]] = _parse_value(key, raw, "str", parse_text)
+                field = _TRAINER_KEYS[key]
+                trainer_fields[field] = _parse_value(key, raw, str(types[field]), parse_text)
                 continue
             prefix = next((p for p in _TRACE_PREFIXES if key.startswith(p)), None)
             if prefix is None:
