@@ -226,6 +226,7 @@ def test_unknown_init_field_is_named() -> None:
 
 def test_readme_documents_every_column() -> None:
     """README's file-format tables list every span and trajectory column."""
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")) as f:
+        readme = f.read()
     for name in (*tracer.SPAN_COLUMNS, *tracer.TRAJECTORY_COLUMNS):
         assert f"| `{name}` |" in readme, name

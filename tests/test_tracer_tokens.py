@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from tracer_fixtures import hf_tokenizer, tokenizer_dir
 
 import tracer
-from tracer_fixtures import hf_tokenizer, tokenizer_dir
 
 TEXT = "How many clips did Natalia sell altogether in April and May?"
 
