@@ -87,6 +87,11 @@ class AgentLoopConfig:
         max_observation_chars: A tool result is cut to this many characters.
         system_prompt: The system message; None for none.
         few_shot: Put :data:`FEW_SHOT_EXAMPLE` before the question.
+        first_turn_prefix: Text that starts the first assistant turn (a
+            response prefill, e.g. ``'<tool_call>\\n{"name": "'`` to make a
+            small model start with a tool call, like ``tool_choice="required"``).
+            Its tokens are part of the prompt (not model tokens); the turn's
+            text is parsed with it.
     """
 
     max_turns: int = 4
@@ -96,6 +101,7 @@ class AgentLoopConfig:
     max_observation_chars: int = MAX_OBSERVATION_CHARS
     system_prompt: str | None = SYSTEM_PROMPT
     few_shot: bool = False
+    first_turn_prefix: str | None = None
 
 
 class ToolAgentLoop:
@@ -148,6 +154,9 @@ class ToolAgentLoop:
         cfg = self.config
         messages = [dict(m) for m in messages]
         prompt_ids = self.chat.encode_prompt(messages, self.tool_schemas)
+        prefix = cfg.first_turn_prefix or ""
+        if prefix:
+            prompt_ids = prompt_ids + self.chat.encode_text(prefix)
         response_ids: list[int] = []
         response_mask: list[int] = []
         response_logprobs: list[float | None] = []
@@ -170,6 +179,8 @@ class ToolAgentLoop:
                 list(logprobs) if logprobs is not None and len(logprobs) == len(ids) else [None] * len(ids)
             )
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            if prefix and num_turns == 1:
+                text = prefix + text
             parsed = parse_tool_calls(text, cfg.max_tool_calls_per_turn)
             ended = out["finish_reason"] == "stop"
             if not parsed.attempted_tools:

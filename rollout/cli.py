@@ -42,6 +42,11 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="put one worked tool-calling example before each question (helps small models)",
     )
+    run.add_argument(
+        "--prefill",
+        metavar="TEXT",
+        help='text that starts the first assistant turn, e.g. \'<tool_call>\\n{"name": "\' to make a small model call a tool first (prompt tokens, not model tokens)',
+    )
     budget = parser.add_argument_group("rollout budgets")
     budget.add_argument("--max-turns", type=int, default=4, help="model turns per rollout (default 4)")
     budget.add_argument("--max-new-tokens", type=int, default=256, help="tokens per model turn (default 256)")

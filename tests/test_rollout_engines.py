@@ -36,6 +36,7 @@ def _read(run_dir: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return tracer.read_trajectories(run_dir).to_pylist(), tracer.read_spans(run_dir).to_pylist()
 
 
+@pytest.mark.slow
 def test_hf_engine_runs_a_traced_group_with_logprobs(
     hf_engine: Any,
     qwen_tokenizer: Any,
@@ -59,6 +60,7 @@ def test_hf_engine_runs_a_traced_group_with_logprobs(
         assert isinstance(out["response_text"], str)
 
 
+@pytest.mark.slow
 def test_hf_engine_batches_concurrent_requests(hf_engine: Any, qwen_tokenizer: Any) -> None:  # noqa: F811
     """Concurrent generate calls are served by fewer model.generate batches than requests."""
     before = hf_engine.batches_run
@@ -72,6 +74,7 @@ def test_hf_engine_batches_concurrent_requests(hf_engine: Any, qwen_tokenizer: A
     assert hf_engine.batches_run - before < 6
 
 
+@pytest.mark.slow
 def test_hf_engine_greedy_is_deterministic_and_respects_max_new_tokens(hf_engine: Any, qwen_tokenizer: Any) -> None:  # noqa: F811
     """Greedy decoding gives the same tokens twice; a cut turn reports finish_reason=length."""
     prompt = qwen_tokenizer.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
@@ -98,6 +101,20 @@ def test_response_mask_separates_model_tokens_from_observations(
     assert full.endswith("<|im_end|>") and full.count("<|im_start|>assistant") == out["num_turns"]
 
 
+@pytest.mark.slow
+def test_first_turn_prefix_is_prompt_and_parsed_with_the_turn(
+    hf_engine: Any, qwen_tokenizer: Any, problems: list[dict[str, Any]]
+) -> None:  # noqa: F811
+    """A prefill ends the prompt ids (not model tokens) and the first turn is parsed as starting with it."""
+    prefix = '<tool_call>\n{"name": "'
+    loop = _loop(hf_engine, qwen_tokenizer, max_turns=1, max_new_tokens=6, first_turn_prefix=prefix)
+    out = asyncio.run(loop.run(loop.initial_messages(problems[0]["question"]), SamplingParams(seed=0)))
+    assert qwen_tokenizer.decode(out["prompt_ids"]).endswith("<|im_start|>assistant\n" + prefix)
+    assert out["response_mask"] == [1] * len(out["response_ids"])
+    first = out["messages"][2]
+    assert first["role"] == "assistant" and first["tool_calls"]  # the random model's call is malformed, and recorded
+
+
 def test_loop_stops_at_the_turn_budget(qwen_tokenizer: Any, problems: list[dict[str, Any]]) -> None:  # noqa: F811
     """A policy that keeps calling tools stops with stop_reason=max_turns."""
     engine = ScriptedEngine(qwen_tokenizer, problems)
@@ -109,6 +126,7 @@ def test_loop_stops_at_the_turn_budget(qwen_tokenizer: Any, problems: list[dict[
     assert out["stop_reason"] == "max_turns" and out["num_turns"] == 3 and out["answer"] is None
 
 
+@pytest.mark.slow
 def test_openai_engine_against_a_local_server(
     qwen_tokenizer: Any,
     problems: list[dict[str, Any]],
@@ -134,6 +152,7 @@ def test_openai_engine_against_a_local_server(
     assert {t["reward"] for t in trajs} <= {0.0, 1.0}
 
 
+@pytest.mark.slow
 def test_openai_engine_carries_logprobs_from_the_server(hf_engine: Any, qwen_tokenizer: Any) -> None:  # noqa: F811
     """Token ids and logprobs served by an hf engine come back through HTTP unchanged in length."""
     with CompletionServer(hf_engine, qwen_tokenizer) as server:

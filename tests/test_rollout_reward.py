@@ -43,3 +43,27 @@ def test_advantage_is_reward_minus_group_mean() -> None:
     assert adv == [0.5, -0.5, -0.5, 0.5]
     assert group_advantages([1.0, 1.0]) == [0.0, 0.0]
     assert group_advantages([]) == []
+
+
+def test_shipped_problems_are_consistent() -> None:
+    """Every shipped problem's expression evaluates (with the calculator) to its answer, and ids are unique."""
+    from rollout.runner import load_problems
+    from rollout.tools import evaluate_expression, format_number
+
+    problems = load_problems()
+    assert len(problems) >= 30
+    assert len({p["id"] for p in problems}) == len(problems)
+    for p in problems:
+        assert format_number(evaluate_expression(p["expression"])) == p["answer"], p["id"]
+
+
+def test_load_problems_names_the_bad_line(tmp_path: object) -> None:
+    """A problems file with a line missing 'answer' fails with the file and line number."""
+    from pathlib import Path
+
+    from rollout.runner import load_problems
+
+    path = Path(str(tmp_path)) / "p.jsonl"
+    path.write_text('{"question": "q", "answer": "1"}\n{"question": "no answer"}\n')
+    with pytest.raises(ValueError, match=r"p.jsonl:2"):
+        load_problems(path)
