@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     s, _ = timed(lambda: D.load_run(root), 1)
     rows.append(("every trajectory + tools of the run", s, "all-steps list"))
     s, _ = timed(lambda: overview(root), 1)
-    rows.append(("overview data: every trajectory + tracer.step_metrics", s, "landing page"))
+    rows.append(("overview data: every trajectory + step metrics", s, "landing page"))
     for label, query, note in (
         (f"app: ?step={step} list page", {"step": str(step), "view": "trajectories"}, "target < 2 s"),
         ("app: ?trace_id=... replay", {"trace_id": tid}, "target < 0.5 s"),
