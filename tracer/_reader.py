@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracer import _remote
 from tracer import _schema as S
 from tracer._index import INDEX_NAME, batches_for_steps, is_arrow_file_format, load_index, replaced_files
 
@@ -34,6 +35,8 @@ def list_trace_files(path: str | os.PathLike[str]) -> list[str]:
         FileNotFoundError: ``path`` does not exist.
     """
     p = os.fspath(path)
+    if _remote.is_remote(p):
+        return _remote.list_remote(p)
     if os.path.isfile(p):
         return [p]
     if not os.path.isdir(p):
@@ -90,7 +93,7 @@ def _read_file(
     file: str, wanted: list[str], entry: dict[str, Any] | None = None, steps: set[int] | None = None
 ) -> Iterator[pa.RecordBatch]:
     try:
-        size = os.path.getsize(file)
+        size = _remote.file_size(file)
     except OSError as exc:
         warnings.warn(f"{file}: skipped, cannot stat: {exc}", TraceFileWarning, stacklevel=3)
         return
@@ -123,7 +126,7 @@ def _read_file(
     try:
         if file_format:
             chosen = batches_for_steps(entry or {}, size, steps)
-            with pa.OSFile(file, "rb") as f:
+            with _remote.open_input(file) as f:
                 reader = pa.ipc.open_file(f, options=options)
                 for i in range(reader.num_record_batches) if chosen is None else chosen:
                     batch = reader.get_batch(i)
@@ -131,7 +134,7 @@ def _read_file(
                     rows += batch.num_rows
                     yield _conform(batch, wanted, out_schema)
             return
-        with pa.OSFile(file, "rb") as f:
+        with _remote.open_input(file) as f:
             stream = pa.ipc.open_stream(f, options=options)
             while True:
                 try:
@@ -154,7 +157,7 @@ def read_schema(file: str, file_format: bool | None = None) -> pa.Schema:
     """The schema (with metadata) of a trace file, stream or IPC file."""
     if file_format is None:
         file_format = is_arrow_file_format(file)
-    with pa.OSFile(file, "rb") as f:
+    with _remote.open_input(file) as f:
         return pa.ipc.open_file(f).schema if file_format else pa.ipc.open_stream(f).schema
 
 

@@ -184,12 +184,25 @@ class Recorder:
         self.spans_sampled_out = 0
         self._tokenizer: Any = None
         self._tokenizer_loaded = False
-        self.writer = SpanWriter(
-            config.run_dir,
-            self._file_metadata(),
-            compression_level=config.compression_level,
-            max_file_bytes=config.max_file_bytes,
-        )
+        from tracer import _remote
+
+        if _remote.is_remote(config.output_dir):
+            # Stage locally, upload each closed file (tracer/_remote.py).
+            self.writer: SpanWriter = _remote.UploadingSpanWriter(
+                _remote.join_uri(config.output_dir, config.project_name, config.experiment_name),
+                self._file_metadata(),
+                compression_level=config.compression_level,
+                max_file_bytes=config.max_file_bytes,
+                upload_interval_s=config.upload_interval_s,
+                report=self.problems.report,
+            )
+        else:
+            self.writer = SpanWriter(
+                config.run_dir,
+                self._file_metadata(),
+                compression_level=config.compression_level,
+                max_file_bytes=config.max_file_bytes,
+            )
         self._start_thread()
 
     def _file_metadata(self) -> dict[str, str]:
