@@ -148,3 +148,11 @@ def comparable_spans(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         for col in ("inputs", "outputs", "attributes", "error"):
             row[col] = tracer.parse_json(row[col])
     return sorted(rows, key=lambda r: (r["trace_id"], r["span_id"]))
+
+
+def empty_store(path: str | os.PathLike[str]) -> str:
+    """Create an empty MLflow SQLite store file at ``path`` (its migrations take seconds) and return it."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=f"sqlite:///{os.fspath(path)}").search_experiments()
+    return os.fspath(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from export_mlflow_fixtures import (  # noqa: E402
     EXPERIMENT,
     PROJECT,
     comparable_spans,
+    empty_store,
     mlflow_traces,
     record_run,
     trajectory_count,
@@ -25,7 +27,6 @@ from export_mlflow_fixtures import (  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer.exporters import mlflow as mlflow_export  # noqa: E402
-from tracer.exporters._mlflow_import import import_traces  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +38,25 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def exported(run_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
+def exported(run_dir: str, store_template: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
     """The run exported once into a fresh SQLite store: (tracking URI, report)."""
-    uri = "sqlite:///" + str(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    shutil.copyfile(store_template, path)
+    uri = f"sqlite:///{path}"
     report = mlflow_export.export_files(run_dir, tracking_uri=uri, progress=False)
     return uri, report
 
 
-def _sqlite(tmp_path: Path) -> str:
+@pytest.fixture(scope="module")
+def store_template(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An empty MLflow SQLite store, made once and copied by the tests that need a fresh one."""
+    return empty_store(tmp_path_factory.mktemp("template") / "mlflow.db")
+
+
+@pytest.fixture
+def fresh_store(store_template: str, tmp_path: Path) -> str:
+    """Tracking URI of a fresh, empty SQLite store of this test's own."""
+    shutil.copyfile(store_template, tmp_path / "mlflow.db")
     return "sqlite:///" + str(tmp_path / "mlflow.db")
 
 
@@ -72,9 +84,9 @@ def test_report_counts_spans_sent(exported: tuple[str, Any], run_dir: str) -> No
     assert report.trajectories_skipped == 0
 
 
-def test_reexport_creates_no_duplicates(run_dir: str, tmp_path: Path) -> None:
+def test_reexport_creates_no_duplicates(fresh_store: str, run_dir: str, tmp_path: Path) -> None:
     """Exporting the same files twice leaves one trace per trajectory and reports the rest skipped."""
-    uri = _sqlite(tmp_path)
+    uri = fresh_store
     mlflow_export.export_files(run_dir, tracking_uri=uri, progress=False)
     again = mlflow_export.export_files(run_dir, tracking_uri=uri, progress=False)
     assert again.trajectories_sent == 0
@@ -166,11 +178,11 @@ def test_step_metrics_are_logged_on_the_run_per_step(exported: tuple[str, Any], 
     assert {m.value for m in client.get_metric_history(run.info.run_id, "rollout/response_length/mean")} == {12.0}
 
 
-def test_reexport_does_not_repeat_metric_points(run_dir: str, tmp_path: Path) -> None:
+def test_reexport_does_not_repeat_metric_points(fresh_store: str, run_dir: str, tmp_path: Path) -> None:
     """Exporting twice logs each step's metric once."""
     from mlflow.tracking import MlflowClient
 
-    uri = _sqlite(tmp_path)
+    uri = fresh_store
     mlflow_export.export_files(run_dir, tracking_uri=uri, progress=False)
     mlflow_export.export_files(run_dir, tracking_uri=uri, progress=False)
     client = MlflowClient(tracking_uri=uri)
@@ -199,40 +211,51 @@ def test_rollout_root_renders_the_conversation(exported: tuple[str, Any]) -> Non
 
 
 def test_trace_ids_are_derived_from_ours(exported: tuple[str, Any]) -> None:
-    """The MLflow trace id is tr- plus our trace id, so a re-send upserts."""
+    """The MLflow trace id is a function of our trace id and the experiment, so a re-send upserts."""
     for trace in mlflow_traces(exported[0]):
-        assert trace.info.trace_id == "tr-" + trace.info.tags["rollout_trace.trace_id"]
+        assert trace.info.trace_id == mlflow_export.mlflow_trace_id(trace.info.tags["rollout_trace.trace_id"], PROJECT)
 
 
-def test_since_step_exports_only_later_steps(run_dir: str, tmp_path: Path) -> None:
+def test_same_files_into_two_experiments_of_one_store(fresh_store: str, run_dir: str, tmp_path: Path) -> None:
+    """Exporting the files under another experiment name fills that experiment too, leaving the first intact."""
+    uri = fresh_store
+    mlflow_export.export_files(run_dir, tracking_uri=uri, progress=False)
+    report = mlflow_export.export_files(run_dir, tracking_uri=uri, experiment="copy", verify=True, progress=False)
+    assert report.details[-1].startswith("verify OK")
+    assert len(mlflow_traces(uri, "copy")) == len(mlflow_traces(uri)) == trajectory_count()
+
+
+def test_since_step_exports_only_later_steps(fresh_store: str, run_dir: str, tmp_path: Path) -> None:
     """since_step exports steps >= it and reports the others as skipped."""
-    uri = _sqlite(tmp_path)
+    uri = fresh_store
     report = mlflow_export.export_files(run_dir, tracking_uri=uri, since_step=2, progress=False)
     assert report.trajectories_sent == trajectory_count() // 2
     assert report.trajectories_skipped == trajectory_count() // 2
     assert {t.info.tags["step"] for t in mlflow_traces(uri)} == {"2"}
 
 
-def test_export_catches_up_after_a_partial_export(run_dir: str, tmp_path: Path) -> None:
+def test_export_catches_up_after_a_partial_export(fresh_store: str, run_dir: str, tmp_path: Path) -> None:
     """After exporting step 1, exporting everything sends only step 2."""
-    uri = _sqlite(tmp_path)
+    uri = fresh_store
     mlflow_export.export_files(run_dir, tracking_uri=uri, steps=[1], progress=False)
     report = mlflow_export.export_files(run_dir, tracking_uri=uri, progress=False)
     assert (report.trajectories_sent, report.trajectories_skipped) == (trajectory_count() // 2, trajectory_count() // 2)
     assert len(mlflow_traces(uri)) == trajectory_count()
 
 
-def test_verify_passes_after_export(run_dir: str, tmp_path: Path) -> None:
+def test_verify_passes_after_export(fresh_store: str, run_dir: str, tmp_path: Path) -> None:
     """verify=True reads MLflow back and reports every trajectory found with its reward."""
-    report = mlflow_export.export_files(run_dir, tracking_uri=_sqlite(tmp_path), verify=True, progress=False)
+    report = mlflow_export.export_files(run_dir, tracking_uri=fresh_store, verify=True, progress=False)
     assert report.details[-1].startswith("verify OK")
 
 
-def test_verify_reports_a_missing_trace(exported: tuple[str, Any], run_dir: str, tmp_path: Path) -> None:
+def test_verify_reports_a_missing_trace(
+    fresh_store: str, exported: tuple[str, Any], run_dir: str, tmp_path: Path
+) -> None:
     """verify_export fails and counts the trajectory whose trace was deleted from MLflow."""
     from mlflow.tracking import MlflowClient
 
-    uri = _sqlite(tmp_path)
+    uri = fresh_store
     mlflow_export.export_files(run_dir, tracking_uri=uri, progress=False)
     client = MlflowClient(tracking_uri=uri)
     victim = mlflow_traces(uri)[0]
@@ -252,20 +275,20 @@ def test_default_tracking_uri_comes_from_the_environment(monkeypatch: pytest.Mon
 
 def test_round_trip_files_mlflow_files(exported: tuple[str, Any], run_dir: str, tmp_path: Path) -> None:
     """files -> MLflow -> files gives back the same rows: ids, tree, times, statuses, rewards, attributes, I/O."""
-    report = import_traces(exported[0], PROJECT, tmp_path / "back", progress=False)
+    report = mlflow_export.import_traces(exported[0], PROJECT, tmp_path / "back", progress=False)
     assert report.trajectories == trajectory_count()
     assert comparable_spans(tmp_path / "back") == comparable_spans(run_dir)
 
 
 def test_round_trip_keeps_trajectory_summaries(exported: tuple[str, Any], run_dir: str, tmp_path: Path) -> None:
     """Imported files give the same read_trajectories table (rewards, advantages, counts, status)."""
-    import_traces(exported[0], PROJECT, tmp_path / "back", progress=False)
+    mlflow_export.import_traces(exported[0], PROJECT, tmp_path / "back", progress=False)
     assert tracer.read_trajectories(tmp_path / "back").equals(tracer.read_trajectories(run_dir))
 
 
 def test_import_writes_the_original_layout_and_metadata(exported: tuple[str, Any], tmp_path: Path) -> None:
     """Imported files land in <out>/<project>/<experiment>/ with the schema version in their metadata."""
-    report = import_traces(exported[0], PROJECT, tmp_path / "back", progress=False)
+    report = mlflow_export.import_traces(exported[0], PROJECT, tmp_path / "back", progress=False)
     (file,) = report.files
     assert Path(file).parent == tmp_path / "back" / PROJECT / EXPERIMENT
     meta = tracer.read_file_metadata(file)
@@ -276,9 +299,10 @@ def test_import_writes_the_original_layout_and_metadata(exported: tuple[str, Any
 def test_import_of_an_unknown_experiment_names_the_existing_ones(exported: tuple[str, Any], tmp_path: Path) -> None:
     """Importing a missing experiment raises ValueError listing the experiments there."""
     with pytest.raises(ValueError, match=PROJECT):
-        import_traces(exported[0], "no-such-experiment", tmp_path, progress=False)
+        mlflow_export.import_traces(exported[0], "no-such-experiment", tmp_path, progress=False)
 
 
+@pytest.mark.slow
 def test_import_command_writes_trace_files(exported: tuple[str, Any], tmp_path: Path) -> None:
     """`rollout-trace import mlflow` writes files the readers load."""
     script = Path(sys.executable).with_name("rollout-trace")
@@ -305,12 +329,12 @@ def test_import_command_writes_trace_files(exported: tuple[str, Any], tmp_path: 
     assert tracer.read_trajectories(out).num_rows == trajectory_count()
 
 
-def test_import_maps_foreign_mlflow_traces(tmp_path: Path) -> None:
+def test_import_maps_foreign_mlflow_traces(fresh_store: str, tmp_path: Path) -> None:
     """Traces made by MLflow's own API come back with kinds from span types, the tree, errors and the reward tag."""
     import mlflow
     from mlflow.entities import SpanStatusCode
 
-    uri = _sqlite(tmp_path)
+    uri = fresh_store
     mlflow.set_tracking_uri(uri)
     exp_id = mlflow.create_experiment("foreign")
     root = mlflow.start_span_no_context(
@@ -326,7 +350,7 @@ def test_import_maps_foreign_mlflow_traces(tmp_path: Path) -> None:
     root.end(outputs={"answer": "hello"})
     mlflow.flush_trace_async_logging()
 
-    import_traces(uri, "foreign", tmp_path / "out", progress=False)
+    mlflow_export.import_traces(uri, "foreign", tmp_path / "out", progress=False)
     rows = {r["name"]: r for r in tracer.read_spans(tmp_path / "out").to_pylist()}
     assert {n: r["kind"] for n, r in rows.items()} == {
         "chain": "rollout",
@@ -342,31 +366,30 @@ def test_import_maps_foreign_mlflow_traces(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_public_path_round_trip(run_dir: str, tmp_path: Path) -> None:
+def test_public_path_round_trip(fresh_store: str, run_dir: str, tmp_path: Path) -> None:
     """The public-API path (other mlflow versions) also round-trips files -> MLflow -> files."""
-    uri = _sqlite(tmp_path)
+    uri = fresh_store
     report = mlflow_export.export_files(run_dir, tracking_uri=uri, method="public", progress=False)
     assert "public path" in report.details[0]
-    import_traces(uri, PROJECT, tmp_path / "back", progress=False)
+    mlflow_export.import_traces(uri, PROJECT, tmp_path / "back", progress=False)
     assert comparable_spans(tmp_path / "back") == comparable_spans(run_dir)
 
 
 @pytest.mark.slow
-def test_public_path_reexport_creates_no_duplicates(run_dir: str, tmp_path: Path) -> None:
+def test_public_path_reexport_creates_no_duplicates(fresh_store: str, run_dir: str, tmp_path: Path) -> None:
     """The public-API path finds earlier exports by tag and skips them."""
-    uri = _sqlite(tmp_path)
+    uri = fresh_store
     mlflow_export.export_files(run_dir, tracking_uri=uri, method="public", progress=False)
     again = mlflow_export.export_files(run_dir, tracking_uri=uri, method="public", progress=False)
     assert again.trajectories_sent == 0
     assert len(mlflow_traces(uri)) == trajectory_count()
 
 
-@pytest.mark.slow
-def test_live_backend_ships_trajectories_and_metrics(tmp_path: Path) -> None:
+def test_live_backend_ships_trajectories_and_metrics(fresh_store: str, tmp_path: Path) -> None:
     """backend=["arrow", "mlflow"] ships every trajectory during recording and logs step metrics by shutdown."""
     from mlflow.tracking import MlflowClient
 
-    uri = _sqlite(tmp_path)
+    uri = fresh_store
     record_run(tmp_path / "traces", backend=["arrow", "mlflow"], backend_options={"mlflow": {"tracking_uri": uri}})
     assert len(mlflow_traces(uri)) == trajectory_count()
     client = MlflowClient(tracking_uri=uri)
@@ -374,10 +397,9 @@ def test_live_backend_ships_trajectories_and_metrics(tmp_path: Path) -> None:
     assert [m.step for m in client.get_metric_history(run.info.run_id, "rollout/reward/mean")] == [1, 2]
 
 
-@pytest.mark.slow
-def test_live_backend_then_export_sends_nothing_twice(tmp_path: Path) -> None:
+def test_live_backend_then_export_sends_nothing_twice(fresh_store: str, tmp_path: Path) -> None:
     """After live shipping, exporting the files finds every trajectory already there."""
-    uri = _sqlite(tmp_path)
+    uri = fresh_store
     run_dir = record_run(
         tmp_path / "traces", backend=["arrow", "mlflow"], backend_options={"mlflow": {"tracking_uri": uri}}
     )
@@ -392,7 +414,9 @@ def _closed_port() -> int:
 
 
 @pytest.mark.slow
-def test_backend_down_loses_nothing_and_export_catches_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_backend_down_loses_nothing_and_export_catches_up(
+    fresh_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With MLflow unreachable the rollout completes, the files hold everything, and export_files sends it later."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
@@ -401,7 +425,7 @@ def test_backend_down_loses_nothing_and_export_catches_up(tmp_path: Path, monkey
         tmp_path / "traces", backend=["arrow", "mlflow"], backend_options={"mlflow": {"tracking_uri": down}}
     )
     assert tracer.read_trajectories(run_dir).num_rows == trajectory_count()
-    uri = _sqlite(tmp_path)
+    uri = fresh_store
     report = mlflow_export.export_files(run_dir, tracking_uri=uri, progress=False)
     assert report.trajectories_sent == trajectory_count()
     assert len(mlflow_traces(uri)) == trajectory_count()

@@ -27,7 +27,6 @@ from export_mlflow_fixtures import (  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer.exporters import mlflow as mlflow_export  # noqa: E402
-from tracer.exporters._mlflow_import import import_traces  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -144,7 +143,7 @@ def test_server_run_has_step_metrics(server: str, exported: Any) -> None:
 
 def test_round_trip_through_server(server: str, exported: Any, run_dir: str, tmp_path: Path) -> None:
     """files -> mlflow server -> files gives back the same rows."""
-    import_traces(server, PROJECT, tmp_path / "back", progress=False)
+    mlflow_export.import_traces(server, PROJECT, tmp_path / "back", progress=False)
     assert comparable_spans(tmp_path / "back") == comparable_spans(run_dir)
 
 

@@ -1,7 +1,8 @@
 """Trajectory (rows of SPAN_SCHEMA) <-> MLflow span data, without importing mlflow.
 
-One trajectory becomes one MLflow trace whose id is derived from ours
-(``tr-<trace_id>``), so re-sending it upserts instead of duplicating. Every
+One trajectory becomes one MLflow trace whose id is derived from ours and the
+MLflow experiment's name (:func:`mlflow_trace_id`), so re-sending it upserts
+instead of duplicating. Every
 span keeps its original start/end times, its parent, and what MLflow has no
 slot for (kind, status, error, reward, step, our attributes) under
 ``rollout_trace.*`` span attributes, so :mod:`tracer.exporters._mlflow_import`
@@ -88,15 +89,7 @@ TAG_REWARD_PREFIX = "reward."
 PROMPT_TOKEN_KEYS = ("prompt_ids", "input_ids")
 RESPONSE_TOKEN_KEYS = ("response_ids", "output_ids", "token_ids")
 
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
-
-
-def otel_trace_hex(trace_id: str) -> str:
-    """Our trace id as 32 hex chars (itself when it already is)."""
-    if _HEX32.match(trace_id) and int(trace_id, 16):
-        return trace_id
-    return hashlib.sha256(trace_id.encode()).hexdigest()[:32]
 
 
 def otel_span_hex(span_id: str) -> str:
@@ -106,9 +99,19 @@ def otel_span_hex(span_id: str) -> str:
     return hashlib.sha256(span_id.encode()).hexdigest()[:16]
 
 
-def mlflow_trace_id(trace_id: str) -> str:
-    """The MLflow trace id a trajectory is exported under."""
-    return MLFLOW_TRACE_ID_PREFIX + otel_trace_hex(trace_id)
+def namespaced_trace_hex(trace_id: str, experiment: str) -> str:
+    """32 hex chars for ``trace_id`` exported into the MLflow experiment ``experiment``.
+
+    MLflow trace ids are unique across a whole store, so the same trajectory
+    exported into two experiments needs two ids; within one experiment the id
+    is always the same, which makes re-sending an upsert.
+    """
+    return hashlib.sha256(f"{experiment}\x00{trace_id}".encode()).hexdigest()[:32]
+
+
+def mlflow_trace_id(trace_id: str, experiment: str) -> str:
+    """The MLflow trace id a trajectory is exported under, in the MLflow experiment ``experiment``."""
+    return MLFLOW_TRACE_ID_PREFIX + namespaced_trace_hex(trace_id, experiment)
 
 
 @dataclasses.dataclass
@@ -382,8 +385,7 @@ def trajectory_data(
     root = spans[0]
     root.attributes[ATTR_PROJECT] = project
     root.attributes[ATTR_EXPERIMENT] = experiment
-    if trace_id != otel_trace_hex(trace_id):
-        root.attributes[ATTR_TRACE_ID] = trace_id
+    root.attributes[ATTR_TRACE_ID] = trace_id
     tags = {
         TAG_TRACE_ID: trace_id,
         TAG_PROJECT: project,
@@ -407,8 +409,8 @@ def trajectory_data(
                 tags[TAG_REWARD_PREFIX + str(k)] = _tag_value(v)
     return TrajectoryData(
         trace_id=trace_id,
-        mlflow_trace_id=mlflow_trace_id(trace_id),
-        otel_trace_hex=otel_trace_hex(trace_id),
+        mlflow_trace_id=mlflow_trace_id(trace_id, project),
+        otel_trace_hex=namespaced_trace_hex(trace_id, project),
         tags=tags,
         spans=spans,
         summary=summary,

@@ -16,8 +16,11 @@ traces/s into SQLite). On the MLflow versions in :data:`FAST_PATH_VERSIONS`
 the exporter builds the finished span entities itself and hands batches of
 :data:`BATCH_TRACES` traces to the tracking store's ``log_spans`` (one
 transaction per batch into SQL stores, one OTLP request per batch to an
-``mlflow server``). Trace ids are derived from ours, so sending a trajectory
-twice upserts it. Other versions use the public API.
+``mlflow server``). Trace ids are derived from ours and the experiment name
+(:func:`mlflow_trace_id`), so sending a trajectory twice upserts it. Other
+versions use the public API.
+
+:func:`import_traces` reads MLflow traces back into trace files.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from tracer._reader import list_trace_files, read_file_metadata, read_spans, rea
 from tracer._summary import step_metrics
 from tracer.exporters import ExportReport
 from tracer.exporters._live import LiveShipper
+from tracer.exporters._mlflow_import import ImportReport, import_traces
 from tracer.exporters._mlflow_spans import (
     ATTR_SPAN_ID,
     MLFLOW_INPUTS,
@@ -53,10 +57,24 @@ from tracer.exporters._mlflow_spans import (
     TAG_REWARD,
     TAG_TRACE_ID,
     TrajectoryData,
+    mlflow_trace_id,
     trajectory_data,
 )
 
 logger = logging.getLogger("rollout_trace")
+
+__all__ = [
+    "ENV_TRACKING_URI",
+    "ExportReport",
+    "ImportReport",
+    "MlflowExporter",
+    "export_files",
+    "fast_path_available",
+    "import_traces",
+    "mlflow_trace_id",
+    "resolve_tracking_uri",
+    "verify_export",
+]
 
 BACKEND = "mlflow"
 #: Environment variable giving the tracking URI (MLflow's own, as verl uses it).
