@@ -260,8 +260,23 @@ def main(argv: list[str] | None = None) -> int:
         own = D.files_of(index.table, [tid])
         s, n = timed(lambda: one_trajectory_in(root, tid, own), args.repeat)
         rows.append((f"one trajectory from its own file ({len(own)} of {len(files)})", s, "target < 0.5 s"))
-    s, _ = timed(lambda: D.load_run(root), 1)
-    rows.append(("every trajectory + tools of the run", s, "all-steps list"))
+    s, whole = timed(lambda: D.load_run(root), 1)
+    rows.append((f"every trajectory + tools of the run ({traj.num_rows:,})", s, "all-steps list, cached per run"))
+    everything = whole.table
+    s, _ = timed(lambda: D.list_rows(D.sort_and_page(everything, "advantage", True, 100, 50)[0]), args.repeat)
+    rows.append(
+        (
+            f"a page of all {everything.num_rows:,} trajectories, sorted by advantage, cached",
+            s,
+            "a big step stays responsive",
+        )
+    )
+    s, _ = timed(
+        lambda: D.apply_filters(everything, D.Filters(reward_min=0.5, tools=["calculator"], turns_min=2)), args.repeat
+    )
+    rows.append((f"filter all {everything.num_rows:,} trajectories (reward, tool, turns), cached", s, ""))
+    s, hits = timed(lambda: D.search_trace_ids(root, "Question 3 of", None), 1)
+    rows.append((f"full-text search over the whole run ({hits.table.num_rows:,} hits)", s, "cached per query"))
     s, _ = timed(lambda: overview(root), 1)
     rows.append(("overview data: every trajectory + step metrics", s, "landing page"))
     for label, query, note in (

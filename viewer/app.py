@@ -415,7 +415,9 @@ def _view_list(path: str, sig: tuple) -> None:
     )
     o1, o2 = st.columns([3, 1])
     labels = {r["trace_id"]: _row_label(r) for r in rows}
-    o1.selectbox("Open a trajectory (or select a row above)", list(labels), format_func=labels.get, key="pick")
+    o1.selectbox(
+        "Open a trajectory (or select a row above)", list(labels), format_func=lambda t: labels.get(t, t), key="pick"
+    )
     o2.button("Open", key="open_pick", on_click=_open_picked, type="primary")
 
 

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,10 +107,10 @@ class ViewerPathError(ValueError):
     """The trace path is missing, or holds no trace files; the message says how to fix it."""
 
 
-def resolve_path(query_path: str | None, argv: Sequence[str], env: dict[str, str] | None = None) -> str | None:
+def resolve_path(query_path: str | None, argv: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:
     """The trace path: the ``path`` query parameter, else the first script argument, else ``ROLLOUT_TRACE_DIR``."""
-    env = os.environ if env is None else env
-    for candidate in (query_path, argv[0] if argv else None, env.get(tracer.ENV_TRACE_DIR)):
+    environ: Mapping[str, str] = os.environ if env is None else env
+    for candidate in (query_path, argv[0] if argv else None, environ.get(tracer.ENV_TRACE_DIR)):
         if candidate:
             return os.path.expanduser(str(candidate))
     return None
@@ -732,7 +732,7 @@ class TokenTurn:
     index: int
     token_ids: list[int] | None
     token_texts: list[str] | None
-    logprobs: list[float] | None
+    logprobs: list[float | None] | None
     text: str | None
     recorded: int | None  # tokens the engine produced (before truncation)
     truncated: bool
@@ -856,7 +856,7 @@ def token_turns(spans: pa.Table, decoder: Callable[[list[int]], list[str]] | Non
                     texts = v
                     break
             if isinstance(outputs.get("logprobs"), list):
-                lps = [x if isinstance(x, (int, float)) else _logprob_of(x) for x in outputs["logprobs"]]
+                lps = [float(x) if isinstance(x, (int, float)) else _logprob_of(x) for x in outputs["logprobs"]]
             text = outputs.get("response_text") if isinstance(outputs.get("response_text"), str) else None
             finish = outputs.get("finish_reason")
         elif isinstance(outputs, str):
