@@ -338,8 +338,8 @@ def recover(staging: str, dest_uri: str | None = None) -> tuple[list[str], list[
 
 def _close_at_exit(ref: weakref.ref[UploadingSpanWriter]) -> None:
     writer = ref()
-    if writer is None:
-        return
+    if writer is None or writer._pid != os.getpid():
+        return  # a forked child must not close (and so corrupt) its parent's file
     from tracer import _recorder
 
     rec = _recorder.ACTIVE
@@ -379,6 +379,7 @@ class UploadingSpanWriter(SpanWriter):
         staging = staging or staging_dir_for(dest_uri)
         super().__init__(staging, metadata, compression_level, max_file_bytes)
         self.dest_uri = dest_uri
+        self._pid = os.getpid()
         self.upload_interval_s = float(upload_interval_s)
         self._report = report
         self._lock = threading.RLock()
