@@ -386,20 +386,31 @@ def search_trace_ids(path: str, text: str, steps: Iterable[int] | None = None) -
 
     Inputs and outputs hold the conversation (the root's messages, llm
     prompts and responses, tool arguments and results) as JSON text, so a
-    search also matches JSON-escaped text as written there.
+    search also matches JSON-escaped text as written there. Batches are
+    searched one at a time and dropped, so memory stays at one batch however
+    big the run.
     """
-    loaded = _reading(
-        tracer.read_spans, path, columns=[TRACE_ID, INPUTS, OUTPUTS], steps=None if steps is None else list(steps)
-    )
-    spans = loaded.table
-    needles = {text, json.dumps(text)[1:-1]}
-    mask = None
-    for needle in needles:
-        for col in (INPUTS, OUTPUTS):
-            m = pc.fill_null(pc.match_substring(spans.column(col), needle, ignore_case=True), False)
-            mask = m if mask is None else pc.or_(mask, m)
-    hits = spans.filter(mask) if mask is not None else spans.slice(0, 0)
-    return Loaded(pa.table({TRACE_ID: pc.unique(hits.column(TRACE_ID))}), loaded.warnings)
+    step_set = None if steps is None else pa.array(list(steps), pa.int64())
+    needles = list(dict.fromkeys([text, json.dumps(text)[1:-1]]))
+    found: list[pa.Array] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", tracer.TraceFileWarning)
+        for _, batch in tracer.iter_batches(path, [TRACE_ID, STEP, INPUTS, OUTPUTS]):
+            if step_set is not None:
+                batch = batch.filter(pc.fill_null(pc.is_in(batch.column(1), value_set=step_set), False))
+                if batch.num_rows == 0:
+                    continue
+            mask = None
+            for needle in needles:
+                for col in (2, 3):
+                    m = pc.fill_null(pc.match_substring(batch.column(col), needle, ignore_case=True), False)
+                    mask = m if mask is None else pc.or_(mask, m)
+            hits = batch.filter(mask)
+            if hits.num_rows:
+                found.append(pc.unique(hits.column(0)))
+    msgs = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, tracer.TraceFileWarning)))
+    ids = pc.unique(pa.concat_arrays(found)) if found else pa.array([], pa.string())
+    return Loaded(pa.table({TRACE_ID: ids}), msgs)
 
 
 @dataclass
