@@ -333,3 +333,27 @@ def test_kind_must_be_known() -> None:
     """rollout_trace_op(kind=...) with an unknown kind names the valid kinds."""
     with pytest.raises(ValueError, match="'rollout', 'llm', 'tool'"):
         tracer.rollout_trace_op(kind="agent")
+
+
+def test_flush_is_ok_again_after_storage_recovers(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flush().ok reports failures since the previous flush; totals keep counting."""
+    import os
+    import shutil
+
+    monkeypatch.delenv(tracer.ENV_STRICT)
+    parent = os.path.join(str(tmp_path), "out")
+    open(parent, "w").close()  # a file where the directory should be
+    tracer.init(output_dir=parent)
+
+    @tracer.rollout_trace_op
+    def f(x: int) -> int:
+        return x
+
+    f(1)
+    assert not tracer.flush().ok
+    os.remove(parent)
+    os.makedirs(parent)
+    f(2)
+    result = tracer.flush()
+    assert result.ok and result.spans_failed == 1 and result.spans_written == 1
+    shutil.rmtree(parent)

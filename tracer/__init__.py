@@ -122,7 +122,8 @@ def flush(timeout: float | None = 30.0) -> FlushResult:
     """Return when everything recorded so far is durable on disk.
 
     Never raises for a storage failure: the result says what could not be
-    written (``result.ok`` is False, ``result.message`` says why).
+    written (``result.ok`` is False when spans failed or were dropped since
+    the previous flush; ``result.message`` says why; the counts are totals).
     """
     rec = _recorder.ACTIVE
     if rec is None:

@@ -181,6 +181,8 @@ class Recorder:
         self.spans_written = 0
         self.spans_dropped = 0
         self.spans_failed = 0
+        self._failed_at_last_result = 0
+        self._dropped_at_last_result = 0
         self.spans_sampled_out = 0
         self._tokenizer: Any = None
         self._tokenizer_loaded = False
@@ -561,13 +563,24 @@ class Recorder:
         return self.result(self._flush_done >= target)
 
     def result(self, done: bool, message: str = "") -> FlushResult:
+        """The flush result: ok when nothing failed or was dropped since the previous result.
+
+        The counts in it are running totals of this process; ``ok`` looks only
+        at what happened since the last flush, so recording is reported healthy
+        again once a storage failure is over.
+        """
         failed = self.spans_failed
         problems = sum(self.problems.counts.values())
-        ok = done and failed == 0 and self.spans_dropped == 0
+        new_failed = failed - self._failed_at_last_result
+        new_dropped = self.spans_dropped - self._dropped_at_last_result
+        self._failed_at_last_result, self._dropped_at_last_result = failed, self.spans_dropped
+        ok = done and new_failed == 0 and new_dropped == 0
         if not message and not ok:
             message = "; ".join(f"{k} x{v}: {self.problems.last.get(k, '')}" for k, v in self.problems.counts.items())
-            if self.spans_dropped:
-                message = f"{self.spans_dropped} spans dropped (buffer full); " + message
+            if new_failed:
+                message = f"{new_failed} spans not written since the last flush; " + message
+            if new_dropped:
+                message = f"{new_dropped} spans dropped since the last flush (buffer full); " + message
         return FlushResult(ok, self.spans_written, self.spans_dropped, failed, problems, message)
 
     def shutdown(self, timeout: float | None = 30.0) -> FlushResult:
@@ -658,7 +671,5 @@ def _at_exit() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
-    )
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 atexit.register(_at_exit)
