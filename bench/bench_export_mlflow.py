@@ -15,7 +15,7 @@ store's span count equals the files').
 
 Usage::
 
-    .venv/bin/python bench/bench_export_mlflow.py [--trajectories 1000] [--public-trajectories 150] [--repeat 2]
+    .venv/bin/python bench/bench_export_mlflow.py [--trajectories 1024] [--public-trajectories 128] [--repeat 2] [--server]
 """
 
 from __future__ import annotations
@@ -119,11 +119,55 @@ def run_one(
     return dt, cpu, report.trajectories_sent, report.spans_sent, _stored_spans(path)
 
 
+def _bench_server(run_dir: str, tmp: str) -> None:
+    """Export to `mlflow server --workers 1` on 127.0.0.1 (fast path: OTLP requests of 100 traces)."""
+    import signal
+    import socket
+    import subprocess
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    db = os.path.join(tmp, "server.db")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "mlflow"), "server", "--backend-store-uri", f"sqlite:///{db}"]
+    cmd += [
+        "--default-artifact-root",
+        os.path.join(tmp, "art"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        t0 = time.perf_counter()
+        report = mlflow_export.export_files(run_dir, tracking_uri=url, progress=False)
+        dt = time.perf_counter() - t0
+        print(
+            f"  server fast path (OTLP): {report.trajectories_sent} traces, {report.spans_sent} spans in {dt:6.2f} s "
+            f"= {report.trajectories_sent / dt:7.1f} traces/s; spans in store {_stored_spans(db)}"
+        )
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trajectories", type=int, default=1024, help="trajectories for the fast path")
     ap.add_argument("--public-trajectories", type=int, default=128, help="trajectories for the public-API loop (slow)")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--server", action="store_true", help="also export to a local `mlflow server` (OTLP endpoint)")
     args = ap.parse_args()
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     import mlflow
@@ -154,6 +198,8 @@ def main() -> int:
                     f"({sent / cpu:6.1f} per CPU-second); "
                     f"spans in store {stored} ({'none lost' if lost == 0 else f'{lost} LOST'})"
                 )
+        if args.server:
+            _bench_server(run_dir, tmp)
         best = {m: max(v) for m, v in rates.items()}
         best_cpu = {m: max(v) for m, v in cpu_rates.items()}
         print(

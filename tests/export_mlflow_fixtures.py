@@ -118,6 +118,17 @@ def record_run(
     return cfg.run_dir
 
 
+def record_late_reward(output_dir: str | os.PathLike[str], **init: Any) -> str:
+    """Record one trajectory, flush (live exporters ship it), then log its reward from outside; shut down."""
+    cfg = tracer.init(project_name=PROJECT, experiment_name=EXPERIMENT, output_dir=os.fspath(output_dir), **init)
+    with tracer.rollout_trace_attr(sample_index=7, step=1, rollout_n=0):
+        _agent_loop("What is 3 + 4?", 7, 0)
+    tracer.flush()
+    tracer.log_reward(1.0, step=1, sample_index=7, rollout_n=0, advantage=0.25)
+    tracer.shutdown(timeout=60)
+    return cfg.run_dir
+
+
 def trajectory_count(steps: int = STEPS, prompts: int = PROMPTS, group: int = GROUP) -> int:
     """Trajectories :func:`record_run` records."""
     return steps * (prompts * group + 1)

@@ -21,6 +21,7 @@ from export_mlflow_fixtures import (  # noqa: E402
     comparable_spans,
     empty_store,
     mlflow_traces,
+    record_late_reward,
     record_run,
     trajectory_count,
 )
@@ -405,6 +406,19 @@ def test_live_backend_then_export_sends_nothing_twice(fresh_store: str, tmp_path
     )
     report = mlflow_export.export_files(run_dir, tracking_uri=uri, progress=False)
     assert (report.trajectories_sent, report.trajectories_skipped) == (0, trajectory_count())
+
+
+def test_live_reward_logged_after_shipping_joins_its_trace(fresh_store: str, tmp_path: Path) -> None:
+    """A reward logged after its trajectory was shipped is added to the same trace, with its tag, under the root."""
+    record_late_reward(
+        tmp_path / "traces", backend=["arrow", "mlflow"], backend_options={"mlflow": {"tracking_uri": fresh_store}}
+    )
+    (trace,) = mlflow_traces(fresh_store)
+    roots = [s for s in trace.data.spans if s.parent_id is None]
+    (reward,) = [s for s in trace.data.spans if s.span_type == "EVALUATOR"]
+    assert [r.name for r in roots] == ["agent_loop"]
+    assert reward.parent_id == roots[0].span_id
+    assert (float(trace.info.tags["reward"]), float(trace.info.tags["reward.advantage"])) == (1.0, 0.25)
 
 
 def _closed_port() -> int:

@@ -141,10 +141,12 @@ class TrajectoryData:
     mlflow_trace_id: str
     otel_trace_hex: str
     tags: dict[str, str]
-    #: Parents before children; ``spans[0]`` is the root.
+    #: Parents before children; ``spans[0]`` is the root (unless ``partial``).
     spans: list[SpanData]
     summary: dict[str, Any]
     response_tokens: int
+    #: Late spans of a trajectory sent before (no root among ``spans``).
+    partial: bool = False
 
 
 def _loads(text: Any) -> Any:
@@ -239,6 +241,7 @@ def trajectory_data(
     project: str,
     experiment: str,
     reward: tuple[float | None, str | None] | None = None,
+    partial: bool = False,
 ) -> TrajectoryData:
     """Convert the span rows of one trajectory to what an MLflow trace holds.
 
@@ -248,6 +251,9 @@ def trajectory_data(
         experiment: Experiment name (tag; the MLflow run).
         reward: ``(reward, reward_info JSON)`` to tag when known from outside
             these rows (a reward logged by another process).
+        partial: The rows are late spans of a trajectory already sent (no
+            root among them): keep their parents as recorded, add no root,
+            and tag only the reward.
     """
     trace_id = rows[0][S.TRACE_ID]
     ids = {r[S.SPAN_ID] for r in rows}
@@ -271,7 +277,7 @@ def trajectory_data(
     }
     root_hex = otel_span_hex(root_row[S.SPAN_ID]) if root_row is not None else None
     synthetic: SpanData | None = None
-    if root_row is None:
+    if root_row is None and not partial:
         # The root never ended (the writer was killed mid-rollout): MLflow needs one root.
         root_hex = otel_span_hex(trace_id + ":root")
         synthetic = SpanData(
@@ -299,7 +305,7 @@ def trajectory_data(
         parent = r[S.PARENT_SPAN_ID]
         if is_root:
             parent_hex = None
-        elif parent in ids and parent is not None:
+        elif parent is not None and (parent in ids or partial):
             parent_hex = otel_span_hex(parent)
         else:
             parent_hex = root_hex  # a second root or an orphan: hang it under the root
@@ -382,24 +388,26 @@ def trajectory_data(
                 events=events,
             )
         )
-    root = spans[0]
-    root.attributes[ATTR_PROJECT] = project
-    root.attributes[ATTR_EXPERIMENT] = experiment
-    root.attributes[ATTR_TRACE_ID] = trace_id
-    tags = {
-        TAG_TRACE_ID: trace_id,
-        TAG_PROJECT: project,
-        TAG_EXPERIMENT: experiment,
-        TAG_STATUS: summary[S.STATUS],
-    }
-    for col, tag in (
-        (S.STEP, TAG_STEP),
-        (S.SAMPLE_INDEX, TAG_SAMPLE),
-        (S.ROLLOUT_N, TAG_ROLLOUT_N),
-        (S.VALIDATE, TAG_VALIDATE),
-    ):
-        if summary[col] is not None:
-            tags[tag] = _tag_value(summary[col])
+    tags: dict[str, str] = {}
+    if not partial:
+        root = spans[0]
+        root.attributes[ATTR_PROJECT] = project
+        root.attributes[ATTR_EXPERIMENT] = experiment
+        root.attributes[ATTR_TRACE_ID] = trace_id
+        tags = {
+            TAG_TRACE_ID: trace_id,
+            TAG_PROJECT: project,
+            TAG_EXPERIMENT: experiment,
+            TAG_STATUS: summary[S.STATUS],
+        }
+        for col, tag in (
+            (S.STEP, TAG_STEP),
+            (S.SAMPLE_INDEX, TAG_SAMPLE),
+            (S.ROLLOUT_N, TAG_ROLLOUT_N),
+            (S.VALIDATE, TAG_VALIDATE),
+        ):
+            if summary[col] is not None:
+                tags[tag] = _tag_value(summary[col])
     if summary[S.REWARD] is not None:
         tags[TAG_REWARD] = _tag_value(summary[S.REWARD])
     info = _loads(summary["reward_info"])
@@ -415,4 +423,5 @@ def trajectory_data(
         spans=spans,
         summary=summary,
         response_tokens=response_tokens,
+        partial=partial,
     )

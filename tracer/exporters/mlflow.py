@@ -96,6 +96,8 @@ LINK_BATCH = 100
 READ_CHUNK = 2000
 #: Trace metadata key linking a trace to the run it came from (MLflow's own).
 TRACE_META_SOURCE_RUN = "mlflow.sourceRun"
+#: Trajectory ids a live exporter remembers as shipped (to recognise late spans).
+SHIPPED_MEMORY = 1_000_000
 #: Run tag naming the experiment a run holds.
 RUN_TAG_EXPERIMENT = "rollout_trace.experiment_name"
 #: Metric key prefixes for training and validation rollouts.
@@ -218,6 +220,10 @@ class _Destination:
 
     def send(self, trajectories: Sequence[TrajectoryData]) -> list[str]:
         """Write these traces and link them to the run; return their MLflow ids."""
+        late = [t for t in trajectories if t.partial]
+        if late:
+            self._send_late(late)
+            trajectories = [t for t in trajectories if not t.partial]
         if not trajectories:
             return []
         if self.method == "fast":
@@ -233,6 +239,17 @@ class _Destination:
         for i in range(0, len(ids), LINK_BATCH):
             self.client.link_traces_to_run(ids[i : i + LINK_BATCH], self.run_id)
         return ids
+
+    def _send_late(self, late: Sequence[TrajectoryData]) -> None:
+        """Add late spans (a reward logged after its trajectory was shipped) to their traces."""
+        if self.method != "fast":
+            # The public API cannot add spans to a finished trace; the files hold them.
+            logger.debug("rollout-trace mlflow exporter: %d late span groups left in the files", len(late))
+            return
+        self._tracing.log_spans(self.experiment_id, [s for t in late for s in _mlflow_spans(t)])
+        for t in late:
+            for key, value in t.tags.items():
+                self.client.set_trace_tag(t.mlflow_trace_id, key, value)
 
     def log_step_metrics(
         self, metrics: dict[tuple[int | None, bool], dict[str, float]], timestamps: dict[tuple[int | None, bool], int]
@@ -310,7 +327,7 @@ def _mlflow_spans(t: TrajectoryData, tags_as_attributes: bool = True) -> list[An
             attrs[MLFLOW_INPUTS] = _dumps(s.inputs)
         if s.outputs is not None:
             attrs[MLFLOW_OUTPUTS] = _dumps(s.outputs)
-        if i == 0 and tags_as_attributes:
+        if i == 0 and tags_as_attributes and not t.partial:
             for key, value in t.tags.items():
                 attrs[MLFLOW_TRACE_TAG_PREFIX + key] = _dumps(value)
         parent = SpanContext(trace_int, int(s.parent_id, 16), is_remote=False) if s.parent_id else None
@@ -684,6 +701,7 @@ class MlflowExporter(LiveShipper):
         self._summaries: dict[tuple[int | None, bool], list[dict[str, Any]]] = {}
         self._response: dict[tuple[int | None, bool], list[int]] = {}
         self._logged_steps: set[tuple[int | None, bool]] = set()
+        self._shipped: set[str] = set()
         super().__init__(config, BACKEND)
 
     def _destination(self) -> _Destination:
@@ -696,16 +714,22 @@ class MlflowExporter(LiveShipper):
     def ship(self, trajectories: list[pa.Table]) -> None:
         """Send finished trajectories (one span table each); raise to be retried."""
         dest = self._destination()
-        data = [
-            trajectory_data(t.to_pylist(), self.config.project_name, self.config.experiment_name)
-            for t in trajectories
-            if t.num_rows
-        ]
+        data = []
+        for table in trajectories:
+            rows = table.to_pylist()
+            if not rows:
+                continue
+            trace_id = rows[0][S.TRACE_ID]
+            late = trace_id in self._shipped and not any(r[S.PARENT_SPAN_ID] is None for r in rows)
+            data.append(trajectory_data(rows, self.config.project_name, self.config.experiment_name, partial=late))
         for i in range(0, len(data), dest.batch_size):
             dest.send(data[i : i + dest.batch_size])
+        if len(self._shipped) > SHIPPED_MEMORY:
+            self._shipped.clear()  # bounded memory; later late spans then get a root of their own
+        self._shipped.update(d.trace_id for d in data)
         for d in data:
-            if d.summary[S.NAME] is None and d.summary["num_spans"] == 0:
-                continue  # a late reward alone: its trajectory was counted already
+            if d.partial:
+                continue  # late spans: their trajectory was counted already
             key = (d.summary[S.STEP], bool(d.summary[S.VALIDATE]))
             self._summaries.setdefault(key, []).append(d.summary)
             self._response.setdefault(key, []).append(d.response_tokens)
