@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from viewer_fixtures import HOSTILE_TEXT, NEEDLE, record_run, write_tokenizer
+from viewer_fixtures import HOSTILE_TEXT, NEEDLE, record_long_trajectory, record_run, write_tokenizer
 
 import tracer
 from viewer import data as D
@@ -264,6 +264,17 @@ def test_replay_in_a_run_of_many_files(tmp_path: str) -> None:
     tid = tracer.read_trajectories(run).column("trace_id")[4].as_py()
     at = open_app(run, trace_id=tid)
     assert [c.name for c in at.chat_message] == ["system", "user", "assistant", "tool", "assistant"]
+
+
+def test_replay_of_a_long_trajectory_caps_what_the_browser_draws(tmp_path: str) -> None:
+    """A root, 400 tool spans and a 5,000-token response are drawn capped, with a note saying so."""
+    run = record_long_trajectory(tmp_path)
+    tid = tracer.read_trajectories(run).column("trace_id")[0].as_py()
+    at = open_app(run, trace_id=tid)
+    captions = " ".join(c.value for c in at.caption)
+    assert "Showing the first 300 of 402 spans" in captions
+    assert "the first 4,096 of 5,000 tokens" in captions
+    assert len(frame_with(at, "duration_ms")) == 402
 
 
 def test_unknown_trace_id_says_so(run_dir: str) -> None:

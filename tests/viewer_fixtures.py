@@ -125,3 +125,31 @@ def write_tokenizer(folder: str | os.PathLike[str]) -> str:
     path = os.path.join(os.fspath(folder), "tokenizer.json")
     tok.save(path)
     return path
+
+
+@tracer.rollout_trace_op(kind="tool", name="lookup")
+def _lookup(i: int) -> str:
+    return f"item {i}"
+
+
+@tracer.rollout_trace_op(kind="llm", name="generate_long")
+def _generate_long(n: int) -> dict:
+    return {"response_ids": list(range(n)), "logprobs": [-0.001 * k for k in range(n)], "finish_reason": "length"}
+
+
+@tracer.rollout_trace_op(kind="rollout", name="long_loop")
+def _long_loop(tool_calls: int, tokens: int) -> dict:
+    for i in range(tool_calls):
+        _lookup(i)
+    _generate_long(tokens)
+    return {"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": "done"}]}
+
+
+def record_long_trajectory(output_dir: str | os.PathLike[str], tool_calls: int = 400, tokens: int = 5000) -> str:
+    """Record one trajectory with many tool spans and a long llm response; return the run's directory."""
+    cfg = tracer.init(project_name=PROJECT, experiment_name="long", backend="arrow", output_dir=os.fspath(output_dir))
+    with tracer.rollout_trace_attr(sample_index=0, step=1, rollout_n=0):
+        _long_loop(tool_calls, tokens)
+    tracer.flush()
+    tracer.shutdown()
+    return cfg.run_dir

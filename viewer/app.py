@@ -30,6 +30,9 @@ SPLITS = ("both", "train", "validation")
 PAGE_SIZES = (25, 50, 100, 250)
 #: The step selector's "no step" choice.
 ALL_STEPS = "all steps"
+#: Charts drawn in the browser stay small: at most this many waterfall rows and token cells.
+MAX_WATERFALL_SPANS = 300
+MAX_TOKEN_CELLS = 4096
 #: Rollouts per row in the group view.
 GROUP_COLUMNS = 4
 #: Cache sizes: whole-run tables are few and large, trajectories many and small.
@@ -442,7 +445,7 @@ def _waterfall_height(rows: list[dict[str, Any]]) -> int:
 
 
 def _token_height(turn: D.TokenTurn) -> int:
-    return 28 * (max(1, -(-turn.kept // D.TOKENS_PER_ROW))) + 20
+    return 28 * (max(1, -(-min(turn.kept, MAX_TOKEN_CELLS) // D.TOKENS_PER_ROW))) + 20
 
 
 # The replay's charts are plain Vega-Lite specs: Altair's schema validation
@@ -581,6 +584,9 @@ def _view_replay(path: str, sig: tuple) -> None:
                 b.code(call["result"], language=None, wrap_lines=True)
     with tab_time:
         rows = D.waterfall(spans)
+        if len(rows) > MAX_WATERFALL_SPANS:
+            st.caption(f"Showing the first {MAX_WATERFALL_SPANS} of {len(rows):,} spans; the Spans tab lists them all.")
+            rows = rows[:MAX_WATERFALL_SPANS]
         if rows:
             st.vega_lite_chart(
                 pd.DataFrame(rows), _waterfall_spec(rows), width="stretch", height=_waterfall_height(rows)
@@ -608,6 +614,9 @@ def _view_replay(path: str, sig: tuple) -> None:
             if turn.logprobs is None:
                 st.caption("No per-token logprobs recorded.")
             cells = turn.cells()
+            if len(cells) > MAX_TOKEN_CELLS:
+                st.caption(f"Token grid: the first {MAX_TOKEN_CELLS:,} of {len(cells):,} tokens.")
+                cells = cells[:MAX_TOKEN_CELLS]
             if cells:
                 df = pd.DataFrame(cells)
                 st.vega_lite_chart(
