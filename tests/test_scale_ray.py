@@ -160,3 +160,54 @@ def test_setup_hook_installs_verl_compat_in_workers(ray_dirs: dict[str, str]) ->
     actor = _rollout_actor().remote("h")
     assert ray.get(actor.verl_hook_installed.remote()) is True
     ray.get(actor.close.remote())
+
+
+def test_verl_modules_in_a_ray_worker_record_our_files(ray_dirs: dict[str, str]) -> None:
+    """In a worker set up by the hook, verl's RolloutTraceConfig.init (as verl's AgentLoopWorker calls it) and verl's BaseTool record our files."""
+    need("verl", "--no-deps verl tensordict 'pyvers<0.2' omegaconf hydra-core codetiming")
+    import ray
+
+    @ray.remote(num_cpus=0, runtime_env={"env_vars": {"VERL_USE_EXTERNAL_PLUGINS": "none"}})
+    class AgentLoopWorker:
+        """Does what verl's AgentLoopWorker does with the trace config, without GPUs."""
+
+        def __init__(self) -> None:
+            from verl.utils.rollout_trace import RolloutTraceConfig
+
+            RolloutTraceConfig.init("verl", "ray", "arrow", False, None)
+
+        async def generate_sequences(self, n: int) -> list[str]:
+            from verl.tools.base_tool import BaseTool
+            from verl.tools.schemas import OpenAIFunctionToolSchema
+            from verl.utils.rollout_trace import rollout_trace_attr, rollout_trace_op
+
+            schema = OpenAIFunctionToolSchema.model_validate(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "noop",
+                        "description": "d",
+                        "parameters": {"type": "object", "properties": {}, "required": []},
+                    },
+                }
+            )
+
+            class ToyAgentLoop:
+                @rollout_trace_op
+                async def run(self, sampling_params: dict[str, Any]) -> dict[str, Any]:
+                    response, _, _ = await BaseTool({}, schema).execute("i", {})
+                    return {"answer": response.text}
+
+            for i in range(n):
+                with rollout_trace_attr(step=5, sample_index=i, rollout_n=0, validate=False, name="agent_loop"):
+                    await ToyAgentLoop().run({})
+            tracer.shutdown()
+            return [type(rollout_trace_op).__module__, rollout_trace_op.__module__]
+
+    modules = ray.get(AgentLoopWorker.remote().generate_sequences.remote(3), timeout=600)
+    assert modules[1] == "tracer.verl_compat"
+    spans = tracer.read_spans(os.path.join(ray_dirs["env"], "verl", "ray")).to_pylist()
+    roots = sorted((s for s in spans if s["parent_span_id"] is None), key=lambda s: s["sample_index"])
+    assert [(r["sample_index"], r["step"], r["kind"]) for r in roots] == [(str(i), 5, "rollout") for i in range(3)]
+    assert all(r["name"].endswith("<locals>.ToyAgentLoop.run") for r in roots)
+    assert sum(s["kind"] == "tool" and s["name"] == "BaseTool.execute" for s in spans) == 3

@@ -184,3 +184,45 @@ def test_install_after_import_patches_names_and_warns(trace_dir: str) -> None:
     )
     assert "PATCHED True" in out
     assert "imported before tracer.verl_compat.install()" in out
+
+
+@pytest.mark.slow
+def test_documented_overrides_reach_every_ray_worker() -> None:
+    """docs/scale.md's verl overrides compose with verl's own config into the runtime_env verl passes to ray.init."""
+    need("verl", "--no-deps verl tensordict 'pyvers<0.2' omegaconf hydra-core codetiming")
+    out = run_script(
+        """
+        import json, os, verl
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+        from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+        config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            cfg = compose("ppo_trainer", overrides=[
+                "trainer.project_name=gsm8k", "trainer.experiment_name=grpo-7",
+                "actor_rollout_ref.rollout.trace.backend=arrow",
+                "actor_rollout_ref.rollout.trace.token2text=True",
+                "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracer.verl_compat.install",
+                "+ray_kwargs.ray_init.runtime_env.env_vars.ROLLOUT_TRACE_DIR=s3://my-bucket/traces",
+            ])
+        # What verl.trainer.main_ppo.run_ppo does before ray.init:
+        ray_init_kwargs = cfg.ray_kwargs.get("ray_init", {})
+        runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(cfg), ray_init_kwargs.get("runtime_env", {}))
+        print(json.dumps({
+            "runtime_env": OmegaConf.to_container(runtime_env),
+            "trace": OmegaConf.to_container(cfg.actor_rollout_ref.rollout.trace, resolve=True),
+        }))
+        """,
+        env={"VERL_USE_EXTERNAL_PLUGINS": "none"},
+    )
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["runtime_env"]["worker_process_setup_hook"] == "tracer.verl_compat.install"
+    assert got["runtime_env"]["env_vars"]["ROLLOUT_TRACE_DIR"] == "s3://my-bucket/traces"
+    trace = got["trace"]
+    assert (trace["project_name"], trace["experiment_name"], trace["backend"], trace["token2text"]) == (
+        "gsm8k",
+        "grpo-7",
+        "arrow",
+        True,
+    )
