@@ -33,6 +33,8 @@ ALL_STEPS = "all steps"
 #: Charts drawn in the browser stay small: at most this many waterfall rows and token cells.
 MAX_WATERFALL_SPANS = 300
 MAX_TOKEN_CELLS = 4096
+#: Below this many bytes of trace files the group view compares the sample across steps by itself.
+ACROSS_STEPS_AUTO_BYTES = 8 * 1024 * 1024
 #: Rollouts per row in the group view.
 GROUP_COLUMNS = 4
 #: Cache sizes: whole-run tables are few and large, trajectories many and small.
@@ -715,6 +717,10 @@ def _view_group(path: str, sig: tuple) -> None:
                     "Replay", key=f"replay_{r['trace_id']}", on_click=_open_trajectory, args=(r["trace_id"], r["step"])
                 )
     st.subheader("The same sample across steps")
+    # Needs every trajectory of the run: automatic for small runs, one click for big ones.
+    small = sum(size for _, size, _ in sig) < ACROSS_STEPS_AUTO_BYTES
+    if not st.toggle("Compare with every step (reads the whole run)", value=small, key="across_on"):
+        return
     across = D.sample_across_steps(_run_base(path, sig).table, sample, _split_value())
     if across:
         adf = pd.DataFrame(across)
