@@ -85,7 +85,7 @@ def _wait_for(predicate: Any, what: str, timeout: float = 120.0) -> None:
 
 def test_files_are_uploaded_when_closed(bucket: str, staging: str) -> None:
     """Nothing reaches the bucket while the file is open; after shutdown every trajectory reads back from s3://."""
-    tracer.init(output_dir=bucket, project_name="p", experiment_name="e")
+    tracer.init(output_dir=bucket, project_name="p", experiment_name="e", upload_interval_s=3600)
     _record(10)
     assert tracer.flush().ok
     with pytest.raises(FileNotFoundError):
@@ -219,3 +219,23 @@ def test_uri_helpers() -> None:
     assert not _remote.is_remote("/tmp/x") and not _remote.is_remote("file:///tmp/x")
     assert _remote.is_remote("s3://b/p") and _remote.is_remote("gs://b")
     assert _remote.join_uri("s3://b/p/?endpoint_override=h", "proj", "exp") == "s3://b/p/proj/exp?endpoint_override=h"
+
+
+def test_repair_keeps_complete_batches_and_drops_empty_files(tmp_path: Any) -> None:
+    """Repair keeps a torn file's complete batches (read back without warnings); a file with none is removed."""
+    out = os.path.join(str(tmp_path), "local")
+    tracer.init(output_dir=out, project_name="p", experiment_name="e")
+    _record(2, prefix="first")
+    tracer.flush()
+    _record(2, prefix="second")
+    tracer.shutdown()
+    [path] = tracer.list_trace_files(out)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 40)  # the end marker and the tail of the second batch
+    assert _remote.repair_stream(path) == 1
+    assert sorted(tracer.read_trajectories(path).column("sample_index").to_pylist()) == ["first0", "first1"]
+    assert _remote.repair_stream(path) == -1  # sound now
+    other = os.path.join(str(tmp_path), "h_2_t_n_0000.arrow")
+    with open(other, "wb") as f:
+        f.write(b"\xff\xff\xff\xff\x10\x00")  # not even a schema
+    assert _remote.repair_stream(other) == 0 and not os.path.exists(other)

@@ -200,7 +200,8 @@ def repair_stream(path: str) -> int:
     """If ``path``'s last batch is torn, rewrite it with only its complete batches.
 
     Returns the number of batches kept, or -1 when the file was sound and left as is.
-    The rewrite goes to a temporary file that replaces ``path`` atomically.
+    The rewrite goes to a temporary file that replaces ``path`` atomically; a
+    torn file without one complete batch is removed (0).
     """
     kept: list[tuple[pa.RecordBatch, Any]] = []
     schema = None
@@ -223,9 +224,9 @@ def repair_stream(path: str) -> int:
                     w.write_batch(batch, custom_metadata=meta)
         out.flush()
         os.fsync(out.fileno())
-    if schema is None:
+    if schema is None or not kept:
         os.remove(tmp)
-        os.remove(path)  # not even a schema: nothing a reader could use
+        os.remove(path)  # no complete batch: nothing a reader could use
         return 0
     os.replace(tmp, path)
     _fsync_dir(os.path.dirname(path) or ".")
