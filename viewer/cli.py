@@ -60,6 +60,10 @@ def _view(args: argparse.Namespace) -> int:
         return 2
     cmd = streamlit_command(args.path, args.host, args.port, tokenizer=args.tokenizer)
     print(f"rollout-trace viewer: http://{args.host}:{args.port}/  (Ctrl-C to stop)", file=sys.stderr)
+    sys.stderr.flush()
+    if os.name == "posix":
+        # Become the server: Ctrl-C and kill reach Streamlit directly, no orphan is left behind.
+        os.execv(cmd[0], cmd)
     try:
         return subprocess.call(cmd)
     except KeyboardInterrupt:
