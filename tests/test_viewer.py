@@ -380,3 +380,32 @@ def test_golden_sample_file_opens() -> None:
     tid = D.load_trajectories(golden).table.column(D.TRACE_ID)[0].as_py()
     at = open_app(golden, trace_id=tid)
     assert not at.error
+
+
+def _recorded_sample_runs() -> list[str]:
+    """Directories under sample_data/ (other than the golden file's) holding trace files."""
+    root = os.path.join(REPO, "sample_data")
+    runs = set()
+    for d, _, files in os.walk(root):
+        if os.path.basename(d) != "golden" and any(f.endswith(".arrow") for f in files):
+            runs.add(d)
+    return sorted(runs)
+
+
+def test_recorded_sample_run_replays() -> None:
+    """The run recorded into sample_data/ by the rollout code opens: overview, a step, a replay, a group."""
+    runs = _recorded_sample_runs()
+    if not runs:
+        pytest.skip("sample_data/ holds no recorded run yet (only the golden file)")
+    for run in runs:
+        table = D.load_trajectories(run).table
+        assert table.num_rows > 0, run
+        at = open_app(run)
+        assert not at.error, [e.value for e in at.error]
+        first = table.slice(0, 1).to_pylist()[0]
+        at = open_app(run, trace_id=first[D.TRACE_ID])
+        roles = [c.name for c in at.chat_message]
+        assert "assistant" in roles, roles
+        if first[D.STEP] is not None:
+            at = open_app(run, step=str(first[D.STEP]), sample_index=str(first[D.SAMPLE_INDEX]))
+            assert len(frame_with(at, "advantage")) >= 1
