@@ -111,6 +111,11 @@ def register_demo(subparsers: Any) -> None:
     parser.set_defaults(func=run_demo)
 
 
+def _unescape(text: str) -> str:
+    """``\\n`` and ``\\t`` typed on a command line become a newline and a tab."""
+    return text.replace("\\n", "\n").replace("\\t", "\t")
+
+
 def _fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
@@ -198,7 +203,11 @@ async def _run(args: argparse.Namespace) -> int:
         tokenizer,
         default_tools(),
         AgentLoopConfig(
-            max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_response_tokens=args.max_response_tokens
+            max_turns=args.max_turns,
+            max_new_tokens=args.max_new_tokens,
+            max_response_tokens=args.max_response_tokens,
+            few_shot=args.few_shot,
+            first_turn_prefix=_unescape(args.prefill) if args.prefill else None,
         ),
     )
     run_cfg = RunConfig(

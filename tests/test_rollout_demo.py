@@ -14,6 +14,8 @@ from rollout_fixtures import tokenizer_cache  # noqa: F401 - fixture
 import tracer
 from tracer._cli import main as rollout_trace_main
 
+pytestmark = pytest.mark.slow  # the module runs the whole demo once (~10 s on 2 cores)
+
 STEPS, BATCH, N, VAL_EVERY, VAL_SIZE = 2, 3, 4, 2, 3
 
 
@@ -190,3 +192,17 @@ def test_demo_no_trace_records_nothing(tmp_path: Path, tokenizer_cache: str) -> 
     )  # fmt: skip
     assert rc == 0
     assert not (tmp_path / "t").exists()
+
+
+def test_few_shot_and_prefill_flags_reach_the_prompt(tmp_path: Path, tokenizer_cache: str) -> None:  # noqa: F811
+    """--few-shot puts the worked example before the question; --prefill ends the first prompt."""
+    rc = rollout_trace_main(
+        ["demo", "--steps", "1", "--batch", "1", "--n", "1", "--val-every", "0", "--out", str(tmp_path), "--experiment", "f",
+         "--cache", tokenizer_cache, "--scripted-latency", "0", "--few-shot", "--prefill", '<tool_call>\\n{"name": "', "--quiet"]
+    )  # fmt: skip
+    assert rc == 0
+    spans = _rows(tracer.read_spans(str(tmp_path / "rollout-demo" / "f")))
+    first_llm = min((s for s in spans if s["kind"] == "llm"), key=lambda s: s["start_ns"])
+    prompt = _json(first_llm["inputs"])["prompt_text"]
+    assert "Mia buys 12 pens" in prompt
+    assert prompt.endswith('<|im_start|>assistant\n<tool_call>\n{"name": "')
