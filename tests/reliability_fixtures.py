@@ -125,3 +125,60 @@ def fill_disk(directory: str, name: str = "filler") -> str:
 def dump_json(value: Any) -> str:
     """Compact JSON for figures and messages."""
     return json.dumps(value, sort_keys=True, default=str)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class MlflowServer:
+    """An ``mlflow server`` on 127.0.0.1 with a SQLite store, in its own process group (to kill it whole)."""
+
+    def __init__(self, db: str, port: int, log: str) -> None:
+        self.db, self.port, self.log = db, port, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 180.0) -> None:
+        import time
+        import urllib.request
+
+        mlflow_bin = os.path.join(os.path.dirname(sys.executable), "mlflow")
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [mlflow_bin, "server", "--backend-store-uri", f"sqlite:///{self.db}"]
+                + ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=python_env(),
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}; see {self.log}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"mlflow server not healthy after {timeout} s; see {self.log}")
+
+    def kill(self) -> None:
+        """SIGKILL the server and its workers (its own process group)."""
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=60)
+        self.proc = None

@@ -1,6 +1,8 @@
 """Record as fast as possible from many asyncio tasks and a few threads; report memory and counts as JSON.
 
-Usage: ``python load.py OUTPUT_DIR SECONDS MAX_BUFFERED_SPANS block|drop PAYLOAD_BYTES [TASKS] [THREADS]``.
+Usage: ``python load.py OUTPUT_DIR SECONDS MAX_BUFFERED_SPANS block|drop PAYLOAD_BYTES [TASKS] [THREADS] [noflush]``.
+With ``noflush`` the process reports memory right after the load and exits
+without writing its backlog (for a benchmark of an unbounded buffer).
 
 Prints one JSON line: spans recorded by the callers, the final FlushResult,
 resident memory (RSS) before and at peak during the load (sampled every
@@ -41,9 +43,16 @@ class PeakSampler(threading.Thread):
 
 
 def main() -> None:
-    out, seconds, limit, mode, payload = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+    out, seconds, limit, mode, payload = (
+        sys.argv[1],
+        float(sys.argv[2]),
+        int(sys.argv[3]),
+        sys.argv[4],
+        int(sys.argv[5]),
+    )
     tasks = int(sys.argv[6]) if len(sys.argv) > 6 else 64
     threads = int(sys.argv[7]) if len(sys.argv) > 7 else 2
+    noflush = len(sys.argv) > 8 and sys.argv[8] == "noflush"
     tracer.init(output_dir=out, max_buffered_spans=limit, on_buffer_full=mode, flush_interval_s=0.05)
     # Each span carries its own text (different per call: compression cannot hide it).
     base = os.urandom(payload // 2).hex()
@@ -93,15 +102,22 @@ def main() -> None:
     n_async = asyncio.run(all_tasks())
     for w in workers:
         w.join()
-    result = tracer.flush(timeout=600)
-    sampler.stop.set()
-    sampler.join()
+    load_s = time.monotonic() - deadline + seconds
+    if noflush:
+        sampler.stop.set()
+        sampler.join()
+        result = tracer.FlushResult(False, message="not flushed")
+    else:
+        result = tracer.flush(timeout=1800)
+        sampler.stop.set()
+        sampler.join()
+        tracer.shutdown()
     counts["calls"] += n_async
-    tracer.shutdown()
     print(
         json.dumps(
             {
                 "recorded": counts["calls"],
+                "load_s": round(load_s, 2),
                 "ok": result.ok,
                 "spans_written": result.spans_written,
                 "spans_dropped": result.spans_dropped,
@@ -115,6 +131,8 @@ def main() -> None:
         ),
         flush=True,
     )
+    if noflush:
+        os._exit(0)  # leave the backlog unwritten
 
 
 if __name__ == "__main__":
