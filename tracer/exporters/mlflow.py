@@ -189,10 +189,12 @@ class _Destination:
         return SQL_BATCH_TRACES if self._sql_store is not None else BATCH_TRACES
 
     def _find_or_create_run(self) -> str:
+        # MLflow's filter syntax has no escape for quotes: names with one are matched here.
+        quoted = "'" in self.experiment
         runs = self.client.search_runs(
             [self.experiment_id],
-            filter_string=f"tags.`{RUN_TAG_EXPERIMENT}` = '{self.experiment.replace(chr(39), '')}'",
-            max_results=50,
+            filter_string="" if quoted else f"tags.`{RUN_TAG_EXPERIMENT}` = '{self.experiment}'",
+            max_results=1000 if quoted else 50,
         )
         for run in runs:
             if run.data.tags.get(RUN_TAG_EXPERIMENT) == self.experiment:
