@@ -599,9 +599,11 @@ def _view_replay(path: str, sig: tuple) -> None:
             st.caption("No llm spans.")
         for turn in turns:
             kept = turn.kept
-            head = f"Turn {turn.index + 1}: {turn.name} — {kept} token(s) kept"
-            if turn.recorded is not None:
-                head += f" of {turn.recorded}"
+            if turn.truncated:
+                of = f" of {turn.recorded}" if turn.recorded is not None else ""
+                head = f"Turn {turn.index + 1}: {turn.name} — {kept} token(s) kept{of}"
+            else:
+                head = f"Turn {turn.index + 1}: {turn.name} — {kept} token(s)"
             if turn.prompt_tokens is not None:
                 head += f" · prompt {turn.prompt_tokens} tokens"
             if turn.finish_reason:

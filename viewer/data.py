@@ -732,7 +732,7 @@ def tool_spans(spans: pa.Table) -> list[dict[str, Any]]:
 
 
 #: Tokens per row of the token grid.
-TOKENS_PER_ROW = 24
+TOKENS_PER_ROW = 16
 
 
 @dataclass
