@@ -142,6 +142,22 @@ def test_many_processes_and_threads_share_one_directory_without_collisions(trace
     }
 
 
+def test_forked_child_that_never_flushes_still_writes_its_spans_at_exit(trace_dir: str) -> None:
+    """A multiprocessing fork child records and returns without flush(): its spans are written at its exit (os._exit skips atexit)."""
+    import multiprocessing
+
+    from faults import workers
+
+    tracer.init(output_dir=trace_dir, flush_interval_s=60.0)
+    proc = multiprocessing.get_context("fork").Process(target=workers.record_and_return, args=("child", 40))
+    proc.start()
+    proc.join(timeout=120)
+    assert proc.exitcode == 0
+    tracer.shutdown()
+    samples = tracer.read_spans(trace_dir, columns=["sample_index"])["sample_index"].to_pylist()
+    assert len([s for s in samples if s.startswith("child-")]) == 40 * workers.SPANS_PER_TRAJECTORY
+
+
 # -- damaged files ----------------------------------------------------------------
 
 BATCHES = 5

@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -662,6 +663,17 @@ def _after_fork_in_child() -> None:
     _after_fork_in_parent()
     if ACTIVE is not None:
         ACTIVE = Recorder(ACTIVE.config)
+        # A multiprocessing child ends with os._exit(), which skips atexit:
+        # flush through multiprocessing's own exit hook instead. Its registry
+        # is cleared after this hook runs, so register from its after-fork list.
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:
+            mp_util.register_after_fork(ACTIVE, _flush_at_multiprocessing_exit)
+
+
+def _flush_at_multiprocessing_exit(rec: Recorder) -> None:
+    # No object: runs once, at the child's exit, on whatever recorder is active then.
+    sys.modules["multiprocessing.util"].Finalize(None, _at_exit, exitpriority=100)
 
 
 def _at_exit() -> None:

@@ -50,3 +50,8 @@ def record_in_threads(name: str, threads: int, per_thread: int, out: str | None)
     if not result.ok:
         raise RuntimeError(f"{name}: {result.message}")
     return name
+
+
+def record_and_return(name: str, n: int) -> None:
+    """Record ``n`` trajectories and return without flushing (the process exit must write them)."""
+    record_trajectories(name, n)
