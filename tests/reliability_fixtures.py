@@ -43,10 +43,11 @@ class _FiguresReport:
         terminalreporter.section("reliability figures")
         for name, values in FIGURES.items():
             terminalreporter.write_line(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
-        if self.config.cache is not None:
-            old = self.config.cache.get(CACHE_KEY, {})
+        cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
+        if cache is not None:
+            old = cache.get(CACHE_KEY, {})
             old.update(FIGURES)
-            self.config.cache.set(CACHE_KEY, old)
+            cache.set(CACHE_KEY, old)
 
 
 @pytest.fixture(scope="session")

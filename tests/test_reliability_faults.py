@@ -261,6 +261,35 @@ def test_each_damaged_file_alone_reads_without_raising(damaged_dir: dict[str, An
             assert messages, f"{reader.__name__}({name}) said nothing"
 
 
+def test_check_finds_the_damage_and_repair_keeps_every_readable_span(
+    damaged_dir: dict[str, Any], tmp_path: os.PathLike[str]
+) -> None:
+    """`rollout-trace check` exits 1 on the damaged directory; after --repair it exits 0, readers warn no more, no span is lost."""
+    import shutil
+    import subprocess
+    import sys
+
+    run = os.path.join(os.fspath(tmp_path), "run")
+    shutil.copytree(damaged_dir["dir"], run, symlinks=True)
+    before, messages = read_quietly(tracer.read_spans, run, columns=["span_id"])
+    cli = os.path.join(os.path.dirname(sys.executable), "rollout-trace")
+    check = subprocess.run([cli, "check", run], capture_output=True, text=True, timeout=300)
+    assert check.returncode == 1, check.stdout + check.stderr
+    for name in ("torn.arrow", "zero.arrow", "garbage.arrow", "text.arrow", "header_only.arrow"):
+        assert name in check.stdout, check.stdout
+    repair = subprocess.run([cli, "check", run, "--repair"], capture_output=True, text=True, timeout=300)
+    assert repair.returncode == 0, repair.stdout + repair.stderr
+    after, messages_after = read_quietly(tracer.read_spans, run, columns=["span_id"])
+    assert after.num_rows == before.num_rows
+    FIGURES["check --repair"] = {
+        "damaged_files": len(DAMAGED_NAMES),
+        "reader_warnings_before": len(messages),
+        "reader_warnings_after": len(messages_after),
+        "spans_before": before.num_rows,
+        "spans_after": after.num_rows,
+    }
+
+
 def test_wandb_export_skips_damaged_files_and_says_so(damaged_dir: dict[str, Any], tmp_path: os.PathLike[str]) -> None:
     """The wandb exporter (offline) exports every readable trajectory of the damaged directory and warns per damaged file."""
     wandb_export = pytest.importorskip("tracer.exporters.wandb", reason="wandb exporter not installed")

@@ -71,7 +71,12 @@ def _ends_with_eos(path: str) -> bool:
 
 def _scan(path: str, keep: list[pa.RecordBatch] | None) -> FileReport:
     report = FileReport(path)
-    if os.path.getsize(path) == 0:
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:  # a dangling link, a file removed meanwhile
+        report.damage = f"cannot stat: {exc}"
+        return report
+    if size == 0:
         report.damage = "empty file (0 bytes)"
         return report
     if is_arrow_file_format(path):
