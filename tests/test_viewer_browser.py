@@ -12,6 +12,7 @@ the test's temporary directory.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -135,11 +136,9 @@ class _Browser:
         return base64.b64decode(shot["data"])
 
 
-def _load_page(url: str, wait_for_text: str, user_data_dir: str, click_text: str | None = None) -> dict[str, Any]:
-    """Load ``url`` in headless Chromium until ``wait_for_text`` shows; return text, HTML and a PNG.
-
-    ``click_text``: then click the button or tab with this label (e.g. a replay tab).
-    """
+@contextlib.contextmanager
+def _chromium(user_data_dir: str) -> Iterator[_Browser]:
+    """Headless Chromium with a fresh profile, driven over DevTools; stopped on exit."""
     from websockets.sync.client import connect
 
     port_file = os.path.join(user_data_dir, "DevToolsActivePort")
@@ -159,33 +158,7 @@ def _load_page(url: str, wait_for_text: str, user_data_dir: str, click_text: str
 
         port, path = _wait_for(port_line, START_TIMEOUT_S, "Chromium's DevTools port")[:2]
         with connect(f"ws://127.0.0.1:{port}{path}", max_size=None, open_timeout=30) as ws:
-            b = _Browser(ws)
-            b.open(url)
-            deadline = time.monotonic() + RENDER_TIMEOUT_S
-            previous = None
-            while time.monotonic() < deadline:
-                text = b.evaluate("document.body ? document.body.innerText : ''") or ""
-                busy = b.evaluate(
-                    '!!document.querySelector(\'[data-testid="stStatusWidget"], [data-testid="stSkeleton"]\')'
-                )
-                # Done: the text is there, nothing is loading, and the page stopped changing.
-                if wait_for_text in text and not busy and text == previous:
-                    break
-                previous = text
-                time.sleep(0.5)
-            if click_text:
-                b.evaluate(
-                    "Array.from(document.querySelectorAll('button, [role=tab]'))"
-                    f".find(e => e.innerText.trim() === {json.dumps(click_text)})?.click()"
-                )
-                time.sleep(2.0)
-            time.sleep(1.0)  # let charts finish drawing before the screenshot
-            return {
-                "text": b.evaluate("document.body.innerText") or "",
-                "html": b.evaluate("document.documentElement.outerHTML") or "",
-                "scripts": b.evaluate("Array.from(document.scripts).map(s => s.textContent).join('\\n')") or "",
-                "png": b.screenshot(),
-            }
+            yield _Browser(ws)
     finally:
         proc.terminate()
         try:
@@ -193,6 +166,44 @@ def _load_page(url: str, wait_for_text: str, user_data_dir: str, click_text: str
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _wait_settled(b: _Browser, wait_for_text: str) -> str:
+    """Wait until the page shows ``wait_for_text``, nothing is loading and its text stopped changing."""
+    deadline = time.monotonic() + RENDER_TIMEOUT_S
+    previous = None
+    text = ""
+    while time.monotonic() < deadline:
+        text = b.evaluate("document.body ? document.body.innerText : ''") or ""
+        busy = b.evaluate('!!document.querySelector(\'[data-testid="stStatusWidget"], [data-testid="stSkeleton"]\')')
+        if wait_for_text in text and not busy and text == previous:
+            return text
+        previous = text
+        time.sleep(0.5)
+    return text
+
+
+def _load_page(url: str, wait_for_text: str, user_data_dir: str, click_text: str | None = None) -> dict[str, Any]:
+    """Load ``url`` in headless Chromium until ``wait_for_text`` shows; return text, HTML and a PNG.
+
+    ``click_text``: then click the button or tab with this label (e.g. a replay tab).
+    """
+    with _chromium(user_data_dir) as b:
+        b.open(url)
+        _wait_settled(b, wait_for_text)
+        if click_text:
+            b.evaluate(
+                "Array.from(document.querySelectorAll('button, [role=tab]'))"
+                f".find(e => e.innerText.trim() === {json.dumps(click_text)})?.click()"
+            )
+            time.sleep(2.0)
+        time.sleep(1.0)  # let charts finish drawing before the screenshot
+        return {
+            "text": b.evaluate("document.body.innerText") or "",
+            "html": b.evaluate("document.documentElement.outerHTML") or "",
+            "scripts": b.evaluate("Array.from(document.scripts).map(s => s.textContent).join('\\n')") or "",
+            "png": b.screenshot(),
+        }
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install -y chromium)")
@@ -215,3 +226,31 @@ def test_deep_link_renders_the_replay_in_a_browser(server: tuple[str, str], tmp_
     assert HOSTILE_TEXT in page["text"]
     assert "alert('x')" not in page["scripts"]
     assert "<b>raw</b>" not in page["html"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install -y chromium)")
+def test_selecting_a_row_of_the_list_opens_its_replay(server: tuple[str, str], tmp_path: Any) -> None:
+    """Clicking the first row's selector in the trajectory list opens that trajectory and puts it in the URL."""
+    base, run_dir = server
+    with _chromium(os.fspath(tmp_path / "chromium")) as b:
+        b.open(f"{base}/?step=2")
+        _wait_settled(b, "Rows per page")
+        box = json.loads(
+            b.evaluate(
+                "JSON.stringify(document.querySelector('[data-testid=\"stDataFrame\"]').getBoundingClientRect())"
+            )
+        )
+        # The grid is a canvas: click the selection cell of the first data row (below the ~35 px header).
+        x, y = box["x"] + 18, box["y"] + 35 + 17
+        for kind in ("mousePressed", "mouseReleased"):
+            b.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
+        text = _wait_settled(b, "Trajectory replay")
+        _wait_for(
+            lambda: "trace_id=" in (b.evaluate("location.search") or ""),
+            RENDER_TIMEOUT_S,
+            "the URL to name the trajectory",
+        )
+        query = b.evaluate("location.search")
+    first = tracer.read_trajectories(run_dir, steps=[2]).column("trace_id")[0].as_py()
+    assert "Trajectory replay" in text
+    assert f"trace_id={first}" in query
