@@ -42,6 +42,8 @@ def streamlit_command(
         "true",
         "--browser.gatherUsageStats",
         "false",
+        "--client.toolbarMode",
+        "minimal",
         "--",
         "--path",
         os.path.abspath(path),
