@@ -213,6 +213,7 @@ def qwen_tokenizer_dir(cache: str | os.PathLike[str] | None = None) -> Path:
 
 def load_qwen_tokenizer(cache: str | os.PathLike[str] | None = None) -> Any:
     """A transformers fast tokenizer with the Qwen vocabulary and a tools chat template."""
-    from transformers import AutoTokenizer
+    # PreTrainedTokenizerFast, not AutoTokenizer: the latter imports torch.
+    from transformers import PreTrainedTokenizerFast
 
-    return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir(cache)), local_files_only=True)
+    return PreTrainedTokenizerFast.from_pretrained(str(qwen_tokenizer_dir(cache)), local_files_only=True)
