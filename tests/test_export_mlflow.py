@@ -421,6 +421,27 @@ def test_live_reward_logged_after_shipping_joins_its_trace(fresh_store: str, tmp
     assert (float(trace.info.tags["reward"]), float(trace.info.tags["reward.advantage"])) == (1.0, 0.25)
 
 
+def test_trajectory_without_root_exports_and_imports_back(fresh_store: str, run_dir: str, tmp_path: Path) -> None:
+    """A trajectory whose root span was never written gets a stand-in root in MLflow that the import drops again."""
+    import pyarrow as pa
+
+    (file,) = tracer.list_trace_files(run_dir)
+    spans = tracer.read_spans(run_dir)
+    trace_id = spans["trace_id"][0].as_py()
+    rows = [r for r in spans.to_pylist() if r["trace_id"] == trace_id and r["parent_span_id"] is not None]
+    torn = tmp_path / "torn" / PROJECT / EXPERIMENT
+    torn.mkdir(parents=True)
+    schema = tracer.SPAN_SCHEMA.with_metadata(tracer.read_file_metadata(file))
+    with pa.OSFile(str(torn / "torn.arrow"), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(pa.Table.from_pylist(rows, schema=schema))
+    mlflow_export.export_files(tmp_path / "torn", tracking_uri=fresh_store, progress=False)
+    (trace,) = mlflow_traces(fresh_store)
+    (root,) = [s for s in trace.data.spans if s.parent_id is None]
+    assert (root.span_type, trace.info.tags["status"]) == ("AGENT", "incomplete")
+    mlflow_export.import_traces(fresh_store, PROJECT, tmp_path / "back", progress=False)
+    assert comparable_spans(tmp_path / "back") == comparable_spans(tmp_path / "torn")
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
