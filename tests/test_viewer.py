@@ -327,6 +327,22 @@ def test_replay_group_button_opens_the_group(run_dir: str) -> None:
 # -- paths and damaged data ------------------------------------------------------
 
 
+def test_a_tree_of_runs_offers_one_run_at_a_time(tmp_path: str) -> None:
+    """A directory holding several runs shows the newest; ?run= or the Run selector picks another."""
+    record_run(tmp_path, steps=1, prompts=1, group=2, experiment="older")
+    os.utime(tracer.list_trace_files(os.path.join(os.fspath(tmp_path), "viewer-test", "older"))[0], (1, 1))
+    record_run(tmp_path, steps=2, prompts=1, group=2, experiment="newer")
+    root = os.fspath(tmp_path)
+    at = open_app(root)
+    assert at.sidebar.selectbox(key="run_sel").value == os.path.join("viewer-test", "newer")
+    assert {m.label: m.value for m in at.metric}["steps"] == "2"
+    at.sidebar.selectbox(key="run_sel").set_value(os.path.join("viewer-test", "older")).run()
+    assert {m.label: m.value for m in at.metric}["steps"] == "1"
+    assert at.query_params["run"] in (os.path.join("viewer-test", "older"), [os.path.join("viewer-test", "older")])
+    at = open_app(root, run=os.path.join("viewer-test", "older"))
+    assert {m.label: m.value for m in at.metric}["steps"] == "1"
+
+
 def test_empty_directory_gives_a_clear_message(tmp_path: str) -> None:
     """A directory without trace files says so and how to fix it."""
     at = open_app(os.fspath(tmp_path))

@@ -80,7 +80,9 @@ def _agent_loop(question: str, step: int, sample: int, rollout_n: int, crash: bo
     return {"messages": messages, "answer": answer, "num_turns": 2, "stop_reason": "stop"}
 
 
-def record_run(output_dir: str | os.PathLike[str], steps: int = 3, prompts: int = 2, group: int = 4) -> str:
+def record_run(
+    output_dir: str | os.PathLike[str], steps: int = 3, prompts: int = 2, group: int = 4, experiment: str = EXPERIMENT
+) -> str:
     """Record a small run under ``output_dir`` and return the run's directory.
 
     Step ``s`` (1-based), prompt ``p`` and rollout ``n`` get reward
@@ -90,7 +92,7 @@ def record_run(output_dir: str | os.PathLike[str], steps: int = 3, prompts: int 
     """
     cfg = tracer.init(
         project_name=PROJECT,
-        experiment_name=EXPERIMENT,
+        experiment_name=experiment,
         backend="arrow",
         output_dir=os.fspath(output_dir),
         max_tokens=8,

@@ -14,6 +14,7 @@ frames, chart labels) or escaped Markdown; nothing is rendered as HTML.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from typing import Any
@@ -28,6 +29,8 @@ from viewer import data as D
 VIEWS = ("Overview", "Trajectories", "Replay", "Group")
 SPLITS = ("both", "train", "validation")
 PAGE_SIZES = (25, 50, 100, 250)
+#: The run selector's "every run together" choice.
+ALL_RUNS = "all runs (mixed)"
 #: The step selector's "no step" choice.
 ALL_STEPS = "all steps"
 #: Charts drawn in the browser stay small: at most this many waterfall rows and token cells.
@@ -177,6 +180,8 @@ def _sync_query_params(path_from_url: str | None) -> None:
         qp["path"] = path_from_url
     if st.query_params.get("tokenizer"):
         qp["tokenizer"] = st.query_params["tokenizer"]
+    if ss.get("run_sel"):
+        qp["run"] = ss["run_sel"]
     if _step() is not None:
         qp["step"] = str(_step())
     if ss.get("split") != "both":
@@ -743,6 +748,23 @@ def _fmt(x: Any) -> str:
 # -- page ----------------------------------------------------------------------
 
 
+def _choose_run(path: str, sig: tuple) -> tuple[str, tuple]:
+    """When PATH holds several runs (directories of trace files), pick one: newest by default, or ?run=."""
+    dirs = D.run_dirs(sig)
+    if len(dirs) < 2:
+        return path, sig
+    ss = st.session_state
+    names = [os.path.relpath(d, path) for d in dirs]
+    if ss.get("run_sel") not in [*names, ALL_RUNS]:
+        wanted = st.query_params.get("run")
+        ss["run_sel"] = wanted if wanted in names or wanted == ALL_RUNS else names[0]
+    choice = st.sidebar.selectbox("Run", [*names, ALL_RUNS], key="run_sel", help="runs under PATH, newest first")
+    if choice == ALL_RUNS:
+        return path, sig
+    chosen = os.path.join(path, choice)
+    return chosen, D.file_signature(chosen)
+
+
 def main() -> None:
     """Draw the app."""
     st.set_page_config(page_title="rollout-trace viewer", layout="wide")
@@ -763,6 +785,7 @@ def main() -> None:
     except D.ViewerPathError as exc:
         st.error(D.escape_markdown(str(exc)))
         return
+    path, sig = _choose_run(path, sig)
     warn_box = st.container()
     steps_loaded = _steps(path, sig)
     _warn(steps_loaded.warnings)

@@ -146,6 +146,15 @@ def file_signature(path: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(sig)
 
 
+def run_dirs(sig: Sequence[tuple[str, int, int]]) -> list[str]:
+    """The directories holding trace files (one per recorded run), newest first by file mtime."""
+    newest: dict[str, int] = {}
+    for file, _, mtime in sig:
+        d = os.path.dirname(file)
+        newest[d] = max(newest.get(d, 0), mtime)
+    return sorted(newest, key=lambda d: (-newest[d], d))
+
+
 @dataclass
 class Loaded:
     """A table read from trace files, with the readers' warnings about damaged files."""
