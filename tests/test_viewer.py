@@ -387,10 +387,10 @@ def test_corrupt_file_is_reported_and_the_rest_shown(run_dir: str, tmp_path: str
 
 
 def test_golden_sample_file_opens() -> None:
-    """The committed golden trace file in sample_data/ opens in the viewer."""
-    golden = os.path.join(REPO, "sample_data")
-    if not any(f.endswith(".arrow") for _, _, fs in os.walk(golden) for f in fs):
-        pytest.skip("sample_data/ holds no trace files")
+    """The committed golden trace file in sample_data/golden/ opens in the viewer."""
+    golden = os.path.join(REPO, "sample_data", "golden")
+    if not os.path.isdir(golden) or not tracer.list_trace_files(golden):
+        pytest.skip("sample_data/golden/ holds no trace files")
     at = open_app(golden)
     assert int({m.label: m.value for m in at.metric}["trajectories"].replace(",", "")) > 0
     tid = D.load_trajectories(golden).table.column(D.TRACE_ID)[0].as_py()
