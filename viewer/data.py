@@ -943,7 +943,7 @@ def group(trajectories: pa.Table, step: int, sample_index: str, validate: bool |
 def sample_across_steps(
     trajectories: pa.Table, sample_index: str, validate: bool | None = None
 ) -> list[dict[str, Any]]:
-    """Per step, the rollouts of one sample: count, reward mean/min/max, trace ids."""
+    """Per step, the rollouts of one sample: count and reward mean/min/max."""
     t = trajectories.filter(pc.equal(trajectories.column(SAMPLE_INDEX), str(sample_index)))
     if validate is not None:
         t = t.filter(pc.equal(pc.fill_null(t.column(VALIDATE), False), validate))
