@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -62,6 +64,12 @@ def _generate(output_dir: str) -> None:
     tracer.shutdown()
 
 
+def _compact(run: str) -> None:
+    exe = os.path.join(os.path.dirname(sys.executable), "rollout-trace")
+    proc = subprocess.run([exe, "compact", run], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[Any, ...]]]:
     """Run the doc's python blocks then each sql block (keyed by its first '-- ' comment)."""
@@ -74,13 +82,18 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[An
         _generate("traces")
         namespace: dict[str, Any] = {}
         for code in _blocks("python"):
+            if "rollout-trace compact" in code:  # the block says to compact first: do so
+                _compact(os.path.join("traces", "gsm8k", "grpo-1"))
             exec(compile(code, DOC, "exec"), namespace)
     finally:
         os.chdir(cwd)
     con = duckdb.connect()
     con.register("spans", namespace["spans"])
     con.register("trajectories", namespace["trajectories"])
-    out: dict[str, list[tuple[Any, ...]]] = {"span counts (stream)": namespace["span_counts"]}
+    out: dict[str, list[tuple[Any, ...]]] = {
+        "span counts (stream)": namespace["span_counts"],
+        "tool calls by step (compacted dataset)": namespace["tool_calls_by_step"],
+    }
     for sql in _blocks("sql"):
         title = sql.strip().splitlines()[0].removeprefix("--").strip()
         out[title] = con.sql(sql).fetchall()
@@ -97,6 +110,7 @@ def test_every_documented_query_runs(results: dict[str, list[tuple[Any, ...]]]) 
         "tool error rate by tool",
         "longest trajectories",
         "span counts (stream)",
+        "tool calls by step (compacted dataset)",
     }
     assert all(results.values())
 
@@ -128,3 +142,8 @@ def test_longest_and_slowest(results: dict[str, list[tuple[Any, ...]]]) -> None:
     assert {r[0] for r in results["slowest tools"]} == {"calculator", "python"}
     assert len(results["slowest tool calls"]) == 10
     assert dict(results["span counts (stream)"])["tool"] == 2 * STEPS * SAMPLES * ROLLOUTS
+
+
+def test_compacted_files_scan_as_a_dataset(results: dict[str, list[tuple[Any, ...]]]) -> None:
+    """After rollout-trace compact, pyarrow.dataset + DuckDB count every tool call of every step."""
+    assert results["tool calls by step (compacted dataset)"] == [(s, 2 * SAMPLES * ROLLOUTS) for s in range(STEPS)]
