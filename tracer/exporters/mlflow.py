@@ -445,7 +445,7 @@ def _iter_trajectory_rows(path: str, trace_ids: list[str]) -> Iterator[list[dict
 
 
 class _Progress:
-    """tqdm when installed (it comes with mlflow), else a counter on stderr."""
+    """A tqdm bar when tqdm is installed (mlflow does not require it), else a counter on stderr."""
 
     def __init__(self, total: int, enabled: bool, desc: str) -> None:
         self._bar: Any = None
