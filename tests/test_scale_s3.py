@@ -99,6 +99,7 @@ def test_files_are_uploaded_when_closed(bucket: str, staging: str) -> None:
     assert sorted(trajs.column("sample_index").to_pylist()) == sorted(f"s{i}" for i in range(10))
     assert tracer.read_file_metadata(files[0])["rollout_trace.experiment_name"] == "e"
     assert _staged(staging) == []
+    assert not [f for _, _, fs in os.walk(staging) for f in fs if f.endswith(_remote.LOCK_SUFFIX)]
 
 
 def test_files_rotate_by_age_while_recording(bucket: str, staging: str) -> None:

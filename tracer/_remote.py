@@ -404,7 +404,7 @@ class UploadingSpanWriter(SpanWriter):
                 report("upload failed", f"cannot reach {dest_uri}: {type(exc).__name__}: {exc}", exc)
         # pyarrow finalizes S3 at exit; upload before that (atexit runs handlers last-in first-out).
         atexit.register(_close_at_exit, weakref.ref(self))
-        self._lock_fd = _try_lock(os.path.join(staging, self._stem + LOCK_SUFFIX))
+        self._lock_fd: int | None = _try_lock(os.path.join(staging, self._stem + LOCK_SUFFIX))
         orphans, self._orphan_locks = claim_orphans(staging, self._stem)
         for path in orphans:
             self._pending.append((path, True, 0.0, 0))
@@ -414,6 +414,8 @@ class UploadingSpanWriter(SpanWriter):
     # -- SpanWriter hooks --------------------------------------------------
 
     def _open(self) -> None:
+        if self._lock_fd is None:
+            self._lock_fd = _try_lock(os.path.join(self.run_dir, self._stem + LOCK_SUFFIX))
         super()._open()
         self._opened_at = time.monotonic()
         self._start()
@@ -449,6 +451,10 @@ class UploadingSpanWriter(SpanWriter):
         self._thread = None
         self._drain(retry=False)
         self._stopping = False
+        if not self._pending and self._lock_fd is not None:
+            # Nothing of ours left in staging: drop the lock file too.
+            _release(self.run_dir, self._stem, self._lock_fd)
+            self._lock_fd = None
 
     # -- rotation and upload -----------------------------------------------
 
@@ -506,14 +512,14 @@ class UploadingSpanWriter(SpanWriter):
             self._release_orphan_locks()
 
     def _release_orphan_locks(self) -> None:
-        waiting = {_stem_of(os.path.basename(p)) for p, *_ in self._pending}
+        waiting = {_stem_of(os.path.basename(p)) for p, *_ in tuple(self._pending)}
         for stem in [s for s in self._orphan_locks if s not in waiting]:
             _release(self.run_dir, stem, self._orphan_locks.pop(stem))
 
     @property
     def pending(self) -> list[str]:
         """Staged files not uploaded yet."""
-        return [p for p, *_ in self._pending]
+        return [p for p, *_ in tuple(self._pending)]
 
 
 # -- command line --------------------------------------------------------------
