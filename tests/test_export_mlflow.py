@@ -189,6 +189,7 @@ def test_reexport_does_not_repeat_metric_points(fresh_store: str, run_dir: str, 
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name(PROJECT).experiment_id])
     assert len(client.get_metric_history(run.info.run_id, "rollout/reward/mean")) == 2
+    assert len(client.get_metric_history(run.info.run_id, "rollout/response_length/mean")) == 2
 
 
 def test_llm_spans_render_as_chat_with_token_usage(exported: tuple[str, Any]) -> None:

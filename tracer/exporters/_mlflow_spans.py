@@ -158,7 +158,8 @@ def _loads(text: Any) -> Any:
         return text
 
 
-def _count(tokens: Any, keys: Sequence[str]) -> int:
+def count_tokens(tokens: Any, keys: Sequence[str]) -> int:
+    """Sum of the token counts under ``keys`` of a span's ``tokens`` attribute."""
     if not isinstance(tokens, Mapping):
         return 0
     return sum(int(tokens[k]) for k in keys if isinstance(tokens.get(k), (int, float)))
@@ -331,7 +332,7 @@ def trajectory_data(
         if kind == S.KIND_LLM:
             attrs[MLFLOW_MESSAGE_FORMAT] = "openai"
             tokens = own_attrs.get("tokens") if isinstance(own_attrs, Mapping) else None
-            n_in, n_out = _count(tokens, PROMPT_TOKEN_KEYS), _count(tokens, RESPONSE_TOKEN_KEYS)
+            n_in, n_out = count_tokens(tokens, PROMPT_TOKEN_KEYS), count_tokens(tokens, RESPONSE_TOKEN_KEYS)
             response_tokens += n_out
             if n_in or n_out:
                 attrs[MLFLOW_CHAT_USAGE] = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}

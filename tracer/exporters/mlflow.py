@@ -53,10 +53,12 @@ from tracer.exporters._mlflow_spans import (
     MLFLOW_REQUEST_ID,
     MLFLOW_SPAN_TYPE,
     MLFLOW_TRACE_TAG_PREFIX,
+    RESPONSE_TOKEN_KEYS,
     TAG_EXPERIMENT,
     TAG_REWARD,
     TAG_TRACE_ID,
     TrajectoryData,
+    count_tokens,
     mlflow_trace_id,
     trajectory_data,
 )
@@ -478,6 +480,19 @@ class _Progress:
             print(file=sys.stderr)
 
 
+def _response_tokens(path: str, trace_ids: list[str]) -> dict[str, int]:
+    """Response tokens per trajectory, from the llm spans' ``tokens`` attribute (3 columns read)."""
+    import pyarrow.compute as pc
+
+    table = read_spans(path, columns=[S.TRACE_ID, S.KIND, S.ATTRIBUTES], trace_ids=trace_ids)
+    table = table.filter(pc.equal(table[S.KIND], S.KIND_LLM))
+    out: dict[str, int] = dict.fromkeys(trace_ids, 0)
+    for tid, attrs in zip(table[S.TRACE_ID].to_pylist(), table[S.ATTRIBUTES].to_pylist()):
+        tokens = orjson.loads(attrs).get("tokens") if attrs else None
+        out[tid] = out.get(tid, 0) + count_tokens(tokens, RESPONSE_TOKEN_KEYS)
+    return out
+
+
 def _step_timestamps(trajectories: pa.Table) -> dict[tuple[int | None, bool], int]:
     """Per (step, validate): the end of its last trajectory, in ms (a stable metric timestamp)."""
     out: dict[tuple[int | None, bool], int] = {}
@@ -586,12 +601,10 @@ def _export_group(
         send()
     finally:
         bar.close()
-    if existing and selected.num_rows:
-        # Response lengths of trajectories sent earlier: read their llm token counts.
-        for rows in _iter_trajectory_rows(path, [t for t in ids if t in existing]):
-            response_tokens[rows[0][S.TRACE_ID]] = trajectory_data(
-                rows, group.project, group.experiment
-            ).response_tokens
+    earlier = [t for t in ids if t in existing]
+    if earlier:
+        # Response lengths of trajectories sent earlier: only their llm spans' token counts.
+        response_tokens.update(_response_tokens(path, earlier))
     metrics = step_metrics(selected)
     for key, value in _response_length(response_tokens, selected).items():
         metrics.setdefault(key, {})["response_length/mean"] = value
