@@ -240,3 +240,37 @@ def test_repair_keeps_complete_batches_and_drops_empty_files(tmp_path: Any) -> N
     with open(other, "wb") as f:
         f.write(b"\xff\xff\xff\xff\x10\x00")  # not even a schema
     assert _remote.repair_stream(other) == 0 and not os.path.exists(other)
+
+
+def test_concurrent_processes_share_one_staging_directory(bucket: str, staging: str) -> None:
+    """Several processes writing to the same URI on one host each upload their own files; every trajectory once."""
+    code = f"""
+import asyncio, sys, tracer
+tracer.init(output_dir={bucket!r}, project_name="p", experiment_name="many", upload_interval_s=0.3)
+
+@tracer.rollout_trace_op(kind="rollout")
+async def rollout(i):
+    await asyncio.sleep(0.01)
+    return {{"messages": []}}
+
+async def main(worker):
+    for i in range(40):
+        with tracer.rollout_trace_attr(sample_index=f"w{{worker}}-{{i}}", step=i // 10):
+            await rollout(i)
+        if i % 10 == 9:
+            tracer.flush()
+
+asyncio.run(main(sys.argv[1]))
+assert tracer.shutdown().ok
+"""
+    env = {**os.environ, _remote.ENV_STAGING_DIR: staging, "PYTHONPATH": REPO}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(w)], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+        for w in range(3)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    names = tracer.read_trajectories(f"{bucket}/p/many").column("sample_index").to_pylist()
+    assert sorted(names) == sorted(f"w{w}-{i}" for w in range(3) for i in range(40))
+    assert _staged(staging) == []
