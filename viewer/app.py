@@ -227,7 +227,9 @@ def _on_list_select() -> None:
 
 def _show_warnings(box: Any) -> None:
     for m in _WARNINGS:
-        box.warning("Damaged or unreadable trace file, read up to the damage: " + D.escape_markdown(m))
+        box.warning(
+            "Trace file read up to its last complete batch (damaged, or still being written): " + D.escape_markdown(m)
+        )
 
 
 def _step() -> int | None:
