@@ -31,16 +31,40 @@ SPANS_PER_TRAJECTORY = 4  # tests/faults/writer.py: rollout, llm, tool, log_rewa
 TORN_TAIL = re.compile(r"damaged after \d+ complete batch|empty file \(0 bytes\)|not a readable trace file")
 
 
+def _wait_for_a_write(out: str, pid: int, limit_s: float = 10.0) -> None:
+    """Return as soon as one of ``pid``'s trace files grows: a batch is being written right now."""
+    import glob
+
+    pattern = os.path.join(out, "faults", "kill9", f"*_{pid}_*.arrow")
+    sizes: dict[str, int] = {}
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        for path in glob.glob(pattern):
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                continue
+            if path in sizes and size != sizes[path]:
+                return
+            sizes[path] = size
+
+
 def _kill_one(out: str, run: int, rng: random.Random) -> dict[str, Any]:
-    """Start a writer, SIGKILL it at a random moment, return what it acknowledged."""
-    during_startup = rng.random() < 0.15
+    """Start a writer, SIGKILL it at a random moment, return what it acknowledged.
+
+    Moments: during start-up; at a random time while recording; or, after a
+    random time, the instant one of its files grows (aiming inside a batch write).
+    """
+    moment = rng.choices(["startup", "recording", "writing"], weights=[0.15, 0.5, 0.35])[0]
     delay = rng.uniform(0.0, 3.0)
     proc = start_fault_script("writer.py", out, run, rng.randrange(2**31))
     assert proc.stdout is not None and proc.stderr is not None
-    if not during_startup:
+    if moment != "startup":
         line = proc.stdout.readline()
         assert line.startswith("READY"), line + proc.stderr.read()
     time.sleep(delay)
+    if moment == "writing":
+        _wait_for_a_write(out, proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     rest = proc.stdout.read()
     err = proc.stderr.read()
@@ -48,7 +72,7 @@ def _kill_one(out: str, run: int, rng: random.Random) -> dict[str, Any]:
     assert proc.returncode == -signal.SIGKILL, f"writer {run} ended on its own ({proc.returncode}): {rest} {err}"
     assert "FAIL" not in rest, rest
     acks = [int(x) for x in re.findall(r"^ACK (\d+)$", rest, re.M)]
-    return {"run": run, "acknowledged": max(acks, default=0), "during_startup": during_startup}
+    return {"run": run, "acknowledged": max(acks, default=0), "moment": moment}
 
 
 @pytest.mark.slow
@@ -72,7 +96,8 @@ def test_kill_dash_9_at_random_moments_loses_no_acknowledged_span(tmp_path: os.P
     files = tracer.list_trace_files(out)
     FIGURES["kill -9"] = {
         "kills": KILLS,
-        "kills_during_startup": sum(r["during_startup"] for r in runs),
+        "kills_during_startup": sum(r["moment"] == "startup" for r in runs),
+        "kills_aimed_at_a_write": sum(r["moment"] == "writing" for r in runs),
         "spans_acknowledged": acknowledged,
         "spans_recovered": spans.num_rows,
         "files": len(files),
