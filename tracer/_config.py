@@ -112,7 +112,7 @@ class TraceConfig:
     seed: int = 0
     flush_interval_s: float = 1.0
     max_file_bytes: int = 256 * 1024 * 1024
-    max_buffered_spans: int = 100_000
+    max_buffered_spans: int = 20_000
     on_buffer_full: str = "block"
     compression_level: int = 3
     log_val_generations: int = 10
