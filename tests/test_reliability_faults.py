@@ -451,6 +451,26 @@ def test_flush_is_ok_again_once_space_returns(lenient: None) -> None:
     assert result.ok, result
 
 
+def test_file_size_limit_acts_like_a_full_disk_without_root(trace_dir: str) -> None:
+    """RLIMIT_FSIZE (no root needed): rollouts go on, one warning, failures counted; limit lifted, recording resumes."""
+    import json
+
+    proc = start_fault_script("file_size_limit.py", trace_dir, 100_000)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    report = json.loads(stdout.strip().splitlines()[-1])
+    phases = report["phases"]
+    assert report["returned_normally"] and len(report["warnings"]) == 1, report["warnings"]
+    over = [phases[f"over{k}"] for k in range(3)]
+    assert all(not p["ok"] and "File too large" in p["message"] for p in over), over
+    assert 0 < over[0]["spans_failed"] < over[1]["spans_failed"] < over[2]["spans_failed"]
+    assert phases["after"]["ok"] and phases["after"]["spans_written"] == phases["over2"]["spans_written"] + 40
+    spans, messages = read_quietly(tracer.read_spans, trace_dir, columns=["sample_index"])
+    samples = collections.Counter(s.rsplit("-", 1)[0] for s in spans["sample_index"].to_pylist())
+    assert samples == {"small": 10, "after": 40}
+    assert all(TORN_TAIL.search(m) for m in messages), messages
+
+
 def test_output_dir_under_a_regular_file_keeps_the_rollout_running(
     lenient: None, tmp_path: os.PathLike[str], caplog: pytest.LogCaptureFixture
 ) -> None:
