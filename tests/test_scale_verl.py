@@ -205,6 +205,8 @@ def test_documented_overrides_reach_every_ray_worker() -> None:
                 "actor_rollout_ref.rollout.trace.token2text=True",
                 "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracer.verl_compat.install",
                 "+ray_kwargs.ray_init.runtime_env.env_vars.ROLLOUT_TRACE_DIR=s3://my-bucket/traces",
+                "+ray_kwargs.ray_init.runtime_env.env_vars.ROLLOUT_TRACE_CONFIG="
+                + "'" + json.dumps({"max_tokens": 4096, "upload_interval_s": 300}) + "'",
             ])
         # What verl.trainer.main_ppo.run_ppo does before ray.init:
         ray_init_kwargs = cfg.ray_kwargs.get("ray_init", {})
@@ -219,6 +221,10 @@ def test_documented_overrides_reach_every_ray_worker() -> None:
     got = json.loads(out.strip().splitlines()[-1])
     assert got["runtime_env"]["worker_process_setup_hook"] == "tracer.verl_compat.install"
     assert got["runtime_env"]["env_vars"]["ROLLOUT_TRACE_DIR"] == "s3://my-bucket/traces"
+    assert json.loads(got["runtime_env"]["env_vars"]["ROLLOUT_TRACE_CONFIG"]) == {
+        "max_tokens": 4096,
+        "upload_interval_s": 300,
+    }
     trace = got["trace"]
     assert (trace["project_name"], trace["experiment_name"], trace["backend"], trace["token2text"]) == (
         "gsm8k",
