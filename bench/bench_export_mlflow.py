@@ -159,7 +159,14 @@ def _bench_server(run_dir: str, tmp: str) -> None:
         )
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # its job consumers can outlive SIGTERM
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=30)
 
 
 def main() -> int:
