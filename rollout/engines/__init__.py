@@ -95,12 +95,12 @@ def engine_class(name: str) -> type:
     if target is None:
         raise ValueError(f"unknown engine {name!r}; valid engines are {', '.join(ENGINES)}")
     module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), cls)
 
 
 def create_engine(name: str, **kwargs: Any) -> Engine:
     """Build engine ``name`` with ``kwargs`` (see each engine's class)."""
-    return engine_class(name)(**kwargs)  # type: ignore[no-any-return]
+    return engine_class(name)(**kwargs)
 
 
 __all__ = ["ENGINES", "Engine", "Generation", "SamplingParams", "create_engine", "engine_class"]

@@ -80,7 +80,7 @@ class OpenAIEngine:
         req = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read())  # type: ignore[no-any-return]
+                return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode("utf-8", "replace")[:500]
             raise RuntimeError(f"{self.url} answered HTTP {exc.code}: {detail}") from None
