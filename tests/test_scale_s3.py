@@ -274,3 +274,29 @@ assert tracer.shutdown().ok
     names = tracer.read_trajectories(f"{bucket}/p/many").column("sample_index").to_pylist()
     assert sorted(names) == sorted(f"w{w}-{i}" for w in range(3) for i in range(40))
     assert _staged(staging) == []
+
+
+def test_compacted_run_reads_from_the_bucket_with_step_pruning(bucket: str, tmp_path: Any) -> None:
+    """A run compacted locally and copied to S3 (index included) reads once, by step, from its URI."""
+    import pyarrow.fs as pafs
+
+    from tracer._compact import compact
+
+    local = os.path.join(str(tmp_path), "local")
+    tracer.init(output_dir=local, max_file_bytes=3000)
+    for step in range(3):
+        _record(5, step=step, prefix=f"c{step}-")
+        tracer.flush()
+    tracer.shutdown()
+    before = tracer.read_spans(local, columns=["span_id"]).num_rows
+    compact(local)
+    run = os.path.join(local, "rollout_trace", "default")
+    fs, root = _remote.filesystem(bucket)
+    for name in os.listdir(run):
+        with open(os.path.join(run, name), "rb") as src, fs.open_output_stream(f"{root}/run/{name}") as dst:
+            dst.write(src.read())
+    uri = f"{bucket}/run"
+    assert [os.path.basename(u) for u in tracer.list_trace_files(uri)] == [n for n in sorted(os.listdir(run)) if n.endswith(".arrow")]
+    assert tracer.read_spans(uri, columns=["span_id"]).num_rows == before
+    assert set(tracer.read_spans(uri, columns=["step"], steps=[1])["step"].to_pylist()) == {1}
+    assert isinstance(fs, pafs.FileSystem)

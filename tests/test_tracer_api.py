@@ -107,7 +107,7 @@ def test_verl_overrides_parse_to_field_types() -> None:
             "trace.flush_interval_s=0.5",
             "trainer.project_name=gsm8k",
             "trainer.experiment_name=grpo_1",
-        "trainer.log_val_generations=4",
+            "trainer.log_val_generations=4",
             "data.train_batch_size=1024",  # the rest of a verl command line is ignored
         ]
     )

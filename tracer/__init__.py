@@ -24,7 +24,7 @@ from typing import Any
 
 from tracer import _recorder
 from tracer._backends import available_backends
-from tracer._config import ENV_BACKEND, ENV_STRICT, ENV_TRACE_DIR, TraceConfig, TraceConfigError
+from tracer._config import ENV_BACKEND, ENV_CONFIG, ENV_STRICT, ENV_TRACE_DIR, TraceConfig, TraceConfigError
 from tracer._decorators import log_reward, propagate, rollout_trace_attr, rollout_trace_op
 from tracer._reader import (
     TraceFileWarning,
@@ -51,6 +51,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ENV_BACKEND",
+    "ENV_CONFIG",
     "ENV_STRICT",
     "ENV_TRACE_DIR",
     "SCHEMA_VERSION",

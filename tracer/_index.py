@@ -24,10 +24,15 @@ ARROW_FILE_MAGIC = b"ARROW1"
 
 def load_index(run_dir: str) -> dict[str, Any]:
     """The index of ``run_dir`` (empty when there is none or it is unreadable)."""
-    path = os.path.join(run_dir, INDEX_NAME)
+    from tracer import _remote
+
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        if _remote.is_remote(run_dir):
+            with _remote.open_input(_remote.join_uri(run_dir, INDEX_NAME)) as f:
+                data = json.loads(f.read().decode("utf-8"))
+        else:
+            with open(os.path.join(run_dir, INDEX_NAME), encoding="utf-8") as f:
+                data = json.load(f)
     except (OSError, ValueError):
         return {"version": INDEX_VERSION, "files": {}}
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
@@ -63,10 +68,21 @@ def fsync_dir(path: str) -> None:
 
 def replaced_files(run_dir: str, index: dict[str, Any]) -> set[str]:
     """Names readers must skip: replaced by a compacted file that exists."""
+    from tracer import _remote
+
+    def exists(name: str) -> bool:
+        if _remote.is_remote(run_dir):
+            try:
+                _remote.file_size(_remote.join_uri(run_dir, name))
+            except OSError:
+                return False
+            return True
+        return os.path.exists(os.path.join(run_dir, name))
+
     hidden: set[str] = set()
     for name, entry in index["files"].items():
         group = entry.get("group", [name])
-        if entry.get("replaces") and all(os.path.exists(os.path.join(run_dir, g)) for g in group):
+        if entry.get("replaces") and all(exists(g) for g in group):
             hidden.update(entry["replaces"])
     return hidden
 
@@ -80,8 +96,10 @@ def batches_for_steps(entry: dict[str, Any], size: int, steps: set[int] | None) 
 
 def is_arrow_file_format(path: str) -> bool:
     """True for an Arrow IPC file (with footer), False for a stream."""
+    from tracer import _remote
+
     try:
-        with open(path, "rb") as f:
-            return f.read(len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC
+        with _remote.open_input(path) as f:
+            return bytes(f.read(len(ARROW_FILE_MAGIC))) == ARROW_FILE_MAGIC
     except OSError:
         return False

@@ -36,7 +36,13 @@ def list_trace_files(path: str | os.PathLike[str]) -> list[str]:
     """
     p = os.fspath(path)
     if _remote.is_remote(p):
-        return _remote.list_remote(p)
+        remote = _remote.list_remote(p)
+        hidden: dict[str, set[str]] = {}
+        for uri in remote:
+            parent = os.path.dirname(uri)
+            if parent not in hidden:
+                hidden[parent] = replaced_files(parent, load_index(parent))
+        return [u for u in remote if os.path.basename(u) not in hidden[os.path.dirname(u)]]
     if os.path.isfile(p):
         return [p]
     if not os.path.isdir(p):
@@ -354,13 +360,15 @@ def _collect_rewards(
         path, columns=[S.ATTRIBUTES, S.KIND, S.NAME, S.END_NS, S.TRACE_ID], steps=steps, validate=validate
     )
     attrs = attrs.filter(pc.and_(pc.equal(attrs[S.KIND], S.KIND_REWARD), pc.equal(attrs[S.NAME], S.REWARD_SPAN_NAME)))
-    info = attrs[S.ATTRIBUTES].to_pylist()
+    # Matched by (trace id, end time), not by position: a writer may append
+    # between the two reads, and then positions no longer line up.
+    info = dict(zip(zip(attrs[S.TRACE_ID].to_pylist(), attrs[S.END_NS].to_pylist()), attrs[S.ATTRIBUTES].to_pylist()))
     cols = [
         rewards[c].to_pylist()
         for c in (S.TRACE_ID, S.END_NS, S.REWARD, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)
     ]
-    for i, (tid, end, reward, step, sample, rollout, val) in enumerate(zip(*cols)):
-        entry = (end, reward, info[i] if i < len(info) else None)
+    for tid, end, reward, step, sample, rollout, val in zip(*cols):
+        entry = (end, reward, info.get((tid, end)))
         if tid:
             if tid not in by_trace or by_trace[tid][0] <= end:
                 by_trace[tid] = entry
