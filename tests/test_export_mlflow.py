@@ -399,6 +399,16 @@ def test_live_backend_ships_trajectories_and_metrics(fresh_store: str, tmp_path:
     assert [m.step for m in client.get_metric_history(run.info.run_id, "rollout/reward/mean")] == [1, 2]
 
 
+def test_live_backend_finds_its_store_in_mlflow_tracking_uri(
+    fresh_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """backend="mlflow" alone (as verl configures it) ships to the store named by MLFLOW_TRACKING_URI."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", fresh_store)
+    run_dir = record_run(tmp_path / "traces", backend="mlflow")
+    assert len(list(Path(run_dir).glob("*.arrow"))) >= 1
+    assert len(mlflow_traces(fresh_store)) == trajectory_count()
+
+
 def test_live_backend_then_export_sends_nothing_twice(fresh_store: str, tmp_path: Path) -> None:
     """After live shipping, exporting the files finds every trajectory already there."""
     uri = fresh_store
