@@ -17,6 +17,7 @@ def test_public_names_are_pinned() -> None:
     assert sorted(tracer.__all__) == sorted(
         [
             "ENV_BACKEND",
+            "ENV_CONFIG",
             "ENV_STRICT",
             "ENV_TRACE_DIR",
             "SCHEMA_VERSION",

@@ -37,12 +37,12 @@ def list_trace_files(path: str | os.PathLike[str]) -> list[str]:
     p = os.fspath(path)
     if _remote.is_remote(p):
         remote = _remote.list_remote(p)
-        hidden: dict[str, set[str]] = {}
+        hidden_in: dict[str, set[str]] = {}
         for uri in remote:
             parent = os.path.dirname(uri)
-            if parent not in hidden:
-                hidden[parent] = replaced_files(parent, load_index(parent))
-        return [u for u in remote if os.path.basename(u) not in hidden[os.path.dirname(u)]]
+            if parent not in hidden_in:
+                hidden_in[parent] = replaced_files(parent, load_index(parent))
+        return [u for u in remote if os.path.basename(u) not in hidden_in[os.path.dirname(u)]]
     if os.path.isfile(p):
         return [p]
     if not os.path.isdir(p):
