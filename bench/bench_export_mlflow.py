@@ -180,6 +180,7 @@ def main() -> int:
     import mlflow
 
     with tempfile.TemporaryDirectory(prefix="bench-mlflow-") as tmp:
+        os.chdir(tmp)  # MLflow writes a SQLite store's trace artifacts under ./mlruns
         t0 = time.perf_counter()
         run_dir = record(os.path.join(tmp, "traces"), args.trajectories)
         traj = tracer.read_trajectories(run_dir)

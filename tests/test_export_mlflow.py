@@ -30,6 +30,12 @@ import tracer  # noqa: E402
 from tracer.exporters import mlflow as mlflow_export  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run each test in its temp folder: MLflow puts a SQLite store's trace artifacts under ./mlruns."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A recorded run: 2 steps, 2 prompts x 4 rollouts, one validation rollout per step."""
