@@ -183,6 +183,28 @@ def test_forked_child_that_never_flushes_still_writes_its_spans_at_exit(trace_di
     assert len([s for s in samples if s.startswith("child-")]) == 40 * workers.SPANS_PER_TRAJECTORY
 
 
+@pytest.mark.slow
+def test_read_trajectories_while_writers_append_pairs_each_reward_with_its_own_extras(trace_dir: str) -> None:
+    """Reading a directory two processes are appending to: every trajectory's reward_info belongs to its own reward."""
+    import json
+
+    procs = [start_fault_script("reward_writer.py", trace_dir) for _ in range(2)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
+        checked = 0
+        for _ in range(10):
+            table, _ = read_quietly(tracer.read_trajectories, trace_dir)
+            for reward, info in zip(table["reward"].to_pylist(), table["reward_info"].to_pylist()):
+                assert info is not None and json.loads(info)["advantage"] == reward * 10, (reward, info)
+                checked += 1
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+    assert checked > 0
+
+
 # -- damaged files ----------------------------------------------------------------
 
 BATCHES = 5
