@@ -88,7 +88,8 @@ class Encoder:
                 return str(value)
             return value
         if cls is float:
-            return value if math.isfinite(value) else repr(value)
+            # JSON has no NaN/inf: a marked placeholder, never the plain text "nan".
+            return value if math.isfinite(value) else f"<{value!r}>"
         if depth > 64:
             return "<nested too deep>"
         if cls is dict or isinstance(value, dict):
@@ -126,7 +127,7 @@ class Encoder:
             except UnicodeDecodeError:
                 return {"__bytes_b64__": base64.b64encode(raw).decode("ascii")}
         if isinstance(value, float):
-            return float(value) if math.isfinite(value) else repr(value)
+            return float(value) if math.isfinite(value) else f"<{float(value)!r}>"
         if isinstance(value, int):
             return int(value)
         if isinstance(value, BaseException):

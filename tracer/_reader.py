@@ -247,6 +247,7 @@ _TRAJ_READ = (
     S.ROLLOUT_N,
     S.VALIDATE,
     S.REWARD,
+    S.ATTRIBUTES,  # kept for reward rows only (advantage and other extras)
 )
 
 
@@ -267,7 +268,7 @@ def read_trajectories(
     spans = read_spans(path, columns=_TRAJ_READ, steps=steps, validate=validate)
     is_reward_row = pc.and_(pc.equal(spans[S.KIND], S.KIND_REWARD), pc.equal(spans[S.NAME], S.REWARD_SPAN_NAME))
     rewards = spans.filter(is_reward_row)
-    body = spans.filter(pc.invert(is_reward_row))
+    body = spans.filter(pc.invert(is_reward_row)).drop_columns([S.ATTRIBUTES])
     if body.num_rows == 0:
         return S.TRAJECTORY_SCHEMA.empty_table()
 
@@ -301,7 +302,7 @@ def read_trajectories(
     # Rewards returned by kind="reward" ops count when no log_reward names one.
     scored = body.filter(pc.is_valid(body[S.REWARD])).sort_by(S.END_NS)
     op_reward = dict(zip(scored[S.TRACE_ID].to_pylist(), scored[S.REWARD].to_pylist()))
-    reward_by_trace, reward_by_key = _collect_rewards(path, rewards, steps, validate)
+    reward_by_trace, reward_by_key = _collect_rewards(rewards)
 
     trace_ids = grouped[S.TRACE_ID].to_pylist()
     steps_l = grouped[f"{S.STEP}_first"].to_pylist()
@@ -348,27 +349,17 @@ def read_trajectories(
 
 
 def _collect_rewards(
-    path: Any, rewards: pa.Table, steps: Any, validate: Any
+    rewards: pa.Table,
 ) -> tuple[dict[str, tuple[int, float, str | None]], dict[tuple[Any, ...], tuple[int, float, str | None]]]:
-    """Last reward per trace id, and per (step, sample, rollout, validate) key."""
+    """Last reward (end time, value, extras JSON) per trace id, and per (step, sample, rollout, validate) key."""
     by_trace: dict[str, tuple[int, float, str | None]] = {}
     by_key: dict[tuple[Any, ...], tuple[int, float, str | None]] = {}
-    if rewards.num_rows == 0:
-        return by_trace, by_key
-    # The reward rows' attributes (advantage, ...) are read only for them.
-    attrs = read_spans(
-        path, columns=[S.ATTRIBUTES, S.KIND, S.NAME, S.END_NS, S.TRACE_ID], steps=steps, validate=validate
-    )
-    attrs = attrs.filter(pc.and_(pc.equal(attrs[S.KIND], S.KIND_REWARD), pc.equal(attrs[S.NAME], S.REWARD_SPAN_NAME)))
-    # Matched by (trace id, end time), not by position: a writer may append
-    # between the two reads, and then positions no longer line up.
-    info = dict(zip(zip(attrs[S.TRACE_ID].to_pylist(), attrs[S.END_NS].to_pylist()), attrs[S.ATTRIBUTES].to_pylist()))
     cols = [
         rewards[c].to_pylist()
-        for c in (S.TRACE_ID, S.END_NS, S.REWARD, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)
+        for c in (S.TRACE_ID, S.END_NS, S.REWARD, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE, S.ATTRIBUTES)
     ]
-    for tid, end, reward, step, sample, rollout, val in zip(*cols):
-        entry = (end, reward, info.get((tid, end)))
+    for tid, end, reward, step, sample, rollout, val, info in zip(*cols):
+        entry = (end, reward, info)
         if tid:
             if tid not in by_trace or by_trace[tid][0] <= end:
                 by_trace[tid] = entry

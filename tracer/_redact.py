@@ -36,6 +36,9 @@ SECRET_VALUE_PATTERNS = (
     r"(?i:bearer)\s+[A-Za-z0-9._~+/\-]{12,}=*",  # Authorization: Bearer ...
 )
 
+#: Substrings every match of SECRET_VALUE_PATTERNS contains.
+TRIGGERS = ("sk-", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "AKIA", "earer", "EARER")
+
 #: Environment variable names whose values are secrets.
 SECRET_ENV_PATTERN = re.compile(r"(?i)(api_?key|token|secret|password|passwd|credentials?)$")
 
@@ -59,13 +62,23 @@ class Redactor:
     """
 
     def __init__(self, extra_patterns: Iterable[str] = (), environ: dict[str, str] | None = None) -> None:
-        parts = [re.escape(v) for v in secret_env_values(environ)]
+        values = secret_env_values(environ)
+        extra = list(extra_patterns)
+        parts = [re.escape(v) for v in values]
         parts.extend(SECRET_VALUE_PATTERNS)
-        parts.extend(extra_patterns)
+        parts.extend(extra)
         self._pattern = re.compile("|".join(f"(?:{p})" for p in parts))
+        # A string holding none of these substrings cannot match the built-in
+        # patterns or the secret values: skip the regex (C-speed scans instead
+        # of a regex alternation tried at every position). Configured patterns
+        # have no known prefix, so they always run the regex.
+        self._triggers: tuple[str, ...] | None = None if extra else (*TRIGGERS, *values)
 
     def text(self, value: str) -> str:
         """``value`` with every secret replaced by ``<redacted>``."""
+        triggers = self._triggers
+        if triggers is not None and not any(t in value for t in triggers):
+            return value
         return self._pattern.sub(REDACTED, value)
 
 
