@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import math
 import traceback
 from typing import Any
@@ -96,7 +97,7 @@ class Encoder:
             out: dict[str, Any] = {}
             for k, v in value.items():
                 key = k if isinstance(k, str) else str(k)
-                if self.redact_keys and is_secret_key(key):
+                if self.redact_keys and _secret_key(key):
                     out[key] = REDACTED
                     continue
                 if key in self.token_fields:
@@ -178,6 +179,12 @@ class Encoder:
         self.jobs = []
         self._drop_ids = []
         return errors
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_key(key: str) -> bool:
+    # Keys repeat across spans (argument names): remember the verdicts.
+    return is_secret_key(key)
 
 
 def batch_decode(tokenizer: Any, sequences: list[list[int]]) -> list[str]:

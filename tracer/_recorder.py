@@ -461,73 +461,94 @@ class Recorder:
         cfg = self.config
         enc = Encoder(cfg.token_fields, cfg.token2text, cfg.max_tokens, cfg.store_full_token, cfg.redact)
         n = len(records)
-        cols: dict[str, list[Any]] = {name: [None] * n for name in S.SPAN_COLUMNS}
+        rewards: list[float | None] = [None] * n
+        statuses: list[str] = [S.STATUS_OK] * n
+        errors: list[str | None] = [None] * n
+        names: list[str] = [None] * n  # type: ignore[list-item]
+        steps: list[int | None] = [None] * n
+        samples: list[str | None] = [None] * n
+        rollouts: list[int | None] = [None] * n
+        validates: list[bool | None] = [None] * n
         prepared: list[tuple[Any, Any, dict[str, Any], bool]] = []
-        sp, tp = self.span_prefix, self.trace_prefix
+        tokenizer_for = self._tokenizer_for
+        prepare = enc.prepare
         for i, rec in enumerate(records):
             spec: OpSpec = rec[R_SPEC]
             traj: Trajectory | None = rec[R_TRAJ]
             exc = rec[R_EXC]
+            special = spec.special
             attrs: dict[str, Any] = {}
             inputs: Any = None
             outputs: Any = None
             try:
-                if spec.special == "reward":
-                    cols[S.REWARD][i] = rec[R_ARGS][0]
-                    attrs.update(enc.prepare(rec[R_KWARGS] or {}, None, {}))
-                else:
-                    tok = self._tokenizer_for(rec[R_SELF])
-                    if spec.special is None:
-                        inputs = enc.prepare(spec.bind(rec[R_ARGS], rec[R_KWARGS]), tok, attrs)
-                        if exc is None:
-                            out = rec[R_OUT]
-                            outputs = enc.prepare(out, tok, attrs)
-                            if spec.kind == S.KIND_REWARD:
-                                cols[S.REWARD][i] = _as_reward(out)
+                if special == "reward":
+                    rewards[i] = rec[R_ARGS][0]
+                    attrs.update(prepare(rec[R_KWARGS] or {}, None, {}))
+                elif special is None:
+                    tok = tokenizer_for(rec[R_SELF])
+                    inputs = prepare(spec.bind(rec[R_ARGS], rec[R_KWARGS]), tok, attrs)
+                    if exc is None:
+                        out = rec[R_OUT]
+                        outputs = prepare(out, tok, attrs)
+                        if spec.kind == S.KIND_REWARD:
+                            rewards[i] = _as_reward(out)
                 if traj is not None and rec[R_PARENT] is None and traj.extra:
-                    attrs.update(enc.prepare(traj.extra, None, {}))
+                    attrs.update(prepare(traj.extra, None, {}))
             except Exception as err:
                 self.problems.report("internal error", f"encoding span {spec.name!r}: {type(err).__name__}: {err}", err)
                 inputs, outputs = f"<not recorded: {type(err).__name__}: {err}>", None
-            prepared.append((inputs, outputs, attrs, spec.special is None and exc is None))
-            trace_int = rec[R_TRACE]
-            cols[S.TRACE_ID][i] = f"{tp}{trace_int:016x}" if trace_int else ""
-            cols[S.SPAN_ID][i] = f"{sp}{rec[R_SPAN]:08x}"
-            parent = rec[R_PARENT]
-            cols[S.PARENT_SPAN_ID][i] = None if parent is None else f"{sp}{parent:08x}"
-            cols[S.NAME][i] = traj.name if spec.special == "root" and traj is not None else spec.name
-            cols[S.KIND][i] = spec.kind
-            cols[S.START_NS][i] = rec[R_START]
-            cols[S.END_NS][i] = rec[R_END]
-            if exc is None:
-                cols[S.STATUS][i] = S.STATUS_OK
-            elif _is_cancel(exc):
-                cols[S.STATUS][i] = S.STATUS_CANCELLED
-            else:
-                cols[S.STATUS][i] = S.STATUS_ERROR
-                cols[S.ERROR][i] = error_json(exc)
+            prepared.append((inputs, outputs, attrs, special is None and exc is None))
+            names[i] = traj.name if special == "root" and traj is not None else spec.name
+            if exc is not None:
+                if _is_cancel(exc):
+                    statuses[i] = S.STATUS_CANCELLED
+                else:
+                    statuses[i] = S.STATUS_ERROR
+                    errors[i] = error_json(exc)
             if traj is not None:
-                cols[S.STEP][i] = traj.step
-                cols[S.SAMPLE_INDEX][i] = traj.sample_index
-                cols[S.ROLLOUT_N][i] = traj.rollout_n
-                cols[S.VALIDATE][i] = traj.validate
-        errors = enc.decode_pending()
-        if errors:
-            self.problems.report("token2text", f"{errors} batch_decode call(s) failed; decoded one by one")
-        inputs_col, outputs_col, attrs_col = cols[S.INPUTS], cols[S.OUTPUTS], cols[S.ATTRIBUTES]
-        for i, (inputs, outputs, attrs, has_outputs) in enumerate(prepared):
-            inputs_col[i] = None if inputs is None else to_json(inputs)
-            outputs_col[i] = to_json(outputs) if has_outputs else None
+                steps[i] = traj.step
+                samples[i] = traj.sample_index
+                rollouts[i] = traj.rollout_n
+                validates[i] = traj.validate
+        failed = enc.decode_pending()
+        if failed:
+            self.problems.report("token2text", f"{failed} batch_decode call(s) failed; decoded one by one")
+        inputs_col = [None if p[0] is None else to_json(p[0]) for p in prepared]
+        outputs_col = [to_json(p[1]) if p[3] else None for p in prepared]
+        attrs_col: list[str | None] = []
+        for p in prepared:
+            attrs = p[2]
             if "truncated" in attrs:
                 attrs[S.ATTR_TRUNCATED] = attrs.pop("truncated")
-            attrs_col[i] = to_json(attrs) if attrs else None
+            attrs_col.append(to_json(attrs) if attrs else None)
         if self.redactor is not None:
-            text = self.redactor.text
-            for name in (S.INPUTS, S.OUTPUTS, S.ATTRIBUTES, S.ERROR):
-                col = cols[name]
-                for i, value in enumerate(col):
-                    if value is not None:
-                        col[i] = text(value)
+            redact = self.redactor.texts
+            inputs_col, outputs_col, attrs_col, errors = (
+                redact(inputs_col),
+                redact(outputs_col),
+                redact(attrs_col),
+                redact(errors),
+            )
+        sp, tp = self.span_prefix, self.trace_prefix
+        cols: dict[str, Any] = {
+            S.TRACE_ID: [f"{tp}{r[R_TRACE]:016x}" if r[R_TRACE] else "" for r in records],
+            S.SPAN_ID: [f"{sp}{r[R_SPAN]:08x}" for r in records],
+            S.PARENT_SPAN_ID: [None if r[R_PARENT] is None else f"{sp}{r[R_PARENT]:08x}" for r in records],
+            S.NAME: names,
+            S.KIND: [r[R_SPEC].kind for r in records],
+            S.START_NS: [r[R_START] for r in records],
+            S.END_NS: [r[R_END] for r in records],
+            S.STATUS: statuses,
+            S.ERROR: errors,
+            S.STEP: steps,
+            S.SAMPLE_INDEX: samples,
+            S.ROLLOUT_N: rollouts,
+            S.VALIDATE: validates,
+            S.REWARD: rewards,
+            S.INPUTS: inputs_col,
+            S.OUTPUTS: outputs_col,
+            S.ATTRIBUTES: attrs_col,
+        }
         arrays = [pa.array(cols[name], type=typ) for name, typ, _, _ in S.SPAN_FIELDS]
         return pa.RecordBatch.from_arrays(arrays, schema=S.SPAN_SCHEMA)
 

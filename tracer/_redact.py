@@ -74,6 +74,19 @@ class Redactor:
         # have no known prefix, so they always run the regex.
         self._triggers: tuple[str, ...] | None = None if extra else (*TRIGGERS, *values)
 
+    def texts(self, values: list[str | None]) -> list[str | None]:
+        """Redact a column of values at once.
+
+        One scan of the joined column decides whether any value can hold a
+        secret; only then is each value searched (most batches hold none).
+        """
+        triggers = self._triggers
+        if triggers is not None:
+            blob = "\x00".join(v for v in values if v is not None)
+            if not any(t in blob for t in triggers):
+                return values
+        return [None if v is None else self.text(v) for v in values]
+
     def text(self, value: str) -> str:
         """``value`` with every secret replaced by ``<redacted>``."""
         triggers = self._triggers
