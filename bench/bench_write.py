@@ -60,8 +60,8 @@ class Engine:
         return {"response_ids": response, "finish_reason": "stop"}
 
 
-def run_tracer(tok, data, out_dir: str) -> float:
-    tracer.init(output_dir=out_dir, token2text=True, tokenizer=tok, compression_level=LEVEL)
+def run_tracer(tok, data, out_dir: str, redact: bool = True) -> float:
+    tracer.init(output_dir=out_dir, token2text=True, tokenizer=tok, compression_level=LEVEL, redact=redact)
     engine = Engine(tok)
 
     async def main() -> None:
@@ -132,18 +132,23 @@ def main() -> None:
     tok = hf_tokenizer()
     data = make_ids(tok, args.spans)
     tmp = tempfile.mkdtemp(prefix="bench-write-")
-    ours, straight = [], []
+    ours, plain, straight = [], [], []
     for r in range(args.rounds):
         d = os.path.join(tmp, f"run{r}")
         ours.append(run_tracer(tok, data, d))
+        plain.append(run_tracer(tok, data, os.path.join(tmp, f"plain{r}"), redact=False))
         straight.append(run_straight(tok, data, os.path.join(tmp, f"straight{r}.arrow")))
-    t_ours, t_straight = statistics.median(ours), statistics.median(straight)
+    t_ours, t_plain, t_straight = statistics.median(ours), statistics.median(plain), statistics.median(straight)
     print(
         f"{args.spans} llm spans x {PROMPT + RESPONSE} token ids, token2text on, zstd level {LEVEL}, median of {args.rounds}"
     )
     print(f"  rollout-trace, call -> durable on disk: {t_ours:.2f} s ({args.spans / t_ours:,.0f} spans/s)")
+    print(f"  rollout-trace, redact=False:            {t_plain:.2f} s ({args.spans / t_plain:,.0f} spans/s)")
     print(f"  straight-line decode+JSON+Arrow+zstd:   {t_straight:.2f} s ({args.spans / t_straight:,.0f} spans/s)")
-    print(f"  ratio rollout-trace / straight-line = {t_ours / t_straight:.2f}x (target <= 2x)")
+    print(
+        f"  ratio rollout-trace / straight-line = {t_ours / t_straight:.2f}x with secret redaction (default), "
+        f"{t_plain / t_straight:.2f}x without (the straight line does none) (target <= 2x)"
+    )
 
     import zstandard
 
