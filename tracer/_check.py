@@ -21,6 +21,7 @@ import pyarrow as pa
 from tracer import _schema as S
 from tracer._index import is_arrow_file_format
 from tracer._reader import _major, list_trace_files, read_schema
+from tracer._writer import fsync_dir
 
 #: The 8 bytes that end a cleanly closed Arrow IPC stream.
 EOS_MARKER = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -178,11 +179,7 @@ def _repair(report: FileReport, batches: list[pa.RecordBatch]) -> None:
         os.replace(tmp, target)
         report.repaired_to = target
     os.replace(path, path + DAMAGED_SUFFIX)
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(os.path.dirname(path) or ".")
 
 
 def format_report(report: CheckReport, root: str) -> str:

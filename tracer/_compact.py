@@ -34,8 +34,9 @@ import pyarrow.compute as pc
 
 from tracer import _schema as S
 from tracer._check import _ends_with_eos
-from tracer._index import INDEX_NAME, fsync_dir, is_arrow_file_format, load_index, replaced_files, save_index
+from tracer._index import INDEX_NAME, is_arrow_file_format, load_index, replaced_files, save_index
 from tracer._reader import _read_file, read_schema
+from tracer._writer import fsync_dir
 
 #: Aim for compacted files of about this size.
 DEFAULT_TARGET_BYTES = 256 * 1024 * 1024

@@ -15,6 +15,8 @@ import json
 import os
 from typing import Any
 
+from tracer._writer import fsync_dir
+
 INDEX_NAME = "_index.json"
 INDEX_VERSION = 1
 
@@ -50,20 +52,6 @@ def save_index(run_dir: str, index: dict[str, Any]) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(run_dir)
-
-
-def fsync_dir(path: str) -> None:
-    """Make renames and new names in ``path`` durable."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def replaced_files(run_dir: str, index: dict[str, Any]) -> set[str]:

@@ -43,7 +43,7 @@ from typing import Any
 import pyarrow as pa
 
 from tracer import _schema as S
-from tracer._writer import SpanWriter, _fsync_dir
+from tracer._writer import SpanWriter, fsync_dir
 
 logger = logging.getLogger("rollout_trace")
 
@@ -229,7 +229,7 @@ def repair_stream(path: str) -> int:
         os.remove(path)  # no complete batch: nothing a reader could use
         return 0
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
+    fsync_dir(os.path.dirname(path) or ".")
     return len(kept)
 
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 from tracer import _schema as S
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -78,7 +78,7 @@ class SpanWriter:
         self._stream = pa.ipc.new_stream(self._file, self.schema, options=self.options)
         self._file.flush()
         os.fsync(self._file.fileno())
-        _fsync_dir(self.run_dir)
+        fsync_dir(self.run_dir)
 
     def write(self, batch: pa.RecordBatch, batch_metadata: dict[str, str] | None = None) -> None:
         """Append ``batch`` and make it durable.
