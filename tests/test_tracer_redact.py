@@ -57,3 +57,39 @@ def test_bad_redact_pattern_is_a_config_error() -> None:
     """An invalid regular expression in redact_patterns names itself."""
     with pytest.raises(tracer.TraceConfigError, match="redact_patterns"):
         tracer.TraceConfig(redact_patterns=("[unclosed",))
+
+
+def test_secrets_in_decoded_token_text_are_redacted(trace_dir: str) -> None:
+    """A key the model wrote (found only after token2text decodes it) is redacted too."""
+    from tracer_fixtures import hf_tokenizer
+
+    tok = hf_tokenizer()
+    tracer.init(output_dir=trace_dir, token2text=True, tokenizer=tok)
+
+    @tracer.rollout_trace_op(kind="llm")
+    def generate(prompt_ids: list[int]) -> dict:
+        return {"response_ids": tok.encode("here: hf_ABCDEFGHIJKLMNOPQRSTUVWX done")}
+
+    generate(tok.encode("key sk-AAAABBBBCCCCDDDDEEEE1234"))
+    tracer.flush()
+    row = tracer.read_spans(trace_dir).to_pylist()[0]
+    assert json.loads(row["inputs"])["prompt_text"] == "key <redacted>"
+    assert json.loads(row["outputs"])["response_text"] == "here: <redacted> done"
+
+
+def test_secrets_in_unknown_objects_reprs_are_redacted(trace_dir: str) -> None:
+    """An object recorded by its repr is scanned as a whole."""
+
+    class Client:
+        def __repr__(self) -> str:
+            return "Client(key='sk-proj-ZZZZYYYYXXXXWWWWVVVV')"
+
+    tracer.init(output_dir=trace_dir)
+
+    @tracer.rollout_trace_op
+    def call(client: object) -> int:
+        return 1
+
+    call(Client())
+    tracer.flush()
+    assert "ZZZZYYYY" not in tracer.read_spans(trace_dir)["inputs"][0].as_py()

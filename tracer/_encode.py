@@ -30,6 +30,7 @@ MAX_REPR_CHARS = 2000
 #: Element types of lists copied to JSON as they are (orjson writes them all;
 #: ints beyond 64 bits fall back to the json module in to_json).
 _FLAT_SCALARS = frozenset({int, str, bool, type(None)})
+_FLAT_NUMBERS = frozenset({int, bool, type(None)})
 _INT_ONLY = frozenset({int})
 
 _JSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
@@ -43,13 +44,15 @@ def text_field_name(ids_field: str) -> str:
 class DecodeJob:
     """One token id list waiting to be decoded into ``container[key]``."""
 
-    __slots__ = ("ids", "container", "key", "tokenizer")
+    __slots__ = ("ids", "container", "key", "tokenizer", "strings")
 
-    def __init__(self, ids: list[int], container: dict[str, Any], key: str, tokenizer: Any) -> None:
+    def __init__(self, ids: list[int], container: dict[str, Any], key: str, tokenizer: Any, strings: list[str]) -> None:
         self.ids = ids
         self.container = container
         self.key = key
         self.tokenizer = tokenizer
+        #: The record's string list: the decoded text joins it (secret scan).
+        self.strings = strings
 
 
 class Encoder:
@@ -76,15 +79,30 @@ class Encoder:
         self.store_full_token = store_full_token
         self.redact_keys = redact_keys
         self.jobs: list[DecodeJob] = []
+        #: Per record (see begin_record): every string value and key that ends
+        #: up in its JSON, so the secret scan need not read the JSON text.
+        self.strings: list[list[str]] = []
+        #: Records holding text the encoder did not see as a string value
+        #: (reprs of unknown objects): their JSON is always scanned whole.
+        self.opaque: set[int] = set()
+        self._cur: list[str] = []
         #: Containers whose id lists are dropped after decoding.
         self._drop_ids: list[tuple[dict[str, Any], str]] = []
 
     # -- structure -------------------------------------------------------
 
+    def begin_record(self) -> None:
+        """Start collecting the strings of the next record."""
+        self._cur = []
+        self.strings.append(self._cur)
+
     def prepare(self, value: Any, tokenizer: Any, meta: dict[str, Any], path: str = "", depth: int = 0) -> Any:
         """Return ``value`` as JSON-ready data; note truncations in ``meta``."""
         cls = type(value)
-        if cls is str or cls is int or cls is bool or value is None:
+        if cls is str:
+            self._cur.append(value)
+            return value
+        if cls is int or cls is bool or value is None:
             if cls is int and not -(2**63) <= value < 2**63:
                 return str(value)
             return value
@@ -97,6 +115,7 @@ class Encoder:
             out: dict[str, Any] = {}
             for k, v in value.items():
                 key = k if isinstance(k, str) else str(k)
+                self._cur.append(key)
                 if self.redact_keys and _secret_key(key):
                     out[key] = REDACTED
                     continue
@@ -110,21 +129,25 @@ class Encoder:
         if cls is list or cls is tuple or isinstance(value, (list, tuple, set, frozenset)):
             # Flat lists of plain scalars (token ids, logprobs...) need no walk.
             # Captured lists are already private copies: no need to copy again.
+            if _FLAT_NUMBERS.issuperset(map(type, value)):
+                return value if cls is list else list(value)
             if _FLAT_SCALARS.issuperset(map(type, value)):
+                self._cur.extend(v for v in value if type(v) is str)
                 return value if cls is list else list(value)
             return [self.prepare(v, tokenizer, meta, path, depth + 1) for v in value]
         if isinstance(value, Placeholder):
+            self._cur.append(value.text)
             return value.text
         module = cls.__module__
         if module == "numpy" or module.startswith("numpy.") or (module == "torch" and cls.__name__ == "Tensor"):
             try:
                 return self.prepare(value.tolist(), tokenizer, meta, path, depth + 1)
             except Exception:
-                return _safe_repr(value)
+                return self._opaque(_safe_repr(value))
         if isinstance(value, (bytes, bytearray, memoryview)):
             raw = bytes(value)
             try:
-                return raw.decode("utf-8")
+                return self.prepare(raw.decode("utf-8"), tokenizer, meta, path, depth)
             except UnicodeDecodeError:
                 return {"__bytes_b64__": base64.b64encode(raw).decode("ascii")}
         if isinstance(value, float):
@@ -132,11 +155,15 @@ class Encoder:
         if isinstance(value, int):
             return int(value)
         if isinstance(value, BaseException):
-            return {"__type__": type(value).__name__, "message": str(value)}
+            return self.prepare({"__type__": type(value).__name__, "message": str(value)}, tokenizer, meta, path, depth)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
             return self.prepare({"__type__": cls.__name__, **fields}, tokenizer, meta, path, depth + 1)
-        return _safe_repr(value)
+        return self._opaque(_safe_repr(value))
+
+    def _opaque(self, text: str) -> str:
+        self.opaque.add(len(self.strings) - 1)
+        return text
 
     def _put_tokens(
         self, out: dict[str, Any], key: str, ids: list[int], tokenizer: Any, meta: dict[str, Any], path: str
@@ -148,7 +175,7 @@ class Encoder:
             ids = ids[: self.max_tokens]
         out[key] = ids
         if self.token2text and tokenizer is not None:
-            self.jobs.append(DecodeJob(ids, out, text_field_name(key), tokenizer))
+            self.jobs.append(DecodeJob(ids, out, text_field_name(key), tokenizer, self._cur))
         if not self.store_full_token and (self.token2text and tokenizer is not None):
             self._drop_ids.append((out, key))
 
@@ -174,6 +201,7 @@ class Encoder:
                         texts.append("<token2text failed for these ids>")
             for job, text in zip(jobs, texts):
                 job.container[job.key] = text
+                job.strings.append(text)
         for container, key in self._drop_ids:
             container.pop(key, None)
         self.jobs = []

@@ -473,6 +473,7 @@ class Recorder:
         tokenizer_for = self._tokenizer_for
         prepare = enc.prepare
         for i, rec in enumerate(records):
+            enc.begin_record()
             spec: OpSpec = rec[R_SPEC]
             traj: Trajectory | None = rec[R_TRAJ]
             exc = rec[R_EXC]
@@ -497,6 +498,7 @@ class Recorder:
             except Exception as err:
                 self.problems.report("internal error", f"encoding span {spec.name!r}: {type(err).__name__}: {err}", err)
                 inputs, outputs = f"<not recorded: {type(err).__name__}: {err}>", None
+                enc.opaque.add(i)
             prepared.append((inputs, outputs, attrs, special is None and exc is None))
             names[i] = traj.name if special == "root" and traj is not None else spec.name
             if exc is not None:
@@ -522,13 +524,13 @@ class Recorder:
                 attrs[S.ATTR_TRUNCATED] = attrs.pop("truncated")
             attrs_col.append(to_json(attrs) if attrs else None)
         if self.redactor is not None:
-            redact = self.redactor.texts
-            inputs_col, outputs_col, attrs_col, errors = (
-                redact(inputs_col),
-                redact(outputs_col),
-                redact(attrs_col),
-                redact(errors),
-            )
+            flags = self.redactor.records_to_scan(enc.strings, enc.opaque)
+            if flags is not None:
+                text = self.redactor.text
+                inputs_col = [text(v) if f and v is not None else v for v, f in zip(inputs_col, flags)]
+                outputs_col = [text(v) if f and v is not None else v for v, f in zip(outputs_col, flags)]
+                attrs_col = [text(v) if f and v is not None else v for v, f in zip(attrs_col, flags)]
+            errors = self.redactor.texts(errors)
         sp, tp = self.span_prefix, self.trace_prefix
         cols: dict[str, Any] = {
             S.TRACE_ID: [f"{tp}{r[R_TRACE]:016x}" if r[R_TRACE] else "" for r in records],

@@ -74,6 +74,29 @@ class Redactor:
         # have no known prefix, so they always run the regex.
         self._triggers: tuple[str, ...] | None = None if extra else (*TRIGGERS, *values)
 
+    def records_to_scan(self, strings: list[list[str]], opaque: set[int]) -> list[bool] | None:
+        """Which records' JSON may hold a secret, from the strings that went into it.
+
+        ``strings[i]`` are record i's string values and keys (everything in
+        its JSON that is not a number); ``opaque`` are records with text the
+        encoder could not list (reprs), always scanned. None: no record.
+        One scan of all strings joined decides the common case (no secret
+        anywhere); token id lists, the bulk of llm spans, are never scanned.
+        """
+        n = len(strings)
+        triggers = self._triggers
+        if triggers is None:
+            return [True] * n
+        if not opaque:
+            blob = "\x00".join("\x00".join(s) for s in strings)
+            if not any(t in blob for t in triggers):
+                return None
+        flags = []
+        for i, record in enumerate(strings):
+            joined = "\x00".join(record)
+            flags.append(i in opaque or any(t in joined for t in triggers))
+        return flags
+
     def texts(self, values: list[str | None]) -> list[str | None]:
         """Redact a column of values at once.
 
