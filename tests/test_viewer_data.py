@@ -51,17 +51,6 @@ def test_trace_file_index_finds_a_trajectory_in_its_own_file(tmp_path: str) -> N
     assert D.load_trajectory(run, tid, files=own).table.equals(D.load_trajectory(run, tid).table)
 
 
-def test_step_metrics_agree_with_tracer(run_dir: str) -> None:
-    """The viewer's Arrow step metrics equal tracer.step_metrics, key by key."""
-    t = D.load_trajectories(run_dir).table
-    ours, theirs = D.step_metrics(t), tracer.step_metrics(t)
-    assert list(ours) == list(theirs)
-    for key, metrics in theirs.items():
-        assert set(ours[key]) == set(metrics)
-        for name, value in metrics.items():
-            assert ours[key][name] == pytest.approx(value, nan_ok=True), (key, name)
-
-
 def test_advantages_reads_the_number_from_reward_info() -> None:
     """advantage comes out of reward_info's JSON; missing or non-numeric gives null."""
     info = pa.chunked_array(
