@@ -45,6 +45,7 @@ def test_public_names_are_pinned() -> None:
             "read_trajectories",
             "rollout_trace_attr",
             "rollout_trace_op",
+            "schema",
             "shutdown",
             "step_metrics",
             "trajectory_messages",

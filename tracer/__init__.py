@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from tracer import _recorder
+from tracer import _schema as schema
 from tracer._backends import available_backends
 from tracer._config import ENV_BACKEND, ENV_CONFIG, ENV_STRICT, ENV_TRACE_DIR, TraceConfig, TraceConfigError
 from tracer._decorators import log_reward, propagate, rollout_trace_attr, rollout_trace_op
@@ -79,6 +80,7 @@ __all__ = [
     "read_trajectories",
     "rollout_trace_attr",
     "rollout_trace_op",
+    "schema",
     "shutdown",
     "step_metrics",
     "trajectory_messages",

@@ -20,6 +20,7 @@ import orjson
 
 from tracer._capture import Placeholder
 from tracer._redact import REDACTED, is_secret_key
+from tracer._schema import ATTR_TOKENS, ATTR_TRUNCATED
 
 #: Field names that hold token ids (verl's names plus common ones).
 DEFAULT_TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", "output_ids")
@@ -168,10 +169,10 @@ class Encoder:
     def _put_tokens(
         self, out: dict[str, Any], key: str, ids: list[int], tokenizer: Any, meta: dict[str, Any], path: str
     ) -> None:
-        counts = meta.setdefault("tokens", {})
+        counts = meta.setdefault(ATTR_TOKENS, {})
         counts[path] = len(ids)
         if self.max_tokens is not None and len(ids) > self.max_tokens:
-            meta.setdefault("truncated", {})[path] = len(ids)
+            meta.setdefault(ATTR_TRUNCATED, {})[path] = len(ids)
             ids = ids[: self.max_tokens]
         out[key] = ids
         if self.token2text and tokenizer is not None:

@@ -517,12 +517,7 @@ class Recorder:
             self.problems.report("token2text", f"{failed} batch_decode call(s) failed; decoded one by one")
         inputs_col = [None if p[0] is None else to_json(p[0]) for p in prepared]
         outputs_col = [to_json(p[1]) if p[3] else None for p in prepared]
-        attrs_col: list[str | None] = []
-        for p in prepared:
-            attrs = p[2]
-            if "truncated" in attrs:
-                attrs[S.ATTR_TRUNCATED] = attrs.pop("truncated")
-            attrs_col.append(to_json(attrs) if attrs else None)
+        attrs_col = [to_json(p[2]) if p[2] else None for p in prepared]
         if self.redactor is not None:
             flags = self.redactor.records_to_scan(enc.strings, enc.opaque)
             if flags is not None:

@@ -70,6 +70,8 @@ REWARD_SPAN_NAME = "log_reward"
 
 #: Attribute key under which truncated fields record their original length.
 ATTR_TRUNCATED = "rollout_trace.truncated"
+#: Attribute key holding the length of every token id list found in a span.
+ATTR_TOKENS = "tokens"
 
 #: One entry per column: (name, type, nullable, description). The docstring of
 #: each column; README's table of the file format is generated from it.

@@ -64,18 +64,17 @@ import tracer
     NUM_ERRORS,
 ) = tracer.TRAJECTORY_COLUMNS
 
-# Values of the kind and status columns and attribute keys (documented in
-# tracer/_schema.py; tracer does not export them as names yet).
-KIND_ROLLOUT = "rollout"
-KIND_LLM = "llm"
-KIND_TOOL = "tool"
-KIND_REWARD = "reward"
-STATUS_OK = "ok"
-STATUS_ERROR = "error"
-ATTR_TRUNCATED = "rollout_trace.truncated"
-ATTR_TOKENS = "tokens"
+# Values of the kind and status columns and attribute keys, from tracer's schema.
+KIND_ROLLOUT = tracer.schema.KIND_ROLLOUT
+KIND_LLM = tracer.schema.KIND_LLM
+KIND_TOOL = tracer.schema.KIND_TOOL
+KIND_REWARD = tracer.schema.KIND_REWARD
+STATUS_OK = tracer.schema.STATUS_OK
+STATUS_ERROR = tracer.schema.STATUS_ERROR
+ATTR_TRUNCATED = tracer.schema.ATTR_TRUNCATED
+ATTR_TOKENS = tracer.schema.ATTR_TOKENS
 #: Name of the span tracer.log_reward writes.
-REWARD_SPAN_NAME = "log_reward"
+REWARD_SPAN_NAME = tracer.schema.REWARD_SPAN_NAME
 #: Key of the advantage in log_reward's extras (``reward_info``).
 ADVANTAGE = "advantage"
 

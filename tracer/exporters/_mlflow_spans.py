@@ -331,7 +331,7 @@ def trajectory_data(
         added: dict[str, Any] = {}
         if kind == S.KIND_LLM:
             attrs[MLFLOW_MESSAGE_FORMAT] = "openai"
-            tokens = own_attrs.get("tokens") if isinstance(own_attrs, Mapping) else None
+            tokens = own_attrs.get(S.ATTR_TOKENS) if isinstance(own_attrs, Mapping) else None
             n_in, n_out = count_tokens(tokens, PROMPT_TOKEN_KEYS), count_tokens(tokens, RESPONSE_TOKEN_KEYS)
             response_tokens += n_out
             if n_in or n_out:

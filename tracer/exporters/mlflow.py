@@ -488,7 +488,7 @@ def _response_tokens(path: str, trace_ids: list[str]) -> dict[str, int]:
     table = table.filter(pc.equal(table[S.KIND], S.KIND_LLM))
     out: dict[str, int] = dict.fromkeys(trace_ids, 0)
     for tid, attrs in zip(table[S.TRACE_ID].to_pylist(), table[S.ATTRIBUTES].to_pylist()):
-        tokens = orjson.loads(attrs).get("tokens") if attrs else None
+        tokens = orjson.loads(attrs).get(S.ATTR_TOKENS) if attrs else None
         out[tid] = out.get(tid, 0) + count_tokens(tokens, RESPONSE_TOKEN_KEYS)
     return out
 
