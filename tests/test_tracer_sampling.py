@@ -66,7 +66,7 @@ def test_choice_is_reproducible_and_ignores_arrival_order(tmp_path: object) -> N
         tracer.shutdown()
         chosen.append(set(recorded(d)))
     assert chosen[0] == chosen[1] == chosen[2] and len(chosen[0]) == 4
-    assert chosen[0] != {"0", "1", "2", "3"} or chosen[1] != {"29", "28", "27", "26"}
+    # A first-come sampler would keep 0-3 in the first order and 26-29 in the second: the equality above fails then.
     d = os.path.join(str(tmp_path), "other-seed")
     tracer.init(output_dir=d, max_samples=4, seed=12)
     run_step(7, list(range(30)), n=2)
