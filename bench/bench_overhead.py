@@ -116,7 +116,7 @@ def main() -> None:
 
     tmp = tempfile.mkdtemp(prefix="bench-overhead-")
     tracer.init(output_dir=tmp, project_name="bench", experiment_name="overhead")
-    from tracer import _recorder
+    from tracer.record import recorder as _recorder
 
     ours = build(tracer.rollout_trace_op(kind="rollout"), tracer.rollout_trace_op(kind="tool"))
 

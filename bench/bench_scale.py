@@ -29,9 +29,9 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
 import tracer  # noqa: E402
-from tracer import _schema as S  # noqa: E402
-from tracer._compact import compact  # noqa: E402
-from tracer._writer import SpanWriter  # noqa: E402
+from tracer import schema as S  # noqa: E402
+from tracer.storage.compact import compact  # noqa: E402
+from tracer.storage.writer import SpanWriter  # noqa: E402
 
 SPANS_PER_TRAJECTORY = 8
 WORKERS = 16

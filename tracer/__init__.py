@@ -22,22 +22,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracer import _recorder
-from tracer import _schema as schema
-from tracer._backends import available_backends
-from tracer._config import ENV_BACKEND, ENV_CONFIG, ENV_STRICT, ENV_TRACE_DIR, TraceConfig, TraceConfigError
-from tracer._decorators import log_reward, propagate, rollout_trace_attr, rollout_trace_op
-from tracer._reader import (
+from tracer import schema as schema
+from tracer.config import ENV_BACKEND, ENV_CONFIG, ENV_STRICT, ENV_TRACE_DIR, TraceConfig, TraceConfigError
+from tracer.exporters.registry import available_backends
+from tracer.read import (
     TraceFileWarning,
     iter_batches,
     list_trace_files,
     parse_json,
     read_file_metadata,
     read_spans,
-    read_trajectories,
 )
-from tracer._recorder import FlushResult
-from tracer._schema import (
+from tracer.record import recorder as _recorder
+from tracer.record.decorators import log_reward, propagate, rollout_trace_attr, rollout_trace_op
+from tracer.record.recorder import FlushResult
+from tracer.schema import (
     SCHEMA_VERSION,
     SPAN_COLUMNS,
     SPAN_FIELDS,
@@ -46,7 +45,7 @@ from tracer._schema import (
     TRAJECTORY_FIELDS,
     TRAJECTORY_SCHEMA,
 )
-from tracer._summary import step_metrics, trajectory_messages
+from tracer.summary import read_trajectories, step_metrics, trajectory_messages
 
 __version__ = "0.1.0"
 
@@ -104,7 +103,7 @@ def init(config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
     cfg = TraceConfig.resolve(config, **fields)
     rec = _recorder.Recorder(cfg) if cfg.enabled else None
     if rec is not None:
-        from tracer._exporting import attach_exporters
+        from tracer.exporters.attach import attach_exporters
 
         try:
             attach_exporters(rec)

@@ -2,7 +2,7 @@
 
 Every backend module ``tracer.exporters.<name>`` provides:
 
-- a live exporter class registered in :data:`tracer._backends.BACKENDS`
+- a live exporter class registered in :data:`tracer.exporters.registry.BACKENDS`
   (``"name": "tracer.exporters.<name>:<Class>"``), built as
   ``Class(config: TraceConfig)``, with ``export(batch: pyarrow.RecordBatch)``
   (called on the writer thread after each durable batch: it must only queue

@@ -18,11 +18,11 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tracer._config import TraceConfig
-from tracer._summary import step_metrics
+from tracer.config import TraceConfig
 from tracer.exporters import ExportReport
-from tracer.exporters._steps import StepShipper
-from tracer.exporters._tables import StepData, open_run
+from tracer.exporters.steps import StepShipper
+from tracer.exporters.tables import StepData, open_run
+from tracer.summary import step_metrics
 
 logger = logging.getLogger("rollout_trace")
 

@@ -27,10 +27,10 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tracer._config import TraceConfig
+from tracer.config import TraceConfig
 from tracer.exporters import ExportReport
-from tracer.exporters._steps import StepShipper
-from tracer.exporters._tables import (
+from tracer.exporters.steps import StepShipper
+from tracer.exporters.tables import (
     METRIC_PREFIX,
     TABLE_COLUMNS,
     TABLE_KEY,

@@ -1,0 +1,47 @@
+"""The committed sample run (sample_data/sample/smollm2-135m-instruct) is what sample_data/README.md says."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import tracer
+
+RUN = Path(__file__).resolve().parents[2] / "sample_data" / "sample" / "smollm2-135m-instruct"
+
+pytestmark = pytest.mark.skipif(not RUN.is_dir(), reason=f"{RUN} is not in this checkout")
+
+
+def test_sample_run_is_small() -> None:
+    """The sample run stays under 10 MB."""
+    assert sum(f.stat().st_size for f in RUN.rglob("*") if f.is_file()) < 10 * 1024 * 1024
+
+
+def test_sample_run_has_three_steps_of_groups_of_four_with_rewards() -> None:
+    """At least 3 steps, each problem's group has at least 4 rollouts, every trajectory has a reward."""
+    rows = tracer.read_trajectories(str(RUN)).to_pylist()
+    assert len({r["step"] for r in rows}) >= 3
+    groups = Counter((r["step"], r["sample_index"]) for r in rows)
+    assert min(groups.values()) >= 4
+    assert all(r["reward"] is not None and "advantage" in json.loads(r["reward_info"]) for r in rows)
+
+
+def test_sample_run_comes_from_a_real_model_with_tool_calls_and_text() -> None:
+    """llm spans carry decoded text and real logprobs (the scripted engine has none), and tools were called."""
+    spans = tracer.read_spans(str(RUN)).to_pylist()
+    llm = [s for s in spans if s["kind"] == "llm"]
+    assert llm
+    for s in llm:
+        out = json.loads(s["outputs"])
+        assert (
+            isinstance(out["response_text"], str)
+            and out["logprobs"]
+            and len(out["logprobs"]) == len(out["response_ids"])
+        )
+        assert "prompt_text" in json.loads(s["inputs"])
+    assert any(s["kind"] == "tool" for s in spans)
+    meta = tracer.read_file_metadata(tracer.list_trace_files(str(RUN))[0])
+    assert "smollm2" in json.dumps(meta).lower()

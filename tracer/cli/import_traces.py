@@ -1,0 +1,55 @@
+"""``rollout-trace import mlflow --tracking-uri URI --experiment NAME --out DIR``.
+
+Registered through the ``rollout_trace.commands`` entry point group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register_import(subparsers: Any) -> None:
+    """Add the ``import`` sub-command to ``rollout-trace``."""
+    parser = subparsers.add_parser(
+        "import",
+        help="read traces from another platform (MLflow) back into trace files",
+        description="Read MLflow traces (exported by rollout-trace or any MLflow traces with spans) "
+        "into zstd Arrow trace files, keeping times, span tree, attributes and rewards.",
+    )
+    parser.add_argument("source", choices=["mlflow"], help="platform to read from")
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)",
+    )
+    parser.add_argument("--experiment", required=True, help="MLflow experiment name to read")
+    parser.add_argument(
+        "--out", required=True, help="folder to write trace files under (<out>/<project>/<experiment>/)"
+    )
+    parser.add_argument("--filter", default=None, help="MLflow trace filter, e.g. \"tags.step = '3'\"")
+    parser.add_argument("--no-progress", action="store_true", help="do not print progress")
+    parser.set_defaults(func=run_import)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    """Run ``rollout-trace import``; return the exit status."""
+    try:
+        from tracer.exporters.mlflow import resolve_tracking_uri
+        from tracer.exporters.mlflow.importer import import_traces
+    except ImportError as exc:
+        print(f"rollout-trace import: {exc}", file=sys.stderr)
+        return 2
+    uri = resolve_tracking_uri(args.tracking_uri)
+    try:
+        report = import_traces(uri, args.experiment, args.out, progress=not args.no_progress, filter_string=args.filter)
+    except ImportError as exc:
+        print(f"rollout-trace import: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"rollout-trace import: {exc}", file=sys.stderr)
+        return 1
+    for line in report.details:
+        print(line)
+    return 0

@@ -1,0 +1,462 @@
+"""Configuration: the :class:`TraceConfig` dataclass and its parsers.
+
+Precedence, resolved in :meth:`TraceConfig.resolve`: explicit keyword
+arguments, then environment variables, then defaults. verl-style dotted
+overrides (``actor_rollout_ref.rollout.trace.backend=arrow``) and the same keys
+in YAML are parsed by :meth:`TraceConfig.from_overrides` and
+:meth:`TraceConfig.from_yaml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: Environment variable: default ``output_dir``.
+ENV_TRACE_DIR = "ROLLOUT_TRACE_DIR"
+#: Environment variable: default ``backend`` (``arrow``, ``none``, or a
+#: comma-separated list).
+ENV_BACKEND = "ROLLOUT_TRACE_BACKEND"
+#: Environment variable: set to ``1`` to make the tracer's own errors raise
+#: instead of being counted and logged (tests set it).
+ENV_STRICT = "ROLLOUT_TRACE_STRICT"
+#: Environment variable: a JSON object of config fields, the base that
+#: ``ROLLOUT_TRACE_DIR``/``ROLLOUT_TRACE_BACKEND`` and keyword arguments
+#: override (hands a whole config to Ray workers through ``runtime_env``).
+ENV_CONFIG = "ROLLOUT_TRACE_CONFIG"
+
+DEFAULT_OUTPUT_DIR = "./rollout_traces"
+
+#: Backends a config may name. ``arrow`` (local files) is always written when
+#: any backend is on; the others are live exporters fed from the same spans.
+#: Exporter modules add their names to this tuple's registry in ``_backends``.
+LOCAL_BACKEND = "arrow"
+
+ON_FULL_CHOICES = ("block", "drop")
+
+#: Prefixes of verl-style dotted keys that address trace fields.
+_TRACE_PREFIXES = ("actor_rollout_ref.rollout.trace.", "rollout.trace.", "trace.")
+#: verl's trainer keys that give the project and experiment names.
+_TRAINER_KEYS = {
+    "trainer.project_name": "project_name",
+    "trainer.experiment_name": "experiment_name",
+    "trainer.log_val_generations": "log_val_generations",
+}
+#: Alternative names accepted for fields.
+_ALIASES = {"max_samples": "max_samples_per_step_per_worker"}
+
+
+class TraceConfigError(ValueError):
+    """A configuration key or value is wrong; the message says how to fix it."""
+
+
+@dataclasses.dataclass
+class TraceConfig:
+    """How and where this process records rollouts.
+
+    Attributes:
+        project_name: Project; the first directory level under ``output_dir``
+            and the MLflow experiment / wandb project of exporters.
+        experiment_name: Experiment (run) within the project.
+        backend: ``None`` turns tracing off (decorators call straight
+            through); ``"arrow"`` writes local files only; exporter names
+            (see :func:`tracer.available_backends`) or a list of them add live
+            exporters, with local files always written.
+        output_dir: Root directory of the trace files. Default from
+            ``ROLLOUT_TRACE_DIR``, else ``./rollout_traces``.
+        token2text: Decode token id fields to text beside them.
+        tokenizer: An object with ``batch_decode`` or ``decode`` (a Hugging
+            Face tokenizer), or a path to a tokenizer folder or
+            ``tokenizer.json``. If ``None``, a decorated method's
+            ``self.tokenizer`` is used, as verl does.
+        token_fields: Extra field names holding token ids, beyond
+            ``prompt_ids, response_ids, token_ids, input_ids, output_ids``.
+        max_tokens: Keep at most this many tokens of every token id list and
+            its text; the original length is recorded. ``None``: no limit.
+        max_samples_per_step_per_worker: Record at most this many distinct
+            samples (prompts) per step in this process, each with all its
+            rollouts. ``None``: record all. Alias ``max_samples``.
+        store_full_token: If False, keep decoded text and drop token id lists.
+        seed: Seed of the sampling choice.
+        flush_interval_s: The background writer makes what was recorded
+            durable at least this often; a kill -9 loses at most this much.
+        max_file_bytes: Rotate to a new file after this many bytes.
+        max_buffered_spans: Finished spans held in memory awaiting the writer.
+        on_buffer_full: ``"block"`` (the recording call waits for the writer;
+            nothing is lost) or ``"drop"`` (the span is dropped and counted).
+        compression_level: zstd level of the Arrow buffers.
+        log_val_generations: Validation trajectories per step put into
+            exporters' tables (verl's ``trainer.log_val_generations``).
+        backend_options: Extra per-backend options (exporters read them).
+        redact: Replace secrets (API keys, tokens, passwords) with
+            ``<redacted>`` before anything is written; see ``tracer.record.redact``.
+        redact_patterns: Extra regular expressions to redact.
+        upload_interval_s: When ``output_dir`` is a URI (``s3://...``): a
+            staged file is closed and uploaded at least this often.
+    """
+
+    project_name: str = "rollout_trace"
+    experiment_name: str = "default"
+    backend: str | list[str] | None = LOCAL_BACKEND
+    output_dir: str = DEFAULT_OUTPUT_DIR
+    token2text: bool = False
+    tokenizer: Any = None
+    token_fields: tuple[str, ...] = ()
+    max_tokens: int | None = None
+    max_samples_per_step_per_worker: int | None = None
+    store_full_token: bool = True
+    seed: int = 0
+    flush_interval_s: float = 1.0
+    max_file_bytes: int = 256 * 1024 * 1024
+    max_buffered_spans: int = 20_000
+    on_buffer_full: str = "block"
+    compression_level: int = 3
+    log_val_generations: int = 10
+    backend_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    redact: bool = True
+    redact_patterns: tuple[str, ...] = ()
+    upload_interval_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- derived ---------------------------------------------------------
+
+    @property
+    def max_samples(self) -> int | None:
+        """Alias of ``max_samples_per_step_per_worker``."""
+        return self.max_samples_per_step_per_worker
+
+    @property
+    def enabled(self) -> bool:
+        """True when anything is recorded."""
+        return bool(self.backends)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """Backend names in force, ``arrow`` first when tracing is on."""
+        names = _backend_list(self.backend)
+        if not names:
+            return ()
+        rest = tuple(n for n in names if n != LOCAL_BACKEND)
+        return (LOCAL_BACKEND, *rest)
+
+    @property
+    def run_dir(self) -> str:
+        """Directory this config's files go to: ``output_dir/project/experiment``."""
+        return os.path.join(self.output_dir, self.project_name, self.experiment_name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe view of the config, as written into file metadata (secrets redacted)."""
+        from tracer.record.redact import REDACTED, is_secret_key
+
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "tokenizer" and value is not None and not isinstance(value, str):
+                value = f"<{type(value).__name__}>"
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        if self.redact:
+            out["backend_options"] = _redact_keys(out["backend_options"], is_secret_key, REDACTED)
+        return json.loads(json.dumps(out, default=repr))
+
+    # -- checking --------------------------------------------------------
+
+    def validate(self) -> None:
+        """Check every field; raise :class:`TraceConfigError` naming the first bad one."""
+        from tracer.exporters.registry import available_backends
+
+        valid = available_backends()
+        for name in _backend_list(self.backend):
+            if name not in valid:
+                raise TraceConfigError(
+                    f"backend: unknown backend {name!r}; valid backends are "
+                    f"{', '.join(valid)} (or None / 'none' to turn tracing off, "
+                    f"or a list of them)"
+                )
+        for key in ("project_name", "experiment_name"):
+            value = getattr(self, key)
+            if not isinstance(value, str) or not value or os.sep in value or value in (".", ".."):
+                raise TraceConfigError(
+                    f"{key}: {value!r} is not a usable name; give a non-empty string without {os.sep!r}"
+                )
+        for key in ("max_tokens", "max_samples_per_step_per_worker"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise TraceConfigError(f"{key}: {value!r} must be a positive integer or None")
+        for key in ("max_file_bytes", "max_buffered_spans"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TraceConfigError(f"{key}: {value!r} must be a positive integer")
+        if not isinstance(self.flush_interval_s, (int, float)) or not self.flush_interval_s > 0:
+            raise TraceConfigError(f"flush_interval_s: {self.flush_interval_s!r} must be a number of seconds > 0")
+        if not isinstance(self.upload_interval_s, (int, float)) or not self.upload_interval_s > 0:
+            raise TraceConfigError(f"upload_interval_s: {self.upload_interval_s!r} must be a number of seconds > 0")
+        if self.on_buffer_full not in ON_FULL_CHOICES:
+            raise TraceConfigError(
+                f"on_buffer_full: {self.on_buffer_full!r} is not one of {', '.join(ON_FULL_CHOICES)}"
+            )
+        if not isinstance(self.compression_level, int) or not 1 <= self.compression_level <= 22:
+            raise TraceConfigError(f"compression_level: {self.compression_level!r} must be an integer from 1 to 22")
+        if isinstance(self.redact_patterns, str):
+            self.redact_patterns = (self.redact_patterns,)
+        self.redact_patterns = tuple(self.redact_patterns)
+        for pattern in self.redact_patterns:
+            try:
+                re.compile(pattern)
+            except (re.error, TypeError) as exc:
+                raise TraceConfigError(
+                    f"redact_patterns: {pattern!r} is not a valid regular expression: {exc}"
+                ) from None
+        if isinstance(self.token_fields, str):
+            self.token_fields = (self.token_fields,)
+        self.token_fields = tuple(self.token_fields)
+        for name in self.token_fields:
+            if not isinstance(name, str) or not name.endswith("_ids"):
+                raise TraceConfigError(f"token_fields: {name!r} must be a field name ending in '_ids'")
+
+    # -- construction ----------------------------------------------------
+
+    @classmethod
+    def resolve(cls, config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
+        """Build the config in force: ``fields`` over ``config`` over env over defaults."""
+        for alias, real in _ALIASES.items():
+            if alias in fields:
+                fields[real] = fields.pop(alias)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - names)
+        if unknown:
+            raise TraceConfigError(
+                f"unknown config field(s) {', '.join(unknown)}; valid fields are "
+                f"{', '.join(sorted(names | set(_ALIASES)))}"
+            )
+        if config is None:
+            base: dict[str, Any] = _env_config(names)
+            env_dir = os.environ.get(ENV_TRACE_DIR)
+            if env_dir:
+                base["output_dir"] = env_dir
+            env_backend = os.environ.get(ENV_BACKEND)
+            if env_backend is not None:
+                base["backend"] = _parse_backend(env_backend, ENV_BACKEND)
+            base.update(fields)
+            return cls(**base)
+        return dataclasses.replace(config, **fields)
+
+    @classmethod
+    def from_overrides(cls, overrides: Iterable[str], base: TraceConfig | None = None) -> TraceConfig:
+        """Parse verl-style ``key=value`` overrides.
+
+        Accepted keys: ``actor_rollout_ref.rollout.trace.<field>``,
+        ``rollout.trace.<field>``, ``trace.<field>``,
+        ``trainer.project_name`` and ``trainer.experiment_name`` (used when
+        the trace keys do not name the project or experiment). Overrides with
+        other prefixes (the rest of a verl command line) are ignored.
+
+        Raises:
+            TraceConfigError: naming the key, the bad value and what is allowed.
+        """
+        pairs: list[tuple[str, str]] = []
+        for item in overrides:
+            key, sep, value = str(item).lstrip("+").partition("=")
+            if not sep:
+                raise TraceConfigError(
+                    f"override {item!r} has no '='; write it as key=value, e.g. "
+                    f"actor_rollout_ref.rollout.trace.backend=arrow"
+                )
+            pairs.append((key.strip(), value.strip()))
+        return cls._from_pairs(pairs, base, parse_text=True)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str], base: TraceConfig | None = None) -> TraceConfig:
+        """Read the same keys as :meth:`from_overrides` from a YAML file.
+
+        The file may nest them (``actor_rollout_ref: {rollout: {trace: ...}}``)
+        or spell them dotted at the top level.
+        """
+        import yaml
+
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f)
+        except FileNotFoundError:
+            raise TraceConfigError(f"config file {os.fspath(path)!r} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise TraceConfigError(f"config file {os.fspath(path)!r} is not valid YAML: {exc}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise TraceConfigError(
+                f"config file {os.fspath(path)!r} must hold a mapping of keys, not {type(data).__name__}"
+            )
+        return cls._from_pairs(list(_flatten(data)), base, parse_text=False)
+
+    @classmethod
+    def _from_pairs(cls, pairs: list[tuple[str, Any]], base: TraceConfig | None, parse_text: bool) -> TraceConfig:
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        trace_fields: dict[str, Any] = {}
+        trainer_fields: dict[str, Any] = {}
+        for key, raw in pairs:
+            if key in _TRAINER_KEYS:
+                field = _TRAINER_KEYS[key]
+                trainer_fields[field] = _parse_value(key, raw, str(types[field]), parse_text)
+                continue
+            prefix = next((p for p in _TRACE_PREFIXES if key.startswith(p)), None)
+            if prefix is None:
+                continue
+            name = key[len(prefix) :]
+            name = _ALIASES.get(name, name)
+            if name not in types:
+                valid = sorted(set(types) | set(_ALIASES))
+                raise TraceConfigError(
+                    f"{key}: unknown trace setting {name!r}; valid settings are {', '.join(prefix + v for v in valid)}"
+                )
+            trace_fields[name] = _parse_value(key, raw, str(types[name]), parse_text)
+        fields = {**trainer_fields, **trace_fields}
+        try:
+            return cls.resolve(base, **fields)
+        except TraceConfigError as exc:
+            # Name the override key, not only the field.
+            field = str(exc).split(":", 1)[0]
+            spelled = next((k for k, _ in pairs if k.endswith("." + field) or k == field), field)
+            raise TraceConfigError(f"{spelled}: {str(exc).split(':', 1)[1].strip()}") from None
+
+
+def _redact_keys(value: Any, is_secret: Any, mark: str) -> Any:
+    if isinstance(value, Mapping):
+        return {
+            k: mark if isinstance(k, str) and is_secret(k) else _redact_keys(v, is_secret, mark)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_redact_keys(v, is_secret, mark) for v in value]
+    return value
+
+
+def _env_config(names: set[str]) -> dict[str, Any]:
+    """The fields given as JSON in ``ROLLOUT_TRACE_CONFIG`` (empty when unset)."""
+    raw = os.environ.get(ENV_CONFIG, "").strip()
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise TraceConfigError(
+            f'{ENV_CONFIG}: not valid JSON ({exc}); give an object like {{"max_tokens": 4096}}'
+        ) from None
+    if not isinstance(data, dict):
+        raise TraceConfigError(f"{ENV_CONFIG}: must be a JSON object of config fields, not {type(data).__name__}")
+    data = {_ALIASES.get(k, k): v for k, v in data.items()}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise TraceConfigError(
+            f"{ENV_CONFIG}: unknown config field(s) {', '.join(unknown)}; valid fields are {', '.join(sorted(names))}"
+        )
+    for key in ("token_fields", "redact_patterns"):
+        if isinstance(data.get(key), list):
+            data[key] = tuple(data[key])
+    return data
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping) and not full.endswith("backend_options"):
+            yield from _flatten(value, full + ".")
+        else:
+            yield full, value
+
+
+_NONE_WORDS = {"none", "null", "~", ""}
+_TRUE_WORDS = {"true", "yes", "1", "on"}
+_FALSE_WORDS = {"false", "no", "0", "off"}
+
+
+def _backend_list(backend: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    if backend is None:
+        return []
+    items = [backend] if isinstance(backend, str) else list(backend)
+    out = []
+    for item in items:
+        for part in str(item).split(","):
+            part = part.strip().lower()
+            if part and part not in _NONE_WORDS:
+                out.append(part)
+    return out
+
+
+def _parse_backend(raw: Any, key: str) -> str | list[str] | None:
+    if raw is None:
+        return None
+    if isinstance(raw, (list, tuple)):
+        names = _backend_list(list(raw))
+    else:
+        text = str(raw).strip()
+        if text.startswith("[") and text.endswith("]"):
+            text = text[1:-1]
+        names = _backend_list([t.strip().strip("'\"") for t in text.split(",")])
+    if not names:
+        return None
+    return names[0] if len(names) == 1 else names
+
+
+def _parse_value(key: str, raw: Any, type_name: str, parse_text: bool) -> Any:
+    """Parse ``raw`` to the field's type; ``type_name`` is the annotation text."""
+    if key.endswith("backend"):
+        return _parse_backend(raw, key)
+    text = raw.strip() if isinstance(raw, str) else None
+    optional = "None" in type_name
+    if text is not None and text.lower() in _NONE_WORDS and optional:
+        return None
+    if raw is None:
+        if optional or type_name == "Any":
+            return None
+        raise TraceConfigError(f"{key}: a value is required (got null)")
+    base = type_name.replace(" | None", "").strip()
+    try:
+        if base == "bool":
+            if isinstance(raw, bool):
+                return raw
+            if text is not None and text.lower() in _TRUE_WORDS:
+                return True
+            if text is not None and text.lower() in _FALSE_WORDS:
+                return False
+            raise ValueError
+        if base == "int":
+            if isinstance(raw, bool):
+                raise ValueError
+            if isinstance(raw, int):
+                return raw
+            return int(text.replace("_", "")) if text is not None else int(raw)
+        if base == "float":
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)
+        if base.startswith("tuple"):
+            if isinstance(raw, (list, tuple)):
+                return tuple(str(x) for x in raw)
+            assert text is not None
+            body = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+            return tuple(p.strip().strip("'\"") for p in body.split(",") if p.strip())
+        if base.startswith("dict"):
+            if isinstance(raw, Mapping):
+                return dict(raw)
+            return dict(json.loads(text or "{}"))
+        if base == "str":
+            return str(raw)
+        return raw if text is None else text
+    except (ValueError, TypeError, json.JSONDecodeError):
+        allowed = {
+            "bool": "true or false",
+            "int": "an integer",
+            "float": "a number",
+            "dict[str, Any]": "a JSON object",
+        }.get(base, base)
+        if optional:
+            allowed += " (or null)"
+        raise TraceConfigError(f"{key}: cannot read {raw!r} as {allowed}") from None

@@ -1,0 +1,428 @@
+"""Trajectory (rows of SPAN_SCHEMA) <-> MLflow span data, without importing mlflow.
+
+One trajectory becomes one MLflow trace whose id is derived from ours and the
+MLflow experiment's name (:func:`mlflow_trace_id`), so re-sending it upserts
+instead of duplicating. Every
+span keeps its original start/end times, its parent, and what MLflow has no
+slot for (kind, status, error, reward, step, our attributes) under
+``rollout_trace.*`` span attributes, so :mod:`tracer.exporters.mlflow.importer`
+restores the rows exactly. For the MLflow UI's chat view, the rollout root and
+the llm spans get OpenAI-style ``messages`` inputs and ChatCompletion-shaped
+``choices`` outputs beside their own fields; ``rollout_trace.added`` lists what
+was added so the import strips it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tracer import schema as S
+from tracer.summary import trajectory_messages
+
+#: MLflow trace ids are this prefix plus 32 hex chars of the OpenTelemetry trace id.
+MLFLOW_TRACE_ID_PREFIX = "tr-"
+
+# MLflow span types by span kind (verl's own MLflow backend uses these names too).
+SPAN_TYPE_BY_KIND = {
+    S.KIND_ROLLOUT: "AGENT",
+    S.KIND_LLM: "CHAT_MODEL",
+    S.KIND_TOOL: "TOOL",
+    S.KIND_REWARD: "EVALUATOR",
+    S.KIND_SPAN: "CHAIN",
+}
+KIND_BY_SPAN_TYPE = {
+    "AGENT": S.KIND_ROLLOUT,
+    "CHAT_MODEL": S.KIND_LLM,
+    "LLM": S.KIND_LLM,
+    "TOOL": S.KIND_TOOL,
+    "EVALUATOR": S.KIND_REWARD,
+}
+
+# MLflow's reserved span attribute keys (mlflow.tracing.constant.SpanAttributeKey).
+MLFLOW_REQUEST_ID = "mlflow.traceRequestId"
+MLFLOW_SPAN_TYPE = "mlflow.spanType"
+MLFLOW_INPUTS = "mlflow.spanInputs"
+MLFLOW_OUTPUTS = "mlflow.spanOutputs"
+MLFLOW_MESSAGE_FORMAT = "mlflow.message.format"
+MLFLOW_CHAT_USAGE = "mlflow.chat.tokenUsage"
+#: Root-span attribute prefix that MLflow's span ingestion turns into trace tags.
+MLFLOW_TRACE_TAG_PREFIX = "mlflow.traceTag."
+
+# Our span attributes (values JSON-encoded, as MLflow stores all attributes).
+ATTR_TRACE_ID = "rollout_trace.trace_id"
+ATTR_SPAN_ID = "rollout_trace.span_id"
+ATTR_PARENT = "rollout_trace.parent_span_id"
+ATTR_KIND = "rollout_trace.kind"
+ATTR_STATUS = "rollout_trace.status"
+ATTR_ERROR = "rollout_trace.error"
+ATTR_REWARD = "rollout_trace.reward"
+ATTR_STEP = "rollout_trace.step"
+ATTR_SAMPLE = "rollout_trace.sample_index"
+ATTR_ROLLOUT_N = "rollout_trace.rollout_n"
+ATTR_VALIDATE = "rollout_trace.validate"
+ATTR_ATTRIBUTES = "rollout_trace.attributes"
+ATTR_ADDED = "rollout_trace.added"
+ATTR_SYNTHETIC = "rollout_trace.synthetic"
+ATTR_PROJECT = "rollout_trace.project_name"
+ATTR_EXPERIMENT = "rollout_trace.experiment_name"
+
+# Trace tags.
+TAG_TRACE_ID = "rollout_trace.trace_id"
+TAG_STEP = "step"
+TAG_SAMPLE = "sample_index"
+TAG_ROLLOUT_N = "rollout_n"
+TAG_VALIDATE = "validate"
+TAG_EXPERIMENT = "experiment_name"
+TAG_PROJECT = "project_name"
+TAG_REWARD = "reward"
+TAG_STATUS = "status"
+#: Prefix of tags holding log_reward extras (``reward.advantage``).
+TAG_REWARD_PREFIX = "reward."
+
+# Token-count keys (span attribute "tokens") that count prompt and response tokens.
+PROMPT_TOKEN_KEYS = ("prompt_ids", "input_ids")
+RESPONSE_TOKEN_KEYS = ("response_ids", "output_ids", "token_ids")
+
+_HEX16 = re.compile(r"^[0-9a-f]{16}$")
+
+
+def otel_span_hex(span_id: str) -> str:
+    """Our span id as 16 hex chars (itself when it already is)."""
+    if _HEX16.match(span_id) and int(span_id, 16):
+        return span_id
+    return hashlib.sha256(span_id.encode()).hexdigest()[:16]
+
+
+def namespaced_trace_hex(trace_id: str, experiment: str) -> str:
+    """32 hex chars for ``trace_id`` exported into the MLflow experiment ``experiment``.
+
+    MLflow trace ids are unique across a whole store, so the same trajectory
+    exported into two experiments needs two ids; within one experiment the id
+    is always the same, which makes re-sending an upsert.
+    """
+    return hashlib.sha256(f"{experiment}\x00{trace_id}".encode()).hexdigest()[:32]
+
+
+def mlflow_trace_id(trace_id: str, experiment: str) -> str:
+    """The MLflow trace id a trajectory is exported under, in the MLflow experiment ``experiment``."""
+    return MLFLOW_TRACE_ID_PREFIX + namespaced_trace_hex(trace_id, experiment)
+
+
+@dataclasses.dataclass
+class SpanData:
+    """One span ready for MLflow: ids in hex, values not yet JSON-encoded."""
+
+    span_id: str
+    parent_id: str | None
+    name: str
+    span_type: str
+    start_ns: int
+    end_ns: int
+    error: bool
+    status_message: str
+    inputs: Any
+    outputs: Any
+    attributes: dict[str, Any]
+    #: ``(name, time_ns, attributes)`` of span events (the exception of a failed span).
+    events: list[tuple[str, int, dict[str, str]]]
+
+
+@dataclasses.dataclass
+class TrajectoryData:
+    """One trajectory as an MLflow trace."""
+
+    trace_id: str
+    mlflow_trace_id: str
+    otel_trace_hex: str
+    tags: dict[str, str]
+    #: Parents before children; ``spans[0]`` is the root (unless ``partial``).
+    spans: list[SpanData]
+    summary: dict[str, Any]
+    response_tokens: int
+    #: Late spans of a trajectory sent before (no root among ``spans``).
+    partial: bool = False
+
+
+def _loads(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def count_tokens(tokens: Any, keys: Sequence[str]) -> int:
+    """Sum of the token counts under ``keys`` of a span's ``tokens`` attribute."""
+    if not isinstance(tokens, Mapping):
+        return 0
+    return sum(int(tokens[k]) for k in keys if isinstance(tokens.get(k), (int, float)))
+
+
+def _tag_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return repr(value)
+    return str(value)
+
+
+def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with every parent before its children (roots first), by start time."""
+    by_parent: dict[Any, list[dict[str, Any]]] = {}
+    ids = {r[S.SPAN_ID] for r in rows}
+    for r in sorted(rows, key=lambda r: (r[S.START_NS], r[S.END_NS])):
+        parent = r[S.PARENT_SPAN_ID] if r[S.PARENT_SPAN_ID] in ids else None
+        by_parent.setdefault(parent, []).append(r)
+    out: list[dict[str, Any]] = []
+    stack = list(reversed(by_parent.get(None, [])))
+    while stack:
+        r = stack.pop()
+        out.append(r)
+        stack.extend(reversed(by_parent.get(r[S.SPAN_ID], [])))
+    seen = {id(r) for r in out}
+    out.extend(r for r in rows if id(r) not in seen)  # cycles: keep, MLflow links what it can
+    return out
+
+
+def _summarise(rows: list[dict[str, Any]], root: dict[str, Any] | None) -> dict[str, Any]:
+    """A row of TRAJECTORY_SCHEMA for these spans (as read_trajectories computes it)."""
+    body = [r for r in rows if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)]
+    logged = sorted((r for r in rows if r not in body), key=lambda r: r[S.END_NS])
+    scored = sorted((r for r in body if r[S.REWARD] is not None), key=lambda r: r[S.END_NS])
+    reward, info = None, None
+    if logged:
+        reward, info = logged[-1][S.REWARD], logged[-1][S.ATTRIBUTES]
+    elif scored:
+        reward = scored[-1][S.REWARD]
+    first = root or (body or rows)[0]
+    return {
+        S.TRACE_ID: first[S.TRACE_ID],
+        S.NAME: root[S.NAME] if root else None,
+        S.STEP: first[S.STEP],
+        S.SAMPLE_INDEX: first[S.SAMPLE_INDEX],
+        S.ROLLOUT_N: first[S.ROLLOUT_N],
+        S.VALIDATE: first[S.VALIDATE],
+        S.REWARD: reward,
+        "reward_info": info,
+        S.STATUS: root[S.STATUS] if root else S.STATUS_INCOMPLETE,
+        S.START_NS: min(r[S.START_NS] for r in (body or rows)),
+        S.END_NS: max(r[S.END_NS] for r in (body or rows)),
+        "num_spans": len(body),
+        "num_llm_calls": sum(1 for r in body if r[S.KIND] == S.KIND_LLM),
+        "num_tool_calls": sum(1 for r in body if r[S.KIND] == S.KIND_TOOL),
+        "num_tool_errors": sum(1 for r in body if r[S.KIND] == S.KIND_TOOL and r[S.STATUS] != S.STATUS_OK),
+        "num_errors": sum(1 for r in body if r[S.STATUS] == S.STATUS_ERROR),
+    }
+
+
+def _chat_completion(message: Mapping[str, Any], finish_reason: Any) -> list[dict[str, Any]]:
+    return [{"index": 0, "message": dict(message), "finish_reason": finish_reason or "stop"}]
+
+
+def _augment(value: Any, key: str, extra: Any, added: dict[str, Any], side: str) -> Any:
+    """Add ``key: extra`` to a dict-valued input/output, recording what was added."""
+    if value is None:
+        added[side] = None  # the original was null: the import restores null
+        return {key: extra}
+    if isinstance(value, dict) and key not in value:
+        added[side] = [key]
+        return {**value, key: extra}
+    return value
+
+
+def trajectory_data(
+    rows: list[dict[str, Any]],
+    project: str,
+    experiment: str,
+    reward: tuple[float | None, str | None] | None = None,
+    partial: bool = False,
+) -> TrajectoryData:
+    """Convert the span rows of one trajectory to what an MLflow trace holds.
+
+    Args:
+        rows: Rows of :data:`tracer.SPAN_SCHEMA` (dicts), all of one trace_id.
+        project: Project name (tag; the MLflow experiment).
+        experiment: Experiment name (tag; the MLflow run).
+        reward: ``(reward, reward_info JSON)`` to tag when known from outside
+            these rows (a reward logged by another process).
+        partial: The rows are late spans of a trajectory already sent (no
+            root among them): keep their parents as recorded, add no root,
+            and tag only the reward.
+    """
+    trace_id = rows[0][S.TRACE_ID]
+    ids = {r[S.SPAN_ID] for r in rows}
+    roots = [r for r in rows if r[S.PARENT_SPAN_ID] is None]
+    root_row = next((r for r in roots if r[S.KIND] == S.KIND_ROLLOUT), roots[0] if roots else None)
+    summary = _summarise(rows, root_row)
+    if reward is not None and reward[0] is not None:
+        summary[S.REWARD], summary["reward_info"] = reward
+    ordered = _order(rows)
+    messages = trajectory_messages(rows)
+    assistant = [m for m in messages if m.get("role") == "assistant"]
+    llm_rows = sorted((r for r in rows if r[S.KIND] == S.KIND_LLM), key=lambda r: r[S.START_NS])
+    llm_turn = {r[S.SPAN_ID]: i for i, r in enumerate(llm_rows)} if len(llm_rows) == len(assistant) else {}
+    assistant_pos = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+
+    ctx = {
+        S.STEP: summary[S.STEP],
+        S.SAMPLE_INDEX: summary[S.SAMPLE_INDEX],
+        S.ROLLOUT_N: summary[S.ROLLOUT_N],
+        S.VALIDATE: summary[S.VALIDATE],
+    }
+    root_hex = otel_span_hex(root_row[S.SPAN_ID]) if root_row is not None else None
+    synthetic: SpanData | None = None
+    if root_row is None and not partial:
+        # The root never ended (the writer was killed mid-rollout): MLflow needs one root.
+        root_hex = otel_span_hex(trace_id + ":root")
+        synthetic = SpanData(
+            span_id=root_hex,
+            parent_id=None,
+            name="trajectory",
+            span_type="AGENT",
+            start_ns=summary[S.START_NS],
+            end_ns=summary[S.END_NS],
+            error=False,
+            status_message="",
+            inputs=None,
+            outputs=None,
+            events=[],
+            attributes={ATTR_SYNTHETIC: True, ATTR_KIND: S.KIND_ROLLOUT, ATTR_STATUS: S.STATUS_INCOMPLETE},
+        )
+    response_tokens = 0
+    spans: list[SpanData] = [synthetic] if synthetic else []
+    for r in ordered:
+        kind = r[S.KIND]
+        is_root = r is root_row
+        attrs: dict[str, Any] = {ATTR_KIND: kind, ATTR_STATUS: r[S.STATUS]}
+        if not _HEX16.match(r[S.SPAN_ID]):
+            attrs[ATTR_SPAN_ID] = r[S.SPAN_ID]
+        parent = r[S.PARENT_SPAN_ID]
+        if is_root:
+            parent_hex = None
+        elif parent is not None and (parent in ids or partial):
+            parent_hex = otel_span_hex(parent)
+        else:
+            parent_hex = root_hex  # a second root or an orphan: hang it under the root
+            attrs[ATTR_PARENT] = parent
+        for col, key in (
+            (S.STEP, ATTR_STEP),
+            (S.SAMPLE_INDEX, ATTR_SAMPLE),
+            (S.ROLLOUT_N, ATTR_ROLLOUT_N),
+            (S.VALIDATE, ATTR_VALIDATE),
+        ):
+            if is_root or r[col] != ctx[col]:
+                attrs[key] = r[col]
+        if r[S.REWARD] is not None:
+            attrs[ATTR_REWARD] = r[S.REWARD] if math.isfinite(r[S.REWARD]) else str(r[S.REWARD])
+        own_attrs = _loads(r[S.ATTRIBUTES])
+        if own_attrs is not None:
+            attrs[ATTR_ATTRIBUTES] = own_attrs
+        error = _loads(r[S.ERROR])
+        if error is not None:
+            attrs[ATTR_ERROR] = error
+        inputs, outputs = _loads(r[S.INPUTS]), _loads(r[S.OUTPUTS])
+        added: dict[str, Any] = {}
+        if kind == S.KIND_LLM:
+            attrs[MLFLOW_MESSAGE_FORMAT] = "openai"
+            tokens = own_attrs.get(S.ATTR_TOKENS) if isinstance(own_attrs, Mapping) else None
+            n_in, n_out = count_tokens(tokens, PROMPT_TOKEN_KEYS), count_tokens(tokens, RESPONSE_TOKEN_KEYS)
+            response_tokens += n_out
+            if n_in or n_out:
+                attrs[MLFLOW_CHAT_USAGE] = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
+            finish = outputs.get("finish_reason") if isinstance(outputs, Mapping) else None
+            turn = llm_turn.get(r[S.SPAN_ID])
+            if turn is not None:
+                prompt_msgs: list[Any] = messages[: assistant_pos[turn]]
+                reply: Mapping[str, Any] = messages[assistant_pos[turn]]
+            else:
+                prompt = inputs.get("prompt_text") if isinstance(inputs, Mapping) else None
+                prompt_msgs = [{"role": "user", "content": prompt if isinstance(prompt, str) else json.dumps(inputs)}]
+                text = outputs.get("response_text") if isinstance(outputs, Mapping) else outputs
+                reply = {"role": "assistant", "content": text if isinstance(text, str) else json.dumps(text)}
+            inputs = _augment(inputs, "messages", prompt_msgs, added, "inputs")
+            outputs = _augment(outputs, "choices", _chat_completion(reply, finish), added, "outputs")
+        elif is_root and messages:
+            attrs[MLFLOW_MESSAGE_FORMAT] = "openai"
+            last = assistant_pos[-1] if assistant_pos else len(messages)
+            inputs = _augment(inputs, "messages", messages[:last], added, "inputs")
+            if assistant_pos:
+                outputs = _augment(outputs, "choices", _chat_completion(messages[last], None), added, "outputs")
+        if added:
+            attrs[ATTR_ADDED] = added
+        events: list[tuple[str, int, dict[str, str]]] = []
+        if r[S.STATUS] == S.STATUS_ERROR and isinstance(error, Mapping):
+            events.append(
+                (
+                    "exception",
+                    r[S.END_NS],
+                    {
+                        "exception.type": str(error.get("type", "")),
+                        "exception.message": str(error.get("message", "")),
+                        "exception.stacktrace": str(error.get("traceback", "")),
+                    },
+                )
+            )
+        failed = r[S.STATUS] in (S.STATUS_ERROR, S.STATUS_CANCELLED)
+        message = ""
+        if failed:
+            message = str(error.get("message", "")) if isinstance(error, Mapping) else r[S.STATUS]
+        spans.append(
+            SpanData(
+                span_id=otel_span_hex(r[S.SPAN_ID]),
+                parent_id=parent_hex,
+                name=r[S.NAME],
+                span_type=SPAN_TYPE_BY_KIND.get(kind, "UNKNOWN"),
+                start_ns=r[S.START_NS],
+                end_ns=max(r[S.END_NS], r[S.START_NS]),
+                error=failed,
+                status_message=message,
+                inputs=inputs,
+                outputs=outputs,
+                attributes=attrs,
+                events=events,
+            )
+        )
+    tags: dict[str, str] = {}
+    if not partial:
+        root = spans[0]
+        root.attributes[ATTR_PROJECT] = project
+        root.attributes[ATTR_EXPERIMENT] = experiment
+        root.attributes[ATTR_TRACE_ID] = trace_id
+        tags = {
+            TAG_TRACE_ID: trace_id,
+            TAG_PROJECT: project,
+            TAG_EXPERIMENT: experiment,
+            TAG_STATUS: summary[S.STATUS],
+        }
+        for col, tag in (
+            (S.STEP, TAG_STEP),
+            (S.SAMPLE_INDEX, TAG_SAMPLE),
+            (S.ROLLOUT_N, TAG_ROLLOUT_N),
+            (S.VALIDATE, TAG_VALIDATE),
+        ):
+            if summary[col] is not None:
+                tags[tag] = _tag_value(summary[col])
+    if summary[S.REWARD] is not None:
+        tags[TAG_REWARD] = _tag_value(summary[S.REWARD])
+    info = _loads(summary["reward_info"])
+    if isinstance(info, Mapping):
+        for k, v in info.items():
+            if isinstance(v, (int, float, str, bool)):
+                tags[TAG_REWARD_PREFIX + str(k)] = _tag_value(v)
+    return TrajectoryData(
+        trace_id=trace_id,
+        mlflow_trace_id=mlflow_trace_id(trace_id, project),
+        otel_trace_hex=namespaced_trace_hex(trace_id, project),
+        tags=tags,
+        spans=spans,
+        summary=summary,
+        response_tokens=response_tokens,
+        partial=partial,
+    )

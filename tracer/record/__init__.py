@@ -1,0 +1,1 @@
+"""Recording: decorators, context, capture, the recorder and its encoder."""

@@ -1,0 +1,295 @@
+"""Background encoding: captured values -> JSON text, with token2text and truncation.
+
+Runs on the writer thread only. :class:`Encoder` walks a record's inputs and
+outputs once, turning them into JSON-ready structures; token id fields found
+on the way are truncated to ``max_tokens`` and queued for decoding; the whole
+batch's token lists are decoded in one ``batch_decode`` call per tokenizer,
+and the texts are written in beside the ids before the JSON is produced.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import math
+import traceback
+from typing import Any
+
+import orjson
+
+from tracer.record.capture import Placeholder
+from tracer.record.redact import REDACTED, is_secret_key
+from tracer.schema import ATTR_TOKENS, ATTR_TRUNCATED
+
+#: Field names that hold token ids (verl's names plus common ones).
+DEFAULT_TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", "output_ids")
+
+#: Longest string kept for values the tracer does not know how to encode.
+MAX_REPR_CHARS = 2000
+
+#: Element types of lists copied to JSON as they are (orjson writes them all;
+#: ints beyond 64 bits fall back to the json module in to_json).
+_FLAT_SCALARS = frozenset({int, str, bool, type(None)})
+_FLAT_NUMBERS = frozenset({int, bool, type(None)})
+_INT_ONLY = frozenset({int})
+
+_JSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+def text_field_name(ids_field: str) -> str:
+    """``prompt_ids`` -> ``prompt_text``: where a token list's decoded text goes."""
+    return ids_field[: -len("_ids")] + "_text" if ids_field.endswith("_ids") else ids_field + "_text"
+
+
+class DecodeJob:
+    """One token id list waiting to be decoded into ``container[key]``."""
+
+    __slots__ = ("ids", "container", "key", "tokenizer", "strings")
+
+    def __init__(self, ids: list[int], container: dict[str, Any], key: str, tokenizer: Any, strings: list[str]) -> None:
+        self.ids = ids
+        self.container = container
+        self.key = key
+        self.tokenizer = tokenizer
+        #: The record's string list: the decoded text joins it (secret scan).
+        self.strings = strings
+
+
+class Encoder:
+    """Turns captured values into JSON-ready data, collecting token work.
+
+    Args:
+        token_fields: Names of fields holding token ids.
+        token2text: Queue decoding of token fields.
+        max_tokens: Cut token lists (and so their text) to this length.
+        store_full_token: Keep the id lists (False: text only).
+    """
+
+    def __init__(
+        self,
+        token_fields: tuple[str, ...],
+        token2text: bool,
+        max_tokens: int | None,
+        store_full_token: bool,
+        redact_keys: bool = True,
+    ) -> None:
+        self.token_fields = frozenset(DEFAULT_TOKEN_FIELDS) | frozenset(token_fields)
+        self.token2text = token2text
+        self.max_tokens = max_tokens
+        self.store_full_token = store_full_token
+        self.redact_keys = redact_keys
+        self.jobs: list[DecodeJob] = []
+        #: Per record (see begin_record): every string value and key that ends
+        #: up in its JSON, so the secret scan need not read the JSON text.
+        self.strings: list[list[str]] = []
+        #: Records holding text the encoder did not see as a string value
+        #: (reprs of unknown objects): their JSON is always scanned whole.
+        self.opaque: set[int] = set()
+        self._cur: list[str] = []
+        #: Containers whose id lists are dropped after decoding.
+        self._drop_ids: list[tuple[dict[str, Any], str]] = []
+
+    # -- structure -------------------------------------------------------
+
+    def begin_record(self) -> None:
+        """Start collecting the strings of the next record."""
+        self._cur = []
+        self.strings.append(self._cur)
+
+    def prepare(self, value: Any, tokenizer: Any, meta: dict[str, Any], path: str = "", depth: int = 0) -> Any:
+        """Return ``value`` as JSON-ready data; note truncations in ``meta``."""
+        cls = type(value)
+        if cls is str:
+            self._cur.append(value)
+            return value
+        if cls is int or cls is bool or value is None:
+            if cls is int and not -(2**63) <= value < 2**63:
+                return str(value)
+            return value
+        if cls is float:
+            # JSON has no NaN/inf: a marked placeholder, never the plain text "nan".
+            return value if math.isfinite(value) else f"<{value!r}>"
+        if depth > 64:
+            return "<nested too deep>"
+        if cls is dict or isinstance(value, dict):
+            out: dict[str, Any] = {}
+            for k, v in value.items():
+                key = k if isinstance(k, str) else str(k)
+                self._cur.append(key)
+                if self.redact_keys and _secret_key(key):
+                    out[key] = REDACTED
+                    continue
+                if key in self.token_fields:
+                    ids = _as_id_list(v)
+                    if ids is not None:
+                        self._put_tokens(out, key, ids, tokenizer, meta, f"{path}{key}")
+                        continue
+                out[key] = self.prepare(v, tokenizer, meta, f"{path}{key}.", depth + 1)
+            return out
+        if cls is list or cls is tuple or isinstance(value, (list, tuple, set, frozenset)):
+            # Flat lists of plain scalars (token ids, logprobs...) need no walk.
+            # Captured lists are already private copies: no need to copy again.
+            if _FLAT_NUMBERS.issuperset(map(type, value)):
+                return value if cls is list else list(value)
+            if _FLAT_SCALARS.issuperset(map(type, value)):
+                self._cur.extend(v for v in value if type(v) is str)
+                return value if cls is list else list(value)
+            return [self.prepare(v, tokenizer, meta, path, depth + 1) for v in value]
+        if isinstance(value, Placeholder):
+            self._cur.append(value.text)
+            return value.text
+        module = cls.__module__
+        if module == "numpy" or module.startswith("numpy.") or (module == "torch" and cls.__name__ == "Tensor"):
+            try:
+                return self.prepare(value.tolist(), tokenizer, meta, path, depth + 1)
+            except Exception:
+                return self._opaque(_safe_repr(value))
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            raw = bytes(value)
+            try:
+                return self.prepare(raw.decode("utf-8"), tokenizer, meta, path, depth)
+            except UnicodeDecodeError:
+                return {"__bytes_b64__": base64.b64encode(raw).decode("ascii")}
+        if isinstance(value, float):
+            return float(value) if math.isfinite(value) else f"<{float(value)!r}>"
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, BaseException):
+            return self.prepare({"__type__": type(value).__name__, "message": str(value)}, tokenizer, meta, path, depth)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
+            return self.prepare({"__type__": cls.__name__, **fields}, tokenizer, meta, path, depth + 1)
+        return self._opaque(_safe_repr(value))
+
+    def _opaque(self, text: str) -> str:
+        self.opaque.add(len(self.strings) - 1)
+        return text
+
+    def _put_tokens(
+        self, out: dict[str, Any], key: str, ids: list[int], tokenizer: Any, meta: dict[str, Any], path: str
+    ) -> None:
+        counts = meta.setdefault(ATTR_TOKENS, {})
+        counts[path] = len(ids)
+        if self.max_tokens is not None and len(ids) > self.max_tokens:
+            meta.setdefault(ATTR_TRUNCATED, {})[path] = len(ids)
+            ids = ids[: self.max_tokens]
+        out[key] = ids
+        if self.token2text and tokenizer is not None:
+            self.jobs.append(DecodeJob(ids, out, text_field_name(key), tokenizer, self._cur))
+        if not self.store_full_token and (self.token2text and tokenizer is not None):
+            self._drop_ids.append((out, key))
+
+    # -- tokens ------------------------------------------------------------
+
+    def decode_pending(self) -> int:
+        """Decode every queued token list, batched per tokenizer; return errors."""
+        errors = 0
+        by_tok: dict[int, list[DecodeJob]] = {}
+        for job in self.jobs:
+            by_tok.setdefault(id(job.tokenizer), []).append(job)
+        for jobs in by_tok.values():
+            tok = jobs[0].tokenizer
+            try:
+                texts = batch_decode(tok, [j.ids for j in jobs])
+            except Exception:
+                errors += 1
+                texts = []
+                for j in jobs:
+                    try:
+                        texts.append(batch_decode(tok, [j.ids])[0])
+                    except Exception:
+                        texts.append("<token2text failed for these ids>")
+            for job, text in zip(jobs, texts):
+                job.container[job.key] = text
+                job.strings.append(text)
+        for container, key in self._drop_ids:
+            container.pop(key, None)
+        self.jobs = []
+        self._drop_ids = []
+        return errors
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_key(key: str) -> bool:
+    # Keys repeat across spans (argument names): remember the verdicts.
+    return is_secret_key(key)
+
+
+def batch_decode(tokenizer: Any, sequences: list[list[int]]) -> list[str]:
+    """Decode many id lists with whatever decode API ``tokenizer`` has.
+
+    A transformers fast tokenizer that does no clean-up of spaces decodes
+    exactly as its Rust backend does; the backend's ``decode_batch`` skips
+    transformers' per-sequence Python work (4x faster, measured in
+    bench/bench_write.py).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return list(backend.decode_batch(sequences, skip_special_tokens=False))
+    fn = getattr(tokenizer, "batch_decode", None)
+    if fn is not None:
+        return list(fn(sequences, skip_special_tokens=False))
+    fn = getattr(tokenizer, "decode_batch", None)  # tokenizers.Tokenizer
+    if fn is not None:
+        return list(fn(sequences, skip_special_tokens=False))
+    return [tokenizer.decode(s) for s in sequences]
+
+
+def _as_id_list(value: Any) -> list[int] | None:
+    """Return ``value`` as a flat list of ints if it is a token id sequence."""
+    cls = type(value)
+    if cls is list or cls is tuple:
+        if _INT_ONLY.issuperset(map(type, value)):
+            return value if cls is list else list(value)
+        return None
+    module = cls.__module__
+    if module == "numpy" or (module == "torch" and cls.__name__ == "Tensor"):
+        try:
+            if getattr(value, "ndim", 1) != 1:
+                return None
+            out = value.tolist()
+        except Exception:
+            return None
+        if _INT_ONLY.issuperset(map(type, out)):
+            return out
+    return None
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a user's __repr__ may raise; record that it did
+        return f"<{type(value).__name__}: repr failed: {type(exc).__name__}>"
+    if len(text) > MAX_REPR_CHARS:
+        text = text[:MAX_REPR_CHARS] + f"... <{len(text) - MAX_REPR_CHARS} more chars>"
+    return text
+
+
+def to_json(value: Any) -> str:
+    """JSON text of prepared data; never raises."""
+    try:
+        return orjson.dumps(value, option=_JSON_OPTS, default=_safe_repr).decode("utf-8")
+    except Exception:
+        try:
+            import json
+
+            # ensure_ascii escapes lone surrogates, which orjson refuses.
+            return json.dumps(value, default=_safe_repr)
+        except Exception as exc:
+            return orjson.dumps(f"<unencodable: {type(exc).__name__}>").decode("utf-8")
+
+
+def error_json(exc: BaseException) -> str:
+    """JSON of an exception: type, message and formatted traceback."""
+    cls = type(exc)
+    name = cls.__qualname__ if cls.__module__ in ("builtins", "__main__") else f"{cls.__module__}.{cls.__qualname__}"
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<str() of the exception failed>"
+    try:
+        tb = "".join(traceback.format_exception(cls, exc, exc.__traceback__))
+    except Exception:
+        tb = ""
+    return to_json({"type": name, "message": message, "traceback": tb})

@@ -1,0 +1,1 @@
+"""Storage: URIs, writers, upload, repair, index, compaction and check of trace files."""

@@ -1,0 +1,565 @@
+"""Remote output: object storage and remote filesystems as ``output_dir``.
+
+When ``output_dir`` is a URI (``s3://bucket/prefix``, ``gs://...``, or
+anything :func:`pyarrow.fs.FileSystem.from_uri` or fsspec resolves), the
+recorder writes exactly as it does locally, into a **staging directory** on
+local disk (fsync'd batches, torn tails readable), and :class:`UploadingSpanWriter`
+uploads each file only once it is closed: rotated by size
+(``max_file_bytes``), by age (``upload_interval_s``), or at shutdown. An
+object therefore never holds half a file. On S3 and GCS a single PUT is
+atomic; elsewhere the upload goes to ``<name>.arrow.partial-<nonce>`` (which
+readers ignore) and is then renamed.
+
+Crash recovery: each writer holds an ``flock`` on ``<stem>.lock`` in its
+staging directory while it lives. A writer that starts finds files whose lock
+nobody holds (their process died), repairs a torn last batch, and uploads
+them; ``rollout-trace upload`` does the same without recording.
+
+Readers accept the same URIs (:func:`list_remote`, :func:`open_input`).
+Credentials and endpoints come from the usual places (``AWS_*`` environment
+variables, including ``AWS_ENDPOINT_URL``; or URI query options such as
+``?endpoint_override=...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import collections
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import re
+import secrets
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from tracer import schema as S
+from tracer.storage.writer import SpanWriter, fsync_dir
+
+logger = logging.getLogger("rollout_trace")
+
+#: Environment variable: root of the local staging directories (default
+#: ``<tempdir>/rollout_trace_staging``). Put it on a disk that survives a
+#: restart of the process, so the next run can upload what a crash left.
+ENV_STAGING_DIR = "ROLLOUT_TRACE_STAGING_DIR"
+#: File in each staging directory naming the URI its files go to.
+DESTINATION_FILE = "DESTINATION"
+#: Suffix of a writer's lock file in the staging directory.
+LOCK_SUFFIX = ".lock"
+#: Marker in the name of an upload not yet renamed to its final name.
+PARTIAL_MARK = ".partial-"
+#: Filesystems on which one PUT makes the whole object appear at once.
+ATOMIC_PUT_FILESYSTEMS = ("s3", "gcs")
+#: Copy buffer for uploads.
+UPLOAD_CHUNK_BYTES = 8 * 1024 * 1024
+#: Longest wait between retries of a failed upload.
+MAX_RETRY_S = 60.0
+
+_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def is_remote(path: str | os.PathLike[str]) -> bool:
+    """True for a URI such as ``s3://bucket/x`` (``file://`` and plain paths are local)."""
+    m = _URI.match(os.fspath(path))
+    return m is not None and m.group(1).lower() != "file"
+
+
+def join_uri(uri: str, *parts: str) -> str:
+    """Append path parts to ``uri``, keeping a ``?query`` at the end."""
+    base, sep, query = uri.partition("?")
+    path = "/".join([base.rstrip("/"), *(p.strip("/") for p in parts if p)])
+    return f"{path}?{query}" if sep else path
+
+
+def _strip_query(uri: str) -> str:
+    return uri.partition("?")[0]
+
+
+@functools.lru_cache(maxsize=64)
+def _filesystem_for_dir(dir_uri: str) -> tuple[Any, str]:
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = pafs.FileSystem.from_uri(dir_uri)
+        return fs, path.rstrip("/")
+    except (pa.ArrowInvalid, ValueError) as exc:
+        if "nrecognized" not in str(exc) and "not supported" not in str(exc).lower():
+            raise
+    try:
+        import fsspec
+    except ImportError:
+        raise ValueError(
+            f"{dir_uri!r}: pyarrow cannot open this kind of URI; pip install fsspec and the package for its scheme"
+        ) from None
+    match = _URI.match(dir_uri)
+    assert match is not None
+    protocol = match.group(1)
+    inner = fsspec.filesystem(protocol)
+    return pafs.PyFileSystem(pafs.FSSpecHandler(inner)), inner._strip_protocol(_strip_query(dir_uri)).rstrip("/")
+
+
+def filesystem(uri: str) -> tuple[Any, str]:
+    """``(pyarrow FileSystem, path inside it)`` for ``uri``."""
+    base, sep, query = uri.partition("?")
+    parent, _, name = base.rstrip("/").rpartition("/")
+    if not parent or parent.endswith(":/"):
+        return _filesystem_for_dir(uri)
+    fs, parent_path = _filesystem_for_dir(parent + (f"?{query}" if sep else ""))
+    return fs, f"{parent_path}/{name}" if parent_path else name
+
+
+def list_remote(uri: str) -> list[str]:
+    """Trace files under ``uri`` (a file, or a prefix searched recursively) as URIs, sorted.
+
+    Raises:
+        FileNotFoundError: nothing exists at ``uri``.
+    """
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(uri)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return [uri]
+    if info.type != pafs.FileType.Directory:
+        raise FileNotFoundError(f"trace path {uri!r} does not exist; give a .arrow object or a prefix holding them")
+    found = []
+    for item in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+        if item.type == pafs.FileType.File and item.path.endswith(S.FILE_SUFFIX):
+            found.append(join_uri(uri, item.path[len(path) :].lstrip("/")))
+    return sorted(found)
+
+
+def open_input(file: str) -> Any:
+    """A readable pyarrow stream over a local path or a URI."""
+    if not is_remote(file):
+        return pa.OSFile(file, "rb")
+    fs, path = filesystem(file)
+    return fs.open_input_file(path)  # random access: compacted IPC files seek to their footer
+
+
+def file_size(file: str) -> int:
+    """Size in bytes of a local path or a URI.
+
+    Raises:
+        OSError: it does not exist or cannot be reached.
+    """
+    if not is_remote(file):
+        return os.path.getsize(file)
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(file)
+    info = fs.get_file_info(path)
+    if info.type != pafs.FileType.File:
+        raise FileNotFoundError(f"{file}: no such object")
+    return int(info.size)
+
+
+# -- staging and upload -------------------------------------------------------
+
+
+def staging_root() -> str:
+    """The root of staging directories (``ROLLOUT_TRACE_STAGING_DIR`` or a temp folder)."""
+    return os.environ.get(ENV_STAGING_DIR) or os.path.join(tempfile.gettempdir(), "rollout_trace_staging")
+
+
+def staging_dir_for(dest_uri: str, root: str | None = None) -> str:
+    """The local staging directory of the run that uploads to ``dest_uri``: same URI, same directory."""
+    readable = re.sub(r"[^A-Za-z0-9.-]+", "_", _strip_query(dest_uri))[-80:].strip("_")
+    digest = hashlib.sha256(dest_uri.encode()).hexdigest()[:12]
+    return os.path.join(root or staging_root(), f"{readable}-{digest}")
+
+
+def _stem_of(name: str) -> str:
+    """``host_pid_start_nonce_0003.arrow`` -> ``host_pid_start_nonce``."""
+    return name[: -len(S.FILE_SUFFIX)].rsplit("_", 1)[0]
+
+
+def _try_lock(path: str) -> int | None:
+    """Open and exclusively flock ``path``; the fd, or None if another process holds it."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def repair_stream(path: str) -> int:
+    """If ``path``'s last batch is torn, rewrite it with only its complete batches.
+
+    Returns the number of batches kept, or -1 when the file was sound and left as is.
+    The rewrite goes to a temporary file that replaces ``path`` atomically; a
+    torn file without one complete batch is removed (0).
+    """
+    kept: list[tuple[pa.RecordBatch, Any]] = []
+    schema = None
+    try:
+        with pa.OSFile(path, "rb") as f:
+            reader = pa.ipc.open_stream(f)
+            schema = reader.schema
+            while True:
+                try:
+                    kept.append(reader.read_next_batch_with_custom_metadata())
+                except StopIteration:
+                    return -1
+    except (OSError, pa.ArrowException):
+        pass
+    tmp = f"{path}.repair-{secrets.token_hex(4)}"
+    with open(tmp, "wb") as out:
+        if schema is not None:
+            with pa.ipc.new_stream(out, schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+                for batch, meta in kept:
+                    w.write_batch(batch, custom_metadata=meta)
+        out.flush()
+        os.fsync(out.fileno())
+    if schema is None or not kept:
+        os.remove(tmp)
+        os.remove(path)  # no complete batch: nothing a reader could use
+        return 0
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
+    return len(kept)
+
+
+def upload_file(local: str, dest_uri: str) -> str:
+    """Upload one closed trace file into ``dest_uri`` (a prefix); return the object's URI.
+
+    The object appears whole or not at all; the local file is removed once
+    the object's size matches.
+    """
+    import pyarrow.fs as pafs
+
+    name = os.path.basename(local)
+    final_uri = join_uri(dest_uri, name)
+    fs, final = filesystem(final_uri)
+    atomic = fs.type_name in ATOMIC_PUT_FILESYSTEMS
+    if not atomic:
+        fs.create_dir(final.rpartition("/")[0], recursive=True)
+    target = final if atomic else f"{final}{PARTIAL_MARK}{secrets.token_hex(4)}"
+    size = os.path.getsize(local)
+    with open(local, "rb") as src, fs.open_output_stream(target) as dst:
+        while chunk := src.read(UPLOAD_CHUNK_BYTES):
+            dst.write(chunk)
+    if not atomic:
+        fs.move(target, final)
+    info = fs.get_file_info(final)
+    if info.type != pafs.FileType.File or info.size != size:
+        raise OSError(f"upload of {local} to {final_uri} left {info.size} bytes, expected {size}")
+    os.remove(local)
+    return final_uri
+
+
+def _write_destination(staging: str, dest_uri: str) -> None:
+    os.makedirs(staging, exist_ok=True)
+    path = os.path.join(staging, DESTINATION_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read().strip() == dest_uri:
+                return
+    except OSError:
+        pass
+    tmp = f"{path}.{secrets.token_hex(4)}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(dest_uri + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def claim_orphans(staging: str, own_stem: str | None = None) -> tuple[list[str], dict[str, int]]:
+    """Files in ``staging`` whose writer is gone, and the lock fds now held for them."""
+    try:
+        names = sorted(os.listdir(staging))
+    except FileNotFoundError:
+        return [], {}
+    stems: dict[str, list[str]] = collections.defaultdict(list)
+    for name in names:
+        if name.endswith(S.FILE_SUFFIX):
+            stems[_stem_of(name)].append(os.path.join(staging, name))
+        elif name.endswith(LOCK_SUFFIX) and name[: -len(LOCK_SUFFIX)] not in stems:
+            stems.setdefault(name[: -len(LOCK_SUFFIX)], [])
+    files: list[str] = []
+    locks: dict[str, int] = {}
+    for stem, paths in stems.items():
+        if stem == own_stem:
+            continue
+        fd = _try_lock(os.path.join(staging, stem + LOCK_SUFFIX))
+        if fd is None:
+            continue  # its writer is alive
+        if not paths:
+            _release(staging, stem, fd)
+            continue
+        locks[stem] = fd
+        files.extend(paths)
+    return files, locks
+
+
+def _release(staging: str, stem: str, fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(os.path.join(staging, stem + LOCK_SUFFIX))
+    os.close(fd)
+
+
+def recover(staging: str, dest_uri: str | None = None) -> tuple[list[str], list[str]]:
+    """Upload what dead writers left in ``staging``; return (uploaded URIs, failures)."""
+    if dest_uri is None:
+        with open(os.path.join(staging, DESTINATION_FILE), encoding="utf-8") as f:
+            dest_uri = f.read().strip()
+    files, locks = claim_orphans(staging)
+    uploaded, failed = [], []
+    try:
+        for path in files:
+            try:
+                if repair_stream(path) == 0:
+                    continue
+                uploaded.append(upload_file(path, dest_uri))
+            except Exception as exc:
+                failed.append(f"{path}: {type(exc).__name__}: {exc}")
+    finally:
+        for stem, fd in locks.items():
+            left = any(_stem_of(n) == stem for n in os.listdir(staging) if n.endswith(S.FILE_SUFFIX))
+            if left:
+                os.close(fd)
+            else:
+                _release(staging, stem, fd)
+    return uploaded, failed
+
+
+def _close_at_exit(ref: weakref.ref[UploadingSpanWriter]) -> None:
+    writer = ref()
+    if writer is None or writer._pid != os.getpid():
+        return  # a forked child must not close (and so corrupt) its parent's file
+    from tracer.record import recorder as _recorder
+
+    rec = _recorder.ACTIVE
+    try:
+        if rec is not None and rec.writer is writer:
+            _recorder.ACTIVE = None
+            rec.shutdown(timeout=30.0)
+        else:
+            writer.close()
+    except Exception as exc:  # never fail interpreter exit
+        logger.warning("rollout-trace: uploading at exit failed: %s (files stay in %s)", exc, writer.run_dir)
+
+
+class UploadingSpanWriter(SpanWriter):
+    """A :class:`SpanWriter` into a local staging directory that uploads each closed file.
+
+    Args:
+        dest_uri: Where the run's files go (``s3://bucket/prefix/project/experiment``).
+        metadata: Schema-level metadata written into every file.
+        compression_level: zstd level.
+        max_file_bytes: Close (and upload) a file once it is this big.
+        upload_interval_s: Close (and upload) a file once it is this old.
+        report: ``report(kind, detail, exc)`` for upload problems (the recorder's problem log).
+        staging: Staging directory (default :func:`staging_dir_for` ``dest_uri``).
+    """
+
+    def __init__(
+        self,
+        dest_uri: str,
+        metadata: dict[str, str],
+        compression_level: int = 3,
+        max_file_bytes: int = 256 * 1024 * 1024,
+        upload_interval_s: float = 60.0,
+        report: Callable[[str, str, BaseException | None], None] | None = None,
+        staging: str | None = None,
+    ) -> None:
+        staging = staging or staging_dir_for(dest_uri)
+        super().__init__(staging, metadata, compression_level, max_file_bytes)
+        self.dest_uri = dest_uri
+        self._pid = os.getpid()
+        self.upload_interval_s = float(upload_interval_s)
+        self._report = report
+        self._lock = threading.RLock()
+        self._upload_lock = threading.Lock()
+        self._in_write = False
+        self._opened_at = 0.0
+        #: (local path, needs repair check, not before monotonic time, attempts)
+        self._pending: collections.deque[tuple[str, bool, float, int]] = collections.deque()
+        #: Every object this writer uploaded.
+        self.uploaded: list[str] = []
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        _write_destination(staging, dest_uri)
+        try:
+            filesystem(join_uri(dest_uri, "x"))  # a bad URI fails here, not at the first upload
+        except (ValueError, TypeError, pa.ArrowInvalid):
+            raise
+        except Exception as exc:  # unreachable now: uploads retry later
+            if report is not None:
+                report("upload failed", f"cannot reach {dest_uri}: {type(exc).__name__}: {exc}", exc)
+        # pyarrow finalizes S3 at exit; upload before that (atexit runs handlers last-in first-out).
+        atexit.register(_close_at_exit, weakref.ref(self))
+        self._lock_fd: int | None = _try_lock(os.path.join(staging, self._stem + LOCK_SUFFIX))
+        orphans, self._orphan_locks = claim_orphans(staging, self._stem)
+        for path in orphans:
+            self._pending.append((path, True, 0.0, 0))
+        if orphans:
+            self._start()
+
+    # -- SpanWriter hooks --------------------------------------------------
+
+    def _open(self) -> None:
+        if self._lock_fd is None:
+            self._lock_fd = _try_lock(os.path.join(self.run_dir, self._stem + LOCK_SUFFIX))
+        super()._open()
+        self._opened_at = time.monotonic()
+        self._start()
+
+    def write(self, batch: pa.RecordBatch, batch_metadata: dict[str, str] | None = None) -> None:
+        """Append ``batch`` durably to the staged file; close it for upload when big or old enough."""
+        with self._lock:
+            self._in_write = True
+            try:
+                super().write(batch, batch_metadata)
+            finally:
+                self._in_write = False
+            if self._stream is not None and time.monotonic() - self._opened_at >= self.upload_interval_s:
+                self._rotate()
+
+    def _abandon(self) -> None:
+        path = self.path
+        super()._abandon()
+        if path is not None:
+            self._pending.append((path, True, 0.0, 0))
+
+    def close(self) -> None:
+        """Close the current file; from outside a write (shutdown), also upload everything now."""
+        with self._lock:
+            self._rotate()
+            if self._in_write:
+                return
+            self._stopping = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._thread = None
+        self._drain(retry=False)
+        self._stopping = False
+        if not self._pending and self._lock_fd is not None:
+            # Nothing of ours left in staging: drop the lock file too.
+            _release(self.run_dir, self._stem, self._lock_fd)
+            self._lock_fd = None
+
+    # -- rotation and upload -----------------------------------------------
+
+    def _rotate(self) -> None:
+        if self._stream is None:
+            return
+        path = self.path
+        SpanWriter.close(self)
+        if path is not None:
+            self._pending.append((path, False, 0.0, 0))
+            self._wake.set()
+
+    def _start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="rollout-trace-upload", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(timeout=min(self.upload_interval_s, 1.0))
+            self._wake.clear()
+            if self._stopping:
+                return
+            with self._lock:
+                if self._stream is not None and time.monotonic() - self._opened_at >= self.upload_interval_s:
+                    self._rotate()
+            self._drain(retry=True)
+
+    def _drain(self, retry: bool) -> None:
+        with self._upload_lock:
+            later: list[tuple[str, bool, float, int]] = []
+            while self._pending:
+                path, check, not_before, attempts = self._pending.popleft()
+                if retry and time.monotonic() < not_before:
+                    later.append((path, check, not_before, attempts))
+                    continue
+                if not os.path.exists(path):
+                    continue  # another process recovered it first
+                try:
+                    if check and repair_stream(path) == 0:
+                        continue
+                    self.uploaded.append(upload_file(path, self.dest_uri))
+                except Exception as exc:
+                    attempts += 1
+                    if self._report is not None:
+                        self._report(
+                            "upload failed",
+                            f"{path} -> {self.dest_uri} (attempt {attempts}; kept in staging, retried): "
+                            f"{type(exc).__name__}: {exc}",
+                            exc,
+                        )
+                    later.append((path, check, time.monotonic() + min(MAX_RETRY_S, 2.0**attempts), attempts))
+            self._pending.extend(later)
+            self._release_orphan_locks()
+
+    def _release_orphan_locks(self) -> None:
+        waiting = {_stem_of(os.path.basename(p)) for p, *_ in tuple(self._pending)}
+        for stem in [s for s in self._orphan_locks if s not in waiting]:
+            _release(self.run_dir, stem, self._orphan_locks.pop(stem))
+
+    @property
+    def pending(self) -> list[str]:
+        """Staged files not uploaded yet."""
+        return [p for p, *_ in tuple(self._pending)]
+
+
+# -- command line --------------------------------------------------------------
+
+
+def register_upload(subparsers: Any) -> None:
+    """Add ``rollout-trace upload``: upload staged files that crashed writers left."""
+    p = subparsers.add_parser(
+        "upload",
+        help="upload trace files a crashed process left in its staging directory",
+        description=(
+            "Upload every staged trace file whose writer is no longer running (repairing a torn last "
+            "batch first) to the URI recorded in its staging directory. Files of running writers are left alone."
+        ),
+    )
+    p.add_argument(
+        "staging",
+        nargs="?",
+        default=None,
+        help=f"a staging directory or a root of them (default: ${ENV_STAGING_DIR} or {staging_root()})",
+    )
+    p.add_argument("--dest", default=None, help="upload here instead of the URI recorded in the staging directory")
+    p.set_defaults(func=_upload_command)
+
+
+def _upload_command(args: argparse.Namespace) -> int:
+    root = args.staging or staging_root()
+    if not os.path.isdir(root):
+        print(f"rollout-trace upload: {root!r} is not a directory")
+        return 2
+    dirs = [d for d, _, files in os.walk(root) if DESTINATION_FILE in files]
+    if not dirs:
+        print(f"rollout-trace upload: no staging directories (with a {DESTINATION_FILE} file) under {root!r}")
+        return 0 if args.staging is None else 2
+    status = 0
+    for d in sorted(dirs):
+        uploaded, failed = recover(d, args.dest)
+        for uri in uploaded:
+            print(f"uploaded {uri}")
+        for line in failed:
+            print(f"FAILED {line}")
+            status = 1
+    return status

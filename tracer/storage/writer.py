@@ -1,0 +1,132 @@
+"""SpanWriter: zstd-compressed Arrow IPC stream files, fsync'd per batch, rotated by size.
+
+File layout: ``{run_dir}/{host}_{pid}_{start}_{nonce}_{seq}.arrow``. The name
+holds the host, the process id, the writer's start time and a random nonce,
+so writers on any number of hosts and processes never collide. Each file is an
+Arrow IPC *stream*: a reader gets every complete batch of a file whose writer
+was killed, up to the last one it finished. After :meth:`SpanWriter.write`
+returns, the batch is on disk (``fsync``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from tracer import schema as S
+
+
+def fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class SpanWriter:
+    """Appends record batches of :data:`tracer.schema.SPAN_SCHEMA` to rotating files.
+
+    Args:
+        run_dir: Directory of this run's files (created on first write).
+        metadata: Schema-level metadata written into every file.
+        compression_level: zstd level.
+        max_file_bytes: Start a new file once the current one is this big.
+    """
+
+    def __init__(
+        self,
+        run_dir: str,
+        metadata: dict[str, str],
+        compression_level: int = 3,
+        max_file_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
+        self.run_dir = run_dir
+        self.schema = S.SPAN_SCHEMA.with_metadata(metadata)
+        self.options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
+        self.max_file_bytes = max_file_bytes
+        host = re.sub(r"[^A-Za-z0-9.-]+", "-", socket.gethostname())[:64] or "host"
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        self._stem = f"{host}_{os.getpid()}_{stamp}_{secrets.token_hex(4)}"
+        self._seq = 0
+        self._batches = 0
+        self._file: Any = None
+        self._stream: pa.ipc.RecordBatchStreamWriter | None = None
+        self.path: str | None = None
+        #: Every file this writer created.
+        self.paths: list[str] = []
+
+    def _open(self) -> None:
+        self._batches = 0
+        self.path = None
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.path = os.path.join(self.run_dir, f"{self._stem}_{self._seq:04d}{S.FILE_SUFFIX}")
+        self._seq += 1
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in _close
+        self.paths.append(self.path)
+        self._stream = pa.ipc.new_stream(self._file, self.schema, options=self.options)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        fsync_dir(self.run_dir)
+
+    def write(self, batch: pa.RecordBatch, batch_metadata: dict[str, str] | None = None) -> None:
+        """Append ``batch`` and make it durable.
+
+        On failure (disk full, directory gone) the current file is abandoned
+        as it is (readers recover its complete batches) and the next call
+        starts a new file; the exception propagates to the caller.
+        """
+        try:
+            if self._stream is None:
+                self._open()
+            assert self._stream is not None
+            self._stream.write_batch(batch, custom_metadata=batch_metadata)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except BaseException:
+            self._abandon()
+            raise
+        self._batches += 1
+        if self._file.tell() >= self.max_file_bytes:
+            self.close()
+
+    def _abandon(self) -> None:
+        try:
+            if self._file is not None:
+                self._file.close()
+        except Exception:
+            pass
+        self._file = None
+        self._stream = None
+        # A file with no complete batch (a full disk failed its header) holds
+        # nothing; left behind, it would only make every reader warn.
+        if self._batches == 0 and self.path is not None:
+            try:
+                os.remove(self.path)
+                self.paths.remove(self.path)
+            except (OSError, ValueError):
+                pass
+
+    def close(self) -> None:
+        """End the current file cleanly (end-of-stream marker, fsync)."""
+        if self._stream is None:
+            return
+        try:
+            self._stream.close()
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+        finally:
+            self._file = None
+            self._stream = None
