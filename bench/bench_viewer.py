@@ -188,7 +188,7 @@ def app_first_render(path: str, query: dict[str, str]) -> tuple[float, float | N
         runner.exec_func_with_error_handling = timed_exec
     try:
         st.cache_resource.clear()
-        app = os.path.join(os.path.dirname(os.path.abspath(D.__file__)), "app.py")
+        app = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(D.__file__))), "app.py")  # viewer/data/__init__.py -> viewer/app.py
         at = AppTest.from_file(app, default_timeout=300)
         at.query_params["path"] = path
         for k, v in query.items():
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     files = tracer.list_trace_files(root)
     size = sum(os.path.getsize(f) for f in files)
     traj = D.load_trajectories(root).table
-    nspans = tracer.read_spans(root, columns=[tracer.SPAN_COLUMNS[0]]).num_rows
+    nspans = tracer.read_spans(root, columns=[tracer.schema.SPAN_COLUMNS[0]]).num_rows
     steps = D.steps_of(traj)
     step = steps[len(steps) // 2]
     in_step = D.select(traj, step, None)

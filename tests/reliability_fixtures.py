@@ -31,7 +31,7 @@ CACHE_KEY = "rollout_trace/reliability_figures"
 FIGURES: dict[str, dict[str, Any]] = {}
 
 
-class _FiguresReport:
+class FiguresReport:
     """A pytest plugin that prints :data:`FIGURES` at the end and stores them in the cache."""
 
     def __init__(self, config: pytest.Config) -> None:
@@ -48,14 +48,6 @@ class _FiguresReport:
             old = cache.get(CACHE_KEY, {})
             old.update(FIGURES)
             cache.set(CACHE_KEY, old)
-
-
-@pytest.fixture(scope="session")
-def figures_report(pytestconfig: pytest.Config) -> dict[str, dict[str, Any]]:
-    """Print :data:`FIGURES` at the end of the session; a test sets ``FIGURES["its name"] = {...}``."""
-    if not pytestconfig.pluginmanager.has_plugin("reliability-figures"):
-        pytestconfig.pluginmanager.register(_FiguresReport(pytestconfig), "reliability-figures")
-    return FIGURES
 
 
 def python_env(**extra: str) -> dict[str, str]:

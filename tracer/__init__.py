@@ -23,10 +23,15 @@ from __future__ import annotations
 from typing import Any
 
 from tracer import schema as schema
-from tracer.config import ENV_BACKEND, ENV_CONFIG, ENV_STRICT, ENV_TRACE_DIR, TraceConfig, TraceConfigError
-from tracer.exporters.registry import available_backends
+from tracer.backends import available_backends
+from tracer.compare import compare_runs, read_run_config
+from tracer.config import ENV_BACKEND, ENV_CONFIG, ENV_TRACE_DIR, TraceConfig, TraceConfigError
+from tracer.data.dataset import to_dataset
+from tracer.data.rescore import read_rewards
+from tracer.exporters.attach import attach_exporters
 from tracer.read import (
     TraceFileWarning,
+    dataset,
     iter_batches,
     list_trace_files,
     parse_json,
@@ -36,52 +41,43 @@ from tracer.read import (
 from tracer.record import recorder as _recorder
 from tracer.record.decorators import log_reward, propagate, rollout_trace_attr, rollout_trace_op
 from tracer.record.recorder import FlushResult
-from tracer.schema import (
-    SCHEMA_VERSION,
-    SPAN_COLUMNS,
-    SPAN_FIELDS,
-    SPAN_SCHEMA,
-    TRAJECTORY_COLUMNS,
-    TRAJECTORY_FIELDS,
-    TRAJECTORY_SCHEMA,
-)
+from tracer.record.token_stats import log_token_stats
 from tracer.summary import read_trajectories, step_metrics, trajectory_messages
+from tracer.token_stats import read_token_stats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ENV_BACKEND",
     "ENV_CONFIG",
-    "ENV_STRICT",
     "ENV_TRACE_DIR",
-    "SCHEMA_VERSION",
-    "SPAN_COLUMNS",
-    "SPAN_FIELDS",
-    "SPAN_SCHEMA",
-    "TRAJECTORY_COLUMNS",
-    "TRAJECTORY_FIELDS",
-    "TRAJECTORY_SCHEMA",
     "FlushResult",
     "TraceConfig",
     "TraceConfigError",
     "TraceFileWarning",
     "available_backends",
+    "compare_runs",
+    "dataset",
     "flush",
     "get_config",
     "init",
     "iter_batches",
     "list_trace_files",
     "log_reward",
+    "log_token_stats",
     "parse_json",
     "propagate",
     "read_file_metadata",
+    "read_run_config",
+    "read_rewards",
     "read_spans",
+    "read_token_stats",
     "read_trajectories",
     "rollout_trace_attr",
     "rollout_trace_op",
-    "schema",
     "shutdown",
     "step_metrics",
+    "to_dataset",
     "trajectory_messages",
 ]
 
@@ -92,7 +88,9 @@ def init(config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
     """Configure tracing for this process and return the config in force.
 
     Calling it again replaces the configuration: the previous recorder is
-    flushed and closed first. ``fields`` override ``config``; unset fields
+    flushed and closed; calls still running then are written by the new
+    recorder when they finish, and the new recorder's first :func:`flush`
+    reports anything the old one lost. ``fields`` override ``config``; unset fields
     come from the environment (``ROLLOUT_TRACE_DIR``, ``ROLLOUT_TRACE_BACKEND``)
     and defaults.
 
@@ -101,10 +99,10 @@ def init(config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
     """
     global _config
     cfg = TraceConfig.resolve(config, **fields)
-    rec = _recorder.Recorder(cfg) if cfg.enabled else None
+    cfg.check_resources()  # output_dir, tokenizer: fail here, not at the first flush
+    # One id space per process: spans in flight across the switch keep their links.
+    rec = _recorder.Recorder(cfg, ids_from=_recorder.ACTIVE) if cfg.enabled else None
     if rec is not None:
-        from tracer.exporters.attach import attach_exporters
-
         try:
             attach_exporters(rec)
         except BaseException:

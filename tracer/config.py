@@ -10,11 +10,15 @@ in YAML are parsed by :meth:`TraceConfig.from_overrides` and
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from tracer.backends import LOCAL_BACKEND, available_backends
+from tracer.record.tokenizer import check_decodes, has_decode, load_tokenizer
 
 #: Environment variable: default ``output_dir``.
 ENV_TRACE_DIR = "ROLLOUT_TRACE_DIR"
@@ -30,11 +34,6 @@ ENV_STRICT = "ROLLOUT_TRACE_STRICT"
 ENV_CONFIG = "ROLLOUT_TRACE_CONFIG"
 
 DEFAULT_OUTPUT_DIR = "./rollout_traces"
-
-#: Backends a config may name. ``arrow`` (local files) is always written when
-#: any backend is on; the others are live exporters fed from the same spans.
-#: Exporter modules add their names to this tuple's registry in ``_backends``.
-LOCAL_BACKEND = "arrow"
 
 ON_FULL_CHOICES = ("block", "drop")
 
@@ -97,6 +96,17 @@ class TraceConfig:
         redact_patterns: Extra regular expressions to redact.
         upload_interval_s: When ``output_dir`` is a URI (``s3://...``): a
             staged file is closed and uploaded at least this often.
+        run_config: The training run's own configuration (hyperparameters,
+            model, data; the verl drop-in passes verl's whole config). Kept
+            in every trace file's metadata (secrets redacted), so a reader can
+            say which settings produced the rollouts
+            (:func:`tracer.read_run_config`); exporters log it as their run's
+            params/config.
+        shutdown_timeout_s: The longest a stop (SIGTERM, SIGINT, SIGHUP,
+            ``ray.shutdown()``, exit) waits to make the files durable and
+            drain the live exporters (see ``tracer.record.lifecycle``); what
+            is left is caught up by ``rollout-trace export``. verl key:
+            ``actor_rollout_ref.rollout.trace.shutdown_timeout_s``.
     """
 
     project_name: str = "rollout_trace"
@@ -120,6 +130,8 @@ class TraceConfig:
     redact: bool = True
     redact_patterns: tuple[str, ...] = ()
     upload_interval_s: float = 60.0
+    run_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    shutdown_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -152,26 +164,35 @@ class TraceConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view of the config, as written into file metadata (secrets redacted)."""
-        from tracer.record.redact import REDACTED, is_secret_key
+        from tracer.record.redact import REDACTED, is_secret_key, redact_config
 
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "tokenizer" and value is not None and not isinstance(value, str):
-                value = f"<{type(value).__name__}>"
+                value = _tokenizer_label(value)
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
         if self.redact:
             out["backend_options"] = _redact_keys(out["backend_options"], is_secret_key, REDACTED)
-        return json.loads(json.dumps(out, default=repr))
+            out["run_config"] = _redact_keys(out["run_config"], is_secret_key, REDACTED)
+            # A pattern is often the literal secret itself: write how many, never what.
+            out["redact_patterns"] = [REDACTED] * len(self.redact_patterns)
+        data: dict[str, Any] = json.loads(json.dumps(out, default=repr))
+        if self.redact:
+            # Secret values anywhere (sk-... in backend options, a token in a URL).
+            data["backend_options"] = redact_config(data["backend_options"], self.redact_patterns)
+            data["run_config"] = redact_config(data["run_config"], self.redact_patterns)
+            for key in ("output_dir", "tokenizer"):
+                if isinstance(data.get(key), str):
+                    data[key] = redact_config({key: data[key]}, self.redact_patterns)[key]
+        return data
 
     # -- checking --------------------------------------------------------
 
     def validate(self) -> None:
         """Check every field; raise :class:`TraceConfigError` naming the first bad one."""
-        from tracer.exporters.registry import available_backends
-
         valid = available_backends()
         for name in _backend_list(self.backend):
             if name not in valid:
@@ -196,6 +217,15 @@ class TraceConfig:
                 raise TraceConfigError(f"{key}: {value!r} must be a positive integer")
         if not isinstance(self.flush_interval_s, (int, float)) or not self.flush_interval_s > 0:
             raise TraceConfigError(f"flush_interval_s: {self.flush_interval_s!r} must be a number of seconds > 0")
+        if (
+            isinstance(self.shutdown_timeout_s, bool)
+            or not isinstance(self.shutdown_timeout_s, (int, float))
+            or not self.shutdown_timeout_s > 0
+        ):
+            raise TraceConfigError(
+                f"shutdown_timeout_s: {self.shutdown_timeout_s!r} must be a number of seconds > 0 "
+                "(how long a stop waits for the files and live exporters)"
+            )
         if not isinstance(self.upload_interval_s, (int, float)) or not self.upload_interval_s > 0:
             raise TraceConfigError(f"upload_interval_s: {self.upload_interval_s!r} must be a number of seconds > 0")
         if self.on_buffer_full not in ON_FULL_CHOICES:
@@ -214,12 +244,46 @@ class TraceConfig:
                 raise TraceConfigError(
                     f"redact_patterns: {pattern!r} is not a valid regular expression: {exc}"
                 ) from None
+        if self.run_config is None:
+            self.run_config = {}
+        if not isinstance(self.run_config, Mapping):
+            raise TraceConfigError(
+                f"run_config: a {type(self.run_config).__name__} is not a mapping; give the training config as a "
+                f"dict (for an OmegaConf config: OmegaConf.to_container(cfg, resolve=True))"
+            )
+        self.run_config = dict(self.run_config)
+        if isinstance(self.tokenizer, os.PathLike):
+            self.tokenizer = os.fspath(self.tokenizer)
+        if self.tokenizer is not None and not isinstance(self.tokenizer, str) and not has_decode(self.tokenizer):
+            raise TraceConfigError(
+                f"tokenizer: a {type(self.tokenizer).__name__} cannot decode token ids (it has no batch_decode, "
+                f"decode_batch or decode); give a Hugging Face tokenizer, a path to its folder or tokenizer.json, "
+                f"or None to use the decorated method's self.tokenizer"
+            )
         if isinstance(self.token_fields, str):
             self.token_fields = (self.token_fields,)
         self.token_fields = tuple(self.token_fields)
         for name in self.token_fields:
             if not isinstance(name, str) or not name.endswith("_ids"):
                 raise TraceConfigError(f"token_fields: {name!r} must be a field name ending in '_ids'")
+
+    def check_resources(self) -> None:
+        """Check what the config points at, so a mistake fails at :func:`tracer.init`, not at the first flush.
+
+        When recording is on: the run directory can be created under
+        ``output_dir`` (local paths; URIs are checked by their uploader), and
+        with ``token2text`` a ``tokenizer`` path loads and decodes (the loaded
+        tokenizer is kept for the writer, see :func:`tracer.record.tokenizer.load_tokenizer`).
+
+        Raises:
+            TraceConfigError: naming the key, the value and the fix.
+        """
+        if not self.enabled:
+            return
+        if not _URI_SCHEME.match(self.output_dir):
+            _check_creatable(self.output_dir, self.run_dir)
+        if self.token2text and self.tokenizer is not None:
+            _check_tokenizer(self.tokenizer)
 
     # -- construction ----------------------------------------------------
 
@@ -233,8 +297,8 @@ class TraceConfig:
         unknown = sorted(set(fields) - names)
         if unknown:
             raise TraceConfigError(
-                f"unknown config field(s) {', '.join(unknown)}; valid fields are "
-                f"{', '.join(sorted(names | set(_ALIASES)))}"
+                f"unknown config field(s) {', '.join(unknown)}{_did_you_mean(unknown, names | set(_ALIASES))}; "
+                f"valid fields are {', '.join(sorted(names | set(_ALIASES)))}"
             )
         if config is None:
             base: dict[str, Any] = _env_config(names)
@@ -313,8 +377,10 @@ class TraceConfig:
             name = _ALIASES.get(name, name)
             if name not in types:
                 valid = sorted(set(types) | set(_ALIASES))
+                hint = _did_you_mean([name], valid, prefix)
                 raise TraceConfigError(
-                    f"{key}: unknown trace setting {name!r}; valid settings are {', '.join(prefix + v for v in valid)}"
+                    f"{key}: unknown trace setting {name!r}{hint}; valid settings are "
+                    f"{', '.join(prefix + v for v in valid)}"
                 )
             trace_fields[name] = _parse_value(key, raw, str(types[name]), parse_text)
         fields = {**trainer_fields, **trace_fields}
@@ -325,6 +391,77 @@ class TraceConfig:
             field = str(exc).split(":", 1)[0]
             spelled = next((k for k, _ in pairs if k.endswith("." + field) or k == field), field)
             raise TraceConfigError(f"{spelled}: {str(exc).split(':', 1)[1].strip()}") from None
+
+
+#: ``s3://``, ``gs://``, ...: output that is staged locally and uploaded.
+_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _did_you_mean(unknown: Iterable[str], valid: Iterable[str], prefix: str = "") -> str:
+    """`` (did you mean 'x'?)`` for the closest valid names, or an empty string."""
+    choices = sorted(valid)
+    guesses = [f"{prefix}{m}" for u in unknown for m in difflib.get_close_matches(u, choices, n=1, cutoff=0.6)]
+    if not guesses:
+        return ""
+    return f" (did you mean {', '.join(repr(g) for g in dict.fromkeys(guesses))}?)"
+
+
+def _tokenizer_label(tokenizer: Any) -> str:
+    """How a tokenizer object is recorded: the local folder it was loaded from, else ``<ClassName>``.
+
+    A recorded path lets the viewer show token text without being told the tokenizer.
+    """
+    path = getattr(tokenizer, "name_or_path", None)
+    if isinstance(path, str) and path and os.path.exists(path):
+        return os.path.abspath(path)
+    return f"<{type(tokenizer).__name__}>"
+
+
+def _check_creatable(output_dir: str, run_dir: str) -> None:
+    """Raise TraceConfigError unless ``run_dir`` exists as a writable directory or can be created."""
+    fix = f"give a directory this user can write (output_dir=... or ${ENV_TRACE_DIR})"
+    probe = os.path.abspath(run_dir)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise TraceConfigError(
+            f"output_dir: {output_dir!r} cannot hold the run directory {run_dir!r}: {probe!r} is a file, "
+            f"not a directory; {fix}"
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise TraceConfigError(
+            f"output_dir: {output_dir!r} cannot hold the run directory {run_dir!r}: {probe!r} is not writable; {fix}"
+        )
+
+
+def _check_tokenizer(tokenizer: Any) -> None:
+    """Raise TraceConfigError unless ``tokenizer`` (a path or an object) loads and decodes."""
+    fix = (
+        "give a folder with tokenizer.json, a tokenizer.json file or a tokenizer object; "
+        "or token2text=False to record ids only"
+    )
+    tok = tokenizer
+    if isinstance(tokenizer, str):
+        if not os.path.exists(tokenizer):
+            raise TraceConfigError(f"tokenizer: {tokenizer!r} does not exist; {fix}")
+        try:
+            tok = load_tokenizer(tokenizer)
+        except ImportError as exc:
+            raise TraceConfigError(f"tokenizer: {tokenizer!r}: {exc}") from None
+        except Exception as exc:  # the libraries raise many kinds for a file they cannot read
+            raise TraceConfigError(
+                f"tokenizer: cannot load {tokenizer!r} ({type(exc).__name__}: {exc}); {fix}"
+            ) from None
+    try:
+        check_decodes(tok, loaded_from_path=isinstance(tokenizer, str))
+    except Exception as exc:  # a user's tokenizer may raise anything
+        shown = repr(tokenizer) if isinstance(tokenizer, str) else f"a {type(tokenizer).__name__}"
+        raise TraceConfigError(
+            f"tokenizer: {shown} cannot decode token ids ({type(exc).__name__}: {exc}); {fix}"
+        ) from None
 
 
 def _redact_keys(value: Any, is_secret: Any, mark: str) -> Any:
@@ -355,7 +492,8 @@ def _env_config(names: set[str]) -> dict[str, Any]:
     unknown = sorted(set(data) - names)
     if unknown:
         raise TraceConfigError(
-            f"{ENV_CONFIG}: unknown config field(s) {', '.join(unknown)}; valid fields are {', '.join(sorted(names))}"
+            f"{ENV_CONFIG}: unknown config field(s) {', '.join(unknown)}{_did_you_mean(unknown, names)}; "
+            f"valid fields are {', '.join(sorted(names))}"
         )
     for key in ("token_fields", "redact_patterns"):
         if isinstance(data.get(key), list):
@@ -366,7 +504,7 @@ def _env_config(names: set[str]) -> dict[str, Any]:
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
     for key, value in data.items():
         full = f"{prefix}{key}"
-        if isinstance(value, Mapping) and not full.endswith("backend_options"):
+        if isinstance(value, Mapping) and not full.endswith(("backend_options", "run_config")):
             yield from _flatten(value, full + ".")
         else:
             yield full, value

@@ -2,77 +2,121 @@
 
 A trace file a killed writer left behind is read up to its last complete
 batch with a :class:`TraceFileWarning` that says how much was recovered;
-empty, foreign or corrupt files are skipped with a warning. Readers never
-raise for a damaged file, only for a path that does not exist.
+empty, foreign or corrupt files are skipped with a warning, and batches
+whose declared size would blow memory up are refused with a warning that
+says what was refused. Readers never raise for a damaged file, only for a
+path that does not exist. The reading itself is
+:func:`tracer.storage.files.read_batches`; this module finds the files.
+
+Every reader takes a path or a list of paths: each a ``.arrow`` file, a
+directory searched recursively, or a URI. A directory is read as one
+consistent snapshot even while ``rollout-trace compact`` works on it: every
+span exactly once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pds
 
 from tracer import schema as S
-from tracer.storage import remote as _remote
-from tracer.storage.index import INDEX_NAME, batches_for_steps, is_arrow_file_format, load_index, replaced_files
+from tracer.storage import uri as _uri
+from tracer.storage.files import ends_closed, read_batches, read_schema
+from tracer.storage.index import INDEX_NAME, batches_for_steps, load_index, replaced_files
+from tracer.storage.locks import reading
+from tracer.storage.seal import seal_if_abandoned
+
+#: What every reader accepts: one path or URI, or a sequence of them (files and/or directories).
+TracePaths = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
 
 class TraceFileWarning(UserWarning):
     """A trace file was damaged, empty or unreadable; the message says what was kept."""
 
 
-def list_trace_files(path: str | os.PathLike[str]) -> list[str]:
-    """Trace files under ``path`` (a file, or a directory searched recursively), sorted.
+def _as_paths(paths: TracePaths) -> list[str]:
+    if isinstance(paths, (str, os.PathLike)):
+        return [os.fspath(paths)]
+    return [os.fspath(p) for p in paths]
 
-    Files that a finished compaction replaced (see ``tracer.storage.index``) are left out.
+
+def _missing(p: str) -> FileNotFoundError:
+    return FileNotFoundError(f"trace path {p!r} does not exist; give a .arrow file or a directory of them")
+
+
+def _snapshots(paths: TracePaths, lock: bool) -> Iterator[tuple[list[str], dict[str, Any]]]:
+    """``(files, index)`` per directory, in reading order; with ``lock``, its shared lock is held until the next item."""
+    seen: set[str] = set()
+
+    def fresh(files: list[str]) -> list[str]:
+        out = []
+        for f in files:
+            key = f if _uri.is_remote(f) else os.path.abspath(f)
+            if key not in seen:
+                seen.add(key)
+                out.append(f)
+        return out
+
+    for p in _as_paths(paths):
+        if _uri.is_remote(p):
+            by_parent: dict[str, list[str]] = {}
+            for u in _uri.list_remote(p):
+                by_parent.setdefault(os.path.dirname(u), []).append(u)
+            for parent, uris in by_parent.items():
+                index = load_index(parent)
+                hidden = replaced_files(parent, index, {os.path.basename(u) for u in uris})
+                yield fresh([u for u in uris if os.path.basename(u) not in hidden]), index
+            continue
+        if os.path.isfile(p) or (os.path.exists(p) and not os.path.isdir(p)):
+            yield fresh([p]), load_index(os.path.dirname(p) or ".")
+            continue
+        if not os.path.isdir(p):
+            raise _missing(p)
+        for root, dirs, names in os.walk(p):
+            dirs.sort()
+            if not any(n.endswith(S.FILE_SUFFIX) for n in names) and INDEX_NAME not in names:
+                continue
+            with reading(root) if lock else contextlib.nullcontext():
+                # List, then load the index: a compacted file in the listing has its entry.
+                try:
+                    listed = sorted(
+                        e.name for e in os.scandir(root) if e.name.endswith(S.FILE_SUFFIX) and not e.is_dir()
+                    )
+                except OSError:
+                    continue
+                index = load_index(root)
+                hidden = replaced_files(root, index, set(listed))
+                yield fresh([os.path.join(root, n) for n in listed if n not in hidden]), index
+
+
+def list_trace_files(path: TracePaths) -> list[str]:
+    """Trace files under ``path`` (files, directories searched recursively, URIs), sorted per directory.
+
+    Files that a finished compaction replaced (see ``tracer.storage.index``)
+    are left out; a file named twice is listed once.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        FileNotFoundError: a path does not exist.
     """
-    p = os.fspath(path)
-    if _remote.is_remote(p):
-        remote = _remote.list_remote(p)
-        hidden_in: dict[str, set[str]] = {}
-        for uri in remote:
-            parent = os.path.dirname(uri)
-            if parent not in hidden_in:
-                hidden_in[parent] = replaced_files(parent, load_index(parent))
-        return [u for u in remote if os.path.basename(u) not in hidden_in[os.path.dirname(u)]]
-    if os.path.isfile(p):
-        return [p]
-    if not os.path.isdir(p):
-        raise FileNotFoundError(f"trace path {p!r} does not exist; give a .arrow file or a directory of them")
-    found: list[str] = []
-    for root, dirs, files in os.walk(p):
-        dirs.sort()
-        names = sorted(f for f in files if f.endswith(S.FILE_SUFFIX))
-        if INDEX_NAME in files:
-            hidden = replaced_files(root, load_index(root))
-            names = [n for n in names if n not in hidden]
-        found.extend(os.path.join(root, n) for n in names)
-    return found
-
-
-def _major(version: str) -> int:
-    try:
-        return int(version.split(".", 1)[0])
-    except ValueError:
-        return -1
+    return [f for files, _ in _snapshots(path, lock=False) for f in files]
 
 
 def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
     """The schema-level metadata of one trace file (schema version, config, host, ...)."""
     schema = read_schema(os.fspath(path))
-    return {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in (schema.metadata or {}).items()}
 
 
 def iter_batches(
-    path: str | os.PathLike[str], columns: Iterable[str] | None = None, steps: Iterable[int] | None = None
+    path: TracePaths, columns: Iterable[str] | None = None, steps: Iterable[int] | None = None
 ) -> Iterator[tuple[str, pa.RecordBatch]]:
     """Yield ``(file, batch)`` for every readable batch under ``path``.
 
@@ -86,98 +130,19 @@ def iter_batches(
     if unknown:
         raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
     step_set = None if steps is None else set(steps)
-    indexes: dict[str, dict[str, Any]] = {}
-    for file in list_trace_files(path):
-        run_dir = os.path.dirname(file)
-        if run_dir not in indexes:
-            indexes[run_dir] = load_index(run_dir)
-        entry = indexes[run_dir]["files"].get(os.path.basename(file), {})
-        yield from ((file, b) for b in _read_file(file, wanted, entry, step_set))
-
-
-def _read_file(
-    file: str, wanted: list[str], entry: dict[str, Any] | None = None, steps: set[int] | None = None
-) -> Iterator[pa.RecordBatch]:
-    try:
-        size = _remote.file_size(file)
-    except OSError as exc:
-        warnings.warn(f"{file}: skipped, cannot stat: {exc}", TraceFileWarning, stacklevel=3)
-        return
-    if size == 0:
-        warnings.warn(f"{file}: skipped, empty file (0 bytes)", TraceFileWarning, stacklevel=3)
-        return
-    file_format = is_arrow_file_format(file)
-    try:
-        schema = read_schema(file, file_format)
-    except (OSError, pa.ArrowException) as exc:
-        warnings.warn(f"{file}: skipped, not a readable trace file: {exc}", TraceFileWarning, stacklevel=3)
-        return
-    meta = schema.metadata or {}
-    version = meta.get(S.META_SCHEMA_VERSION.encode(), b"").decode()
-    if not version:
-        warnings.warn(f"{file}: skipped, not a rollout-trace file (no schema version)", TraceFileWarning, stacklevel=3)
-        return
-    if _major(version) > _major(S.SCHEMA_VERSION):
-        warnings.warn(
-            f"{file}: skipped, written in format {version}, newer than this reader's {S.SCHEMA_VERSION}; "
-            f"upgrade rollout-trace",
-            TraceFileWarning,
-            stacklevel=3,
-        )
-        return
-    present = [c for c in wanted if c in schema.names]
-    options = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index(c) for c in present])
-    out_schema = pa.schema([S.SPAN_SCHEMA.field(c) for c in wanted])
-    batches = rows = 0
-    try:
-        if file_format:
-            chosen = batches_for_steps(entry or {}, size, steps)
-            with _remote.open_input(file) as f:
-                reader = pa.ipc.open_file(f, options=options)
-                for i in range(reader.num_record_batches) if chosen is None else chosen:
-                    batch = reader.get_batch(i)
-                    batches += 1
-                    rows += batch.num_rows
-                    yield _conform(batch, wanted, out_schema)
-            return
-        with _remote.open_input(file) as f:
-            stream = pa.ipc.open_stream(f, options=options)
-            while True:
-                try:
-                    batch = stream.read_next_batch()
-                except StopIteration:
-                    return
-                batches += 1
-                rows += batch.num_rows
-                yield _conform(batch, wanted, out_schema)
-    except (OSError, pa.ArrowException) as exc:
-        warnings.warn(
-            f"{file}: damaged after {batches} complete batch(es); recovered {rows} span(s) "
-            f"({type(exc).__name__}: {exc})",
-            TraceFileWarning,
-            stacklevel=3,
-        )
-
-
-def read_schema(file: str, file_format: bool | None = None) -> pa.Schema:
-    """The schema (with metadata) of a trace file, stream or IPC file."""
-    if file_format is None:
-        file_format = is_arrow_file_format(file)
-    with _remote.open_input(file) as f:
-        return pa.ipc.open_file(f).schema if file_format else pa.ipc.open_stream(f).schema
-
-
-def _conform(batch: pa.RecordBatch, wanted: list[str], schema: pa.Schema) -> pa.RecordBatch:
-    names = batch.schema.names
-    arrays = []
-    for c in wanted:
-        if c in names:
-            arr = batch.column(names.index(c))
-            target = schema.field(c).type
-            arrays.append(arr if arr.type == target else arr.cast(target))
-        else:
-            arrays.append(pa.nulls(batch.num_rows, schema.field(c).type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    for files, index in _snapshots(path, lock=True):
+        for file in files:
+            entry = index["files"].get(os.path.basename(file), {})
+            if not entry and not _uri.is_remote(file):
+                seal_if_abandoned(file)  # a shard whose writer is gone gets the footer it never wrote
+            size = entry.get("size")
+            chosen = batches_for_steps(entry, size, step_set) if isinstance(size, int) else None
+            batches = read_batches(file, wanted, chosen, expect_size=size if chosen is not None else None)
+            for batch in batches:
+                yield file, batch
+            message = batches.result.describe()
+            if message:
+                warnings.warn(message, TraceFileWarning, stacklevel=2)
 
 
 def _as_set(value: Any) -> list[Any] | None:
@@ -189,16 +154,17 @@ def _as_set(value: Any) -> list[Any] | None:
 
 
 def read_spans(
-    path: str | os.PathLike[str],
+    path: TracePaths,
     columns: Iterable[str] | None = None,
     steps: int | Iterable[int] | None = None,
     validate: bool | None = None,
     trace_ids: str | Iterable[str] | None = None,
 ) -> pa.Table:
-    """Read spans from a trace file or a directory tree of them.
+    """Read spans from trace files.
 
     Args:
-        path: A ``.arrow`` file or a directory searched recursively.
+        path: A ``.arrow`` file, a directory searched recursively, a URI, or a
+            list of any of these (each file read once).
         columns: Columns to return (default all); only these (and the
             filter columns) are decompressed.
         steps: Keep spans of this step or these steps.
@@ -206,7 +172,7 @@ def read_spans(
         trace_ids: Keep spans of these trajectories.
 
     Returns:
-        A table with the requested columns of :data:`tracer.SPAN_SCHEMA`.
+        A table with the requested columns of :data:`tracer.schema.SPAN_SCHEMA`.
     """
     out_cols = list(S.SPAN_COLUMNS if columns is None else columns)
     step_set = _as_set(steps)
@@ -232,6 +198,62 @@ def read_spans(
             pieces.append(batch.select(out_cols))
     schema = pa.schema([S.SPAN_SCHEMA.field(c) for c in out_cols])
     return pa.Table.from_batches(pieces, schema=schema)
+
+
+def dataset(path: TracePaths) -> pds.Dataset:
+    """The spans of a run as a :class:`pyarrow.dataset.Dataset`, for DuckDB, Polars or pyarrow.
+
+    The same rows as :func:`read_spans` of the same path: one snapshot of the
+    files (compacted ones instead of those they replace), shards of writers
+    that are gone sealed first. Closed files in today's schema are handed to
+    pyarrow as files (it reads them lazily, by column and by row group);
+    anything else (a shard still being written, a version-1 stream, an older
+    schema, a damaged file) is read here, through the same tolerant reader as
+    :func:`read_spans`, with the same warnings.
+
+    Example:
+        ``duckdb.sql("select step, count(*) from ds group by step")`` with
+        ``ds = tracer.dataset(run_dir)``.
+
+    Args:
+        path: A ``.arrow`` file, a directory searched recursively, a URI, or a list of them.
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+    """
+    direct: list[str] = []
+    others: list[str] = []
+    for files, index in _snapshots(path, lock=True):
+        for file in files:
+            remote = _uri.is_remote(file)
+            if not remote and os.path.basename(file) not in index["files"]:
+                seal_if_abandoned(file)
+            if remote or not _opens_directly(file):
+                others.append(file)
+            else:
+                direct.append(file)
+    parts: list[pds.Dataset] = []
+    if direct:
+        parts.append(pds.dataset(direct, format="ipc", schema=S.SPAN_SCHEMA))
+    if others or not parts:
+        pieces = [batch for _, batch in iter_batches(others)] if others else []
+        parts.append(pds.dataset(pa.Table.from_batches(pieces, schema=S.SPAN_SCHEMA)))
+    return parts[0] if len(parts) == 1 else pds.dataset(parts)
+
+
+def _opens_directly(file: str) -> bool:
+    """A closed IPC file with a sound footer, every span column in its exact type: pyarrow may read it itself."""
+    if not ends_closed(file):
+        return False
+    try:
+        with pa.memory_map(file) as source:
+            schema = pa.ipc.open_file(source).schema
+    except (OSError, pa.ArrowException):
+        return False
+    names = schema.names
+    return names == list(S.SPAN_COLUMNS) and all(
+        schema.field(i).type == S.SPAN_SCHEMA.field(i).type for i in range(len(names))
+    )
 
 
 def parse_json(text: str | None) -> Any:

@@ -101,24 +101,37 @@ SPAN_COLUMNS: tuple[str, ...] = tuple(f[0] for f in SPAN_FIELDS)
 #: The Arrow schema of every trace file (without its file metadata).
 SPAN_SCHEMA = pa.schema([pa.field(name, typ, nullable=nullable) for name, typ, nullable, _ in SPAN_FIELDS])
 
+# Trajectory columns that are not span columns (see TRAJECTORY_FIELDS).
+REWARD_INFO = "reward_info"
+NUM_SPANS = "num_spans"
+NUM_LLM_CALLS = "num_llm_calls"
+NUM_TOOL_CALLS = "num_tool_calls"
+NUM_TOOL_ERRORS = "num_tool_errors"
+NUM_ERRORS = "num_errors"
+
 #: Columns of :func:`tracer.read_trajectories`, one row per trajectory.
 TRAJECTORY_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
     (TRACE_ID, pa.string(), "Trajectory id."),
     (NAME, pa.string(), "Name of the root span."),
-    (STEP, pa.int64(), "Training step."),
+    (STEP, pa.int64(), "Training step (this and the next three: the root's, else the earliest span's)."),
     (SAMPLE_INDEX, pa.string(), "Prompt (sample) id."),
     (ROLLOUT_N, pa.int64(), "Rollout index within the group."),
     (VALIDATE, pa.bool_(), "Validation rollout."),
-    (REWARD, pa.float64(), "Last reward logged for the trajectory, null if none."),
-    ("reward_info", pa.string(), "JSON of the extras given to log_reward (advantage, ...)."),
+    (
+        REWARD,
+        pa.float64(),
+        "Reward of the latest log_reward (by trace id, else by step/sample/rollout/validate), "
+        "else of the last kind=reward op; null if none.",
+    ),
+    (REWARD_INFO, pa.string(), "JSON of the extras given to log_reward (advantage, ...)."),
     (STATUS, pa.string(), "Root span status, or 'incomplete' when the root never ended."),
     (START_NS, pa.int64(), "Earliest span start."),
     (END_NS, pa.int64(), "Latest span end."),
-    ("num_spans", pa.int64(), "Spans recorded in the trajectory."),
-    ("num_llm_calls", pa.int64(), "Spans of kind llm."),
-    ("num_tool_calls", pa.int64(), "Spans of kind tool."),
-    ("num_tool_errors", pa.int64(), "Tool spans whose status is not ok."),
-    ("num_errors", pa.int64(), "Spans whose status is error."),
+    (NUM_SPANS, pa.int64(), "Spans recorded in the trajectory."),
+    (NUM_LLM_CALLS, pa.int64(), "Spans of kind llm."),
+    (NUM_TOOL_CALLS, pa.int64(), "Spans of kind tool."),
+    (NUM_TOOL_ERRORS, pa.int64(), "Tool spans whose status is not ok."),
+    (NUM_ERRORS, pa.int64(), "Spans whose status is error."),
 )
 TRAJECTORY_COLUMNS: tuple[str, ...] = tuple(f[0] for f in TRAJECTORY_FIELDS)
 TRAJECTORY_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in TRAJECTORY_FIELDS])

@@ -35,6 +35,8 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import tracer
+from tracer.record.context import CURRENT_SPAN
+from tracer.record.recorder import LAYOUT_ATTR, LAYOUT_VERL
 
 logger = logging.getLogger("rollout_trace")
 
@@ -222,7 +224,23 @@ def rollout_trace_op(func: Callable[..., Any]) -> Callable[..., Any]:
     :func:`span_kind`; ``self`` is not recorded, and with ``token2text`` the
     token ids are decoded with ``self.tokenizer``.
     """
-    ours = tracer.rollout_trace_op(name=func.__qualname__, kind=span_kind(func.__qualname__))(func)
+    # Inputs bound as verl binds them, token2text's texts where verl puts them.
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(func, LAYOUT_ATTR, LAYOUT_VERL)
+    kind = span_kind(func.__qualname__)
+    ours = tracer.rollout_trace_op(name=func.__qualname__, kind=kind)(func)
+    if kind == "rollout":
+        # Inside verl's rollout_trace_attr block the block is the root (named
+        # "agent_loop", timed over run *and* the post-processing after it), as
+        # in verl's MLflow traces; run is then its child. Outside any block run
+        # still starts a trajectory of its own.
+        in_block = tracer.rollout_trace_op(name=func.__qualname__)(func)
+        rooted = ours
+
+        def ours(*args: Any, **kwargs: Any) -> Any:
+            frame = CURRENT_SPAN.get()
+            return (in_block if frame is not None and frame[2] is not None else rooted)(*args, **kwargs)
+
     theirs: dict[int, Callable[..., Any]] = {}
 
     def original(delegate: types.ModuleType) -> Callable[..., Any]:

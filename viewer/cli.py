@@ -8,15 +8,27 @@ works without the ``viewer`` extra.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import os
 import subprocess
 import sys
 
+from tracer.extras import install_command
+
 #: The app script ``streamlit run`` serves.
 APP_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "app.py")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8501
+
+#: Shown at the end of ``rollout-trace view --help``.
+VIEW_EXAMPLES = """examples:
+  rollout-trace view rollout_traces/rollout-demo/scripted-20260101-120000   # one run (what the demo prints)
+  rollout-trace view rollout_traces                                         # every run under a folder
+  rollout-trace view sample_data/sample/smollm2-135m-instruct --port 8600
+  rollout-trace view rollout_traces/gsm8k/grpo-1 rollout_traces/gsm8k/grpo-2  # compare two runs
+  rollout-trace view RUN --tokenizer ~/models/qwen/tokenizer.json          # when the run did not record a tokenizer path
+"""
 
 
 def streamlit_command(
@@ -25,9 +37,12 @@ def streamlit_command(
     port: int = DEFAULT_PORT,
     python: str | None = None,
     tokenizer: str | None = None,
+    compare: str | None = None,
 ) -> list[str]:
-    """The ``streamlit run`` command line that serves the viewer over ``path``."""
+    """The ``streamlit run`` command line that serves the viewer over ``path`` (compared with ``compare``)."""
     extra = ["--tokenizer", os.path.abspath(tokenizer)] if tokenizer else []
+    if compare:
+        extra += ["--compare", os.path.abspath(compare)]
     return [
         python or sys.executable,
         "-m",
@@ -51,16 +66,47 @@ def streamlit_command(
     ]
 
 
+def suggest_path(path: str) -> str | None:
+    """The existing path closest to a mistyped ``path``: its nearest existing folder's closest entry, one level at a time."""
+    parts = os.path.normpath(path).split(os.sep)
+    base = os.sep if path.startswith(os.sep) else ""
+    current = base
+    changed = False
+    for part in parts:
+        if part in ("", "."):
+            continue
+        candidate = os.path.join(current, part) if current else part
+        if not os.path.exists(candidate):
+            folder = current or "."
+            try:
+                entries = sorted(os.listdir(folder))
+            except OSError:
+                return None
+            close = difflib.get_close_matches(part, entries, n=1, cutoff=0.6)
+            if not close:
+                return None
+            candidate = os.path.join(current, close[0]) if current else close[0]
+            changed = True
+        current = candidate
+    return current if changed else None
+
+
 def _view(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("streamlit") is None:
-        print("error: the viewer needs Streamlit; pip install 'rollout-trace[viewer]'", file=sys.stderr)
-        return 2
-    if not os.path.exists(args.path):
         print(
-            f"error: trace path {args.path!r} does not exist; give a trace file or a directory of them", file=sys.stderr
+            f"error: the viewer needs Streamlit, which is not installed: {install_command('viewer')}", file=sys.stderr
         )
         return 2
-    cmd = streamlit_command(args.path, args.host, args.port, tokenizer=args.tokenizer)
+    for given in (args.path, args.compare):
+        if given is not None and not os.path.exists(given):
+            guess = suggest_path(given)
+            hint = f" (did you mean {guess!r}?)" if guess else ""
+            print(
+                f"error: trace path {given!r} does not exist{hint}; give a trace file or a directory of them",
+                file=sys.stderr,
+            )
+            return 2
+    cmd = streamlit_command(args.path, args.host, args.port, tokenizer=args.tokenizer, compare=args.compare)
     print(f"rollout-trace viewer: http://{args.host}:{args.port}/  (Ctrl-C to stop)", file=sys.stderr)
     sys.stderr.flush()
     if os.name == "posix":
@@ -74,8 +120,19 @@ def _view(args: argparse.Namespace) -> int:
 
 def register_view(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``view`` subcommand to ``rollout-trace``."""
-    p = subparsers.add_parser("view", help="browse and replay recorded trajectories in a local web app")
+    p = subparsers.add_parser(
+        "view",
+        help="browse and replay recorded trajectories in a local web app",
+        description="Serve the viewer (Streamlit) over a trace file or a directory tree of them.",
+        epilog=VIEW_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("path", help="a trace file or a directory tree of them (e.g. rollout_traces/PROJECT/EXPERIMENT)")
+    p.add_argument(
+        "compare",
+        nargs="?",
+        help="a second run: open the Compare page, PATH (run A) against this one (run B)",
+    )
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})")
     p.add_argument(
         "--host",

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from rollout.engines import Generation, SamplingParams
+from tracer.extras import install_command
 
 
 class HFEngine:
@@ -49,7 +50,7 @@ class HFEngine:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as exc:
-            raise ImportError(f"--engine hf needs {exc.name}: pip install 'rollout-trace[hf]'") from exc
+            raise ImportError(f"--engine hf needs {exc.name}: {install_command('hf')}") from exc
         self._torch = torch
         extra: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
         if isinstance(model, (str, os.PathLike)):

@@ -45,7 +45,7 @@ def main() -> None:
     logging.getLogger("rollout_trace").addHandler(_Collect(level=logging.WARNING))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    os.environ.pop(tracer.ENV_STRICT, None)  # storage failures are counted, not raised
+    os.environ.pop(tracer.config.ENV_STRICT, None)  # storage failures are counted, not raised
     tracer.init(output_dir=out, flush_interval_s=60.0)
     phases = {}
     returned = record("small", 5)

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 import pytest
-from reliability_fixtures import FIGURES, figures_report, read_quietly, start_fault_script  # noqa: F401 - fixture
+from reliability_fixtures import FIGURES, read_quietly, start_fault_script
 
 import tracer
 
@@ -253,7 +253,7 @@ def _write_foreign_files(run_dir: str) -> None:
     table = pa.table({"x": [1, 2, 3]})
     with pa.OSFile(os.path.join(run_dir, "foreign.arrow"), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
         w.write_table(table)
-    future = tracer.SPAN_SCHEMA.with_metadata({"rollout_trace.schema_version": "99.0"})
+    future = tracer.schema.SPAN_SCHEMA.with_metadata({"rollout_trace.schema_version": "99.0"})
     with pa.OSFile(os.path.join(run_dir, "future.arrow"), "wb") as f, pa.ipc.new_stream(f, future) as w:
         w.write_batch(pa.RecordBatch.from_pylist([], schema=future))
 
@@ -414,7 +414,7 @@ def _record_checked(prefix: str, n: int) -> None:
 @pytest.fixture()
 def lenient(monkeypatch: pytest.MonkeyPatch) -> None:
     """Storage failures are the tracer's to count, not to raise: turn off the tests' strict mode."""
-    monkeypatch.delenv(tracer.ENV_STRICT, raising=False)
+    monkeypatch.delenv(tracer.config.ENV_STRICT, raising=False)
 
 
 def test_full_disk_keeps_the_rollout_running_reports_once_and_resumes(
@@ -499,9 +499,10 @@ def test_output_dir_under_a_regular_file_keeps_the_rollout_running(
     """An output directory that cannot exist (a path under a file): rollouts go on, one warning, flush() says why."""
     caplog.set_level(logging.WARNING, logger="rollout_trace")
     blocker = os.path.join(os.fspath(tmp_path), "a-file")
+    # tracer.init refuses a path under a file (TraceConfigError); the file appears after it.
+    tracer.init(output_dir=os.path.join(blocker, "traces"), flush_interval_s=0.02)
     with open(blocker, "w") as f:
         f.write("not a directory")
-    tracer.init(output_dir=os.path.join(blocker, "traces"), flush_interval_s=0.02)
     for k in range(3):
         _record_checked(f"r{k}", 20)
         result = tracer.flush()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from reliability_fixtures import FIGURES, figures_report, start_fault_script  # noqa: F401 - fixture
+from reliability_fixtures import FIGURES, start_fault_script
 
 import tracer
 
@@ -66,15 +66,17 @@ def _dropped_in_metadata(path: str) -> int:
     """The largest spans_dropped any batch of any file under ``path`` carries."""
     most = 0
     for file in tracer.list_trace_files(path):
-        with pa.OSFile(file, "rb") as f:
-            reader = pa.ipc.open_stream(f)
-            while True:
-                try:
-                    batch = reader.read_next_batch_with_custom_metadata()
-                except StopIteration:
-                    break
-                meta = {k.decode(): v.decode() for k, v in (batch.custom_metadata or {}).items()}
-                most = max(most, int(meta.get("rollout_trace.spans_dropped", 0)))
+        with open(file, "rb") as f:
+            raw = f.read()
+        # A closed shard may be an IPC file: its messages are a stream after the 8-byte magic.
+        reader = pa.ipc.open_stream(raw[8:] if raw.startswith(b"ARROW1") else raw)
+        while True:
+            try:
+                batch = reader.read_next_batch_with_custom_metadata()
+            except StopIteration:
+                break
+            meta = {k.decode(): v.decode() for k, v in (batch.custom_metadata or {}).items()}
+            most = max(most, int(meta.get("rollout_trace.spans_dropped", 0)))
     return most
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from reliability_fixtures import FIGURES, figures_report  # noqa: F401 - fixture
+from reliability_fixtures import FIGURES
 
 import tracer
 
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("figures_report")]
 @pytest.fixture()
 def lenient(monkeypatch: pytest.MonkeyPatch) -> None:
     """A dead backend is the exporter's to count, not to raise: turn off the tests' strict mode."""
-    monkeypatch.delenv(tracer.ENV_STRICT, raising=False)
+    monkeypatch.delenv(tracer.config.ENV_STRICT, raising=False)
 
 
 # -- a backend killed during live export -----------------------------------------------
@@ -33,7 +33,7 @@ def test_mlflow_server_killed_and_restarted_during_live_export_loses_nothing(
 ) -> None:
     """Live MLflow export while the server is SIGKILLed and restarted: the files hold everything and export_files catches up, no duplicates."""
     mlflow_export = pytest.importorskip("tracer.exporters.mlflow", reason="MLflow exporter not in this tree yet")
-    if not hasattr(mlflow_export, "MlflowExporter") or "mlflow" not in tracer.available_backends():
+    if not hasattr(mlflow_export, "MlflowSink") or "mlflow" not in tracer.available_backends():
         pytest.skip("the mlflow live backend is not registered yet")
     pytest.importorskip("mlflow")
     from faults import workers

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from reliability_fixtures import FIGURES, figures_report  # noqa: F401 - fixture
+from reliability_fixtures import FIGURES
 
 import tracer
 
@@ -33,6 +33,13 @@ PROPERTY_SETTINGS = settings(
 
 _steps = itertools.count(1)
 TRIED: dict[str, int] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_inputs_tried() -> Any:
+    """After the module's properties ran, put how many inputs they tried into the reliability figures."""
+    yield
+    FIGURES["hypothesis"] = {f"inputs_tried_{k.replace(' ', '_')}": v for k, v in TRIED.items()}
 
 
 @tracer.rollout_trace_op(kind="tool")
@@ -307,7 +314,3 @@ def test_huge_strings_and_lists_round_trip(trace_dir: str) -> None:
         assert returned is value
         assert json.loads(row["outputs"]) == value
 
-
-def test_figures(tmp_path: os.PathLike[str]) -> None:
-    """Report how many inputs the properties tried (runs last in this module)."""
-    FIGURES["hypothesis"] = {f"inputs_tried_{k.replace(' ', '_')}": v for k, v in TRIED.items()}

@@ -9,7 +9,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from rollout_fixtures import tokenizer_cache  # noqa: F401 - fixture
 
 import tracer
 from tracer.cli import main as rollout_trace_main

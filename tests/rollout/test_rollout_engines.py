@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rollout_fixtures import problems, qwen_tokenizer, tiny_qwen3_dir, tokenizer_cache  # noqa: F401 - fixtures
 
 import tracer
 from rollout.agent_loop import AgentLoopConfig, ToolAgentLoop

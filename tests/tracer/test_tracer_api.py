@@ -14,45 +14,50 @@ from tracer import TraceConfig, TraceConfigError
 
 def test_public_names_are_pinned() -> None:
     """A change to tracer's public API is a visible decision."""
-    assert sorted(tracer.__all__) == sorted(
-        [
-            "ENV_BACKEND",
-            "ENV_CONFIG",
-            "ENV_STRICT",
-            "ENV_TRACE_DIR",
-            "SCHEMA_VERSION",
-            "SPAN_COLUMNS",
-            "SPAN_FIELDS",
-            "SPAN_SCHEMA",
-            "TRAJECTORY_COLUMNS",
-            "TRAJECTORY_FIELDS",
-            "TRAJECTORY_SCHEMA",
-            "FlushResult",
-            "TraceConfig",
-            "TraceConfigError",
-            "TraceFileWarning",
-            "available_backends",
-            "flush",
-            "get_config",
-            "init",
-            "iter_batches",
-            "list_trace_files",
-            "log_reward",
-            "parse_json",
-            "propagate",
-            "read_file_metadata",
-            "read_spans",
-            "read_trajectories",
-            "rollout_trace_attr",
-            "rollout_trace_op",
-            "schema",
-            "shutdown",
-            "step_metrics",
-            "trajectory_messages",
-        ]
-    )
+    assert sorted(tracer.__all__) == [
+        "ENV_BACKEND",
+        "ENV_CONFIG",
+        "ENV_TRACE_DIR",
+        "FlushResult",
+        "TraceConfig",
+        "TraceConfigError",
+        "TraceFileWarning",
+        "available_backends",
+        "compare_runs",
+        "dataset",
+        "flush",
+        "get_config",
+        "init",
+        "iter_batches",
+        "list_trace_files",
+        "log_reward",
+        "log_token_stats",
+        "parse_json",
+        "propagate",
+        "read_file_metadata",
+        "read_rewards",
+        "read_run_config",
+        "read_spans",
+        "read_token_stats",
+        "read_trajectories",
+        "rollout_trace_attr",
+        "rollout_trace_op",
+        "shutdown",
+        "step_metrics",
+        "to_dataset",
+        "trajectory_messages",
+    ]
     for name in tracer.__all__:
         assert hasattr(tracer, name), name
+
+
+def test_schema_names_live_in_the_schema_module_only() -> None:
+    """Column constants are imported from tracer.schema; the package does not repeat them."""
+    from tracer.schema import KIND_LLM, SAMPLE_INDEX, SPAN_SCHEMA, TRACE_ID
+
+    assert (KIND_LLM, TRACE_ID, SAMPLE_INDEX) == ("llm", "trace_id", "sample_index")
+    assert SPAN_SCHEMA.names[0] == TRACE_ID
+    assert not any(hasattr(tracer, n) for n in ("SPAN_SCHEMA", "SPAN_COLUMNS", "TRAJECTORY_SCHEMA", "ENV_STRICT"))
 
 
 def test_import_tracer_loads_no_heavy_library() -> None:
@@ -65,8 +70,8 @@ def test_import_tracer_loads_no_heavy_library() -> None:
 
 def test_schema_record_and_columns_agree() -> None:
     """The field docs, the column list and the Arrow schema name the same columns."""
-    assert tuple(f.name for f in tracer.SPAN_SCHEMA) == tracer.SPAN_COLUMNS
-    assert len({f[0] for f in tracer.SPAN_FIELDS}) == len(tracer.SPAN_FIELDS)
+    assert tuple(f.name for f in tracer.schema.SPAN_SCHEMA) == tracer.schema.SPAN_COLUMNS
+    assert len({f[0] for f in tracer.schema.SPAN_FIELDS}) == len(tracer.schema.SPAN_FIELDS)
     required = {
         "trace_id",
         "span_id",
@@ -85,8 +90,8 @@ def test_schema_record_and_columns_agree() -> None:
         "outputs",
         "attributes",
     }
-    assert required <= set(tracer.SPAN_COLUMNS)
-    assert all(f[3] for f in tracer.SPAN_FIELDS)
+    assert required <= set(tracer.schema.SPAN_COLUMNS)
+    assert all(f[3] for f in tracer.schema.SPAN_FIELDS)
 
 
 def test_default_output_dir_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
@@ -230,5 +235,5 @@ def test_readme_documents_every_column() -> None:
     """README's file-format tables list every span and trajectory column."""
     with open(os.path.join(os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")), "README.md")) as f:
         readme = f.read()
-    for name in (*tracer.SPAN_COLUMNS, *tracer.TRAJECTORY_COLUMNS):
+    for name in (*tracer.schema.SPAN_COLUMNS, *tracer.schema.TRAJECTORY_COLUMNS):
         assert f"| `{name}` |" in readme, name

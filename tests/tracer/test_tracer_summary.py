@@ -20,7 +20,7 @@ def trajectories(rows: list[dict]) -> pa.Table:
         "num_spans": 1,
         "num_errors": 0,
     }
-    return pa.Table.from_pylist([{**base, **r} for r in rows], schema=tracer.TRAJECTORY_SCHEMA)
+    return pa.Table.from_pylist([{**base, **r} for r in rows], schema=tracer.schema.TRAJECTORY_SCHEMA)
 
 
 def test_step_metrics_by_step_and_split() -> None:
@@ -77,4 +77,4 @@ def test_step_metrics_by_step_and_split() -> None:
 
 def test_step_metrics_of_nothing_is_empty() -> None:
     """No trajectories, no groups."""
-    assert tracer.step_metrics(tracer.TRAJECTORY_SCHEMA.empty_table()) == {}
+    assert tracer.step_metrics(tracer.schema.TRAJECTORY_SCHEMA.empty_table()) == {}

@@ -1,47 +1,47 @@
 """Exporters: ship trace files (or live batches) to MLflow, WandB, SwanLab, the console.
 
-Every backend module ``tracer.exporters.<name>`` provides:
-
-- a live exporter class registered in :data:`tracer.exporters.registry.BACKENDS`
-  (``"name": "tracer.exporters.<name>:<Class>"``), built as
-  ``Class(config: TraceConfig)``, with ``export(batch: pyarrow.RecordBatch)``
-  (called on the writer thread after each durable batch: it must only queue
-  work, never block) and ``shutdown(timeout: float | None)`` (drain, then stop);
-- ``export_files(path, **options) -> ExportReport`` for post-hoc export.
+A backend is a :class:`~tracer.exporters.base.Sink` (the wire: open a run's
+destination, write one step's trajectories, close, read back) registered in
+:data:`tracer.backends.BACKENDS` with its options. Two drivers feed
+every sink: :class:`~tracer.exporters.base.LiveDriver` from the recorder
+(``tracer.init(backend=...)``) and :func:`export_files` from trace files
+(``rollout-trace export PATH --to NAME``).
 
 Importing this package imports no backend library.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Protocol
+from tracer.backends import BACKENDS, Backend, ExportOptionError, Option, available_backends
+from tracer.exporters.base import (
+    Driver,
+    ExportReport,
+    ReadBack,
+    Sink,
+    SinkBase,
+    StepBatch,
+    Target,
+    Trajectory,
+    VerifyResult,
+    Written,
+    export_files,
+)
 
-
-class LiveExporter(Protocol):
-    """What the recorder needs from a live backend."""
-
-    def export(self, batch: Any) -> None:
-        """Queue a durable batch of spans for shipping; never block."""
-
-    def shutdown(self, timeout: float | None) -> None:
-        """Ship what is queued (up to ``timeout`` seconds), then stop."""
-
-
-@dataclasses.dataclass
-class ExportReport:
-    """What an export sent and skipped.
-
-    Attributes:
-        backend: Backend name.
-        trajectories_sent: Trajectories written to the backend.
-        trajectories_skipped: Trajectories not sent (already there, filtered, failed).
-        spans_sent: Spans written.
-        details: Human-readable notes (where to look, why things were skipped).
-    """
-
-    backend: str
-    trajectories_sent: int = 0
-    trajectories_skipped: int = 0
-    spans_sent: int = 0
-    details: list[str] = dataclasses.field(default_factory=list)
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "Driver",
+    "ExportOptionError",
+    "ExportReport",
+    "Option",
+    "ReadBack",
+    "Sink",
+    "SinkBase",
+    "StepBatch",
+    "Target",
+    "Trajectory",
+    "VerifyResult",
+    "Written",
+    "available_backends",
+    "export_files",
+]

@@ -1,28 +1,69 @@
 """Live exporters: attach the backends a config names to a recorder.
 
 The local Arrow files are written by the recorder itself; every other backend
-named in ``TraceConfig.backend`` gets an exporter object from the registry in
-:mod:`tracer.exporters.registry`, fed with each batch after it is durable on disk.
+named in ``TraceConfig.backend`` gets a :class:`~tracer.exporters.base.LiveDriver`
+around its sink (see :mod:`tracer.backends`), fed with each batch
+after it is durable on disk.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from tracer.config import LOCAL_BACKEND
-from tracer.exporters.registry import BACKENDS, load_backend
+from tracer.backends import BACKENDS, LOCAL_BACKEND, ExportOptionError, get_backend, load_sink, resolve_options
+from tracer.config import TraceConfig, TraceConfigError
+from tracer.exporters.base import LiveDriver, live_target
 
 if TYPE_CHECKING:
     from tracer.record.recorder import Recorder
 
 
 def attach_exporters(rec: Recorder) -> None:
-    """Create the live exporters for ``rec.config`` and subscribe them to its batches."""
+    """Create a live driver per backend of ``rec.config`` and add it to the recorder.
+
+    Raises:
+        ImportError: a backend's library is not installed (the message has the pip line).
+    """
     for name in rec.config.backends:
-        if name == LOCAL_BACKEND or BACKENDS.get(name) is None:
+        if name == LOCAL_BACKEND or name not in BACKENDS:
             continue
-        exporter = load_backend(name)(rec.config)
-        rec.add_listener(exporter.export)
-        rec.add_closer(exporter.shutdown)
-        if hasattr(exporter, "flush"):
-            rec.add_flusher(exporter.flush)
+        rec.add_driver(attach_backend(name, rec.config))
+
+
+def live_options(name: str, config: TraceConfig) -> dict[str, Any]:
+    """Backend ``name``'s options from ``config.backend_options``.
+
+    Either nested (``{"mlflow": {"tracking_uri": ...}}``) or flat with the
+    backend's name as prefix (``{"wandb_mode": "offline"}``, verl's
+    ``wandb_proxy``); nested wins.
+
+    Raises:
+        TraceConfigError: a value of the wrong type or not among its choices.
+    """
+    entry = get_backend(name)
+    given = config.backend_options or {}
+    nested = given.get(name)
+    nested = nested if isinstance(nested, Mapping) else {}
+    found: dict[str, Any] = {}
+    for option in entry.options:
+        if not option.live:
+            continue
+        if option.name in nested:
+            found[option.name] = nested[option.name]
+        elif (option.live_key or f"{name}_{option.name}") in given:
+            found[option.name] = given[option.live_key or f"{name}_{option.name}"]
+    try:
+        return resolve_options(name, found, live=True)
+    except ExportOptionError as exc:
+        raise TraceConfigError(f"backend_options: {exc}") from None
+
+
+def attach_backend(name: str, config: TraceConfig) -> LiveDriver:
+    """A live driver feeding backend ``name``'s sink, for a recorder of ``config``.
+
+    Raises:
+        ImportError: the backend's library is not installed (with the pip line).
+    """
+    sink = load_sink(name)(live_options(name, config))
+    return LiveDriver(sink, name, live_target(config), config.run_dir, grace_s=2 * config.flush_interval_s)

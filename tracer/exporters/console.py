@@ -1,12 +1,13 @@
-"""Console exporter: one readable summary line per step on the log.
+"""Console backend: one readable summary line per step on the log.
 
 Like verl's ``trainer.logger=console``: each line goes to the logger
-``rollout_trace`` at INFO and is printed to stderr. A step's line is written
-once the step is complete (a trajectory of a later step arrived), or on
-``flush()``/``shutdown()``; validation trajectories get their own line.
-Example::
+``rollout_trace`` at INFO and is printed to stderr (option ``print``; live:
+``backend_options={"console_print": False}``). A step's line is written once
+the step is complete; validation trajectories get their own line. Example::
 
     rollout-trace step 3: reward 0.625 ± 0.484 [0, 1] | turns 2.0 | tool calls 1.0, errors 25.0% | 8 trajectories, 0 failed | latency p50 1.20s p95 3.41s
+
+It is also the smallest backend: a sink class and one registry entry.
 """
 
 from __future__ import annotations
@@ -15,14 +16,11 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-from tracer.config import TraceConfig
-from tracer.exporters import ExportReport
-from tracer.exporters.steps import StepShipper
-from tracer.exporters.tables import StepData, open_run
-from tracer.summary import step_metrics
+from tracer.exporters.base import NEW, ExportReport, SinkBase, StepBatch, Written
+from tracer.exporters.base import export_files as _export_files
 
 logger = logging.getLogger("rollout_trace")
 
@@ -48,11 +46,6 @@ def format_step_line(step: int | None, metrics: Mapping[str, float], validate: b
     )
 
 
-#: ``TraceConfig.backend_options`` key: set it to False to only log, not print
-#: (when your logging already writes INFO to stderr).
-OPTION_PRINT = "console_print"
-
-
 def emit(line: str, print_too: bool = True) -> None:
     """Write ``line`` to the ``rollout_trace`` logger (INFO) and, unless told not to, to stderr."""
     logger.info(line)
@@ -60,37 +53,18 @@ def emit(line: str, print_too: bool = True) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def _lines(data: StepData) -> list[str]:
-    return [format_step_line(data.step, data.raw_metrics[v], v) for v in (False, True) if v in data.raw_metrics]
+class ConsoleSink(SinkBase):
+    """One summary line per complete step (training, and validation when present)."""
 
+    span_columns: ClassVar[tuple[str, ...]] = ()  # the lines need only the summaries
 
-class ConsoleExporter(StepShipper):
-    """Live exporter: one summary line per step (training, and validation when present)."""
-
-    def __init__(self, config: TraceConfig) -> None:
-        super().__init__(config, "console")
-
-    def publish(self, data: StepData) -> None:
+    def write(self, batch: StepBatch) -> Written:
         """Write the step's lines."""
-        print_too = bool(self.config.backend_options.get(OPTION_PRINT, True))
-        for line in _lines(data):
-            emit(line, print_too)
+        for validate, values in sorted((batch.metrics or {}).items()):
+            emit(format_step_line(batch.step, values, validate), bool(self.options["print"]))
+        return Written(sent=sum(1 for t in batch.trajectories if t.state == NEW))
 
 
-def export_files(
-    path: str | os.PathLike[str],
-    *,
-    steps: Iterable[int] | None = None,
-    since_step: int | None = None,
-    progress: bool = False,
-    verify: bool = False,
-    **_ignored: Any,
-) -> ExportReport:
-    """Write the summary line of every step in the trace files."""
-    run = open_run(path, steps, since_step)
-    report = ExportReport("console")
-    for (step, validate), metrics in step_metrics(run.trajectories).items():
-        emit(format_step_line(step, metrics, validate))
-    report.trajectories_sent = run.trajectories.num_rows
-    report.trajectories_skipped = run.not_selected
-    return report
+def export_files(path: str | os.PathLike[str], **options: Any) -> ExportReport:
+    """Write the summary line of every step in the trace files (:func:`tracer.exporters.export_files`)."""
+    return _export_files(path, "console", **options)

@@ -11,7 +11,7 @@ Modes: ``local`` (files under ``log_dir``, browsed with ``swanlab watch``; it
 needs the ``swanboard`` package, and without it the run is written in
 ``offline`` mode instead, which keeps the same files), ``offline`` (files, upload
 later with ``swanlab sync``), ``online``. ``swanlab`` is imported only when an
-exporter is built or an export runs.
+export runs or a live run starts.
 """
 
 from __future__ import annotations
@@ -20,42 +20,29 @@ import glob
 import importlib.util
 import json
 import os
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from tracer.config import TraceConfig
-from tracer.exporters import ExportReport
-from tracer.exporters.steps import StepShipper
+from tracer import schema as S
+from tracer.exporters.base import ExportReport, ReadBack, Target, VerifyResult
+from tracer.exporters.base import export_files as _export_files
+from tracer.exporters.steps import TableSink
 from tracer.exporters.tables import (
     COL,
     TABLE_COLUMNS,
     TABLE_KEY,
     VAL_TABLE_KEY,
     StepData,
-    compare_metrics,
-    compare_rows,
-    import_backend,
-    open_run,
     read_leveldb_log,
-    require_backend,
-    send_steps,
 )
+from tracer.extras import import_backend
 
-#: Modes ``export_files`` accepts.
-MODES = ("local", "offline", "online")
 #: Key of the per-step conversation texts.
 TEXT_KEY = "rollout_trace/conversations"
 #: Conversations logged as ``swanlab.Text`` per step (all are in the table).
 MAX_TEXTS = 8
-#: ``TraceConfig.backend_options`` keys this exporter reads.
-OPTION_MODE = "swanlab_mode"
-OPTION_LOG_DIR = "swanlab_log_dir"
-OPTION_PROJECT = "swanlab_project"
 #: Header of a ``.swanlab`` run file.
 SWANLAB_FILE_IDENT = b":SWL"
-#: Seconds before a live exporter whose run failed to start tries again.
-INIT_RETRY_S = 30.0
 
 
 def _swanlab() -> Any:
@@ -133,7 +120,7 @@ class SwanlabRun:
         texts = [
             swanlab.Text(
                 r[COL["conversation"]],
-                caption=f"sample {r[COL['sample_index']]} rollout {r[COL['rollout_n']]} reward {r[COL['reward']]}",
+                caption=f"sample {r[COL[S.SAMPLE_INDEX]]} rollout {r[COL[S.ROLLOUT_N]]} reward {r[COL[S.REWARD]]}",
             )
             for r in data.rows[:MAX_TEXTS]
         ]
@@ -170,7 +157,7 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
                 with open(os.path.join(directory, "media", "echarts", item.filename), encoding="utf-8") as f:
                     table = json.load(f)
                 for row in table.get("rowData", []):
-                    rows[row["trace_id"]] = row["reward"]
+                    rows[row[S.TRACE_ID]] = row[S.REWARD]
         elif kind == "scalar":
             scalars[(record.scalar.step, record.scalar.key)] = record.scalar.value.number
     # Metrics are keyed by the rollout step each logged step carries.
@@ -181,127 +168,72 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
 
 def verify_run(
     directory: str, expected_rows: Mapping[str, float | None], expected_metrics: Mapping[tuple[Any, str], float]
-) -> list[str]:
+) -> VerifyResult:
     """Compare a finished run's files with what was sent.
 
     Args:
         directory: The run's directory.
         expected_rows: ``trace_id -> reward`` of every row sent.
         expected_metrics: ``(step, metric key) -> value`` of every metric sent.
-
-    Returns:
-        Two ``verify swanlab: OK|FAILED: ...`` lines (rows and rewards; metrics).
     """
-    found_rows, found_metrics = read_back(directory)
-    return [
-        *compare_rows("swanlab", expected_rows, found_rows),
-        compare_metrics("swanlab", expected_metrics, found_metrics),
-    ]
+    rows, metrics = read_back(directory)
+    return VerifyResult.compare("swanlab", expected_rows, expected_metrics, ReadBack(rows, metrics))
 
 
-def export_files(
-    path: str | os.PathLike[str],
-    *,
-    project: str | None = None,
-    experiment: str | None = None,
-    mode: str = "local",
-    log_dir: str | None = None,
-    steps: Iterable[int] | None = None,
-    since_step: int | None = None,
-    progress: bool = True,
-    verify: bool = False,
-    log_val_generations: int | None = None,
-    **_ignored: Any,
-) -> ExportReport:
-    """Export trace files to one SwanLab run: per-step tables, conversations and metrics.
+class SwanlabSink(TableSink):
+    """Per-step tables, conversations and metrics into one SwanLab run.
 
-    Args:
-        path: A trace file or directory.
-        project: SwanLab project (default: the recorded project name).
-        experiment: Run name (default: the recorded experiment name).
-        mode: ``"local"``, ``"offline"`` or ``"online"``.
-        log_dir: Where the run's directory goes (default SwanLab's, ``./swanlog``).
-        steps: Export only these steps.
-        since_step: Export only steps >= this.
-        progress: Draw a progress bar on stderr.
-        verify: Read the run's files back and compare rows, rewards and metrics.
-        log_val_generations: Validation rows per step (default: the recorded config's).
-
-    Raises:
-        FileNotFoundError: ``path`` holds no trace files.
-        ValueError: ``mode`` is not one of :data:`MODES`.
-        ImportError: swanlab is not installed (the message has the pip line).
-    """
-    if mode not in MODES:
-        raise ValueError(f"swanlab mode {mode!r} is not one of {', '.join(MODES)}")
-    run_files = open_run(path, steps, since_step)
-    cap = run_files.log_val_generations if log_val_generations is None else log_val_generations
-    report = ExportReport("swanlab")
-    sl = SwanlabRun(
-        project=project or run_files.project or "rollout_trace",
-        name=experiment or run_files.experiment,
-        mode=mode,
-        log_dir=log_dir,
-        group=run_files.experiment,
-        config={"rollout_trace_source": os.path.abspath(os.fspath(path))},
-        use_current=False,
-    )
-    if sl.note:
-        report.details.append(sl.note)
-    try:
-        sent = send_steps(run_files, cap, sl.log_step, report, progress)
-    finally:
-        sl.finish()
-    report.details.append(f"swanlab run files: {sl.directory}")
-    if sl.mode == "offline":
-        report.details.append(f"upload it with: swanlab sync {sl.directory}")
-    elif sl.mode == "local":
-        report.details.append(f"browse it with: swanlab watch {os.path.dirname(sl.directory)}")
-    if verify:
-        report.details.extend(verify_run(sl.directory, sent.rows, sent.metrics))
-    return report
-
-
-class SwanlabExporter(StepShipper):
-    """Live exporter: finished trajectories into a SwanLab run, one step at a time.
-
-    Uses the process's SwanLab run when one is active, else starts one named
-    after the experiment (on the exporter's own thread, at the first step).
-    ``backend_options``: ``swanlab_mode`` (default SwanLab's), ``swanlab_log_dir``,
-    ``swanlab_project`` (default ``project_name``).
+    Live, the process's SwanLab run is used when one is active, else one is
+    started, named after the experiment, on the driver's thread at the first
+    write. Post hoc, every export is a run of its own (mode ``local`` unless
+    told otherwise).
     """
 
-    def __init__(self, config: TraceConfig) -> None:
-        require_backend("swanlab", "swanlab")
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        super().__init__(options)
         self._sl: SwanlabRun | None = None
-        self._init_error: Exception | None = None
-        self._init_failed_at = 0.0
-        super().__init__(config, "swanlab")
 
-    def _run_for(self) -> SwanlabRun:
-        if self._sl is None:
-            if self._init_error is not None and time.monotonic() - self._init_failed_at < INIT_RETRY_S:
-                raise self._init_error
-            opts = self.config.backend_options
-            try:
-                self._sl = SwanlabRun(
-                    project=opts.get(OPTION_PROJECT) or self.config.project_name,
-                    name=self.config.experiment_name,
-                    mode=opts.get(OPTION_MODE),
-                    log_dir=opts.get(OPTION_LOG_DIR),
-                    group=self.config.experiment_name,
-                    config={"rollout_trace": self.config.to_dict()},
-                )
-            except Exception as exc:
-                self._init_error, self._init_failed_at = exc, time.monotonic()
-                raise
-        return self._sl
+    def open(self, target: Target) -> set[str]:
+        """Start (or, live, join) the run."""
+        super().open(target)
+        o = self.options
+        self._sl = SwanlabRun(
+            project=o["project"] or target.project or "rollout_trace",
+            name=o["experiment"] or target.experiment,
+            mode=o["mode"],
+            log_dir=o["log_dir"],
+            group=target.experiment,
+            config=target.run_config,
+            use_current=target.live,
+        )
+        return set()
 
-    def publish(self, data: StepData) -> None:
-        """Log the step's new rows and metrics."""
-        self._run_for().log_step(data)
+    def log_step(self, data: StepData) -> list[str]:
+        """Log the step's tables, conversation texts and metrics."""
+        assert self._sl is not None, "open() first"
+        return self._sl.log_step(data)
 
-    def close_backend(self) -> None:
-        """Finish the run if this exporter started it."""
-        if self._sl is not None:
-            self._sl.finish()
+    def close(self) -> list[str]:
+        """Finish the run if this sink started it; say where its files are."""
+        sl = self._sl
+        if sl is None:
+            return []
+        sl.finish()
+        notes = [sl.note] if sl.note else []
+        notes.append(f"swanlab run files: {sl.directory}")
+        if sl.mode == "offline":
+            notes.append(f"upload it with: swanlab sync {sl.directory}")
+        elif sl.mode == "local":
+            notes.append(f"browse it with: swanlab watch {os.path.dirname(sl.directory)}")
+        return notes
+
+    def read_back(self) -> ReadBack:
+        """The rows and metrics of the finished run's files."""
+        assert self._sl is not None, "open() first"
+        rows, metrics = read_back(self._sl.directory)
+        return ReadBack(rows, metrics, where=self._sl.directory)
+
+
+def export_files(path: str | os.PathLike[str], **options: Any) -> ExportReport:
+    """Export trace files to one SwanLab run (:func:`tracer.exporters.export_files` with ``to="swanlab"``)."""
+    return _export_files(path, "swanlab", **options)

@@ -14,7 +14,7 @@ rows past that would be silently cut by wandb. A step with more rows is split
 into several increments of at most ``MAX_ROWS`` rows, logged at the same
 step, and the export report says so.
 
-``wandb`` is imported only when an exporter is built or an export runs.
+``wandb`` is imported only when an export runs or a live run starts.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ import glob
 import json
 import logging
 import os
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from tracer.config import TraceConfig
-from tracer.exporters import ExportReport
-from tracer.exporters.steps import StepShipper
+from tracer.exporters.base import ExportReport, ReadBack, Target, VerifyResult
+from tracer.exporters.base import export_files as _export_files
+from tracer.exporters.steps import TableSink
 from tracer.exporters.tables import (
     METRIC_PREFIX,
     TABLE_COLUMNS,
@@ -37,28 +36,14 @@ from tracer.exporters.tables import (
     VAL_METRIC_PREFIX,
     VAL_TABLE_KEY,
     StepData,
-    compare_metrics,
-    compare_rows,
-    import_backend,
-    open_run,
     read_leveldb_log,
-    require_backend,
-    send_steps,
 )
+from tracer.extras import import_backend
 
 logger = logging.getLogger("rollout_trace")
 
 #: Metric that every logged step carries; charts of our metrics use it as x-axis.
 STEP_METRIC = "rollout_trace/step"
-#: Modes ``export_files`` accepts.
-MODES = ("offline", "online")
-#: ``TraceConfig.backend_options`` keys this exporter reads.
-OPTION_PROXY = "wandb_proxy"
-OPTION_MODE = "wandb_mode"
-OPTION_DIR = "wandb_dir"
-OPTION_PROJECT = "wandb_project"
-#: Seconds before a live exporter whose run failed to start tries again.
-INIT_RETRY_S = 30.0
 #: Header of a ``.wandb`` run file.
 WANDB_FILE_IDENT = b":W&B"
 
@@ -203,139 +188,72 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
 
 def verify_run(
     directory: str, expected_rows: Mapping[str, float | None], expected_metrics: Mapping[tuple[Any, str], float]
-) -> list[str]:
+) -> VerifyResult:
     """Compare a finished run's files with what was sent.
 
     Args:
         directory: The run's directory.
         expected_rows: ``trace_id -> reward`` of every row sent.
         expected_metrics: ``(step, metric key) -> value`` of every metric sent.
-
-    Returns:
-        Two ``verify wandb: OK|FAILED: ...`` lines (rows and rewards; metrics).
     """
-    found_rows, found_metrics = read_back(directory)
-    return [
-        *compare_rows("wandb", expected_rows, found_rows),
-        compare_metrics("wandb", expected_metrics, found_metrics),
-    ]
+    rows, metrics = read_back(directory)
+    return VerifyResult.compare("wandb", expected_rows, expected_metrics, ReadBack(rows, metrics))
 
 
-def export_files(
-    path: str | os.PathLike[str],
-    *,
-    project: str | None = None,
-    experiment: str | None = None,
-    mode: str = "offline",
-    run_dir: str | None = None,
-    steps: Iterable[int] | None = None,
-    since_step: int | None = None,
-    progress: bool = True,
-    verify: bool = False,
-    max_rows: int | None = None,
-    log_val_generations: int | None = None,
-    proxy: str | None = None,
-    **_ignored: Any,
-) -> ExportReport:
-    """Export trace files to one wandb run: per-step tables and metrics.
+class WandbSink(TableSink):
+    """Per-step tables and metrics into one wandb run.
 
-    Args:
-        path: A trace file or directory.
-        project: wandb project (default: the recorded project name).
-        experiment: Run name (default: the recorded experiment name).
-        mode: ``"offline"`` (files only; upload later with ``wandb sync``) or ``"online"``.
-        run_dir: Where wandb puts the run directory (default: wandb's, ``WANDB_DIR``).
-        steps: Export only these steps.
-        since_step: Export only steps >= this.
-        progress: Draw a progress bar on stderr.
-        verify: Read the run's files back and compare rows, rewards and metrics.
-        max_rows: Rows per table increment (<= ``wandb.Table.MAX_ROWS``).
-        log_val_generations: Validation rows per step (default: the recorded config's).
-        proxy: HTTP(S) proxy for wandb (verl's ``wandb_proxy``).
-
-    Raises:
-        FileNotFoundError: ``path`` holds no trace files.
-        ValueError: ``mode`` is not one of :data:`MODES`.
-        ImportError: wandb is not installed (the message has the pip line).
+    Live, the run is named after the experiment, grouped by it, and started
+    on the driver's thread at the first write (never on the rollout's path);
+    its mode defaults to ``WANDB_MODE``/wandb's. Post hoc, every export is a
+    new run (mode ``offline`` unless told otherwise).
     """
-    if mode not in MODES:
-        raise ValueError(f"wandb mode {mode!r} is not one of {', '.join(MODES)}")
-    run_files = open_run(path, steps, since_step)
-    cap = run_files.log_val_generations if log_val_generations is None else log_val_generations
-    report = ExportReport("wandb")
-    wb = WandbRun(
-        project=project or run_files.project or "rollout_trace",
-        name=experiment or run_files.experiment,
-        mode=mode,
-        run_dir=run_dir,
-        group=run_files.experiment,
-        config={"rollout_trace_source": os.path.abspath(os.fspath(path))},
-        proxy=proxy,
-        max_rows=max_rows,
-    )
-    try:
-        sent = send_steps(run_files, cap, wb.log_step, report, progress)
-    finally:
-        wb.finish()
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        super().__init__(options)
+        self._wb: WandbRun | None = None
+
+    def open(self, target: Target) -> set[str]:
+        """Start the run."""
+        super().open(target)
+        o = self.options
+        self._wb = WandbRun(
+            project=o["project"] or target.project or "rollout_trace",
+            name=o["experiment"] or target.experiment,
+            mode=o["mode"],
+            run_dir=o["run_dir"],
+            group=target.experiment,
+            config=target.run_config,
+            proxy=o["proxy"],
+            max_rows=o["max_rows"],
+        )
+        return set()
+
+    def log_step(self, data: StepData) -> list[str]:
+        """Log the step's new rows (split at ``max_rows``) and metrics."""
+        assert self._wb is not None, "open() first"
+        return self._wb.log_step(data)
+
+    def close(self) -> list[str]:
+        """Finish the run; say where its files are."""
+        if self._wb is None:
+            return []
+        self._wb.finish()
         wandb = _wandb()
         if wandb.run is None:
             wandb.teardown()
-    report.details.append(f"wandb run files: {wb.directory}")
-    if mode == "offline":
-        report.details.append(f"upload it with: wandb sync {wb.directory}")
-    if verify:
-        report.details.extend(verify_run(wb.directory, sent.rows, sent.metrics))
-    return report
+        notes = [f"wandb run files: {self._wb.directory}"]
+        if self.options["mode"] == "offline":
+            notes.append(f"upload it with: wandb sync {self._wb.directory}")
+        return notes
+
+    def read_back(self) -> ReadBack:
+        """The rows and metrics of the finished run's files."""
+        assert self._wb is not None, "open() first"
+        rows, metrics = read_back(self._wb.directory)
+        return ReadBack(rows, metrics, where=self._wb.directory)
 
 
-class WandbExporter(StepShipper):
-    """Live exporter: finished trajectories into a wandb run, one step at a time.
-
-    The run is named after the experiment, grouped by it, and started on the
-    exporter's own thread at the first step (never on the rollout's path).
-    ``backend_options``: ``wandb_mode`` (default ``WANDB_MODE``/wandb's),
-    ``wandb_dir``, ``wandb_project`` (default ``project_name``),
-    ``wandb_proxy`` (verl's key: the proxy wandb's traffic goes through).
-    """
-
-    def __init__(self, config: TraceConfig) -> None:
-        require_backend("wandb", "wandb")
-        self._wb: WandbRun | None = None
-        self._init_error: Exception | None = None
-        self._init_failed_at = 0.0
-        super().__init__(config, "wandb")
-
-    def _run_for(self) -> WandbRun:
-        if self._wb is None:
-            # A backend that failed to start is not retried for a while, so a
-            # flush does not wait on it again and again.
-            if self._init_error is not None and time.monotonic() - self._init_failed_at < INIT_RETRY_S:
-                raise self._init_error
-            opts = self.config.backend_options
-            try:
-                self._wb = self._start(opts)
-            except Exception as exc:
-                self._init_error, self._init_failed_at = exc, time.monotonic()
-                raise
-        return self._wb
-
-    def _start(self, opts: Mapping[str, Any]) -> WandbRun:
-        return WandbRun(
-            project=opts.get(OPTION_PROJECT) or self.config.project_name,
-            name=self.config.experiment_name,
-            mode=opts.get(OPTION_MODE),
-            run_dir=opts.get(OPTION_DIR),
-            group=self.config.experiment_name,
-            config={"rollout_trace": self.config.to_dict()},
-            proxy=opts.get(OPTION_PROXY),
-        )
-
-    def publish(self, data: StepData) -> None:
-        """Log the step's new rows and metrics."""
-        for note in self._run_for().log_step(data):
-            logger.info("rollout-trace wandb exporter: %s", note)
-
-    def close_backend(self) -> None:
-        """Finish the run."""
-        if self._wb is not None:
-            self._wb.finish()
+def export_files(path: str | os.PathLike[str], **options: Any) -> ExportReport:
+    """Export trace files to one wandb run (:func:`tracer.exporters.export_files` with ``to="wandb"``)."""
+    return _export_files(path, "wandb", **options)

@@ -9,6 +9,8 @@ to the background writer.
 
 from __future__ import annotations
 
+import array
+import collections
 import dataclasses
 from typing import Any
 
@@ -17,6 +19,11 @@ IMMUTABLE_TYPES = frozenset({str, int, float, bool, type(None), bytes, complex, 
 
 #: Containers nested deeper than this are replaced by a placeholder.
 MAX_DEPTH = 32
+
+#: Objects with at most this many instance attributes are snapshotted at call
+#: time (their attributes copied); larger ones (engines, tokenizers) are kept
+#: by reference and written as their repr, which keeps the caller's path cheap.
+MAX_SNAPSHOT_ATTRS = 64
 
 
 class Placeholder:
@@ -31,13 +38,26 @@ class Placeholder:
         return self.text
 
 
+class ObjectSnapshot:
+    """An object's attributes as they were at call time (written as a dict with ``"__type__"``)."""
+
+    __slots__ = ("type_name", "attrs")
+
+    def __init__(self, type_name: str, attrs: dict[str, Any]) -> None:
+        self.type_name = type_name
+        self.attrs = attrs
+
+
 def capture(value: Any, depth: int = 0) -> Any:
     """Return a copy of ``value`` that later mutation of ``value`` cannot change.
 
     Lists, tuples, dicts and sets are copied recursively; numpy arrays and
     torch tensors are copied; dataclasses and pydantic models become dicts
-    (with their type name under ``"__type__"``); other objects are kept by
-    reference and serialised when written.
+    (with their type name under ``"__type__"``); bytearrays, deques and
+    arrays are copied; small objects of other classes have their attributes
+    copied (:class:`ObjectSnapshot`); other objects are kept by reference and
+    serialised when written. Never raises: what cannot be copied becomes a
+    :class:`Placeholder` naming why.
     """
     cls = type(value)
     if cls in IMMUTABLE_TYPES:
@@ -56,7 +76,10 @@ def capture(value: Any, depth: int = 0) -> Any:
         return tuple(capture(v, depth + 1) for v in value)
     if cls is dict:
         return {k: capture(v, depth + 1) for k, v in value.items()}
-    return _capture_other(value, cls, depth)
+    try:
+        return _capture_other(value, cls, depth)
+    except Exception as exc:  # a property or __iter__ of the user's that raises
+        return Placeholder(f"<{cls.__name__}: not captured: {type(exc).__name__}>")
 
 
 def _capture_other(value: Any, cls: type, depth: int) -> Any:
@@ -70,8 +93,12 @@ def _capture_other(value: Any, cls: type, depth: int) -> Any:
         return [capture(v, depth + 1) for v in value]
     if isinstance(value, dict):
         return {k: capture(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (set, frozenset)):
+    if isinstance(value, (set, frozenset, collections.deque)):
         return [capture(v, depth + 1) for v in value]
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, array.array):
+        return value.tolist()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {"__type__": cls.__name__}
         for f in dataclasses.fields(value):
@@ -85,4 +112,12 @@ def _capture_other(value: Any, cls: type, depth: int) -> Any:
             return out
         except Exception:  # a broken model_dump is the user's; record what we can
             return Placeholder(f"<{cls.__name__}: model_dump failed>")
+    attrs = getattr(value, "__dict__", None)
+    if (
+        type(attrs) is dict
+        and attrs
+        and len(attrs) <= MAX_SNAPSHOT_ATTRS
+        and not isinstance(value, (type, BaseException))
+    ):
+        return ObjectSnapshot(cls.__name__, {k: capture(v, depth + 1) for k, v in list(attrs.items())})
     return value

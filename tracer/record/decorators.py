@@ -85,7 +85,14 @@ def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | N
         raise ValueError(f"rollout_trace_op: kind {kind!r} is not one of {', '.join(repr(k) for k in S.KINDS)} or None")
 
     def decorate(fn: F) -> F:
+        if isinstance(fn, (classmethod, staticmethod)):
+            # @rollout_trace_op above @classmethod: wrap the function, keep the binding.
+            return type(fn)(decorate(fn.__func__))
         spec = OpSpec(fn, name, kind)
+        if inspect.isgeneratorfunction(fn):
+            return _trace_generator(fn, spec)  # type: ignore[return-value]
+        if inspect.isasyncgenfunction(fn):
+            return _trace_async_generator(fn, spec)  # type: ignore[return-value]
         has_self = spec.has_self
         # Spans that never start a trajectory take the short path below: no
         # method calls besides the ones the record needs.
@@ -236,7 +243,7 @@ def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | N
         return traced  # type: ignore[return-value]
 
     if func is not None:
-        if not callable(func):
+        if not callable(func) and not isinstance(func, (classmethod, staticmethod)):
             raise TypeError(
                 f"rollout_trace_op: {func!r} is not a function; use @rollout_trace_op or "
                 f"@rollout_trace_op(name=..., kind=...)"
@@ -288,12 +295,14 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
         trace: bool = True,
         **extra: Any,
     ) -> None:
-        self.sample_index = None if sample_index is None else str(sample_index)
-        self.step = None if step is None else int(step)
-        self.rollout_n = None if rollout_n is None else int(rollout_n)
-        self.name = name
-        self.validate = bool(validate)
-        self.trace = bool(trace)
+        # capture() never raises; the conversions below are guarded so that a
+        # value of the user's that misbehaves never reaches the user's code.
+        self.sample_index = None if sample_index is None else _as_text(sample_index)
+        self.step = None if step is None else _as_int(step)
+        self.rollout_n = None if rollout_n is None else _as_int(rollout_n)
+        self.name = name if type(name) is str else _as_text(name)
+        self.validate = _as_bool(validate)
+        self.trace = _as_bool(trace, True)
         self.extra = capture(extra) if extra else None
         self._token: Any = None
         self._traj: Trajectory | None = None
@@ -341,6 +350,149 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
         if rec is None or traj is None or not traj.recording:
             return None
         return f"{rec.trace_prefix}{traj.trace_id:016x}"
+
+
+def _as_text(value: Any) -> str:
+    try:
+        return str(value)
+    except Exception as exc:
+        return f"<{type(value).__name__}: str() failed: {type(exc).__name__}>"
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except Exception:
+        return None
+
+
+def _as_bool(value: Any, default: bool = False) -> bool:
+    try:
+        return bool(value)
+    except Exception:
+        return default
+
+
+#: Yielded items of a traced generator kept as its outputs (the count is always kept).
+MAX_YIELDED_RECORDED = 1000
+
+
+def _open_frame(rec: _recorder.Recorder, spec: OpSpec) -> Any:
+    opened = _open(rec, spec, _get())
+    return opened
+
+
+def _trace_generator(fn: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
+    """A generator's span covers its whole iteration: first ``next`` to exhaustion, error or close."""
+    has_self = spec.has_self
+
+    @functools.wraps(fn)
+    def traced_gen(*args: Any, **kwargs: Any) -> Any:
+        rec = _recorder.ACTIVE
+        gen = fn(*args, **kwargs)
+        if rec is None:
+            return (yield from gen)
+        opened = _open_frame(rec, spec)
+        if opened is None:
+            return (yield from gen)
+        frame, parent_sid = opened
+        a = _capture_args(rec, args[1:] if has_self else args)
+        k = _capture_args(rec, kwargs) if kwargs else None
+        items: list[Any] = []
+        count = 0
+        start = _time_ns()
+        method: Any = gen.send
+        arg: Any = None
+        while True:
+            token = _set(frame)
+            try:
+                item = method(arg)
+            except StopIteration as stop:
+                _reset(token)
+                out = _generator_output(rec, items, count, stop.value)
+                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), None, a, k, out, None))
+                return stop.value
+            except BaseException as exc:
+                _reset(token)
+                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), exc, a, k, None, None))
+                raise
+            _reset(token)
+            count += 1
+            if count <= MAX_YIELDED_RECORDED:
+                items.append(_capture_out(rec, item))
+            try:
+                arg = yield item
+                method = gen.send
+            except GeneratorExit:
+                gen.close()
+                out = _generator_output(rec, items, count, None)
+                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), None, a, k, out, None))
+                raise
+            except BaseException as exc:
+                method, arg = gen.throw, exc
+
+    return traced_gen
+
+
+def _trace_async_generator(fn: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
+    """An async generator's span covers its whole iteration, as for generators."""
+    has_self = spec.has_self
+
+    @functools.wraps(fn)
+    async def traced_agen(*args: Any, **kwargs: Any) -> Any:
+        rec = _recorder.ACTIVE
+        agen = fn(*args, **kwargs)
+        opened = None if rec is None else _open_frame(rec, spec)
+        if rec is None or opened is None:
+            async for item in agen:
+                yield item
+            return
+        frame, parent_sid = opened
+        a = _capture_args(rec, args[1:] if has_self else args)
+        k = _capture_args(rec, kwargs) if kwargs else None
+        items: list[Any] = []
+        count = 0
+        start = _time_ns()
+        method: Any = agen.asend
+        arg: Any = None
+        while True:
+            token = _set(frame)
+            try:
+                item = await method(arg)
+            except StopAsyncIteration:
+                _reset(token)
+                out = _generator_output(rec, items, count, None)
+                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), None, a, k, out, None))
+                return
+            except BaseException as exc:
+                _reset(token)
+                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), exc, a, k, None, None))
+                raise
+            _reset(token)
+            count += 1
+            if count <= MAX_YIELDED_RECORDED:
+                items.append(_capture_out(rec, item))
+            try:
+                arg = yield item
+                method = agen.asend
+            except GeneratorExit:
+                await agen.aclose()
+                out = _generator_output(rec, items, count, None)
+                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), None, a, k, out, None))
+                raise
+            except BaseException as exc:
+                method, arg = agen.athrow, exc
+
+    return traced_agen
+
+
+def _generator_output(rec: _recorder.Recorder, items: list[Any], count: int, value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"yielded": items, "count": count}
+    if count > len(items):
+        out["yielded"] = [*items, Placeholder(f"<{count - len(items)} more items not recorded>")]
+    if value is not None:
+        out["returned"] = _capture_out(rec, value)
+    return out
 
 
 def log_reward(

@@ -13,12 +13,15 @@ import base64
 import dataclasses
 import functools
 import math
+import threading
 import traceback
+import types
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from tracer.record.capture import Placeholder
+from tracer.record.capture import ObjectSnapshot, Placeholder
 from tracer.record.redact import REDACTED, is_secret_key
 from tracer.schema import ATTR_TOKENS, ATTR_TRUNCATED
 
@@ -35,6 +38,14 @@ _FLAT_NUMBERS = frozenset({int, bool, type(None)})
 _INT_ONLY = frozenset({int})
 
 _JSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+#: Longest the writer waits for a user's ``__repr__``/``__str__`` (one that
+#: blocks would otherwise stall every later span; issue 12, item 3).
+USER_CALL_TIMEOUT_S = 2.0
+#: User calls that never returned; past this many, Python-level reprs are no
+#: longer called at all (each stuck one holds a thread).
+MAX_STUCK_USER_CALLS = 4
+_stuck: list[threading.Thread] = []
 
 
 def text_field_name(ids_field: str) -> str:
@@ -139,6 +150,8 @@ class Encoder:
         if isinstance(value, Placeholder):
             self._cur.append(value.text)
             return value.text
+        if cls is ObjectSnapshot:
+            return self.prepare({"__type__": value.type_name, **value.attrs}, tokenizer, meta, path, depth + 1)
         module = cls.__module__
         if module == "numpy" or module.startswith("numpy.") or (module == "torch" and cls.__name__ == "Tensor"):
             try:
@@ -256,9 +269,42 @@ def _as_id_list(value: Any) -> list[int] | None:
     return None
 
 
+def _is_python_level(cls: type, method: str) -> bool:
+    return isinstance(getattr(cls, method, None), types.FunctionType)
+
+
+def call_user_code(fn: Callable[[Any], str], value: Any) -> str:
+    """``fn(value)`` on a helper thread, given up after :data:`USER_CALL_TIMEOUT_S`.
+
+    Raises:
+        TimeoutError: it did not return in time (or too many earlier ones never did).
+    """
+    _stuck[:] = [t for t in _stuck if t.is_alive()]
+    if len(_stuck) >= MAX_STUCK_USER_CALLS:
+        raise TimeoutError(f"{len(_stuck)} earlier calls never returned")
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn(value)))
+        except BaseException as exc:  # handed to the waiting writer below
+            box.append((False, exc))
+
+    thread = threading.Thread(target=run, name="rollout-trace-user-call", daemon=True)
+    thread.start()
+    thread.join(USER_CALL_TIMEOUT_S)
+    if not box:
+        _stuck.append(thread)
+        raise TimeoutError(f"did not return within {USER_CALL_TIMEOUT_S} s")
+    ok, result = box[0]
+    if not ok:
+        raise result
+    return str(result)
+
+
 def _safe_repr(value: Any) -> str:
     try:
-        text = repr(value)
+        text = call_user_code(repr, value) if _is_python_level(type(value), "__repr__") else repr(value)
     except Exception as exc:  # a user's __repr__ may raise; record that it did
         return f"<{type(value).__name__}: repr failed: {type(exc).__name__}>"
     if len(text) > MAX_REPR_CHARS:
@@ -280,16 +326,26 @@ def to_json(value: Any) -> str:
             return orjson.dumps(f"<unencodable: {type(exc).__name__}>").decode("utf-8")
 
 
-def error_json(exc: BaseException) -> str:
-    """JSON of an exception: type, message and formatted traceback."""
+def error_fields(exc: BaseException) -> dict[str, str]:
+    """An exception's type, message and formatted traceback (user ``__str__`` guarded)."""
     cls = type(exc)
     name = cls.__qualname__ if cls.__module__ in ("builtins", "__main__") else f"{cls.__module__}.{cls.__qualname__}"
+    user_str = _is_python_level(cls, "__str__")
     try:
-        message = str(exc)
+        message = call_user_code(str, exc) if user_str else str(exc)
     except Exception:
         message = "<str() of the exception failed>"
     try:
-        tb = "".join(traceback.format_exception(cls, exc, exc.__traceback__))
+        if user_str:
+            # format_exception calls the user's __str__ again: guard it the same way.
+            tb = call_user_code(lambda e: "".join(traceback.format_exception(type(e), e, e.__traceback__)), exc)
+        else:
+            tb = "".join(traceback.format_exception(cls, exc, exc.__traceback__))
     except Exception:
         tb = ""
-    return to_json({"type": name, "message": message, "traceback": tb})
+    return {"type": name, "message": message, "traceback": tb}
+
+
+def error_json(exc: BaseException) -> str:
+    """JSON of an exception: type, message and formatted traceback."""
+    return to_json(error_fields(exc))

@@ -3,53 +3,192 @@
 Two rules, applied on the writer thread before anything is written:
 
 - **By name.** A mapping key that names a secret (``api_key``, ``*_TOKEN``,
-  ``*_SECRET``, ``password``, ``Authorization``, ...) has its value replaced
+  ``*_SECRET``, ``password``, ``Authorization``, ``aws_secret_access_key``,
+  ``SecretAccessKey``, ``Cookie``, ``session_id``, ...) has its value replaced
   by ``"<redacted>"``, in inputs, outputs, attributes and the recorded config.
 - **By shape and by value.** Strings that look like a credential (``sk-...``
   OpenAI-style keys, ``hf_...`` Hugging Face tokens, GitHub and AWS keys,
-  ``Bearer ...`` headers), the values of secret-named environment variables
-  present when the recorder started (``WANDB_API_KEY``, ``HF_TOKEN``, ...),
-  and any extra patterns the config names are replaced wherever they appear
-  in the recorded JSON text, error messages and tracebacks included.
+  ``Bearer ...`` and ``Basic ...`` headers, ``user:password@`` in URLs,
+  ``api_key=...``-style query parameters), the values of environment
+  variables present when the recorder started that are secrets by name
+  (``WANDB_API_KEY``, ``DB_PASS``, ``SESSION_COOKIE``, ...) or by shape (long
+  random-looking values, whatever the name), and any extra patterns the
+  config names are replaced wherever they appear: span names, sample ids,
+  inputs, outputs, attributes, error messages and tracebacks.
+
+Redaction works on the strings themselves, before JSON encoding, so a secret
+holding a quote, backslash or tab is found as it is, not in its escaped form.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import re
 from collections.abc import Iterable
+from typing import Any
 
 REDACTED = "<redacted>"
 
-#: Mapping keys whose values are secrets (matched case-insensitively, whole key).
+#: Endings of a mapping key (lower-cased, ``_``/``-``/``.``/spaces removed) that name a secret.
+SECRET_KEY_ENDINGS = (
+    "apikey",
+    "token",
+    "secret",
+    "secretkey",
+    "password",
+    "passwd",
+    "passphrase",
+    "pwd",
+    "authorization",
+    "credential",
+    "credentials",
+    "privatekey",
+    "accesskey",
+    "accesskeyid",
+    "accountkey",
+    "masterkey",
+    "signingkey",
+    "encryptionkey",
+    "clientkey",
+    "cookie",
+    "cookies",
+    "sessionid",
+    "sessionkey",
+    "connectionstring",
+    "sastoken",
+    "sig",
+    "signature",
+)
+_KEY_STRIP = re.compile(r"[\s_.\-]+")
+_KEY_ENDING = re.compile("(?:" + "|".join(SECRET_KEY_ENDINGS) + ")$")
+
+#: Kept for callers of the old name: a key matching this is a secret (see :func:`is_secret_key`).
 SECRET_KEY_PATTERN = re.compile(
     r"(?i)^(.*[_-])?(api[_-]?key|apikey|token|access[_-]?token|secret|secret[_-]?key|password|passwd|"
     r"authorization|auth[_-]?token|private[_-]?key|credentials?)$"
 )
 
-#: Credential shapes found inside any string.
+#: Credential shapes found inside any string (the whole match is replaced).
 SECRET_VALUE_PATTERNS = (
     r"sk-(?:proj-|ant-)?[A-Za-z0-9_\-]{16,}",  # OpenAI / Anthropic-style keys
     r"hf_[A-Za-z0-9]{20,}",  # Hugging Face tokens
     r"gh[pousr]_[A-Za-z0-9]{30,}",  # GitHub tokens
     r"AKIA[0-9A-Z]{16}",  # AWS access key ids
     r"(?i:bearer)\s+[A-Za-z0-9._~+/\-]{12,}=*",  # Authorization: Bearer ...
+    r"(?i:basic)\s+[A-Za-z0-9+/]{8,}={0,2}",  # Authorization: Basic base64(user:password)
 )
 
-#: Substrings every match of SECRET_VALUE_PATTERNS contains.
-TRIGGERS = ("sk-", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "AKIA", "earer", "EARER")
+#: Credentials inside a larger text: the first group is kept, the rest replaced.
+SECRET_CONTEXT_PATTERNS = (
+    # scheme://user:password@host -> scheme://<redacted>@host
+    r"([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@:\"'<>]*:[^\s/@\"'<>]+(?=@)",
+    # api_key=..., token=..., password=... in query strings, forms and command lines
+    r"((?i:[a-z0-9_\-]*(?:api[_\-]?key|apikey|token|secret|password|passwd|pwd|signature|sig|auth|credential))=)"
+    r"[^&\s\"'#;,]+",
+)
 
-#: Environment variable names whose values are secrets.
+#: Substrings every match of the patterns above contains (a string without any is not searched).
+TRIGGERS = (
+    "sk-",
+    "hf_",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "AKIA",
+    "earer",
+    "EARER",
+    "asic",
+    "ASIC",
+    "://",
+    *(
+        f"{word}="
+        for base in ("key", "token", "secret", "password", "passwd", "pwd", "sig", "signature", "auth", "credential")
+        for word in (base, base.upper(), base.capitalize())
+    ),
+)
+
+#: Parts of an environment variable name (split at ``_``) that make its value a secret.
+SECRET_ENV_PARTS = frozenset(
+    {
+        "KEY",
+        "APIKEY",
+        "TOKEN",
+        "SECRET",
+        "SECRETS",
+        "PASSWORD",
+        "PASSWD",
+        "PASS",
+        "PWD",
+        "PASSPHRASE",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "CRED",
+        "CREDS",
+        "AUTH",
+        "COOKIE",
+        "SESSION",
+        "PRIVATE",
+        "SIGNATURE",
+        "SIG",
+        "SK",
+        "DSN",
+        "WEBHOOK",
+        "CONNECTION",
+    }
+)
+#: Environment names that look secret by the rule above but hold ordinary values.
+NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD", "SSH_AUTH_SOCK", "KEYTIMEOUT"})
+
+#: Kept for callers of the old name: environment variable names ending like a secret.
 SECRET_ENV_PATTERN = re.compile(r"(?i)(api_?key|token|secret|password|passwd|credentials?)$")
 
 #: Shortest environment value treated as a secret (shorter ones match too much).
 MIN_SECRET_LEN = 8
+#: Shortest environment value treated as a secret by its shape alone.
+MIN_RANDOM_LEN = 20
+
+
+def is_secret_env_name(name: str) -> bool:
+    """True when an environment variable's name says its value is a secret."""
+    upper = name.upper()
+    if upper in NOT_SECRET_ENV:
+        return False
+    parts = set(re.split(r"[_\-.]+", upper))
+    return bool(parts & SECRET_ENV_PARTS) or bool(SECRET_ENV_PATTERN.search(name))
+
+
+def looks_random(value: str) -> bool:
+    """True for a value shaped like a generated credential: long, no spaces, high entropy.
+
+    Paths and URLs are left out (they appear in tracebacks and logs; a URL's
+    credentials are caught by :data:`SECRET_CONTEXT_PATTERNS`).
+    """
+    if len(value) < MIN_RANDOM_LEN or any(c.isspace() for c in value):
+        return False
+    if value[0] in "/~." or "://" in value or os.sep in value or os.pathsep in value:
+        return False
+    classes = sum((any(c.islower() for c in value), any(c.isupper() for c in value), any(c.isdigit() for c in value)))
+    if classes < 2 or (classes == 2 and len(value) < 32):
+        return False
+    counts: dict[str, int] = {}
+    for c in value:
+        counts[c] = counts.get(c, 0) + 1
+    entropy = -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
+    return entropy >= 3.5
 
 
 def secret_env_values(environ: dict[str, str] | None = None) -> list[str]:
-    """Values of secret-named environment variables, longest first."""
+    """Values of secret environment variables (by name or by shape), longest first."""
     env = os.environ if environ is None else environ
-    values = {v for k, v in env.items() if SECRET_ENV_PATTERN.search(k) and len(v) >= MIN_SECRET_LEN}
+    values = {
+        v
+        for k, v in env.items()
+        if len(v) >= MIN_SECRET_LEN and v.strip() and (is_secret_env_name(k) or looks_random(v))
+    }
     return sorted(values, key=len, reverse=True)
 
 
@@ -68,6 +207,7 @@ class Redactor:
         parts.extend(SECRET_VALUE_PATTERNS)
         parts.extend(extra)
         self._pattern = re.compile("|".join(f"(?:{p})" for p in parts))
+        self._context = re.compile("|".join(SECRET_CONTEXT_PATTERNS))
         # A string holding none of these substrings cannot match the built-in
         # patterns or the secret values: skip the regex (C-speed scans instead
         # of a regex alternation tried at every position). Configured patterns
@@ -75,11 +215,11 @@ class Redactor:
         self._triggers: tuple[str, ...] | None = None if extra else (*TRIGGERS, *values)
 
     def records_to_scan(self, strings: list[list[str]], opaque: set[int]) -> list[bool] | None:
-        """Which records' JSON may hold a secret, from the strings that went into it.
+        """Which records may hold a secret, from the strings that went into them.
 
         ``strings[i]`` are record i's string values and keys (everything in
         its JSON that is not a number); ``opaque`` are records with text the
-        encoder could not list (reprs), always scanned. None: no record.
+        encoder could not list, always scanned. None: no record.
         One scan of all strings joined decides the common case (no secret
         anywhere); token id lists, the bulk of llm spans, are never scanned.
         """
@@ -97,27 +237,57 @@ class Redactor:
             flags.append(i in opaque or any(t in joined for t in triggers))
         return flags
 
-    def texts(self, values: list[str | None]) -> list[str | None]:
-        """Redact a column of values at once.
+    def texts(self, values: list[Any]) -> list[Any]:
+        """Redact a column of values at once (non-strings pass unchanged).
 
         One scan of the joined column decides whether any value can hold a
         secret; only then is each value searched (most batches hold none).
         """
         triggers = self._triggers
         if triggers is not None:
-            blob = "\x00".join(v for v in values if v is not None)
+            blob = "\x00".join(v for v in values if type(v) is str)
             if not any(t in blob for t in triggers):
                 return values
-        return [None if v is None else self.text(v) for v in values]
+        return [self.text(v) if type(v) is str else v for v in values]
 
     def text(self, value: str) -> str:
         """``value`` with every secret replaced by ``<redacted>``."""
         triggers = self._triggers
         if triggers is not None and not any(t in value for t in triggers):
             return value
-        return self._pattern.sub(REDACTED, value)
+        value = self._pattern.sub(REDACTED, value)
+        return self._context.sub(_keep_prefix, value)
+
+    def value(self, data: Any, depth: int = 0) -> Any:
+        """``data`` (JSON-ready: dicts, lists, strings, numbers) with every string redacted, keys too."""
+        if type(data) is str:
+            return self.text(data)
+        if depth > 200:
+            return data
+        if isinstance(data, dict):
+            out = {}
+            for k, v in data.items():
+                key = self.text(k) if type(k) is str else k
+                out[key] = REDACTED if type(k) is str and is_secret_key(k) else self.value(v, depth + 1)
+            return out
+        if isinstance(data, (list, tuple)):
+            return [self.value(v, depth + 1) for v in data]
+        return data
 
 
+def _keep_prefix(match: re.Match[str]) -> str:
+    prefix = next((g for g in match.groups() if g is not None), "")
+    return prefix + REDACTED
+
+
+@functools.lru_cache(maxsize=8192)
 def is_secret_key(key: str) -> bool:
-    """True when a mapping key names a secret."""
-    return bool(SECRET_KEY_PATTERN.match(key))
+    """True when a mapping key names a secret (``api_key``, ``SecretAccessKey``, ``Set-Cookie``, ...)."""
+    return bool(_KEY_ENDING.search(_KEY_STRIP.sub("", key).lower())) or bool(SECRET_KEY_PATTERN.match(key))
+
+
+def redact_config(data: dict[str, Any], extra_patterns: Iterable[str] = ()) -> dict[str, Any]:
+    """A config dict as it may be written to file metadata: every string redacted, patterns hidden."""
+    redactor = Redactor(extra_patterns)
+    out: dict[str, Any] = redactor.value(data)
+    return out

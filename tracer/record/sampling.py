@@ -71,7 +71,9 @@ class StepSampler:
         self.limit = limit
         self.seed = seed
         self.decide_after_s = decide_after_s
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler that starts a trajectory runs on the
+        # thread it interrupted, which may hold this lock.
+        self._lock = threading.RLock()
         self._buckets: dict[tuple[Any, bool], _Bucket] = {}
         #: Samples displaced after admission (their spans are discarded).
         self.displaced = 0

@@ -1,26 +1,85 @@
-"""Loading a tokenizer named by path, for token2text."""
+"""Loading a tokenizer named by path, and checking that a tokenizer decodes, for token2text.
+
+:func:`load_tokenizer` remembers the tokenizers it loaded (by path and file
+modification time), so the check at :func:`tracer.init` and the writer's
+first decode share one load.
+"""
 
 from __future__ import annotations
 
+import collections
 import os
+import threading
 from typing import Any
+
+from tracer.extras import install_command
+from tracer.record.encode import batch_decode
+
+#: Tokenizers kept loaded, most recent last (an 18 MB tokenizer.json is ~100 MB in memory).
+LOADED_TOKENIZERS_KEPT = 2
+
+_loaded: collections.OrderedDict[tuple[str, int, int], Any] = collections.OrderedDict()
+_loaded_lock = threading.Lock()
 
 
 def load_tokenizer(path: str) -> Any:
     """Load a Hugging Face tokenizer from a folder or a ``tokenizer.json``.
 
     Uses the light ``tokenizers`` package when a ``tokenizer.json`` is there,
-    else ``transformers.AutoTokenizer`` (local files only: never a hub).
+    else ``transformers.AutoTokenizer`` (local files only: never a hub). The
+    last few tokenizers loaded are kept and returned again while their file
+    is unchanged.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
         ImportError: neither package is installed; names the pip line.
+        Exception: whatever the library raises for a file it cannot read.
     """
     if not os.path.exists(path):
         raise FileNotFoundError(
             f"tokenizer path {path!r} does not exist; give a folder with tokenizer.json or a tokenizer.json file"
         )
     file = path if os.path.isfile(path) else os.path.join(path, "tokenizer.json")
+    key = _cache_key(file if os.path.isfile(file) else path)
+    with _loaded_lock:
+        if key in _loaded:
+            _loaded.move_to_end(key)
+            return _loaded[key]
+    tok = _load(path, file)
+    with _loaded_lock:
+        _loaded[key] = tok
+        while len(_loaded) > LOADED_TOKENIZERS_KEPT:
+            _loaded.popitem(last=False)
+    return tok
+
+
+def check_decodes(tokenizer: Any, loaded_from_path: bool) -> None:
+    """Decode a tiny sequence with ``tokenizer`` the way the writer will.
+
+    A tokenizer loaded from a path decodes token id 0; an object passed in
+    decodes an empty sequence (its vocabulary is not ours to guess), which
+    still catches a wrong object or a ``decode`` with another signature.
+
+    Raises:
+        Exception: whatever the decode call raised; TypeError when it returned
+            something other than one string.
+    """
+    out = batch_decode(tokenizer, [[0] if loaded_from_path else []])
+    if len(out) != 1 or not isinstance(out[0], str):
+        raise TypeError(f"decoding one sequence returned {out!r}, not one string")
+
+
+def has_decode(tokenizer: Any) -> bool:
+    """True when ``tokenizer`` has one of the decode methods token2text calls."""
+    return any(callable(getattr(tokenizer, name, None)) for name in ("batch_decode", "decode_batch", "decode"))
+
+
+def _cache_key(path: str) -> tuple[str, int, int]:
+    st = os.stat(path)
+    return (os.path.realpath(path), st.st_mtime_ns, st.st_size)
+
+
+def _load(path: str, file: str) -> Any:
     if os.path.isfile(file):
         try:
             from tokenizers import Tokenizer
@@ -32,6 +91,7 @@ def load_tokenizer(path: str) -> Any:
         from transformers import AutoTokenizer
     except ImportError as exc:
         raise ImportError(
-            f"token2text needs a tokenizer library to load {path!r}: pip install 'rollout-trace[tokenizers]'"
+            f"token2text needs a tokenizer library to load {path!r}: "
+            f"{install_command('tokenizers' if os.path.isfile(file) else 'hf')}"
         ) from exc
     return AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -15,22 +15,18 @@ import json
 import os
 from typing import Any
 
+from tracer.storage import uri as _uri
 from tracer.storage.writer import fsync_dir
 
 INDEX_NAME = "_index.json"
 INDEX_VERSION = 1
 
-#: First bytes of an Arrow IPC *file* (streams start with a continuation marker).
-ARROW_FILE_MAGIC = b"ARROW1"
-
 
 def load_index(run_dir: str) -> dict[str, Any]:
     """The index of ``run_dir`` (empty when there is none or it is unreadable)."""
-    from tracer.storage import remote as _remote
-
     try:
-        if _remote.is_remote(run_dir):
-            with _remote.open_input(_remote.join_uri(run_dir, INDEX_NAME)) as f:
+        if _uri.is_remote(run_dir):
+            with _uri.open_input(_uri.join_uri(run_dir, INDEX_NAME)) as f:
                 data = json.loads(f.read().decode("utf-8"))
         else:
             with open(os.path.join(run_dir, INDEX_NAME), encoding="utf-8") as f:
@@ -54,14 +50,24 @@ def save_index(run_dir: str, index: dict[str, Any]) -> None:
     fsync_dir(run_dir)
 
 
-def replaced_files(run_dir: str, index: dict[str, Any]) -> set[str]:
-    """Names readers must skip: replaced by a compacted file that exists."""
-    from tracer.storage import remote as _remote
+def replaced_files(run_dir: str, index: dict[str, Any], listed: set[str] | None = None) -> set[str]:
+    """Names readers must skip: replaced by compacted files that exist.
+
+    Args:
+        run_dir: The directory (path or URI).
+        index: Its index, loaded *after* ``listed`` was taken.
+        listed: The names a directory listing returned. When given, a
+            compacted file counts as existing only if the listing has it, so
+            the listing and the index agree: every row is read exactly once
+            even while a compaction renames its output meanwhile.
+    """
 
     def exists(name: str) -> bool:
-        if _remote.is_remote(run_dir):
+        if listed is not None:
+            return name in listed
+        if _uri.is_remote(run_dir):
             try:
-                _remote.file_size(_remote.join_uri(run_dir, name))
+                _uri.file_size(_uri.join_uri(run_dir, name))
             except OSError:
                 return False
             return True
@@ -80,14 +86,3 @@ def batches_for_steps(entry: dict[str, Any], size: int, steps: set[int] | None) 
     if steps is None or entry.get("size") != size:
         return None
     return [i for i, step in enumerate(entry.get("batch_steps", [])) if step in steps]
-
-
-def is_arrow_file_format(path: str) -> bool:
-    """True for an Arrow IPC file (with footer), False for a stream."""
-    from tracer.storage import remote as _remote
-
-    try:
-        with _remote.open_input(path) as f:
-            return bytes(f.read(len(ARROW_FILE_MAGIC))) == ARROW_FILE_MAGIC
-    except OSError:
-        return False

@@ -1,15 +1,23 @@
-"""SpanWriter: zstd-compressed Arrow IPC stream files, fsync'd per batch, rotated by size.
+"""SpanWriter: zstd-compressed Arrow IPC files, fsync'd per batch, rotated by size.
 
 File layout: ``{run_dir}/{host}_{pid}_{start}_{nonce}_{seq}.arrow``. The name
 holds the host, the process id, the writer's start time and a random nonce,
 so writers on any number of hosts and processes never collide. Each file is an
-Arrow IPC *stream*: a reader gets every complete batch of a file whose writer
-was killed, up to the last one it finished. After :meth:`SpanWriter.write`
-returns, the batch is on disk (``fsync``).
+Arrow IPC *file* (format version 2; version 1 wrote IPC streams): its messages
+are a stream after the 8-byte magic, so a reader gets every complete batch of
+a file whose writer was killed; at close the footer lists the batches, which
+is what ``pyarrow.dataset``, Polars and DuckDB need. After
+:meth:`SpanWriter.write` returns, the batch is on disk (``fsync``).
+
+While a file is open its writer holds an exclusive ``flock`` on it. The
+kernel releases it when the process ends however it ends (SIGKILL,
+``os._exit``, a Ray worker torn down), which is how
+:mod:`tracer.storage.seal` tells a dead writer's file from a live one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import secrets
@@ -20,6 +28,11 @@ from typing import Any
 import pyarrow as pa
 
 from tracer import schema as S
+
+
+def host_label() -> str:
+    """This host's name as it appears in file names (safe characters only)."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "-", socket.gethostname())[:64] or "host"
 
 
 def fsync_dir(path: str) -> None:
@@ -56,13 +69,13 @@ class SpanWriter:
         self.schema = S.SPAN_SCHEMA.with_metadata(metadata)
         self.options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
         self.max_file_bytes = max_file_bytes
-        host = re.sub(r"[^A-Za-z0-9.-]+", "-", socket.gethostname())[:64] or "host"
+        host = host_label()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         self._stem = f"{host}_{os.getpid()}_{stamp}_{secrets.token_hex(4)}"
         self._seq = 0
         self._batches = 0
         self._file: Any = None
-        self._stream: pa.ipc.RecordBatchStreamWriter | None = None
+        self._stream: pa.ipc.RecordBatchFileWriter | None = None
         self.path: str | None = None
         #: Every file this writer created.
         self.paths: list[str] = []
@@ -75,7 +88,11 @@ class SpanWriter:
         self._seq += 1
         self._file = open(self.path, "wb")  # noqa: SIM115 - closed in _close
         self.paths.append(self.path)
-        self._stream = pa.ipc.new_stream(self._file, self.schema, options=self.options)
+        try:  # held until the file is closed: readers seal the file only once it is gone
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pass  # no flock here: sealers fall back to the process id and the file's age
+        self._stream = pa.ipc.new_file(self._file, self.schema, options=self.options)
         self._file.flush()
         os.fsync(self._file.fileno())
         fsync_dir(self.run_dir)
@@ -87,6 +104,8 @@ class SpanWriter:
         as it is (readers recover its complete batches) and the next call
         starts a new file; the exception propagates to the caller.
         """
+        if self._stream is not None and self._sealed_meanwhile():
+            self._let_go()  # someone took the file for a dead writer's: its batches stay as sealed
         try:
             if self._stream is None:
                 self._open()
@@ -100,6 +119,22 @@ class SpanWriter:
         self._batches += 1
         if self._file.tell() >= self.max_file_bytes:
             self.close()
+
+    def _sealed_meanwhile(self) -> bool:
+        """True when the file grew behind this writer's back (sealed after a long quiet spell)."""
+        try:
+            return bool(os.fstat(self._file.fileno()).st_size != self._file.tell())
+        except (OSError, ValueError):
+            return False
+
+    def _let_go(self) -> None:
+        """Forget the current file without writing to it again (no footer: it has one)."""
+        try:
+            self._file.close()
+        except Exception:
+            pass
+        self._file = None
+        self._stream = None
 
     def _abandon(self) -> None:
         try:
@@ -119,7 +154,7 @@ class SpanWriter:
                 pass
 
     def close(self) -> None:
-        """End the current file cleanly (end-of-stream marker, fsync)."""
+        """End the current file cleanly (footer, fsync); its lock goes with the descriptor."""
         if self._stream is None:
             return
         try:

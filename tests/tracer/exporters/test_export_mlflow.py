@@ -142,7 +142,7 @@ def test_trace_tags_name_the_trajectory_and_reward(exported: tuple[str, Any]) ->
     """Trace tags hold step, sample_index, rollout_n, validate, experiment_name, reward and its extras."""
     trace = _by_tags(exported[0], step="2", sample_index="0", rollout_n="1")
     tags = trace.info.tags
-    assert (tags["validate"], tags["experiment_name"]) == ("false", EXPERIMENT)
+    assert (tags["validate"], tags["experiment_name"]) == ("False", EXPERIMENT)
     assert float(tags["reward"]) == 1.0
     assert float(tags["reward.advantage"]) == 0.5
 
@@ -154,8 +154,8 @@ def test_reward_logged_outside_the_trajectory_is_tagged(exported: tuple[str, Any
 
 
 def test_validation_trajectories_are_tagged(exported: tuple[str, Any]) -> None:
-    """Validation rollouts carry validate=true."""
-    assert len(mlflow_traces(exported[0], filter_string="tags.validate = 'true'")) == 2
+    """Validation rollouts carry validate='True' (str() of the value, as verl tags it)."""
+    assert len(mlflow_traces(exported[0], filter_string="tags.validate = 'True'")) == 2
 
 
 def test_traces_are_linked_to_the_experiments_run(exported: tuple[str, Any]) -> None:
@@ -220,7 +220,9 @@ def test_rollout_root_renders_the_conversation(exported: tuple[str, Any]) -> Non
 
 def test_trace_ids_are_derived_from_ours(exported: tuple[str, Any]) -> None:
     """The MLflow trace id is a function of our trace id and the experiment, so a re-send upserts."""
-    for trace in mlflow_traces(exported[0]):
+    traces = mlflow_traces(exported[0])
+    assert len(traces) == trajectory_count()
+    for trace in traces:
         assert trace.info.trace_id == mlflow_export.mlflow_trace_id(trace.info.tags["rollout_trace.trace_id"], PROJECT)
 
 
@@ -229,7 +231,8 @@ def test_same_files_into_two_experiments_of_one_store(fresh_store: str, run_dir:
     uri = fresh_store
     mlflow_export.export_files(run_dir, tracking_uri=uri, progress=False)
     report = mlflow_export.export_files(run_dir, tracking_uri=uri, experiment="copy", verify=True, progress=False)
-    assert report.details[-1].startswith("verify OK")
+    assert report.verify is not None and report.verify.ok, report.details
+    assert report.details[-1].startswith("verify mlflow: OK")
     assert len(mlflow_traces(uri, "copy")) == len(mlflow_traces(uri)) == trajectory_count()
 
 
@@ -254,7 +257,8 @@ def test_export_catches_up_after_a_partial_export(fresh_store: str, run_dir: str
 def test_verify_passes_after_export(fresh_store: str, run_dir: str, tmp_path: Path) -> None:
     """verify=True reads MLflow back and reports every trajectory found with its reward."""
     report = mlflow_export.export_files(run_dir, tracking_uri=fresh_store, verify=True, progress=False)
-    assert report.details[-1].startswith("verify OK")
+    assert report.verify is not None and report.verify.ok, report.details
+    assert report.details[-1].startswith("verify mlflow: OK")
 
 
 def test_verify_reports_a_missing_trace(
@@ -300,7 +304,7 @@ def test_import_writes_the_original_layout_and_metadata(exported: tuple[str, Any
     (file,) = report.files
     assert Path(file).parent == tmp_path / "back" / PROJECT / EXPERIMENT
     meta = tracer.read_file_metadata(file)
-    assert meta["rollout_trace.schema_version"] == tracer.SCHEMA_VERSION
+    assert meta["rollout_trace.schema_version"] == tracer.schema.SCHEMA_VERSION
     assert (meta["rollout_trace.project_name"], meta["rollout_trace.experiment_name"]) == (PROJECT, EXPERIMENT)
 
 
@@ -448,7 +452,7 @@ def test_trajectory_without_root_exports_and_imports_back(fresh_store: str, run_
     rows = [r for r in spans.to_pylist() if r["trace_id"] == trace_id and r["parent_span_id"] is not None]
     torn = tmp_path / "torn" / PROJECT / EXPERIMENT
     torn.mkdir(parents=True)
-    schema = tracer.SPAN_SCHEMA.with_metadata(tracer.read_file_metadata(file))
+    schema = tracer.schema.SPAN_SCHEMA.with_metadata(tracer.read_file_metadata(file))
     with pa.OSFile(str(torn / "torn.arrow"), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         writer.write_table(pa.Table.from_pylist(rows, schema=schema))
     mlflow_export.export_files(tmp_path / "torn", tracking_uri=fresh_store, progress=False)

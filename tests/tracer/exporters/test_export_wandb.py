@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -191,7 +192,9 @@ def test_failing_backend_costs_nothing_in_the_files(
 def test_live_backend_without_its_library_fails_at_init(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """tracer.init with backend wandb and no wandb installed raises ImportError with the pip line."""
     monkeypatch.setitem(sys.modules, "wandb", None)
-    with pytest.raises(ImportError, match=r"pip install 'rollout-trace\[wandb\]'"):
+    from tracer.extras import install_command
+
+    with pytest.raises(ImportError, match=re.escape(install_command("wandb"))):
         tracer.init(backend=["wandb"], output_dir=str(tmp_path))
     assert tracer.get_config() is None
 
@@ -208,7 +211,7 @@ def test_wandb_proxy_option_reaches_the_run_settings(tmp_path: Any, monkeypatch:
 
 
 def test_verify_catches_a_changed_reward(exported: dict[str, Any], tmp_path: Any) -> None:
-    """verify_run reports FAILED when a row in the run's files has a different reward than was sent."""
+    """verify_run's result is not ok, naming the row, when a row in the run's files has a different reward than was sent."""
     copy = shutil.copytree(exported["dir"], tmp_path / "run")
     sent, metrics = wandb_export.read_back(str(copy))
     file = sorted(glob.glob(os.path.join(copy, "files", "media", "table", "rollout_trace", "table_*.table.json")))[0]
@@ -217,6 +220,7 @@ def test_verify_catches_a_changed_reward(exported: dict[str, Any], tmp_path: Any
     table["data"][0][table["columns"].index("reward")] += 1.0
     with open(file, "w", encoding="utf-8") as f:
         json.dump(table, f)
-    lines = wandb_export.verify_run(str(copy), sent, metrics)
-    assert lines[0].startswith("verify wandb: FAILED:") and "1 with a different reward" in lines[0]
-    assert lines[1].startswith("verify wandb: OK:")
+    result = wandb_export.verify_run(str(copy), sent, metrics)
+    assert not result.ok and len(result.mismatched) == 1 and not (result.missing or result.metrics_mismatched)
+    assert result.lines[0].startswith("verify wandb: FAILED:") and "1 with a different reward" in result.lines[0]
+    assert result.lines[1].startswith("verify wandb: OK:")

@@ -285,7 +285,7 @@ def test_log_reward_rejects_bad_input() -> None:
 
 def test_tracer_failures_never_reach_user_code(trace_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Unserialisable, hostile arguments are recorded as placeholders; the call returns normally."""
-    monkeypatch.delenv(tracer.ENV_STRICT)
+    monkeypatch.delenv(tracer.config.ENV_STRICT)
     tracer.init(output_dir=trace_dir)
 
     class Hostile:
@@ -310,13 +310,13 @@ def test_tracer_failures_never_reach_user_code(trace_dir: str, monkeypatch: pyte
 
 
 def test_storage_failure_is_reported_not_raised(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An output dir that cannot be created: the rollout runs, flush reports it, later spans still try."""
+    """An output dir that cannot be created any more: the rollout runs, flush reports it, later spans still try."""
     import os
 
-    monkeypatch.delenv(tracer.ENV_STRICT)
+    monkeypatch.delenv(tracer.config.ENV_STRICT)
     blocker = os.path.join(str(tmp_path), "file")
-    open(blocker, "w").close()
-    tracer.init(output_dir=os.path.join(blocker, "traces"))
+    tracer.init(output_dir=os.path.join(blocker, "traces"))  # creatable at init (checked there) ...
+    open(blocker, "w").close()  # ... then a file takes its parent's place
 
     @tracer.rollout_trace_op
     def f(x: int) -> int:
@@ -340,10 +340,10 @@ def test_flush_is_ok_again_after_storage_recovers(tmp_path: object, monkeypatch:
     import os
     import shutil
 
-    monkeypatch.delenv(tracer.ENV_STRICT)
+    monkeypatch.delenv(tracer.config.ENV_STRICT)
     parent = os.path.join(str(tmp_path), "out")
-    open(parent, "w").close()  # a file where the directory should be
-    tracer.init(output_dir=parent)
+    tracer.init(output_dir=parent)  # init checks the directory can be created ...
+    open(parent, "w").close()  # ... then a file takes the directory's place
 
     @tracer.rollout_trace_op
     def f(x: int) -> int:

@@ -14,7 +14,10 @@ import pytest
 from scale_fixtures import REPO, MotoServer, need, run_script
 
 import tracer
-from tracer.storage import remote as _remote
+from tracer.storage import repair as _repair
+from tracer.storage import upload as _upload
+from tracer.storage import uri as _uri
+from tracer.storage.files import read_layout
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +52,7 @@ def bucket(s3: MotoServer, request: pytest.FixtureRequest) -> str:
 def staging(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh staging root."""
     root = os.path.join(str(tmp_path), "staging")
-    monkeypatch.setenv(_remote.ENV_STAGING_DIR, root)
+    monkeypatch.setenv(_upload.ENV_STAGING_DIR, root)
     return root
 
 
@@ -99,7 +102,7 @@ def test_files_are_uploaded_when_closed(bucket: str, staging: str) -> None:
     assert sorted(trajs.column("sample_index").to_pylist()) == sorted(f"s{i}" for i in range(10))
     assert tracer.read_file_metadata(files[0])["rollout_trace.experiment_name"] == "e"
     assert _staged(staging) == []
-    assert not [f for _, _, fs in os.walk(staging) for f in fs if f.endswith(_remote.LOCK_SUFFIX)]
+    assert not [f for _, _, fs in os.walk(staging) for f in fs if f.endswith(_upload.LOCK_SUFFIX)]
 
 
 def test_files_rotate_by_age_while_recording(bucket: str, staging: str) -> None:
@@ -156,7 +159,7 @@ def _crash_leaving_staged_files(bucket: str, staging: str, tear: bool) -> None:
         assert tracer.flush().ok
         os.kill(os.getpid(), signal.SIGKILL)
         """,
-        env={_remote.ENV_STAGING_DIR: staging},
+        env={_upload.ENV_STAGING_DIR: staging},
         expect_killed=True,
     )
     files = _staged(staging)
@@ -189,14 +192,14 @@ def test_upload_command_uploads_leftovers(bucket: str, staging: str) -> None:
 
 def test_live_writer_files_are_left_alone(staging: str, tmp_path: Any) -> None:
     """Files whose writer still holds its lock are not claimed by another process's recovery."""
-    run_staging = _remote.staging_dir_for("s3://b/x", staging)
+    run_staging = _upload.staging_dir_for("s3://b/x", staging)
     os.makedirs(run_staging)
     open(os.path.join(run_staging, "h_1_t_n_0000.arrow"), "wb").close()
     open(os.path.join(run_staging, "h_2_t_m_0000.arrow"), "wb").close()
-    held = _remote._try_lock(os.path.join(run_staging, "h_1_t_n.lock"))
+    held = _upload._try_lock(os.path.join(run_staging, "h_1_t_n.lock"))
     assert held is not None
     try:
-        files, locks = _remote.claim_orphans(run_staging)
+        files, locks = _upload.claim_orphans(run_staging)
         assert [os.path.basename(f) for f in files] == ["h_2_t_m_0000.arrow"]
         for fd in locks.values():
             os.close(fd)
@@ -211,19 +214,19 @@ def test_other_filesystems_upload_to_a_partial_name_then_rename(staging: str) ->
     _record(4)
     tracer.shutdown()
     files = tracer.list_trace_files("memory://bucket/traces/p/mem")
-    assert len(files) == 1 and _remote.PARTIAL_MARK not in files[0]
+    assert len(files) == 1 and _upload.PARTIAL_MARK not in files[0]
     assert tracer.read_trajectories("memory://bucket/traces").num_rows == 4
 
 
 def test_uri_helpers() -> None:
     """file:// and plain paths are local; join_uri keeps a query string at the end."""
-    assert not _remote.is_remote("/tmp/x") and not _remote.is_remote("file:///tmp/x")
-    assert _remote.is_remote("s3://b/p") and _remote.is_remote("gs://b")
-    assert _remote.join_uri("s3://b/p/?endpoint_override=h", "proj", "exp") == "s3://b/p/proj/exp?endpoint_override=h"
+    assert not _uri.is_remote("/tmp/x") and not _uri.is_remote("file:///tmp/x")
+    assert _uri.is_remote("s3://b/p") and _uri.is_remote("gs://b")
+    assert _uri.join_uri("s3://b/p/?endpoint_override=h", "proj", "exp") == "s3://b/p/proj/exp?endpoint_override=h"
 
 
-def test_repair_keeps_complete_batches_and_drops_empty_files(tmp_path: Any) -> None:
-    """Repair keeps a torn file's complete batches (read back without warnings); a file with none is removed."""
+def test_repair_keeps_complete_batches_and_sets_originals_aside(tmp_path: Any) -> None:
+    """Repair keeps a torn file's complete batches (read back without warnings); originals are kept as *.damaged."""
     out = os.path.join(str(tmp_path), "local")
     tracer.init(output_dir=out, project_name="p", experiment_name="e")
     _record(2, prefix="first")
@@ -232,14 +235,20 @@ def test_repair_keeps_complete_batches_and_drops_empty_files(tmp_path: Any) -> N
     tracer.shutdown()
     [path] = tracer.list_trace_files(out)
     with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) - 40)  # the end marker and the tail of the second batch
-    assert _remote.repair_stream(path) == 1
-    assert sorted(tracer.read_trajectories(path).column("sample_index").to_pylist()) == ["first0", "first1"]
-    assert _remote.repair_stream(path) == -1  # sound now
+        f.truncate(read_layout(path).batches[-1][0] + 40)  # inside the second batch (footer gone too)
+    fixed = _repair.repair_file(path)
+    assert fixed.action == _repair.REPAIRED and fixed.kept_batches == 1
+    assert sorted(tracer.read_trajectories(fixed.repaired_to).column("sample_index").to_pylist()) == [
+        "first0",
+        "first1",
+    ]
+    assert _repair.repair_file(fixed.repaired_to).action == _repair.SOUND
+    assert os.path.exists(path + _repair.DAMAGED_SUFFIX) and not os.path.exists(path)
     other = os.path.join(str(tmp_path), "h_2_t_n_0000.arrow")
     with open(other, "wb") as f:
         f.write(b"\xff\xff\xff\xff\x10\x00")  # not even a schema
-    assert _remote.repair_stream(other) == 0 and not os.path.exists(other)
+    fixed = _repair.repair_file(other)
+    assert fixed.kept_batches == 0 and not fixed.repaired_to and not os.path.exists(other)
 
 
 def test_concurrent_processes_share_one_staging_directory(bucket: str, staging: str) -> None:
@@ -263,7 +272,7 @@ async def main(worker):
 asyncio.run(main(sys.argv[1]))
 assert tracer.shutdown().ok
 """
-    env = {**os.environ, _remote.ENV_STAGING_DIR: staging, "PYTHONPATH": REPO}
+    env = {**os.environ, _upload.ENV_STAGING_DIR: staging, "PYTHONPATH": REPO}
     procs = [
         subprocess.Popen([sys.executable, "-c", code, str(w)], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
         for w in range(3)
@@ -291,12 +300,14 @@ def test_compacted_run_reads_from_the_bucket_with_step_pruning(bucket: str, tmp_
     before = tracer.read_spans(local, columns=["span_id"]).num_rows
     compact(local)
     run = os.path.join(local, "rollout_trace", "default")
-    fs, root = _remote.filesystem(bucket)
+    fs, root = _uri.filesystem(bucket)
     for name in os.listdir(run):
         with open(os.path.join(run, name), "rb") as src, fs.open_output_stream(f"{root}/run/{name}") as dst:
             dst.write(src.read())
     uri = f"{bucket}/run"
-    assert [os.path.basename(u) for u in tracer.list_trace_files(uri)] == [n for n in sorted(os.listdir(run)) if n.endswith(".arrow")]
+    assert [os.path.basename(u) for u in tracer.list_trace_files(uri)] == [
+        n for n in sorted(os.listdir(run)) if n.endswith(".arrow")
+    ]
     assert tracer.read_spans(uri, columns=["span_id"]).num_rows == before
     assert set(tracer.read_spans(uri, columns=["step"], steps=[1])["step"].to_pylist()) == {1}
     assert isinstance(fs, pafs.FileSystem)

@@ -10,6 +10,7 @@ import pytest
 
 import tracer
 from tracer.cli import main
+from tracer.storage.files import read_layout
 
 
 @tracer.rollout_trace_op(kind="tool")
@@ -45,8 +46,9 @@ def test_damage_is_found_and_repair_keeps_readable_data_and_originals(
     run = os.path.dirname(path)
     torn = os.path.join(run, "torn.arrow")
     shutil.copy(path, torn)
+    cut = read_layout(path).batches[-1][0] + 100  # inside the last batch
     with open(torn, "r+b") as f:
-        f.truncate(os.path.getsize(path) - 100)
+        f.truncate(cut)
     open(os.path.join(run, "empty.arrow"), "wb").close()
     with open(os.path.join(run, "garbage.arrow"), "wb") as f:
         f.write(b"not arrow at all" * 100)
@@ -60,7 +62,7 @@ def test_damage_is_found_and_repair_keeps_readable_data_and_originals(
     names = sorted(os.listdir(run))
     assert "torn.repaired.arrow" in names and "torn.arrow.damaged" in names
     assert "empty.arrow.damaged" in names and "garbage.arrow.damaged" in names
-    assert os.path.getsize(os.path.join(run, "torn.arrow.damaged")) == os.path.getsize(path) - 100
+    assert os.path.getsize(os.path.join(run, "torn.arrow.damaged")) == cut
     assert tracer.read_spans(os.path.join(run, "torn.repaired.arrow")).num_rows == 40
 
 

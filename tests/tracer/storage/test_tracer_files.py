@@ -15,9 +15,13 @@ import pyarrow as pa
 import pytest
 
 import tracer
+from tracer.storage.files import read_batches, read_layout
 
 GOLDEN = os.path.join(
-    os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")), "sample_data", "golden", "trace_v1.arrow"
+    os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")),
+    "sample_data",
+    "golden",
+    "trace_v1.arrow",
 )
 
 
@@ -42,10 +46,10 @@ def test_round_trip_layout_and_metadata(trace_dir: str) -> None:
     name = os.path.basename(files[0])
     assert name.endswith(".arrow") and f"_{os.getpid()}_" in name
     meta = tracer.read_file_metadata(files[0])
-    assert meta["rollout_trace.schema_version"] == tracer.SCHEMA_VERSION
+    assert meta["rollout_trace.schema_version"] == tracer.schema.SCHEMA_VERSION
     assert json.loads(meta["rollout_trace.config"])["experiment_name"] == "exp"
     table = tracer.read_spans(trace_dir)
-    assert table.schema == tracer.SPAN_SCHEMA and table.num_rows == 20
+    assert table.schema == tracer.schema.SPAN_SCHEMA and table.num_rows == 20
     tools = [r for r in table.to_pylist() if r["kind"] == "tool"]
     assert sorted(json.loads(r["outputs"]) for r in tools)[0] == ("PAYLOAD 0 " * 20)
     projected = tracer.read_spans(trace_dir, columns=["name", "step"], steps=[1, 2])
@@ -80,9 +84,8 @@ def test_damaged_files_are_read_up_to_the_damage_with_a_warning(trace_dir: str) 
         tracer.flush()
     tracer.shutdown()
     (path,) = tracer.list_trace_files(trace_dir)
-    size = os.path.getsize(path)
     with open(path, "r+b") as f:
-        f.truncate(size - 40)  # tear the end-of-stream marker and the last batch
+        f.truncate(read_layout(path).batches[-1][0] + 40)  # tear the last batch (and so the footer)
     run = os.path.dirname(path)
     open(os.path.join(run, "empty.arrow"), "wb").close()
     with open(os.path.join(run, "garbage.arrow"), "wb") as f:
@@ -149,15 +152,8 @@ def test_full_buffer_in_drop_mode_counts_every_drop(trace_dir: str) -> None:
     assert written + result.spans_dropped == 4000 and result.spans_written == written
     if result.spans_dropped:
         assert not result.ok and "dropped" in result.message
-    with pa.OSFile(tracer.list_trace_files(trace_dir)[0], "rb") as f:
-        reader = pa.ipc.open_stream(f)
-        last = None
-        while True:
-            try:
-                last = reader.read_next_batch_with_custom_metadata()
-            except StopIteration:
-                break
-    assert last is not None and "rollout_trace.spans_dropped" in {k.decode() for k in last.custom_metadata}
+    last = list(read_batches(tracer.list_trace_files(trace_dir)[0]).with_metadata())[-1]
+    assert last is not None and "rollout_trace.spans_dropped" in {k.decode() for k in last[1]}
 
 
 def test_golden_file_still_reads() -> None:

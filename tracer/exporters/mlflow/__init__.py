@@ -1,9 +1,10 @@
 """MLflow exporter: one MLflow trace per trajectory, linked to a run with per-step metrics.
 
 Post-hoc: :func:`export_files` (``rollout-trace export PATH --to mlflow``).
-Live: :class:`MlflowExporter`, the ``"mlflow"`` backend of
-``tracer.init(backend=[..., "mlflow"])``, ships finished trajectories from a
-background thread.
+Live: the ``"mlflow"`` backend of ``tracer.init(backend=[..., "mlflow"])``
+(:class:`MlflowSink` under a :class:`~tracer.exporters.base.LiveDriver`)
+ships finished trajectories from a background thread; options
+``backend_options={"mlflow": {"tracking_uri": ...}}``.
 
 Where things land: the project name is the MLflow experiment, the experiment
 name is a run in it (found by the run tag ``rollout_trace.experiment_name``,
@@ -30,19 +31,26 @@ import json
 import logging
 import math
 import os
-import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
 import orjson
-import pyarrow as pa
 
 from tracer import schema as S
-from tracer.config import TraceConfig
-from tracer.exporters import ExportReport
-from tracer.exporters.live import LiveShipper
+from tracer.compare import flatten_config
+from tracer.exporters.base import (
+    EXISTING,
+    KEEP_STEPS,
+    LATE,
+    ExportReport,
+    ReadBack,
+    SinkBase,
+    StepBatch,
+    Target,
+    VerifyResult,
+    Written,
+)
+from tracer.exporters.base import export_files as _export_files
 from tracer.exporters.mlflow.importer import ImportReport, import_traces
 from tracer.exporters.mlflow.spans import (
     ATTR_SPAN_ID,
@@ -55,13 +63,15 @@ from tracer.exporters.mlflow.spans import (
     TAG_EXPERIMENT,
     TAG_REWARD,
     TAG_TRACE_ID,
+    TAG_TRACE_NAME,
     TrajectoryData,
     count_tokens,
     mlflow_trace_id,
     trajectory_data,
 )
-from tracer.read import list_trace_files, read_file_metadata, read_spans
-from tracer.summary import read_trajectories, step_metrics
+from tracer.exporters.tables import open_run
+from tracer.extras import import_backend
+from tracer.read import TracePaths, list_trace_files, read_file_metadata
 
 logger = logging.getLogger("rollout_trace")
 
@@ -69,7 +79,7 @@ __all__ = [
     "ENV_TRACKING_URI",
     "ExportReport",
     "ImportReport",
-    "MlflowExporter",
+    "MlflowSink",
     "export_files",
     "fast_path_available",
     "import_traces",
@@ -94,26 +104,22 @@ SQL_BATCH_TRACES = 400
 PUBLIC_BATCH_TRACES = 50
 #: Traces per ``link_traces_to_run`` call (MLflow's limit).
 LINK_BATCH = 100
-#: Trajectories read from the files at a time.
-READ_CHUNK = 2000
 #: Trace metadata key linking a trace to the run it came from (MLflow's own).
 TRACE_META_SOURCE_RUN = "mlflow.sourceRun"
-#: Trajectory ids a live exporter remembers as shipped (to recognise late spans).
-SHIPPED_MEMORY = 1_000_000
 #: Run tag naming the experiment a run holds.
 RUN_TAG_EXPERIMENT = "rollout_trace.experiment_name"
 #: Metric key prefixes for training and validation rollouts.
 METRIC_PREFIX = {False: "rollout/", True: "val/"}
 
-_PIP_HINT = "the MLflow exporter needs mlflow: pip install 'rollout-trace[mlflow]'"
+#: How each send method is described in an export's report (plain words, then the method's name).
+_METHOD_WORDS = {
+    "fast": "whole traces written in batches, one store call per batch (fast path)",
+    "public": "span by span through MLflow's public tracing API, slower (public path)",
+}
 
 
 def _mlflow() -> Any:
-    try:
-        import mlflow
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(_PIP_HINT) from exc
-    return mlflow
+    return import_backend("mlflow", "mlflow")
 
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
@@ -140,6 +146,32 @@ def _dumps(value: Any) -> str:
         return orjson.dumps(value).decode()
     except TypeError:  # values orjson refuses (ints beyond 64 bits, ...)
         return json.dumps(value, ensure_ascii=False, default=str)
+
+
+#: MLflow keeps a param value of at most this many characters.
+MLFLOW_PARAM_CHARS = 6000
+#: Params per ``log_batch`` call (MLflow's limit is 100).
+MLFLOW_PARAMS_PER_BATCH = 100
+
+
+def _log_run_config(dest: _Destination, run_config: Mapping[str, Any]) -> None:
+    """Log the run's config as MLflow params (dotted keys), so the run says which settings produced its traces.
+
+    Params are immutable in MLflow: a key already logged with another value
+    is left as it is, and the conflict is logged once, never raised.
+    """
+    from mlflow.entities import Param
+
+    params = [
+        Param(k, (v if isinstance(v, str) else json.dumps(v, default=str))[:MLFLOW_PARAM_CHARS])
+        for k, v in flatten_config(run_config).items()
+    ]
+    for i in range(0, len(params), MLFLOW_PARAMS_PER_BATCH):
+        try:
+            dest.client.log_batch(dest.run_id, params=params[i : i + MLFLOW_PARAMS_PER_BATCH])
+        except Exception as exc:  # a changed value of an existing param: keep the run going
+            logger.warning("rollout-trace mlflow exporter: run config not logged as params: %s", exc)
+            return
 
 
 class _Destination:
@@ -286,15 +318,18 @@ def _write_sql_tags(store: Any, trajectories: Sequence[TrajectoryData], run_id: 
     """Upsert the traces' tags and their ``mlflow.sourceRun`` metadata in one transaction (SQL stores)."""
     import importlib
 
-    from mlflow.store.tracking.dbmodels.models import SqlTraceMetadata, SqlTraceTag
+    from mlflow.store.tracking.dbmodels.models import SqlTraceInfo, SqlTraceMetadata, SqlTraceTag
 
     internal: Any = importlib.import_module("mlflow.store.tracking.sqlalchemy_store")  # checked on 3.17.x
     _bulk_upsert, _validate_trace_tag = internal._bulk_upsert, internal._validate_trace_tag
 
-    tags, meta = [], []
+    tags, meta, names = [], [], {}
     for t in trajectories:
         for key, value in t.tags.items():
             key, value = _validate_trace_tag(key, value)
+            if key == TAG_TRACE_NAME:
+                names[t.mlflow_trace_id] = value  # a column of the trace's row in SQL stores, not a tag row
+                continue
             tags.append({"request_id": t.mlflow_trace_id, "key": key, "value": value})
         meta.append({"request_id": t.mlflow_trace_id, "key": TRACE_META_SOURCE_RUN, "value": run_id})
     with store.ManagedSessionMaker(read_only=False) as session:
@@ -310,6 +345,10 @@ def _write_sql_tags(store: Any, trajectories: Sequence[TrajectoryData], run_id: 
                 session.execute(stmt, rows)
             else:
                 _bulk_upsert(session, model, rows)
+        for trace_id, name in names.items():
+            session.query(SqlTraceInfo).filter(SqlTraceInfo.request_id == trace_id).update(
+                {SqlTraceInfo.trace_name: name}, synchronize_session=False
+            )
 
 
 def _mlflow_spans(t: TrajectoryData, tags_as_attributes: bool = True) -> list[Any]:
@@ -404,232 +443,29 @@ def _groups(path: str, experiment: str | None) -> list[_Group]:
     return [_Group(p, e, f) for (p, e), f in groups.items()]
 
 
-class _FileSet:
-    """A path to read one group's files through (the path itself, or a folder of links)."""
-
-    def __init__(self, path: str, group: _Group, whole: bool) -> None:
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        if whole:
-            self.path = path
-            return
-        self._tmp = tempfile.TemporaryDirectory(prefix="rollout-trace-export-")
-        for i, file in enumerate(group.files):
-            os.symlink(os.path.abspath(file), os.path.join(self._tmp.name, f"{i:06d}{S.FILE_SUFFIX}"))
-        self.path = self._tmp.name
-
-    def close(self) -> None:
-        if self._tmp is not None:
-            self._tmp.cleanup()
+def _span_response_tokens(spans: Sequence[dict[str, Any]]) -> int:
+    """Response tokens of a trajectory's llm spans (from their ``tokens`` attribute)."""
+    total = 0
+    for r in spans:
+        if r.get(S.KIND) != S.KIND_LLM or not r.get(S.ATTRIBUTES):
+            continue
+        attrs = orjson.loads(r[S.ATTRIBUTES])
+        total += count_tokens(attrs.get(S.ATTR_TOKENS) if isinstance(attrs, dict) else None, RESPONSE_TOKEN_KEYS)
+    return total
 
 
-def _select(trajectories: pa.Table, steps: Any, since_step: int | None) -> pa.Table:
-    import pyarrow.compute as pc
-
-    if steps is not None:
-        wanted = [steps] if isinstance(steps, int) else list(steps)
-        trajectories = trajectories.filter(pc.is_in(trajectories[S.STEP], value_set=pa.array(wanted, pa.int64())))
-    if since_step is not None:
-        trajectories = trajectories.filter(pc.fill_null(pc.greater_equal(trajectories[S.STEP], since_step), False))
-    return trajectories
-
-
-def _iter_trajectory_rows(path: str, trace_ids: list[str]) -> Iterator[list[dict[str, Any]]]:
-    """Span rows of these trajectories, one list per trajectory, READ_CHUNK at a time."""
-    for i in range(0, len(trace_ids), READ_CHUNK):
-        chunk = trace_ids[i : i + READ_CHUNK]
-        table = read_spans(path, trace_ids=chunk)
-        by_trace: dict[str, list[dict[str, Any]]] = {}
-        for row in table.to_pylist():
-            by_trace.setdefault(row[S.TRACE_ID], []).append(row)
-        for tid in chunk:
-            if tid in by_trace:
-                yield by_trace[tid]
-
-
-class _Progress:
-    """A tqdm bar when tqdm is installed (mlflow does not require it), else a counter on stderr."""
-
-    def __init__(self, total: int, enabled: bool, desc: str) -> None:
-        self._bar: Any = None
-        self._enabled = enabled
-        self._total = total
-        self._done = 0
-        self._desc = desc
-        self._last = 0.0
-        if not enabled:
-            return
-        try:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, desc=desc, unit="traj", file=sys.stderr)
-        except ImportError:
-            pass
-
-    def update(self, n: int) -> None:
-        self._done += n
-        if self._bar is not None:
-            self._bar.update(n)
-        elif self._enabled and (time.monotonic() - self._last > 1 or self._done == self._total):
-            self._last = time.monotonic()
-            print(f"\r{self._desc}: {self._done}/{self._total} trajectories", end="", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-        elif self._enabled:
-            print(file=sys.stderr)
-
-
-def _response_tokens(path: str, trace_ids: list[str]) -> dict[str, int]:
-    """Response tokens per trajectory, from the llm spans' ``tokens`` attribute (3 columns read)."""
-    import pyarrow.compute as pc
-
-    table = read_spans(path, columns=[S.TRACE_ID, S.KIND, S.ATTRIBUTES], trace_ids=trace_ids)
-    table = table.filter(pc.equal(table[S.KIND], S.KIND_LLM))
-    out: dict[str, int] = dict.fromkeys(trace_ids, 0)
-    for tid, attrs in zip(table[S.TRACE_ID].to_pylist(), table[S.ATTRIBUTES].to_pylist()):
-        tokens = orjson.loads(attrs).get(S.ATTR_TOKENS) if attrs else None
-        out[tid] = out.get(tid, 0) + count_tokens(tokens, RESPONSE_TOKEN_KEYS)
-    return out
-
-
-def _step_timestamps(trajectories: pa.Table) -> dict[tuple[int | None, bool], int]:
+def _step_timestamps(summaries: Sequence[dict[str, Any]]) -> dict[tuple[int | None, bool], int]:
     """Per (step, validate): the end of its last trajectory, in ms (a stable metric timestamp)."""
     out: dict[tuple[int | None, bool], int] = {}
-    for step, validate, end in zip(*(trajectories[c].to_pylist() for c in (S.STEP, S.VALIDATE, S.END_NS))):
-        key = (step, bool(validate))
-        out[key] = max(out.get(key, 0), end // 1_000_000)
+    for t in summaries:
+        key = (t[S.STEP], bool(t[S.VALIDATE]))
+        out[key] = max(out.get(key, 0), (t[S.END_NS] or 0) // 1_000_000)
     return out
 
 
-def _response_length(per_trace: dict[str, int], trajectories: pa.Table) -> dict[tuple[int | None, bool], float]:
-    sums: dict[tuple[int | None, bool], list[int]] = {}
-    for tid, step, validate in zip(*(trajectories[c].to_pylist() for c in (S.TRACE_ID, S.STEP, S.VALIDATE))):
-        if tid in per_trace:
-            sums.setdefault((step, bool(validate)), []).append(per_trace[tid])
-    return {k: sum(v) / len(v) for k, v in sums.items() if v}
-
-
-def export_files(
-    path: str | os.PathLike[str],
-    *,
-    tracking_uri: str | None = None,
-    experiment: str | None = None,
-    steps: int | Iterable[int] | None = None,
-    since_step: int | None = None,
-    progress: bool = True,
-    verify: bool = False,
-    method: str = "auto",
-) -> ExportReport:
-    """Export trace files to MLflow: one trace per trajectory, linked to a run.
-
-    Trajectories already in the MLflow experiment (found by their
-    ``rollout_trace.trace_id`` tag) are skipped, so exporting the same files
-    again creates no duplicates and catches up what a live exporter missed.
-
-    Args:
-        path: A trace file or a folder of them (searched recursively).
-        tracking_uri: MLflow tracking URI; default ``MLFLOW_TRACKING_URI``,
-            else ``sqlite:///./mlflow.db``.
-        experiment: MLflow experiment name; default the files' project name.
-        steps: Export only this step or these steps.
-        since_step: Export only steps >= this.
-        progress: Show a progress bar on stderr.
-        verify: Read the experiment back and compare counts and rewards.
-        method: ``"auto"`` (fast path on checked mlflow versions), ``"fast"``
-            or ``"public"`` (MLflow's public span API).
-
-    Returns:
-        What was sent and skipped; ``details`` says where it went.
-    """
-    path = os.fspath(path)
-    uri = resolve_tracking_uri(tracking_uri)
-    report = ExportReport(backend=BACKEND)
-    groups = _groups(path, experiment)
-    if not groups:
-        report.details.append(f"no trace files under {path}")
-        return report
-    for group in groups:
-        fileset = _FileSet(path, group, whole=len(groups) == 1)
-        try:
-            _export_group(fileset.path, group, uri, steps, since_step, progress, verify, method, report)
-        finally:
-            fileset.close()
-    return report
-
-
-def _export_group(
-    path: str,
-    group: _Group,
-    uri: str,
-    steps: Any,
-    since_step: int | None,
-    progress: bool,
-    verify: bool,
-    method: str,
-    report: ExportReport,
-) -> None:
-    all_traj = read_trajectories(path)
-    selected = _select(all_traj, steps, since_step)
-    filtered = all_traj.num_rows - selected.num_rows
-    dest = _Destination(uri, group.project, group.experiment, method)
-    existing = dest.existing_trace_ids()
-    ids = selected[S.TRACE_ID].to_pylist()
-    rewards = dict(zip(ids, zip(selected[S.REWARD].to_pylist(), selected["reward_info"].to_pylist())))
-    todo = [t for t in ids if t not in existing]
-    bar = _Progress(len(todo), progress, f"mlflow {group.project}/{group.experiment}")
-    response_tokens: dict[str, int] = {}
-    sent = spans = 0
-    pending: list[TrajectoryData] = []
-
-    def send() -> None:
-        nonlocal sent, spans
-        dest.send(pending)
-        sent += len(pending)
-        spans += sum(len(t.spans) for t in pending)
-        bar.update(len(pending))
-        pending.clear()
-
-    try:
-        for rows in _iter_trajectory_rows(path, todo):
-            tid = rows[0][S.TRACE_ID]
-            data = trajectory_data(rows, group.project, group.experiment, reward=rewards.get(tid))
-            response_tokens[tid] = data.response_tokens
-            pending.append(data)
-            if len(pending) >= dest.batch_size:
-                send()
-        send()
-    finally:
-        bar.close()
-    earlier = [t for t in ids if t in existing]
-    if earlier:
-        # Response lengths of trajectories sent earlier: only their llm spans' token counts.
-        response_tokens.update(_response_tokens(path, earlier))
-    metrics = step_metrics(selected)
-    for key, value in _response_length(response_tokens, selected).items():
-        metrics.setdefault(key, {})["response_length/mean"] = value
-    n_metrics = dest.log_step_metrics(metrics, _step_timestamps(selected))
-    dest.finish()
-    report.trajectories_sent += sent
-    report.spans_sent += spans
-    skipped = len(ids) - len(todo)
-    report.trajectories_skipped += skipped + filtered
-    report.details.append(
-        f"{group.project}/{group.experiment}: sent {sent} trajectories ({spans} spans) to MLflow experiment "
-        f"{group.project!r} (id {dest.experiment_id}), run {group.experiment!r} (id {dest.run_id}) at {uri} "
-        f"via the {dest.method} path; logged {n_metrics} step metrics"
-    )
-    if skipped:
-        report.details.append(f"skipped {skipped} trajectories already in MLflow")
-    if filtered:
-        report.details.append(f"skipped {filtered} trajectories outside the selected steps")
-    if verify:
-        report.details.extend(_verify(dest, selected))
-
-
-def _verify(dest: _Destination, selected: pa.Table) -> list[str]:
-    """Compare the experiment's traces with the files: counts and rewards."""
-    found: dict[str, dict[str, str]] = {}
+def _read_back(dest: _Destination) -> ReadBack:
+    """Our trace ids and reward tags of the traces linked to the destination's run."""
+    found: dict[str, float | None] = {}
     token = None
     while True:
         page = dest.client.search_traces(
@@ -642,29 +478,145 @@ def _verify(dest: _Destination, selected: pa.Table) -> list[str]:
         for trace in page:
             tags = trace.info.tags
             if tags.get(TAG_EXPERIMENT) == dest.experiment and tags.get(TAG_TRACE_ID):
-                found[tags[TAG_TRACE_ID]] = tags
+                tagged = tags.get(TAG_REWARD)
+                found[tags[TAG_TRACE_ID]] = float(tagged) if tagged is not None else None
         token = page.token
         if not token:
-            break
-    missing = mismatched = 0
-    for tid, reward in zip(selected[S.TRACE_ID].to_pylist(), selected[S.REWARD].to_pylist()):
-        tags = found.get(tid)
-        if tags is None:
-            missing += 1
-            continue
-        tagged = tags.get(TAG_REWARD)
-        if (reward is None) != (tagged is None) or (
-            reward is not None
-            and tagged is not None
-            and not math.isclose(float(tagged), reward, rel_tol=1e-9, abs_tol=1e-12)
-        ):
-            mismatched += 1
-    ok = not missing and not mismatched
-    return [
-        f"verify {'OK' if ok else 'FAILED'}: {selected.num_rows} trajectories in the files, "
-        f"{selected.num_rows - missing} found in MLflow run {dest.run_id}, {missing} missing, "
-        f"{mismatched} with a different reward"
-    ]
+            return ReadBack(found, shared=True, where=f"MLflow run {dest.run_id}")
+
+
+class MlflowSink(SinkBase):
+    """One MLflow trace per trajectory, linked to a run with per-step metrics.
+
+    Trajectories are written as soon as the live driver has them (``streams``),
+    a step's metrics once the step is complete. Post hoc, trajectories already
+    in the experiment (found by their ``rollout_trace.trace_id`` tag) are
+    skipped but counted in the metrics, so exporting the same files again
+    creates no duplicates and catches up what a live export missed.
+    """
+
+    streams: ClassVar[bool] = True
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        super().__init__(options)
+        self._dest: _Destination | None = None
+        self._live = False
+        self._pending: list[TrajectoryData] = []
+        self._response: dict[tuple[int | None, bool], list[int]] = {}
+        self._sent = self._spans = self._skipped = self._metrics_logged = 0
+
+    @classmethod
+    def sources(cls, path: str, options: Mapping[str, Any]) -> Iterator[tuple[TracePaths, str | None, str | None]]:
+        """One destination per (project, experiment) recorded in the files, each read from its own file list."""
+        groups = _groups(path, options.get("experiment"))
+        if not groups:
+            raise FileNotFoundError(f"no trace files (*{S.FILE_SUFFIX}) under {path!r}")
+        for group in groups:
+            yield (path if len(groups) == 1 else group.files), group.project, group.experiment
+
+    def open(self, target: Target) -> set[str]:
+        """Find or create the experiment and run; return our trace ids already there (post hoc)."""
+        self._live = target.live
+        project = self.options.get("experiment") or target.project or "rollout_trace"
+        self._dest = _Destination(
+            resolve_tracking_uri(self.options.get("tracking_uri")),
+            project,
+            target.experiment or "default",
+            self.options.get("method") or "auto",
+        )
+        _log_run_config(self._dest, target.run_config)
+        return set() if target.live else set(self._dest.existing_trace_ids())
+
+    def write(self, batch: StepBatch) -> Written:
+        """Queue the step's new trajectories (and late spans) as traces; log its metrics when complete."""
+        dest = self._destination()
+        written = Written()
+        for t in batch.trajectories:
+            key = (t.summary[S.STEP], bool(t.summary[S.VALIDATE]))
+            tid = t.summary[S.TRACE_ID]
+            if t.state == LATE:
+                self._pending.append(trajectory_data(t.spans, dest.project, dest.experiment, partial=True))
+                continue
+            written.rows[tid] = t.summary[S.REWARD]
+            if t.state == EXISTING:
+                self._response.setdefault(key, []).append(_span_response_tokens(t.spans))
+                written.skipped += 1
+                continue
+            reward = None if self._live else (t.summary[S.REWARD], t.summary[S.REWARD_INFO])
+            data = trajectory_data(t.spans, dest.project, dest.experiment, reward=reward)
+            self._response.setdefault(key, []).append(data.response_tokens)
+            self._pending.append(data)
+            written.sent += 1
+            written.spans += len(data.spans)
+        self._skipped += written.skipped
+        while len(self._pending) >= dest.batch_size:
+            self._send(dest.batch_size)
+        if batch.metrics is not None:
+            self._log_metrics(batch)
+        return written
+
+    def flush(self) -> None:
+        """Send every queued trace."""
+        while self._pending:
+            self._send(len(self._pending))
+
+    def close(self) -> list[str]:
+        """Send what is queued, mark the run finished, and say where everything went."""
+        dest = self._dest
+        if dest is None:
+            return []
+        self.flush()
+        dest.finish()
+        notes = [
+            f"{dest.project}/{dest.experiment}: sent {self._sent} trajectories ({self._spans} spans) to MLflow "
+            f"experiment {dest.project!r} (id {dest.experiment_id}), run {dest.experiment!r} (id {dest.run_id}) at "
+            f"{dest.tracking_uri} {_METHOD_WORDS.get(dest.method, f'({dest.method} path)')}; "
+            f"logged {self._metrics_logged} step metrics"
+        ]
+        if self._skipped:
+            notes.append(f"skipped {self._skipped} trajectories already in MLflow")
+        return notes
+
+    def read_back(self) -> ReadBack:
+        """The traces linked to the run, with their reward tags."""
+        return _read_back(self._destination())
+
+    def _destination(self) -> _Destination:
+        if self._dest is None:
+            raise RuntimeError("MlflowSink.open() was not called")
+        return self._dest
+
+    def _send(self, n: int) -> None:
+        chunk = self._pending[:n]
+        self._destination().send(chunk)
+        del self._pending[:n]
+        whole = [t for t in chunk if not t.partial]
+        self._sent += len(whole)
+        self._spans += sum(len(t.spans) for t in whole)
+
+    def _log_metrics(self, batch: StepBatch) -> None:
+        metrics: dict[tuple[int | None, bool], dict[str, float]] = {}
+        for validate, values in (batch.metrics or {}).items():
+            key = (batch.step, validate)
+            metrics[key] = dict(values)
+            lengths = self._response.get(key)
+            if lengths:
+                metrics[key]["response_length/mean"] = sum(lengths) / len(lengths)
+        self._metrics_logged += self._destination().log_step_metrics(metrics, _step_timestamps(batch.summaries))
+        if self._live and batch.step is not None:
+            for old in [k for k in self._response if k[0] is not None and k[0] < batch.step - KEEP_STEPS]:
+                del self._response[old]
+
+
+def export_files(path: str | os.PathLike[str], **options: Any) -> ExportReport:
+    """Export trace files to MLflow (:func:`tracer.exporters.export_files` with ``to="mlflow"``).
+
+    One trace per trajectory, linked to a run; options ``tracking_uri``
+    (default ``MLFLOW_TRACKING_URI``, else ``sqlite:///./mlflow.db``),
+    ``experiment`` (default the files' project name), ``method``, and the
+    common ``steps``, ``since_step``, ``progress``, ``verify``.
+    """
+    return _export_files(path, BACKEND, **options)
 
 
 def verify_export(
@@ -675,103 +627,19 @@ def verify_export(
     steps: int | Iterable[int] | None = None,
     since_step: int | None = None,
 ) -> tuple[bool, list[str]]:
-    """Check that every trajectory of the files is in MLflow with the same reward.
+    """Check, without sending anything, that every trajectory of the files is in MLflow with the same reward.
 
     Returns:
-        ``(ok, lines)``: whether all matched, and a line per group.
+        ``(ok, lines)``: whether all matched, and a line per destination.
     """
-    path = os.fspath(path)
     uri = resolve_tracking_uri(tracking_uri)
-    groups = _groups(path, experiment)
-    lines: list[str] = []
-    for group in groups:
-        fileset = _FileSet(path, group, whole=len(groups) == 1)
-        try:
-            selected = _select(read_trajectories(fileset.path), steps, since_step)
-            lines.extend(_verify(_Destination(uri, group.project, group.experiment), selected))
-        finally:
-            fileset.close()
-    return all(line.startswith("verify OK") for line in lines), lines
-
-
-# -- live ----------------------------------------------------------------------
-
-
-class MlflowExporter(LiveShipper):
-    """Live backend ``"mlflow"``: ships finished trajectories to MLflow in the background.
-
-    The tracking URI comes from ``config.backend_options["mlflow"]["tracking_uri"]``,
-    else ``MLFLOW_TRACKING_URI``, else ``./mlflow.db``. The experiment is the
-    config's project, the run its experiment name. Step metrics of a step are
-    logged once a later step's trajectory arrives, and at shutdown. When
-    MLflow is down nothing is lost: the files hold everything and
-    ``rollout-trace export RUN_DIR --to mlflow`` sends what is missing.
-    """
-
-    def __init__(self, config: TraceConfig) -> None:
-        options = dict((config.backend_options or {}).get(BACKEND) or {})
-        self.tracking_uri = resolve_tracking_uri(options.get("tracking_uri"))
-        self.method = str(options.get("method", "auto"))
-        self._dest: _Destination | None = None
-        self._summaries: dict[tuple[int | None, bool], list[dict[str, Any]]] = {}
-        self._response: dict[tuple[int | None, bool], list[int]] = {}
-        self._logged_steps: set[tuple[int | None, bool]] = set()
-        self._shipped: set[str] = set()
-        super().__init__(config, BACKEND)
-
-    def _destination(self) -> _Destination:
-        if self._dest is None:
-            self._dest = _Destination(
-                self.tracking_uri, self.config.project_name, self.config.experiment_name, self.method
-            )
-        return self._dest
-
-    def ship(self, trajectories: list[pa.Table]) -> None:
-        """Send finished trajectories (one span table each); raise to be retried."""
-        dest = self._destination()
-        data = []
-        for table in trajectories:
-            rows = table.to_pylist()
-            if not rows:
-                continue
-            trace_id = rows[0][S.TRACE_ID]
-            late = trace_id in self._shipped and not any(r[S.PARENT_SPAN_ID] is None for r in rows)
-            data.append(trajectory_data(rows, self.config.project_name, self.config.experiment_name, partial=late))
-        for i in range(0, len(data), dest.batch_size):
-            dest.send(data[i : i + dest.batch_size])
-        if len(self._shipped) > SHIPPED_MEMORY:
-            self._shipped.clear()  # bounded memory; later late spans then get a root of their own
-        self._shipped.update(d.trace_id for d in data)
-        for d in data:
-            if d.partial:
-                continue  # late spans: their trajectory was counted already
-            key = (d.summary[S.STEP], bool(d.summary[S.VALIDATE]))
-            self._summaries.setdefault(key, []).append(d.summary)
-            self._response.setdefault(key, []).append(d.response_tokens)
-        newest = max((k[0] for k in self._summaries if k[0] is not None), default=None)
-        if newest is not None:
-            self._log_metrics(lambda key: key[0] is not None and key[0] < newest)
-
-    def _log_metrics(self, done: Callable[[tuple[int | None, bool]], bool]) -> None:
-        keys = [k for k in self._summaries if done(k) and k not in self._logged_steps]
-        if not keys or self._dest is None:
-            return
-        rows = [row for k in keys for row in self._summaries[k]]
-        table = pa.Table.from_pylist(rows, schema=S.TRAJECTORY_SCHEMA)
-        metrics = step_metrics(table)
-        for k in keys:
-            lengths = self._response.get(k) or []
-            if lengths and k in metrics:
-                metrics[k]["response_length/mean"] = sum(lengths) / len(lengths)
-        self._dest.log_step_metrics(metrics, _step_timestamps(table))
-        self._logged_steps.update(keys)
-
-    def close(self) -> None:
-        """Log the metrics of the last steps and end the run."""
-        if self._dest is None:
-            return
-        try:
-            self._log_metrics(lambda key: True)
-            self._dest.finish()
-        except Exception as exc:
-            self._warn_once("close", f"could not log the last step metrics ({type(exc).__name__}: {exc})")
+    wanted = [steps] if isinstance(steps, int) else steps
+    result: VerifyResult | None = None
+    for read_path, project, exp in MlflowSink.sources(os.fspath(path), {"experiment": experiment}):
+        run = open_run(read_path, wanted, since_step)
+        expected = dict(zip(run.trajectories[S.TRACE_ID].to_pylist(), run.trajectories[S.REWARD].to_pylist()))
+        dest = _Destination(uri, project or "rollout_trace", exp or "default")
+        one = VerifyResult.compare(BACKEND, expected, {}, _read_back(dest))
+        result = one if result is None else result.merge(one)
+    assert result is not None  # sources() yields at least once or raises
+    return result.ok, result.lines

@@ -54,6 +54,8 @@ from tracer.exporters.mlflow.spans import (
     TAG_TRACE_ID,
     TAG_VALIDATE,
 )
+from tracer.exporters.tables import Progress
+from tracer.extras import import_backend
 from tracer.storage.writer import SpanWriter
 
 #: Experiment name of imported traces that do not name one.
@@ -147,7 +149,7 @@ def _strip_added(value: Any, added: Any) -> Any:
 
 
 def trace_rows(trace: Any) -> list[dict[str, Any]]:
-    """Rows of :data:`tracer.SPAN_SCHEMA` for one MLflow trace (empty if it has no spans)."""
+    """Rows of :data:`tracer.schema.SPAN_SCHEMA` for one MLflow trace (empty if it has no spans)."""
     spans = list(trace.data.spans) if trace.data is not None else []
     if not spans:
         return []
@@ -294,9 +296,7 @@ def import_traces(
     Raises:
         ValueError: the experiment does not exist.
     """
-    from tracer.exporters.mlflow import _mlflow, _Progress
-
-    _mlflow()  # a missing mlflow fails here with the pip line that installs it
+    import_backend("mlflow", "mlflow")  # a missing mlflow fails here with the pip line that installs it
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -308,7 +308,7 @@ def import_traces(
         )
     report = ImportReport()
     writers: dict[tuple[str, str], tuple[SpanWriter, list[dict[str, Any]]]] = {}
-    bar = _Progress(0, progress, f"import {experiment}")
+    bar = Progress(0, f"import {experiment}", progress)
     token = None
     try:
         while True:

@@ -22,8 +22,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from tracer import schema as S
-from tracer.summary import trajectory_messages
+from tracer.summary import ROLE_ASSISTANT, root_span, span_turn, summarize, trajectory_turns
 
 #: MLflow trace ids are this prefix plus 32 hex chars of the OpenTelemetry trace id.
 MLFLOW_TRACE_ID_PREFIX = "tr-"
@@ -82,6 +84,8 @@ TAG_EXPERIMENT = "experiment_name"
 TAG_PROJECT = "project_name"
 TAG_REWARD = "reward"
 TAG_STATUS = "status"
+#: The trace's name in the MLflow UI: its root span's name (verl's ``agent_loop``).
+TAG_TRACE_NAME = "mlflow.traceName"
 #: Prefix of tags holding log_reward extras (``reward.advantage``).
 TAG_REWARD_PREFIX = "reward."
 
@@ -166,8 +170,10 @@ def count_tokens(tokens: Any, keys: Sequence[str]) -> int:
 
 
 def _tag_value(value: Any) -> str:
+    # str() of the Python value, as verl's own MLflow backend writes its tags
+    # ('False', '3'), so a search written for verl's traces finds ours.
     if isinstance(value, bool):
-        return "true" if value else "false"
+        return str(value)
     if isinstance(value, float) and value.is_integer():
         return repr(value)
     return str(value)
@@ -191,35 +197,9 @@ def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _summarise(rows: list[dict[str, Any]], root: dict[str, Any] | None) -> dict[str, Any]:
-    """A row of TRAJECTORY_SCHEMA for these spans (as read_trajectories computes it)."""
-    body = [r for r in rows if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)]
-    logged = sorted((r for r in rows if r not in body), key=lambda r: r[S.END_NS])
-    scored = sorted((r for r in body if r[S.REWARD] is not None), key=lambda r: r[S.END_NS])
-    reward, info = None, None
-    if logged:
-        reward, info = logged[-1][S.REWARD], logged[-1][S.ATTRIBUTES]
-    elif scored:
-        reward = scored[-1][S.REWARD]
-    first = root or (body or rows)[0]
-    return {
-        S.TRACE_ID: first[S.TRACE_ID],
-        S.NAME: root[S.NAME] if root else None,
-        S.STEP: first[S.STEP],
-        S.SAMPLE_INDEX: first[S.SAMPLE_INDEX],
-        S.ROLLOUT_N: first[S.ROLLOUT_N],
-        S.VALIDATE: first[S.VALIDATE],
-        S.REWARD: reward,
-        "reward_info": info,
-        S.STATUS: root[S.STATUS] if root else S.STATUS_INCOMPLETE,
-        S.START_NS: min(r[S.START_NS] for r in (body or rows)),
-        S.END_NS: max(r[S.END_NS] for r in (body or rows)),
-        "num_spans": len(body),
-        "num_llm_calls": sum(1 for r in body if r[S.KIND] == S.KIND_LLM),
-        "num_tool_calls": sum(1 for r in body if r[S.KIND] == S.KIND_TOOL),
-        "num_tool_errors": sum(1 for r in body if r[S.KIND] == S.KIND_TOOL and r[S.STATUS] != S.STATUS_OK),
-        "num_errors": sum(1 for r in body if r[S.STATUS] == S.STATUS_ERROR),
-    }
+def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trajectory's row of TRAJECTORY_SCHEMA: :func:`tracer.summary.summarize` of its rows."""
+    return summarize(pa.Table.from_pylist(rows, schema=S.SPAN_SCHEMA)).to_pylist()[0]
 
 
 def _chat_completion(message: Mapping[str, Any], finish_reason: Any) -> list[dict[str, Any]]:
@@ -247,7 +227,7 @@ def trajectory_data(
     """Convert the span rows of one trajectory to what an MLflow trace holds.
 
     Args:
-        rows: Rows of :data:`tracer.SPAN_SCHEMA` (dicts), all of one trace_id.
+        rows: Rows of :data:`tracer.schema.SPAN_SCHEMA` (dicts), all of one trace_id.
         project: Project name (tag; the MLflow experiment).
         experiment: Experiment name (tag; the MLflow run).
         reward: ``(reward, reward_info JSON)`` to tag when known from outside
@@ -258,17 +238,16 @@ def trajectory_data(
     """
     trace_id = rows[0][S.TRACE_ID]
     ids = {r[S.SPAN_ID] for r in rows}
-    roots = [r for r in rows if r[S.PARENT_SPAN_ID] is None]
-    root_row = next((r for r in roots if r[S.KIND] == S.KIND_ROLLOUT), roots[0] if roots else None)
-    summary = _summarise(rows, root_row)
+    root_row = root_span(rows)
+    summary = _summarise(rows)
     if reward is not None and reward[0] is not None:
-        summary[S.REWARD], summary["reward_info"] = reward
+        summary[S.REWARD], summary[S.REWARD_INFO] = reward
     ordered = _order(rows)
-    messages = trajectory_messages(rows)
-    assistant = [m for m in messages if m.get("role") == "assistant"]
-    llm_rows = sorted((r for r in rows if r[S.KIND] == S.KIND_LLM), key=lambda r: r[S.START_NS])
-    llm_turn = {r[S.SPAN_ID]: i for i, r in enumerate(llm_rows)} if len(llm_rows) == len(assistant) else {}
-    assistant_pos = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    turns = trajectory_turns(rows).get(trace_id, [])
+    messages = [t.as_message() for t in turns]
+    assistant_pos = [i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT]
+    # The conversation position of each llm span's reply.
+    reply_pos = {turns[i].span_id: i for i in assistant_pos if turns[i].span_id is not None}
 
     ctx = {
         S.STEP: summary[S.STEP],
@@ -336,16 +315,16 @@ def trajectory_data(
             response_tokens += n_out
             if n_in or n_out:
                 attrs[MLFLOW_CHAT_USAGE] = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
-            finish = outputs.get("finish_reason") if isinstance(outputs, Mapping) else None
-            turn = llm_turn.get(r[S.SPAN_ID])
-            if turn is not None:
-                prompt_msgs: list[Any] = messages[: assistant_pos[turn]]
-                reply: Mapping[str, Any] = messages[assistant_pos[turn]]
+            pos = reply_pos.get(r[S.SPAN_ID])
+            own = span_turn(r)
+            finish = own.finish_reason if own is not None else None
+            if pos is not None:
+                prompt_msgs: list[Any] = messages[:pos]
+                reply: Mapping[str, Any] = messages[pos]
             else:
-                prompt = inputs.get("prompt_text") if isinstance(inputs, Mapping) else None
-                prompt_msgs = [{"role": "user", "content": prompt if isinstance(prompt, str) else json.dumps(inputs)}]
-                text = outputs.get("response_text") if isinstance(outputs, Mapping) else outputs
-                reply = {"role": "assistant", "content": text if isinstance(text, str) else json.dumps(text)}
+                prompt = own.prompt_text if own is not None else None
+                prompt_msgs = [{"role": "user", "content": prompt if prompt is not None else json.dumps(inputs)}]
+                reply = own.as_message() if own is not None else {"role": "assistant", "content": ""}
             inputs = _augment(inputs, "messages", prompt_msgs, added, "inputs")
             outputs = _augment(outputs, "choices", _chat_completion(reply, finish), added, "outputs")
         elif is_root and messages:
@@ -400,6 +379,7 @@ def trajectory_data(
             TAG_PROJECT: project,
             TAG_EXPERIMENT: experiment,
             TAG_STATUS: summary[S.STATUS],
+            TAG_TRACE_NAME: root.name,
         }
         for col, tag in (
             (S.STEP, TAG_STEP),
@@ -411,7 +391,7 @@ def trajectory_data(
                 tags[tag] = _tag_value(summary[col])
     if summary[S.REWARD] is not None:
         tags[TAG_REWARD] = _tag_value(summary[S.REWARD])
-    info = _loads(summary["reward_info"])
+    info = _loads(summary[S.REWARD_INFO])
     if isinstance(info, Mapping):
         for k, v in info.items():
             if isinstance(v, (int, float, str, bool)):

@@ -1,12 +1,8 @@
-"""The viewer's data layer: what each page shows, computed from tracer's public readers.
+"""Run-level data: trace paths, trajectory tables, steps, overview numbers, the list's filters and pages, groups.
 
-Nothing here imports Streamlit, so the benchmark and tests call these
-functions directly; ``viewer/app.py`` wraps them in Streamlit caches.
-
-Everything is read with column projection (only the columns a view needs are
-decompressed) and, where the step is known, step filtering. Trajectory lists
-stay Arrow tables: filtering, sorting and paging happen in Arrow and only one
-page becomes Python objects.
+No Streamlit import: the benchmark and tests call these functions directly.
+Everything is read with column projection and, where the step is known,
+step filtering; trajectory lists stay Arrow tables until one page is shown.
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,57 +20,32 @@ import pyarrow.compute as pc
 
 import tracer
 
-# Column names come from tracer's schema, never spelled here. Unpacking fails
-# at import time if tracer's format changes, which is the point.
-(
-    TRACE_ID,
-    SPAN_ID,
-    PARENT_SPAN_ID,
-    NAME,
-    KIND,
-    START_NS,
+# Column names, kinds, statuses and attribute keys come from tracer's schema, never spelled here.
+from tracer.schema import (
     END_NS,
-    STATUS,
-    ERROR,
-    STEP,
-    SAMPLE_INDEX,
-    ROLLOUT_N,
-    VALIDATE,
-    REWARD,
     INPUTS,
-    OUTPUTS,
-    ATTRIBUTES,
-) = tracer.SPAN_COLUMNS
-(
-    _T_TRACE_ID,
-    _T_NAME,
-    _T_STEP,
-    _T_SAMPLE_INDEX,
-    _T_ROLLOUT_N,
-    _T_VALIDATE,
-    _T_REWARD,
-    REWARD_INFO,
-    _T_STATUS,
-    _T_START_NS,
-    _T_END_NS,
-    NUM_SPANS,
+    KIND,
+    KIND_TOOL,
+    NAME,
     NUM_LLM_CALLS,
+    NUM_SPANS,
     NUM_TOOL_CALLS,
     NUM_TOOL_ERRORS,
-    NUM_ERRORS,
-) = tracer.TRAJECTORY_COLUMNS
+    OUTPUTS,
+    PARENT_SPAN_ID,
+    REWARD,
+    REWARD_INFO,
+    ROLLOUT_N,
+    SAMPLE_INDEX,
+    SPAN_ID,
+    START_NS,
+    STATUS,
+    STATUS_OK,
+    STEP,
+    TRACE_ID,
+    VALIDATE,
+)
 
-# Values of the kind and status columns and attribute keys, from tracer's schema.
-KIND_ROLLOUT = tracer.schema.KIND_ROLLOUT
-KIND_LLM = tracer.schema.KIND_LLM
-KIND_TOOL = tracer.schema.KIND_TOOL
-KIND_REWARD = tracer.schema.KIND_REWARD
-STATUS_OK = tracer.schema.STATUS_OK
-STATUS_ERROR = tracer.schema.STATUS_ERROR
-ATTR_TRUNCATED = tracer.schema.ATTR_TRUNCATED
-ATTR_TOKENS = tracer.schema.ATTR_TOKENS
-#: Name of the span tracer.log_reward writes.
-REWARD_SPAN_NAME = tracer.schema.REWARD_SPAN_NAME
 #: Key of the advantage in log_reward's extras (``reward_info``).
 ADVANTAGE = "advantage"
 
@@ -89,10 +60,10 @@ LIGHT_SPAN_COLUMNS = [TRACE_ID, SPAN_ID, PARENT_SPAN_ID, NAME, KIND, START_NS, E
 
 #: Sort keys the list offers: label -> column.
 SORT_COLUMNS = {
-    "step": STEP,
+    STEP: STEP,
     "sample": SAMPLE_INDEX,
     "rollout": ROLLOUT_N,
-    "reward": REWARD,
+    REWARD: REWARD,
     "advantage": ADVANTAGE_COL,
     "turns": NUM_LLM_CALLS,
     "tool calls": NUM_TOOL_CALLS,
@@ -160,6 +131,8 @@ class Loaded:
 
     table: pa.Table
     warnings: list[str] = field(default_factory=list)
+    #: Span rows read (every row of the files, log_reward rows included), where the reader counts them.
+    rows: int | None = None
 
 
 def _reading(fn: Any, *args: Any, **kwargs: Any) -> Loaded:
@@ -203,7 +176,7 @@ def advantages(reward_info: pa.ChunkedArray) -> pa.ChunkedArray:
 def load_trajectories(path: str, steps: Iterable[int] | None = None) -> Loaded:
     """Trajectories under ``path`` (optionally of some steps) with advantage and latency columns added.
 
-    The table has :data:`tracer.TRAJECTORY_COLUMNS` plus ``advantage``
+    The table has :data:`tracer.schema.TRAJECTORY_COLUMNS` plus ``advantage``
     (from ``reward_info``) and ``latency_s``.
     """
     loaded = _reading(tracer.read_trajectories, path, steps=None if steps is None else list(steps))
@@ -218,11 +191,13 @@ def list_steps(path: str) -> Loaded:
     """The run's distinct steps, from the step column alone (cheap: one int column).
 
     The table has one column, ``step``, ascending, nulls (spans recorded
-    outside any step) dropped.
+    outside any step) dropped. ``rows`` is the number of span rows in the
+    files (what ``rollout-trace info`` and ``check`` count, ``log_reward``
+    rows included).
     """
     loaded = _reading(tracer.read_spans, path, columns=[STEP])
     steps = sorted(s for s in pc.unique(loaded.table.column(STEP)).to_pylist() if s is not None)
-    return Loaded(pa.table({STEP: pa.array(steps, pa.int64())}), loaded.warnings)
+    return Loaded(pa.table({STEP: pa.array(steps, pa.int64())}), loaded.warnings, loaded.table.num_rows)
 
 
 def load_step(path: str, step: int) -> Loaded:
@@ -249,24 +224,34 @@ def steps_of(trajectories: pa.Table) -> list[int]:
     return sorted(s for s in pc.unique(trajectories.column(STEP)).to_pylist() if s is not None)
 
 
-def overview(trajectories: pa.Table) -> list[dict[str, Any]]:
-    """One row per (step, validate): the step metrics with the step and split named."""
+def overview(trajectories: pa.Table, token_stats: pa.Table | None = None) -> list[dict[str, Any]]:
+    """One row per (step, validate): :func:`tracer.step_metrics` with the step and split named.
+
+    With ``token_stats`` (:func:`tracer.read_token_stats`) the rows carry the
+    train/inference mismatch too (``logprob_mismatch``, ``logprob_ratio/max``).
+    """
     rows = []
-    for (step, val), metrics in tracer.step_metrics(trajectories).items():
-        row: dict[str, Any] = {"step": step, "split": "validation" if val else "train"}
+    for (step, val), metrics in tracer.step_metrics(trajectories, token_stats).items():
+        row: dict[str, Any] = {STEP: step, "split": "validation" if val else "train"}
         row.update({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()})
         rows.append(row)
     return rows
 
 
-def run_totals(trajectories: pa.Table) -> dict[str, Any]:
-    """Headline numbers of a run: steps, trajectories, spans, tool calls, tool errors, errors."""
+def run_totals(trajectories: pa.Table, span_rows: int | None = None) -> dict[str, Any]:
+    """Headline numbers of a run: steps, trajectories, spans, tool calls, tool errors, errors.
+
+    ``span_rows`` (:func:`list_steps`' ``rows``) is the files' row count, the
+    number ``rollout-trace info`` and ``check`` give; without it, the spans
+    the trajectories' summaries count (``log_reward`` rows left out).
+    """
     calls = pc.sum(trajectories.column(NUM_TOOL_CALLS)).as_py() or 0
     errs = pc.sum(trajectories.column(NUM_TOOL_ERRORS)).as_py() or 0
+    spans = span_rows if span_rows is not None else (pc.sum(trajectories.column(NUM_SPANS)).as_py() or 0)
     return {
         "steps": len(steps_of(trajectories)),
         "trajectories": trajectories.num_rows,
-        "spans": pc.sum(trajectories.column(NUM_SPANS)).as_py() or 0,
+        "spans": spans,
         "tool calls": calls,
         "tool error rate": (errs / calls) if calls else 0.0,
         "failed trajectories": int(
@@ -437,14 +422,14 @@ def list_rows(page: pa.Table) -> list[dict[str, Any]]:
     for r in page.to_pylist():
         rows.append(
             {
-                "trace_id": r[TRACE_ID],
-                "step": r[STEP],
+                TRACE_ID: r[TRACE_ID],
+                STEP: r[STEP],
                 "sample": r[SAMPLE_INDEX],
                 "rollout": r[ROLLOUT_N],
                 "split": "validation" if r[VALIDATE] else "train",
-                "reward": r[REWARD],
+                REWARD: r[REWARD],
                 "advantage": r.get(ADVANTAGE_COL),
-                "status": r[STATUS],
+                STATUS: r[STATUS],
                 "turns": r[NUM_LLM_CALLS],
                 "tool calls": r[NUM_TOOL_CALLS],
                 "tool errors": r[NUM_TOOL_ERRORS],
@@ -495,367 +480,6 @@ def _read_from(path: str, files: Sequence[str] | None, **kwargs: Any) -> Loaded:
     return Loaded(pa.concat_tables([p.table for p in parts]), merge_warnings(*(p.warnings for p in parts)))
 
 
-def load_trajectory(path: str, trace_id: str, step: int | None = None, files: Sequence[str] | None = None) -> Loaded:
-    """Every span of one trajectory, all columns, in start order.
-
-    Args:
-        path: The run.
-        trace_id: The trajectory.
-        step: Its step, when known (a cheaper filter than the trace id).
-        files: Read only these files (see :func:`trace_file_index`).
-    """
-    loaded = _read_from(path, files, trace_ids=[trace_id], steps=None if step is None else [step])
-    return Loaded(loaded.table.sort_by([(START_NS, "ascending")]), loaded.warnings)
-
-
-def trajectory_summary(spans: pa.Table) -> dict[str, Any] | None:
-    """A trajectory-table row (see :func:`load_trajectories`) computed from the trajectory's own spans.
-
-    Lets the replay open a deep link without reading the whole step. The
-    reward is the last ``log_reward`` (or kind=reward op) recorded under the
-    trace id; rewards logged from another process without a trace id are not
-    seen here (the caller falls back to the step's table).
-    """
-    rows = spans.to_pylist()
-    if not rows:
-        return None
-    body = [r for r in rows if not (r[KIND] == KIND_REWARD and r[NAME] == REWARD_SPAN_NAME)]
-    rewards = sorted((r for r in rows if r[REWARD] is not None), key=lambda r: (r[NAME] == REWARD_SPAN_NAME, r[END_NS]))
-    root = next((r for r in body if r[PARENT_SPAN_ID] is None), None)
-    first = root or rows[0]
-    reward = rewards[-1] if rewards else None
-    info = reward[ATTRIBUTES] if reward is not None and reward[NAME] == REWARD_SPAN_NAME else None
-    start = min(r[START_NS] for r in body or rows)
-    end = max(r[END_NS] for r in body or rows)
-    return {
-        TRACE_ID: first[TRACE_ID],
-        NAME: root[NAME] if root else None,
-        STEP: first[STEP],
-        SAMPLE_INDEX: first[SAMPLE_INDEX],
-        ROLLOUT_N: first[ROLLOUT_N],
-        VALIDATE: first[VALIDATE],
-        REWARD: reward[REWARD] if reward is not None else None,
-        REWARD_INFO: info,
-        STATUS: root[STATUS] if root else "incomplete",
-        START_NS: start,
-        END_NS: end,
-        NUM_SPANS: len(body),
-        NUM_LLM_CALLS: sum(r[KIND] == KIND_LLM for r in body),
-        NUM_TOOL_CALLS: sum(r[KIND] == KIND_TOOL for r in body),
-        NUM_TOOL_ERRORS: sum(r[KIND] == KIND_TOOL and r[STATUS] != STATUS_OK for r in body),
-        NUM_ERRORS: sum(r[STATUS] == STATUS_ERROR for r in body),
-        ADVANTAGE_COL: _json_number(info, ADVANTAGE),
-        LATENCY_COL: (end - start) / 1e9,
-    }
-
-
-def find_trajectory(trajectories: pa.Table, trace_id: str) -> dict[str, Any] | None:
-    """The trajectory-table row of ``trace_id``, or None."""
-    hit = trajectories.filter(pc.equal(trajectories.column(TRACE_ID), trace_id))
-    return hit.slice(0, 1).to_pylist()[0] if hit.num_rows else None
-
-
-def messages(spans: pa.Table) -> list[dict[str, Any]]:
-    """The trajectory's chat messages (see :func:`tracer.trajectory_messages`)."""
-    return tracer.trajectory_messages(spans)
-
-
-def content_text(content: Any) -> str:
-    """A message's content as plain text (OpenAI content parts joined)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            if isinstance(p, dict) and isinstance(p.get("text"), str):
-                parts.append(p["text"])
-            else:
-                parts.append(json.dumps(p, ensure_ascii=False))
-        return "\n".join(parts)
-    return json.dumps(content, ensure_ascii=False, indent=2)
-
-
-def pretty_json(text: Any) -> str:
-    """Indent a JSON string (or object) for display; non-JSON text comes back unchanged."""
-    if isinstance(text, str):
-        try:
-            return json.dumps(json.loads(text), ensure_ascii=False, indent=2)
-        except ValueError:
-            return text
-    return json.dumps(text, ensure_ascii=False, indent=2, default=str)
-
-
-def waterfall(spans: pa.Table) -> list[dict[str, Any]]:
-    """One row per span for the timing chart: offsets in ms from the trajectory's start, depth, kind, status."""
-    rows = spans.select([c for c in LIGHT_SPAN_COLUMNS if c in spans.column_names]).to_pylist()
-    if not rows:
-        return []
-    t0 = min(r[START_NS] for r in rows)
-    parent = {r[SPAN_ID]: r[PARENT_SPAN_ID] for r in rows}
-
-    def depth(sid: str) -> int:
-        d, seen = 0, set()
-        while parent.get(sid) is not None and sid not in seen:
-            seen.add(sid)
-            sid = parent[sid]
-            d += 1
-        return d
-
-    out = []
-    for i, r in enumerate(sorted(rows, key=lambda r: (r[START_NS], depth(r[SPAN_ID])))):
-        d = depth(r[SPAN_ID])
-        out.append(
-            {
-                "span": f"{i:03d} {'  ' * d}{r[NAME]}",
-                "name": r[NAME],
-                "kind": r[KIND],
-                "status": r[STATUS],
-                "depth": d,
-                "start_ms": (r[START_NS] - t0) / 1e6,
-                "end_ms": (r[END_NS] - t0) / 1e6,
-                "duration_ms": (r[END_NS] - r[START_NS]) / 1e6,
-            }
-        )
-    return out
-
-
-def span_errors(spans: pa.Table) -> list[dict[str, Any]]:
-    """Spans whose status is error: name, kind, type, message, traceback."""
-    out = []
-    for r in spans.filter(pc.fill_null(pc.equal(spans.column(STATUS), STATUS_ERROR), False)).to_pylist():
-        err = _safe_json(r[ERROR]) or {}
-        if not isinstance(err, dict):
-            err = {"message": str(err)}
-        out.append(
-            {
-                "span_id": r[SPAN_ID],
-                "name": r[NAME],
-                "kind": r[KIND],
-                "type": str(err.get("type", "")),
-                "message": str(err.get("message", "")),
-                "traceback": str(err.get("traceback", "")),
-            }
-        )
-    return out
-
-
-def _safe_json(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return tracer.parse_json(text)
-    except ValueError:
-        return text
-
-
-def tool_spans(spans: pa.Table) -> list[dict[str, Any]]:
-    """Tool spans in call order: name, status, arguments (inputs) and result (outputs or error)."""
-    out = []
-    for r in spans.filter(pc.fill_null(pc.equal(spans.column(KIND), KIND_TOOL), False)).to_pylist():
-        err = _safe_json(r[ERROR]) if r[STATUS] != STATUS_OK else None
-        out.append(
-            {
-                "name": r[NAME],
-                "status": r[STATUS],
-                "arguments": pretty_json(r[INPUTS]) if r[INPUTS] is not None else "",
-                "result": pretty_json(r[OUTPUTS]) if r[OUTPUTS] is not None else "",
-                "error": err if isinstance(err, dict) else ({"message": str(err)} if err else None),
-                "duration_ms": (r[END_NS] - r[START_NS]) / 1e6,
-            }
-        )
-    return out
-
-
-#: Tokens per row of the token grid.
-TOKENS_PER_ROW = 16
-
-
-@dataclass
-class TokenTurn:
-    """The response tokens of one llm span, for the token view."""
-
-    name: str
-    index: int
-    token_ids: list[int] | None
-    token_texts: list[str] | None
-    logprobs: list[float | None] | None
-    text: str | None
-    recorded: int | None  # tokens the engine produced (before truncation)
-    truncated: bool
-    finish_reason: str | None
-    prompt_tokens: int | None
-
-    @property
-    def kept(self) -> int:
-        """Tokens kept in the record."""
-        if self.token_ids is not None:
-            return len(self.token_ids)
-        if self.token_texts is not None:
-            return len(self.token_texts)
-        return 0
-
-    def cells(self, per_row: int = TOKENS_PER_ROW) -> list[dict[str, Any]]:
-        """One cell per token for the token grid: row, column, label, id, logprob, probability."""
-        n = self.kept or (len(self.logprobs) if self.logprobs else 0)
-        cells = []
-        for i in range(n):
-            tid = self.token_ids[i] if self.token_ids is not None and i < len(self.token_ids) else None
-            text = self.token_texts[i] if self.token_texts is not None and i < len(self.token_texts) else None
-            lp = self.logprobs[i] if self.logprobs is not None and i < len(self.logprobs) else None
-            label = text if text is not None else (str(tid) if tid is not None else "?")
-            cells.append(
-                {
-                    "pos": i,
-                    "row": i // per_row,
-                    "col": i % per_row,
-                    "label": _visible(label)[:8],
-                    "token": _visible(label),
-                    "token_id": tid,
-                    "logprob": lp,
-                    "prob": math.exp(lp) if isinstance(lp, (int, float)) else None,
-                }
-            )
-        return cells
-
-
-def _visible(text: str) -> str:
-    return text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u00b7")
-
-
-_RESPONSE_ID_KEYS = ("response_ids", "token_ids", "output_ids")
-_TOKEN_TEXT_KEYS = ("response_tokens", "tokens", "token_texts")
-
-
-#: Key of the tokenizer in the run config written into every file's metadata.
-CONFIG_TOKENIZER = "tokenizer"
-#: Key of the config in the file metadata (see tracer.read_file_metadata).
-META_CONFIG = "rollout_trace.config"
-
-
-def run_tokenizer_path(path: str) -> str | None:
-    """The tokenizer path the run was recorded with (its config), if it was a path that still exists."""
-    try:
-        files = tracer.list_trace_files(path)
-    except FileNotFoundError:
-        return None
-    for file in files[:1]:
-        try:
-            config = json.loads(tracer.read_file_metadata(file).get(META_CONFIG, "{}"))
-        except (OSError, ValueError, pa.ArrowException):
-            return None
-        tok = config.get(CONFIG_TOKENIZER) if isinstance(config, dict) else None
-        if isinstance(tok, str) and os.path.exists(tok):
-            return tok
-    return None
-
-
-def load_token_decoder(tokenizer_path: str) -> Callable[[list[int]], list[str]]:
-    """A function turning token ids into one text piece per token, from a ``tokenizer.json`` (or its folder).
-
-    Needs the ``tokenizers`` package, imported here only.
-
-    Raises:
-        FileNotFoundError: no tokenizer.json at ``tokenizer_path``.
-        ImportError: ``tokenizers`` is not installed; names the pip line.
-    """
-    file = tokenizer_path if os.path.isfile(tokenizer_path) else os.path.join(tokenizer_path, "tokenizer.json")
-    if not os.path.isfile(file):
-        raise FileNotFoundError(f"no tokenizer.json at {tokenizer_path!r}; give a tokenizer.json file or its folder")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as exc:
-        raise ImportError(
-            "showing token text needs the tokenizers package: pip install 'rollout-trace[tokenizers]'"
-        ) from exc
-    tok = Tokenizer.from_file(file)
-
-    def decode(ids: list[int]) -> list[str]:
-        return tok.decode_batch([[i] for i in ids], skip_special_tokens=False)
-
-    return decode
-
-
-def token_turns(spans: pa.Table, decoder: Callable[[list[int]], list[str]] | None = None) -> list[TokenTurn]:
-    """The llm spans' response tokens, logprobs and truncation, in call order.
-
-    ``decoder`` (see :func:`load_token_decoder`) gives each token id its text,
-    so the token view shows where each token starts and ends.
-    """
-    llm = spans.filter(pc.fill_null(pc.equal(spans.column(KIND), KIND_LLM), False))
-    out = []
-    for i, r in enumerate(llm.to_pylist()):
-        outputs = _safe_json(r[OUTPUTS])
-        inputs = _safe_json(r[INPUTS])
-        attrs = _safe_json(r[ATTRIBUTES]) if r[ATTRIBUTES] else {}
-        attrs = attrs if isinstance(attrs, dict) else {}
-        ids = texts = lps = None
-        text = finish = None
-        key_used = None
-        if isinstance(outputs, dict):
-            for k in _RESPONSE_ID_KEYS:
-                if isinstance(outputs.get(k), list):
-                    ids, key_used = outputs[k], k
-                    break
-            for k in _TOKEN_TEXT_KEYS:
-                v = outputs.get(k)
-                if isinstance(v, list) and all(isinstance(x, str) for x in v):
-                    texts = v
-                    break
-            if isinstance(outputs.get("logprobs"), list):
-                lps = [float(x) if isinstance(x, (int, float)) else _logprob_of(x) for x in outputs["logprobs"]]
-            text = outputs.get("response_text") if isinstance(outputs.get("response_text"), str) else None
-            finish = outputs.get("finish_reason")
-        elif isinstance(outputs, str):
-            text = outputs
-        truncated_map = attrs.get(ATTR_TRUNCATED) or {}
-        counts = attrs.get(ATTR_TOKENS) or {}
-        recorded = None
-        truncated = False
-        if isinstance(truncated_map, dict):
-            for k, v in truncated_map.items():
-                if key_used is None or k.split(".")[-1] == key_used:
-                    truncated = True
-                    recorded = v if isinstance(v, int) else recorded
-        if recorded is None and isinstance(counts, dict) and key_used in counts:
-            recorded = counts[key_used]
-        if texts is None and ids is not None and decoder is not None:
-            try:
-                texts = decoder([int(i) for i in ids])
-            except Exception:  # a tokenizer that does not fit these ids must not break the view
-                texts = None
-        prompt_tokens = counts.get("prompt_ids") if isinstance(counts, dict) else None
-        if prompt_tokens is None and isinstance(inputs, dict) and isinstance(inputs.get("prompt_ids"), list):
-            prompt_tokens = len(inputs["prompt_ids"])
-        out.append(
-            TokenTurn(
-                name=r[NAME],
-                index=i,
-                token_ids=ids,
-                token_texts=texts,
-                logprobs=lps,
-                text=text,
-                recorded=recorded,
-                truncated=truncated,
-                finish_reason=str(finish) if finish is not None else None,
-                prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
-            )
-        )
-    return out
-
-
-def _logprob_of(x: Any) -> float | None:
-    # vLLM-style {token_id: {"logprob": ..}} or {"logprob": ..}
-    if isinstance(x, dict):
-        if isinstance(x.get("logprob"), (int, float)):
-            return float(x["logprob"])
-        for v in x.values():
-            if isinstance(v, dict) and isinstance(v.get("logprob"), (int, float)):
-                return float(v["logprob"])
-    return None
-
-
 def group(trajectories: pa.Table, step: int, sample_index: str, validate: bool | None = None) -> pa.Table:
     """The rollouts of one prompt at one step, by rollout index."""
     t = trajectories.filter(
@@ -879,7 +503,7 @@ def sample_across_steps(
         [(REWARD, "mean"), (REWARD, "min"), (REWARD, "max"), (TRACE_ID, "count")]
     )
     rows = [
-        {"step": s, "rollouts": n, "reward mean": m, "reward min": lo, "reward max": hi}
+        {STEP: s, "rollouts": n, "reward mean": m, "reward min": lo, "reward max": hi}
         for s, m, lo, hi, n in zip(
             g.column(STEP).to_pylist(),
             g.column(f"{REWARD}_mean").to_pylist(),
@@ -888,7 +512,7 @@ def sample_across_steps(
             g.column(f"{TRACE_ID}_count").to_pylist(),
         )
     ]
-    return sorted(rows, key=lambda r: (r["step"] is None, r["step"] or 0))
+    return sorted(rows, key=lambda r: (r[STEP] is None, r[STEP] or 0))
 
 
 def load_group_spans(
@@ -904,23 +528,3 @@ def split_by_trace(spans: pa.Table) -> dict[str, pa.Table]:
     for tid in pc.unique(spans.column(TRACE_ID)).to_pylist():
         out[tid] = spans.filter(pc.equal(spans.column(TRACE_ID), tid)).sort_by([(START_NS, "ascending")])
     return out
-
-
-def escape_markdown(text: str) -> str:
-    """Backslash-escape every ASCII punctuation character so Markdown shows ``text`` literally.
-
-    Streamlit's Markdown never renders raw HTML (no ``unsafe_allow_html``);
-    escaping also keeps ``**``, links, headings and ``<tags>`` as typed.
-    """
-    out = []
-    for ch in text:
-        if ch in _MD_SPECIAL:
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("  \n")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-_MD_SPECIAL = set("\\`*_{}[]()<>#+-.!|~$&:\"'=%")

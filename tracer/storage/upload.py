@@ -1,9 +1,8 @@
-"""Remote output: object storage and remote filesystems as ``output_dir``.
+"""Staging and upload: ``output_dir`` on object storage or a remote filesystem.
 
-When ``output_dir`` is a URI (``s3://bucket/prefix``, ``gs://...``, or
-anything :func:`pyarrow.fs.FileSystem.from_uri` or fsspec resolves), the
-recorder writes exactly as it does locally, into a **staging directory** on
-local disk (fsync'd batches, torn tails readable), and :class:`UploadingSpanWriter`
+When ``output_dir`` is a URI (see :mod:`tracer.storage.uri`), the recorder
+writes exactly as it does locally, into a **staging directory** on local disk
+(fsync'd batches, torn tails readable), and :class:`UploadingSpanWriter`
 uploads each file only once it is closed: rotated by size
 (``max_file_bytes``), by age (``upload_interval_s``), or at shutdown. An
 object therefore never holds half a file. On S3 and GCS a single PUT is
@@ -12,22 +11,17 @@ readers ignore) and is then renamed.
 
 Crash recovery: each writer holds an ``flock`` on ``<stem>.lock`` in its
 staging directory while it lives. A writer that starts finds files whose lock
-nobody holds (their process died), repairs a torn last batch, and uploads
-them; ``rollout-trace upload`` does the same without recording.
-
-Readers accept the same URIs (:func:`list_remote`, :func:`open_input`).
-Credentials and endpoints come from the usual places (``AWS_*`` environment
-variables, including ``AWS_ENDPOINT_URL``; or URI query options such as
-``?endpoint_override=...``).
+nobody holds (their process died), repairs them (:func:`tracer.storage.repair.repair_file`:
+a torn last batch is cut off into ``*.repaired.arrow``, the original kept as
+``*.damaged`` in staging) and uploads them; ``rollout-trace upload`` does the
+same without recording.
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import collections
 import contextlib
-import functools
 import hashlib
 import logging
 import os
@@ -38,12 +32,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 import pyarrow as pa
 
 from tracer import schema as S
-from tracer.storage.writer import SpanWriter, fsync_dir
+from tracer.storage.repair import REPAIRED, SOUND, repair_file
+from tracer.storage.uri import filesystem, join_uri, strip_query
+from tracer.storage.writer import SpanWriter
 
 logger = logging.getLogger("rollout_trace")
 
@@ -64,107 +59,6 @@ UPLOAD_CHUNK_BYTES = 8 * 1024 * 1024
 #: Longest wait between retries of a failed upload.
 MAX_RETRY_S = 60.0
 
-_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-def is_remote(path: str | os.PathLike[str]) -> bool:
-    """True for a URI such as ``s3://bucket/x`` (``file://`` and plain paths are local)."""
-    m = _URI.match(os.fspath(path))
-    return m is not None and m.group(1).lower() != "file"
-
-
-def join_uri(uri: str, *parts: str) -> str:
-    """Append path parts to ``uri``, keeping a ``?query`` at the end."""
-    base, sep, query = uri.partition("?")
-    path = "/".join([base.rstrip("/"), *(p.strip("/") for p in parts if p)])
-    return f"{path}?{query}" if sep else path
-
-
-def _strip_query(uri: str) -> str:
-    return uri.partition("?")[0]
-
-
-@functools.lru_cache(maxsize=64)
-def _filesystem_for_dir(dir_uri: str) -> tuple[Any, str]:
-    import pyarrow.fs as pafs
-
-    try:
-        fs, path = pafs.FileSystem.from_uri(dir_uri)
-        return fs, path.rstrip("/")
-    except (pa.ArrowInvalid, ValueError) as exc:
-        if "nrecognized" not in str(exc) and "not supported" not in str(exc).lower():
-            raise
-    try:
-        import fsspec
-    except ImportError:
-        raise ValueError(
-            f"{dir_uri!r}: pyarrow cannot open this kind of URI; pip install fsspec and the package for its scheme"
-        ) from None
-    match = _URI.match(dir_uri)
-    assert match is not None
-    protocol = match.group(1)
-    inner = fsspec.filesystem(protocol)
-    return pafs.PyFileSystem(pafs.FSSpecHandler(inner)), inner._strip_protocol(_strip_query(dir_uri)).rstrip("/")
-
-
-def filesystem(uri: str) -> tuple[Any, str]:
-    """``(pyarrow FileSystem, path inside it)`` for ``uri``."""
-    base, sep, query = uri.partition("?")
-    parent, _, name = base.rstrip("/").rpartition("/")
-    if not parent or parent.endswith(":/"):
-        return _filesystem_for_dir(uri)
-    fs, parent_path = _filesystem_for_dir(parent + (f"?{query}" if sep else ""))
-    return fs, f"{parent_path}/{name}" if parent_path else name
-
-
-def list_remote(uri: str) -> list[str]:
-    """Trace files under ``uri`` (a file, or a prefix searched recursively) as URIs, sorted.
-
-    Raises:
-        FileNotFoundError: nothing exists at ``uri``.
-    """
-    import pyarrow.fs as pafs
-
-    fs, path = filesystem(uri)
-    info = fs.get_file_info(path)
-    if info.type == pafs.FileType.File:
-        return [uri]
-    if info.type != pafs.FileType.Directory:
-        raise FileNotFoundError(f"trace path {uri!r} does not exist; give a .arrow object or a prefix holding them")
-    found = []
-    for item in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
-        if item.type == pafs.FileType.File and item.path.endswith(S.FILE_SUFFIX):
-            found.append(join_uri(uri, item.path[len(path) :].lstrip("/")))
-    return sorted(found)
-
-
-def open_input(file: str) -> Any:
-    """A readable pyarrow stream over a local path or a URI."""
-    if not is_remote(file):
-        return pa.OSFile(file, "rb")
-    fs, path = filesystem(file)
-    return fs.open_input_file(path)  # random access: compacted IPC files seek to their footer
-
-
-def file_size(file: str) -> int:
-    """Size in bytes of a local path or a URI.
-
-    Raises:
-        OSError: it does not exist or cannot be reached.
-    """
-    if not is_remote(file):
-        return os.path.getsize(file)
-    import pyarrow.fs as pafs
-
-    fs, path = filesystem(file)
-    info = fs.get_file_info(path)
-    if info.type != pafs.FileType.File:
-        raise FileNotFoundError(f"{file}: no such object")
-    return int(info.size)
-
-
-# -- staging and upload -------------------------------------------------------
-
 
 def staging_root() -> str:
     """The root of staging directories (``ROLLOUT_TRACE_STAGING_DIR`` or a temp folder)."""
@@ -173,7 +67,7 @@ def staging_root() -> str:
 
 def staging_dir_for(dest_uri: str, root: str | None = None) -> str:
     """The local staging directory of the run that uploads to ``dest_uri``: same URI, same directory."""
-    readable = re.sub(r"[^A-Za-z0-9.-]+", "_", _strip_query(dest_uri))[-80:].strip("_")
+    readable = re.sub(r"[^A-Za-z0-9.-]+", "_", strip_query(dest_uri))[-80:].strip("_")
     digest = hashlib.sha256(dest_uri.encode()).hexdigest()[:12]
     return os.path.join(root or staging_root(), f"{readable}-{digest}")
 
@@ -196,41 +90,29 @@ def _try_lock(path: str) -> int | None:
     return fd
 
 
-def repair_stream(path: str) -> int:
-    """If ``path``'s last batch is torn, rewrite it with only its complete batches.
+class NotUploadableError(Exception):
+    """A staged file that is not a trace file this writer can repair (kept in staging)."""
 
-    Returns the number of batches kept, or -1 when the file was sound and left as is.
-    The rewrite goes to a temporary file that replaces ``path`` atomically; a
-    torn file without one complete batch is removed (0).
+
+def prepare_for_upload(path: str) -> str | None:
+    """Repair a staged file a writer may have left torn; return the file to upload, or None if nothing is readable.
+
+    Raises:
+        NotUploadableError: the file is not one to repair or upload (it stays in staging).
     """
-    kept: list[tuple[pa.RecordBatch, Any]] = []
-    schema = None
-    try:
-        with pa.OSFile(path, "rb") as f:
-            reader = pa.ipc.open_stream(f)
-            schema = reader.schema
-            while True:
-                try:
-                    kept.append(reader.read_next_batch_with_custom_metadata())
-                except StopIteration:
-                    return -1
-    except (OSError, pa.ArrowException):
-        pass
-    tmp = f"{path}.repair-{secrets.token_hex(4)}"
-    with open(tmp, "wb") as out:
-        if schema is not None:
-            with pa.ipc.new_stream(out, schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
-                for batch, meta in kept:
-                    w.write_batch(batch, custom_metadata=meta)
-        out.flush()
-        os.fsync(out.fileno())
-    if schema is None or not kept:
-        os.remove(tmp)
-        os.remove(path)  # no complete batch: nothing a reader could use
-        return 0
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
-    return len(kept)
+    result = repair_file(path)
+    if result.action == SOUND:
+        return path
+    if result.action == REPAIRED:
+        if result.repaired_to:
+            logger.warning(
+                "rollout-trace: %s was damaged; uploading its %d readable batch(es), original kept as %s",
+                path,
+                result.kept_batches,
+                result.damaged_to,
+            )
+        return result.repaired_to or None
+    raise NotUploadableError(result.read.describe())
 
 
 def upload_file(local: str, dest_uri: str) -> str:
@@ -322,9 +204,9 @@ def recover(staging: str, dest_uri: str | None = None) -> tuple[list[str], list[
     try:
         for path in files:
             try:
-                if repair_stream(path) == 0:
-                    continue
-                uploaded.append(upload_file(path, dest_uri))
+                ready = prepare_for_upload(path)
+                if ready is not None:
+                    uploaded.append(upload_file(ready, dest_uri))
             except Exception as exc:
                 failed.append(f"{path}: {type(exc).__name__}: {exc}")
     finally:
@@ -341,13 +223,9 @@ def _close_at_exit(ref: weakref.ref[UploadingSpanWriter]) -> None:
     writer = ref()
     if writer is None or writer._pid != os.getpid():
         return  # a forked child must not close (and so corrupt) its parent's file
-    from tracer.record import recorder as _recorder
-
-    rec = _recorder.ACTIVE
     try:
-        if rec is not None and rec.writer is writer:
-            _recorder.ACTIVE = None
-            rec.shutdown(timeout=30.0)
+        if writer.at_exit is not None:
+            writer.at_exit()  # the owner flushes what it buffers, then closes this writer
         else:
             writer.close()
     except Exception as exc:  # never fail interpreter exit
@@ -365,6 +243,9 @@ class UploadingSpanWriter(SpanWriter):
         upload_interval_s: Close (and upload) a file once it is this old.
         report: ``report(kind, detail, exc)`` for upload problems (the recorder's problem log).
         staging: Staging directory (default :func:`staging_dir_for` ``dest_uri``).
+        at_exit: Called at interpreter exit instead of :meth:`close` (the recorder
+            passes its own shutdown, which flushes its buffer, then closes this writer).
+            It runs before pyarrow finalizes S3, which a handler registered earlier would not.
     """
 
     def __init__(
@@ -376,6 +257,7 @@ class UploadingSpanWriter(SpanWriter):
         upload_interval_s: float = 60.0,
         report: Callable[[str, str, BaseException | None], None] | None = None,
         staging: str | None = None,
+        at_exit: Callable[[], object] | None = None,
     ) -> None:
         staging = staging or staging_dir_for(dest_uri)
         super().__init__(staging, metadata, compression_level, max_file_bytes)
@@ -383,6 +265,7 @@ class UploadingSpanWriter(SpanWriter):
         self._pid = os.getpid()
         self.upload_interval_s = float(upload_interval_s)
         self._report = report
+        self.at_exit = at_exit
         self._lock = threading.RLock()
         self._upload_lock = threading.Lock()
         self._in_write = False
@@ -495,9 +378,13 @@ class UploadingSpanWriter(SpanWriter):
                 if not os.path.exists(path):
                     continue  # another process recovered it first
                 try:
-                    if check and repair_stream(path) == 0:
+                    ready = prepare_for_upload(path) if check else path
+                    if ready is None:
                         continue
-                    self.uploaded.append(upload_file(path, self.dest_uri))
+                    self.uploaded.append(upload_file(ready, self.dest_uri))
+                except NotUploadableError as exc:
+                    if self._report is not None:
+                        self._report("upload failed", f"{path} kept in staging, not uploaded: {exc}", exc)
                 except Exception as exc:
                     attempts += 1
                     if self._report is not None:
@@ -520,46 +407,3 @@ class UploadingSpanWriter(SpanWriter):
     def pending(self) -> list[str]:
         """Staged files not uploaded yet."""
         return [p for p, *_ in tuple(self._pending)]
-
-
-# -- command line --------------------------------------------------------------
-
-
-def register_upload(subparsers: Any) -> None:
-    """Add ``rollout-trace upload``: upload staged files that crashed writers left."""
-    p = subparsers.add_parser(
-        "upload",
-        help="upload trace files a crashed process left in its staging directory",
-        description=(
-            "Upload every staged trace file whose writer is no longer running (repairing a torn last "
-            "batch first) to the URI recorded in its staging directory. Files of running writers are left alone."
-        ),
-    )
-    p.add_argument(
-        "staging",
-        nargs="?",
-        default=None,
-        help=f"a staging directory or a root of them (default: ${ENV_STAGING_DIR} or {staging_root()})",
-    )
-    p.add_argument("--dest", default=None, help="upload here instead of the URI recorded in the staging directory")
-    p.set_defaults(func=_upload_command)
-
-
-def _upload_command(args: argparse.Namespace) -> int:
-    root = args.staging or staging_root()
-    if not os.path.isdir(root):
-        print(f"rollout-trace upload: {root!r} is not a directory")
-        return 2
-    dirs = [d for d, _, files in os.walk(root) if DESTINATION_FILE in files]
-    if not dirs:
-        print(f"rollout-trace upload: no staging directories (with a {DESTINATION_FILE} file) under {root!r}")
-        return 0 if args.staging is None else 2
-    status = 0
-    for d in sorted(dirs):
-        uploaded, failed = recover(d, args.dest)
-        for uri in uploaded:
-            print(f"uploaded {uri}")
-        for line in failed:
-            print(f"FAILED {line}")
-            status = 1
-    return status

@@ -1,0 +1,83 @@
+"""Fixtures of the storage tests: small trace files built with the real writer."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pyarrow as pa
+import pytest
+
+import tracer
+from tracer import schema as S
+from tracer.storage.writer import SpanWriter
+
+
+def span_rows(batch: int, n: int, tag: str = "") -> list[dict[str, object]]:
+    """``n`` spans of one trajectory per batch, with ids that say where they came from."""
+    return [
+        {
+            S.TRACE_ID: f"{tag}t{batch:04d}",
+            S.SPAN_ID: f"{tag}b{batch:04d}s{i:04d}",
+            S.PARENT_SPAN_ID: None if i == 0 else f"{tag}b{batch:04d}s0000",
+            S.NAME: "tool",
+            S.KIND: "tool",
+            S.START_NS: 1_000 + i,
+            S.END_NS: 2_000 + i,
+            S.STATUS: "ok",
+            S.STEP: batch,
+            S.SAMPLE_INDEX: str(batch),
+            S.ROLLOUT_N: 0,
+            S.INPUTS: f'{{"x": {i}}}',
+        }
+        for i in range(n)
+    ]
+
+
+def write_trace_file(
+    path: str,
+    batches: int,
+    rows: int = 2,
+    metadata: dict[str, str] | None = None,
+    close: bool = True,
+    tag: str | None = None,
+) -> list[list[str]]:
+    """Write a stream trace file of ``batches`` batches with the real :class:`SpanWriter`; return span ids per batch.
+
+    Span ids start with ``tag`` (default: the file's name), so files never share spans.
+    """
+    meta = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, **(metadata or {})}
+    writer = SpanWriter(os.path.dirname(path), meta)
+    ids = []
+    for b in range(batches):
+        rows_of = span_rows(b, rows, os.path.basename(path) if tag is None else tag)
+        batch = pa.RecordBatch.from_pylist(rows_of, schema=tracer.schema.SPAN_SCHEMA)
+        writer.write(batch)
+        ids.append(batch.column(S.SPAN_ID).to_pylist())
+    written = writer.path
+    if close:
+        writer.close()
+    else:  # like a killed writer: batches durable, no end-of-stream marker
+        writer._abandon()
+    assert written is not None
+    os.replace(written, path)
+    return ids
+
+
+@pytest.fixture()
+def make_trace_file(tmp_path: os.PathLike[str]) -> Callable[..., tuple[str, list[list[str]]]]:
+    """``make(name, batches, rows=2, ...)`` -> (path, span ids per batch), in a fresh run directory."""
+
+    def make(name: str = "run.arrow", batches: int = 3, **kwargs: object) -> tuple[str, list[list[str]]]:
+        run = os.path.join(os.fspath(tmp_path), "run")
+        os.makedirs(run, exist_ok=True)
+        path = os.path.join(run, name)
+        return path, write_trace_file(path, batches, **kwargs)  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def write_trace() -> Callable[..., list[list[str]]]:
+    """:func:`write_trace_file`, for tests that write many files (property tests)."""
+    return write_trace_file

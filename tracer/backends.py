@@ -1,0 +1,281 @@
+"""Registry of backends: each one's name, sink class, extra and options, declared once.
+
+``arrow`` is the local file writer every other backend is fed from. Every
+other backend is one :class:`Backend` entry in :data:`BACKENDS`: its sink
+class as ``"module:Class"`` (imported only when used, so naming a backend
+never imports its heavy library), the library it needs and the extra that
+installs it, and its options (:class:`Option`: name, type, default, help).
+The CLI (``rollout-trace export PATH --to NAME``) and the Python API
+(:func:`tracer.exporters.export_files`) are built from these entries, and so is the reading of
+live options from ``TraceConfig.backend_options``.
+
+Adding a backend: write a module with a :class:`tracer.exporters.base.Sink`
+class and add one entry here. This module imports no other tracer module but
+:mod:`tracer.extras`, so the config can check backend names against it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tracer.extras import require_backend
+
+#: Name of the local Arrow file writer, the backend every other one is fed from.
+LOCAL_BACKEND = "arrow"
+
+#: ``Option.live_default`` when live export uses the same default as post-hoc export.
+_SAME: Any = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option of a backend.
+
+    Attributes:
+        name: Keyword of :func:`export_files` (``--name-with-dashes`` on the CLI).
+        type: ``str``, ``int``, ``float`` or ``bool``.
+        default: Value for post-hoc export when not given.
+        help: One line for ``--help``.
+        choices: Allowed values (None: any value of ``type``).
+        live_default: Value for live export when not configured (default: ``default``).
+        flag: CLI flag when not ``--name-with-dashes``.
+        live: Read from ``TraceConfig.backend_options`` for live export.
+        live_key: Its flat ``backend_options`` key (default ``<backend>_<name>``).
+    """
+
+    name: str
+    type: type
+    default: Any = None
+    help: str = ""
+    choices: tuple[Any, ...] | None = None
+    live_default: Any = _SAME
+    flag: str | None = None
+    live: bool = True
+    live_key: str | None = None
+
+    @property
+    def cli_flag(self) -> str:
+        """The option's CLI flag."""
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def default_for(self, live: bool) -> Any:
+        """The default in force for live or post-hoc export."""
+        if live and self.live_default is not _SAME:
+            return self.live_default
+        return self.default
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One backend's entry.
+
+    Attributes:
+        name: ``--to`` / ``backend=`` name.
+        sink: ``"module:Class"`` of its :class:`~tracer.exporters.base.Sink`.
+        requires: Library it imports (checked at ``tracer.init``), None for none.
+        extra: The ``pip install 'rollout-trace[extra]'`` extra that installs it.
+        options: Its options.
+        help: What it does, one line.
+    """
+
+    name: str
+    sink: str
+    requires: str | None = None
+    extra: str | None = None
+    options: tuple[Option, ...] = ()
+    help: str = ""
+
+    def option(self, name: str) -> Option | None:
+        """The option called ``name``, if this backend has one."""
+        return next((o for o in self.options if o.name == name), None)
+
+
+class ExportOptionError(ValueError):
+    """An unknown backend or option, or an option value of the wrong type or not among its choices."""
+
+
+_PROJECT = Option("project", str, None, "project on the backend (default: the recorded project name)")
+_EXPERIMENT = Option("experiment", str, None, "run name on the backend (default: the recorded experiment name)")
+
+#: Backend name -> its entry, in the order help texts list them.
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend(
+            "mlflow",
+            "tracer.exporters.mlflow:MlflowSink",
+            requires="mlflow",
+            extra="mlflow",
+            help="one MLflow trace per trajectory, linked to a run with per-step metrics",
+            options=(
+                Option(
+                    "tracking_uri",
+                    str,
+                    None,
+                    "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)",
+                ),
+                Option(
+                    "experiment",
+                    str,
+                    None,
+                    "MLflow experiment (default: the recorded project name; the run is the experiment name)",
+                ),
+                Option(
+                    "method",
+                    str,
+                    "auto",
+                    "auto (fast path on checked mlflow versions), fast, or public (MLflow's span API)",
+                    choices=("auto", "fast", "public"),
+                ),
+            ),
+        ),
+        Backend(
+            "wandb",
+            "tracer.exporters.wandb:WandbSink",
+            requires="wandb",
+            extra="wandb",
+            help="per-step trajectory tables and rollout metrics in a wandb run",
+            options=(
+                _PROJECT,
+                _EXPERIMENT,
+                Option("mode", str, "offline", "wandb mode", choices=("offline", "online"), live_default=None),
+                Option(
+                    "run_dir",
+                    str,
+                    None,
+                    "parent directory of the run's files (default WANDB_DIR or .)",
+                    flag="--dir",
+                    live_key="wandb_dir",
+                ),
+                Option("proxy", str, None, "HTTP(S) proxy for wandb's traffic (verl's wandb_proxy)"),
+                Option("max_rows", int, None, "rows per table increment (at most wandb.Table.MAX_ROWS)"),
+            ),
+        ),
+        Backend(
+            "swanlab",
+            "tracer.exporters.swanlab:SwanlabSink",
+            requires="swanlab",
+            extra="swanlab",
+            help="per-step trajectory tables, conversations and rollout metrics in a SwanLab run",
+            options=(
+                _PROJECT,
+                _EXPERIMENT,
+                Option("mode", str, "local", "swanlab mode", choices=("local", "offline", "online"), live_default=None),
+                Option("log_dir", str, None, "directory of the run's files (default ./swanlog)"),
+            ),
+        ),
+        Backend(
+            "otlp",
+            "tracer.exporters.otlp:OtlpSink",
+            requires="opentelemetry.proto",
+            extra="otlp",
+            help="one OpenTelemetry trace per trajectory (GenAI conventions) posted to an OTLP/HTTP endpoint",
+            options=(
+                Option(
+                    "endpoint", str, None, "OTLP/HTTP URL (default OTEL_EXPORTER_OTLP_ENDPOINT, else 127.0.0.1:4318)"
+                ),
+                Option("headers", str, None, "request headers NAME=VALUE,... (e.g. x-mlflow-experiment-id=1)"),
+                Option("timeout_s", float, 30.0, "seconds per request"),
+            ),
+        ),
+        Backend(
+            "console",
+            "tracer.exporters.console:ConsoleSink",
+            help="one summary line per step on the log and stderr",
+            options=(Option("print", bool, True, "print the lines to stderr too (not only to the log)"),),
+        ),
+    )
+}
+
+#: Options of the file driver, every backend takes them (:func:`export_files`).
+COMMON_OPTIONS: tuple[Option, ...] = (
+    Option("steps", int, None, "export only these steps"),
+    Option("since_step", int, None, "export only steps >= this"),
+    Option("progress", bool, True, "draw a progress bar on stderr"),
+    Option("verify", bool, False, "read the backend back and compare rows, rewards and metrics with the files"),
+    Option("log_val_generations", int, None, "validation rows per step in tables (default: the recorded config's)"),
+)
+
+
+def available_backends() -> tuple[str, ...]:
+    """Names a config's ``backend`` may take."""
+    return (LOCAL_BACKEND, *BACKENDS)
+
+
+def _suggest(name: str, valid: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def get_backend(name: str) -> Backend:
+    """The entry of backend ``name``.
+
+    Raises:
+        ExportOptionError: no such backend; names the valid ones and the closest.
+    """
+    entry = BACKENDS.get(name)
+    if entry is None:
+        raise ExportOptionError(
+            f"unknown backend {name!r}{_suggest(name, list(BACKENDS))}; valid choices are {', '.join(BACKENDS)}"
+        )
+    return entry
+
+
+def load_sink(name: str) -> Any:
+    """Import and return the sink class of backend ``name``.
+
+    Raises:
+        ExportOptionError: no such backend.
+        ImportError: its library is not installed (the message has the pip line).
+    """
+    entry = get_backend(name)
+    if entry.requires and entry.extra:
+        require_backend(entry.requires, entry.extra)
+    module, _, attr = entry.sink.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _coerce(backend: str, option: Option, value: Any) -> Any:
+    if value is None:
+        return None
+    if option.type is bool and isinstance(value, str):
+        low = value.strip().lower()
+        if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+            raise ExportOptionError(f"{backend} option {option.name}={value!r} is not a boolean; give true or false")
+        value = low in ("1", "true", "yes", "on")
+    elif option.type in (int, float) and isinstance(value, str):
+        try:
+            value = option.type(value)
+        except ValueError:
+            raise ExportOptionError(
+                f"{backend} option {option.name}={value!r} is not a {option.type.__name__}"
+            ) from None
+    elif option.type is str and isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if option.choices is not None and value not in option.choices:
+        raise ExportOptionError(
+            f"{backend} option {option.name}={value!r} is not valid; valid values are "
+            f"{', '.join(map(str, option.choices))}"
+        )
+    return value
+
+
+def resolve_options(name: str, options: Mapping[str, Any], live: bool = False) -> dict[str, Any]:
+    """Every option of backend ``name``: the given ones checked, the rest at their defaults.
+
+    Raises:
+        ExportOptionError: an unknown option (naming the valid ones and the
+            closest) or a value of the wrong type or not among its choices.
+    """
+    entry = get_backend(name)
+    known = [o.name for o in entry.options]
+    for key in options:
+        if key not in known:
+            valid = ", ".join(known) or "none"
+            raise ExportOptionError(f"unknown {name} option {key!r}{_suggest(key, known)}; {name} options are: {valid}")
+    return {o.name: _coerce(name, o, options.get(o.name, o.default_for(live))) for o in entry.options}

@@ -1,0 +1,36 @@
+"""``rollout-trace check``: validate trace files; ``--repair`` fixes the damaged ones."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from tracer.storage.check import check_path, format_report, summary_dict
+
+
+def register_check(subparsers: Any) -> None:
+    """Add ``rollout-trace check PATH [--repair] [--json]``."""
+    check = subparsers.add_parser(
+        "check",
+        help="validate trace files (schema, batches, span tree, duplicates); exit 1 on damage",
+        description="Validate every trace file under PATH. Exit status 1 when a file is damaged or spans are duplicated.",
+    )
+    check.add_argument("path")
+    check.add_argument(
+        "--repair", action="store_true", help="rewrite readable data of damaged files; originals kept as *.damaged"
+    )
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.set_defaults(func=run_check)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Check (and with ``--repair`` repair) ``args.path``; 0 when OK or repaired, 1 on damage, 2 on a bad path."""
+    try:
+        report = check_path(args.path, repair=args.repair)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary_dict(report), indent=2) if args.json else format_report(report, args.path))
+    return 0 if report.ok or args.repair else 1

@@ -1,0 +1,75 @@
+"""``rollout-trace dataset RUN --out DIR``: a run's trajectories as a training dataset.
+
+Registered through the ``rollout_trace.commands`` entry point
+(``dataset = "tracer.cli.dataset:register_dataset"``); the work is
+:func:`tracer.data.dataset.to_dataset`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from tracer.data.dataset import (
+    FORMAT_CHOICES,
+    FORMAT_PARQUET,
+    PER_CHOICES,
+    PER_TRAJECTORY,
+    SPLIT_CHOICES,
+    DatasetOptionError,
+    iter_dataset,
+    write_dataset,
+)
+
+#: Exit status for bad input (as argparse uses).
+EXIT_USAGE = 2
+
+
+def register_dataset(subparsers: Any) -> None:
+    """Add the ``dataset`` subcommand to ``rollout-trace``."""
+    p = subparsers.add_parser(
+        "dataset",
+        help="write recorded trajectories as a training dataset (Parquet or JSONL)",
+        description="One row per trajectory (or per model turn): messages in OpenAI chat format, prompt_ids, "
+        "response_ids, response_mask (1 = model token), logprobs, reward, advantage and the trajectory's keys. "
+        "Writes DIR/train.<format> and DIR/validation.<format>.",
+    )
+    p.add_argument("path", help="a trace file or a run's directory (rollout_traces/PROJECT/EXPERIMENT)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write the files into")
+    p.add_argument("--steps", default=None, metavar="SPEC", help="steps to include: N, N,M, N-M, N- or last:K")
+    p.add_argument("--split", choices=SPLIT_CHOICES, default=None, help="only training or validation trajectories")
+    p.add_argument(
+        "--filter",
+        dest="filters",
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="keep trajectories where EXPR holds (repeatable, all must hold): reward>=1, status==ok, turns<=3",
+    )
+    p.add_argument("--per", choices=PER_CHOICES, default=PER_TRAJECTORY, help="one row per trajectory or per turn")
+    p.add_argument("--format", choices=FORMAT_CHOICES, default=FORMAT_PARQUET, help="file format")
+    p.set_defaults(func=run_dataset)
+
+
+def run_dataset(args: argparse.Namespace) -> int:
+    """Run ``rollout-trace dataset``; return the exit status."""
+    if not os.path.exists(args.path):
+        print(
+            f"rollout-trace dataset: error: {args.path!r} does not exist; give a trace file or a run directory",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        tables = iter_dataset(args.path, steps=args.steps, split=args.split, filters=args.filters, per=args.per)
+        counts = write_dataset(tables, args.out, args.format)
+    except (DatasetOptionError, FileNotFoundError) as exc:
+        print(f"rollout-trace dataset: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not counts:
+        print(f"no rows: no trajectory of {args.path} matched; nothing written to {args.out}")
+        return 0
+    for name, n in counts.items():
+        print(f"{n} rows -> {name}")
+    return 0

@@ -1,0 +1,138 @@
+"""``rollout-trace diff RUN_A RUN_B``: per prompt, how run B's rewards differ from run A's.
+
+The numbers are :func:`tracer.compare_runs`'; ``--json`` prints them as one
+JSON object (``config`` differences and ``prompts`` rows) for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import warnings
+from typing import Any
+
+from tracer import schema as S  # noqa: N812 - the schema module, short as elsewhere
+from tracer.compare import (
+    DEFAULT_PASS_THRESHOLD,
+    DELTA,
+    PASS_RATE_A,
+    PASS_RATE_B,
+    PROMPT,
+    REWARD_A,
+    REWARD_B,
+    ROLLOUTS_A,
+    ROLLOUTS_B,
+    compare_runs,
+    diff_configs,
+    read_run_config,
+)
+from tracer.read import TraceFileWarning, list_trace_files
+
+#: Rows the text output prints unless --limit says otherwise.
+DEFAULT_LIMIT = 20
+#: Characters of a prompt the text output shows.
+PROMPT_CHARS = 60
+
+DIFF_EXAMPLES = """examples:
+  rollout-trace diff rollout_traces/gsm8k/grpo-1 rollout_traces/gsm8k/grpo-2
+  rollout-trace diff RUN RUN --steps-a 10 --steps-b 200      # two steps of one run
+  rollout-trace diff RUN_A RUN_B --json > diff.json
+"""
+
+
+def _steps(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give steps as integers separated by commas, e.g. 10,20") from None
+
+
+def register_diff(subparsers: Any) -> None:
+    """Add ``rollout-trace diff RUN_A RUN_B``."""
+    p = subparsers.add_parser(
+        "diff",
+        help="compare two runs (or two steps of one run) prompt by prompt",
+        description="Per prompt: rollouts, reward mean and pass rate of A and B, and B - A; the biggest regression first.",
+        epilog=DIFF_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_a", help="run A: a trace file or directory")
+    p.add_argument("run_b", help="run B (the same path again with --steps-a/--steps-b compares two steps)")
+    p.add_argument("--steps-a", type=_steps, help="steps of A, comma-separated (default all)")
+    p.add_argument("--steps-b", type=_steps, help="steps of B, comma-separated (default all)")
+    p.add_argument("--split", choices=("both", "train", "validation"), default="both", help="rollouts to compare")
+    p.add_argument(
+        "--pass-threshold",
+        type=float,
+        default=DEFAULT_PASS_THRESHOLD,
+        help=f"a rollout passes at reward >= this (default {DEFAULT_PASS_THRESHOLD})",
+    )
+    p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help=f"prompts to print (default {DEFAULT_LIMIT})")
+    p.add_argument("--json", action="store_true", help="print every prompt and the config differences as JSON")
+    p.set_defaults(func=run_diff)
+
+
+def _num(x: Any) -> Any:
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    """Print the comparison of ``args.run_a`` and ``args.run_b``."""
+    for path in (args.run_a, args.run_b):
+        try:
+            if not list_trace_files(path):
+                print(f"error: no trace files (*.arrow) under {path!r}; give a run directory", file=sys.stderr)
+                return 2
+        except FileNotFoundError as exc:
+            print(f"error: {exc}; give a trace file or a run directory", file=sys.stderr)
+            return 2
+    validate = {"both": None, "train": False, "validation": True}[args.split]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TraceFileWarning)
+        table = compare_runs(
+            args.run_a,
+            args.run_b,
+            steps_a=args.steps_a,
+            steps_b=args.steps_b,
+            validate=validate,
+            pass_threshold=args.pass_threshold,
+        )
+        config = diff_configs(read_run_config(args.run_a), read_run_config(args.run_b))
+    rows = table.to_pylist()
+    if args.json:
+        out = {
+            "run_a": args.run_a,
+            "run_b": args.run_b,
+            "config": [{"key": k, "a": a, "b": b} for k, a, b in config],
+            "prompts": [{k: _num(v) for k, v in r.items()} for r in rows],
+        }
+        print(json.dumps(out, ensure_ascii=False, default=str))
+    else:
+        print(f"A: {args.run_a}" + (f" steps {args.steps_a}" if args.steps_a else ""))
+        print(f"B: {args.run_b}" + (f" steps {args.steps_b}" if args.steps_b else ""))
+        if config:
+            print("config differences:")
+            for key, a, b in config:
+                print(f"  {key}: {a!r} -> {b!r}")
+        print(f"{len(rows)} prompt(s); biggest regression first")
+        print(
+            f"{'sample':>10} {'n_a':>4} {'n_b':>4} {'reward_a':>9} {'reward_b':>9} {'delta':>8} {'pass_a':>7} {'pass_b':>7}  prompt"
+        )
+        for r in rows[: max(0, args.limit)]:
+            prompt = " ".join(str(r[PROMPT] or "").split())[:PROMPT_CHARS]
+            print(
+                f"{r[S.SAMPLE_INDEX]:>10} {r[ROLLOUTS_A]:>4} {r[ROLLOUTS_B]:>4} {_fmt(r[REWARD_A]):>9} "
+                f"{_fmt(r[REWARD_B]):>9} {_fmt(r[DELTA], '+.3f'):>8} {_fmt(r[PASS_RATE_A], '.0%'):>7} "
+                f"{_fmt(r[PASS_RATE_B], '.0%'):>7}  {prompt}"
+            )
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return 0

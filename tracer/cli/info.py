@@ -1,0 +1,37 @@
+"""``rollout-trace info``: summarise the trace files under a path."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Any
+
+from tracer import schema as S
+from tracer.read import TraceFileWarning, list_trace_files
+from tracer.summary import read_trajectories
+
+
+def register_info(subparsers: Any) -> None:
+    """Add ``rollout-trace info PATH``."""
+    info = subparsers.add_parser("info", help="summarise the trace files under PATH")
+    info.add_argument("path")
+    info.set_defaults(func=run_info)
+
+
+def run_info(args: argparse.Namespace) -> int:
+    """Print files, trajectories and steps under ``args.path``, then every reader warning."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TraceFileWarning)
+        try:
+            files = list_trace_files(args.path)
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        table = read_trajectories(args.path)
+    steps = sorted({s for s in table[S.STEP].to_pylist() if s is not None})
+    span = f"steps {steps[0]}-{steps[-1]} ({len(steps)})" if steps else "no steps"
+    print(f"{args.path}: {len(files)} file(s), {table.num_rows} trajectories, {span}")
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return 0

@@ -1,0 +1,209 @@
+"""Comparing two runs, or two steps of one run, prompt by prompt: :func:`compare_runs`.
+
+A prompt is a ``(validate, sample_index)`` pair: the same sample index names
+the same prompt in both runs when they read the same data set in the same
+order (the verl convention). Per prompt the comparison gives the rollouts,
+the reward mean and the pass rate of A and of B, and B minus A.
+
+:func:`read_run_config` and :func:`diff_configs` say which training settings
+differ between the runs (the ``run_config`` each run recorded with
+:func:`tracer.init`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracer import schema as S  # noqa: N812 - the schema module, short as elsewhere
+from tracer.read import TracePaths, list_trace_files, read_file_metadata, read_spans
+from tracer.summary import TURN_SPAN_COLUMNS, prompt_and_response, read_trajectories, trajectory_turns
+
+#: Columns of :func:`compare_runs`' table (besides ``sample_index`` and ``validate``).
+PROMPT = "prompt"
+ROLLOUTS_A = "rollouts_a"
+ROLLOUTS_B = "rollouts_b"
+REWARD_A = "reward_a"
+REWARD_B = "reward_b"
+DELTA = "delta"
+PASS_RATE_A = "pass_rate_a"
+PASS_RATE_B = "pass_rate_b"
+PASS_RATE_DELTA = "pass_rate_delta"
+TRACE_ID_A = "trace_id_a"
+TRACE_ID_B = "trace_id_b"
+
+#: A rollout passes when its reward is at least this (a full score on 0/1 rewards).
+DEFAULT_PASS_THRESHOLD = 1.0
+#: Key of the training config inside the recorded tracer config.
+RUN_CONFIG_KEY = "run_config"
+
+COMPARE_SCHEMA = pa.schema(
+    [
+        pa.field(S.VALIDATE, pa.bool_()),
+        pa.field(S.SAMPLE_INDEX, pa.string()),
+        pa.field(PROMPT, pa.string()),
+        pa.field(ROLLOUTS_A, pa.int64()),
+        pa.field(ROLLOUTS_B, pa.int64()),
+        pa.field(REWARD_A, pa.float64()),
+        pa.field(REWARD_B, pa.float64()),
+        pa.field(DELTA, pa.float64()),
+        pa.field(PASS_RATE_A, pa.float64()),
+        pa.field(PASS_RATE_B, pa.float64()),
+        pa.field(PASS_RATE_DELTA, pa.float64()),
+        pa.field(TRACE_ID_A, pa.string()),
+        pa.field(TRACE_ID_B, pa.string()),
+    ]
+)
+
+
+def _per_prompt(trajectories: pa.Table, pass_threshold: float) -> dict[tuple[bool, str], dict[str, Any]]:
+    """Per (validate, sample_index): rollouts, reward mean, pass rate, the first trajectory's trace id."""
+    t = trajectories.filter(pc.is_valid(trajectories.column(S.SAMPLE_INDEX)))
+    reward = t.column(S.REWARD)
+    work = pa.table(
+        {
+            "v": pc.fill_null(t.column(S.VALIDATE), False),
+            "s": t.column(S.SAMPLE_INDEX),
+            "r": reward,
+            "p": pc.cast(pc.greater_equal(reward, pass_threshold), pa.float64()),
+            "id": t.column(S.TRACE_ID),
+        }
+    )
+    g = work.group_by(["v", "s"], use_threads=False).aggregate(
+        [("id", "count"), ("r", "mean"), ("p", "mean"), ("id", "min")]
+    )
+    out = {}
+    for r in g.to_pylist():
+        out[(bool(r["v"]), r["s"])] = {"n": r["id_count"], "r": r["r_mean"], "p": r["p_mean"], "id": r["id_min"]}
+    return out
+
+
+def _prompts(path: str | os.PathLike[str], trace_ids: list[str]) -> dict[str, str]:
+    """Each trajectory's prompt as text (:func:`tracer.summary.prompt_and_response`)."""
+    if not trace_ids:
+        return {}
+    spans = read_spans(path, columns=TURN_SPAN_COLUMNS, trace_ids=trace_ids)
+    return {tid: prompt_and_response(turns)[0] for tid, turns in trajectory_turns(spans).items()}
+
+
+def _minus(b: float | None, a: float | None) -> float | None:
+    return None if a is None or b is None else b - a
+
+
+def compare_runs(
+    run_a: str | os.PathLike[str],
+    run_b: str | os.PathLike[str],
+    steps_a: int | Iterable[int] | None = None,
+    steps_b: int | Iterable[int] | None = None,
+    validate: bool | None = None,
+    pass_threshold: float = DEFAULT_PASS_THRESHOLD,
+    prompts: bool = True,
+) -> pa.Table:
+    """Per prompt, the rollouts of run A against run B, the biggest regression first.
+
+    Two steps of one run compare the same way: ``compare_runs(run, run,
+    steps_a=10, steps_b=200)``.
+
+    Args:
+        run_a: Run A (a trace file or directory).
+        run_b: Run B.
+        steps_a: Steps of A to take (default all).
+        steps_b: Steps of B to take (default all).
+        validate: Only validation (True) or training (False) rollouts; None both.
+        pass_threshold: A rollout passes when its reward is at least this.
+        prompts: Add each prompt's text (reads one trajectory per prompt).
+
+    Returns:
+        A table of :data:`COMPARE_SCHEMA`: ``validate``, ``sample_index``,
+        ``prompt``, ``rollouts_a/b``, ``reward_a/b`` (mean reward; null without
+        one), ``delta`` (``reward_b - reward_a``), ``pass_rate_a/b``,
+        ``pass_rate_delta`` and one trajectory of each (``trace_id_a/b``).
+        Sorted by ``delta`` ascending (nulls last), then prompt.
+    """
+    a = _per_prompt(read_trajectories(run_a, steps=steps_a, validate=validate), pass_threshold)
+    b = _per_prompt(read_trajectories(run_b, steps=steps_b, validate=validate), pass_threshold)
+    keys = sorted(set(a) | set(b), key=lambda k: (k[0], len(k[1]), k[1]))
+    text_a = _prompts(run_a, [a[k]["id"] for k in keys if k in a]) if prompts else {}
+    missing = [b[k]["id"] for k in keys if k not in a]
+    text_b = _prompts(run_b, missing) if prompts else {}
+    rows = []
+    for k in keys:
+        ra, rb = a.get(k, {}), b.get(k, {})
+        rows.append(
+            {
+                S.VALIDATE: k[0],
+                S.SAMPLE_INDEX: k[1],
+                PROMPT: text_a.get(ra.get("id", "")) or text_b.get(rb.get("id", "")),
+                ROLLOUTS_A: ra.get("n", 0),
+                ROLLOUTS_B: rb.get("n", 0),
+                REWARD_A: ra.get("r"),
+                REWARD_B: rb.get("r"),
+                DELTA: _minus(rb.get("r"), ra.get("r")),
+                PASS_RATE_A: ra.get("p"),
+                PASS_RATE_B: rb.get("p"),
+                PASS_RATE_DELTA: _minus(rb.get("p"), ra.get("p")),
+                TRACE_ID_A: ra.get("id"),
+                TRACE_ID_B: rb.get("id"),
+            }
+        )
+    rows.sort(key=lambda r: (r[DELTA] is None, r[DELTA] if r[DELTA] is not None else 0.0))
+    return pa.Table.from_pylist(rows, schema=COMPARE_SCHEMA)
+
+
+def read_run_config(path: TracePaths) -> dict[str, Any]:
+    """The training config a run recorded (``tracer.init(run_config=...)``); empty when none.
+
+    Read from the newest trace file's metadata that holds one.
+    """
+    files = list_trace_files(path)
+    for file in sorted(files, key=lambda f: os.path.getmtime(f) if os.path.exists(f) else 0, reverse=True):
+        try:
+            config = json.loads(read_file_metadata(file).get(S.META_CONFIG, "{}"))
+        except (OSError, ValueError, pa.ArrowException):
+            continue
+        run_config = config.get(RUN_CONFIG_KEY) if isinstance(config, Mapping) else None
+        if isinstance(run_config, Mapping) and run_config:
+            return dict(run_config)
+    return {}
+
+
+def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``); lists stay values."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten_config(value, full + "."))
+        else:
+            out[full] = value
+    return out
+
+
+def _same(x: Any, y: Any) -> bool:
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    return bool(x == y) and type(x) is type(y)
+
+
+#: :func:`diff_configs` marks a key one run lacks with this.
+MISSING = "<not set>"
+
+
+def diff_configs(config_a: Mapping[str, Any], config_b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The dotted keys whose values differ between two configs: ``(key, value_a, value_b)``, by key.
+
+    A key only one config has shows :data:`MISSING` on the other side.
+    """
+    fa, fb = flatten_config(config_a), flatten_config(config_b)
+    out = []
+    for key in sorted(set(fa) | set(fb)):
+        va, vb = fa.get(key, MISSING), fb.get(key, MISSING)
+        if not _same(va, vb):
+            out.append((key, va, vb))
+    return out

@@ -1,0 +1,801 @@
+"""One exporter interface: a :class:`Sink` per backend, driven live or from files.
+
+On OpenTelemetry's split (``BatchSpanProcessor`` owns the queue and the
+thread, a ``SpanExporter`` owns only the wire), a backend here is a
+:class:`Sink`: it opens a destination for a run, writes one step's
+trajectories, closes, and reads back what it holds for ``--verify``. Two
+drivers feed the same sink code:
+
+- :class:`LiveDriver`, attached to the recorder by ``tracer.init(backend=...)``:
+  fed every durable span batch on the writer thread (it only queues), it
+  groups spans into finished trajectories and complete steps on a thread of
+  its own, retries a failing backend with backoff, and never blocks or raises
+  into the rollout: what it cannot ship is counted and logged once with the
+  command that catches up from the files.
+- :func:`export_files`, the post-hoc driver behind ``rollout-trace export``:
+  it reads a trace path step chunk by step chunk and feeds the same sink.
+
+"Step complete" is decided here, once: a step is complete when a trajectory
+of a later step arrived, or at ``flush()``/``shutdown()``/the end of the files.
+
+Adding a backend is one module with a sink class plus one entry in
+:data:`tracer.backends.BACKENDS`; :mod:`tracer.exporters.console`
+is the smallest example.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import pyarrow as pa
+
+from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+from tracer.backends import load_sink, resolve_options
+from tracer.compare import read_run_config
+from tracer.exporters.tables import (
+    Progress,
+    iter_step_chunks,
+    open_run,
+)
+from tracer.read import TracePaths
+from tracer.summary import step_metrics, summarize
+
+if TYPE_CHECKING:
+    from tracer.config import TraceConfig
+
+logger = logging.getLogger("rollout_trace")
+
+#: Trajectory states in a :class:`StepBatch`.
+NEW = "new"  # to be written
+EXISTING = "existing"  # already at the destination (post-hoc re-export): count it, do not write it
+LATE = "late"  # spans arriving after their trajectory was written (a reward logged afterwards)
+
+#: Steps this far behind the newest one forget their trajectories (a late
+#: trajectory of such a step is written with metrics over the late ones only).
+KEEP_STEPS = 8
+#: Seconds before a live driver whose destination failed to open tries again.
+OPEN_RETRY_S = 30.0
+#: Trajectory ids a live driver remembers as written (to recognise late spans).
+WRITTEN_MEMORY = 1_000_000
+
+
+# -- what flows between drivers and sinks ------------------------------------------
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One trajectory handed to a sink.
+
+    Attributes:
+        summary: Its row of :data:`tracer.schema.TRAJECTORY_SCHEMA` (a dict).
+        spans: Its span rows (dicts of :data:`tracer.schema.SPAN_SCHEMA` columns; only
+            the sink's :attr:`SinkBase.span_columns`, none when it needs none).
+        state: :data:`NEW`, :data:`EXISTING` or :data:`LATE`.
+    """
+
+    summary: dict[str, Any]
+    spans: list[dict[str, Any]]
+    state: str = NEW
+
+
+@dataclasses.dataclass
+class StepBatch:
+    """One step's trajectories, as a driver hands them to :meth:`Sink.write`.
+
+    Attributes:
+        step: The training step (None for trajectories recorded without one).
+        trajectories: Trajectories not handed over before, ordered by sample
+            index and rollout.
+        metrics: ``{validate: step_metrics values}`` over every trajectory of
+            the step seen so far; None while the step is not complete (only
+            sinks with ``streams = True`` get such batches).
+        summaries: Summaries of every trajectory of the step seen so far.
+    """
+
+    step: int | None
+    trajectories: list[Trajectory]
+    metrics: dict[bool, dict[str, float]] | None
+    summaries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Target:
+    """The run a sink opens its destination for.
+
+    Attributes:
+        project: Project name (recorded or configured; None when unknown).
+        experiment: Experiment name.
+        log_val_generations: Validation trajectories per step to show in tables.
+        run_config: Config to record on the backend's run.
+        live: True when fed by :class:`LiveDriver` (a run of this process).
+    """
+
+    project: str | None
+    experiment: str | None
+    log_val_generations: int = 10
+    run_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    live: bool = False
+
+
+@dataclasses.dataclass
+class Written:
+    """What one :meth:`Sink.write` sent, for the report and for ``--verify``.
+
+    Attributes:
+        sent: Trajectories written.
+        skipped: Trajectories handed over but not written (a table's cap, already there).
+        spans: Spans written (backends that write spans).
+        rows: ``trace_id -> reward`` the destination should now hold.
+        metrics: ``(step, key) -> value`` the destination should now hold.
+        notes: Lines for the report.
+    """
+
+    sent: int = 0
+    skipped: int = 0
+    spans: int = 0
+    rows: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    metrics: dict[tuple[Any, str], float] = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, other: Written) -> None:
+        """Accumulate ``other`` into this one."""
+        self.sent += other.sent
+        self.skipped += other.skipped
+        self.spans += other.spans
+        self.rows.update(other.rows)
+        self.metrics.update(other.metrics)
+        self.notes.extend(other.notes)
+
+
+@dataclasses.dataclass
+class ReadBack:
+    """What a destination holds, as :meth:`Sink.read_back` reads it.
+
+    Attributes:
+        rows: ``trace_id -> reward`` of the rows found.
+        metrics: ``(step, key) -> value`` found; None when the backend's
+            metrics are not read back.
+        shared: The destination may hold rows of other exports (an MLflow
+            experiment): rows not sent are then not "unexpected".
+        where: Where it was read (for the lines).
+    """
+
+    rows: dict[str, float | None]
+    metrics: dict[tuple[Any, str], float] | None = None
+    shared: bool = False
+    where: str = ""
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    """Whether a destination holds what was sent.
+
+    Attributes:
+        backend: Backend name.
+        ok: Nothing missing, unexpected or different.
+        expected: Rows (trajectories) expected.
+        found: Rows read back (only expected ones when the destination is shared).
+        missing: Trace ids expected and not found.
+        unexpected: Trace ids found and not sent.
+        mismatched: Trace ids found with a different reward.
+        metrics_expected: Step metric values expected (0 when not checked).
+        metrics_missing: ``(step, key)`` expected and not found.
+        metrics_mismatched: ``(step, key)`` found with a different value.
+        lines: The result in words, one line for rows and one for metrics.
+    """
+
+    backend: str
+    ok: bool
+    expected: int
+    found: int
+    missing: list[str] = dataclasses.field(default_factory=list)
+    unexpected: list[str] = dataclasses.field(default_factory=list)
+    mismatched: list[str] = dataclasses.field(default_factory=list)
+    metrics_expected: int = 0
+    metrics_missing: list[tuple[Any, str]] = dataclasses.field(default_factory=list)
+    metrics_mismatched: list[tuple[Any, str]] = dataclasses.field(default_factory=list)
+    lines: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def compare(
+        cls,
+        backend: str,
+        rows: Mapping[str, float | None],
+        metrics: Mapping[tuple[Any, str], float],
+        found: ReadBack,
+    ) -> VerifyResult:
+        """Compare what was sent (``rows``, ``metrics``) with what was read back."""
+        got = {t: r for t, r in found.rows.items() if t in rows} if found.shared else dict(found.rows)
+        missing = [t for t in rows if t not in got]
+        unexpected = [t for t in got if t not in rows]
+        mismatched = [t for t in rows if t in got and not same_value(rows[t], got[t])]
+        where = f" in {found.where}" if found.where else ""
+        row_ok = not (missing or unexpected or mismatched)
+        lines = [
+            f"verify {backend}: {'OK' if row_ok else 'FAILED'}: {len(got)} trajectory rows read back{where}, "
+            f"{len(rows)} expected; {len(missing)} missing, {len(unexpected)} unexpected, "
+            f"{len(mismatched)} with a different reward"
+        ]
+        m_missing: list[tuple[Any, str]] = []
+        m_wrong: list[tuple[Any, str]] = []
+        if found.metrics is not None:
+            m_missing = [k for k in metrics if k not in found.metrics]
+            m_wrong = [k for k in metrics if k in found.metrics and not same_value(metrics[k], found.metrics[k])]
+            m_ok = not (m_missing or m_wrong)
+            lines.append(
+                f"verify {backend}: {'OK' if m_ok else 'FAILED'}: {len(metrics)} step metric values expected, "
+                f"{len(m_missing)} missing, {len(m_wrong)} different"
+            )
+        return cls(
+            backend,
+            row_ok and not (m_missing or m_wrong),
+            len(rows),
+            len(got),
+            missing,
+            unexpected,
+            mismatched,
+            len(metrics) if found.metrics is not None else 0,
+            m_missing,
+            m_wrong,
+            lines,
+        )
+
+    def merge(self, other: VerifyResult) -> VerifyResult:
+        """Both results as one (several destinations of one export)."""
+        return VerifyResult(
+            self.backend,
+            self.ok and other.ok,
+            self.expected + other.expected,
+            self.found + other.found,
+            self.missing + other.missing,
+            self.unexpected + other.unexpected,
+            self.mismatched + other.mismatched,
+            self.metrics_expected + other.metrics_expected,
+            self.metrics_missing + other.metrics_missing,
+            self.metrics_mismatched + other.metrics_mismatched,
+            self.lines + other.lines,
+        )
+
+
+def same_value(a: float | None, b: float | None) -> bool:
+    """Equal rewards or metric values (None equals None, NaN equals NaN, floats within 1e-9)."""
+    if a is None or b is None:
+        return a is None and b is None
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@dataclasses.dataclass
+class ExportReport:
+    """What an export sent and skipped.
+
+    Attributes:
+        backend: Backend name.
+        trajectories_sent: Trajectories written to the backend.
+        trajectories_skipped: Trajectories not sent (already there, filtered, capped).
+        spans_sent: Spans written.
+        details: Human-readable notes (where to look, why things were skipped).
+        verify: The read-back check when one was asked for.
+    """
+
+    backend: str
+    trajectories_sent: int = 0
+    trajectories_skipped: int = 0
+    spans_sent: int = 0
+    details: list[str] = dataclasses.field(default_factory=list)
+    verify: VerifyResult | None = None
+    #: Trajectories sent to a destination that already held others of the
+    #: run: what a live export (stopped, failed, cut off at shutdown) missed.
+    caught_up: int = 0
+
+
+# -- the interface a backend implements --------------------------------------------
+
+
+class Sink(Protocol):
+    """The wire of one backend: what both drivers call.
+
+    A sink is built as ``SinkClass(options)`` with its options resolved by the
+    registry; every method may raise (the live driver retries and counts, the
+    file driver reports). :class:`SinkBase` has defaults for all but :meth:`write`.
+
+    Attributes:
+        span_columns: Span columns :attr:`Trajectory.spans` must carry (None:
+            all of them; empty: the sink needs no spans, the file driver reads none).
+        streams: Hand over finished trajectories before their step is complete
+            (then :attr:`StepBatch.metrics` is None until it is).
+    """
+
+    span_columns: ClassVar[Sequence[str] | None]
+    streams: ClassVar[bool]
+
+    def open(self, target: Target) -> set[str]:
+        """Open the destination for a run; return the trace ids already there (skipped post hoc)."""
+
+    def write(self, batch: StepBatch) -> Written:
+        """Write one step's trajectories (and its metrics when ``batch.metrics`` is set); may buffer."""
+
+    def flush(self) -> None:
+        """Send whatever :meth:`write` buffered."""
+
+    def close(self) -> list[str]:
+        """Flush and release the destination; return notes for the report (where it is)."""
+
+    def read_back(self) -> ReadBack:
+        """Read what the destination holds (after :meth:`close`), for ``--verify``."""
+
+
+class SinkBase:
+    """Defaults for a :class:`Sink`: all span columns, whole steps, nothing buffered or there before, no read-back."""
+
+    span_columns: ClassVar[Sequence[str] | None] = None
+    streams: ClassVar[bool] = False
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.options = dict(options)
+
+    @classmethod
+    def sources(cls, path: str, options: Mapping[str, Any]) -> Iterator[tuple[TracePaths, str | None, str | None]]:
+        """``(paths to read, project, experiment)`` per destination a trace path goes to (default: one).
+
+        None names come from the files' metadata.
+        """
+        yield path, None, None
+
+    def open(self, target: Target) -> set[str]:
+        """Nothing is there before."""
+        return set()
+
+    def write(self, batch: StepBatch) -> Written:
+        """Write one step's trajectories: what every backend implements."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+    def close(self) -> list[str]:
+        """Nothing to release."""
+        return []
+
+    def read_back(self) -> ReadBack:
+        """Not supported unless a backend reads itself back."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be read back for --verify")
+
+
+# -- the live driver ---------------------------------------------------------------
+
+
+class Driver(Protocol):
+    """What the recorder holds per live backend (:class:`LiveDriver`)."""
+
+    def export(self, batch: pa.RecordBatch) -> None:
+        """Queue a durable batch of spans; never block."""
+
+    def flush(self, timeout: float | None) -> bool:
+        """Write everything queued now; True when done within ``timeout``."""
+
+    def shutdown(self, timeout: float | None) -> None:
+        """Write everything queued (up to ``timeout`` seconds), close the sink, stop."""
+
+
+def _sort_key(t: Trajectory) -> tuple[Any, ...]:
+    sample = t.summary.get(S.SAMPLE_INDEX) or ""
+    return (bool(t.summary.get(S.VALIDATE)), len(str(sample)), str(sample), t.summary.get(S.ROLLOUT_N) or 0)
+
+
+def _step_order(step: int | None) -> tuple[bool, int]:
+    return (step is None, step or 0)
+
+
+def _metrics_of(summaries: Sequence[dict[str, Any]]) -> dict[bool, dict[str, float]]:
+    if not summaries:
+        return {}
+    table = pa.Table.from_pylist(list(summaries), schema=S.TRAJECTORY_SCHEMA)
+    return {bool(validate): dict(values) for (_, validate), values in step_metrics(table).items()}
+
+
+class LiveDriver:
+    """Feeds a sink from the recorder: queue, group into steps, retry, never raise.
+
+    :meth:`export` runs on the recorder's writer thread and only appends to a
+    queue. A thread of the driver's own groups spans by trajectory; once a
+    trajectory's root span has been seen for ``grace_s`` (so rewards logged
+    just after the rollout are included) it is finished, summarised and kept
+    by step; a step is written once a trajectory of a later step arrived, or
+    at :meth:`flush`/:meth:`shutdown`. A step written early and later joined
+    by more trajectories is written again with only the new ones (metrics
+    over all of them).
+
+    Args:
+        sink: The backend.
+        backend: Backend name (messages, the catch-up command).
+        target: The run to open the sink for (opened on the driver's thread, at the first write).
+        run_dir: The run's trace folder (the catch-up command).
+        grace_s: Wait this long after a root span before the trajectory is finished.
+        max_queued_spans: Beyond this, the oldest queued batches are dropped
+            (counted; the files still hold them).
+        retries: Attempts per write before it counts as failed.
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        backend: str,
+        target: Target,
+        run_dir: str,
+        grace_s: float,
+        max_queued_spans: int = 500_000,
+        retries: int = 5,
+    ) -> None:
+        self.sink = sink
+        self.backend = backend
+        self.target = target
+        self.run_dir = run_dir
+        self.grace_s = grace_s
+        self.max_queued_spans = max_queued_spans
+        self.retries = retries
+        self.trajectories_written = 0
+        self.trajectories_failed = 0
+        self.spans_dropped = 0
+        self._queue: collections.deque[pa.RecordBatch] = collections.deque()
+        self._queued_spans = 0
+        self._pending: dict[str, list[pa.RecordBatch]] = {}
+        self._root_seen: dict[str, float] = {}
+        self._held: dict[int | None, list[Trajectory]] = {}
+        self._seen: dict[int | None, dict[str, dict[str, Any]]] = {}
+        self._due: set[int | None] = set()  # steps with trajectories whose metrics are not written yet
+        self._written: set[str] = set()
+        self._newest: int | None = None
+        self._opened = False
+        self._open_error: Exception | None = None
+        self._open_failed_at = 0.0
+        self._warned: set[str] = set()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._lock = threading.Lock()
+        self._stop = False
+        self._flush_now = False
+        self._thread = threading.Thread(target=self._run, name=f"rollout-trace-{backend}", daemon=True)
+        self._thread.start()
+
+    # -- called by the recorder ------------------------------------------------
+
+    def export(self, batch: pa.RecordBatch) -> None:
+        """Queue a durable batch (writer thread; never blocks)."""
+        with self._lock:
+            self._queue.append(batch)
+            self._queued_spans += batch.num_rows
+            while self._queued_spans > self.max_queued_spans and len(self._queue) > 1:
+                old = self._queue.popleft()
+                self._queued_spans -= old.num_rows
+                self.spans_dropped += old.num_rows
+                self._warn_once("queue full", f"live queue full; {old.num_rows} spans left to catch up from the files")
+        self._idle.clear()
+        self._wake.set()
+
+    def flush(self, timeout: float | None) -> bool:
+        """Write every queued trajectory whose root was seen, and every step held, now; wait until done."""
+        self._flush_now = True
+        self._idle.clear()
+        self._wake.set()
+        return self._idle.wait(timeout)
+
+    def shutdown(self, timeout: float | None) -> None:
+        """Write everything queued (root seen or not), close the sink, stop the thread."""
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._warn_once("shutdown", f"gave up after {timeout} s with trajectories unwritten")
+
+    # -- the thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(timeout=max(self.grace_s / 2, 0.05))
+            self._wake.clear()
+            stopping = self._stop
+            flushing, self._flush_now = self._flush_now, False
+            try:
+                self._cycle(stopping, flushing)
+            except Exception as exc:  # the driver's own bug: never let it kill the thread silently
+                self._warn_once("internal", f"internal error ({type(exc).__name__}: {exc})")
+            if flushing or (not self._pending and not self._queue):
+                self._idle.set()
+            if stopping:
+                self._close()
+                self._idle.set()
+                return
+
+    def _cycle(self, stopping: bool, flushing: bool) -> None:
+        with self._lock:
+            batches = list(self._queue)
+            self._queue.clear()
+            self._queued_spans = 0
+        now = time.monotonic()
+        for batch in batches:
+            self._absorb(batch, now)
+        ready = [t for t, seen in self._root_seen.items() if stopping or flushing or now - seen >= self.grace_s]
+        if stopping:
+            ready.extend(t for t in self._pending if t not in self._root_seen)
+        for tid in ready:
+            self._root_seen.pop(tid, None)
+            parts = self._pending.pop(tid, None)
+            if parts:
+                self._take(pa.Table.from_batches(parts))
+        force = stopping or flushing
+        steps = sorted(self._due, key=_step_order)
+        out: list[StepBatch] = []
+        for step in steps:
+            complete = force or (step is not None and self._newest is not None and step < self._newest)
+            held = self._held.pop(step, [])
+            if complete:
+                self._due.discard(step)
+                summaries = list(self._seen.get(step, {}).values())
+                out.append(StepBatch(step, sorted(held, key=_sort_key), _metrics_of(summaries), summaries))
+            elif self.sink.streams and held:
+                out.append(StepBatch(step, sorted(held, key=_sort_key), None, list(self._seen.get(step, {}).values())))
+            else:
+                self._held[step] = held
+        if out:
+            self._write(out, stopping)
+        self._forget_old_steps()
+
+    def _absorb(self, batch: pa.RecordBatch, now: float) -> None:
+        traces = batch.column(batch.schema.get_field_index(S.TRACE_ID))
+        parents = batch.column(batch.schema.get_field_index(S.PARENT_SPAN_ID))
+        order: dict[str, list[int]] = {}
+        for i, tid in enumerate(traces.to_pylist()):
+            order.setdefault(tid, []).append(i)
+        roots = {traces[i].as_py() for i in range(batch.num_rows) if not parents[i].is_valid}
+        for tid, rows in order.items():
+            self._pending.setdefault(tid, []).append(batch.take(pa.array(rows, pa.int64())))
+            if tid in roots:
+                self._root_seen.setdefault(tid, now)
+
+    def _take(self, spans: pa.Table) -> None:
+        """Turn one finished trajectory's spans into a held :class:`Trajectory` (or drop it)."""
+        summaries = summarize(spans).to_pylist()
+        if not summaries:
+            return
+        summary = summaries[0]
+        tid, step = summary[S.TRACE_ID], summary[S.STEP]
+        rows = spans.to_pylist()
+        late = tid in self._written and not any(r[S.PARENT_SPAN_ID] is None for r in rows)
+        if not tid or (summary[S.NUM_SPANS] == 0 and not late):
+            # Rewards logged for a trajectory this process did not record: the
+            # files join them (post-hoc export); live there is nothing to put them on.
+            return
+        seen = self._seen.setdefault(step, {})
+        if late and tid in seen:
+            earlier = seen[tid]
+            if summary[S.REWARD] is not None:
+                earlier[S.REWARD], earlier[S.REWARD_INFO] = summary[S.REWARD], summary[S.REWARD_INFO]
+            summary = earlier
+        else:
+            seen[tid] = summary
+        columns = self.sink.span_columns
+        if columns is not None:
+            rows = [{c: r.get(c) for c in columns} for r in rows] if columns else []
+        self._held.setdefault(step, []).append(Trajectory(summary, rows, LATE if late else NEW))
+        self._due.add(step)
+        if step is not None and (self._newest is None or step > self._newest):
+            self._newest = step
+
+    def _forget_old_steps(self) -> None:
+        if self._newest is None:
+            return
+        for old in [s for s in self._seen if s is not None and s < self._newest - KEEP_STEPS]:
+            if old not in self._due:
+                self._seen.pop(old, None)
+
+    def _open(self) -> None:
+        if self._opened:
+            return
+        # A destination that failed to open is not retried for a while, so a
+        # flush does not wait on it again and again.
+        if self._open_error is not None and time.monotonic() - self._open_failed_at < OPEN_RETRY_S:
+            raise self._open_error
+        try:
+            self.sink.open(self.target)
+        except Exception as exc:
+            self._open_error, self._open_failed_at = exc, time.monotonic()
+            raise
+        self._opened = True
+
+    def _write(self, batches: list[StepBatch], stopping: bool) -> None:
+        for batch in batches:
+            n = sum(1 for t in batch.trajectories if t.state == NEW)
+
+            def send(batch: StepBatch = batch) -> None:
+                self._open()
+                for note in self.sink.write(batch).notes:
+                    logger.info("rollout-trace %s exporter: %s", self.backend, note)
+                self.sink.flush()
+
+            if self._retry(send, stopping, f"{n} trajectories of step {batch.step}"):
+                self.trajectories_written += n
+            else:
+                self.trajectories_failed += n
+            if len(self._written) > WRITTEN_MEMORY:
+                self._written.clear()  # bounded memory; later late spans then count as trajectories of their own
+            self._written.update(t.summary[S.TRACE_ID] for t in batch.trajectories)
+
+    def _retry(self, fn: Any, stopping: bool, what: str) -> bool:
+        delay = 0.5
+        for attempt in range(1, self.retries + 1):
+            try:
+                fn()
+                return True
+            except Exception as exc:
+                if attempt == self.retries or (stopping and attempt >= 2):
+                    self._warn_once(
+                        "write failed",
+                        f"{what} not written after {attempt} attempts ({type(exc).__name__}: {exc}); "
+                        f"the files hold them: rollout-trace export {self.run_dir} --to {self.backend}",
+                    )
+                    return False
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        return False
+
+    def _close(self) -> None:
+        if not self._opened:
+            return
+        try:
+            for note in self.sink.close():
+                logger.debug("rollout-trace %s exporter: %s", self.backend, note)
+        except Exception as exc:
+            self._warn_once("close", f"could not close ({type(exc).__name__}: {exc})")
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            logger.warning("rollout-trace %s exporter: %s (logged once)", self.backend, message)
+
+
+def _with_run_config(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """What a backend's run records: the training run's config (``run_config``) at the top, the tracer's under ``rollout_trace``."""
+    run_config = recorded.get("run_config")
+    out = dict(run_config) if isinstance(run_config, Mapping) else {}
+    out["rollout_trace"] = {k: v for k, v in recorded.items() if k != "run_config"}
+    return out
+
+
+def live_target(config: TraceConfig) -> Target:
+    """The run a live driver opens its sink for: this process's project, experiment and config."""
+    return Target(
+        config.project_name,
+        config.experiment_name,
+        config.log_val_generations,
+        _with_run_config(config.to_dict()),
+        live=True,
+    )
+
+
+# -- the file driver ---------------------------------------------------------------
+
+
+def drive_files(
+    sink_class: type[SinkBase],
+    backend: str,
+    path: str | os.PathLike[str],
+    options: Mapping[str, Any],
+    *,
+    steps: int | Sequence[int] | None = None,
+    since_step: int | None = None,
+    progress: bool = True,
+    verify: bool = False,
+    log_val_generations: int | None = None,
+) -> ExportReport:
+    """Export a trace path through ``sink_class``, step chunk by step chunk.
+
+    Options are already checked (see :func:`tracer.exporters.base.export_files`).
+
+    Raises:
+        FileNotFoundError: ``path`` holds no trace files.
+    """
+    report = ExportReport(backend)
+    wanted = [steps] if isinstance(steps, int) else steps
+    p = os.fspath(path)
+    for read_path, project, experiment in sink_class.sources(p, options):
+        run = open_run(read_path, wanted, since_step)
+        cap = run.log_val_generations if log_val_generations is None else log_val_generations
+        target = Target(
+            project or run.project,
+            experiment or run.experiment,
+            cap,
+            {**read_run_config(read_path), "rollout_trace_source": os.path.abspath(p)},
+        )
+        sink = sink_class(options)
+        existing = sink.open(target)
+        total = Written()
+        bar = Progress(run.trajectories.num_rows, f"export {backend}", progress)
+        try:
+            columns = sink.span_columns
+            for trajs, spans in iter_step_chunks(run, columns):
+                by_step: dict[int | None, list[Trajectory]] = {}
+                for summary in trajs.to_pylist():
+                    tid = summary[S.TRACE_ID]
+                    state = EXISTING if tid in existing else NEW
+                    by_step.setdefault(summary[S.STEP], []).append(Trajectory(summary, spans.get(tid, []), state))
+                for step in sorted(by_step, key=_step_order):
+                    held = sorted(by_step[step], key=_sort_key)
+                    summaries = [t.summary for t in held]
+                    total.add(sink.write(StepBatch(step, held, _metrics_of(summaries), summaries)))
+                    bar.update(len(held))
+            sink.flush()
+        finally:
+            bar.close()
+            notes = sink.close()
+        report.trajectories_sent += total.sent
+        if existing and total.sent:
+            report.caught_up += total.sent
+            report.details.append(
+                f"caught up {total.sent} trajectories the destination did not have yet "
+                f"({len(existing)} were there already, e.g. shipped live)"
+            )
+        report.trajectories_skipped += total.skipped + run.not_selected
+        report.spans_sent += total.spans
+        report.details.extend(total.notes)
+        report.details.extend(notes)
+        if run.not_selected:
+            report.details.append(f"{run.not_selected} trajectories outside the selected steps not exported")
+        if verify:
+            result = VerifyResult.compare(backend, total.rows, total.metrics, sink.read_back())
+            report.verify = result if report.verify is None else report.verify.merge(result)
+            report.details.extend(result.lines)
+    return report
+
+
+def export_files(
+    path: str | os.PathLike[str],
+    to: str,
+    *,
+    steps: int | Sequence[int] | None = None,
+    since_step: int | None = None,
+    progress: bool = True,
+    verify: bool = False,
+    log_val_generations: int | None = None,
+    **options: Any,
+) -> ExportReport:
+    """Export trace files to backend ``to``.
+
+    Args:
+        path: A trace file or a folder of them.
+        to: Backend name (:data:`BACKENDS`).
+        steps: Export only this step or these steps.
+        since_step: Export only steps >= this.
+        progress: Draw a progress bar on stderr.
+        verify: Read the backend back and compare rows, rewards and metrics;
+            the result is ``report.verify``.
+        log_val_generations: Validation rows per step in tables (default: the recorded config's).
+        **options: The backend's options (:attr:`Backend.options`).
+
+    Raises:
+        ExportOptionError: unknown backend or option, or a bad option value.
+        FileNotFoundError: ``path`` holds no trace files.
+        ImportError: the backend's library is not installed (with the pip line).
+    """
+    resolved = resolve_options(to, options)
+    sink_class = load_sink(to)
+    return drive_files(
+        sink_class,
+        to,
+        path,
+        resolved,
+        steps=steps,
+        since_step=since_step,
+        progress=progress,
+        verify=verify,
+        log_val_generations=log_val_generations,
+    )

@@ -1,0 +1,301 @@
+"""OTLP/HTTP export: every trajectory as an OpenTelemetry trace, with the GenAI conventions.
+
+One trace per trajectory, with the trace and span ids of the files (so
+re-exporting sends the same ids: receivers that upsert, as MLflow's OTLP
+endpoint does, end up with one copy). Spans carry OpenTelemetry's GenAI
+semantic conventions:
+
+* the root: ``gen_ai.operation.name = "invoke_agent"``, ``gen_ai.agent.name``,
+  ``gen_ai.conversation.id`` and the trajectory's attributes
+  (``rollout_trace.step``, ``.sample_index``, ``.rollout_n``, ``.validate``,
+  ``.reward``, ``.status``);
+* llm spans: ``gen_ai.operation.name = "chat"``, ``gen_ai.input.messages``
+  and ``gen_ai.output.messages`` (JSON, the conventions' parts format),
+  ``gen_ai.usage.input_tokens``/``output_tokens``,
+  ``gen_ai.response.finish_reasons``;
+* tool spans: ``gen_ai.operation.name = "execute_tool"``,
+  ``gen_ai.tool.name``, ``gen_ai.tool.call.arguments``/``result``/``id``.
+
+Every span also carries ``input.value``/``output.value`` (its recorded
+inputs and outputs) and ``rollout_trace.kind``. ``log_reward`` rows are not
+spans here: the reward is on the root. The wire is protobuf over HTTP POST
+(``/v1/traces``), built with ``opentelemetry-proto`` and sent with the
+standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+from tracer.exporters.base import NEW, SinkBase, StepBatch, Target, Trajectory, Written
+from tracer.extras import import_backend
+from tracer.summary import ROLE_ASSISTANT, ROLE_TOOL, Turn, content_text, span_turn, trajectory_turns
+
+#: Environment variables OpenTelemetry's exporters read, in the order they are tried.
+ENV_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+#: Endpoint when none is given: an OpenTelemetry collector on this machine.
+DEFAULT_ENDPOINT = "http://127.0.0.1:4318"
+#: Path of the traces service under an endpoint given without one.
+TRACES_PATH = "/v1/traces"
+#: Trajectories per HTTP request.
+TRAJECTORIES_PER_REQUEST = 64
+#: Longest attribute value sent, in characters (receivers refuse huge attributes).
+MAX_ATTRIBUTE_CHARS = 65_536
+SERVICE_NAME = "rollout-trace"
+
+# Attribute names (OpenTelemetry GenAI semantic conventions, and this project's).
+GEN_AI_OPERATION = "gen_ai.operation.name"
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_CONVERSATION = "gen_ai.conversation.id"
+GEN_AI_PROVIDER = "gen_ai.provider.name"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
+GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_RESULT = "gen_ai.tool.call.result"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+ATTR_PREFIX = "rollout_trace."
+ATTR_INPUT = "input.value"
+ATTR_OUTPUT = "output.value"
+
+
+def traces_url(endpoint: str | None) -> str:
+    """The URL to POST to: ``endpoint`` (or the OTEL environment variables), ``/v1/traces`` added when it has no path."""
+    if endpoint is None:
+        given = os.environ.get(ENV_TRACES_ENDPOINT)
+        if given:
+            return given
+        endpoint = os.environ.get(ENV_ENDPOINT) or DEFAULT_ENDPOINT
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"otlp endpoint {endpoint!r} is not an http(s) URL; e.g. --endpoint http://127.0.0.1:4318")
+    if parts.path in ("", "/"):
+        return endpoint.rstrip("/") + TRACES_PATH
+    return endpoint
+
+
+def parse_headers(text: str | None) -> dict[str, str]:
+    """``"k1=v1,k2=v2"`` (as ``OTEL_EXPORTER_OTLP_HEADERS``) as a dict."""
+    out: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"otlp header {item!r} is not NAME=VALUE; e.g. --headers x-mlflow-experiment-id=1")
+        out[key.strip()] = urllib.parse.unquote(value.strip())
+    return out
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_ATTRIBUTE_CHARS else text[:MAX_ATTRIBUTE_CHARS] + "...(cut)"
+
+
+def _parts_message(turn: Turn) -> dict[str, Any]:
+    """A turn as a GenAI-conventions message (``role`` and ``parts``)."""
+    parts: list[dict[str, Any]] = []
+    text = content_text(turn.content) if turn.content is not None else turn.text
+    if turn.role == ROLE_TOOL:
+        parts.append({"type": "tool_call_response", "id": turn.tool_call_id, "response": text or ""})
+    elif text:
+        parts.append({"type": "text", "content": text})
+    for call in turn.tool_calls:
+        try:
+            args: Any = json.loads(call.arguments)
+        except ValueError:
+            args = call.arguments
+        parts.append({"type": "tool_call", "id": call.id, "name": call.name, "arguments": args})
+    msg: dict[str, Any] = {"role": turn.role, "parts": parts}
+    if turn.role == ROLE_ASSISTANT and turn.finish_reason:
+        msg["finish_reason"] = turn.finish_reason
+    return msg
+
+
+class OtlpSink(SinkBase):
+    """POSTs each trajectory as an OTLP trace to an OTLP/HTTP endpoint (protobuf)."""
+
+    span_columns: ClassVar[Sequence[str] | None] = None
+    streams: ClassVar[bool] = True
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        super().__init__(options)
+        self.pb = import_backend("opentelemetry.proto.collector.trace.v1.trace_service_pb2", "otlp")
+        self.trace_pb = import_backend("opentelemetry.proto.trace.v1.trace_pb2", "otlp")
+        self.common_pb = import_backend("opentelemetry.proto.common.v1.common_pb2", "otlp")
+        self.url = traces_url(self.options.get("endpoint"))
+        self.headers = parse_headers(self.options.get("headers"))
+        self.timeout = float(self.options.get("timeout_s") or 30.0)
+        self.target: Target | None = None
+        self.requests = 0
+
+    def open(self, target: Target) -> set[str]:
+        """Remember the run's names (resource attributes); nothing is skipped: re-sending upserts."""
+        self.target = target
+        return set()
+
+    # -- building the request --------------------------------------------------
+
+    def _value(self, value: Any) -> Any:
+        v = self.common_pb.AnyValue()
+        if isinstance(value, bool):
+            v.bool_value = value
+        elif isinstance(value, int):
+            v.int_value = value
+        elif isinstance(value, float):
+            v.double_value = value
+        elif isinstance(value, (list, tuple)):
+            v.array_value.values.extend(self._value(x) for x in value)
+        else:
+            v.string_value = _cut(str(value))
+        return v
+
+    def _attrs(self, attrs: Mapping[str, Any]) -> list[Any]:
+        return [self.common_pb.KeyValue(key=k, value=self._value(v)) for k, v in attrs.items() if v is not None]
+
+    def _span_attrs(self, row: Mapping[str, Any], summary: Mapping[str, Any], turns: list[Turn]) -> dict[str, Any]:
+        kind = row[S.KIND]
+        attrs: dict[str, Any] = {ATTR_PREFIX + "kind": kind, GEN_AI_CONVERSATION: summary[S.TRACE_ID]}
+        if row.get(S.INPUTS) is not None:
+            attrs[ATTR_INPUT] = row[S.INPUTS]
+        if row.get(S.OUTPUTS) is not None:
+            attrs[ATTR_OUTPUT] = row[S.OUTPUTS]
+        turn = span_turn(row)
+        if kind == S.KIND_LLM and turn is not None:
+            pos = next((i for i, t in enumerate(turns) if t.span_id == row[S.SPAN_ID]), None)
+            before = turns[:pos] if pos is not None else []
+            if not before and turn.prompt_text is not None:
+                before = [Turn(role="user", text=turn.prompt_text, content=turn.prompt_text)]
+            shown = turns[pos] if pos is not None else turn
+            attrs.update(
+                {
+                    GEN_AI_OPERATION: "chat",
+                    GEN_AI_PROVIDER: SERVICE_NAME,
+                    GEN_AI_INPUT_MESSAGES: json.dumps([_parts_message(t) for t in before], ensure_ascii=False),
+                    GEN_AI_OUTPUT_MESSAGES: json.dumps([_parts_message(shown)], ensure_ascii=False),
+                    GEN_AI_INPUT_TOKENS: turn.prompt_token_count,
+                    GEN_AI_OUTPUT_TOKENS: turn.token_count,
+                    GEN_AI_FINISH_REASONS: [turn.finish_reason] if turn.finish_reason else None,
+                }
+            )
+        elif kind == S.KIND_TOOL and turn is not None:
+            shown = next((t for t in turns if t.span_id == row[S.SPAN_ID]), turn)
+            attrs.update(
+                {
+                    GEN_AI_OPERATION: "execute_tool",
+                    GEN_AI_TOOL_NAME: shown.tool_name or row[S.NAME],
+                    GEN_AI_TOOL_ARGUMENTS: turn.arguments,
+                    GEN_AI_TOOL_RESULT: shown.text,
+                    GEN_AI_TOOL_CALL_ID: shown.tool_call_id,
+                }
+            )
+        return attrs
+
+    def _root_attrs(self, summary: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            GEN_AI_OPERATION: "invoke_agent",
+            GEN_AI_AGENT_NAME: summary[S.NAME],
+            ATTR_PREFIX + S.STEP: summary[S.STEP],
+            ATTR_PREFIX + S.SAMPLE_INDEX: summary[S.SAMPLE_INDEX],
+            ATTR_PREFIX + S.ROLLOUT_N: summary[S.ROLLOUT_N],
+            ATTR_PREFIX + S.VALIDATE: bool(summary[S.VALIDATE]),
+            ATTR_PREFIX + S.REWARD: summary[S.REWARD],
+            ATTR_PREFIX + S.STATUS: summary[S.STATUS],
+            ATTR_PREFIX + S.REWARD_INFO: summary[S.REWARD_INFO],
+        }
+
+    def trajectory_spans(self, traj: Trajectory) -> list[Any]:
+        """The OTLP spans of one trajectory (``log_reward`` rows left out: the reward is on the root)."""
+        tp = self.trace_pb
+        summary = traj.summary
+        rows = [r for r in traj.spans if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)]
+        turns = trajectory_turns(rows).get(summary[S.TRACE_ID], [])
+        out = []
+        for r in rows:
+            attrs = self._span_attrs(r, summary, turns)
+            is_root = r[S.PARENT_SPAN_ID] is None
+            if is_root:
+                attrs.update(self._root_attrs(summary))
+            span = tp.Span(
+                trace_id=bytes.fromhex(r[S.TRACE_ID]),
+                span_id=bytes.fromhex(r[S.SPAN_ID]),
+                name=str(r[S.NAME]),
+                kind=tp.Span.SPAN_KIND_CLIENT if r[S.KIND] == S.KIND_LLM else tp.Span.SPAN_KIND_INTERNAL,
+                start_time_unix_nano=int(r[S.START_NS]),
+                end_time_unix_nano=int(r[S.END_NS]),
+                attributes=self._attrs(attrs),
+            )
+            if not is_root:
+                span.parent_span_id = bytes.fromhex(r[S.PARENT_SPAN_ID])
+            if r[S.STATUS] == S.STATUS_OK:
+                span.status.code = tp.Status.STATUS_CODE_OK
+            else:
+                span.status.code = tp.Status.STATUS_CODE_ERROR
+                err = r.get(S.ERROR)
+                span.status.message = _cut(str(err) if err is not None else str(r[S.STATUS]))
+            out.append(span)
+        return out
+
+    def request(self, trajectories: Sequence[Trajectory]) -> Any:
+        """The ``ExportTraceServiceRequest`` of some trajectories."""
+        tp = self.trace_pb
+        resource_attrs = {
+            "service.name": SERVICE_NAME,
+            ATTR_PREFIX + "project": self.target.project if self.target else None,
+            ATTR_PREFIX + "experiment": self.target.experiment if self.target else None,
+        }
+        rs = tp.ResourceSpans()
+        rs.resource.attributes.extend(self._attrs(resource_attrs))
+        scope = rs.scope_spans.add()
+        scope.scope.name = "rollout_trace"
+        for t in trajectories:
+            scope.spans.extend(self.trajectory_spans(t))
+        return self.pb.ExportTraceServiceRequest(resource_spans=[rs])
+
+    # -- the wire ----------------------------------------------------------------
+
+    def post(self, body: bytes) -> None:
+        """POST one protobuf request; raise with the receiver's answer when it is not a success."""
+        req = urllib.request.Request(
+            self.url,
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/x-protobuf", **self.headers},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 - a user-given http(s) URL
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:300].decode("utf-8", "replace")
+            raise RuntimeError(f"OTLP receiver {self.url} answered {exc.code}: {detail}") from None
+        except urllib.error.URLError as exc:
+            raise ConnectionError(f"cannot reach the OTLP receiver at {self.url} ({exc.reason})") from None
+        self.requests += 1
+
+    def write(self, batch: StepBatch) -> Written:
+        """Send the batch's new trajectories (late rewards are not re-sent: the root went out already)."""
+        written = Written()
+        todo = [t for t in batch.trajectories if t.state == NEW and t.spans]
+        for i in range(0, len(todo), TRAJECTORIES_PER_REQUEST):
+            part = todo[i : i + TRAJECTORIES_PER_REQUEST]
+            req = self.request(part)
+            self.post(req.SerializeToString())
+            written.spans += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+            written.sent += len(part)
+            written.rows.update({t.summary[S.TRACE_ID]: t.summary[S.REWARD] for t in part})
+        written.skipped += len(batch.trajectories) - len(todo)
+        return written
+
+    def close(self) -> list[str]:
+        """Nothing is held; say where the traces went."""
+        return [f"OTLP traces posted to {self.url} ({self.requests} requests)"] if self.requests else []

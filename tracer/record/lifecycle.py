@@ -1,0 +1,163 @@
+"""Process exit hooks: make the files durable and drain live exporters before the process goes.
+
+``atexit`` does not run when a process is ended by SIGTERM (how Ray,
+Kubernetes and Slurm stop jobs), SIGHUP, or by Ray tearing down its workers
+at ``ray.shutdown()`` (measured: /work/shared/FACTS.md, 2026-12-01). So
+:func:`install` also hooks SIGTERM, SIGINT and SIGHUP, chaining to whatever
+handler the application (or Ray) had installed, and wraps ``ray.shutdown``
+and ``ray.actor.exit_actor`` when Ray is already imported (this module never
+imports Ray itself).
+
+Every hook calls the same ``drain(timeout)`` and waits for it at most
+``timeout`` seconds, on a helper thread: a signal can arrive while the
+interrupted thread holds one of the recorder's locks, so the signal handler
+never does the work itself and can never deadlock; past the bound the
+process goes on exiting and what was not shipped live is caught up from the
+files by the next ``rollout-trace export``. ``os._exit`` and SIGKILL cannot be
+hooked: they lose at most what was recorded in the last flush interval.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("rollout_trace")
+
+#: Signals whose arrival drains the recorder before the previous handler runs.
+SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
+#: Attribute marking the wrappers this module installed (never wrap twice).
+_MARK = "__rollout_trace_drain__"
+
+_drain: Callable[[float], object] | None = None
+_timeout_s = 10.0
+_lock = threading.Lock()
+#: Signal -> the handler that was in force before ours.
+_previous: dict[int, Any] = {}
+
+
+def install(drain: Callable[[float], object], timeout_s: float) -> None:
+    """Run ``drain(timeout_s)`` when this process is told to stop; chain to the hooks already there.
+
+    Calling it again replaces ``drain`` and the bound (one recorder per
+    process); the signal handlers and Ray wrappers are installed once.
+
+    Args:
+        drain: Makes everything recorded durable and ships it live; must honour its timeout.
+        timeout_s: The longest a stop waits for ``drain``.
+    """
+    global _drain, _timeout_s
+    with _lock:
+        _drain, _timeout_s = drain, float(timeout_s)
+    _install_signals()
+    _wrap_ray()
+
+
+def uninstall() -> None:
+    """Forget ``drain`` and give the signals back their previous handlers (tests use it)."""
+    global _drain
+    with _lock:
+        _drain = None
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig, previous in list(_previous.items()):
+        if getattr(signal.getsignal(sig), _MARK, False):
+            signal.signal(sig, previous)
+        _previous.pop(sig, None)
+
+
+def drain_now(reason: str) -> bool:
+    """Run the installed drain with the configured bound; True when it finished in time.
+
+    Never raises: a drain that fails or hangs is logged, and the caller
+    (an exit path) goes on.
+    """
+    with _lock:
+        drain, timeout = _drain, _timeout_s
+    if drain is None:
+        return True
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            drain(timeout)
+        except BaseException as exc:  # the tracer's trouble never stops an exit
+            errors.append(exc)
+
+    helper = threading.Thread(target=work, name="rollout-trace-drain", daemon=True)
+    helper.start()
+    helper.join(timeout)
+    if helper.is_alive():
+        logger.warning(
+            "rollout-trace: %s: gave up draining after %.1f s (shutdown_timeout_s); the files hold what was "
+            "recorded up to the last flush: rollout-trace export catches the rest up",
+            reason,
+            timeout,
+        )
+        return False
+    if errors:
+        logger.warning("rollout-trace: %s: drain failed (%s: %s)", reason, type(errors[0]).__name__, errors[0])
+        return False
+    return True
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    drain_now(f"signal {signal.Signals(signum).name}")
+    previous = _previous.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        # Die of the signal as the process would have without us (exit status included).
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    # SIG_IGN: the application ignores it; so do we, after draining.
+
+
+setattr(_on_signal, _MARK, True)
+
+
+def _install_signals() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal.signal works only there; atexit and the Ray wrappers still apply
+    for sig in SIGNALS:
+        current = signal.getsignal(sig)
+        if getattr(current, _MARK, False):
+            continue
+        if current is None:  # installed from C (not by Python): cannot chain to it
+            continue
+        try:
+            signal.signal(sig, _on_signal)
+        except (ValueError, OSError):
+            continue
+        _previous[sig] = current
+
+
+def _draining(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        drain_now(reason)
+        return fn(*args, **kwargs)
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+def _wrap_ray() -> None:
+    """Drain before ``ray.shutdown()`` and ``ray.actor.exit_actor()`` (only when Ray is imported already)."""
+    ray: Any = sys.modules.get("ray")
+    if ray is None:
+        return
+    shutdown = getattr(ray, "shutdown", None)
+    if callable(shutdown) and not getattr(shutdown, _MARK, False):
+        ray.shutdown = _draining(shutdown, "ray.shutdown()")
+    actor = sys.modules.get("ray.actor")
+    exit_actor = getattr(actor, "exit_actor", None)
+    if callable(exit_actor) and not getattr(exit_actor, _MARK, False):
+        wrapped = _draining(exit_actor, "ray.actor.exit_actor()")
+        actor.exit_actor = wrapped  # type: ignore[union-attr]

@@ -1,0 +1,115 @@
+"""Recording per-token arrays a trainer computes for a turn: :func:`log_token_stats`.
+
+A trainer knows, per response token, things the rollout does not: its own
+logprob of the token (``old_logprobs``), the reference model's
+(``ref_logprobs``), the entropy, the advantage, the loss mask. Logged here,
+they are written as one span row per call (name :data:`TOKEN_STATS_SPAN_NAME`,
+kind ``span``) in the trajectory's trace, its ``inputs`` holding
+``{"turn": i, "arrays": {name: [...]}}``; :func:`tracer.read_token_stats`
+reads them back, one row per (trajectory, turn).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tracer import schema as S  # noqa: N812 - the schema module, short as elsewhere
+from tracer.record import recorder as _recorder
+from tracer.record.capture import capture
+from tracer.record.context import CURRENT_SPAN, Trajectory
+from tracer.record.recorder import OpSpec
+from tracer.summary import TOKEN_STATS_KEY_COLUMNS
+
+#: Name of the span row one :func:`log_token_stats` call writes.
+TOKEN_STATS_SPAN_NAME = "log_token_stats"
+#: Keys of that row's ``inputs`` JSON.
+TOKEN_STATS_TURN_KEY = "turn"
+TOKEN_STATS_ARRAYS_KEY = "arrays"
+TOKEN_STATS_SOURCE_KEY = "source"
+
+TOKEN_STATS_SPEC = OpSpec(None, TOKEN_STATS_SPAN_NAME, S.KIND_SPAN)
+
+_get = CURRENT_SPAN.get
+
+
+def _check_arrays(arrays: dict[str, Any]) -> None:
+    if not arrays:
+        raise ValueError("log_token_stats: give at least one array, e.g. log_token_stats(0, old_logprobs=[...])")
+    for name, value in arrays.items():
+        if name in TOKEN_STATS_KEY_COLUMNS:
+            raise ValueError(f"log_token_stats: {name!r} is a key column of the stats table; rename that array")
+        ndim = getattr(value, "ndim", None)
+        if ndim is not None and ndim != 1:
+            raise ValueError(
+                f"log_token_stats: {name} has {ndim} dimensions; give one value per response token of this turn "
+                f"(for a batch tensor, the row of this trajectory, masked to its response: t[i, :length])"
+            )
+        if ndim is None and (isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__")):
+            raise TypeError(
+                f"log_token_stats: {name} must be a sequence of numbers (list, numpy array, tensor), "
+                f"got {type(value).__name__}"
+            )
+
+
+def log_token_stats(
+    turn: int,
+    *,
+    step: int | None = None,
+    sample_index: int | str | None = None,
+    rollout_n: int | None = None,
+    validate: bool | None = None,
+    source: str | None = None,
+    **arrays: Any,
+) -> None:
+    """Attach per-token arrays to turn ``turn`` (0-based llm call) of a trajectory.
+
+    Inside a trajectory (a ``rollout_trace_attr`` block) they apply to it;
+    outside, ``step``, ``sample_index``, ``rollout_n`` and ``validate`` name
+    the trajectory, as for :func:`tracer.log_reward`. Conventional names:
+    ``old_logprobs`` (the trainer's logprob of each token),
+    ``rollout_logprobs`` (the inference engine's; default: the logprobs the
+    turn recorded), ``ref_logprobs``, ``entropy``, ``advantages``,
+    ``loss_mask`` (1 where the token is trained on). Any other name is kept too.
+    ``source`` says where the numbers came from (e.g. ``"synthetic"`` in a
+    demo), shown beside them.
+
+    Raises:
+        TypeError: ``turn`` is not an int, or an array is not a sequence.
+        ValueError: no arrays, an array is not one-dimensional, or no
+            trajectory is named outside one.
+    """
+    if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
+        raise TypeError(f"log_token_stats: turn must be the 0-based index of the llm call, got {turn!r}")
+    if source is not None and not isinstance(source, str):
+        raise TypeError(f"log_token_stats: source must be a string naming where the arrays came from, got {source!r}")
+    _check_arrays(arrays)
+    rec = _recorder.ACTIVE
+    if rec is None:
+        return
+    try:
+        frame = _get()
+        traj = frame[2] if frame is not None and step is None and sample_index is None else None
+        if traj is None:
+            key_index = None if sample_index is None else str(sample_index)
+            traj = rec.find_trajectory(step, key_index, rollout_n, validate)
+            if traj is None:
+                if key_index is None:
+                    raise ValueError(
+                        "log_token_stats: called outside a trajectory without step and sample_index; "
+                        "call it inside rollout_trace_attr(...) or pass step=, sample_index=, rollout_n="
+                    )
+                traj = Trajectory(step, key_index, rollout_n, validate, "", None, True, 0, 0)
+        if not traj.recording:
+            return
+        traj.spans += 1
+        now = time.time_ns()
+        payload = {TOKEN_STATS_TURN_KEY: turn, TOKEN_STATS_SOURCE_KEY: source, TOKEN_STATS_ARRAYS_KEY: capture(arrays)}
+        rec.append(
+            (next(rec.span_ids), traj.root_span_id or None, traj.trace_id, TOKEN_STATS_SPEC, traj, now, now, None)
+            + (None, payload, None, None)
+        )
+    except ValueError:
+        raise
+    except Exception as exc:
+        rec.internal_error("logging token stats", exc)

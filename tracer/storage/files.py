@@ -1,0 +1,738 @@
+"""The one reader of trace files, whole or damaged: :func:`read_batches`.
+
+Every path that reads spans goes through here: the public readers
+(``tracer.read``), ``check``, ``repair``, ``compact`` and the uploader.
+Before pyarrow decodes anything, the file's messages are walked by hand
+(framing, flatbuffer headers, the 8-byte length in front of each compressed
+buffer), so that:
+
+* a torn file is read up to its last complete batch, and the result says
+  where and why it stopped (:attr:`FileRead.damage`);
+* a file whose span columns have types the readers cannot use is refused as
+  a whole (:attr:`FileRead.skipped`), the same way by every reader and by
+  ``check``;
+* memory stays bounded whatever the file claims: a batch is decompressed
+  only if the bytes it declares (decompressed buffers of the columns asked
+  for, plus a per-row cost) fit the file's budget, ``max(MIN_BUDGET_BYTES,
+  expansion x size on disk)``, counted over the whole file. The first batch
+  over budget and every batch after it are refused (:attr:`FileRead.refused`
+  names them and the sizes).
+
+Only regular files are opened: a FIFO, device or directory named ``x.arrow``
+is skipped before ``open`` (which would block on a FIFO).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import struct
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from tracer import schema as S
+from tracer.storage import uri as _uri
+
+#: First bytes of an Arrow IPC *file* (streams start with a continuation marker).
+ARROW_FILE_MAGIC = b"ARROW1"
+#: The 8 bytes that end a cleanly closed Arrow IPC stream.
+EOS_MARKER = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+#: Environment variable: decompressed bytes allowed per byte on disk (default :data:`MAX_EXPANSION`).
+ENV_MAX_EXPANSION = "ROLLOUT_TRACE_MAX_EXPANSION"
+#: Default budget factor: a file may decompress to this many times its size on disk.
+#: Real trace files expand 3-10x (zstd over JSON and token ids).
+MAX_EXPANSION = 256
+#: Every file may decompress to at least this many bytes, however small it is.
+MIN_BUDGET_BYTES = 64 * 1024 * 1024
+#: Bytes charged per row and column read, for what materialising a batch costs beyond its buffers.
+ROW_COST_BYTES = 8
+
+_CONTINUATION = 0xFFFFFFFF
+_SCHEMA, _DICTIONARY, _RECORD_BATCH = 1, 2, 3
+_INT_WIDTH = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
+_UINT_WIDTH = {pa.uint8(): 8, pa.uint16(): 16, pa.uint32(): 32}
+
+
+class _CorruptError(Exception):
+    """A message header that cannot be right (bounds, kinds)."""
+
+
+class _TornError(Exception):
+    """A message that does not fit in what is left of the file."""
+
+
+@dataclasses.dataclass
+class FileRead:
+    """What reading one trace file found.
+
+    Attributes:
+        path: The file (local path or URI).
+        size: Its size on disk when reading began.
+        file_format: True for an IPC *file* (compacted, with footer), False for a stream.
+        schema_version: The ``rollout_trace.schema_version`` in its metadata.
+        batches: Record batches returned to the caller.
+        rows: Rows (spans) returned to the caller.
+        batches_in_file: Complete record batches the file holds (whether read or not).
+        closed: The file ended cleanly (end-of-stream marker, or a sound footer).
+        skipped: Why nothing was read: the file as a whole is not a usable trace file.
+        repairable: ``skipped`` or ``damage`` is something repair can set aside (a torn,
+            empty or non-Arrow file); False for files that are sound but not for this
+            reader (a newer format, foreign columns, not a regular file).
+        damage: Why reading stopped before the end (a torn or corrupt batch).
+        refused: What was refused for its declared size (see the module docstring).
+    """
+
+    path: str
+    size: int = 0
+    file_format: bool = False
+    schema_version: str = ""
+    batches: int = 0
+    rows: int = 0
+    batches_in_file: int = 0
+    closed: bool = False
+    skipped: str = ""
+    repairable: bool = False
+    damage: str = ""
+    refused: str = ""
+
+    @property
+    def sound(self) -> bool:
+        """Nothing skipped, damaged or refused (the file may still be open)."""
+        return not (self.skipped or self.damage or self.refused)
+
+    @property
+    def complete(self) -> bool:
+        """Sound, closed, and every batch of the file was returned: safe to replace by a copy."""
+        return self.sound and self.closed and self.batches == self.batches_in_file
+
+    def describe(self) -> str:
+        """One sentence for a warning or a report; empty when there is nothing to say."""
+        if self.skipped:
+            return f"{self.path}: skipped, {self.skipped}"
+        parts = []
+        if self.damage:
+            parts.append(
+                f"{self.path}: damaged after {self.batches} complete batch(es); recovered {self.rows} span(s) "
+                f"({self.damage})"
+            )
+        if self.refused:
+            parts.append(f"{self.path}: {self.refused}; kept {self.batches} batch(es), {self.rows} span(s)")
+        return "; ".join(parts)
+
+
+@dataclasses.dataclass
+class _Message:
+    offset: int
+    body: int  # where the body starts
+    end: int  # where the next message starts
+    kind: int
+    rows: int
+    buffers: list[tuple[int, int]]
+    compressed: bool
+
+
+# -- flatbuffers, read by hand ---------------------------------------------------
+
+
+class _Flat:
+    """Bounds-checked reads from a flatbuffer (Arrow's Message.fbs, File.fbs)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def _get(self, fmt: str, pos: int) -> Any:
+        if pos < 0 or pos + struct.calcsize(fmt) > len(self.data):
+            raise _CorruptError(f"header field at {pos} outside its {len(self.data)} bytes")
+        return struct.unpack_from(fmt, self.data, pos)[0]
+
+    def root(self) -> int:
+        return int(self._get("<I", 0))
+
+    def field(self, table: int, slot: int) -> int | None:
+        vtable = table - int(self._get("<i", table))
+        vt_size = int(self._get("<H", vtable))
+        if 4 + 2 * slot + 2 > vt_size:
+            return None
+        off = int(self._get("<H", vtable + 4 + 2 * slot))
+        return table + off if off else None
+
+    def scalar(self, table: int, slot: int, fmt: str, default: int = 0) -> int:
+        pos = self.field(table, slot)
+        return default if pos is None else int(self._get(fmt, pos))
+
+    def ref(self, table: int, slot: int) -> int | None:
+        pos = self.field(table, slot)
+        return None if pos is None else pos + int(self._get("<I", pos))
+
+    def structs(self, table: int, slot: int, fmt: str) -> list[tuple[int, ...]]:
+        pos = self.ref(table, slot)
+        if pos is None:
+            return []
+        n = int(self._get("<I", pos))
+        width = struct.calcsize(fmt)
+        if pos + 4 + n * width > len(self.data):
+            raise _CorruptError(f"vector of {n} entries runs past its header")
+        return [struct.unpack_from(fmt, self.data, pos + 4 + i * width) for i in range(n)]
+
+
+def _parse_header(meta: bytes, offset: int, body: int) -> _Message:
+    fb = _Flat(meta)
+    msg = fb.root()
+    kind = fb.scalar(msg, 1, "<B")
+    body_len = fb.scalar(msg, 3, "<q")
+    if body_len < 0:
+        raise _CorruptError(f"message at byte {offset} declares a body of {body_len} bytes")
+    rows, buffers, compressed = 0, [], False
+    if kind in (_DICTIONARY, _RECORD_BATCH):
+        header = fb.ref(msg, 2)
+        if header is None:
+            raise _CorruptError(f"batch message at byte {offset} has no header")
+        batch = fb.ref(header, 1) if kind == _DICTIONARY else header
+        if batch is None:
+            raise _CorruptError(f"dictionary message at byte {offset} has no data")
+        rows = fb.scalar(batch, 0, "<q")
+        buffers = [(int(o), int(n)) for o, n in fb.structs(batch, 2, "<qq")]
+        compressed = fb.field(batch, 3) is not None
+        if rows < 0 or any(o < 0 or n < 0 or o + n > body_len for o, n in buffers):
+            raise _CorruptError(f"batch at byte {offset} declares rows or buffers outside its {body_len}-byte body")
+    elif kind != _SCHEMA:
+        raise _CorruptError(f"message at byte {offset} is of kind {kind}, not a schema or a batch")
+    return _Message(offset, body, body + body_len, kind, rows, buffers, compressed)
+
+
+# -- the source: local file or URI -----------------------------------------------
+
+
+class _Source:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.handle: Any = _uri.open_input(path)
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        return bytes(self.handle.read_at(n, offset))
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _read_message(src: _Source, offset: int, size: int) -> _Message | None:
+    """The message starting at ``offset``; None at an end-of-stream marker or at the end of the file."""
+    if offset == size:
+        return None
+    head = src.read_at(offset, 8)
+    if len(head) < 4:
+        raise _TornError(f"{size - offset} stray byte(s) at the end")
+    (first,) = struct.unpack_from("<I", head, 0)
+    if first == _CONTINUATION:
+        if len(head) < 8:
+            raise _TornError(f"message at byte {offset} cut inside its length")
+        (meta_len,) = struct.unpack_from("<i", head, 4)
+        start = offset + 8
+    else:  # framing of Arrow < 0.15: no continuation marker
+        meta_len = struct.unpack_from("<i", head, 0)[0]
+        start = offset + 4
+    if meta_len == 0:
+        return None
+    if meta_len < 0:
+        raise _CorruptError(f"message at byte {offset} declares a header of {meta_len} bytes")
+    if start + meta_len > size:
+        raise _TornError(f"message at byte {offset} declares a {meta_len}-byte header; {size - start} byte(s) are left")
+    meta = src.read_at(start, meta_len)
+    msg = _parse_header(meta, offset, start + meta_len)
+    if msg.end > size:
+        raise _TornError(f"batch at byte {offset} declares {msg.end - msg.body} body bytes; {size - msg.body} are left")
+    return msg
+
+
+def _walk(src: _Source, start: int, size: int) -> tuple[list[_Message], str, bool]:
+    """Every message header from ``start``: (messages, why the walk stopped early, ended at an end-of-stream marker)."""
+    messages: list[_Message] = []
+    offset = start
+    try:
+        while True:
+            msg = _read_message(src, offset, size)
+            if msg is None:
+                return messages, "", offset < size
+            messages.append(msg)
+            offset = msg.end
+    except (_TornError, _CorruptError) as exc:
+        return messages, str(exc), False
+
+
+@dataclasses.dataclass
+class Layout:
+    """Where the messages of a trace file are, for sealing it (see :mod:`tracer.storage.seal`).
+
+    Attributes:
+        file_format: An IPC *file* (magic first) rather than a stream.
+        size: Bytes in the file when it was walked.
+        schema_message: The bytes of its schema message (prefix included), empty when it has none.
+        batches: ``(offset, metadata length, body length)`` of each record batch, as a footer lists them.
+        dictionaries: The same for dictionary batches.
+        end: Where the last complete message ends.
+        stop: Why the walk stopped before the end of the file (a torn or corrupt message); empty otherwise.
+        at_eos: The walk ended at an end-of-stream marker (something may follow it: a footer).
+    """
+
+    file_format: bool
+    size: int
+    schema_message: bytes
+    batches: list[tuple[int, int, int]]
+    dictionaries: list[tuple[int, int, int]]
+    end: int
+    stop: str
+    at_eos: bool
+
+
+def read_layout(path: str) -> Layout:
+    """Walk the message headers of a local trace file without decoding any batch.
+
+    Raises:
+        OSError: it cannot be opened.
+    """
+    size = _uri.file_size(path)
+    src = _Source(path)
+    try:
+        file_format = size >= 8 and src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC
+        start = 8 if file_format else 0
+        messages, stop, at_eos = _walk(src, start, size)
+        schema = b""
+        if messages and messages[0].kind == _SCHEMA:
+            schema = src.read_at(messages[0].offset, messages[0].end - messages[0].offset)
+        blocks = {
+            kind: [(m.offset, m.body - m.offset, m.end - m.body) for m in messages if m.kind == kind]
+            for kind in (_RECORD_BATCH, _DICTIONARY)
+        }
+        end = messages[-1].end if messages else start
+        return Layout(file_format, size, schema, blocks[_RECORD_BATCH], blocks[_DICTIONARY], end, stop, at_eos)
+    finally:
+        src.close()
+
+
+def ends_closed(path: str) -> bool:
+    """True when ``path`` ends like a closed trace file: a stream's end-of-stream marker or a file's magic.
+
+    Reads only the last bytes; a sound footer is checked by :func:`read_batches`. Anything but a
+    regular file (a FIFO would block the open) is not closed.
+    """
+    try:
+        if not _uri.is_remote(path) and not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        with _uri.open_input(path) as f:
+            size = f.size()
+            if size < len(EOS_MARKER):
+                return False
+            tail = bytes(f.read_at(len(EOS_MARKER), size - len(EOS_MARKER)))
+    except OSError:
+        return False
+    return tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC)
+
+
+def _footer_batches(src: _Source, size: int) -> list[int] | None:
+    """Offsets of the record batches an IPC file's footer lists; None when it has no sound footer."""
+    if size < 8 + 10:
+        return None
+    tail = src.read_at(size - 10, 10)
+    if tail[4:] != ARROW_FILE_MAGIC:
+        return None
+    (footer_len,) = struct.unpack_from("<i", tail, 0)
+    if footer_len <= 0 or footer_len > size - 18:
+        return None
+    fb = _Flat(src.read_at(size - 10 - footer_len, footer_len))
+    try:
+        return [int(b[0]) for b in fb.structs(fb.root(), 3, "<qi4xq")]
+    except _CorruptError:
+        return None
+
+
+# -- schemas and buffers ---------------------------------------------------------
+
+
+def compatible(found: pa.DataType, wanted: pa.DataType) -> bool:
+    """True when a column of type ``found`` converts to ``wanted`` without loss for every value."""
+    if found == wanted or pa.types.is_null(found):
+        return True
+    if pa.types.is_dictionary(found):
+        return compatible(found.value_type, wanted)
+    if wanted in _INT_WIDTH:
+        if found in _INT_WIDTH:
+            return _INT_WIDTH[found] <= _INT_WIDTH[wanted]
+        return found in _UINT_WIDTH and _UINT_WIDTH[found] < _INT_WIDTH[wanted]
+    if pa.types.is_floating(wanted):
+        return pa.types.is_floating(found) and found.bit_width <= wanted.bit_width
+    if pa.types.is_string(wanted) or pa.types.is_large_string(wanted):
+        return pa.types.is_string(found) or pa.types.is_large_string(found)
+    return False
+
+
+def _type_problem(schema: pa.Schema) -> str:
+    problems = []
+    for name in S.SPAN_COLUMNS:
+        i = schema.get_field_index(name)
+        if i < 0:
+            continue
+        found, wanted = schema.field(i).type, S.SPAN_SCHEMA.field(name).type
+        if not compatible(found, wanted):
+            problems.append(f"column {name!r} is {found}, readers need {wanted}")
+    return "; ".join(problems)
+
+
+def _buffer_count(t: pa.DataType) -> int | None:
+    """IPC buffers of one field, children included; None for layouts not counted here."""
+    if pa.types.is_null(t):
+        return 0
+    if pa.types.is_dictionary(t):
+        return 2
+    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        return 3
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
+        child = _buffer_count(t.value_type if not pa.types.is_map(t) else pa.struct([t.key_field, t.item_field]))
+        return None if child is None else 2 + child
+    if pa.types.is_fixed_size_list(t):
+        child = _buffer_count(t.value_type)
+        return None if child is None else 1 + child
+    if pa.types.is_struct(t):
+        counts = [_buffer_count(t.field(i).type) for i in range(t.num_fields)]
+        return None if any(c is None for c in counts) else 1 + sum(c for c in counts if c is not None)
+    if pa.types.is_primitive(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_decimal(t):
+        return 2
+    return None
+
+
+def _wanted_buffers(schema: pa.Schema, fields: list[int]) -> set[int] | None:
+    """Indices of the buffers that decompressing ``fields`` touches; None: count them all."""
+    out: set[int] = set()
+    pos = 0
+    chosen = set(fields)
+    for i, field in enumerate(schema):
+        n = _buffer_count(field.type)
+        if n is None:
+            return None
+        if i in chosen:
+            out.update(range(pos, pos + n))
+        pos += n
+    return out
+
+
+def _cost(src: _Source, msg: _Message, wanted: set[int] | None, columns: int) -> int:
+    """Bytes decompressing ``msg`` needs, as the file declares them."""
+    total = msg.rows * ROW_COST_BYTES * max(columns, 1)
+    for i, (offset, length) in enumerate(msg.buffers):
+        if wanted is not None and i not in wanted:
+            continue
+        if not msg.compressed or length == 0:
+            total += length
+            continue
+        if length < 8:
+            raise _CorruptError(f"batch at byte {msg.offset}: compressed buffer {i} of {length} bytes has no length")
+        (declared,) = struct.unpack("<q", src.read_at(msg.body + offset, 8))
+        if declared < -1:
+            raise _CorruptError(f"batch at byte {msg.offset}: buffer {i} declares {declared} bytes")
+        total += length - 8 if declared == -1 else declared
+    return total
+
+
+def _budget(size: int) -> tuple[int, float]:
+    try:
+        expansion = float(os.environ.get(ENV_MAX_EXPANSION) or MAX_EXPANSION)
+    except ValueError:
+        expansion = MAX_EXPANSION
+    return max(MIN_BUDGET_BYTES, int(expansion * size)), expansion
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"  # pragma: no cover - the loop always returns
+
+
+def conform(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
+    """``batch`` with exactly ``columns``, in :data:`tracer.schema.SPAN_SCHEMA` types (missing ones as nulls)."""
+    names = batch.schema.names
+    arrays = []
+    for c in columns:
+        target = S.SPAN_SCHEMA.field(c).type
+        if c in names:
+            arr = batch.column(names.index(c))
+            arrays.append(arr if arr.type == target else arr.cast(target))
+        else:
+            arrays.append(pa.nulls(batch.num_rows, target))
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([S.SPAN_SCHEMA.field(c) for c in columns]))
+
+
+def is_arrow_file_format(path: str) -> bool:
+    """True for an Arrow IPC file (with footer), False for a stream (or anything else)."""
+    if not _uri.is_remote(path):
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                return False
+        except OSError:
+            return False
+    try:
+        with _uri.open_input(path) as f:
+            return bytes(f.read(len(ARROW_FILE_MAGIC))) == ARROW_FILE_MAGIC
+    except OSError:
+        return False
+
+
+# -- the reader ----------------------------------------------------------------------
+
+
+class TraceFileBatches:
+    """The batches of one trace file; iterate once, then read :attr:`result`.
+
+    Built by :func:`read_batches`; see there.
+    """
+
+    def __init__(
+        self, path: str, columns: list[str] | None, batch_numbers: Iterable[int] | None, expect_size: int | None
+    ) -> None:
+        self.path = path
+        self.expect_size = expect_size
+        self.columns = columns
+        self.batch_numbers = None if batch_numbers is None else sorted(set(batch_numbers))
+        self.result = FileRead(path)
+        #: The file's own schema (with its metadata) once known.
+        self.schema: pa.Schema | None = None
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        for batch, _ in self.with_metadata():
+            yield batch
+
+    def with_metadata(self) -> Iterator[tuple[pa.RecordBatch, Any]]:
+        """``(batch, custom metadata)`` pairs: conformed to ``columns``, or as written when ``columns`` is None."""
+        src = self._open()
+        if src is None:
+            return
+        try:
+            yield from self._read(src)
+        finally:
+            src.close()
+
+    def _open(self) -> _Source | None:
+        res = self.result
+        try:
+            if _uri.is_remote(self.path):
+                res.size = _uri.file_size(self.path)
+            else:
+                st = os.stat(self.path)
+                if not stat.S_ISREG(st.st_mode):
+                    res.skipped = "not a regular file (a FIFO, device or directory named like a trace file); not opened"
+                    return None
+                res.size = st.st_size
+        except OSError as exc:  # a dangling link, a file removed meanwhile
+            res.skipped = f"cannot stat: {exc}"
+            return None
+        if res.size == 0:
+            res.skipped, res.repairable = "empty file (0 bytes)", True
+            return None
+        try:
+            return _Source(self.path)
+        except OSError as exc:
+            res.skipped = f"cannot open: {exc}"
+            return None
+
+    def _read(self, src: _Source) -> Iterator[tuple[pa.RecordBatch, Any]]:
+        res = self.result
+        size = res.size
+        res.file_format = src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC
+        start = 8 if res.file_format else 0
+        # Walk the messages' headers: where each batch is, where the file stops making sense.
+        messages, stop, ended_at_eos = _walk(src, start, size)
+        res.closed = not res.file_format and ended_at_eos
+        if not messages or messages[0].kind != _SCHEMA:
+            res.skipped = "not a readable trace file: " + (stop or "it does not start with an Arrow schema")
+            res.repairable = True
+            return
+        schema_msg = messages[0]
+        try:
+            self.schema = schema = pa.ipc.read_schema(
+                pa.py_buffer(src.read_at(schema_msg.offset, schema_msg.end - schema_msg.offset))
+            )
+            schema_names = schema.names  # field names in bytes that are not UTF-8 fail here
+        except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:
+            res.skipped, res.repairable = f"not a readable trace file: {type(exc).__name__}: {exc}", True
+            return
+        meta = schema.metadata or {}
+        res.schema_version = meta.get(S.META_SCHEMA_VERSION.encode(), b"").decode(errors="replace")
+        if not res.schema_version:
+            res.skipped = "not a rollout-trace file (no schema version)"
+            return
+        if major_version(res.schema_version) > major_version(S.SCHEMA_VERSION):
+            res.skipped = (
+                f"written in format {res.schema_version}, newer than this reader's {S.SCHEMA_VERSION}; "
+                "upgrade rollout-trace"
+            )
+            return
+        problem = _type_problem(schema)
+        if problem:
+            res.skipped = f"column types readers cannot use: {problem}"
+            return
+        batches = [m for m in messages if m.kind == _RECORD_BATCH]
+        res.batches_in_file = len(batches)
+        if res.file_format:
+            listed = _footer_batches(src, size)
+            if listed is not None and listed == [m.offset for m in batches] and not stop:
+                res.closed = True
+            elif ended_at_eos or stop:
+                # Something follows the last batch but it is not a footer that lists the batches: damage.
+                stop = stop or "footer missing or unreadable; batches read in order"
+            # else: the file ends right after a complete batch: still being written (or its writer
+            # is gone and nobody sealed it yet, see tracer.storage.seal), like a stream without
+            # its end-of-stream marker. Not damage.
+        columns = self.columns
+        names = list(S.SPAN_COLUMNS) if columns is None else columns
+        # Only span columns are ever decoded, even "as written" (for repair): a column the readers
+        # never return must not decide, by failing to decompress, how much of a file they all keep.
+        fields = [i for i, f in enumerate(schema_names) if f in (S.SPAN_COLUMNS if columns is None else columns)]
+        project = columns is not None or len(fields) < len(schema_names)
+        wanted = _wanted_buffers(schema, fields) if project else None
+        per_row = max(len(fields), len(names))
+        options = pa.ipc.IpcReadOptions(included_fields=fields if project else None)
+        if columns is None and project:
+            self.schema = pa.schema([schema.field(i) for i in fields], metadata=schema.metadata)
+        budget, expansion = _budget(size)
+        spent = 0
+        try:
+            # Dictionaries are decoded along with the batches after them: charge them up front.
+            spent = sum(_cost(src, m, None, 1) for m in messages if m.kind == _DICTIONARY)
+        except _CorruptError as exc:
+            res.damage = str(exc)
+            return
+        # One handle for the scan (positional reads) and pyarrow: the bytes checked are the bytes decoded.
+        data = src.handle
+        try:
+            reader: Any = None
+            use_footer = res.file_format and res.closed
+            if use_footer:
+                try:
+                    # The footer's whole schema must be the first message's, whatever is projected:
+                    # otherwise a rotten footer would pass for some column sets and not others.
+                    if not pa.ipc.open_file(data).schema.equals(schema, check_metadata=True):
+                        raise pa.ArrowInvalid("the footer's schema differs from the file's first message")
+                    reader = pa.ipc.open_file(data, options=options)
+                except Exception as exc:  # a corrupt footer: read the batches in order instead
+                    use_footer, res.closed, reader = False, False, None
+                    stop = stop or f"footer unreadable ({type(exc).__name__}: {exc}); batches read in order"
+            if reader is None:
+                data.seek(start)
+                reader = pa.ipc.open_stream(data, options=options)
+            position = messages[0].end  # where the stream reader goes on from (after a positional read, seek)
+            # Without a footer batches come in order: read them all (callers filter rows anyway).
+            chosen = list(range(len(batches)))
+            if self.batch_numbers is not None and use_footer and self.expect_size in (None, size):
+                chosen = [i for i in self.batch_numbers if i < len(batches)]
+            for n, i in enumerate(chosen):
+                cost = _cost(src, batches[i], wanted, per_row)
+                if spent + cost > budget:
+                    res.refused = (
+                        f"refused batch {i} and the {len(chosen) - n - 1} batch(es) after it: decompressing it "
+                        f"needs {_human(cost)} as declared, over this {_human(size)} file's budget of "
+                        f"{_human(budget)} ({_human(spent)} already read; budget = max("
+                        f"{_human(MIN_BUDGET_BYTES)}, {expansion:g} x size on disk)); if the file is genuine, "
+                        f"raise {ENV_MAX_EXPANSION}"
+                    )
+                    return
+                spent += cost
+                try:
+                    if use_footer:
+                        batch, custom = reader.get_batch_with_custom_metadata(i)
+                    else:
+                        data.seek(position)
+                        batch, custom = reader.read_next_batch_with_custom_metadata()
+                        position = batches[i].end
+                    # Full validation: a flipped byte in an offsets buffer must not reach to_pylist.
+                    batch.validate(full=True)
+                    out = batch if columns is None else conform(batch, names)
+                except Exception as exc:  # whatever a corrupt batch makes pyarrow raise, it is damage here
+                    res.damage = f"batch {i}: {type(exc).__name__}: {exc}"
+                    return
+                res.batches += 1
+                res.rows += out.num_rows
+                yield out, custom
+            if stop:
+                res.damage = stop
+        except _CorruptError as exc:
+            res.damage = str(exc)
+        except Exception as exc:  # opening the stream: as damaged as the rest
+            res.damage = f"{type(exc).__name__}: {exc}"
+
+
+def read_batches(
+    path: str | os.PathLike[str],
+    columns: Iterable[str] | None = None,
+    batch_numbers: Iterable[int] | None = None,
+    expect_size: int | None = None,
+) -> TraceFileBatches:
+    """The record batches of one trace file, as far as they can be read safely.
+
+    Args:
+        path: A local path or a URI.
+        columns: Span columns to return, conformed to :data:`tracer.schema.SPAN_SCHEMA`
+            (columns the file lacks come back as nulls). None: every span column the file
+            has, as written, with each batch's custom metadata (for repair); columns that
+            are not span columns are left out.
+        batch_numbers: Read only these record batches (for an indexed, compacted file).
+        expect_size: Use ``batch_numbers`` only if the file has this size (the one
+            the index recorded); otherwise read every batch.
+
+    Returns:
+        An iterable of batches; after iterating, its ``result`` (a :class:`FileRead`)
+        says what was kept, what was damaged, skipped or refused. Nothing raises for
+        a damaged file.
+    """
+    cols = None if columns is None else list(columns)
+    if cols is not None:
+        unknown = [c for c in cols if c not in S.SPAN_COLUMNS]
+        if unknown:
+            raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
+    return TraceFileBatches(os.fspath(path), cols, batch_numbers, expect_size)
+
+
+def scan_file(
+    path: str | os.PathLike[str], columns: Iterable[str] | None = None
+) -> tuple[list[pa.RecordBatch], FileRead]:
+    """Read every batch of one file into a list; return it with the :class:`FileRead`."""
+    reading = read_batches(path, columns)
+    batches = list(reading)
+    return batches, reading.result
+
+
+def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
+    """The schema (with metadata) of a trace file, stream or IPC file.
+
+    Raises:
+        OSError: the file is missing, empty or not an Arrow file.
+    """
+    file = os.fspath(path)
+    reading = read_batches(file, [])
+    src = reading._open()
+    if src is None:
+        raise OSError(f"{file}: {reading.result.skipped}")
+    try:
+        start = 8 if src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC else 0
+        try:
+            msg = _read_message(src, start, reading.result.size)
+        except (_TornError, _CorruptError) as exc:
+            raise OSError(f"{file}: not a readable trace file: {exc}") from None
+        if msg is None or msg.kind != _SCHEMA:
+            raise OSError(f"{file}: not a readable trace file: it does not start with an Arrow schema")
+        try:
+            return pa.ipc.read_schema(pa.py_buffer(src.read_at(msg.offset, msg.end - msg.offset)))
+        except pa.ArrowException as exc:
+            raise OSError(f"{file}: not a readable trace file: {exc}") from None
+    finally:
+        src.close()
+
+
+def major_version(version: str) -> int:
+    """The major number of a schema version (``"1.0"`` -> 1; -1 when unreadable)."""
+    try:
+        return int(version.split(".", 1)[0])
+    except ValueError:
+        return -1

@@ -1,0 +1,65 @@
+"""Who may delete trace files while others read them.
+
+Readers of a local run directory hold a shared ``flock`` on the directory
+itself (no lock file is created, so reading never writes) from listing its
+files until they have read them. Compaction deletes the files it replaced
+only while it holds the exclusive lock, so a reader that listed a file can
+always open it. Where locks are not supported (some network filesystems,
+object storage) both sides go on without one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+
+from tracer.storage.uri import is_remote
+
+#: How often a compaction retries the exclusive lock while readers hold theirs.
+POLL_S = 0.01
+
+
+@contextlib.contextmanager
+def reading(run_dir: str) -> Iterator[None]:
+    """Hold the shared lock of ``run_dir`` (a local directory) for the duration of the block."""
+    fd = None
+    if not is_remote(run_dir):
+        try:
+            fd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def try_exclusive(run_dir: str, wait_s: float) -> int | None:
+    """The exclusive lock of ``run_dir`` as an fd to close, waiting at most ``wait_s``; None if readers keep it.
+
+    Where the filesystem cannot lock a directory, returns an fd without a lock
+    (nothing better is possible there).
+    """
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(POLL_S)
+        except OSError:
+            return fd  # no locks here: behave as before locks existed

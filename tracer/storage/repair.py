@@ -1,0 +1,111 @@
+"""Repair of damaged trace files: one behaviour for ``check --repair`` and for the uploader.
+
+A file that :func:`tracer.storage.files.read_batches` cannot read to its end
+(torn, corrupt, over its size budget) or cannot read at all while it is ours
+to fix (empty, not Arrow) is repaired the same way everywhere:
+
+1. its readable batches (schema, metadata and each batch's custom metadata as
+   written) go to ``<stem>.repaired.arrow`` (temporary name, fsync, rename);
+2. the original is renamed to ``<name>.damaged``, which readers skip.
+
+Nothing is deleted: what could not be read stays in the ``.damaged`` file.
+A sound file (possibly still open, without an end-of-stream marker) is left
+as it is, and so is a file that is sound but not for this reader (a newer
+format, a foreign Arrow file, wrong column types, not a regular file).
+Repairing twice changes nothing more: the original is gone from its
+``.arrow`` name and the repaired file is sound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+
+import pyarrow as pa
+
+from tracer import schema as S
+from tracer.storage.files import FileRead, read_batches
+from tracer.storage.writer import fsync_dir
+
+#: Suffix appended to a damaged original once repaired (readers skip it).
+DAMAGED_SUFFIX = ".damaged"
+#: Suffix of the file holding a damaged file's readable batches.
+REPAIRED_SUFFIX = ".repaired" + S.FILE_SUFFIX
+
+SOUND = "sound"
+REPAIRED = "repaired"
+LEFT = "left"
+
+
+@dataclasses.dataclass
+class RepairResult:
+    """What :func:`repair_file` did.
+
+    Attributes:
+        path: The file repaired.
+        action: ``"sound"`` (nothing to do), ``"repaired"`` (original set aside,
+            readable batches rewritten when there were any) or ``"left"``
+            (not repairable here; untouched, see ``read.skipped``).
+        read: What reading it found.
+        repaired_to: The file holding its readable batches ("" when none).
+        damaged_to: Where the original is now ("" unless repaired).
+    """
+
+    path: str
+    action: str
+    read: FileRead
+    repaired_to: str = ""
+    damaged_to: str = ""
+
+    @property
+    def kept_batches(self) -> int:
+        """Batches of the original now readable under ``repaired_to``."""
+        return self.read.batches if self.action == REPAIRED else 0
+
+
+def repaired_name(path: str) -> str:
+    """``x.arrow`` -> ``x.repaired.arrow``."""
+    stem = path[: -len(S.FILE_SUFFIX)] if path.endswith(S.FILE_SUFFIX) else path
+    return stem + REPAIRED_SUFFIX
+
+
+def repair_file(path: str | os.PathLike[str]) -> RepairResult:
+    """Repair one local trace file (see the module docstring); never deletes anything."""
+    file = os.fspath(path)
+    reading = read_batches(file)
+    target = repaired_name(file)
+    tmp = f"{target}.tmp-{secrets.token_hex(4)}"
+    sink = writer = None
+    try:
+        for batch, custom in reading.with_metadata():
+            if writer is None:
+                assert reading.schema is not None
+                sink = open(tmp, "wb")  # noqa: SIM115 - closed below
+                writer = pa.ipc.new_stream(
+                    sink, reading.schema, options=pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))
+                )
+            writer.write_batch(batch, custom_metadata=custom)
+        result = reading.result
+        if result.sound or (result.skipped and not result.repairable):
+            return RepairResult(file, SOUND if result.sound else LEFT, result)
+        out = RepairResult(file, REPAIRED, result, damaged_to=file + DAMAGED_SUFFIX)
+        if writer is not None and sink is not None:
+            writer.close()
+            writer = None
+            sink.flush()
+            os.fsync(sink.fileno())
+            sink.close()
+            sink = None
+            os.replace(tmp, target)
+            out.repaired_to = target
+        os.replace(file, out.damaged_to)
+        fsync_dir(os.path.dirname(file) or ".")
+        return out
+    finally:
+        if writer is not None:
+            writer.close()
+        if sink is not None:
+            sink.close()
+        if os.path.exists(tmp):
+            os.remove(tmp)

@@ -1,0 +1,220 @@
+"""Sealing: closing a shard whose writer is gone, without that writer's help.
+
+A writer ends its file with a footer (IPC file) or an end-of-stream marker
+(a version-1 stream) only if its process gets to run its shutdown: Ray
+workers at ``ray.shutdown()``, ``os._exit`` and SIGKILL never do. Such a
+file holds every batch the writer flushed and then simply stops. Readers and
+``rollout-trace compact`` call :func:`seal_if_abandoned` on files that do not
+end closed; it adds what the writer would have written at close, and only
+that, once it can tell the writer is gone:
+
+* **Same host** (the host in the file's name is this one): a
+  :class:`tracer.storage.writer.SpanWriter` holds an exclusive ``flock`` on
+  its file while it is open; the kernel drops it when the process ends,
+  however it ends. No lock held means no writer. Files of writers that did
+  not lock (version-1 streams, filesystems without ``flock``) count as gone
+  once the process id in their name no longer runs.
+* **Another host** (or a name that does not say): once the file has not
+  changed for :data:`SEAL_AFTER_S` (environment variable
+  :data:`ENV_SEAL_AFTER_S`). A writer that was only quiet notices at its next
+  write that its file grew and starts a new one.
+
+Sealing appends bytes after the last complete batch and never changes one
+already written: a stream gets its 8-byte end-of-stream marker; an IPC file
+gets the end-of-stream marker, a footer that lists its batches, the footer's
+length and the closing magic, exactly as pyarrow writes them at close. The
+sealer holds the file's ``flock`` while it appends, so two sealers (or a
+sealer and a writer) never interleave. A file torn inside a batch is not
+sealed (appending would hide the tear): ``rollout-trace check --repair``
+handles it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import io
+import os
+import re
+import stat
+import struct
+import time
+
+import pyarrow as pa
+
+from tracer import schema as S
+from tracer.storage.files import ARROW_FILE_MAGIC, EOS_MARKER, Layout, ends_closed, read_layout
+from tracer.storage.uri import is_remote
+from tracer.storage.writer import host_label
+
+#: Environment variable: seconds a shard of another host must stay unchanged before it is sealed.
+ENV_SEAL_AFTER_S = "ROLLOUT_TRACE_SEAL_AFTER_S"
+#: Default for :data:`ENV_SEAL_AFTER_S`: longer than any quiet spell of a live writer (a training step).
+SEAL_AFTER_S = 6 * 3600.0
+#: ``{host}_{pid}_{start}_{nonce}_{seq}.arrow``, as :class:`tracer.storage.writer.SpanWriter` names its files.
+SHARD_NAME = re.compile(
+    r"^(?P<host>[A-Za-z0-9.-]+)_(?P<pid>\d+)_(?P<start>\d{8}T\d{6})_(?P<nonce>[0-9a-f]+)_(?P<seq>\d+)"
+    + re.escape(S.FILE_SUFFIX)
+    + "$"
+)
+
+SEALED = "sealed"
+ALREADY_CLOSED = "closed"
+LIVE = "live"
+NOT_SEALED = "not sealed"
+
+_BLOCK = struct.Struct("<qi4xq")  # Arrow File.fbs Block: offset, metaDataLength, (pad), bodyLength
+
+
+@dataclasses.dataclass
+class SealResult:
+    """What :func:`seal_if_abandoned` did.
+
+    Attributes:
+        path: The file.
+        action: ``"sealed"``, ``"closed"`` (nothing to do), ``"live"`` (its writer
+            may still write) or ``"not sealed"`` (torn, unwritable, ...; see ``why``).
+        why: One sentence for a report.
+    """
+
+    path: str
+    action: str
+    why: str = ""
+
+
+def seal_after_s() -> float:
+    """:data:`ENV_SEAL_AFTER_S` when set to a number, else :data:`SEAL_AFTER_S`."""
+    try:
+        return float(os.environ.get(ENV_SEAL_AFTER_S) or SEAL_AFTER_S)
+    except ValueError:
+        return SEAL_AFTER_S
+
+
+def _pid_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def _writer_gone(path: str, fd: int, file_format: bool, max_age_s: float) -> str:
+    """Why the writer of ``path`` is gone ("" while it may still write). Takes ``fd``'s lock when it can."""
+    locks = True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return ""  # a writer (or another sealer) holds it
+    except OSError:
+        locks = False  # no flock on this filesystem
+    age = time.time() - os.fstat(fd).st_mtime
+    name = SHARD_NAME.match(os.path.basename(path))
+    if name is not None and name["host"] == host_label():
+        if locks and file_format:
+            return "its writer no longer holds the file's lock"
+        if not _pid_runs(int(name["pid"])):
+            return f"process {name['pid']} that wrote it no longer runs"
+    if age >= max_age_s:
+        return f"unchanged for {age:.0f} s (sealed after {max_age_s:g} s)"
+    return ""
+
+
+def footer_for(layout: Layout) -> bytes:
+    """The bytes pyarrow writes when it closes an IPC file with ``layout``'s schema and batches.
+
+    Everything after the last batch: end-of-stream marker, footer, footer length, magic.
+    """
+    schema = pa.ipc.read_schema(pa.py_buffer(layout.schema_message))
+    # pyarrow builds the footer (schema, metadata version) for as many empty batches; then the
+    # fixed-width Block entries of the batch vector are overwritten with where the real ones are.
+    sink = io.BytesIO()
+    with pa.ipc.new_file(sink, schema) as writer:
+        empty = pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
+        for _ in layout.batches:
+            writer.write_batch(empty)
+    data = bytearray(sink.getvalue())
+    (footer_len,) = struct.unpack_from("<i", data, len(data) - 10)
+    footer_at = len(data) - 10 - footer_len
+    footer = bytearray(data[footer_at : len(data) - 10])
+    root = struct.unpack_from("<I", footer, 0)[0]
+    vtable = root - struct.unpack_from("<i", footer, root)[0]
+    vt_size = struct.unpack_from("<H", footer, vtable)[0]
+    slot = 3  # Footer.recordBatches
+    field = struct.unpack_from("<H", footer, vtable + 4 + 2 * slot)[0] if 4 + 2 * slot + 2 <= vt_size else 0
+    if not field:
+        if layout.batches:
+            raise ValueError("pyarrow's footer has no batch list")
+    else:
+        pos = root + field
+        vec = pos + struct.unpack_from("<I", footer, pos)[0]
+        (count,) = struct.unpack_from("<I", footer, vec)
+        if count != len(layout.batches):
+            raise ValueError(f"pyarrow's footer lists {count} batches, not {len(layout.batches)}")
+        for i, block in enumerate(layout.batches):
+            _BLOCK.pack_into(footer, vec + 4 + i * _BLOCK.size, *block)
+    return EOS_MARKER + bytes(footer) + struct.pack("<i", footer_len) + ARROW_FILE_MAGIC
+
+
+def seal_if_abandoned(path: str | os.PathLike[str], max_age_s: float | None = None) -> SealResult:
+    """Close ``path`` as its writer would have if that writer is gone (see the module docstring).
+
+    Never raises for the file's sake: what could not be done is in the result.
+
+    Args:
+        path: A local trace file.
+        max_age_s: Override :func:`seal_after_s` (files of other hosts).
+    """
+    file = os.fspath(path)
+    if is_remote(file):
+        return SealResult(file, NOT_SEALED, "a remote object (sealed where it was written)")
+    try:
+        if not stat.S_ISREG(os.lstat(file).st_mode):  # a FIFO would block the first open
+            return SealResult(file, NOT_SEALED, "not a regular file")
+    except OSError as exc:
+        return SealResult(file, NOT_SEALED, str(exc))
+    if ends_closed(file):
+        return SealResult(file, ALREADY_CLOSED)
+    limit = seal_after_s() if max_age_s is None else max_age_s
+    try:
+        fd = os.open(file, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        why = "not writable here" if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM) else str(exc)
+        return SealResult(file, NOT_SEALED, why)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return SealResult(file, NOT_SEALED, "not a regular file")
+        file_format = os.pread(fd, len(ARROW_FILE_MAGIC), 0) == ARROW_FILE_MAGIC
+        gone = _writer_gone(file, fd, file_format, limit)
+        if not gone:
+            return SealResult(file, LIVE, "its writer may still be writing it")
+        # Under the lock now: walk it again, another sealer may have been first.
+        if ends_closed(file):
+            return SealResult(file, ALREADY_CLOSED)
+        layout = read_layout(file)
+        if not layout.schema_message:
+            return SealResult(file, NOT_SEALED, "no complete schema (empty or not Arrow): check --repair sets it aside")
+        if layout.stop or layout.at_eos or layout.end != layout.size:
+            why = layout.stop or "bytes after its last complete batch"
+            return SealResult(file, NOT_SEALED, f"torn ({why}): rollout-trace check --repair recovers it")
+        if layout.file_format and layout.dictionaries:
+            return SealResult(file, NOT_SEALED, "holds dictionary batches, which sealing does not list")
+        tail = footer_for(layout) if layout.file_format else EOS_MARKER
+        os.lseek(fd, layout.size, os.SEEK_SET)
+        view = memoryview(tail)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+        return SealResult(file, SEALED, gone)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        return SealResult(file, NOT_SEALED, f"{type(exc).__name__}: {exc}")
+    finally:
+        os.close(fd)  # releases the lock
+
+
+__all__ = ["ENV_SEAL_AFTER_S", "SEAL_AFTER_S", "SealResult", "seal_if_abandoned"]

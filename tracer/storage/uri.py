@@ -1,0 +1,118 @@
+"""URIs as trace paths: object storage and remote filesystems.
+
+A trace path may be a URI (``s3://bucket/prefix``, ``gs://...``, or anything
+:func:`pyarrow.fs.FileSystem.from_uri` or fsspec resolves) as well as a local
+path. Credentials and endpoints come from the usual places (``AWS_*``
+environment variables, including ``AWS_ENDPOINT_URL``; or URI query options
+such as ``?endpoint_override=...``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from typing import Any
+
+import pyarrow as pa
+
+from tracer import schema as S
+
+_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def is_remote(path: str | os.PathLike[str]) -> bool:
+    """True for a URI such as ``s3://bucket/x`` (``file://`` and plain paths are local)."""
+    m = _URI.match(os.fspath(path))
+    return m is not None and m.group(1).lower() != "file"
+
+
+def join_uri(uri: str, *parts: str) -> str:
+    """Append path parts to ``uri``, keeping a ``?query`` at the end."""
+    base, sep, query = uri.partition("?")
+    path = "/".join([base.rstrip("/"), *(p.strip("/") for p in parts if p)])
+    return f"{path}?{query}" if sep else path
+
+
+def strip_query(uri: str) -> str:
+    """``uri`` without its ``?query``."""
+    return uri.partition("?")[0]
+
+
+@functools.lru_cache(maxsize=64)
+def _filesystem_for_dir(dir_uri: str) -> tuple[Any, str]:
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = pafs.FileSystem.from_uri(dir_uri)
+        return fs, path.rstrip("/")
+    except (pa.ArrowInvalid, ValueError) as exc:
+        if "nrecognized" not in str(exc) and "not supported" not in str(exc).lower():
+            raise
+    try:
+        import fsspec
+    except ImportError:
+        raise ValueError(
+            f"{dir_uri!r}: pyarrow cannot open this kind of URI; pip install fsspec and the package for its scheme"
+        ) from None
+    match = _URI.match(dir_uri)
+    assert match is not None
+    protocol = match.group(1)
+    inner = fsspec.filesystem(protocol)
+    return pafs.PyFileSystem(pafs.FSSpecHandler(inner)), inner._strip_protocol(strip_query(dir_uri)).rstrip("/")
+
+
+def filesystem(uri: str) -> tuple[Any, str]:
+    """``(pyarrow FileSystem, path inside it)`` for ``uri``."""
+    base, sep, query = uri.partition("?")
+    parent, _, name = base.rstrip("/").rpartition("/")
+    if not parent or parent.endswith(":/"):
+        return _filesystem_for_dir(uri)
+    fs, parent_path = _filesystem_for_dir(parent + (f"?{query}" if sep else ""))
+    return fs, f"{parent_path}/{name}" if parent_path else name
+
+
+def list_remote(uri: str) -> list[str]:
+    """Trace files under ``uri`` (a file, or a prefix searched recursively) as URIs, sorted.
+
+    Raises:
+        FileNotFoundError: nothing exists at ``uri``.
+    """
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(uri)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return [uri]
+    if info.type != pafs.FileType.Directory:
+        raise FileNotFoundError(f"trace path {uri!r} does not exist; give a .arrow object or a prefix holding them")
+    found = []
+    for item in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+        if item.type == pafs.FileType.File and item.path.endswith(S.FILE_SUFFIX):
+            found.append(join_uri(uri, item.path[len(path) :].lstrip("/")))
+    return sorted(found)
+
+
+def open_input(file: str) -> Any:
+    """A readable pyarrow stream over a local path or a URI."""
+    if not is_remote(file):
+        return pa.OSFile(file, "rb")
+    fs, path = filesystem(file)
+    return fs.open_input_file(path)  # random access: compacted IPC files seek to their footer
+
+
+def file_size(file: str) -> int:
+    """Size in bytes of a local path or a URI.
+
+    Raises:
+        OSError: it does not exist or cannot be reached.
+    """
+    if not is_remote(file):
+        return os.path.getsize(file)
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(file)
+    info = fs.get_file_info(path)
+    if info.type != pafs.FileType.File:
+        raise FileNotFoundError(f"{file}: no such object")
+    return int(info.size)

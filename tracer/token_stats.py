@@ -1,0 +1,167 @@
+"""Reading per-token stats back: :func:`read_token_stats`.
+
+The arrays :func:`tracer.log_token_stats` attached to turns come back as one
+row per (trajectory, turn): the key columns
+(:data:`tracer.record.token_stats.TOKEN_STATS_KEY_COLUMNS`) and one
+``list<double>`` column per array name. Where the trainer did not log the
+rollout's own logprobs (``rollout_logprobs``), they are the logprobs the
+turn's llm span recorded, taken from :func:`tracer.summary.trajectory_turns`,
+so the train/inference mismatch can always be computed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracer import schema as S  # noqa: N812 - the schema module, short as elsewhere
+from tracer.read import TracePaths, read_spans
+from tracer.record.token_stats import (
+    TOKEN_STATS_ARRAYS_KEY,
+    TOKEN_STATS_SOURCE_KEY,
+    TOKEN_STATS_SPAN_NAME,
+    TOKEN_STATS_TURN_KEY,
+)
+from tracer.summary import (
+    ROLE_ASSISTANT,
+    ROLLOUT_LOGPROBS,
+    TOKEN_STATS_SOURCE,
+    TURN,
+    TURN_SPAN_COLUMNS,
+    read_trajectories,
+    trajectory_turns,
+)
+
+_KEY_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
+    (S.TRACE_ID, pa.string()),
+    (S.STEP, pa.int64()),
+    (S.SAMPLE_INDEX, pa.string()),
+    (S.ROLLOUT_N, pa.int64()),
+    (S.VALIDATE, pa.bool_()),
+    (TURN, pa.int64()),
+    (TOKEN_STATS_SOURCE, pa.string()),
+)
+_ROW_COLUMNS = [S.TRACE_ID, S.NAME, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE, S.END_NS, S.INPUTS]
+
+
+def _number(x: Any) -> float | None:
+    if isinstance(x, bool):
+        return float(x)
+    if isinstance(x, (int, float)):
+        return float(x) if math.isfinite(x) else None
+    return None
+
+
+def _numbers(value: Any) -> list[float | None] | None:
+    if not isinstance(value, list):
+        return None
+    return [_number(x) for x in value]
+
+
+def read_token_stats(
+    path: TracePaths,
+    trace_ids: str | Iterable[str] | None = None,
+    steps: int | Iterable[int] | None = None,
+    rollout_logprobs: bool = True,
+) -> pa.Table:
+    """The per-token arrays logged with :func:`tracer.log_token_stats`, one row per (trajectory, turn).
+
+    Args:
+        path: A trace file, a directory of them, a URI or a list.
+        trace_ids: Keep these trajectories only.
+        steps: Keep these steps only.
+        rollout_logprobs: Fill ``rollout_logprobs`` from the turns' recorded
+            logprobs where the trainer did not log them (reads those
+            trajectories' llm spans).
+
+    Returns:
+        Columns ``trace_id, step, sample_index, rollout_n, validate, turn,
+        source`` (``log_token_stats(source=...)``, null when not given) and one ``list<double>`` column per array name (null where a row
+        lacks it). A later call for the same turn overrides an earlier one,
+        array by array. Rows logged outside a trajectory without its trace id
+        get the trace id of the trajectory their step, sample, rollout and
+        validate name (null when no such trajectory was recorded).
+    """
+    spans = read_spans(path, columns=_ROW_COLUMNS, steps=steps, trace_ids=trace_ids)
+    spans = spans.filter(pc.fill_null(pc.equal(spans.column(S.NAME), TOKEN_STATS_SPAN_NAME), False))
+    spans = spans.sort_by([(S.END_NS, "ascending")])
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    names: dict[str, None] = {}
+    for r in spans.to_pylist():
+        try:
+            body = orjson.loads(r[S.INPUTS] or "null")
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(body, Mapping) or not isinstance(body.get(TOKEN_STATS_ARRAYS_KEY), Mapping):
+            continue
+        turn = body.get(TOKEN_STATS_TURN_KEY)
+        if not isinstance(turn, int):
+            continue
+        key = (r[S.TRACE_ID], r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE]), turn)
+        row = merged.setdefault(key, dict(zip((n for n, _ in _KEY_FIELDS), key, strict=False)))
+        if isinstance(body.get(TOKEN_STATS_SOURCE_KEY), str):
+            row[TOKEN_STATS_SOURCE] = body[TOKEN_STATS_SOURCE_KEY]
+        for name, value in body[TOKEN_STATS_ARRAYS_KEY].items():
+            values = _numbers(value)
+            if values is not None:
+                row[str(name)] = values
+                names[str(name)] = None
+    if any(k[0] is None for k in merged):
+        merged = _join_by_key(path, merged)
+    if rollout_logprobs and merged:
+        _fill_rollout_logprobs(path, merged, steps)
+        names[ROLLOUT_LOGPROBS] = None
+    fields = [pa.field(n, t) for n, t in _KEY_FIELDS] + [pa.field(n, pa.list_(pa.float64())) for n in names]
+    rows = [{f.name: row.get(f.name) for f in fields} for row in merged.values()]
+    return pa.Table.from_pylist(rows, schema=pa.schema(fields))
+
+
+def _join_by_key(
+    path: TracePaths, merged: dict[tuple[Any, ...], dict[str, Any]]
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """Give rows logged outside their trajectory (no trace id) the trace id of the trajectory their keys name.
+
+    The same join as rewards logged from another process
+    (:func:`tracer.summary.summarize`): ``(step, sample_index, rollout_n,
+    validate)``; rows of the same turn merge, the trace id's own arrays winning.
+    """
+    steps = sorted({k[1] for k in merged if k[0] is None and k[1] is not None})
+    trajectories = read_trajectories(path, steps=steps) if steps else None
+    by_key: dict[tuple[Any, ...], str] = {}
+    if trajectories is not None:
+        cols = [S.TRACE_ID, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE]
+        for r in trajectories.select(cols).to_pylist():
+            by_key.setdefault((r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE])), r[S.TRACE_ID])
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for key, row in sorted(merged.items(), key=lambda kv: kv[0][0] is not None):
+        tid = key[0] if key[0] is not None else by_key.get(key[1:5])
+        new_key = (tid, *key[1:])
+        row[S.TRACE_ID] = tid
+        if new_key in out:
+            out[new_key].update({k: v for k, v in row.items() if v is not None})
+        else:
+            out[new_key] = row
+    return out
+
+
+def _fill_rollout_logprobs(
+    path: TracePaths, merged: dict[tuple[Any, ...], dict[str, Any]], steps: int | Iterable[int] | None
+) -> None:
+    want = sorted({k[0] for k, row in merged.items() if k[0] and row.get(ROLLOUT_LOGPROBS) is None})
+    if not want:
+        return
+    spans = read_spans(path, columns=TURN_SPAN_COLUMNS, steps=steps, trace_ids=want)
+    spans = spans.filter(pc.equal(spans.column(S.KIND), S.KIND_LLM))
+    by_trace = trajectory_turns(spans)
+    for key, row in merged.items():
+        if row.get(ROLLOUT_LOGPROBS) is not None or not key[0]:
+            continue
+        llm = [t for t in by_trace.get(key[0], []) if t.role == ROLE_ASSISTANT]
+        turn = key[-1]
+        if turn < len(llm) and llm[turn].logprobs is not None:
+            row[ROLLOUT_LOGPROBS] = [_number(x) for x in llm[turn].logprobs]

@@ -1,0 +1,174 @@
+"""The viewer's state: the URL's query parameters, the session's widget values, and the callbacks that move between pages.
+
+Query parameter names (``view``, ``path``, ``compare``, ``step``, ...) are the
+URL's vocabulary and the session-state keys the widgets' names, spelled here
+once: they are not column names, the one place the viewer writes such words
+as string literals (column names come from :mod:`tracer.schema`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+PAGES = ("Overview", "Trajectories", "Replay", "Group", "Compare")
+SPLITS = ("both", "train", "validation")
+#: The step selector's "no step" choice.
+ALL_STEPS = "all steps"
+#: The run selector's "every run together" choice.
+ALL_RUNS = "all runs (mixed)"
+
+# URL query parameters (the URL's names, not columns).
+QP_VIEW = "view"
+QP_PATH = "path"
+QP_RUN = "run"
+QP_COMPARE = "compare"
+QP_STEP = "step"
+QP_STEP_A = "step_a"
+QP_STEP_B = "step_b"
+QP_TRACE_ID = "trace_id"
+QP_SAMPLE = "sample_index"
+QP_VALIDATE = "validate"
+QP_TOKENIZER = "tokenizer"
+
+# Session state keys.
+SS_VIEW = "view"
+SS_STEP = "step_sel"
+SS_SPLIT = "split"
+SS_TRACE = "trace_id"
+SS_SAMPLE = "sample_index"
+SS_RUN = "run_sel"
+SS_COMPARE = "compare_path"
+SS_STEP_A = "compare_step_a"
+SS_STEP_B = "compare_step_b"
+
+
+def script_arg(argv: list[str], name: str) -> str | None:
+    """The value of ``--name`` among the script's arguments, or None."""
+    flag = f"--{name}"
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def int_or_none(text: Any) -> int | None:
+    """``text`` as an int, or None."""
+    try:
+        return int(str(text))
+    except (TypeError, ValueError):
+        return None
+
+
+def init_state(compare_arg: str | None) -> None:
+    """Seed the widgets' state from the URL once per session (deep links)."""
+    ss = st.session_state
+    if ss.get("_init"):
+        return
+    qp = st.query_params
+    ss["_init"] = True
+    step = int_or_none(qp.get(QP_STEP))
+    ss[SS_STEP] = ALL_STEPS if step is None else step
+    ss[SS_TRACE] = qp.get(QP_TRACE_ID) or ""
+    ss[SS_SAMPLE] = qp.get(QP_SAMPLE)
+    ss[SS_COMPARE] = qp.get(QP_COMPARE) or compare_arg or ""
+    ss[SS_STEP_A] = int_or_none(qp.get(QP_STEP_A))
+    ss[SS_STEP_B] = int_or_none(qp.get(QP_STEP_B))
+    val = str(qp.get(QP_VALIDATE, "")).lower()
+    ss[SS_SPLIT] = "validation" if val in ("1", "true") else "train" if val in ("0", "false") else "both"
+    view = str(qp.get(QP_VIEW, "")).capitalize()
+    if view not in PAGES:
+        if ss[SS_TRACE]:
+            view = "Replay"
+        elif ss[SS_SAMPLE] is not None and step is not None:
+            view = "Group"
+        elif step is not None:
+            view = "Trajectories"
+        elif ss[SS_COMPARE]:
+            view = "Compare"
+        else:
+            view = "Overview"
+    ss[SS_VIEW] = view
+
+
+def step() -> int | None:
+    """The chosen step, None for all steps."""
+    s = st.session_state.get(SS_STEP, ALL_STEPS)
+    return None if s == ALL_STEPS else s
+
+
+def split_value() -> bool | None:
+    """The chosen split as a validate filter: None (both), False (train), True (validation)."""
+    return {"both": None, "train": False, "validation": True}[st.session_state.get(SS_SPLIT, "both")]
+
+
+def sync_query_params(path_from_url: str | None) -> None:
+    """Write the current view into the URL so it can be shared."""
+    ss = st.session_state
+    view = ss[SS_VIEW]
+    qp: dict[str, str] = {QP_VIEW: view.lower()}
+    if path_from_url:
+        qp[QP_PATH] = path_from_url
+    if st.query_params.get(QP_TOKENIZER):
+        qp[QP_TOKENIZER] = st.query_params[QP_TOKENIZER]
+    if ss.get(SS_RUN):
+        qp[QP_RUN] = ss[SS_RUN]
+    if step() is not None and view != "Compare":
+        qp[QP_STEP] = str(step())
+    if ss.get(SS_SPLIT) != "both":
+        qp[QP_VALIDATE] = "true" if ss.get(SS_SPLIT) == "validation" else "false"
+    if view == "Replay" and ss.get(SS_TRACE):
+        qp[QP_TRACE_ID] = ss[SS_TRACE]
+    if view == "Group" and ss.get(SS_SAMPLE) is not None:
+        qp[QP_SAMPLE] = str(ss[SS_SAMPLE])
+    if view == "Compare":
+        if ss.get(SS_COMPARE):
+            qp[QP_COMPARE] = ss[SS_COMPARE]
+        for key, name in ((SS_STEP_A, QP_STEP_A), (SS_STEP_B, QP_STEP_B)):
+            if ss.get(key) is not None:
+                qp[name] = str(ss[key])
+    if dict(st.query_params.to_dict()) != qp:
+        st.query_params.from_dict(qp)
+
+
+# -- moving between pages (button and chart callbacks) ------------------------
+
+
+def open_trajectory(trace_id: str, step_value: int | None = None) -> None:
+    """Show ``trace_id``'s replay."""
+    st.session_state[SS_TRACE] = trace_id
+    if step_value is not None:
+        st.session_state[SS_STEP] = step_value
+    st.session_state[SS_VIEW] = "Replay"
+
+
+def open_group(step_value: int, sample_index: str) -> None:
+    """Show the group of (step, sample_index)."""
+    st.session_state[SS_STEP] = step_value
+    st.session_state[SS_SAMPLE] = sample_index
+    st.session_state[SS_VIEW] = "Group"
+
+
+def open_step(step_value: int, split: str | None) -> None:
+    """Show the trajectory list of one step and split."""
+    st.session_state[SS_STEP] = step_value
+    if split in SPLITS:
+        st.session_state[SS_SPLIT] = split
+    st.session_state[SS_VIEW] = "Trajectories"
+
+
+def chart_point(key: str, param: str) -> dict[str, Any] | None:
+    """The first point a click selected on the chart drawn with ``key`` (selection parameter ``param``)."""
+    event = st.session_state.get(key)
+    selection = getattr(event, "selection", None)
+    if selection is None and isinstance(event, dict):
+        selection = event.get("selection")
+    if selection is None:
+        return None
+    points = selection.get(param) if isinstance(selection, dict) else getattr(selection, param, None)
+    if isinstance(points, list) and points and isinstance(points[0], dict):
+        return points[0]
+    return None

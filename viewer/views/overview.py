@@ -1,0 +1,77 @@
+"""The Overview page: run totals and per-step charts; a click on a point opens that step's trajectories."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from viewer import cache, charts, state
+from viewer import data as D
+from viewer.format import metric_value
+
+
+def _on_click(key: str) -> None:
+    point = state.chart_point(key, charts.PICK_STEP)
+    if point is not None and state.int_or_none(point.get(D.STEP)) is not None:
+        state.open_step(int(point[D.STEP]), point.get("split"))
+
+
+def _chart(chart: object, key: str) -> None:
+    st.altair_chart(chart, width="stretch", key=key, on_select=lambda: _on_click(key), selection_mode=charts.PICK_STEP)
+
+
+def draw(path: str, sig: tuple) -> None:
+    """Draw the overview of the run at ``path``."""
+    st.header("Run overview")
+    loaded = cache.run_base(path, sig)
+    cache.warn(loaded.warnings)
+    split = state.split_value()
+    traj = D.select(loaded.table, None, split)
+    span_rows = cache.steps(path, sig).rows if split is None else None
+    totals = D.run_totals(traj, span_rows)
+    cols = st.columns(len(totals))
+    for col, (k, v) in zip(cols, totals.items()):
+        col.metric(k, f"{v:.1%}" if k == "tool error rate" else metric_value(v))
+    stats = cache.token_stats(path, sig)
+    if stats is not None:
+        cache.warn(stats.warnings)
+    rows = D.overview(traj, stats.table if stats is not None else None)
+    if not rows:
+        st.info("No trajectories recorded yet.")
+        return
+    df = pd.DataFrame(rows)
+    st.caption("Click a point of a chart to list that step's trajectories.")
+    c1, c2 = st.columns(2)
+    with c1:
+        st.subheader("Reward per step")
+        _chart(charts.reward_chart(df), "ov_reward")
+    with c2:
+        st.subheader("Turns and tool calls per trajectory")
+        _chart(charts.lines_chart(df, ["turns/mean", "tool_calls/mean"], "mean"), "ov_turns")
+    c3, c4 = st.columns(2)
+    with c3:
+        st.subheader("Tool error rate")
+        _chart(charts.lines_chart(df, ["tool_error_rate"], "tool errors / tool calls", fmt="%"), "ov_tool_errors")
+    with c4:
+        st.subheader("Latency (s)")
+        _chart(charts.lines_chart(df, ["latency_s/p50", "latency_s/p95"], "seconds"), "ov_latency")
+    if "logprob_mismatch" in df.columns and df["logprob_mismatch"].notna().any():
+        c5, c6 = st.columns(2)
+        with c5:
+            st.subheader("Train/inference logprob mismatch")
+            st.caption("mean |rollout logprob - trainer logprob| over tokens in the loss mask")
+            _chart(charts.lines_chart(df, ["logprob_mismatch"], "mean abs. difference"), "ov_mismatch")
+        with c6:
+            st.subheader("Largest trainer/rollout probability ratio")
+            _chart(charts.lines_chart(df, ["logprob_ratio/max"], "max exp(trainer - rollout)"), "ov_ratio")
+    st.subheader("Per step")
+    st.dataframe(df, hide_index=True, key="overview_table", column_config=_number_columns(df))
+
+
+def _number_columns(df: pd.DataFrame) -> dict[str, object]:
+    """Numbers with 4 significant digits, wide enough to read whole."""
+    return {
+        c: st.column_config.NumberColumn(c, format="%.4g", width="small")
+        for c in df.columns
+        if c not in (D.STEP, "split") and pd.api.types.is_float_dtype(df[c])
+    }

@@ -1,0 +1,222 @@
+"""The Replay page: one trajectory's conversation, tool calls, timing, tokens (with the trainer's per-token stats) and spans."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from viewer import cache, charts, state
+from viewer import data as D
+from viewer.format import metric_value, seconds
+
+MAX_WATERFALL_SPANS = 300
+#: Tokens the "worst tokens" table lists per turn.
+WORST_TOKENS = 10
+ROLE_AVATARS = {"system": ":material/settings:", "tool": ":material/build:"}
+
+
+def token_decoder(path: str) -> Any:
+    """Per-token text for the token view: ?tokenizer=, --tokenizer, or the run's recorded tokenizer path."""
+    chosen = st.query_params.get(state.QP_TOKENIZER) or state.script_arg(sys.argv[1:], "tokenizer")
+    chosen = chosen or D.run_tokenizer_path(path)
+    if not chosen:
+        return None
+    try:
+        return cache.decoder(chosen)
+    except Exception as exc:  # a missing or broken tokenizer leaves ids in the view
+        st.caption(D.escape_markdown(f"Token text unavailable ({type(exc).__name__}: {exc}); showing token ids."))
+        return None
+
+
+def trajectory_row(path: str, sig: tuple, trace_id: str) -> tuple[dict[str, Any] | None, Any]:
+    """The trajectory's summary row and spans (the reward joined from its step when logged elsewhere)."""
+    loaded = cache.trajectory(path, sig, trace_id, None)
+    cache.warn(loaded.warnings)
+    spans = loaded.table
+    row = D.trajectory_summary(spans)
+    if row is not None and row[D.REWARD] is None and row[D.STEP] is not None:
+        # A reward logged from another process carries no trace id: the step's table joins it.
+        row = D.find_trajectory(cache.table(path, sig, row[D.STEP]), trace_id) or row
+    return row, spans
+
+
+def render_message(msg: dict[str, Any]) -> None:
+    """One chat message, as text."""
+    role = str(msg.get("role", "assistant"))
+    with st.chat_message(role, avatar=ROLE_AVATARS.get(role)):
+        label = role + (f" · {msg['name']}" if role == "tool" and msg.get("name") else "")  # OpenAI message keys
+        st.caption(D.escape_markdown(label))
+        text = D.content_text(msg.get("content"))
+        if role == "tool":
+            st.code(text, language=None, wrap_lines=True)
+        elif text:
+            st.text(text)
+        for call in msg.get("tool_calls") or []:
+            fn = call.get("function", {}) if isinstance(call, dict) else {}
+            st.caption(D.escape_markdown(f"tool call: {fn.get('name', '?')} (id {call.get('id', '?')})"))
+            st.code(D.pretty_json(fn.get("arguments", "")), language="json", wrap_lines=True)
+
+
+def draw(path: str, sig: tuple) -> None:
+    """Draw the replay of the trajectory in the session's trace id."""
+    ss = st.session_state
+    st.header("Trajectory replay")
+    st.text_input(
+        "Trace id", key=state.SS_TRACE, placeholder="paste a trace id, or open one from the Trajectories view"
+    )
+    tid = (ss.get(state.SS_TRACE) or "").strip()
+    if not tid:
+        st.info("Pick a trajectory in the Trajectories view, or paste its trace id above.")
+        return
+    row, spans = trajectory_row(path, sig, tid)
+    if row is None:
+        st.error(D.escape_markdown(f"No trajectory with trace id {tid} under {path}. Check the id, or the path."))
+        return
+    m = st.columns(4)
+    m[0].metric("step", metric_value(row[D.STEP]))
+    m[1].metric("sample", metric_value(row[D.SAMPLE_INDEX]))
+    m[2].metric("rollout", metric_value(row[D.ROLLOUT_N]))
+    m[3].metric("status", metric_value(row[D.STATUS]))
+    m = st.columns(4)
+    m[0].metric("reward", metric_value(row[D.REWARD]))
+    m[1].metric("advantage", metric_value(row.get(D.ADVANTAGE_COL)))
+    m[2].metric("latency", seconds(row[D.LATENCY_COL]))
+    m[3].metric("turns", metric_value(row[D.NUM_LLM_CALLS]))
+    st.caption(
+        D.escape_markdown(
+            f"trace {tid} · {'validation' if row[D.VALIDATE] else 'train'} · {row[D.NUM_SPANS]} spans · "
+            f"{row[D.NUM_LLM_CALLS]} turns · {row[D.NUM_TOOL_CALLS]} tool calls ({row[D.NUM_TOOL_ERRORS]} failed)"
+        )
+    )
+    if row[D.STEP] is not None and row[D.SAMPLE_INDEX] is not None:
+        st.button(
+            "Show this prompt's group",
+            key="to_group",
+            on_click=state.open_group,
+            args=(row[D.STEP], row[D.SAMPLE_INDEX]),
+        )
+    if row.get(D.REWARD_INFO):
+        with st.expander("Reward details"):
+            st.code(D.pretty_json(row[D.REWARD_INFO]), language="json")
+    for err in D.span_errors(spans):
+        st.error(D.escape_markdown(f"{err[D.KIND]} span {err[D.NAME]} failed: {err['type']}: {err['message']}"))
+        if err["traceback"]:
+            with st.expander(f"Traceback of {err[D.NAME]}"):
+                st.code(err["traceback"], language="python")
+    tab_conv, tab_tools, tab_time, tab_tokens, tab_spans = st.tabs(
+        ["Conversation", "Tool calls", "Timing", "Tokens", "Spans"]
+    )
+    with tab_conv:
+        msgs = D.messages(spans)
+        if not msgs:
+            st.info("This trajectory recorded no conversation (no messages on its root span and no llm spans).")
+        for msg in msgs:
+            render_message(msg)
+    with tab_tools:
+        _tool_calls(spans)
+    with tab_time:
+        rows = D.waterfall(spans)
+        if len(rows) > MAX_WATERFALL_SPANS:
+            st.caption(f"Showing the first {MAX_WATERFALL_SPANS} of {len(rows):,} spans; the Spans tab lists them all.")
+            rows = rows[:MAX_WATERFALL_SPANS]
+        if rows:
+            st.caption("Bars are coloured by span kind; a failed span has a red outline.")
+            st.vega_lite_chart(
+                pd.DataFrame(rows), charts.waterfall_spec(rows), width="stretch", height=charts.waterfall_height(rows)
+            )
+    with tab_tokens:
+        _tokens(path, sig, tid, row, spans)
+    with tab_spans:
+        st.dataframe(pd.DataFrame(D.waterfall(spans)), hide_index=True, key="span_table")
+
+
+def _tool_calls(spans: Any) -> None:
+    calls = D.tool_spans(spans)
+    if not calls:
+        st.caption("No tool calls.")
+    for i, call in enumerate(calls):
+        status = "ok" if call[D.STATUS] == "ok" else f"{call[D.STATUS]}"
+        st.markdown(D.escape_markdown(f"{i + 1}. {call[D.NAME]} — {status} — {call['duration_ms']:.2f} ms"))
+        a, b = st.columns(2)
+        a.caption("arguments")
+        a.code(call["arguments"], language="json", wrap_lines=True)
+        if call[D.ERROR]:
+            b.caption("error")
+            b.code(
+                f"{call[D.ERROR].get('type', '')}: {call[D.ERROR].get('message', '')}", language=None, wrap_lines=True
+            )
+        else:
+            b.caption("result")
+            b.code(call["result"], language=None, wrap_lines=True)
+
+
+def _tokens(path: str, sig: tuple, tid: str, row: dict[str, Any], spans: Any) -> None:
+    loaded = cache.trajectory_token_stats(path, sig, tid, row[D.STEP])
+    stats = None
+    if loaded is not None:
+        cache.warn(loaded.warnings)
+        key = (row[D.STEP], row[D.SAMPLE_INDEX], row[D.ROLLOUT_N], row[D.VALIDATE])
+        stats = D.turn_stats(loaded.table, tid, key)
+    turns = D.token_turns(spans, token_decoder(path), stats)
+    if not turns:
+        st.caption("No llm spans.")
+    for turn in turns:
+        kept = turn.kept
+        if turn.truncated:
+            of = f" of {turn.recorded}" if turn.recorded is not None else ""
+            head = f"Turn {turn.index + 1}: {turn.name} — {kept} token(s) kept{of}"
+        else:
+            head = f"Turn {turn.index + 1}: {turn.name} — {kept} token(s)"
+        if turn.prompt_tokens is not None:
+            head += f" · prompt {turn.prompt_tokens} tokens"
+        if turn.finish_reason:
+            head += f" · finish {turn.finish_reason}"
+        st.markdown("**" + D.escape_markdown(head) + "**")
+        if turn.truncated:
+            st.warning(
+                D.escape_markdown(
+                    f"Truncated: the engine produced {turn.recorded if turn.recorded is not None else 'more'} tokens; "
+                    f"the record keeps the first {kept} (tracer max_tokens)."
+                )
+            )
+        if turn.logprobs is None:
+            st.caption("No per-token logprobs recorded.")
+        cells = turn.cells()
+        if len(cells) > charts.MAX_TOKEN_CELLS:
+            st.caption(f"Token grid: the first {charts.MAX_TOKEN_CELLS:,} of {len(cells):,} tokens.")
+            cells = cells[: charts.MAX_TOKEN_CELLS]
+        options = turn.color_fields()
+        color_by = None
+        if len(options) > 1:
+            color_by = st.selectbox(
+                "Colour tokens by",
+                options,
+                key=f"color_by_{turn.index}",
+                help="mismatch = rollout logprob - trainer logprob; faded tokens are outside the loss mask",
+            )
+        elif options:
+            color_by = options[0]
+        if cells:
+            df = pd.DataFrame(cells)
+            extra = [f for f in options if f not in (D.COLOR_LOGPROB,)]
+            if color_by is not None and not df[color_by].notna().any():
+                color_by = None
+            st.vega_lite_chart(
+                df, charts.token_spec(turn, color_by, extra), width="stretch", height=charts.token_height(turn)
+            )
+        if turn.stats_source:
+            st.caption(D.escape_markdown(f"Trainer stats of this turn: {turn.stats_source}"))
+        if turn.stats:
+            by = D.COLOR_MISMATCH if D.COLOR_MISMATCH in options else D.COLOR_LOGPROB
+            worst = D.worst_tokens(turn, by, WORST_TOKENS)
+            if worst:
+                st.caption(
+                    f"Worst tokens of this turn (by {'|mismatch|' if by == D.COLOR_MISMATCH else 'lowest logprob'}; "
+                    f"tokens outside the loss mask last)"
+                )
+                st.dataframe(pd.DataFrame(worst), hide_index=True, key=f"worst_{turn.index}")
+        if turn.text:
+            st.text(turn.text)
