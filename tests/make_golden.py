@@ -1,6 +1,9 @@
-"""Regenerate sample_data/golden/trace_v1.arrow (only when the format version changes on purpose).
+"""Write sample_data/golden/trace_v{major}.arrow for the current format version (only when it changes on purpose).
 
 python tests/make_golden.py
+
+Each major version keeps its own golden file forever (trace_v1.arrow is an IPC
+stream, trace_v2.arrow an IPC file); tests read every one of them.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tracer  # noqa: E402
+from tracer.storage.files import major_version  # noqa: E402
 
+MAJOR = major_version(tracer.schema.SCHEMA_VERSION)
 GOLDEN = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_data", "golden", "trace_v1.arrow"
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_data", "golden", f"trace_v{MAJOR}.arrow"
 )
 
 
@@ -52,10 +57,10 @@ async def main() -> None:
 
 if __name__ == "__main__":
     tmp = tempfile.mkdtemp()
-    tracer.init(output_dir=tmp, project_name="golden", experiment_name="v1")
+    tracer.init(output_dir=tmp, project_name="golden", experiment_name=f"v{MAJOR}")
     asyncio.run(main())
     tracer.shutdown()
-    (path,) = glob.glob(os.path.join(tmp, "golden", "v1", "*.arrow"))
+    (path,) = glob.glob(os.path.join(tmp, "golden", f"v{MAJOR}", "*.arrow"))
     os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
     shutil.copy(path, GOLDEN)
     print(f"wrote {GOLDEN}")

@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Union
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
@@ -259,3 +260,13 @@ def _opens_directly(file: str) -> bool:
 def parse_json(text: str | None) -> Any:
     """Parse one of the JSON columns (inputs, outputs, attributes, error); None stays None."""
     return None if text is None else json.loads(text)
+
+
+def parse_json_or_text(value: Any) -> Any:
+    """A JSON column's value parsed; a string that is not JSON, or a value that is not a string, as it is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return value

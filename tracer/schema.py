@@ -1,18 +1,21 @@
 """The span record and its Arrow schema: the one place that names the columns.
 
-Every file written by :mod:`tracer` is a zstd-compressed Arrow IPC *stream*
-(``.arrow``) holding rows of :data:`SPAN_SCHEMA`. Writers, readers, exporters
-and the viewer import the column constants below; no other module spells a
-column name as a string literal.
+Every file written by :mod:`tracer` is a zstd-compressed Arrow IPC *file*
+(``.arrow``, format version 2; version 1 wrote IPC *streams*) holding rows of
+:data:`SPAN_SCHEMA`; ``docs/format.md`` describes the layout and what changed.
+Writers, readers, exporters and the viewer import the column constants below;
+no other module spells a column name as a string literal.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-#: Version of the on-disk format. Bump on any incompatible change; readers
-#: refuse files whose major version is newer than theirs.
-SCHEMA_VERSION = "1.0"
+#: Version of the on-disk format. Bump the major on any change an older reader
+#: would misread; readers refuse files whose major version is newer than theirs
+#: and read every older one. 2.0: shards are IPC files (a footer at close),
+#: not streams; a version-1 reader would take an open v2 shard for damage.
+SCHEMA_VERSION = "2.0"
 
 #: File suffix of trace files.
 FILE_SUFFIX = ".arrow"
@@ -74,7 +77,7 @@ ATTR_TRUNCATED = "rollout_trace.truncated"
 ATTR_TOKENS = "tokens"
 
 #: One entry per column: (name, type, nullable, description). The docstring of
-#: each column; README's table of the file format is generated from it.
+#: each column; the column table of ``docs/format.md`` is generated from it.
 SPAN_FIELDS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
     (TRACE_ID, pa.string(), False, "Trajectory id (32 hex chars); one per rollout."),
     (SPAN_ID, pa.string(), False, "Span id (16 hex chars), unique within its trajectory."),

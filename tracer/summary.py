@@ -51,12 +51,12 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.read import TracePaths, read_spans
+from tracer.read import parse_json_or_text as _loads
 
 #: Span columns :func:`summarize` needs.
 SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
@@ -477,15 +477,6 @@ class Turn:
             if self.tool_name is not None:
                 out["name"] = self.tool_name
         return out
-
-
-def _loads(value: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    try:
-        return orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return value
 
 
 def _dumps(value: Any) -> str:

@@ -27,7 +27,7 @@ import traceback
 
 import streamlit as st
 
-from viewer import cache, state
+from viewer import cache, safe, state
 from viewer import data as D
 from viewer.views import compare, group, overview, replay, trajectories
 
@@ -42,7 +42,7 @@ PAGES = {
 def _show_warnings(box: object) -> None:
     for m in cache.WARNINGS:
         box.warning(  # type: ignore[attr-defined]
-            "Trace file read up to its last complete batch (damaged, or still being written): " + D.escape_markdown(m)
+            "Trace file read up to its last complete batch (damaged, or still being written): " + safe.md(m, 2000)
         )
 
 
@@ -77,6 +77,12 @@ def _follow_replayed_step(path: str, sig: tuple, steps: list[int]) -> None:
         ss[state.SS_STEP] = row[D.STEP]
 
 
+def server_roots(argv: list[str]) -> list[str]:
+    """The directories ``?path=`` may open: ``--path``, ``--compare``, each ``--allow-path`` (``os.pathsep``-separated)."""
+    allow = (state.script_arg(argv, "allow-path") or "").split(os.pathsep)
+    return D.allowed_roots([state.script_arg(argv, "path"), state.script_arg(argv, "compare"), *allow])
+
+
 def main() -> None:
     """Draw the app."""
     st.set_page_config(page_title="rollout-trace viewer", layout="wide")
@@ -87,6 +93,8 @@ def main() -> None:
     url_path = st.query_params.get(state.QP_PATH)
     arg_path = state.script_arg(argv, "path")
     path = D.resolve_path(url_path, [arg_path] if arg_path else [])
+    roots = server_roots(argv)
+    state.ROOTS[:] = roots
     st.sidebar.title("rollout-trace")
     if path is None:
         st.info(
@@ -94,11 +102,12 @@ def main() -> None:
             "or set ROLLOUT_TRACE_DIR."
         )
         return
-    st.sidebar.caption(D.escape_markdown(path))
+    st.sidebar.caption(safe.md(path))
     try:
+        D.check_allowed(path, roots)
         root_sig = D.file_signature(path)
     except D.ViewerPathError as exc:
-        st.error(D.escape_markdown(str(exc)))
+        st.error(safe.md(str(exc), 2000))
         return
     root = path
     path, sig = _choose_run(root, root_sig)
@@ -108,7 +117,7 @@ def main() -> None:
     steps = steps_loaded.table.column(D.STEP).to_pylist()
     if not steps and cache.run_base(path, sig).table.num_rows == 0:
         _show_warnings(warn_box)
-        st.info(D.escape_markdown(f"The trace files under {path} hold no readable trajectories yet."))
+        st.info(safe.md(f"The trace files under {path} hold no readable trajectories yet."))
         return
     if ss.get(state.SS_STEP) not in steps:
         ss[state.SS_STEP] = state.ALL_STEPS
@@ -132,9 +141,9 @@ def main() -> None:
         else:
             PAGES[view](path, sig)
     except Exception as exc:  # one broken record must not take the page down
-        st.error(D.escape_markdown(f"Could not draw this view: {type(exc).__name__}: {exc}"))
+        st.error(safe.md(f"Could not draw this view: {type(exc).__name__}: {exc}", 2000))
         with st.expander("details"):
-            st.code(traceback.format_exc(), language="python")
+            st.code(safe.clip(traceback.format_exc(), safe.MAX_ELEMENT_CHARS), language="python")
     _show_warnings(warn_box)
     state.sync_query_params(url_path)
 

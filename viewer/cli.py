@@ -15,9 +15,10 @@ import subprocess
 import sys
 
 from tracer.extras import install_command
+from viewer.hosts import ENV_ALLOW_HOSTS, ENV_BIND
 
-#: The app script ``streamlit run`` serves.
-APP_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "app.py")
+#: The script ``streamlit run`` serves: the app (``app.py``) behind the host check (:mod:`viewer.hosts`).
+APP_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8501
 
@@ -38,11 +39,18 @@ def streamlit_command(
     python: str | None = None,
     tokenizer: str | None = None,
     compare: str | None = None,
+    allow_paths: list[str] | None = None,
 ) -> list[str]:
-    """The ``streamlit run`` command line that serves the viewer over ``path`` (compared with ``compare``)."""
+    """The ``streamlit run`` command line that serves the viewer over ``path`` (compared with ``compare``).
+
+    ``?path=`` may then open ``path``, ``compare`` and ``allow_paths`` only;
+    the hosts the server answers come from :func:`server_env`.
+    """
     extra = ["--tokenizer", os.path.abspath(tokenizer)] if tokenizer else []
     if compare:
         extra += ["--compare", os.path.abspath(compare)]
+    if allow_paths:
+        extra += ["--allow-path", os.pathsep.join(os.path.abspath(p) for p in allow_paths)]
     return [
         python or sys.executable,
         "-m",
@@ -64,6 +72,14 @@ def streamlit_command(
         os.path.abspath(path),
         *extra,
     ]
+
+
+def server_env(host: str, allow_hosts: list[str] | None = None) -> dict[str, str]:
+    """The environment of the server process: the bound address and the extra host names it answers."""
+    env = dict(os.environ)
+    env[ENV_BIND] = host
+    env[ENV_ALLOW_HOSTS] = ",".join(allow_hosts or [])
+    return env
 
 
 def suggest_path(path: str) -> str | None:
@@ -106,16 +122,30 @@ def _view(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    cmd = streamlit_command(args.path, args.host, args.port, tokenizer=args.tokenizer, compare=args.compare)
+    cmd = streamlit_command(
+        args.path, args.host, args.port, tokenizer=args.tokenizer, compare=args.compare, allow_paths=args.allow_path
+    )
+    env = server_env(args.host, args.allow_host)
     print(f"rollout-trace viewer: http://{args.host}:{args.port}/  (Ctrl-C to stop)", file=sys.stderr)
     sys.stderr.flush()
     if os.name == "posix":
         # Become the server: Ctrl-C and kill reach Streamlit directly, no orphan is left behind.
-        os.execv(cmd[0], cmd)
+        os.execve(cmd[0], cmd, env)
     try:
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env=env)
     except KeyboardInterrupt:
         return 130
+
+
+def port_number(text: str) -> int:
+    """``--port``: a TCP port, 0-65535 (argparse turns the ValueError into a usage error, exit 2)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number; give 0-65535, e.g. {DEFAULT_PORT}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535); give e.g. {DEFAULT_PORT}")
+    return port
 
 
 def register_view(subparsers: argparse._SubParsersAction) -> None:
@@ -133,11 +163,24 @@ def register_view(subparsers: argparse._SubParsersAction) -> None:
         nargs="?",
         help="a second run: open the Compare page, PATH (run A) against this one (run B)",
     )
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})")
+    p.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})")
     p.add_argument(
         "--host",
         default=DEFAULT_HOST,
         help=f"address to bind (default {DEFAULT_HOST}; 0.0.0.0 exposes your traces to the network)",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="also answer requests addressed to this host name (repeatable); by default only localhost, "
+        "127.0.0.1, ::1 and the --host address are served, other Host or Origin headers get 403",
+    )
+    p.add_argument(
+        "--allow-path",
+        action="append",
+        metavar="DIR",
+        help="a further directory the ?path= URL parameter may open (repeatable); by default only PATH and COMPARE",
     )
     p.add_argument(
         "--tokenizer",

@@ -32,6 +32,9 @@ QP_SAMPLE = "sample_index"
 QP_VALIDATE = "validate"
 QP_TOKENIZER = "tokenizer"
 
+#: The directories this server may open (set by the app on each run from its arguments).
+ROOTS: list[str] = []
+
 # Session state keys.
 SS_VIEW = "view"
 SS_STEP = "step_sel"

@@ -5,11 +5,19 @@ group ``rollout_trace.commands`` (see pyproject.toml): each entry point is a
 function ``register(subparsers)`` that adds one parser and sets its
 ``func(args) -> int``. ``info``, ``check``, ``compact`` and ``diff`` are tracer's own
 (one module each in this package), always present.
+
+Exit status, the same for every subcommand (the table in README.md):
+:data:`EXIT_OK` 0, :data:`EXIT_PROBLEM` 1 (the command ran and found or left
+a problem, named in its output), :data:`EXIT_USAGE` 2 (bad input or
+environment: the command could not do its work), 130 on Ctrl-C. An error
+nobody anticipated is printed as one line and exits 2; set
+``ROLLOUT_TRACE_DEBUG=1`` to see its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
@@ -17,6 +25,7 @@ from importlib.metadata import entry_points
 from tracer.cli.check import register_check
 from tracer.cli.compact import register_compact
 from tracer.cli.diff import register_diff
+from tracer.cli.errors import ENV_DEBUG, EXIT_INTERRUPTED, EXIT_USAGE, describe_error
 from tracer.cli.info import register_info
 from tracer.extras import install_command
 
@@ -58,8 +67,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
-        return 2
-    return int(func(args) or 0)
+        return EXIT_USAGE
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"rollout-trace {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # no traceback for the user: one line naming what failed
+        if os.environ.get(ENV_DEBUG) == "1":
+            raise
+        print(
+            f"rollout-trace {args.command}: error: {describe_error(exc)} (set {ENV_DEBUG}=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

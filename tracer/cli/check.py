@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from tracer import schema as S
+from tracer.read import list_trace_files
 from tracer.storage.check import check_path, format_report, summary_dict
 
 
@@ -33,4 +35,10 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary_dict(report), indent=2) if args.json else format_report(report, args.path))
+    if not list_trace_files(args.path):
+        print(
+            f"error: no trace files (*{S.FILE_SUFFIX}) under {args.path!r}; give a trace file or a run directory",
+            file=sys.stderr,
+        )
+        return 2
     return 0 if report.ok or args.repair else 1

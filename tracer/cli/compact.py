@@ -6,6 +6,9 @@ import argparse
 import sys
 from typing import Any
 
+from tracer import schema as S
+from tracer.cli.errors import describe_error
+from tracer.read import list_trace_files
 from tracer.storage.compact import compact, write_parquet
 from tracer.storage.seal import ENV_SEAL_AFTER_S
 
@@ -46,6 +49,9 @@ def run_compact(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a full disk, a read-only folder: nothing was deleted that was not merged
+        print(f"error: compaction stopped, the original files are kept: {describe_error(exc)}", file=sys.stderr)
+        return 2
     print(
         f"compacted {report.files_in} file(s) in {report.run_dirs} run dir(s) into {report.files_out}: "
         f"{report.rows} span(s), {report.bytes_in / 1e6:.1f} MB -> {report.bytes_out / 1e6:.1f} MB"
@@ -68,4 +74,8 @@ def run_compact(args: argparse.Namespace) -> int:
             print(f"error: writing Parquet failed: {exc}", file=sys.stderr)
             return 2
         print(f"wrote {rows} span(s) as a step-partitioned Parquet dataset: {out}")
+    nothing = report.files_in == 0 and not (report.sealed or report.skipped_open or report.set_aside)
+    if nothing and not list_trace_files(args.path):
+        print(f"error: no trace files (*{S.FILE_SUFFIX}) under {args.path!r}; give a run directory", file=sys.stderr)
+        return 2
     return 0

@@ -16,14 +16,15 @@ import sys
 from typing import Any
 
 from tracer.backends import BACKENDS, COMMON_OPTIONS, ExportOptionError, Option, get_backend
+from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, describe_error
 from tracer.exporters.base import export_files
 
-#: Exit status for bad input (as argparse uses).
-EXIT_USAGE = 2
-#: Exit status when the backend fails.
-EXIT_FAILED = 1
+#: Exit status when the backend fails (no login, server down): the environment, as for bad input.
+EXIT_FAILED = EXIT_USAGE
 #: Exit status when ``--verify`` finds a difference.
-EXIT_VERIFY_FAILED = 1
+EXIT_VERIFY_FAILED = EXIT_PROBLEM
+#: Exit status when the backend refused some trajectories (the others were sent).
+EXIT_REFUSED = EXIT_PROBLEM
 
 
 def _backend_options() -> dict[str, list[tuple[str, Option]]]:
@@ -133,7 +134,7 @@ def run_export(args: argparse.Namespace) -> int:
     except (ImportError, FileNotFoundError, ValueError) as exc:  # ExportOptionError is a ValueError
         return _error(str(exc))
     except Exception as exc:  # the backend's own failure (no login, server down): say it, no traceback
-        print(f"rollout-trace export: {target} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"rollout-trace export: {target} failed: {describe_error(exc)}", file=sys.stderr)
         return EXIT_FAILED
     print(
         f"{report.backend}: sent {report.trajectories_sent} trajectories"
@@ -142,6 +143,15 @@ def run_export(args: argparse.Namespace) -> int:
     )
     for line in report.details:
         print(f"  {line}")
+    if not (report.trajectories_sent or report.trajectories_skipped or report.trajectories_refused):
+        return _error(f"no readable trajectory under {args.path!r} (see the warnings above); nothing was exported")
     if report.verify is not None and not report.verify.ok:
         return EXIT_VERIFY_FAILED
+    if report.trajectories_refused:
+        print(
+            f"rollout-trace export: {report.trajectories_refused} trajectories refused by {target} (named above); "
+            "the others were sent",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
     return 0

@@ -9,6 +9,8 @@ import argparse
 import sys
 from typing import Any
 
+from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE
+
 
 def register_import(subparsers: Any) -> None:
     """Add the ``import`` sub-command to ``rollout-trace``."""
@@ -40,16 +42,13 @@ def run_import(args: argparse.Namespace) -> int:
         from tracer.exporters.mlflow.importer import import_traces
     except ImportError as exc:
         print(f"rollout-trace import: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     uri = resolve_tracking_uri(args.tracking_uri)
     try:
         report = import_traces(uri, args.experiment, args.out, progress=not args.no_progress, filter_string=args.filter)
-    except ImportError as exc:
-        print(f"rollout-trace import: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"rollout-trace import: {exc}", file=sys.stderr)
-        return 1
+    except (ImportError, ValueError, OSError) as exc:  # no mlflow, no such experiment, bad URI, server down
+        print(f"rollout-trace import: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     for line in report.details:
         print(line)
-    return 0
+    return EXIT_PROBLEM if report.refused else 0

@@ -20,7 +20,7 @@ def register_info(subparsers: Any) -> None:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    """Print files, trajectories and steps under ``args.path``, then every reader warning."""
+    """Print files, trajectories and steps under ``args.path``, then every reader warning; 2 when nothing is readable."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TraceFileWarning)
         try:
@@ -34,4 +34,13 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"{args.path}: {len(files)} file(s), {table.num_rows} trajectories, {span}")
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
+    if not files:
+        print(
+            f"error: no trace files (*{S.FILE_SUFFIX}) under {args.path!r}; give a trace file or a run directory",
+            file=sys.stderr,
+        )
+        return 2
+    if table.num_rows == 0 and caught:
+        print(f"error: {args.path!r} holds no readable trace (see the warnings above)", file=sys.stderr)
+        return 2
     return 0

@@ -17,8 +17,8 @@ from tracer.data.rescore import RescoreError, rescore
 
 #: Exit status for bad input (as argparse uses).
 EXIT_USAGE = 2
-#: Exit status when the reward function itself raised.
-EXIT_FAILED = 1
+#: Exit status when the reward function itself raised (bad input, as for a bad path).
+EXIT_FAILED = EXIT_USAGE
 
 
 def register_rescore(subparsers: Any) -> None:

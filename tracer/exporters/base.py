@@ -296,6 +296,9 @@ class ExportReport:
     #: Trajectories sent to a destination that already held others of the
     #: run: what a live export (stopped, failed, cut off at shutdown) missed.
     caught_up: int = 0
+    #: Trajectories the backend refused one by one (their content, e.g. a
+    #: lone surrogate): not sent, named in :attr:`details`; the rest went.
+    trajectories_refused: int = 0
 
 
 # -- the interface a backend implements --------------------------------------------
@@ -342,6 +345,9 @@ class SinkBase:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.options = dict(options)
+        #: ``(trace_id, spans, why)`` of trajectories the backend refused after
+        #: :meth:`write` counted them as sent; the file driver takes them back out.
+        self.refused: list[tuple[str, int, str]] = []
 
     @classmethod
     def sources(cls, path: str, options: Mapping[str, Any]) -> Iterator[tuple[TracePaths, str | None, str | None]]:
@@ -737,6 +743,12 @@ def drive_files(
         finally:
             bar.close()
             notes = sink.close()
+        for tid, spans, why in getattr(sink, "refused", ()):
+            total.sent -= 1
+            total.spans -= spans
+            total.rows.pop(tid, None)
+            report.trajectories_refused += 1
+            report.details.append(f"refused by {backend}, not sent: trajectory {tid}: {why}")
         report.trajectories_sent += total.sent
         if existing and total.sent:
             report.caught_up += total.sent

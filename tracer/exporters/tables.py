@@ -11,7 +11,6 @@ files both wandb (``.wandb``) and swanlab (``.swanlab``) write, used by
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import struct
 import sys
@@ -24,6 +23,7 @@ import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.read import TracePaths, list_trace_files, read_file_metadata, read_spans
+from tracer.read import parse_json_or_text as _loads
 from tracer.summary import Turn, prompt_and_response, read_trajectories, render_turns, trajectory_turns
 
 #: Columns of the per-step trajectory table, in order.
@@ -83,15 +83,6 @@ ROW_SPAN_COLUMNS = (
 
 
 # -- rows ----------------------------------------------------------------------
-
-
-def _loads(text: Any) -> Any:
-    if not isinstance(text, str):
-        return text
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def cut(text: str, limit: int = MAX_CELL_CHARS) -> str:

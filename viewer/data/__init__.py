@@ -116,6 +116,9 @@ from viewer.data.runs import (
     ADVANTAGE_COL as ADVANTAGE_COL,
 )
 from viewer.data.runs import (
+    ENV_VIEW_ALLOW as ENV_VIEW_ALLOW,
+)
+from viewer.data.runs import (
     FILE_COL as FILE_COL,
 )
 from viewer.data.runs import (
@@ -143,7 +146,13 @@ from viewer.data.runs import (
     advantages as advantages,
 )
 from viewer.data.runs import (
+    allowed_roots as allowed_roots,
+)
+from viewer.data.runs import (
     apply_filters as apply_filters,
+)
+from viewer.data.runs import (
+    check_allowed as check_allowed,
 )
 from viewer.data.runs import (
     file_signature as file_signature,

@@ -86,6 +86,43 @@ def resolve_path(query_path: str | None, argv: Sequence[str], env: Mapping[str, 
     return None
 
 
+#: Extra directories (``os.pathsep``-separated) that ``?path=`` may name besides those the server was started with.
+ENV_VIEW_ALLOW = "ROLLOUT_TRACE_VIEW_ALLOW"
+
+
+def allowed_roots(argv_paths: Sequence[str | None], env: Mapping[str, str] | None = None) -> list[str]:
+    """The directories a URL may open: the server's own paths, ``--allow-path`` entries and ``ROLLOUT_TRACE_VIEW_ALLOW``."""
+    environ: Mapping[str, str] = os.environ if env is None else env
+    given = [*argv_paths, environ.get(tracer.ENV_TRACE_DIR), *environ.get(ENV_VIEW_ALLOW, "").split(os.pathsep)]
+    roots = []
+    for p in given:
+        if p:
+            real = os.path.realpath(os.path.expanduser(p))
+            roots.append(real if os.path.isdir(real) else os.path.dirname(real))
+    return roots
+
+
+def check_allowed(path: str, roots: Sequence[str]) -> str:
+    """``path`` if it lies inside one of ``roots`` (symbolic links resolved).
+
+    Raises:
+        ViewerPathError: it lies outside them; the message says how to allow it.
+    """
+    real = os.path.realpath(os.path.expanduser(path))
+    for root in roots:
+        try:
+            if os.path.commonpath([real, root]) == root:
+                return path
+        except ValueError:  # different drives
+            continue
+    shown = ", ".join(roots) if roots else "none"
+    raise ViewerPathError(
+        f"the path {path!r} is outside the directories this viewer serves ({shown}). "
+        f"Start it on that directory (rollout-trace view DIR), or allow it: rollout-trace view DIR --allow-path "
+        f"{path} (or {ENV_VIEW_ALLOW}=DIR)."
+    )
+
+
 def file_signature(path: str) -> tuple[tuple[str, int, int], ...]:
     """(file, size, mtime) of every trace file under ``path``: the cache key of what was read.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Sequence
 from typing import Any
 
@@ -191,7 +192,10 @@ def escape_markdown(text: str) -> str:
     """Backslash-escape every ASCII punctuation character so Markdown shows ``text`` literally.
 
     Streamlit's Markdown never renders raw HTML (no ``unsafe_allow_html``);
-    escaping also keeps ``**``, links, headings and ``<tags>`` as typed.
+    escaping also keeps ``**``, links, autolinks (``www.x``, ``a@b.c``),
+    headings, ``:emoji:`` and ``<tags>`` as typed. Control characters other
+    than newline and tab are written as ``\\xNN``; a newline becomes a
+    Markdown line break.
     """
     out = []
     for ch in text:
@@ -199,9 +203,13 @@ def escape_markdown(text: str) -> str:
             out.append("\\" + ch)
         elif ch == "\n":
             out.append("  \n")
+        elif ch != "\t" and (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0):
+            out.append(f"\\\\x{ord(ch):02x}")
+        elif 0xD800 <= ord(ch) < 0xE000:
+            out.append("\ufffd")  # a lone surrogate cannot be sent to the browser
         else:
             out.append(ch)
     return "".join(out)
 
 
-_MD_SPECIAL = set("\\`*_{}[]()<>#+-.!|~$&:\"'=%")
+_MD_SPECIAL = set(string.punctuation)

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from tracer.compare import DELTA, PASS_RATE_DELTA, PROMPT, TRACE_ID_A, TRACE_ID_B
-from viewer import cache, state
+from viewer import cache, safe, state
 from viewer import data as D
 from viewer.format import short
 
@@ -63,9 +63,10 @@ def draw(path: str, sig: tuple, root: str, root_sig: tuple) -> None:
     st.header("Compare runs")
     path_b = _run_b(root, root_sig, path)
     try:
+        D.check_allowed(path_b, state.ROOTS)
         sig_b = D.file_signature(path_b)
     except D.ViewerPathError as exc:
-        st.error(D.escape_markdown(str(exc)))
+        st.error(safe.md(str(exc), 2000))
         return
     steps_a = cache.steps(path, sig).table.column(D.STEP).to_pylist()
     steps_b = cache.steps(path_b, sig_b).table.column(D.STEP).to_pylist()
@@ -133,13 +134,13 @@ def _side(
     with col:
         st.markdown(f"**{label}**: {mine.num_rows} rollout(s)")  # no model text here
         for x in listed:
-            with st.container(border=True):
+            with st.container(border=True), safe.isolated("rollout"):
                 st.caption(
                     D.escape_markdown(
                         f"step {x[D.STEP]} · rollout {x['rollout']} · reward {short(x[D.REWARD])} · {x[D.STATUS]}"
                     )
                 )
-                st.text(answers.get(x[D.TRACE_ID]) or "(no answer)")
+                safe.text(answers.get(x[D.TRACE_ID]) or "(no answer)", f"ans_{label}_{x[D.TRACE_ID]}", "answer")
                 if here:
                     st.button(
                         "Replay",
@@ -167,13 +168,13 @@ def _side_by_side(
     r: dict[str, Any],
     prompt: str | None,
 ) -> None:
-    st.subheader(D.escape_markdown(f"Sample {r[D.SAMPLE_INDEX]}"))
+    st.subheader(safe.md(f"Sample {r[D.SAMPLE_INDEX]}"))
     st.caption("prompt")
-    st.text(prompt or "")
+    safe.text(prompt or "", "cmp_prompt", "prompt")
     a, b = st.columns(2)
     answers_a = _side(path, sig, step_a, r, a, "A", True)
     answers_b = _side(path_b, sig_b, step_b, r, b, "B", os.path.samefile(path, path_b))
     first_a = answers_a.get(r[TRACE_ID_A] or "", "")
     first_b = answers_b.get(r[TRACE_ID_B] or "", "")
     st.caption("final answers, A's first rollout against B's")
-    st.code(D.answer_diff(first_a, first_b), language="diff")
+    safe.code(D.answer_diff(first_a, first_b), "cmp_diff", "diff", language="diff")

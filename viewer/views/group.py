@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from viewer import cache, charts, state
+from viewer import cache, charts, safe, state
 from viewer import data as D
 from viewer.format import short
 
@@ -54,7 +54,7 @@ def draw(path: str, sig: tuple) -> None:
     sample = st.selectbox("Sample (prompt)", samples, key=state.SS_SAMPLE)
     g = D.group(traj, step, sample, state.split_value())
     rows = D.list_rows(g)
-    st.caption(f"step {step} · sample {sample} · {len(rows)} rollout(s)")
+    st.caption(safe.md(f"step {step} · sample {sample} · {len(rows)} rollout(s)"))
     df = pd.DataFrame(rows)
     if not df.empty:
         st.dataframe(
@@ -83,7 +83,7 @@ def draw(path: str, sig: tuple) -> None:
     for start in range(0, len(rows), GROUP_COLUMNS):
         cols = st.columns(GROUP_COLUMNS)
         for col, r in zip(cols, rows[start : start + GROUP_COLUMNS]):
-            with col, st.container(border=True):
+            with col, st.container(border=True), safe.isolated("rollout"):
                 st.markdown(
                     D.escape_markdown(f"rollout {r['rollout']}")
                     + f" · reward **{short(r[D.REWARD])}** · advantage **{short(r['advantage'])}**"
@@ -97,11 +97,13 @@ def draw(path: str, sig: tuple) -> None:
                 msgs = D.messages(spans) if spans is not None else []
                 final = next((m for m in reversed(msgs) if m.get("role") == "assistant"), None)
                 st.caption("final answer")
-                st.text(D.content_text(final.get("content")) if final else "(none)")
+                tid = r[D.TRACE_ID]
+                safe.text(D.content_text(final.get("content")) if final else "(none)", f"final_{tid}", "answer")
                 with st.expander("conversation"):
-                    for m in msgs:
-                        st.caption(D.escape_markdown(str(m.get("role"))))
-                        st.text(D.content_text(m.get("content")) or "(tool call)")
+                    for j, m in enumerate(msgs):
+                        with safe.isolated("message"):
+                            st.caption(safe.md(m.get("role")))
+                            safe.text(D.content_text(m.get("content")) or "(tool call)", f"m{j}_{tid}", "message")
                 st.button(
                     "Replay",
                     key=f"replay_{r[D.TRACE_ID]}",

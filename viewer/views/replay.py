@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from viewer import cache, charts, state
+from viewer import cache, charts, safe, state
 from viewer import data as D
 from viewer.format import metric_value, seconds
 
@@ -27,7 +27,7 @@ def token_decoder(path: str) -> Any:
     try:
         return cache.decoder(chosen)
     except Exception as exc:  # a missing or broken tokenizer leaves ids in the view
-        st.caption(D.escape_markdown(f"Token text unavailable ({type(exc).__name__}: {exc}); showing token ids."))
+        st.caption(safe.md(f"Token text unavailable ({type(exc).__name__}: {exc}); showing token ids."))
         return None
 
 
@@ -43,21 +43,32 @@ def trajectory_row(path: str, sig: tuple, trace_id: str) -> tuple[dict[str, Any]
     return row, spans
 
 
-def render_message(msg: dict[str, Any]) -> None:
-    """One chat message, as text."""
-    role = str(msg.get("role", "assistant"))
-    with st.chat_message(role, avatar=ROLE_AVATARS.get(role)):
+def _calls_of(msg: dict[str, Any]) -> list[Any]:
+    """A message's tool calls as a list, whatever shape the record gave them (a string is one call)."""
+    calls = msg.get("tool_calls")
+    if not calls:
+        return []
+    return list(calls) if isinstance(calls, (list, tuple)) else [calls]
+
+
+def render_message(msg: dict[str, Any], key: str = "msg") -> None:
+    """One chat message, as text: every string inert and bounded."""
+    role = safe.clip(msg.get("role") or "assistant", 40)
+    with st.chat_message(role if role.strip() else "assistant", avatar=ROLE_AVATARS.get(role)):
         label = role + (f" · {msg['name']}" if role == "tool" and msg.get("name") else "")  # OpenAI message keys
-        st.caption(D.escape_markdown(label))
+        st.caption(safe.md(label))
         text = D.content_text(msg.get("content"))
         if role == "tool":
-            st.code(text, language=None, wrap_lines=True)
+            safe.code(text, f"{key}_tool", "tool output")
         elif text:
-            st.text(text)
-        for call in msg.get("tool_calls") or []:
-            fn = call.get("function", {}) if isinstance(call, dict) else {}
-            st.caption(D.escape_markdown(f"tool call: {fn.get('name', '?')} (id {call.get('id', '?')})"))
-            st.code(D.pretty_json(fn.get("arguments", "")), language="json", wrap_lines=True)
+            safe.text(text, f"{key}_text", "message")
+        for j, call in enumerate(_calls_of(msg)):
+            with safe.isolated("tool call"):
+                c = call if isinstance(call, dict) else {"function": {"arguments": call}}
+                fn = c.get("function")
+                fn = fn if isinstance(fn, dict) else {"arguments": fn}
+                st.caption(safe.md(f"tool call: {fn.get('name', '?')} (id {c.get('id', '?')})"))
+                safe.code(D.pretty_json(fn.get("arguments", "")), f"{key}_call{j}", "tool call", language="json")
 
 
 def draw(path: str, sig: tuple) -> None:
@@ -73,20 +84,20 @@ def draw(path: str, sig: tuple) -> None:
         return
     row, spans = trajectory_row(path, sig, tid)
     if row is None:
-        st.error(D.escape_markdown(f"No trajectory with trace id {tid} under {path}. Check the id, or the path."))
+        st.error(safe.md(f"No trajectory with trace id {tid} under {path}. Check the id, or the path."))
         return
     m = st.columns(4)
     m[0].metric("step", metric_value(row[D.STEP]))
-    m[1].metric("sample", metric_value(row[D.SAMPLE_INDEX]))
+    m[1].metric("sample", safe.md(metric_value(row[D.SAMPLE_INDEX]), 40))
     m[2].metric("rollout", metric_value(row[D.ROLLOUT_N]))
-    m[3].metric("status", metric_value(row[D.STATUS]))
+    m[3].metric("status", safe.md(metric_value(row[D.STATUS]), 40))
     m = st.columns(4)
     m[0].metric("reward", metric_value(row[D.REWARD]))
     m[1].metric("advantage", metric_value(row.get(D.ADVANTAGE_COL)))
     m[2].metric("latency", seconds(row[D.LATENCY_COL]))
     m[3].metric("turns", metric_value(row[D.NUM_LLM_CALLS]))
     st.caption(
-        D.escape_markdown(
+        safe.md(
             f"trace {tid} · {'validation' if row[D.VALIDATE] else 'train'} · {row[D.NUM_SPANS]} spans · "
             f"{row[D.NUM_LLM_CALLS]} turns · {row[D.NUM_TOOL_CALLS]} tool calls ({row[D.NUM_TOOL_ERRORS]} failed)"
         )
@@ -100,12 +111,13 @@ def draw(path: str, sig: tuple) -> None:
         )
     if row.get(D.REWARD_INFO):
         with st.expander("Reward details"):
-            st.code(D.pretty_json(row[D.REWARD_INFO]), language="json")
-    for err in D.span_errors(spans):
-        st.error(D.escape_markdown(f"{err[D.KIND]} span {err[D.NAME]} failed: {err['type']}: {err['message']}"))
-        if err["traceback"]:
-            with st.expander(f"Traceback of {err[D.NAME]}"):
-                st.code(err["traceback"], language="python")
+            safe.code(D.pretty_json(row[D.REWARD_INFO]), "reward_info", "reward details", language="json")
+    for i, err in enumerate(D.span_errors(spans)):
+        with safe.isolated("span error"):
+            st.error(safe.md(f"{err[D.KIND]} span {err[D.NAME]} failed: {err['type']}: {err['message']}", 2000))
+            if err["traceback"]:
+                with st.expander(safe.md(f"Traceback of {err[D.NAME]}")):
+                    safe.code(err["traceback"], f"tb{i}", "traceback", language="python")
     tab_conv, tab_tools, tab_time, tab_tokens, tab_spans = st.tabs(
         ["Conversation", "Tool calls", "Timing", "Tokens", "Spans"]
     )
@@ -113,12 +125,13 @@ def draw(path: str, sig: tuple) -> None:
         msgs = D.messages(spans)
         if not msgs:
             st.info("This trajectory recorded no conversation (no messages on its root span and no llm spans).")
-        for msg in msgs:
-            render_message(msg)
-    with tab_tools:
+        for i, msg in enumerate(msgs):
+            with safe.isolated("message"):
+                render_message(msg, f"msg{i}")
+    with tab_tools, safe.isolated("list of tool calls"):
         _tool_calls(spans)
-    with tab_time:
-        rows = D.waterfall(spans)
+    with tab_time, safe.isolated("timing chart"):
+        rows = _chart_rows(D.waterfall(spans))
         if len(rows) > MAX_WATERFALL_SPANS:
             st.caption(f"Showing the first {MAX_WATERFALL_SPANS} of {len(rows):,} spans; the Spans tab lists them all.")
             rows = rows[:MAX_WATERFALL_SPANS]
@@ -127,10 +140,19 @@ def draw(path: str, sig: tuple) -> None:
             st.vega_lite_chart(
                 pd.DataFrame(rows), charts.waterfall_spec(rows), width="stretch", height=charts.waterfall_height(rows)
             )
-    with tab_tokens:
+    with tab_tokens, safe.isolated("token view"):
         _tokens(path, sig, tid, row, spans)
-    with tab_spans:
-        st.dataframe(pd.DataFrame(D.waterfall(spans)), hide_index=True, key="span_table")
+    with tab_spans, safe.isolated("span table"):
+        st.dataframe(pd.DataFrame(_chart_rows(D.waterfall(spans))), hide_index=True, key="span_table")
+
+
+def _chart_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Waterfall rows with names cut to a label's length: a huge span name cannot stall the chart."""
+    for r in rows:
+        for k in ("span", D.NAME, D.KIND, D.STATUS):
+            if isinstance(r.get(k), str):
+                r[k] = safe.clip(r[k])
+    return rows
 
 
 def _tool_calls(spans: Any) -> None:
@@ -138,19 +160,22 @@ def _tool_calls(spans: Any) -> None:
     if not calls:
         st.caption("No tool calls.")
     for i, call in enumerate(calls):
-        status = "ok" if call[D.STATUS] == "ok" else f"{call[D.STATUS]}"
-        st.markdown(D.escape_markdown(f"{i + 1}. {call[D.NAME]} — {status} — {call['duration_ms']:.2f} ms"))
-        a, b = st.columns(2)
-        a.caption("arguments")
-        a.code(call["arguments"], language="json", wrap_lines=True)
-        if call[D.ERROR]:
-            b.caption("error")
-            b.code(
-                f"{call[D.ERROR].get('type', '')}: {call[D.ERROR].get('message', '')}", language=None, wrap_lines=True
-            )
-        else:
-            b.caption("result")
-            b.code(call["result"], language=None, wrap_lines=True)
+        with safe.isolated("tool call"):
+            status = "ok" if call[D.STATUS] == "ok" else f"{call[D.STATUS]}"
+            st.markdown(safe.md(f"{i + 1}. {call[D.NAME]} — {status} — {call['duration_ms']:.2f} ms"))
+            a, b = st.columns(2)
+            with a:
+                st.caption("arguments")
+                safe.code(call["arguments"], f"tc{i}_args", "tool arguments", language="json")
+            with b:
+                err = call[D.ERROR]
+                if err:
+                    st.caption("error")
+                    err = err if isinstance(err, dict) else {"message": err}
+                    safe.code(f"{err.get('type', '')}: {err.get('message', '')}", f"tc{i}_err", "tool error")
+                else:
+                    st.caption("result")
+                    safe.code(call["result"], f"tc{i}_result", "tool result")
 
 
 def _tokens(path: str, sig: tuple, tid: str, row: dict[str, Any], spans: Any) -> None:
@@ -164,59 +189,65 @@ def _tokens(path: str, sig: tuple, tid: str, row: dict[str, Any], spans: Any) ->
     if not turns:
         st.caption("No llm spans.")
     for turn in turns:
-        kept = turn.kept
-        if turn.truncated:
-            of = f" of {turn.recorded}" if turn.recorded is not None else ""
-            head = f"Turn {turn.index + 1}: {turn.name} — {kept} token(s) kept{of}"
-        else:
-            head = f"Turn {turn.index + 1}: {turn.name} — {kept} token(s)"
-        if turn.prompt_tokens is not None:
-            head += f" · prompt {turn.prompt_tokens} tokens"
-        if turn.finish_reason:
-            head += f" · finish {turn.finish_reason}"
-        st.markdown("**" + D.escape_markdown(head) + "**")
-        if turn.truncated:
-            st.warning(
-                D.escape_markdown(
-                    f"Truncated: the engine produced {turn.recorded if turn.recorded is not None else 'more'} tokens; "
-                    f"the record keeps the first {kept} (tracer max_tokens)."
-                )
+        with safe.isolated("turn"):
+            _draw_turn(turn)
+
+
+def _draw_turn(turn: Any) -> None:
+    """One turn of the token view: header, warnings, the token grid, worst tokens and its text."""
+    kept = turn.kept
+    if turn.truncated:
+        of = f" of {turn.recorded}" if turn.recorded is not None else ""
+        head = f"Turn {turn.index + 1}: {turn.name} — {kept} token(s) kept{of}"
+    else:
+        head = f"Turn {turn.index + 1}: {turn.name} — {kept} token(s)"
+    if turn.prompt_tokens is not None:
+        head += f" · prompt {turn.prompt_tokens} tokens"
+    if turn.finish_reason:
+        head += f" · finish {turn.finish_reason}"
+    st.markdown("**" + safe.md(head) + "**")
+    if turn.truncated:
+        st.warning(
+            safe.md(
+                f"Truncated: the engine produced {turn.recorded if turn.recorded is not None else 'more'} tokens; "
+                f"the record keeps the first {kept} (tracer max_tokens)."
             )
-        if turn.logprobs is None:
-            st.caption("No per-token logprobs recorded.")
-        cells = turn.cells()
-        if len(cells) > charts.MAX_TOKEN_CELLS:
-            st.caption(f"Token grid: the first {charts.MAX_TOKEN_CELLS:,} of {len(cells):,} tokens.")
-            cells = cells[: charts.MAX_TOKEN_CELLS]
-        options = turn.color_fields()
-        color_by = None
-        if len(options) > 1:
-            color_by = st.selectbox(
-                "Colour tokens by",
-                options,
-                key=f"color_by_{turn.index}",
-                help="mismatch = rollout logprob - trainer logprob; faded tokens are outside the loss mask",
+        )
+    if turn.logprobs is None:
+        st.caption("No per-token logprobs recorded.")
+    cells = turn.cells()
+    if len(cells) > charts.MAX_TOKEN_CELLS:
+        st.caption(f"Token grid: the first {charts.MAX_TOKEN_CELLS:,} of {len(cells):,} tokens.")
+        cells = cells[: charts.MAX_TOKEN_CELLS]
+    options = turn.color_fields()
+    color_by = None
+    if len(options) > 1:
+        color_by = st.selectbox(
+            "Colour tokens by",
+            options,
+            key=f"color_by_{turn.index}",
+            help="mismatch = rollout logprob - trainer logprob; faded tokens are outside the loss mask",
+        )
+    elif options:
+        color_by = options[0]
+    if cells:
+        df = pd.DataFrame(cells)
+        extra = [f for f in options if f not in (D.COLOR_LOGPROB,)]
+        if color_by is not None and not df[color_by].notna().any():
+            color_by = None
+        st.vega_lite_chart(
+            df, charts.token_spec(turn, color_by, extra), width="stretch", height=charts.token_height(turn)
+        )
+    if turn.stats_source:
+        st.caption(safe.md(f"Trainer stats of this turn: {turn.stats_source}"))
+    if turn.stats:
+        by = D.COLOR_MISMATCH if D.COLOR_MISMATCH in options else D.COLOR_LOGPROB
+        worst = D.worst_tokens(turn, by, WORST_TOKENS)
+        if worst:
+            st.caption(
+                f"Worst tokens of this turn (by {'|mismatch|' if by == D.COLOR_MISMATCH else 'lowest logprob'}; "
+                f"tokens outside the loss mask last)"
             )
-        elif options:
-            color_by = options[0]
-        if cells:
-            df = pd.DataFrame(cells)
-            extra = [f for f in options if f not in (D.COLOR_LOGPROB,)]
-            if color_by is not None and not df[color_by].notna().any():
-                color_by = None
-            st.vega_lite_chart(
-                df, charts.token_spec(turn, color_by, extra), width="stretch", height=charts.token_height(turn)
-            )
-        if turn.stats_source:
-            st.caption(D.escape_markdown(f"Trainer stats of this turn: {turn.stats_source}"))
-        if turn.stats:
-            by = D.COLOR_MISMATCH if D.COLOR_MISMATCH in options else D.COLOR_LOGPROB
-            worst = D.worst_tokens(turn, by, WORST_TOKENS)
-            if worst:
-                st.caption(
-                    f"Worst tokens of this turn (by {'|mismatch|' if by == D.COLOR_MISMATCH else 'lowest logprob'}; "
-                    f"tokens outside the loss mask last)"
-                )
-                st.dataframe(pd.DataFrame(worst), hide_index=True, key=f"worst_{turn.index}")
-        if turn.text:
-            st.text(turn.text)
+            st.dataframe(pd.DataFrame(worst), hide_index=True, key=f"worst_{turn.index}")
+    if turn.text:
+        safe.text(turn.text, f"turn{turn.index}", "turn text")

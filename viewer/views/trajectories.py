@@ -8,7 +8,7 @@ import pandas as pd
 import pyarrow.compute as pc
 import streamlit as st
 
-from viewer import cache, state
+from viewer import cache, safe, state
 from viewer import data as D
 from viewer.format import short
 
@@ -34,7 +34,9 @@ def _keep_in_range(ss: Any, key: str, lo: Any, hi: Any) -> None:
 
 
 def _row_label(r: dict[str, Any]) -> str:
-    return f"step {r[D.STEP]} · sample {r['sample']} · rollout {r['rollout']} · reward {short(r[D.REWARD])} · {r[D.TRACE_ID]}"
+    return safe.clip(
+        f"step {r[D.STEP]} · sample {r['sample']} · rollout {r['rollout']} · reward {short(r[D.REWARD])} · {r[D.TRACE_ID]}"
+    )
 
 
 def _open_picked() -> None:

@@ -116,11 +116,11 @@ def test_swanlab_export_since_step_verifies(run_dir: str, tmp_path: Any, capsys:
     assert f"swanlab run files: {log_dir}" in out
 
 
-def test_backend_failure_exits_1_with_its_message(
+def test_backend_failure_exits_2_with_its_message(
     run_dir: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A backend that refuses the export (wandb online without an API key) gives exit status 1 and wandb's reason."""
+    """A backend that refuses the export (wandb online without an API key) gives exit status 2 (environment) and wandb's reason."""
     wandb_env(monkeypatch, tmp_path / "wandb")
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
-    assert main(["export", run_dir, "--to", "wandb", "--mode", "online", "--no-progress"]) == 1
+    assert main(["export", run_dir, "--to", "wandb", "--mode", "online", "--no-progress"]) == 2
     assert "rollout-trace export: wandb failed: UsageError" in capsys.readouterr().err

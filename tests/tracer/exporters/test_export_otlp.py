@@ -204,11 +204,11 @@ def test_cli_endpoint_and_headers(otlp_run: str, receiver: Receiver, capsys: pyt
 
 
 def test_unreachable_receiver_is_reported(otlp_run: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """A receiver that is not there: exit 1 naming the URL."""
+    """A receiver that is not there: exit 2 (environment) naming the URL."""
     r = Receiver()
     url = r.url
     r.close()
-    assert rollout_trace_main(["export", otlp_run, "--to", "otlp", "--endpoint", url, "--no-progress"]) == 1
+    assert rollout_trace_main(["export", otlp_run, "--to", "otlp", "--endpoint", url, "--no-progress"]) == 2
     assert f"cannot reach the OTLP receiver at {url}/v1/traces" in capsys.readouterr().err
 
 

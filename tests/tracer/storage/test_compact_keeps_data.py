@@ -18,6 +18,8 @@ from tracer import schema as S
 from tracer.storage.compact import compact
 
 #: Kinds of file a run directory may hold beside good ones, and whether compaction may merge them.
+#: A newer minor version of today's major: readers take it.
+MINOR_NEWER = f"{S.SCHEMA_VERSION.split('.')[0]}.99"
 KINDS = ("good", "open", "torn", "rotten", "foreign", "newer", "minor_newer", "wrong_type", "empty", "fifo")
 MERGEABLE = {"good", "minor_newer"}
 
@@ -34,7 +36,7 @@ def _make(run: str, name: str, kind: str, write_trace: Callable[..., list[list[s
                 f.seek(os.path.getsize(path) - 120)
                 f.write(b"\x00" * 40)
     elif kind == "minor_newer":
-        write_trace(path, 2, metadata={S.META_SCHEMA_VERSION: "1.99"})
+        write_trace(path, 2, metadata={S.META_SCHEMA_VERSION: MINOR_NEWER})
     elif kind == "newer":
         write_trace(path, 2, metadata={S.META_SCHEMA_VERSION: "99.0"})
     elif kind == "foreign":
@@ -104,7 +106,9 @@ def test_merged_metadata_keeps_the_merged_file_readable(
 ) -> None:
     """Inputs with differing metadata (a newer minor version first): the merged file has this tool's version and every span."""
     run = os.fspath(tmp_path)
-    write_trace(os.path.join(run, "a.arrow"), 50, metadata={S.META_SCHEMA_VERSION: "1.99", "rollout_trace.host": "a"})
+    write_trace(
+        os.path.join(run, "a.arrow"), 50, metadata={S.META_SCHEMA_VERSION: MINOR_NEWER, "rollout_trace.host": "a"}
+    )
     write_trace(
         os.path.join(run, "b.arrow"), 50, metadata={"rollout_trace.host": "b", "rollout_trace.project_name": "p"}
     )

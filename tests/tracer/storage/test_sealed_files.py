@@ -14,9 +14,9 @@ import warnings
 import pyarrow as pa
 import pyarrow.dataset as pds
 import pytest
-from conftest import span_rows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from storage_fixtures import span_rows
 
 import tracer
 from tracer import schema as S

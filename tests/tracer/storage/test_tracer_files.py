@@ -17,12 +17,11 @@ import pytest
 import tracer
 from tracer.storage.files import read_batches, read_layout
 
-GOLDEN = os.path.join(
-    os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")),
-    "sample_data",
-    "golden",
-    "trace_v1.arrow",
+GOLDEN_DIR = os.path.join(
+    os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")), "sample_data", "golden"
 )
+#: One golden file per major format version, each read forever (tests/make_golden.py writes the current one).
+GOLDEN_FILES = {1: os.path.join(GOLDEN_DIR, "trace_v1.arrow"), 2: os.path.join(GOLDEN_DIR, "trace_v2.arrow")}
 
 
 @tracer.rollout_trace_op(kind="tool")
@@ -156,11 +155,15 @@ def test_full_buffer_in_drop_mode_counts_every_drop(trace_dir: str) -> None:
     assert last is not None and "rollout_trace.spans_dropped" in {k.decode() for k in last[1]}
 
 
-def test_golden_file_still_reads() -> None:
-    """The committed v1 file reads with today's readers: a format change that breaks it fails here."""
-    table = tracer.read_spans(GOLDEN)
+@pytest.mark.parametrize("version", sorted(GOLDEN_FILES))
+def test_golden_file_still_reads(version: int) -> None:
+    """Each committed golden file reads with today's readers: a format change that breaks one fails here."""
+    golden = GOLDEN_FILES[version]
+    meta = tracer.read_file_metadata(golden)
+    assert meta["rollout_trace.schema_version"] == f"{version}.0"
+    table = tracer.read_spans(golden)
     assert table.num_rows == 8  # 2 trajectories: root, generate, calculator, reward
-    trajectories = tracer.read_trajectories(GOLDEN).to_pylist()
+    trajectories = tracer.read_trajectories(golden).to_pylist()
     assert [(t["rollout_n"], t["reward"], t["status"], t["num_tool_errors"]) for t in trajectories] == [
         (0, 1.0, "ok", 0),
         (1, 0.0, "ok", 1),

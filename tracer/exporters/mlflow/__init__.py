@@ -52,6 +52,7 @@ from tracer.exporters.base import (
 )
 from tracer.exporters.base import export_files as _export_files
 from tracer.exporters.mlflow.importer import ImportReport, import_traces
+from tracer.exporters.mlflow.server import TrackingUriError, check_tracking_uri
 from tracer.exporters.mlflow.spans import (
     ATTR_SPAN_ID,
     MLFLOW_INPUTS,
@@ -80,6 +81,7 @@ __all__ = [
     "ExportReport",
     "ImportReport",
     "MlflowSink",
+    "TrackingUriError",
     "export_files",
     "fast_path_available",
     "import_traces",
@@ -106,6 +108,10 @@ PUBLIC_BATCH_TRACES = 50
 LINK_BATCH = 100
 #: Trace metadata key linking a trace to the run it came from (MLflow's own).
 TRACE_META_SOURCE_RUN = "mlflow.sourceRun"
+#: Traces refused one after another, with none sent yet, before the destination is blamed.
+MAX_REFUSED_BEFORE_GIVING_UP = 3
+#: Characters of a backend's error kept in the report.
+ERROR_CHARS = 300
 #: Run tag naming the experiment a run holds.
 RUN_TAG_EXPERIMENT = "rollout_trace.experiment_name"
 #: Metric key prefixes for training and validation rollouts.
@@ -139,6 +145,13 @@ def fast_path_available() -> bool:
 
 
 # -- sending -----------------------------------------------------------------
+
+
+def _short(exc: BaseException) -> str:
+    """The error's message on one line, bounded, printable whatever the trajectory held."""
+    text = " ".join(str(exc).split())
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
 
 
 def _dumps(value: Any) -> str:
@@ -181,6 +194,7 @@ class _Destination:
         mlflow = _mlflow()
         from mlflow.tracking import MlflowClient
 
+        check_tracking_uri(tracking_uri)  # a server that is down: said in seconds, not after MLflow's retries
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.project = project
@@ -543,7 +557,12 @@ class MlflowSink(SinkBase):
                 written.skipped += 1
                 continue
             reward = None if self._live else (t.summary[S.REWARD], t.summary[S.REWARD_INFO])
-            data = trajectory_data(t.spans, dest.project, dest.experiment, reward=reward)
+            try:
+                data = trajectory_data(t.spans, dest.project, dest.experiment, reward=reward)
+            except Exception as exc:  # this trajectory's content: refuse it alone, the rest go
+                written.sent += 1  # taken back out with the refusal
+                self.refused.append((tid, 0, f"{type(exc).__name__}: {_short(exc)}"))
+                continue
             self._response.setdefault(key, []).append(data.response_tokens)
             self._pending.append(data)
             written.sent += 1
@@ -587,12 +606,38 @@ class MlflowSink(SinkBase):
         return self._dest
 
     def _send(self, n: int) -> None:
+        """Send the first ``n`` queued traces; when the batch fails, one by one, refusing only the bad ones."""
+        dest = self._destination()
         chunk = self._pending[:n]
-        self._destination().send(chunk)
+        try:
+            dest.send(chunk)
+            went = chunk
+        except Exception as exc:
+            logger.debug("rollout-trace mlflow exporter: a batch of %d failed (%s); sending one by one", n, exc)
+            went = self._send_one_by_one(dest, chunk)
         del self._pending[:n]
-        whole = [t for t in chunk if not t.partial]
+        whole = [t for t in went if not t.partial]
         self._sent += len(whole)
         self._spans += sum(len(t.spans) for t in whole)
+
+    def _send_one_by_one(self, dest: _Destination, chunk: Sequence[TrajectoryData]) -> list[TrajectoryData]:
+        """Send each trace alone; a refused one is recorded in :attr:`refused` unless every one fails."""
+        went: list[TrajectoryData] = []
+        failed: list[tuple[TrajectoryData, Exception]] = []
+        for t in chunk:
+            try:
+                dest.send([t])
+                went.append(t)
+            except Exception as exc:
+                failed.append((t, exc))
+                if not went and not self._sent and len(failed) >= MAX_REFUSED_BEFORE_GIVING_UP:
+                    raise  # the first few all fail: the destination is broken, stop here with its error
+        for t, error in failed:
+            if t.partial:
+                logger.warning("rollout-trace mlflow exporter: late spans of %s not sent: %s", t.trace_id, error)
+                continue
+            self.refused.append((t.trace_id, len(t.spans), f"{type(error).__name__}: {_short(error)}"))
+        return went
 
     def _log_metrics(self, batch: StepBatch) -> None:
         metrics: dict[tuple[int | None, bool], dict[str, float]] = {}

@@ -25,6 +25,7 @@ import orjson
 import pyarrow as pa
 
 from tracer import schema as S
+from tracer.exporters.mlflow.server import TrackingUriError, check_tracking_uri
 from tracer.exporters.mlflow.spans import (
     ATTR_ADDED,
     ATTR_ATTRIBUTES,
@@ -64,6 +65,8 @@ DEFAULT_IMPORT_EXPERIMENT = "mlflow-import"
 WRITE_BATCH_ROWS = 4096
 #: Traces per MLflow search page.
 PAGE_SIZE = 100
+#: Characters of an error kept in the report.
+ERROR_CHARS = 300
 
 _ATTR_KEYS_OURS = {
     ATTR_ADDED,
@@ -100,6 +103,8 @@ class ImportReport:
     trajectories: int = 0
     spans: int = 0
     skipped: int = 0
+    #: Traces that could not be mapped (``"<mlflow id>: <why>"``); the others were imported.
+    refused: list[str] = dataclasses.field(default_factory=list)
     files: list[str] = dataclasses.field(default_factory=list)
     details: list[str] = dataclasses.field(default_factory=list)
 
@@ -117,13 +122,25 @@ def _hex(value: str, n: int) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:n]
 
 
+#: The int64 columns' range: a tag value beyond it is dropped, not a crash.
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def _int(value: Any) -> int | None:
     if value is None or isinstance(value, bool):
         return None
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        out = int(value)
+    except (TypeError, ValueError, OverflowError):
         return None
+    return out if _INT64[0] <= out <= _INT64[1] else None
+
+
+def _str(value: Any) -> str | None:
+    """A string column's value: strings kept, anything else (a number, a list) as its JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    return _json(value)
 
 
 def _bool(value: Any) -> bool | None:
@@ -135,8 +152,8 @@ def _bool(value: Any) -> bool | None:
 
 def _float(value: Any) -> float | None:
     try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
+        return None if value is None or isinstance(value, bool) else float(value)
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
@@ -212,14 +229,14 @@ def trace_rows(trace: Any) -> list[dict[str, Any]]:
         sample = attrs.get(ATTR_SAMPLE, ctx[S.SAMPLE_INDEX])
         rows.append(
             {
-                S.TRACE_ID: trace_id,
-                S.SPAN_ID: our_ids[s.span_id],
-                S.PARENT_SPAN_ID: parent,
-                S.NAME: s.name,
-                S.KIND: kind,
+                S.TRACE_ID: _str(trace_id),
+                S.SPAN_ID: _str(our_ids[s.span_id]),
+                S.PARENT_SPAN_ID: _str(parent),
+                S.NAME: _str(s.name),
+                S.KIND: _str(kind),
                 S.START_NS: int(s.start_time_ns),
                 S.END_NS: int(s.end_time_ns if s.end_time_ns is not None else s.start_time_ns),
-                S.STATUS: status,
+                S.STATUS: _str(status),
                 S.ERROR: _json(error),
                 S.STEP: _int(attrs.get(ATTR_STEP, ctx[S.STEP])),
                 S.SAMPLE_INDEX: None if sample is None else str(sample),
@@ -269,7 +286,8 @@ def _names(trace: Any, experiment_name: str) -> tuple[str, str]:
 
 
 def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name) or "_"
+    safe = "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name)
+    return safe if safe.strip(".") else "_" * max(1, len(safe))  # never "." or "..": stay under out_dir
 
 
 def import_traces(
@@ -295,19 +313,24 @@ def import_traces(
 
     Raises:
         ValueError: the experiment does not exist.
+        TrackingUriError: the URI is malformed, its server does not answer, or MLflow cannot open its store.
     """
     import_backend("mlflow", "mlflow")  # a missing mlflow fails here with the pip line that installs it
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
+    check_tracking_uri(tracking_uri)  # a server that is down: said in seconds, not after MLflow's retries
+    try:
+        client = MlflowClient(tracking_uri=tracking_uri)
+        exp = client.get_experiment_by_name(experiment)
+    except Exception as exc:  # a store MLflow cannot open (bad path, unknown scheme, refused login)
+        raise TrackingUriError(f"cannot read the MLflow tracking store at {tracking_uri}: {_short(exc)}") from None
     if exp is None:
         names = [e.name for e in client.search_experiments(max_results=50)]
         raise ValueError(
             f"no MLflow experiment named {experiment!r} at {tracking_uri}; experiments there: {', '.join(names) or 'none'}"
         )
     report = ImportReport()
-    writers: dict[tuple[str, str], tuple[SpanWriter, list[dict[str, Any]]]] = {}
+    writers: dict[tuple[str, str], tuple[SpanWriter, list[pa.RecordBatch]]] = {}
     bar = Progress(0, f"import {experiment}", progress)
     token = None
     try:
@@ -320,11 +343,18 @@ def import_traces(
                 include_spans=True,
             )
             for trace in page:
-                rows = trace_rows(trace)
-                if not rows:
+                try:
+                    rows = trace_rows(trace)
+                    batch = pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA) if rows else None
+                    key = _names(trace, experiment)
+                except Exception as exc:  # one trace we cannot map: skip it, say which, import the rest
+                    report.refused.append(
+                        f"{getattr(trace.info, 'trace_id', '?')}: {type(exc).__name__}: {_short(exc)}"
+                    )
+                    continue
+                if batch is None:
                     report.skipped += 1
                     continue
-                key = _names(trace, experiment)
                 if key not in writers:
                     meta = {
                         S.META_SCHEMA_VERSION: S.SCHEMA_VERSION,
@@ -345,11 +375,11 @@ def import_traces(
                     run_dir = os.path.join(os.fspath(out_dir), _safe(key[0]), _safe(key[1]))
                     writers[key] = (SpanWriter(run_dir, meta), [])
                 writer, buf = writers[key]
-                buf.extend(rows)
+                buf.append(batch)
                 report.trajectories += 1
-                report.spans += len(rows)
-                if len(buf) >= WRITE_BATCH_ROWS:
-                    writer.write(pa.RecordBatch.from_pylist(buf, schema=S.SPAN_SCHEMA))
+                report.spans += batch.num_rows
+                if sum(b.num_rows for b in buf) >= WRITE_BATCH_ROWS:
+                    writer.write(_concat(buf))
                     buf.clear()
                 bar.update(1)
             token = page.token
@@ -359,7 +389,7 @@ def import_traces(
         bar.close()
         for writer, buf in writers.values():
             if buf:
-                writer.write(pa.RecordBatch.from_pylist(buf, schema=S.SPAN_SCHEMA))
+                writer.write(_concat(buf))
             writer.close()
             report.files.extend(writer.paths)
     report.details.append(
@@ -368,4 +398,17 @@ def import_traces(
     )
     if report.skipped:
         report.details.append(f"skipped {report.skipped} traces without spans")
+    for line in report.refused:
+        report.details.append(f"not imported (could not be mapped to trace rows): {line}")
     return report
+
+
+def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One record batch of several (same schema)."""
+    return pa.Table.from_batches(batches, schema=S.SPAN_SCHEMA).combine_chunks().to_batches()[0]
+
+
+def _short(exc: BaseException) -> str:
+    """The error's message on one line, bounded, printable whatever the trace held."""
+    text = " ".join(str(exc).split()).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
