@@ -14,6 +14,7 @@ import pytest
 from reliability_fixtures import FIGURES, FiguresReport
 
 import tracer
+from viewer.data import ENV_VIEW_ALLOW
 
 
 @pytest.fixture(autouse=True)
@@ -77,3 +78,10 @@ def figures_report(pytestconfig: pytest.Config) -> dict[str, dict[str, Any]]:
     if not pytestconfig.pluginmanager.has_plugin("reliability-figures"):
         pytestconfig.pluginmanager.register(FiguresReport(pytestconfig), "reliability-figures")
     return FIGURES
+
+
+@pytest.fixture(autouse=True)
+def allow_test_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The viewer (AppTest, any test folder) runs with no ``--path``: let ``?path=`` open this session's temporary directories and sample_data/."""
+    sample_data = os.path.join(os.path.dirname(__file__), "..", "sample_data")
+    monkeypatch.setenv(ENV_VIEW_ALLOW, os.pathsep.join([os.fspath(tmp_path_factory.getbasetemp()), sample_data]))

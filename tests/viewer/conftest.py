@@ -9,7 +9,6 @@ import pytest
 from compare_fixtures import CONFIG_A, CONFIG_B, PROJECT, record_compare_run
 
 import tracer
-from viewer.data import ENV_VIEW_ALLOW
 
 
 @pytest.fixture(scope="module")
@@ -20,10 +19,3 @@ def compare_runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     run_b = record_compare_run(root, "b", CONFIG_B, lambda s, p, n: 1.0 if p == 2 else 0.0)
     yield os.path.join(root, PROJECT), run_a, run_b
     tracer.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def allow_test_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """AppTest runs the app with no ``--path``: let ``?path=`` open this session's temporary directories and sample_data/."""
-    sample_data = os.path.join(os.path.dirname(__file__), "..", "..", "sample_data")
-    monkeypatch.setenv(ENV_VIEW_ALLOW, os.pathsep.join([os.fspath(tmp_path_factory.getbasetemp()), sample_data]))
