@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import tracer
+from tracer.read import parse_json_or_text
 
 # Column names, kinds, statuses and attribute keys come from tracer's schema, never spelled here.
 from tracer.schema import (
@@ -97,12 +98,10 @@ def content_text(content: Any) -> str:
 
 def pretty_json(text: Any) -> str:
     """Indent a JSON string (or object) for display; non-JSON text comes back unchanged."""
-    if isinstance(text, str):
-        try:
-            return json.dumps(json.loads(text), ensure_ascii=False, indent=2)
-        except ValueError:
-            return text
-    return json.dumps(text, ensure_ascii=False, indent=2, default=str)
+    value = parse_json_or_text(text)
+    if value is text and isinstance(text, str):
+        return text
+    return json.dumps(value, ensure_ascii=False, indent=2, default=str)
 
 
 def waterfall(spans: pa.Table) -> list[dict[str, Any]]:

@@ -45,6 +45,7 @@ from tracer.exporters.mlflow.spans import (
     ATTR_VALIDATE,
     KIND_BY_SPAN_TYPE,
     MLFLOW_TRACE_ID_PREFIX,
+    OUR_ATTR_KEYS,
     TAG_EXPERIMENT,
     TAG_PROJECT,
     TAG_REWARD,
@@ -67,25 +68,6 @@ WRITE_BATCH_ROWS = 4096
 PAGE_SIZE = 100
 #: Characters of an error kept in the report.
 ERROR_CHARS = 300
-
-_ATTR_KEYS_OURS = {
-    ATTR_ADDED,
-    ATTR_ATTRIBUTES,
-    ATTR_ERROR,
-    ATTR_EXPERIMENT,
-    ATTR_KIND,
-    ATTR_PARENT,
-    ATTR_PROJECT,
-    ATTR_REWARD,
-    ATTR_ROLLOUT_N,
-    ATTR_SAMPLE,
-    ATTR_SPAN_ID,
-    ATTR_STATUS,
-    ATTR_STEP,
-    ATTR_SYNTHETIC,
-    ATTR_TRACE_ID,
-    ATTR_VALIDATE,
-}
 
 
 @dataclasses.dataclass
@@ -219,7 +201,7 @@ def trace_rows(trace: Any) -> list[dict[str, Any]]:
         if ours:
             own = attrs.get(ATTR_ATTRIBUTES)
         else:
-            own = {k: v for k, v in attrs.items() if not k.startswith("mlflow.") and k not in _ATTR_KEYS_OURS} or None
+            own = {k: v for k, v in attrs.items() if not k.startswith("mlflow.") and k not in OUR_ATTR_KEYS} or None
         added = attrs.get(ATTR_ADDED) or {}
         inputs, outputs = s.inputs, s.outputs
         if "inputs" in added:

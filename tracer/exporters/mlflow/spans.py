@@ -73,6 +73,27 @@ ATTR_ADDED = "rollout_trace.added"
 ATTR_SYNTHETIC = "rollout_trace.synthetic"
 ATTR_PROJECT = "rollout_trace.project_name"
 ATTR_EXPERIMENT = "rollout_trace.experiment_name"
+#: Every span attribute key this exporter writes itself (an importer tells them from the user's own).
+OUR_ATTR_KEYS = frozenset(
+    {
+        ATTR_ADDED,
+        ATTR_ATTRIBUTES,
+        ATTR_ERROR,
+        ATTR_EXPERIMENT,
+        ATTR_KIND,
+        ATTR_PARENT,
+        ATTR_PROJECT,
+        ATTR_REWARD,
+        ATTR_ROLLOUT_N,
+        ATTR_SAMPLE,
+        ATTR_SPAN_ID,
+        ATTR_STATUS,
+        ATTR_STEP,
+        ATTR_SYNTHETIC,
+        ATTR_TRACE_ID,
+        ATTR_VALIDATE,
+    }
+)
 
 # Trace tags.
 TAG_TRACE_ID = "rollout_trace.trace_id"
@@ -154,6 +175,9 @@ class TrajectoryData:
 
 
 def _loads(text: Any) -> Any:
+    """A JSON column parsed with the standard library, which (unlike ``tracer.read.parse_json_or_text``'s
+    orjson) decodes lone surrogates, so that a hostile value is refused by MLflow's UTF-8 encoding,
+    trajectory by trajectory, instead of reaching the trace as unparsed JSON text."""
     if not isinstance(text, str):
         return text
     try:
