@@ -72,3 +72,32 @@ class Trajectory:
         self.spans = 0
         #: The sampler's record of this trajectory's sample, or None.
         self.sample: Any = None
+
+
+def named_trajectory(
+    rec: Any, who: str, step: int | None, sample_index: int | str | None, rollout_n: int | None, validate: bool | None
+) -> Trajectory:
+    """The trajectory a ``log_reward``-style call applies to.
+
+    Inside a trajectory with no ``step``/``sample_index`` given: that one.
+    Otherwise the open trajectory the recorder ``rec`` knows by those keys,
+    or, for one that has ended (a trainer scoring after the rollout), a
+    detached record that readers join to it by the same keys.
+
+    Raises:
+        ValueError: called outside a trajectory without naming one; the
+            message starts with ``who``, the public function's name.
+    """
+    frame = CURRENT_SPAN.get()
+    if frame is not None and frame[2] is not None and step is None and sample_index is None:
+        return frame[2]
+    key_index = None if sample_index is None else str(sample_index)
+    traj: Trajectory | None = rec.find_trajectory(step, key_index, rollout_n, validate)
+    if traj is not None:
+        return traj
+    if key_index is None:
+        raise ValueError(
+            f"{who}: called outside a trajectory without step and sample_index; "
+            "call it inside rollout_trace_attr(...) or pass step=, sample_index=, rollout_n="
+        )
+    return Trajectory(step, key_index, rollout_n, validate, "", None, True, 0, 0)

@@ -12,7 +12,7 @@ from tracer import schema as S
 from tracer.record import recorder as _recorder
 from tracer.record.capture import IMMUTABLE_TYPES as _IMMUTABLE
 from tracer.record.capture import Placeholder, capture
-from tracer.record.context import CURRENT_SPAN, Trajectory
+from tracer.record.context import CURRENT_SPAN, Trajectory, named_trajectory
 from tracer.record.recorder import REWARD_SPEC, OpSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -523,19 +523,7 @@ def log_reward(
     if rec is None:
         return
     try:
-        frame = _get()
-        traj = frame[2] if frame is not None and step is None and sample_index is None else None
-        if traj is None:
-            key_index = None if sample_index is None else str(sample_index)
-            traj = rec.find_trajectory(step, key_index, rollout_n, validate)
-            if traj is None:
-                if key_index is None:
-                    raise_outside = (
-                        "log_reward: called outside a trajectory without step and sample_index; "
-                        "call it inside rollout_trace_attr(...) or pass step=, sample_index=, rollout_n="
-                    )
-                    raise ValueError(raise_outside)
-                traj = Trajectory(step, key_index, rollout_n, validate, "", None, True, 0, 0)
+        traj = named_trajectory(rec, "log_reward", step, sample_index, rollout_n, validate)
         if not traj.recording:
             return
         traj.spans += 1

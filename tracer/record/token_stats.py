@@ -17,7 +17,7 @@ from typing import Any
 from tracer import schema as S  # noqa: N812 - the schema module, short as elsewhere
 from tracer.record import recorder as _recorder
 from tracer.record.capture import capture
-from tracer.record.context import CURRENT_SPAN, Trajectory
+from tracer.record.context import named_trajectory
 from tracer.record.recorder import OpSpec
 from tracer.summary import TOKEN_STATS_KEY_COLUMNS
 
@@ -29,8 +29,6 @@ TOKEN_STATS_ARRAYS_KEY = "arrays"
 TOKEN_STATS_SOURCE_KEY = "source"
 
 TOKEN_STATS_SPEC = OpSpec(None, TOKEN_STATS_SPAN_NAME, S.KIND_SPAN)
-
-_get = CURRENT_SPAN.get
 
 
 def _check_arrays(arrays: dict[str, Any]) -> None:
@@ -88,18 +86,7 @@ def log_token_stats(
     if rec is None:
         return
     try:
-        frame = _get()
-        traj = frame[2] if frame is not None and step is None and sample_index is None else None
-        if traj is None:
-            key_index = None if sample_index is None else str(sample_index)
-            traj = rec.find_trajectory(step, key_index, rollout_n, validate)
-            if traj is None:
-                if key_index is None:
-                    raise ValueError(
-                        "log_token_stats: called outside a trajectory without step and sample_index; "
-                        "call it inside rollout_trace_attr(...) or pass step=, sample_index=, rollout_n="
-                    )
-                traj = Trajectory(step, key_index, rollout_n, validate, "", None, True, 0, 0)
+        traj = named_trajectory(rec, "log_token_stats", step, sample_index, rollout_n, validate)
         if not traj.recording:
             return
         traj.spans += 1
