@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tracer import schema as S
-from tracer.exporters.base import ExportReport, ReadBack, Target, VerifyResult
+from tracer.exporters.base import ExportReport, ReadBack, Target
 from tracer.exporters.base import export_files as _export_files
 from tracer.exporters.steps import TableSink
 from tracer.exporters.tables import (
@@ -164,20 +164,6 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
     step_of = {s: int(v) for (s, k), v in scalars.items() if k == "rollout_trace/step"}
     metrics = {(step_of.get(s, s), k): v for (s, k), v in scalars.items() if k != "rollout_trace/step"}
     return rows, metrics
-
-
-def verify_run(
-    directory: str, expected_rows: Mapping[str, float | None], expected_metrics: Mapping[tuple[Any, str], float]
-) -> VerifyResult:
-    """Compare a finished run's files with what was sent.
-
-    Args:
-        directory: The run's directory.
-        expected_rows: ``trace_id -> reward`` of every row sent.
-        expected_metrics: ``(step, metric key) -> value`` of every metric sent.
-    """
-    rows, metrics = read_back(directory)
-    return VerifyResult.compare("swanlab", expected_rows, expected_metrics, ReadBack(rows, metrics))
 
 
 class SwanlabSink(TableSink):

@@ -30,6 +30,7 @@ from export_fixtures import (  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer.exporters import wandb as wandb_export  # noqa: E402
+from tracer.exporters.base import ReadBack, VerifyResult  # noqa: E402
 
 #: The recorded config's cap on validation rows per step (the fixture records 3).
 VAL_CAP = 2
@@ -211,7 +212,7 @@ def test_wandb_proxy_option_reaches_the_run_settings(tmp_path: Any, monkeypatch:
 
 
 def test_verify_catches_a_changed_reward(exported: dict[str, Any], tmp_path: Any) -> None:
-    """verify_run's result is not ok, naming the row, when a row in the run's files has a different reward than was sent."""
+    """Verification (what `export --verify` runs) is not ok, naming the row, when a row in the run's files has a different reward than was sent."""
     copy = shutil.copytree(exported["dir"], tmp_path / "run")
     sent, metrics = wandb_export.read_back(str(copy))
     file = sorted(glob.glob(os.path.join(copy, "files", "media", "table", "rollout_trace", "table_*.table.json")))[0]
@@ -220,7 +221,7 @@ def test_verify_catches_a_changed_reward(exported: dict[str, Any], tmp_path: Any
     table["data"][0][table["columns"].index("reward")] += 1.0
     with open(file, "w", encoding="utf-8") as f:
         json.dump(table, f)
-    result = wandb_export.verify_run(str(copy), sent, metrics)
+    result = VerifyResult.compare("wandb", sent, metrics, ReadBack(*wandb_export.read_back(str(copy))))
     assert not result.ok and len(result.mismatched) == 1 and not (result.missing or result.metrics_mismatched)
     assert result.lines[0].startswith("verify wandb: FAILED:") and "1 with a different reward" in result.lines[0]
     assert result.lines[1].startswith("verify wandb: OK:")
