@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_viewer_browser import CHROMIUM, START_TIMEOUT_S, _chromium, _free_port, _wait_for, _wait_settled
 
 import tracer
 from viewer.cli import streamlit_command
+from viewer.screenshots import START_TIMEOUT_S, chromium, chromium_path, free_port, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -92,13 +92,13 @@ def record(run_root: str, text: str) -> str:
     return trace_id
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install -y chromium)")
+@pytest.mark.skipif(chromium_path() is None, reason="headless Chromium is not installed (apt-get install -y chromium)")
 def test_nothing_from_a_trajectory_runs_or_loads(canary: str, tmp_path: Any) -> None:
     """Hostile model/tool output and span names render as text; the canary server gets no request."""
     text = hostile(canary)
     trace_id = record(os.fspath(tmp_path / "traces"), text)
     run_dir = os.fspath(tmp_path / "traces" / "safety" / "run")
-    port = _free_port()
+    port = free_port()
     with open(tmp_path / "streamlit.log", "wb") as log:
         proc = subprocess.Popen(
             streamlit_command(run_dir, "127.0.0.1", port, python=sys.executable), stdout=log, stderr=subprocess.STDOUT
@@ -113,10 +113,10 @@ def test_nothing_from_a_trajectory_runs_or_loads(canary: str, tmp_path: Any) -> 
                 return False
 
         try:
-            _wait_for(healthy, START_TIMEOUT_S, "the Streamlit server")
-            with _chromium(os.fspath(tmp_path / "chromium")) as b:
+            wait_for(healthy, START_TIMEOUT_S, "the Streamlit server")
+            with chromium(os.fspath(tmp_path / "chromium")) as b:
                 b.open(f"{base}/?trace_id={trace_id}")
-                _wait_settled(b, "marker-7731")
+                b.settle("marker-7731")
                 time.sleep(3.0)  # give any injected request time to be made
                 page_text = b.evaluate("document.body.innerText") or ""
                 made = b.evaluate(
