@@ -29,6 +29,33 @@ _PROBE_TOOL = {
 }
 
 
+def _arguments_as_objects(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with each tool call's ``arguments`` JSON string (OpenAI's form) parsed into an object.
+
+    Chat templates write ``arguments | tojson``: given a string they would
+    render it double-encoded (``"arguments": "{\\"expression\\": ...}"``),
+    and a model shown that in a worked example copies it. A string that is not
+    a JSON object is left as it is.
+    """
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    fixed = []
+    for call in calls:
+        fn = call.get("function", call)
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                parsed = json.loads(args)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict):
+                fn = {**fn, "arguments": parsed}
+                call = {**call, "function": fn} if "function" in call else fn
+        fixed.append(call)
+    return {**message, "tool_calls": fixed}
+
+
 class ChatFormat:
     """Turns chat messages into token ids for one tokenizer.
 
@@ -59,7 +86,7 @@ class ChatFormat:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
         if tools:
             kwargs["tools"] = tools
-        return str(self.tokenizer.apply_chat_template(messages, **kwargs))
+        return str(self.tokenizer.apply_chat_template([_arguments_as_objects(m) for m in messages], **kwargs))
 
     def _probe_tools(self) -> bool:
         try:

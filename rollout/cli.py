@@ -28,7 +28,7 @@ ENGINES = ("scripted", "hf", "openai", "vllm")
 DEMO_EXAMPLES = """examples:
   rollout-trace demo                                   # scripted policy, no model: 4 steps, recorded to ./rollout_traces
   rollout-trace demo --steps 2 --batch 2 --n 2 --quiet
-  rollout-trace demo --engine hf --model ./smollm2-135m-instruct --few-shot
+  rollout-trace demo --engine hf --model ./qwen2.5-coder-0.5b-instruct --few-shot   # python -m rollout.models writes the folder
   rollout-trace demo --engine openai --base-url http://127.0.0.1:8000/v1 --model my-model
 """
 

@@ -1,7 +1,8 @@
 """Parsing tool calls out of model output (Qwen/Hermes ``<tool_call>{json}</tool_call>``).
 
 Models write malformed calls all the time: broken JSON, a missing name,
-arguments as a string, an unclosed tag. Each problem becomes a
+arguments as a string, an unclosed tag (a last call that is complete JSON
+without its closing tag still runs, as in vLLM's Hermes parser). Each problem becomes a
 :class:`ToolCallError` that the agent loop records and shows the model as an
 observation; nothing here raises on model output.
 """
@@ -20,6 +21,8 @@ MAX_CALL_CHARS = 8000
 #: Calls beyond this many in one turn are refused.
 MAX_CALLS_PER_TURN = 4
 
+#: Special tokens (``<|im_end|>``, ``<|endoftext|>``) ending a decoded turn.
+_TRAILING_SPECIAL = re.compile(r"(?:\s*<\|[^|<>]{1,40}\|>)+\s*$")
 _BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 
 
@@ -134,7 +137,14 @@ def parse_tool_calls(text: str, max_calls: int = MAX_CALLS_PER_TURN) -> ParsedTu
     if TOOL_CALL_OPEN in rest:
         before, _, after = rest.partition(TOOL_CALL_OPEN)
         pieces.append(before)
-        errors.append(ToolCallError(f"{TOOL_CALL_OPEN} is not closed with {TOOL_CALL_CLOSE}", _clip(after.strip())))
+        # A last call that is complete JSON but lacks its closing tag (the model
+        # ended its turn right after the object) is run, as vLLM's Hermes parser
+        # does; a cut or broken one stays an error.
+        last = _parse_one(_TRAILING_SPECIAL.sub("", after)) if TOOL_CALL_OPEN not in after else None
+        if isinstance(last, ToolCall) and len(calls) < max_calls:
+            calls.append(last)
+        else:
+            errors.append(ToolCallError(f"{TOOL_CALL_OPEN} is not closed with {TOOL_CALL_CLOSE}", _clip(after.strip())))
     else:
         pieces.append(rest)
     content = "".join(pieces)

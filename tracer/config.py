@@ -36,6 +36,10 @@ ENV_CONFIG = "ROLLOUT_TRACE_CONFIG"
 DEFAULT_OUTPUT_DIR = "./rollout_traces"
 
 ON_FULL_CHOICES = ("block", "drop")
+#: ``sample_strategy`` choices (see ``tracer.record.sampling``).
+SAMPLE_STRATEGIES = ("uniform", "extremes", "variance")
+#: ``sample_by`` choices: what ``extremes`` and ``variance`` rank groups by.
+SAMPLE_BY_CHOICES = ("reward", "length")
 
 #: Prefixes of verl-style dotted keys that address trace fields.
 _TRACE_PREFIXES = ("actor_rollout_ref.rollout.trace.", "rollout.trace.", "trace.")
@@ -81,6 +85,21 @@ class TraceConfig:
             rollouts. ``None``: record all. Alias ``max_samples``.
         store_full_token: If False, keep decoded text and drop token id lists.
         seed: Seed of the sampling choice.
+        sample_strategy: Which groups of a step to keep when
+            ``max_samples_per_step_per_worker`` is set: ``"uniform"`` (a
+            seeded uniform choice, decided as rollouts start), ``"extremes"``
+            (the groups with the highest and the lowest mean reward, or
+            length), ``"variance"`` (groups whose rewards differ most first;
+            groups with all rewards equal last). The last two are decided
+            once the step's groups are complete; see ``tracer.record.sampling``.
+            verl key: ``actor_rollout_ref.rollout.trace.sample_strategy``.
+        sample_by: What ``extremes`` and ``variance`` rank a group by:
+            ``"reward"`` (its trajectories' rewards) or ``"length"`` (their
+            response tokens).
+        sample_candidates_per_step: Groups of one step held in memory (their
+            spans unwritten) until ``extremes``/``variance`` decide; later
+            groups of that step are not recorded (and counted). ``None``:
+            4 x ``max_samples_per_step_per_worker``.
         flush_interval_s: The background writer makes what was recorded
             durable at least this often; a kill -9 loses at most this much.
         max_file_bytes: Rotate to a new file after this many bytes.
@@ -120,6 +139,9 @@ class TraceConfig:
     max_samples_per_step_per_worker: int | None = None
     store_full_token: bool = True
     seed: int = 0
+    sample_strategy: str = "uniform"
+    sample_by: str = "reward"
+    sample_candidates_per_step: int | None = None
     flush_interval_s: float = 1.0
     max_file_bytes: int = 256 * 1024 * 1024
     max_buffered_spans: int = 20_000
@@ -207,7 +229,14 @@ class TraceConfig:
                 raise TraceConfigError(
                     f"{key}: {value!r} is not a usable name; give a non-empty string without {os.sep!r}"
                 )
-        for key in ("max_tokens", "max_samples_per_step_per_worker"):
+        for key, value, choices in (
+            ("sample_strategy", self.sample_strategy, SAMPLE_STRATEGIES),
+            ("sample_by", self.sample_by, SAMPLE_BY_CHOICES),
+        ):
+            if value not in choices:
+                hint = _did_you_mean([str(value)], choices)
+                raise TraceConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}{hint}")
+        for key in ("max_tokens", "max_samples_per_step_per_worker", "sample_candidates_per_step"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise TraceConfigError(f"{key}: {value!r} must be a positive integer or None")

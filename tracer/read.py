@@ -31,9 +31,11 @@ import pyarrow.dataset as pds
 from tracer import schema as S
 from tracer.storage import uri as _uri
 from tracer.storage.files import ends_closed, read_batches, read_schema
+from tracer.storage.history import HISTORY_COLUMNS, expand_history
 from tracer.storage.index import INDEX_NAME, batches_for_steps, load_index, replaced_files
 from tracer.storage.locks import reading
 from tracer.storage.seal import seal_if_abandoned
+from tracer.storage.shard_index import ShardIndex, load_shard_index
 
 #: What every reader accepts: one path or URI, or a sequence of them (files and/or directories).
 TracePaths = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
@@ -116,29 +118,103 @@ def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in (schema.metadata or {}).items()}
 
 
+def _shard_index(file: str, index: dict[str, Any]) -> ShardIndex | None:
+    """The shard index of ``file`` (sealing it first if its writer is gone); None for compacted or remote files."""
+    if os.path.basename(file) in index["files"] or _uri.is_remote(file):
+        return None
+    seal_if_abandoned(file)  # a shard whose writer is gone gets the footer it never wrote
+    return load_shard_index(file)
+
+
+def _chosen(
+    shard: ShardIndex | None, entry: dict[str, Any], steps: set[int] | None, trace_ids: pa.Array | None
+) -> tuple[list[int] | None, int | None]:
+    """(batch numbers to read, the file size they are valid for); (None, None) to read every batch."""
+    size = entry.get("size")
+    if isinstance(size, int):
+        return batches_for_steps(entry, size, steps), size
+    if shard is None or (steps is None and trace_ids is None):
+        return None, None
+    chosen = set(range(len(shard.batch_rows)))
+    if steps is not None:
+        chosen &= set(shard.batches_of_steps(steps))
+    if trace_ids is not None and chosen:
+        holding = shard.batches_of_traces(trace_ids)
+        if holding is None:
+            return (None, None) if steps is None else (sorted(chosen), shard.size)
+        chosen &= set(holding)
+    return sorted(chosen), shard.size
+
+
+def indexed_files(path: TracePaths) -> list[tuple[str, ShardIndex | None]]:
+    """Every trace file under ``path``, in reading order, with its shard index (None where it has none).
+
+    The files :func:`iter_batches` would read, shards of writers that are gone
+    sealed first; an index is returned only when it agrees with its shard
+    (:mod:`tracer.storage.shard_index`).
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+    """
+    return [(file, _shard_index(file, index)) for files, index in _snapshots(path, lock=True) for file in files]
+
+
+def read_steps(path: TracePaths) -> tuple[list[int], int]:
+    """The distinct steps of the spans under ``path`` (ascending, spans without a step left out) and their row count.
+
+    Shards with an index answer from it without being opened; other files
+    give their step column (what ``read_spans(path, columns=[step])`` reads).
+    """
+    steps: set[int] = set()
+    rows = 0
+    plain: list[str] = []
+    for file, shard in indexed_files(path):
+        if shard is None:
+            if _uri.is_remote(file) or os.path.exists(file):  # a dangling link or a file gone since the listing
+                plain.append(file)
+        else:
+            steps |= shard.steps()
+            rows += sum(shard.batch_rows)
+    for _, batch in iter_batches(plain, [S.STEP]) if plain else ():
+        rows += batch.num_rows
+        steps.update(s for s in pc.unique(batch.column(0)).to_pylist() if s is not None)
+    return sorted(steps), rows
+
+
 def iter_batches(
-    path: TracePaths, columns: Iterable[str] | None = None, steps: Iterable[int] | None = None
+    path: TracePaths,
+    columns: Iterable[str] | None = None,
+    steps: Iterable[int] | None = None,
+    trace_ids: Iterable[str] | None = None,
 ) -> Iterator[tuple[str, pa.RecordBatch]]:
     """Yield ``(file, batch)`` for every readable batch under ``path``.
 
     Only ``columns`` are decompressed (all when None). Columns a file lacks
-    (an older format) come back as nulls. With ``steps``, batches of
-    compacted files that the index says hold other steps are not read at
-    all; other batches still need filtering by the caller.
+    (an older format) come back as nulls. With ``steps`` or ``trace_ids``,
+    batches that an index (a compacted file's ``_index.json``, a shard's
+    own index) says hold none of them are not read at all; the batches
+    returned still need filtering by the caller.
     """
     wanted = list(S.SPAN_COLUMNS if columns is None else columns)
     unknown = [c for c in wanted if c not in S.SPAN_COLUMNS]
     if unknown:
         raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
     step_set = None if steps is None else set(steps)
+    trace_set = None if trace_ids is None else pa.array(list(trace_ids), pa.string())
     for files, index in _snapshots(path, lock=True):
         for file in files:
             entry = index["files"].get(os.path.basename(file), {})
-            if not entry and not _uri.is_remote(file):
-                seal_if_abandoned(file)  # a shard whose writer is gone gets the footer it never wrote
-            size = entry.get("size")
-            chosen = batches_for_steps(entry, size, step_set) if isinstance(size, int) else None
-            batches = read_batches(file, wanted, chosen, expect_size=size if chosen is not None else None)
+            shard = _shard_index(file, index)
+            chosen, size = _chosen(shard, entry, step_set, trace_set)
+            if chosen == [] and shard is not None:
+                continue  # its index says no batch holds what is asked: the file is not opened
+            batches = read_batches(
+                file,
+                wanted,
+                chosen,
+                expect_size=size if chosen is not None else None,
+                trust_footer=shard is not None and chosen is not None,
+            )
             for batch in batches:
                 yield file, batch
             message = batches.result.describe()
@@ -182,8 +258,10 @@ def read_spans(
     for needed, active in ((S.STEP, step_set), (S.VALIDATE, validate), (S.TRACE_ID, trace_set)):
         if active is not None and needed not in read_cols:
             read_cols.append(needed)
+    if S.INPUTS in read_cols:  # multi-turn prompt_ids are rebuilt from earlier spans (storage/history.py)
+        read_cols += [c for c in HISTORY_COLUMNS if c not in read_cols]
     pieces: list[pa.RecordBatch] = []
-    for _, batch in iter_batches(path, read_cols, steps=step_set):
+    for _, batch in iter_batches(path, read_cols, steps=step_set, trace_ids=trace_set):
         mask = None
         if step_set is not None:
             mask = pc.is_in(batch.column(S.STEP), value_set=pa.array(step_set, pa.int64()))
@@ -196,9 +274,9 @@ def read_spans(
         if mask is not None:
             batch = batch.filter(pc.fill_null(mask, False))
         if batch.num_rows:
-            pieces.append(batch.select(out_cols))
-    schema = pa.schema([S.SPAN_SCHEMA.field(c) for c in out_cols])
-    return pa.Table.from_batches(pieces, schema=schema)
+            pieces.append(batch.select(read_cols))
+    schema = pa.schema([S.SPAN_SCHEMA.field(c) for c in read_cols])
+    return expand_history(pa.Table.from_batches(pieces, schema=schema)).select(out_cols)
 
 
 def dataset(path: TracePaths) -> pds.Dataset:

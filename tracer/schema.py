@@ -28,11 +28,19 @@ META_EXPERIMENT = "rollout_trace.experiment_name"
 META_HOST = "rollout_trace.host"
 META_PID = "rollout_trace.pid"
 META_CREATED_NS = "rollout_trace.created_ns"
+#: JSON of the sampling strategy and its parameters (``strategy``, ``limit``,
+#: ``seed``; ``by``, ``candidates_per_step``, ``decide_after_s`` for
+#: extremes/variance); absent when nothing is sampled. See ``tracer.record.sampling``.
+META_SAMPLING = "rollout_trace.sampling"
 
 # Keys of the per-batch metadata: running totals of this writer's process.
 BATCH_META_SPANS_WRITTEN = "rollout_trace.spans_written"
 BATCH_META_SPANS_DROPPED = "rollout_trace.spans_dropped"
 BATCH_META_INTERNAL_ERRORS = "rollout_trace.internal_errors"
+#: JSON list of the sampling decisions made or changed since the previous
+#: batch (one per step and validate: what was kept, the dropped counts); read
+#: them with ``tracer.record.sampling.read_sampling``.
+BATCH_META_SAMPLING = "rollout_trace.sampling_decisions"
 
 # Column names.
 TRACE_ID = "trace_id"
@@ -75,6 +83,20 @@ REWARD_SPAN_NAME = "log_reward"
 ATTR_TRUNCATED = "rollout_trace.truncated"
 #: Attribute key holding the length of every token id list found in a span.
 ATTR_TOKENS = "tokens"
+
+# Multi-turn history stored once (tracer/storage/history.py, docs/format.md):
+# an llm span's ``prompt_ids`` in ``inputs`` may be an object with these keys
+# instead of a list.
+#: The span id of the earlier llm span (same trajectory) whose context the prompt extends.
+HISTORY_EXTENDS = "rollout_trace.extends"
+#: How many ids of that context (its full prompt_ids, then its response ids) come first.
+HISTORY_PREFIX = "prefix"
+#: The earlier span's ``outputs`` key holding its response ids (null: none).
+HISTORY_RESPONSE = "response"
+#: The ids that follow the prefix.
+HISTORY_IDS = "ids"
+#: Set by readers when the earlier span was not found: why the list could not be rebuilt.
+HISTORY_MISSING = "rollout_trace.missing"
 
 #: One entry per column: (name, type, nullable, description). The docstring of
 #: each column; the column table of ``docs/format.md`` is generated from it.
@@ -138,3 +160,16 @@ TRAJECTORY_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
 )
 TRAJECTORY_COLUMNS: tuple[str, ...] = tuple(f[0] for f in TRAJECTORY_FIELDS)
 TRAJECTORY_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in TRAJECTORY_FIELDS])
+
+# The shard index (tracer/storage/shard_index.py, docs/format.md): a sidecar per closed shard.
+#: Column of the shard index: the record batches of the shard holding the row's trace id.
+INDEX_BATCHES = "index_batches"
+#: Column of the shard index: every span of the trace id has the same step and validate flag.
+INDEX_UNIFORM = "index_uniform"
+META_INDEX_VERSION = "rollout_trace.index_version"
+META_INDEX_OF = "rollout_trace.index_of"
+META_INDEX_SIZE = "rollout_trace.index_size"
+META_INDEX_FOOTER = "rollout_trace.index_footer"
+META_INDEX_BATCH_ROWS = "rollout_trace.index_batch_rows"
+META_INDEX_BATCH_STEPS = "rollout_trace.index_batch_steps"
+META_INDEX_BUCKETS = "rollout_trace.index_buckets"

@@ -51,12 +51,14 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
-from tracer.read import TracePaths, read_spans
+from tracer.read import TracePaths, indexed_files, read_spans
 from tracer.read import parse_json_or_text as _loads
+from tracer.storage import shard_index as _shard_index
 
 #: Span columns :func:`summarize` needs.
 SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
@@ -99,7 +101,7 @@ TURN_SPAN_COLUMNS: tuple[str, ...] = (
 _RESPONSE_ID_KEYS = ("response_ids", "token_ids", "output_ids")
 _RESPONSE_TEXT_KEYS = ("response_text", "token_text", "output_text", "text", "content")
 _LOGPROB_KEYS = ("logprobs", "log_probs", "response_logprobs")
-_TOKEN_TEXT_KEYS = ("response_tokens", "tokens", "token_texts")
+_TOKEN_TEXT_KEYS = ("response_token_texts", "token_texts", "output_token_texts", "response_tokens", "tokens")
 _FINISH_KEYS = ("finish_reason", "stop_reason")
 _PROMPT_ID_KEYS = ("prompt_ids", "input_ids", "prompt_token_ids")
 _PROMPT_TEXT_KEYS = ("prompt_text", "input_text", "prompt")
@@ -353,7 +355,12 @@ def summarize(spans: pa.Table) -> pa.Table:
         S.NUM_ERRORS: grouped["_err_sum"],
     }
     table = pa.table([columns[c] for c in S.TRAJECTORY_COLUMNS], schema=S.TRAJECTORY_SCHEMA)
-    return table.sort_by(
+    return _in_order(table)
+
+
+def _in_order(trajectories: pa.Table) -> pa.Table:
+    """Trajectory rows by step, sample, rollout, start time and trace id (nulls last), as :func:`summarize` returns them."""
+    return trajectories.sort_by(
         [
             (S.STEP, "ascending"),
             (S.SAMPLE_INDEX, "ascending"),
@@ -362,6 +369,10 @@ def summarize(spans: pa.Table) -> pa.Table:
             (S.TRACE_ID, "ascending"),
         ]
     )
+
+
+# Writers put this summary in each closed shard's index (storage cannot import the model).
+_shard_index.use_summarizer(SUMMARY_SPAN_COLUMNS, summarize)
 
 
 def read_trajectories(
@@ -376,10 +387,112 @@ def read_trajectories(
     listed with status ``"incomplete"``; rewards logged from another process
     are joined by ``(step, sample_index, rollout_n, validate)``.
 
+    Shards with an index (:mod:`tracer.storage.shard_index`) give their
+    stored summary rows instead of their spans: the rows :func:`summarize`
+    wrote for them when they were closed. A trajectory those rows cannot
+    answer alone is summarised from its spans, read from only the batches
+    that hold it: one whose spans are in several files, one whose reward may
+    have been logged by key in another file, one whose spans differ in step
+    or split when ``steps`` or ``validate`` filter. Files without an index
+    (version-1 files, torn ones, shards still being written, compacted
+    files) are read span by span. The result is the same table either way.
+
     Returns:
         A table of :data:`tracer.schema.TRAJECTORY_SCHEMA`.
     """
-    return summarize(read_spans(path, columns=SUMMARY_SPAN_COLUMNS, steps=steps, validate=validate))
+    step_set = _as_list(steps)
+    try:
+        return _from_indexes(path, step_set, validate)
+    except FileNotFoundError:
+        # A file of the snapshot went away meanwhile (a compaction replaced it): read the run afresh.
+        return summarize(read_spans(path, columns=SUMMARY_SPAN_COLUMNS, steps=step_set, validate=validate))
+
+
+def _as_list(steps: int | Iterable[int] | None) -> list[int] | None:
+    if steps is None:
+        return None
+    return [steps] if isinstance(steps, int) else list(steps)
+
+
+def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | None) -> pa.Table:
+    """:func:`read_trajectories` over stored summary rows where they are exact, spans elsewhere."""
+    files = indexed_files(path)
+    tables: list[tuple[int, pa.Table]] = []
+    plain: list[int] = []
+    for n, (_, shard) in enumerate(files):
+        table = shard.table() if shard is not None else None
+        if table is None:
+            plain.append(n)
+        else:
+            tables.append((n, table))
+    cols = list(SUMMARY_SPAN_COLUMNS)
+    if not tables:
+        return summarize(read_spans([f for f, _ in files], columns=cols, steps=steps, validate=validate))
+    loose: list[pa.Array] = [pa.array([], pa.string())]
+    plain_spans: dict[int, pa.Table] = {}
+    for n in plain:
+        spans = read_spans(files[n][0], columns=cols, steps=steps, validate=validate)
+        plain_spans[n] = spans
+    # Every trajectory row of every index, and the (step, sample, rollout, validate) keys of spans without a trace id.
+    rows, keys = [], []
+    for n, table in tables:
+        tid = table.column(S.TRACE_ID)
+        extra = tid.null_count > 0 or pc.any(pc.equal(tid, "")).as_py()  # rows of spans without a trace id
+        own = table.filter(pc.fill_null(pc.not_equal(tid, ""), False)) if extra else table
+        rows.append(own.append_column("_file", pa.array(np.full(own.num_rows, n, dtype=np.int64))))
+        bare = table.filter(pc.is_null(tid)) if extra else table.slice(0, 0)
+        keys.append(pa.table({"_key": _key_of(bare), "_file": pa.array([n] * bare.num_rows, pa.int64())}))
+    for n, spans in plain_spans.items():
+        bare = spans.filter(pc.fill_null(pc.equal(spans.column(S.TRACE_ID), ""), True))
+        keys.append(pa.table({"_key": _key_of(bare), "_file": pa.array([n] * bare.num_rows, pa.int64())}))
+        loose.append(spans.column(S.TRACE_ID).combine_chunks())
+    indexed = pa.concat_tables(rows)
+    tid = indexed.column(S.TRACE_ID).combine_chunks()  # one array to hash (the other columns stay as read)
+    # Which indexed trajectories the stored rows cannot answer alone: first, a trace id in several files.
+    if len(pc.unique(tid)) == len(tid):
+        redo = pa.array(np.zeros(len(tid), dtype=bool))
+    else:
+        counts = indexed.group_by(S.TRACE_ID, use_threads=False).aggregate([("_file", "count")])
+        shared = counts.filter(pc.greater(counts.column("_file_count"), 1)).column(S.TRACE_ID)
+        redo = pc.is_in(tid, value_set=shared.combine_chunks())
+    in_plain = pa.concat_arrays(loose)
+    redo = pc.or_(redo, pc.is_in(tid, value_set=in_plain))
+    all_keys = pa.concat_tables(keys)
+    if all_keys.num_rows:
+        by_key = all_keys.group_by("_key", use_threads=False).aggregate([("_file", "min"), ("_file", "max")])
+        at = pc.index_in(_key_of(indexed), value_set=by_key.column("_key").combine_chunks())
+        lo = pc.take(by_key.column("_file_min").combine_chunks(), at)
+        hi = pc.take(by_key.column("_file_max").combine_chunks(), at)
+        file_no = indexed.column("_file")
+        elsewhere = pc.or_(pc.not_equal(lo, file_no), pc.not_equal(hi, file_no))
+        redo = pc.or_(redo, pc.fill_null(elsewhere, False))
+    if steps is not None or validate is not None:
+        redo = pc.or_(redo, pc.invert(pc.fill_null(indexed.column(S.INDEX_UNIFORM), False)))
+    redo = pc.fill_null(redo, True)
+    keep = indexed.filter(pc.invert(redo)) if pc.any(redo).as_py() else indexed
+    if steps is not None:
+        keep = keep.filter(pc.fill_null(pc.is_in(keep.column(S.STEP), value_set=pa.array(steps, pa.int64())), False))
+    if validate is not None:
+        keep = keep.filter(pc.equal(pc.fill_null(keep.column(S.VALIDATE), False), validate))
+    parts = [keep.select(list(S.TRAJECTORY_COLUMNS))]
+    again = pc.unique(pc.filter(tid, redo))
+    if plain or len(again):
+        wanted = pa.concat_arrays([again, pa.array([""], pa.string())])
+        pieces = []
+        for n, (file, _) in enumerate(files):
+            if n in plain_spans:
+                pieces.append(plain_spans[n])
+            else:
+                pieces.append(
+                    read_spans(file, columns=cols, steps=steps, validate=validate, trace_ids=wanted.to_pylist())
+                )
+        parts.append(summarize(pa.concat_tables(pieces)))
+    return _in_order(pa.concat_tables(parts))
+
+
+def _key_of(t: pa.Table) -> Any:
+    """The join key of log_reward rows without a trace id (see :func:`_key`), per row of ``t``."""
+    return _key(t.column(S.STEP), t.column(S.SAMPLE_INDEX), t.column(S.ROLLOUT_N), t.column(S.VALIDATE))
 
 
 # -- turns ----------------------------------------------------------------------

@@ -130,7 +130,9 @@ class RolloutTraceConfig:
 
         Fields verl does not have (``output_dir``, ``max_tokens``, ...) come
         from the environment (``ROLLOUT_TRACE_DIR``, ...) or from a config
-        already given to :func:`tracer.init` in this process.
+        already given to :func:`tracer.init` in this process. verl's whole
+        config, found in the caller (:func:`find_verl_config`), becomes
+        ``run_config`` unless one was given to :func:`tracer.init` already.
 
         Raises:
             tracer.TraceConfigError: ``backend`` is neither rollout-trace's nor verl's.
@@ -159,7 +161,12 @@ class RolloutTraceConfig:
                 fields["project_name"] = str(project_name)
             if experiment_name:
                 fields["experiment_name"] = str(experiment_name)
-            tracer.init(tracer.get_config(), **fields)
+            given = tracer.get_config()
+            if given is None or not given.run_config:  # a run_config given to tracer.init wins
+                run_config = find_verl_config(sys._getframe(1))
+                if run_config:
+                    fields["run_config"] = run_config
+            tracer.init(given, **fields)
             config.client = tracer
         config._initialized = True
 
@@ -189,6 +196,47 @@ class RolloutTraceConfig:
             _delegate = None
         elif inst is not None and inst.client is tracer:
             tracer.shutdown()
+
+
+def find_verl_config(frame: types.FrameType | None, depth: int = 4) -> dict[str, Any] | None:
+    """verl's whole config as a plain dict, found in the caller of ``RolloutTraceConfig.init``; None if not there.
+
+    verl 0.9.1's ``RolloutTraceConfig.init`` gets only the trace settings, but
+    its caller, ``AgentLoopWorker.__init__``, holds verl's whole config (its
+    ``config`` argument and ``self.config``: an OmegaConf ``DictConfig`` with
+    ``actor_rollout_ref``). The first such config in ``frame`` or the
+    ``depth - 1`` frames above it is converted with
+    ``OmegaConf.to_container`` (interpolations resolved where they can be),
+    so the trace files keep it as ``run_config`` and exporters log it.
+    """
+    for _ in range(depth):
+        if frame is None:
+            return None
+        local = frame.f_locals
+        for candidate in (local.get("config"), getattr(local.get("self"), "config", None)):
+            plain = _plain_verl_config(candidate)
+            if plain is not None:
+                return plain
+        frame = frame.f_back
+    return None
+
+
+def _plain_verl_config(value: object) -> dict[str, Any] | None:
+    """``value`` as a plain dict when it is a verl trainer config (an OmegaConf mapping with ``actor_rollout_ref``)."""
+    omegaconf: Any = sys.modules.get("omegaconf")  # a DictConfig means verl imported it already
+    if omegaconf is None or not isinstance(value, omegaconf.DictConfig):
+        return None
+    try:
+        if "actor_rollout_ref" not in value:
+            return None
+        try:
+            plain = omegaconf.OmegaConf.to_container(value, resolve=True, throw_on_missing=False, enum_to_str=True)
+        except Exception:  # an interpolation that cannot be resolved here: keep it as written
+            plain = omegaconf.OmegaConf.to_container(value, resolve=False, enum_to_str=True)
+    except Exception:  # the tracer's trouble never reaches verl
+        logger.debug("rollout-trace: verl's config could not be read as run_config", exc_info=True)
+        return None
+    return plain if isinstance(plain, dict) else None
 
 
 def rollout_trace_attr(

@@ -9,7 +9,8 @@ Deep links: ``?step=3`` opens step 3's trajectory list, ``?step=3&sample_index=7
 that prompt's group, ``?trace_id=...`` the trajectory's replay,
 ``?view=compare&path=RUN_A&compare=RUN_B`` (``&step_a=&step_b=``) the
 comparison; ``view=`` (overview, trajectories, replay, group, compare) picks
-a page explicitly.
+a page explicitly; ``?follow=1&interval=3`` follows the run while it is
+written (``rollout-trace view RUN --follow``, :mod:`viewer.views.live`).
 
 This module is the entry and the routing only: the URL and session state are
 in :mod:`viewer.state`, cached readers in :mod:`viewer.cache`, charts in
@@ -29,7 +30,7 @@ import streamlit as st
 
 from viewer import cache, safe, state
 from viewer import data as D
-from viewer.views import compare, group, overview, replay, trajectories
+from viewer.views import compare, group, live, overview, replay, trajectories
 
 PAGES = {
     "Overview": overview.draw,
@@ -87,7 +88,7 @@ def main() -> None:
     """Draw the app."""
     st.set_page_config(page_title="rollout-trace viewer", layout="wide")
     argv = sys.argv[1:]
-    state.init_state(state.script_arg(argv, "compare"))
+    state.init_state(state.script_arg(argv, "compare"), state.script_arg(argv, "follow"))
     ss = st.session_state
     cache.WARNINGS.clear()
     url_path = st.query_params.get(state.QP_PATH)
@@ -108,9 +109,11 @@ def main() -> None:
         root_sig = D.file_signature(path)
     except D.ViewerPathError as exc:
         st.error(safe.md(str(exc), 2000))
+        live.watch(path, ())  # following a run about to start: its first file reruns the page
         return
     root = path
     path, sig = _choose_run(root, root_sig)
+    live.sidebar(path)
     warn_box = st.container()
     steps_loaded = cache.steps(path, sig)
     cache.warn(steps_loaded.warnings)
@@ -118,6 +121,7 @@ def main() -> None:
     if not steps and cache.run_base(path, sig).table.num_rows == 0:
         _show_warnings(warn_box)
         st.info(safe.md(f"The trace files under {path} hold no readable trajectories yet."))
+        live.watch(path, sig)
         return
     if ss.get(state.SS_STEP) not in steps:
         ss[state.SS_STEP] = state.ALL_STEPS
@@ -146,6 +150,7 @@ def main() -> None:
             st.code(safe.clip(traceback.format_exc(), safe.MAX_ELEMENT_CHARS), language="python")
     _show_warnings(warn_box)
     state.sync_query_params(url_path)
+    live.watch(path, sig)
 
 
 main()

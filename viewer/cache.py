@@ -13,6 +13,7 @@ from typing import Any
 import streamlit as st
 
 from viewer import data as D
+from viewer import state
 
 #: Cache sizes: whole-run tables are few and large, trajectories many and small.
 RUN_CACHE_ENTRIES = 4
@@ -34,19 +35,54 @@ def warn(messages: list[str]) -> None:
             WARNINGS.append(m)
 
 
-@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Listing steps...")
+@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Reading the run...")
+def _live_run(path: str) -> D.LiveRun:
+    """One follower per run, shared by every session that follows it."""
+    return D.LiveRun(path)
+
+
+def live(path: str) -> D.LiveRun | None:
+    """The followed run when this session follows ``path`` (the sidebar's toggle), else None.
+
+    Its tables replace the readers below: a refresh reads only the new batches.
+    """
+    ss = st.session_state
+    if not ss.get(state.SS_FOLLOW) or ss.get(state.SS_LIVE_PATH) != path:
+        return None
+    return _live_run(path)
+
+
 def steps(path: str, sig: tuple) -> D.Loaded:
+    """The run's steps and span row count (from the followed run when following)."""
+    followed = live(path)
+    return followed.steps_loaded() if followed is not None else _steps(path, sig)
+
+
+@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Listing steps...")
+def _steps(path: str, sig: tuple) -> D.Loaded:
     return D.list_steps(path)
 
 
-@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Reading every trajectory of the run...")
 def run_base(path: str, sig: tuple) -> D.Loaded:
+    """Every trajectory of the run (from the followed run when following)."""
+    followed = live(path)
+    return followed.loaded() if followed is not None else _run_base(path, sig)
+
+
+@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Reading every trajectory of the run...")
+def _run_base(path: str, sig: tuple) -> D.Loaded:
     return D.load_trajectories(path)
 
 
-@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Reading the tools of every trajectory...")
 def run(path: str, sig: tuple) -> D.Loaded:
-    base = run_base(path, sig)
+    """Every trajectory of the run with its tools (from the followed run when following)."""
+    followed = live(path)
+    return followed.loaded() if followed is not None else _run(path, sig)
+
+
+@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Reading the tools of every trajectory...")
+def _run(path: str, sig: tuple) -> D.Loaded:
+    base = _run_base(path, sig)
     tools = D.tools_by_trajectory(path)
     return D.Loaded(D.with_tools(base.table, tools.table), D.merge_warnings(base.warnings, tools.warnings))
 
@@ -58,7 +94,11 @@ def step_table(path: str, sig: tuple, step: int) -> D.Loaded:
 
 def table(path: str, sig: tuple, step: int | None) -> Any:
     """The trajectories of ``step`` (cached per step), or of the whole run when None."""
-    loaded = run(path, sig) if step is None else step_table(path, sig, step)
+    followed = live(path)
+    if followed is not None:
+        loaded = followed.loaded(step)
+    else:
+        loaded = run(path, sig) if step is None else step_table(path, sig, step)
     warn(loaded.warnings)
     return loaded.table
 
@@ -77,6 +117,9 @@ def files_for(path: str, sig: tuple, trace_ids: tuple[str, ...]) -> list[str] | 
     """The files holding these trajectories, for runs of many files; None (read all) for small runs."""
     if len(sig) < INDEX_MIN_FILES:
         return None
+    followed = live(path)
+    if followed is not None:
+        return followed.files_of(trace_ids)
     return D.files_of(trace_index(path, sig).table, trace_ids)
 
 

@@ -26,9 +26,10 @@ DEFAULT_PORT = 8501
 VIEW_EXAMPLES = """examples:
   rollout-trace view rollout_traces/rollout-demo/scripted-20260101-120000   # one run (what the demo prints)
   rollout-trace view rollout_traces                                         # every run under a folder
-  rollout-trace view sample_data/sample/smollm2-135m-instruct --port 8600
+  rollout-trace view sample_data/sample/qwen2.5-coder-0.5b-instruct --port 8600
   rollout-trace view rollout_traces/gsm8k/grpo-1 rollout_traces/gsm8k/grpo-2  # compare two runs
   rollout-trace view RUN --tokenizer ~/models/qwen/tokenizer.json          # when the run did not record a tokenizer path
+  rollout-trace view RUN --follow --interval 5                             # while it trains: new steps appear on their own
 """
 
 
@@ -40,8 +41,11 @@ def streamlit_command(
     tokenizer: str | None = None,
     compare: str | None = None,
     allow_paths: list[str] | None = None,
+    follow_s: float | None = None,
 ) -> list[str]:
     """The ``streamlit run`` command line that serves the viewer over ``path`` (compared with ``compare``).
+
+    With ``follow_s``, pages open following the run, looking at its files every ``follow_s`` seconds.
 
     ``?path=`` may then open ``path``, ``compare`` and ``allow_paths`` only;
     the hosts the server answers come from :func:`server_env`.
@@ -51,6 +55,8 @@ def streamlit_command(
         extra += ["--compare", os.path.abspath(compare)]
     if allow_paths:
         extra += ["--allow-path", os.pathsep.join(os.path.abspath(p) for p in allow_paths)]
+    if follow_s is not None:
+        extra += ["--follow", f"{follow_s:g}"]
     return [
         python or sys.executable,
         "-m",
@@ -123,7 +129,13 @@ def _view(args: argparse.Namespace) -> int:
             )
             return 2
     cmd = streamlit_command(
-        args.path, args.host, args.port, tokenizer=args.tokenizer, compare=args.compare, allow_paths=args.allow_path
+        args.path,
+        args.host,
+        args.port,
+        tokenizer=args.tokenizer,
+        compare=args.compare,
+        allow_paths=args.allow_path,
+        follow_s=args.interval if args.follow else None,
     )
     env = server_env(args.host, args.allow_host)
     print(f"rollout-trace viewer: http://{args.host}:{args.port}/  (Ctrl-C to stop)", file=sys.stderr)
@@ -146,6 +158,23 @@ def port_number(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535); give e.g. {DEFAULT_PORT}")
     return port
+
+
+#: ``--interval``'s default and bounds (the sidebar's, :mod:`viewer.state`, which imports Streamlit).
+FOLLOW_INTERVAL_S = 3
+FOLLOW_INTERVAL_BOUNDS = (1, 600)
+
+
+def follow_seconds(text: str) -> int:
+    """``--interval``: whole seconds, 1-600 (argparse turns the error into a usage error, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds; give e.g. 3") from None
+    lo, hi = FOLLOW_INTERVAL_BOUNDS
+    if not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(f"{value} s is outside {lo}-{hi} s; give e.g. {FOLLOW_INTERVAL_S}")
+    return value
 
 
 def register_view(subparsers: argparse._SubParsersAction) -> None:
@@ -185,5 +214,17 @@ def register_view(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tokenizer",
         help="tokenizer.json (or its folder) to show the text of each token; default: the run's recorded tokenizer path",
+    )
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="open pages following the run while it is written: new batches are read on their own, "
+        "without losing your place (a toggle in the sidebar too)",
+    )
+    p.add_argument(
+        "--interval",
+        type=follow_seconds,
+        default=FOLLOW_INTERVAL_S,
+        help=f"with --follow: seconds between looks at the files (default {FOLLOW_INTERVAL_S})",
     )
     p.set_defaults(func=_view)

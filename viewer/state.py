@@ -12,6 +12,8 @@ from typing import Any
 
 import streamlit as st
 
+from viewer.cli import FOLLOW_INTERVAL_BOUNDS, FOLLOW_INTERVAL_S
+
 PAGES = ("Overview", "Trajectories", "Replay", "Group", "Compare")
 SPLITS = ("both", "train", "validation")
 #: The step selector's "no step" choice.
@@ -31,6 +33,8 @@ QP_TRACE_ID = "trace_id"
 QP_SAMPLE = "sample_index"
 QP_VALIDATE = "validate"
 QP_TOKENIZER = "tokenizer"
+QP_FOLLOW = "follow"
+QP_INTERVAL = "interval"
 
 #: The directories this server may open (set by the app on each run from its arguments).
 ROOTS: list[str] = []
@@ -45,6 +49,15 @@ SS_RUN = "run_sel"
 SS_COMPARE = "compare_path"
 SS_STEP_A = "compare_step_a"
 SS_STEP_B = "compare_step_b"
+SS_FOLLOW = "follow"
+SS_INTERVAL = "follow_interval"
+#: The run the follow toggle follows (set by the app on each run).
+SS_LIVE_PATH = "_live_path"
+#: What the followed run held when this session started following (for "new since you opened").
+SS_LIVE_BASE = "_live_base"
+
+#: Seconds between two looks at the files when following (the default, and the bounds of the sidebar's input).
+FOLLOW_INTERVAL_MIN_S, FOLLOW_INTERVAL_MAX_S = FOLLOW_INTERVAL_BOUNDS
 
 
 def script_arg(argv: list[str], name: str) -> str | None:
@@ -66,13 +79,30 @@ def int_or_none(text: Any) -> int | None:
         return None
 
 
-def init_state(compare_arg: str | None) -> None:
-    """Seed the widgets' state from the URL once per session (deep links)."""
+def follow_interval(text: Any) -> int | None:
+    """``text`` as a follow interval in whole seconds, clamped to the sidebar's bounds; None when not a number."""
+    try:
+        value = float(str(text))
+    except (TypeError, ValueError):
+        return None
+    if value != value:  # NaN
+        return None
+    return int(min(max(round(value), FOLLOW_INTERVAL_MIN_S), FOLLOW_INTERVAL_MAX_S))
+
+
+def init_state(compare_arg: str | None, follow_arg: str | None = None) -> None:
+    """Seed the widgets' state from the URL once per session (deep links).
+
+    ``follow_arg`` is the server's ``--follow`` value (the interval in seconds), None when not given.
+    """
     ss = st.session_state
     if ss.get("_init"):
         return
     qp = st.query_params
     ss["_init"] = True
+    follow = str(qp.get(QP_FOLLOW, "")).lower()
+    ss[SS_FOLLOW] = follow in ("1", "true") or (follow not in ("0", "false") and follow_arg is not None)
+    ss[SS_INTERVAL] = follow_interval(qp.get(QP_INTERVAL)) or follow_interval(follow_arg) or FOLLOW_INTERVAL_S
     step = int_or_none(qp.get(QP_STEP))
     ss[SS_STEP] = ALL_STEPS if step is None else step
     ss[SS_TRACE] = qp.get(QP_TRACE_ID) or ""
@@ -123,6 +153,9 @@ def sync_query_params(path_from_url: str | None) -> None:
         qp[QP_STEP] = str(step())
     if ss.get(SS_SPLIT) != "both":
         qp[QP_VALIDATE] = "true" if ss.get(SS_SPLIT) == "validation" else "false"
+    if ss.get(SS_FOLLOW):
+        qp[QP_FOLLOW] = "1"
+        qp[QP_INTERVAL] = str(ss.get(SS_INTERVAL, FOLLOW_INTERVAL_S))
     if view == "Replay" and ss.get(SS_TRACE):
         qp[QP_TRACE_ID] = ss[SS_TRACE]
     if view == "Group" and ss.get(SS_SAMPLE) is not None:

@@ -102,8 +102,13 @@ CASES: dict[str, list[tuple[list[str], int]]] = {
         (["rescore", "missing", "--reward", "a:b"], EXIT_USAGE),
         (["rescore", "{run}", "--reward", "nomodule:f"], EXIT_USAGE),
     ],
+    "tail": [(["tail", "missing"], EXIT_USAGE), (["tail", "{run}", "--interval", "0"], EXIT_USAGE)],
     "upload": [(["upload", "missing"], EXIT_USAGE), (["upload", "empty"], EXIT_USAGE)],
-    "view": [(["view", "empty", "--port", "99999999"], EXIT_USAGE), (["view", "missing"], EXIT_USAGE)],
+    "view": [
+        (["view", "empty", "--port", "99999999"], EXIT_USAGE),
+        (["view", "missing"], EXIT_USAGE),
+        (["view", "{run}", "--follow", "--interval", "0"], EXIT_USAGE),
+    ],
 }
 
 

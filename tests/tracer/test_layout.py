@@ -178,6 +178,7 @@ NOT_COLUMNS = {
     ("tracer/data/dataset.py", "name"): "the tool name inside an OpenAI message struct",
     ("viewer/views/replay.py", "name"): "OpenAI message and tool-call keys",
     ("viewer/screenshots.py", "error"): "a key of a scripted engine's reply",
+    ("tracer/record/sampling.py", "outputs"): "vLLM's RequestOutput field in an llm span's return value",
 }
 #: Calls whose first argument names a column of a table or a key of a row.
 _COLUMN_CALLS = {"column", "field", "get", "select", "sort_by", "drop_columns", "append_column", "set_column"}

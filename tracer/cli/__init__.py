@@ -3,7 +3,7 @@
 Subcommands come from the packages that own them, through the entry-point
 group ``rollout_trace.commands`` (see pyproject.toml): each entry point is a
 function ``register(subparsers)`` that adds one parser and sets its
-``func(args) -> int``. ``info``, ``check``, ``compact`` and ``diff`` are tracer's own
+``func(args) -> int``. ``info``, ``check``, ``compact``, ``diff`` and ``tail`` are tracer's own
 (one module each in this package), always present.
 
 Exit status, the same for every subcommand (the table in README.md):
@@ -27,6 +27,7 @@ from tracer.cli.compact import register_compact
 from tracer.cli.diff import register_diff
 from tracer.cli.errors import ENV_DEBUG, EXIT_INTERRUPTED, EXIT_USAGE, describe_error
 from tracer.cli.info import register_info
+from tracer.cli.tail import register_tail
 from tracer.extras import install_command
 
 ENTRY_POINT_GROUP = "rollout_trace.commands"
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_check(sub)
     register_compact(sub)
     register_diff(sub)
+    register_tail(sub)
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             register = ep.load()

@@ -9,17 +9,27 @@ from typing import Any
 from tracer import schema as S
 from tracer.cli.errors import describe_error
 from tracer.read import list_trace_files
-from tracer.storage.compact import compact, write_parquet
+from tracer.storage import uri as _uri
+from tracer.storage.compact import REMOTE_DELETE_AFTER_S, CompactReport, compact, describe_store_error, write_parquet
+from tracer.storage.compact_ray import compact_ray, write_parquet_ray
 from tracer.storage.seal import ENV_SEAL_AFTER_S
+
+COMPACT_EXAMPLES = """examples:
+  rollout-trace compact rollout_traces/gsm8k/grpo-1
+  rollout-trace compact rollout_traces --format parquet          # also a Parquet dataset in rollout_traces/parquet
+  rollout-trace compact s3://my-bucket/traces/gsm8k --ray --ray-address 10.0.0.5:6379
+"""
 
 
 def register_compact(subparsers: Any) -> None:
-    """Add ``rollout-trace compact PATH [--target-mb N] [--seal-after S] [--format ipc|parquet] [--out DIR]``."""
+    """Add ``rollout-trace compact PATH [--target-mb N] [--seal-after S] [--format ipc|parquet] [--out DIR] [--ray]``."""
     comp = subparsers.add_parser(
         "compact",
         help="merge closed shard files into large step-indexed files (originals removed once the merge is durable)",
+        epilog=COMPACT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    comp.add_argument("path", help="a run directory or a tree of them")
+    comp.add_argument("path", help="a run directory or a tree of them, or a URI (s3://bucket/prefix)")
     comp.add_argument("--target-mb", type=float, default=256.0, help="size of compacted files (default 256)")
     comp.add_argument(
         "--seal-after",
@@ -39,18 +49,46 @@ def register_compact(subparsers: Any) -> None:
     comp.add_argument(
         "--out", default=None, help="with --format parquet: the dataset's directory (default PATH/parquet)"
     )
+    comp.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the merges as Ray tasks, one per ~--target-mb of input (workers must reach PATH: "
+        "the same bucket and AWS_* settings, or a shared filesystem)",
+    )
+    comp.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="with --ray: the cluster's head node (default $RAY_ADDRESS, else join or start one on this machine)",
+    )
+    comp.add_argument(
+        "--delete-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="on object stores (no locks): delete replaced originals once hidden this long, so readers that "
+        f"listed them can still open them (default {REMOTE_DELETE_AFTER_S:g}; younger ones go at the next compact)",
+    )
     comp.set_defaults(func=run_compact)
 
 
 def run_compact(args: argparse.Namespace) -> int:
     """Compact ``args.path`` and print what was merged and what was left alone."""
+    options: dict[str, Any] = {
+        "target_bytes": int(args.target_mb * 1024 * 1024),
+        "seal_after_s": args.seal_after,
+        "delete_after_s": args.delete_after,
+    }
     try:
-        report = compact(args.path, target_bytes=int(args.target_mb * 1024 * 1024), seal_after_s=args.seal_after)
-    except (FileNotFoundError, ValueError) as exc:
+        if args.ray:
+            report: CompactReport = compact_ray(args.path, address=args.ray_address, **options)
+        else:
+            report = compact(args.path, **options)
+    except (FileNotFoundError, ValueError, ImportError, ConnectionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a read-only folder: nothing was deleted that was not merged
-        print(f"error: compaction stopped, the original files are kept: {describe_error(exc)}", file=sys.stderr)
+        print(f"error: compaction stopped, the original files are kept: {_describe(args.path, exc)}", file=sys.stderr)
         return 2
     print(
         f"compacted {report.files_in} file(s) in {report.run_dirs} run dir(s) into {report.files_out}: "
@@ -67,15 +105,24 @@ def run_compact(args: argparse.Namespace) -> int:
             f"{report.deferred} replaced file(s) kept while readers held their directory "
             "(hidden from readers; the next compact deletes them)"
         )
+    for run_dir, why in report.failed:
+        print(f"not merged, its files are kept and read as before (compact again to retry): {run_dir}: {why}")
     if args.format == "parquet":
         try:
-            out, rows = write_parquet(args.path, args.out)
+            if args.ray:
+                out, rows = write_parquet_ray(args.path, args.out, address=args.ray_address)
+            else:
+                out, rows = write_parquet(args.path, args.out)
         except (FileNotFoundError, OSError) as exc:
-            print(f"error: writing Parquet failed: {exc}", file=sys.stderr)
+            print(f"error: writing Parquet failed: {_describe(args.path, exc)}", file=sys.stderr)
             return 2
         print(f"wrote {rows} span(s) as a step-partitioned Parquet dataset: {out}")
-    nothing = report.files_in == 0 and not (report.sealed or report.skipped_open or report.set_aside)
+    nothing = report.files_in == 0 and not (report.sealed or report.skipped_open or report.set_aside or report.failed)
     if nothing and not list_trace_files(args.path):
         print(f"error: no trace files (*{S.FILE_SUFFIX}) under {args.path!r}; give a run directory", file=sys.stderr)
         return 2
-    return 0
+    return 1 if report.failed else 0
+
+
+def _describe(path: str, exc: OSError) -> str:
+    return describe_store_error(path, exc) if _uri.is_remote(path) else describe_error(exc)

@@ -140,6 +140,7 @@ def run_export(args: argparse.Namespace) -> int:
         f"{report.backend}: sent {report.trajectories_sent} trajectories"
         + (f" ({report.spans_sent} spans)" if report.spans_sent else "")
         + f", skipped {report.trajectories_skipped}"
+        + (f", caught up {report.caught_up} the destination lacked" if report.caught_up else "")
     )
     for line in report.details:
         print(f"  {line}")

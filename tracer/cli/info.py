@@ -8,6 +8,7 @@ import warnings
 from typing import Any
 
 from tracer import schema as S
+from tracer.exporters.lag import read_lag
 from tracer.read import TraceFileWarning, list_trace_files
 from tracer.summary import read_trajectories
 
@@ -32,6 +33,11 @@ def run_info(args: argparse.Namespace) -> int:
     steps = sorted({s for s in table[S.STEP].to_pylist() if s is not None})
     span = f"steps {steps[0]}-{steps[-1]} ({len(steps)})" if steps else "no steps"
     print(f"{args.path}: {len(files)} file(s), {table.num_rows} trajectories, {span}")
+    lag = read_lag(args.path)
+    if lag:
+        print("live exporters (how far behind the files):")
+        for record in lag:
+            print(f"  {record.describe()}")
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     if not files:

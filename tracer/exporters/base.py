@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -40,12 +41,14 @@ import pyarrow as pa
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.backends import load_sink, resolve_options
 from tracer.compare import read_run_config
+from tracer.exporters import lag
 from tracer.exporters.tables import (
     Progress,
     iter_step_chunks,
     open_run,
 )
-from tracer.read import TracePaths
+from tracer.read import TracePaths, list_trace_files, read_file_metadata
+from tracer.storage.history import expand_history
 from tracer.summary import step_metrics, summarize
 
 if TYPE_CHECKING:
@@ -294,7 +297,8 @@ class ExportReport:
     details: list[str] = dataclasses.field(default_factory=list)
     verify: VerifyResult | None = None
     #: Trajectories sent to a destination that already held others of the
-    #: run: what a live export (stopped, failed, cut off at shutdown) missed.
+    #: run, or of a run recorded with this backend live: what a live export
+    #: (stopped, failed, cut off at shutdown) missed.
     caught_up: int = 0
     #: Trajectories the backend refused one by one (their content, e.g. a
     #: lone surrogate): not sent, named in :attr:`details`; the rest went.
@@ -515,6 +519,7 @@ class LiveDriver:
                 self._cycle(stopping, flushing)
             except Exception as exc:  # the driver's own bug: never let it kill the thread silently
                 self._warn_once("internal", f"internal error ({type(exc).__name__}: {exc})")
+            lag.observe(self, final=stopping)  # how far behind the files this backend is (never raises)
             if flushing or (not self._pending and not self._queue):
                 self._idle.set()
             if stopping:
@@ -537,7 +542,7 @@ class LiveDriver:
             self._root_seen.pop(tid, None)
             parts = self._pending.pop(tid, None)
             if parts:
-                self._take(pa.Table.from_batches(parts))
+                self._take(expand_history(pa.Table.from_batches(parts)))  # multi-turn prompt_ids made whole
         force = stopping or flushing
         steps = sorted(self._due, key=_step_order)
         out: list[StepBatch] = []
@@ -750,7 +755,7 @@ def drive_files(
             report.trajectories_refused += 1
             report.details.append(f"refused by {backend}, not sent: trajectory {tid}: {why}")
         report.trajectories_sent += total.sent
-        if existing and total.sent:
+        if total.sent and (existing or _recorded_live_to(read_path, backend)):
             report.caught_up += total.sent
             report.details.append(
                 f"caught up {total.sent} trajectories the destination did not have yet "
@@ -767,6 +772,19 @@ def drive_files(
             report.verify = result if report.verify is None else report.verify.merge(result)
             report.details.extend(result.lines)
     return report
+
+
+def _recorded_live_to(path: TracePaths, backend: str) -> bool:
+    """True when the run was recorded with ``backend`` as a live backend: all it lacks is a catch-up."""
+    for file in list_trace_files(path):
+        try:
+            config = json.loads(read_file_metadata(file).get(S.META_CONFIG) or "{}")
+        except (OSError, ValueError, pa.ArrowException):
+            continue
+        named = config.get("backend") if isinstance(config, Mapping) else None
+        if backend in ([named] if isinstance(named, str) else named if isinstance(named, list) else []):
+            return True
+    return False
 
 
 def export_files(

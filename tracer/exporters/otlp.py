@@ -68,6 +68,8 @@ GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
 ATTR_PREFIX = "rollout_trace."
 ATTR_INPUT = "input.value"
 ATTR_OUTPUT = "output.value"
+#: Resource attribute naming the Phoenix project (OpenInference's convention): the run's project.
+OPENINFERENCE_PROJECT = "openinference.project.name"
 
 
 def traces_url(endpoint: str | None) -> str:
@@ -253,6 +255,8 @@ class OtlpSink(SinkBase):
             "service.name": SERVICE_NAME,
             ATTR_PREFIX + "project": self.target.project if self.target else None,
             ATTR_PREFIX + "experiment": self.target.experiment if self.target else None,
+            # Phoenix files traces under this project (else under "default").
+            OPENINFERENCE_PROJECT: self.target.project if self.target else None,
         }
         rs = tp.ResourceSpans()
         rs.resource.attributes.extend(self._attrs(resource_attrs))

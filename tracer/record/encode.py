@@ -22,11 +22,16 @@ from typing import Any
 import orjson
 
 from tracer.record.capture import ObjectSnapshot, Placeholder
+from tracer.record.pieces import PieceTable, batch_decode, piece_table
 from tracer.record.redact import REDACTED, is_secret_key
 from tracer.schema import ATTR_TOKENS, ATTR_TRUNCATED
 
 #: Field names that hold token ids (verl's names plus common ones).
 DEFAULT_TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", "output_ids")
+
+#: Token fields of the prompt side: decoded whole only. Every other token field
+#: (the response side) also gets one text per token (``*_token_texts``).
+PROMPT_TOKEN_FIELDS = frozenset({"prompt_ids", "input_ids"})
 
 #: Longest string kept for values the tracer does not know how to encode.
 MAX_REPR_CHARS = 2000
@@ -53,18 +58,37 @@ def text_field_name(ids_field: str) -> str:
     return ids_field[: -len("_ids")] + "_text" if ids_field.endswith("_ids") else ids_field + "_text"
 
 
+def token_texts_field_name(ids_field: str) -> str:
+    """``response_ids`` -> ``response_token_texts``, ``token_ids`` -> ``token_texts``: where per-token text goes."""
+    stem = ids_field[: -len("_ids")] if ids_field.endswith("_ids") else ids_field
+    return stem + "_texts" if stem == "token" or stem.endswith("_token") else stem + "_token_texts"
+
+
 class DecodeJob:
-    """One token id list waiting to be decoded into ``container[key]``."""
+    """One token id list waiting to be decoded into ``container[key]`` (and per token into ``pieces_key``)."""
 
-    __slots__ = ("ids", "container", "key", "tokenizer", "strings")
+    __slots__ = ("ids", "container", "key", "tokenizer", "strings", "pieces_key", "record")
 
-    def __init__(self, ids: list[int], container: dict[str, Any], key: str, tokenizer: Any, strings: list[str]) -> None:
+    def __init__(
+        self,
+        ids: list[int],
+        container: dict[str, Any],
+        key: str,
+        tokenizer: Any,
+        strings: list[str],
+        pieces_key: str | None = None,
+        record: int = 0,
+    ) -> None:
         self.ids = ids
         self.container = container
         self.key = key
         self.tokenizer = tokenizer
         #: The record's string list: the decoded text joins it (secret scan).
         self.strings = strings
+        #: Where each token's own text goes (response-side fields only), or None.
+        self.pieces_key = pieces_key
+        #: Index of the job's record in the batch.
+        self.record = record
 
 
 class Encoder:
@@ -91,6 +115,8 @@ class Encoder:
         self.store_full_token = store_full_token
         self.redact_keys = redact_keys
         self.jobs: list[DecodeJob] = []
+        #: Jobs whose per-token texts were written (see redact_pieces).
+        self.piece_jobs: list[DecodeJob] = []
         #: Per record (see begin_record): every string value and key that ends
         #: up in its JSON, so the secret scan need not read the JSON text.
         self.strings: list[list[str]] = []
@@ -189,14 +215,22 @@ class Encoder:
             ids = ids[: self.max_tokens]
         out[key] = ids
         if self.token2text and tokenizer is not None:
-            self.jobs.append(DecodeJob(ids, out, text_field_name(key), tokenizer, self._cur))
+            pieces = None if key in PROMPT_TOKEN_FIELDS else token_texts_field_name(key)
+            record = len(self.strings) - 1
+            self.jobs.append(DecodeJob(ids, out, text_field_name(key), tokenizer, self._cur, pieces, record))
         if not self.store_full_token and (self.token2text and tokenizer is not None):
             self._drop_ids.append((out, key))
 
     # -- tokens ------------------------------------------------------------
 
     def decode_pending(self) -> int:
-        """Decode every queued token list, batched per tokenizer; return errors."""
+        """Decode every queued token list, batched per tokenizer; return errors.
+
+        Whole texts come from the tokenizer's table (:mod:`tracer.record.pieces`)
+        when it reproduces the tokenizer's decoding, else from one
+        ``batch_decode`` call per tokenizer; response-side lists also get
+        one text per token.
+        """
         errors = 0
         by_tok: dict[int, list[DecodeJob]] = {}
         for job in self.jobs:
@@ -204,7 +238,17 @@ class Encoder:
         for jobs in by_tok.values():
             tok = jobs[0].tokenizer
             try:
-                texts = batch_decode(tok, [j.ids for j in jobs])
+                table: PieceTable | None = piece_table(tok)
+            except Exception:
+                errors += 1
+                table = None
+            # One check per list that no id is negative (a negative index would wrap in the tables).
+            valid = [not j.ids or min(j.ids) >= 0 for j in jobs]
+            try:
+                if table is not None and table.exact_text and all(valid):
+                    texts = [table.decode(j.ids, checked=True) for j in jobs]
+                else:
+                    texts = batch_decode(tok, [j.ids for j in jobs])
             except Exception:
                 errors += 1
                 texts = []
@@ -213,40 +257,40 @@ class Encoder:
                         texts.append(batch_decode(tok, [j.ids])[0])
                     except Exception:
                         texts.append("<token2text failed for these ids>")
-            for job, text in zip(jobs, texts):
+            for job, text, ok in zip(jobs, texts, valid):
                 job.container[job.key] = text
                 job.strings.append(text)
+                if job.pieces_key is None or table is None:
+                    continue
+                try:
+                    pieces = table.pieces(job.ids, tok, checked=ok)
+                except Exception:
+                    errors += 1
+                    continue
+                job.container[job.pieces_key] = pieces
+                self.piece_jobs.append(job)
+                joined = "".join(pieces)
+                if joined != text:  # the secret scan sees what the pieces spell
+                    job.strings.append(joined)
         for container, key in self._drop_ids:
             container.pop(key, None)
         self.jobs = []
         self._drop_ids = []
         return errors
 
+    def redact_pieces(self, redact: Callable[[list[str]], list[str]], flags: list[bool]) -> None:
+        """Redact per-token texts as one text (a secret split over tokens), for the records ``flags`` marks."""
+        for job in self.piece_jobs:
+            if flags[job.record]:
+                key = job.pieces_key
+                assert key is not None
+                job.container[key] = redact(job.container[key])
+
 
 @functools.lru_cache(maxsize=4096)
 def _secret_key(key: str) -> bool:
     # Keys repeat across spans (argument names): remember the verdicts.
     return is_secret_key(key)
-
-
-def batch_decode(tokenizer: Any, sequences: list[list[int]]) -> list[str]:
-    """Decode many id lists with whatever decode API ``tokenizer`` has.
-
-    A transformers fast tokenizer that does no clean-up of spaces decodes
-    exactly as its Rust backend does; the backend's ``decode_batch`` skips
-    transformers' per-sequence Python work (4x faster, measured in
-    bench/bench_write.py).
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return list(backend.decode_batch(sequences, skip_special_tokens=False))
-    fn = getattr(tokenizer, "batch_decode", None)
-    if fn is not None:
-        return list(fn(sequences, skip_special_tokens=False))
-    fn = getattr(tokenizer, "decode_batch", None)  # tokenizers.Tokenizer
-    if fn is not None:
-        return list(fn(sequences, skip_special_tokens=False))
-    return [tokenizer.decode(s) for s in sequences]
 
 
 def _as_id_list(value: Any) -> list[int] | None:

@@ -14,7 +14,13 @@ interrupted thread holds one of the recorder's locks, so the signal handler
 never does the work itself and can never deadlock; past the bound the
 process goes on exiting and what was not shipped live is caught up from the
 files by the next ``rollout-trace export``. ``os._exit`` and SIGKILL cannot be
-hooked: they lose at most what was recorded in the last flush interval.
+hooked: they lose what was recorded in about the last flush interval (at most
+one interval plus one write cycle: RELIABILITY.md). Neither can a Ray job's
+``ray.shutdown()`` as seen from its actors: it ends them from outside, with no
+signal, ``atexit`` or ``__ray_shutdown__`` run in them (Ray 2.60), so there the
+files and the next export are what keeps the trajectories
+(``tests/tracer/integrations/test_verl_ray.py``); the wrapper here drains only
+the process that calls ``ray.shutdown()``.
 """
 
 from __future__ import annotations

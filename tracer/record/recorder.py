@@ -35,7 +35,8 @@ from tracer.record import lifecycle
 from tracer.record.context import Trajectory
 from tracer.record.encode import Encoder, error_fields, to_json
 from tracer.record.redact import Redactor
-from tracer.record.sampling import IN, OUT, PENDING, StepSampler
+from tracer.record.sampling import IN, OUT, PENDING, StepSampler, decisions_json
+from tracer.storage.history import HistoryTracker
 from tracer.storage.upload import UploadingSpanWriter
 from tracer.storage.uri import is_remote, join_uri
 from tracer.storage.writer import SpanWriter
@@ -224,7 +225,14 @@ class Recorder:
             self.span_prefix = secrets.token_hex(4)
             self.trace_prefix = secrets.token_hex(8)
         self.sampler = (
-            StepSampler(config.max_samples_per_step_per_worker, config.seed, config.flush_interval_s)
+            StepSampler(
+                config.max_samples_per_step_per_worker,
+                config.seed,
+                config.flush_interval_s,
+                config.sample_strategy,
+                config.sample_by,
+                config.sample_candidates_per_step,
+            )
             if config.max_samples_per_step_per_worker
             else None
         )
@@ -267,6 +275,9 @@ class Recorder:
         self.spans_sampled_out = 0
         self._tokenizer: Any = None
         self._tokenizer_loaded = False
+        #: Multi-turn prompt_ids stored once (writer thread; tracer/storage/history.py).
+        self._history = HistoryTracker()
+        self._history_file: str | None = None
         if is_remote(config.output_dir):
             # Stage locally, upload each closed file (tracer/storage/upload.py). At exit the
             # writer calls back here to flush the buffer before it uploads.
@@ -297,6 +308,7 @@ class Recorder:
             S.META_HOST: socket.gethostname(),
             S.META_PID: str(os.getpid()),
             S.META_CREATED_NS: str(time.time_ns()),
+            **({S.META_SAMPLING: json.dumps(self.sampler.parameters())} if self.sampler is not None else {}),
         }
 
     # -- caller's path -----------------------------------------------------
@@ -510,12 +522,39 @@ class Recorder:
                 self._cond.notify_all()  # room for blocked callers
         if self.sampler is not None:
             try:
+                if self.sampler.watches:
+                    self._observe_for_sampling(records)
                 self.sampler.decide(force)
                 records = self._apply_sampling(records)
             except Exception as exc:  # write them all rather than lose them
                 self.problems.report("sampling failed", f"{type(exc).__name__}: {exc}; spans written unsampled", exc)
         for i in range(0, len(records), BATCH_ROWS):
             self._write(records[i : i + BATCH_ROWS])
+        if force and self.sampler is not None and self.sampler.has_decisions:
+            # Decisions no span carried (every group dropped, late arrivals): an empty batch holds them.
+            self._write_batch(pa.RecordBatch.from_pylist([], schema=S.SPAN_SCHEMA))
+
+    def _redacted(self, value: Any) -> Any:
+        """``value`` with secrets replaced, as the columns are (sample ids in sampling decisions)."""
+        return self.redactor.value(value) if self.redactor is not None else value
+
+    def _observe_for_sampling(self, records: list[tuple[Any, ...]]) -> None:
+        """Show extremes/variance the rewards, lengths and ends of the held groups' spans."""
+        observe = self.sampler.observe if self.sampler is not None else None
+        for rec in records:
+            traj = rec[R_TRAJ]
+            if traj is None or observe is None or traj.sample is None or traj.sample.state != PENDING:
+                continue
+            spec: OpSpec = rec[R_SPEC]
+            ok = rec[R_EXC] is None
+            op = spec.special is None and ok
+            observe(
+                traj,
+                rec[R_SPAN] == traj.root_span_id,
+                rec[R_ARGS][0] if spec.special == "reward" else None,
+                _as_reward(rec[R_OUT]) if op and spec.kind == S.KIND_REWARD else None,
+                rec[R_OUT] if op and spec.kind == S.KIND_LLM else None,
+            )
 
     def _apply_sampling(self, records: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         ready: list[tuple[Any, ...]] = []
@@ -559,6 +598,7 @@ class Recorder:
             # Something in one span the column fixes did not catch: encode
             # them one by one so that only the bad ones are lost (and counted).
             self.problems.report("internal error", f"encoding a batch: {type(exc).__name__}: {exc}", exc)
+            self._history.clear()  # it may hold spans of the failed pass: no reference to them, nor to itself
             batches = []
             for rec in records:
                 try:
@@ -577,6 +617,7 @@ class Recorder:
             self.writer.write(batch, self._batch_metadata(n))
         except Exception as exc:
             self.spans_failed += n
+            self._history.clear()  # later turns must not refer to spans that were not written
             self.problems.report(
                 "write failed",
                 f"{n} spans not written to {self.writer.run_dir}: {type(exc).__name__}: {exc}",
@@ -595,6 +636,11 @@ class Recorder:
             S.BATCH_META_SPANS_WRITTEN: str(self._base.written + self.spans_written + n),
             S.BATCH_META_SPANS_DROPPED: str(self._base.dropped + self.spans_dropped),
             S.BATCH_META_INTERNAL_ERRORS: str(sum(self.problems.counts.values())),
+            **(
+                {S.BATCH_META_SAMPLING: decisions_json(self._redacted(self.sampler.take_decisions()))}
+                if self.sampler is not None and self.sampler.has_decisions
+                else {}
+            ),
         }
 
     def encode(self, records: list[tuple[Any, ...]]) -> pa.RecordBatch:
@@ -676,6 +722,7 @@ class Recorder:
         if redactor is not None:
             flags = redactor.records_to_scan(enc.strings, enc.opaque)
             if flags is not None:
+                enc.redact_pieces(redactor.pieces, flags)
                 # Redact the strings themselves, before JSON escaping: a secret
                 # holding a quote or backslash is matched as it is.
                 clean = redactor.value
@@ -683,6 +730,7 @@ class Recorder:
             errors = [None if e is None else redactor.value(e) for e in errors]
             names = redactor.texts(names)
             samples = redactor.texts(samples)
+        self._store_history_once(records, prepared)
         inputs_col = [None if p[0] is None else to_json(p[0]) for p in prepared]
         outputs_col = [to_json(p[1]) if p[3] else None for p in prepared]
         attrs_col = [to_json(p[2]) if p[2] else None for p in prepared]
@@ -709,6 +757,26 @@ class Recorder:
         }
         slices, big = _byte_bounded_slices(cols, n)
         return [self._build_batch(cols, lo, hi, big) for lo, hi in slices]
+
+    def _store_history_once(self, records: list[tuple[Any, ...]], prepared: list[tuple[Any, Any, Any, bool]]) -> None:
+        """Turn each llm span's prompt_ids that extend its trajectory's last llm turn into a reference."""
+        path = getattr(self.writer, "path", None)
+        if path != self._history_file:
+            if self._history_file is not None:
+                # The file was closed (rotated): references stay within one file,
+                # so that each file reads back on its own.
+                self._history.clear()
+            self._history_file = path
+        history, sp = self._history, self.span_prefix
+        for rec, (inputs, outputs, _, has_outputs) in zip(records, prepared):
+            trace = rec[R_TRACE]
+            if not trace:
+                continue
+            spec: OpSpec = rec[R_SPEC]
+            if spec.kind == S.KIND_LLM and spec.special is None:
+                history.encode(trace, f"{sp}{rec[R_SPAN]:08x}", inputs, outputs if has_outputs else None)
+            elif rec[R_PARENT] is None:
+                history.end(trace)
 
     def _build_batch(self, cols: dict[str, list[Any]], lo: int, hi: int, big: bool = False) -> pa.RecordBatch:
         """One batch of rows ``lo:hi``; values a column refuses become placeholders."""

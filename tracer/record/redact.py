@@ -22,7 +22,9 @@ holding a quote, backslash or tab is found as it is, not in its escaped form.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import math
 import os
 import re
@@ -213,6 +215,7 @@ class Redactor:
         # of a regex alternation tried at every position). Configured patterns
         # have no known prefix, so they always run the regex.
         self._triggers: tuple[str, ...] | None = None if extra else (*TRIGGERS, *values)
+        self._scan = TriggerScan(self._triggers) if self._triggers is not None else None
 
     def records_to_scan(self, strings: list[list[str]], opaque: set[int]) -> list[bool] | None:
         """Which records may hold a secret, from the strings that went into them.
@@ -227,14 +230,15 @@ class Redactor:
         triggers = self._triggers
         if triggers is None:
             return [True] * n
+        scan = self._scan
+        assert scan is not None
         if not opaque:
             blob = "\x00".join("\x00".join(s) for s in strings)
-            if not any(t in blob for t in triggers):
+            if not scan.found(blob):
                 return None
         flags = []
         for i, record in enumerate(strings):
-            joined = "\x00".join(record)
-            flags.append(i in opaque or any(t in joined for t in triggers))
+            flags.append(i in opaque or scan.found("\x00".join(record)))
         return flags
 
     def texts(self, values: list[Any]) -> list[Any]:
@@ -243,10 +247,10 @@ class Redactor:
         One scan of the joined column decides whether any value can hold a
         secret; only then is each value searched (most batches hold none).
         """
-        triggers = self._triggers
-        if triggers is not None:
+        scan = self._scan
+        if scan is not None:
             blob = "\x00".join(v for v in values if type(v) is str)
-            if not any(t in blob for t in triggers):
+            if not scan.found(blob):
                 return values
         return [self.text(v) if type(v) is str else v for v in values]
 
@@ -257,6 +261,36 @@ class Redactor:
             return value
         value = self._pattern.sub(REDACTED, value)
         return self._context.sub(_keep_prefix, value)
+
+    def pieces(self, pieces: list[str]) -> list[str]:
+        """Per-token texts redacted as the one text they spell, so a secret split over tokens is caught.
+
+        The text from the first change to the last goes to the token where it
+        starts; the other tokens of that stretch show ``""``; the tokens
+        around it keep their text.
+        """
+        joined = "".join(pieces)
+        clean = self.text(joined)
+        if clean == joined:
+            return pieces
+        head = 0
+        limit = min(len(joined), len(clean))
+        while head < limit and joined[head] == clean[head]:
+            head += 1
+        tail = 0
+        while tail < limit - head and joined[-1 - tail] == clean[-1 - tail]:
+            tail += 1
+        i2, j2 = len(joined) - tail, len(clean) - tail
+        starts = list(itertools.accumulate((len(p) for p in pieces), initial=0))
+        first = min(max(0, bisect.bisect_right(starts, head) - 1), len(pieces) - 1)
+        last = max(first, bisect.bisect_left(starts, i2) - 1)
+        out = list(pieces)
+        for k in range(first, last + 1):
+            lo = starts[k]
+            keep_head = pieces[k][: head - lo] if k == first else ""
+            keep_tail = pieces[k][i2 - lo :] if k == last else ""
+            out[k] = keep_head + (clean[head:j2] if k == first else "") + keep_tail
+        return out
 
     def value(self, data: Any, depth: int = 0) -> Any:
         """``data`` (JSON-ready: dicts, lists, strings, numbers) with every string redacted, keys too."""
@@ -273,6 +307,64 @@ class Redactor:
         if isinstance(data, (list, tuple)):
             return [self.value(v, depth + 1) for v in data]
         return data
+
+
+#: Characters ranked from rarest to commonest in prompts and replies: a
+#: trigger is searched for at its rarest character (one C-speed ``find`` of a
+#: single character), so that most triggers cost no scan of their own.
+_RARE_FIRST = "=_-:/@#$%&|~^`\\KQJZXVWYUFGBHPRMDCLNOISTAEqjzxkvwyfgbpumcldhrsnioate"
+#: Occurrences of one anchor character checked one by one before its
+#: triggers are searched for whole instead (the character is common in this text).
+MAX_ANCHOR_HITS = 256
+#: A trigger whose rarest character ranks past this is searched for whole.
+_ANCHOR_RANK_LIMIT = _RARE_FIRST.index("T")
+
+
+class TriggerScan:
+    """``any(t in text for t in triggers)``, with one pass per anchor character instead of one per trigger.
+
+    Each trigger is found through its rarest character (see
+    :data:`_RARE_FIRST`): the text is searched for that character and only
+    there compared with the triggers anchored on it. Triggers made of common
+    letters only, and secret values, are searched for whole.
+    """
+
+    def __init__(self, triggers: Iterable[str]) -> None:
+        #: anchor -> {(offset of the anchor in the trigger, trigger length): triggers}
+        self.anchored: dict[str, dict[tuple[int, int], set[str]]] = {}
+        self.whole: list[str] = []
+        for t in dict.fromkeys(triggers):
+            if not t:
+                self.whole.append(t)
+                continue
+            rank, i = min(
+                (_RARE_FIRST.index(c) if c in _RARE_FIRST else -1, n) for n, c in enumerate(t)
+            )  # -1: a character outside the ranking (rare: non-ASCII, digits) is best
+            if rank > _ANCHOR_RANK_LIMIT or len(t) > 64:
+                self.whole.append(t)
+                continue
+            self.anchored.setdefault(t[i], {}).setdefault((i, len(t)), set()).add(t)
+
+    def found(self, text: str) -> bool:
+        """True when some trigger occurs in ``text``."""
+        for t in self.whole:
+            if t in text:
+                return True
+        for anchor, groups in self.anchored.items():
+            pos = text.find(anchor)
+            hits = 0
+            while pos != -1:
+                for (i, n), ts in groups.items():
+                    if pos >= i and text[pos - i : pos - i + n] in ts:
+                        return True
+                hits += 1
+                if hits > MAX_ANCHOR_HITS:  # a common character here: search its triggers whole, from here on
+                    start = max(0, pos - 64)
+                    if any(text.find(t, start) != -1 for ts in groups.values() for t in ts):
+                        return True
+                    break
+                pos = text.find(anchor, pos + 1)
+        return False
 
 
 def _keep_prefix(match: re.Match[str]) -> str:

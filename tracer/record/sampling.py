@@ -1,33 +1,92 @@
-"""Per-step sampling of prompts: N samples per step per process, groups kept whole.
+"""Per-step sampling of prompts: N groups per step per process, groups kept whole.
 
-Each sample (prompt) of a step gets a score ``u`` from a seeded hash of
-``(seed, step, validate, sample_index)``. A step records the N samples with
-the smallest scores among those seen, a bottom-N choice that does not depend
-on arrival order and is reproducible from the seed. While a step is still
-admitting samples, an arriving sample with a smaller score displaces the
-largest; the displaced sample's spans are still in memory (the writer holds a
-step's spans until the step is decided) and are discarded. A step is decided
-when no sample was admitted for ``decide_after_s`` seconds, when a later step
-starts, or on :func:`tracer.flush`; after that, late samples are admitted only
-while fewer than N are in.
+A **group** is one prompt of one step: every rollout (``rollout_n``) of the
+same ``(step, validate, sample_index)``. Sampling keeps or drops whole groups.
+Each group gets a score ``u`` from a seeded hash of ``(seed, step, validate,
+sample_index)``; it breaks every tie below, so a choice never depends on
+arrival order and is reproducible from the seed. Three strategies
+(``TraceConfig.sample_strategy``):
 
-Samples that are not chosen cost one hash at the start of each rollout: their
-decorated calls pass straight through.
+* ``uniform``: the N groups with the smallest scores among those seen. It is
+  decided as rollouts start: while a step is still admitting groups, an
+  arriving group with a smaller score displaces the largest (the displaced
+  group's spans are still held in memory and are discarded). Groups that are
+  not chosen cost one hash: their decorated calls pass straight through.
+* ``extremes``: the ``ceil(N/2)`` groups with the highest value, then the
+  ``floor(N/2)`` lowest of the rest. A group's value is the mean over its
+  trajectories of their reward (``sample_by="reward"``: the latest
+  ``log_reward``, else the last ``kind="reward"`` op, as in
+  ``tracer.summary``) or of their response tokens (``sample_by="length"``: the
+  token ids the trajectory's llm spans returned). Groups without a value
+  (no reward logged) come after every group with one.
+* ``variance``: groups whose values differ first, by population variance,
+  largest first; then groups whose values are all equal (GRPO learns nothing
+  from them); then groups without a value.
+
+A reward that is not a finite number counts as missing.
+
+``extremes`` and ``variance`` need the rewards, which arrive after the
+rollout (``log_reward`` from the trainer): every group of a step is recorded
+and its spans held, unwritten, until the step is **decided**, at most
+``sample_candidates_per_step`` groups per step (default 4 x N). A group that
+arrives when that many are held is not recorded at all (its calls pass
+through) and is counted as ``dropped_over_bound``. A step is decided when
+every held trajectory has ended and has its value and no new group came for
+``decide_after_s`` seconds; or when a later step starts (one writer cycle
+later, so that the rewards logged before it are seen); or on
+:func:`tracer.flush` and shutdown; or when more than :data:`MAX_BUCKETS`
+steps are open. Whatever is known then decides. After a decision, late
+groups of that step are kept only while fewer than N are.
+
+Each decision (and each later change of its counts) is written, as JSON,
+into the custom metadata of the next record batch under
+:data:`tracer.schema.BATCH_META_SAMPLING`; the strategy and its parameters
+are in every file's metadata under :data:`tracer.schema.META_SAMPLING`.
+:func:`read_sampling` reads the decisions back.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
+
+from tracer import schema as S
+from tracer.read import TracePaths, list_trace_files
+from tracer.storage.decisions import SOURCE_FILE, file_decisions, metadata_value
+from tracer.storage.files import read_batches
+from tracer.summary import _RESPONSE_ID_KEYS
 
 PENDING = "pending"
 IN = "in"
 OUT = "out"
 
+UNIFORM = "uniform"
+EXTREMES = "extremes"
+VARIANCE = "variance"
+BY_REWARD = "reward"
+BY_LENGTH = "length"
+
 #: Buckets (step, validate) remembered before the oldest is forgotten.
 MAX_BUCKETS = 64
+#: Candidate groups held per step, as a multiple of N, unless configured.
+CANDIDATE_FACTOR = 4
+
+# Why a step was decided (the ``decided_by`` field of a decision).
+BY_COMPLETE = "complete"
+BY_LATER_STEP = "later step"
+BY_QUIET = "quiet"
+BY_FLUSH = "flush"
+BY_EVICTED = "too many open steps"
+
+# Ranks of kept groups (the ``rank`` field of a kept group).
+RANK_HIGH = "high"
+RANK_LOW = "low"
 
 
 def sample_score(seed: int, step: Any, validate: Any, sample_index: Any) -> float:
@@ -36,47 +95,210 @@ def sample_score(seed: int, step: Any, validate: Any, sample_index: Any) -> floa
     return int.from_bytes(digest, "big") / 2.0**64
 
 
-class Sample:
-    """One prompt's sampling state, shared by its rollouts' trajectories."""
+@dataclass(frozen=True)
+class Group:
+    """What a strategy knows of one group when it decides.
 
-    __slots__ = ("key", "score", "state", "trajectories")
+    Attributes:
+        key: The group's ``sample_index``.
+        score: Its seeded score (ties are broken by it, smaller first).
+        values: One finite value (reward or length) per trajectory that has one.
+    """
+
+    key: Any
+    score: float
+    values: tuple[float, ...] = ()
+
+    @property
+    def exact_mean(self) -> Fraction | None:
+        """Mean of the values, exactly (None without any): groups rank by it."""
+        if not self.values:
+            return None
+        return sum((Fraction(v) for v in self.values), Fraction(0)) / len(self.values)
+
+    @property
+    def exact_variance(self) -> Fraction | None:
+        """Population variance of the values, exactly (None without any): groups rank by it."""
+        m = self.exact_mean
+        if m is None:
+            return None
+        return sum(((Fraction(v) - m) ** 2 for v in self.values), Fraction(0)) / len(self.values)
+
+    @property
+    def mean(self) -> float | None:
+        """:attr:`exact_mean` rounded to a float (as written in the decision)."""
+        m = self.exact_mean
+        return None if m is None else _as_float(m)
+
+    @property
+    def variance(self) -> float | None:
+        """:attr:`exact_variance` rounded to a float (inf past the float range)."""
+        v = self.exact_variance
+        return None if v is None else _as_float(v)
+
+
+def _as_float(x: Fraction) -> float:
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
+def variance_rank(group: Group) -> tuple[int, Fraction, float]:
+    """Sort key of ``variance``: values that differ (largest variance first), then all equal, then none."""
+    var = group.exact_variance
+    if var is None:
+        return (2, Fraction(0), group.score)
+    differ = len(set(group.values)) > 1
+    return (0 if differ else 1, -var, group.score)
+
+
+def choose_groups(strategy: str, groups: Sequence[Group], limit: int) -> list[tuple[Group, str | None]]:
+    """The groups ``strategy`` keeps out of ``groups``, at most ``limit``, with their rank.
+
+    The rank is :data:`RANK_HIGH`/:data:`RANK_LOW` for ``extremes`` (None for a
+    group kept without a value), None otherwise. Pure: the same groups give
+    the same answer in any order.
+    """
+    if limit <= 0:
+        return []
+    if strategy == UNIFORM:
+        return [(g, None) for g in sorted(groups, key=lambda g: (g.score, str(g.key)))[:limit]]
+    if strategy == VARIANCE:
+        return [(g, None) for g in sorted(groups, key=lambda g: (*variance_rank(g), str(g.key)))[:limit]]
+    if strategy != EXTREMES:
+        raise ValueError(f"unknown sample_strategy {strategy!r}; choose {UNIFORM}, {EXTREMES} or {VARIANCE}")
+    known = [g for g in groups if g.values]
+    unknown = sorted((g for g in groups if not g.values), key=lambda g: (g.score, str(g.key)))
+    n_high = (limit + 1) // 2
+    means = {id(g): g.exact_mean or Fraction(0) for g in known}
+    high = sorted(known, key=lambda g: (-means[id(g)], g.score, str(g.key)))[:n_high]
+    taken = {id(g) for g in high}
+    rest = [g for g in known if id(g) not in taken]
+    low = sorted(rest, key=lambda g: (means[id(g)], g.score, str(g.key)))[: limit - len(high)]
+    ranked: list[tuple[Group, str | None]] = [(g, RANK_HIGH) for g in high]
+    ranked += [(g, RANK_LOW) for g in low]
+    ranked += [(g, None) for g in unknown[: limit - len(ranked)]]
+    return ranked
+
+
+def response_tokens(reply: Any) -> int | None:
+    """Response token ids in what an llm span returned (the keys ``tracer.summary`` reads), or None."""
+    if reply is None or isinstance(reply, (str, bytes)):
+        return None
+    outputs = reply.get("outputs") if isinstance(reply, Mapping) else getattr(reply, "outputs", None)
+    if isinstance(outputs, (list, tuple)) and outputs:  # vLLM's RequestOutput
+        reply = outputs[0]
+    for key in _RESPONSE_ID_KEYS:
+        ids = reply.get(key) if isinstance(reply, Mapping) else getattr(reply, key, None)
+        if ids is not None and not isinstance(ids, (str, bytes)):
+            try:
+                return len(ids)
+            except TypeError:
+                continue
+    return None
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+class _Seen:
+    """What the writer has seen of one trajectory of a held group."""
+
+    __slots__ = ("ended", "log_reward", "op_reward", "tokens")
+
+    def __init__(self) -> None:
+        self.ended = False
+        self.log_reward: float | None = None
+        self.op_reward: float | None = None
+        self.tokens: int | None = None
+
+    @property
+    def reward(self) -> float | None:
+        return self.log_reward if self.log_reward is not None else self.op_reward
+
+
+class Sample:
+    """One prompt's sampling state (a group), shared by its rollouts' trajectories."""
+
+    __slots__ = ("key", "score", "state", "trajectories", "seen")
 
     def __init__(self, key: Any, score: float, state: str) -> None:
         self.key = key
         self.score = score
         self.state = state
         self.trajectories: list[Any] = []
+        #: Per trajectory (by root span id): what was seen (extremes/variance only).
+        self.seen: dict[int, _Seen] = {}
 
 
 class _Bucket:
-    __slots__ = ("admitted", "excluded", "decided", "last_admit")
+    __slots__ = ("admitted", "excluded", "decided", "last_admit", "due_epoch", "over_bound", "record")
 
     def __init__(self) -> None:
         self.admitted: dict[Any, Sample] = {}
         self.excluded: set[Any] = set()
         self.decided = False
         self.last_admit = time.monotonic()
+        #: Writer cycle at which a later step started (None: not yet).
+        self.due_epoch: int | None = None
+        self.over_bound = 0
+        #: The decision, once made (updated by late groups).
+        self.record: dict[str, Any] | None = None
 
 
 class StepSampler:
-    """Chooses which samples of each step are recorded.
+    """Chooses which groups of each step are recorded.
 
     Args:
-        limit: Samples per (step, validate) to record.
+        limit: Groups per (step, validate) to record.
         seed: Seed of the scores.
         decide_after_s: Quiet time after which a step's choice is final.
+        strategy: ``uniform``, ``extremes`` or ``variance``.
+        by: ``reward`` or ``length`` (extremes and variance).
+        candidates: Groups per step held until extremes/variance decide
+            (None: :data:`CANDIDATE_FACTOR` x ``limit``).
     """
 
-    def __init__(self, limit: int, seed: int, decide_after_s: float) -> None:
+    def __init__(
+        self,
+        limit: int,
+        seed: int,
+        decide_after_s: float,
+        strategy: str = UNIFORM,
+        by: str = BY_REWARD,
+        candidates: int | None = None,
+    ) -> None:
         self.limit = limit
         self.seed = seed
         self.decide_after_s = decide_after_s
+        self.strategy = strategy
+        self.by = by
+        self.candidates = candidates if candidates is not None else CANDIDATE_FACTOR * limit
+        #: True when spans must be watched for rewards and lengths before deciding.
+        self.watches = strategy != UNIFORM
         # Reentrant: a signal handler that starts a trajectory runs on the
         # thread it interrupted, which may hold this lock.
         self._lock = threading.RLock()
         self._buckets: dict[tuple[Any, bool], _Bucket] = {}
+        self._epoch = 0
+        self._unwritten: dict[tuple[Any, bool], dict[str, Any]] = {}
         #: Samples displaced after admission (their spans are discarded).
         self.displaced = 0
+
+    def parameters(self) -> dict[str, Any]:
+        """The strategy and its parameters (written into every file's metadata)."""
+        out: dict[str, Any] = {"strategy": self.strategy, "limit": self.limit, "seed": self.seed}
+        if self.watches:
+            out.update(by=self.by, candidates_per_step=self.candidates, decide_after_s=self.decide_after_s)
+        return out
+
+    # -- caller's path ---------------------------------------------------
 
     def admit(self, step: Any, validate: Any, sample_index: Any) -> Sample | None:
         """Return the sample's state if it is (so far) chosen, else None."""
@@ -91,11 +313,23 @@ class StepSampler:
             if sample_index in bucket.excluded:
                 return None
             score = sample_score(self.seed, step, validate, sample_index)
-            if len(bucket.admitted) < self.limit:
-                sample = Sample(sample_index, score, IN if bucket.decided else PENDING)
-            elif bucket.decided:
-                bucket.excluded.add(sample_index)
-                return None
+            if bucket.decided:
+                if len(bucket.admitted) >= self.limit:
+                    bucket.excluded.add(sample_index)
+                    self._changed(bkey, bucket)
+                    return None
+                sample = Sample(sample_index, score, IN)
+                bucket.admitted[sample_index] = sample
+                self._changed(bkey, bucket, late=sample)
+                return sample
+            if self.watches:
+                if len(bucket.admitted) >= self.candidates:
+                    bucket.excluded.add(sample_index)
+                    bucket.over_bound += 1
+                    return None
+                sample = Sample(sample_index, score, PENDING)
+            elif len(bucket.admitted) < self.limit:
+                sample = Sample(sample_index, score, PENDING)
             else:
                 worst = max(bucket.admitted.values(), key=lambda s: s.score)
                 if score >= worst.score:
@@ -116,28 +350,188 @@ class StepSampler:
         bucket = _Bucket()
         step = bkey[0]
         # A later step starting means the earlier ones are done (RL steps run
-        # in order); decide them now rather than after the quiet time.
+        # in order). uniform decides them now; extremes and variance one
+        # writer cycle later, after the rewards logged before now are seen.
         if isinstance(step, int):
-            for (other_step, _), other in self._buckets.items():
-                if isinstance(other_step, int) and other_step < step:
-                    self._decide(other)
+            for okey, other in self._buckets.items():
+                if isinstance(okey[0], int) and okey[0] < step and not other.decided:
+                    if self.watches:
+                        if other.due_epoch is None:
+                            other.due_epoch = self._epoch
+                    else:
+                        self._decide(okey, other, BY_LATER_STEP)
         self._buckets[bkey] = bucket
         if len(self._buckets) > MAX_BUCKETS:
-            oldest = next(iter(self._buckets))
-            self._decide(self._buckets.pop(oldest))
+            okey = next(iter(self._buckets))
+            other = self._buckets.pop(okey)
+            if not other.decided:
+                self._decide(okey, other, BY_EVICTED)
         return bucket
 
+    # -- writer thread ---------------------------------------------------
+
+    def observe(self, traj: Any, ended: bool, log_reward: Any, op_reward: Any, reply: Any) -> None:
+        """Note what one span of a held trajectory says (writer thread, spans in recording order).
+
+        Args:
+            traj: The span's trajectory (its ``sample`` is a held group).
+            ended: The span is the trajectory's root: the rollout is over.
+            log_reward: The reward of a ``log_reward`` span, else None.
+            op_reward: The reward a ``kind="reward"`` op returned, else None.
+            reply: What an llm span returned (for its response tokens), else None.
+        """
+        sample = traj.sample
+        with self._lock:
+            seen = sample.seen.get(traj.root_span_id)
+            if seen is None:
+                seen = sample.seen[traj.root_span_id] = _Seen()
+            if ended:
+                seen.ended = True
+            value = _finite(log_reward)
+            if value is not None:
+                seen.log_reward = value
+            value = _finite(op_reward)
+            if value is not None:
+                seen.op_reward = value
+            if reply is not None:
+                n = response_tokens(reply)
+                if n is not None:
+                    seen.tokens = (seen.tokens or 0) + n
+
     def decide(self, force: bool = False) -> None:
-        """Make final the choice of every step quiet for ``decide_after_s`` (all if ``force``)."""
+        """Make final the choice of every step that is ready (all if ``force``); once per writer cycle."""
         now = time.monotonic()
         with self._lock:
-            for bucket in self._buckets.values():
-                if not bucket.decided and (force or now - bucket.last_admit >= self.decide_after_s):
-                    self._decide(bucket)
+            for bkey, bucket in self._buckets.items():
+                if bucket.decided:
+                    continue
+                if force:
+                    self._decide(bkey, bucket, BY_FLUSH)
+                elif not self.watches:
+                    if now - bucket.last_admit >= self.decide_after_s:
+                        self._decide(bkey, bucket, BY_QUIET)
+                elif bucket.due_epoch is not None and self._epoch > bucket.due_epoch:
+                    self._decide(bkey, bucket, BY_LATER_STEP)
+                elif now - bucket.last_admit >= self.decide_after_s and self._complete(bucket):
+                    self._decide(bkey, bucket, BY_COMPLETE)
+            self._epoch += 1
 
-    @staticmethod
-    def _decide(bucket: _Bucket) -> None:
-        bucket.decided = True
+    def take_decisions(self) -> list[dict[str, Any]]:
+        """Decisions made or changed since the last call (to write into the next batch's metadata)."""
+        with self._lock:
+            out = list(self._unwritten.values())
+            self._unwritten.clear()
+            return out
+
+    @property
+    def has_decisions(self) -> bool:
+        """Decisions wait to be written."""
+        return bool(self._unwritten)
+
+    def _complete(self, bucket: _Bucket) -> bool:
         for sample in bucket.admitted.values():
-            if sample.state == PENDING:
-                sample.state = IN
+            for traj in sample.trajectories:
+                seen = sample.seen.get(traj.root_span_id)
+                if seen is None or not seen.ended:
+                    return False
+                if self.by == BY_REWARD and seen.reward is None:
+                    return False
+        return True
+
+    def _group(self, sample: Sample) -> Group:
+        values: list[float] = []
+        for traj in sample.trajectories:
+            seen = sample.seen.get(traj.root_span_id)
+            if seen is None:
+                continue
+            value = seen.reward if self.by == BY_REWARD else (None if seen.tokens is None else float(seen.tokens))
+            if value is not None:
+                values.append(value)
+        return Group(sample.key, sample.score, tuple(values))
+
+    def _decide(self, bkey: tuple[Any, bool], bucket: _Bucket, why: str) -> None:
+        bucket.decided = True
+        kept: list[dict[str, Any]] = []
+        if not self.watches:
+            for sample in bucket.admitted.values():
+                if sample.state == PENDING:
+                    sample.state = IN
+                kept.append({S.SAMPLE_INDEX: sample.key, "trajectories": len(sample.trajectories)})
+        else:
+            groups = {s.key: self._group(s) for s in bucket.admitted.values()}
+            chosen = choose_groups(self.strategy, list(groups.values()), self.limit)
+            keep = {g.key for g, _ in chosen}
+            for key in list(bucket.admitted):
+                sample = bucket.admitted[key]
+                sample.seen.clear()
+                if key in keep:
+                    sample.state = IN
+                    continue
+                sample.state = OUT
+                for traj in sample.trajectories:
+                    traj.recording = False
+                del bucket.admitted[key]
+                bucket.excluded.add(key)
+            for g, rank in chosen:
+                entry: dict[str, Any] = {
+                    S.SAMPLE_INDEX: g.key,
+                    "trajectories": len(bucket.admitted[g.key].trajectories),
+                    "value": g.mean if self.strategy == EXTREMES else g.variance,
+                }
+                if rank is not None:
+                    entry["rank"] = rank
+                kept.append(entry)
+        bucket.record = {
+            S.STEP: bkey[0],
+            S.VALIDATE: bkey[1],
+            **self.parameters(),
+            "decided_by": why,
+            "kept": kept,
+            "dropped_groups": len(bucket.excluded) - bucket.over_bound,
+            "dropped_over_bound": bucket.over_bound,
+            "late_kept": 0,
+        }
+        self._unwritten[bkey] = bucket.record
+
+    def _changed(self, bkey: tuple[Any, bool], bucket: _Bucket, late: Sample | None = None) -> None:
+        """A group arrived after the decision: update the decision's counts."""
+        record = bucket.record
+        if record is None:
+            return
+        if late is not None:
+            record["late_kept"] += 1
+            record["kept"].append({S.SAMPLE_INDEX: late.key, "trajectories": None, "late": True})
+        record["dropped_groups"] = len(bucket.excluded) - bucket.over_bound
+        self._unwritten[bkey] = record
+
+
+def decisions_json(decisions: Iterable[Mapping[str, Any]]) -> str:
+    """The text written under :data:`tracer.schema.BATCH_META_SAMPLING`."""
+    return metadata_value([dict(d) for d in decisions]).decode()
+
+
+def read_sampling(path: TracePaths) -> list[dict[str, Any]]:
+    """Every sampling decision written under ``path``: the last version of each, per shard that decided it.
+
+    Each is a dict with ``step``, ``validate``, ``strategy`` and its
+    parameters, ``decided_by``, ``kept`` (``sample_index``, ``trajectories``,
+    ``value`` and for ``extremes`` ``rank``), ``dropped_groups``,
+    ``dropped_over_bound``, ``late_kept``, ``file`` (the trace file it was
+    read from) and ``source_file`` (the shard, one per process, that decided
+    it; compaction keeps it). Sorted by file, source, step and validate.
+    """
+    out: list[dict[str, Any]] = []
+    for file in list_trace_files(path):
+        batches = read_batches(file, [S.TRACE_ID])
+        customs = [custom for _, custom in batches.with_metadata()]
+        schema_meta = batches.schema.metadata if batches.schema is not None else None
+        out.extend({**d, "file": file} for d in file_decisions(file, schema_meta, customs))
+    out.sort(
+        key=lambda d: (
+            d["file"],
+            d[SOURCE_FILE],
+            d[S.STEP] if isinstance(d.get(S.STEP), int) else -1,
+            bool(d.get(S.VALIDATE)),
+        )
+    )
+    return out

@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from tracer.extras import install_command
-from tracer.record.encode import batch_decode
+from tracer.record.pieces import batch_decode
 
 #: Tokenizers kept loaded, most recent last (an 18 MB tokenizer.json is ~100 MB in memory).
 LOADED_TOKENIZERS_KEPT = 2

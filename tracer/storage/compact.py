@@ -35,18 +35,37 @@ Readers hold the shared lock from listing a directory to reading its last
 file, so step 4 never removes a file a reader has listed; if readers hold it
 for longer than :data:`DELETE_WAIT_S`, the originals stay (hidden by the
 index) and the next compaction deletes them.
+
+The work splits in three, so that merges can run elsewhere
+(:mod:`tracer.storage.compact_ray` runs each as a Ray task):
+:func:`plan_dir` (finish an interrupted compaction, seal, group the inputs
+into :class:`MergeUnit` s), :func:`merge_unit` (step 1: read and write the
+``.tmp``; touches no index and no input) and :func:`commit_merge` /
+:func:`finish_dir` (steps 2-4, by the one process that holds the directory).
+
+Run directories may be URIs (``s3://bucket/prefix``), through pyarrow's
+filesystems (:mod:`tracer.storage.uri`). Object stores have no rename and
+no locks: step 3 is a server-side copy (the object appears whole), the index
+is one PUT, and step 4 deletes originals only once they have been hidden for
+``delete_after_s`` (:data:`REMOTE_DELETE_AFTER_S`), the time a reader that
+listed the prefix just before the merge has to open them; run one
+compaction of a prefix at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
+import functools
+import json
 import os
 import secrets
 import shutil
 import stat
 import time
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,10 +73,14 @@ import pyarrow.dataset as pds
 
 from tracer import schema as S
 from tracer.read import iter_batches
+from tracer.storage import uri as _uri
+from tracer.storage.decisions import file_decisions, metadata_value
 from tracer.storage.files import FileRead, read_batches
 from tracer.storage.index import INDEX_NAME, load_index, replaced_files, save_index
 from tracer.storage.locks import try_exclusive
 from tracer.storage.seal import LIVE, SEALED, seal_if_abandoned
+from tracer.storage.shard_index import sidecar_path
+from tracer.storage.upload import ATOMIC_PUT_FILESYSTEMS
 from tracer.storage.writer import fsync_dir
 
 #: Aim for compacted files of about this size.
@@ -68,6 +91,11 @@ LOCK_NAME = "_compact.lock"
 #: How long step 4 waits for readers to let go of a directory before leaving its originals for next time.
 DELETE_WAIT_S = 5.0
 META_COMPACTED_FROM = "rollout_trace.compacted_from"
+#: Index entry key: when (Unix seconds) the entry began to hide the originals it replaces.
+REPLACED_AT = "replaced_at"
+#: On object stores (no locks), how long replaced originals stay after a merge hides them: a reader
+#: that listed the prefix just before has this long to open them. Older ones go at the next compaction.
+REMOTE_DELETE_AFTER_S = 600.0
 _SORT_KEYS = [
     (S.STEP, "ascending"),
     (S.VALIDATE, "ascending"),
@@ -95,54 +123,299 @@ class CompactReport:
     set_aside: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     #: Replaced originals not deleted yet (readers held the directory); the next compaction deletes them.
     deferred: int = 0
+    #: Merges that failed (a Ray task that died, an unreachable store), with the reason: their
+    #: inputs are left as they were and read as before; compacting again merges them.
+    failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
-def _run_dirs(path: str) -> list[str]:
-    if os.path.isfile(path):
-        raise ValueError(f"compact takes a directory, not a file: {path!r}")
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"trace path {path!r} does not exist; give the directory of a run")
+@dataclasses.dataclass(frozen=True)
+class MergeUnit:
+    """One merge: input files of one run directory and the name of the compacted file they become.
+
+    Plain strings only, so a unit travels to another process or machine (a Ray task).
+    """
+
+    run_dir: str
+    files: tuple[str, ...]
+    name: str
+
+
+@dataclasses.dataclass
+class MergeResult:
+    """What :func:`merge_unit` read and wrote; the index is not touched yet (see :func:`commit_merge`)."""
+
+    unit: MergeUnit
+    #: The files merged (read completely); the others are in ``skipped_open`` or ``set_aside``.
+    inputs: list[str] = dataclasses.field(default_factory=list)
+    #: The index entry of the written ``<name>.tmp`` (None when nothing was merged).
+    entry: dict[str, Any] | None = None
+    rows: int = 0
+    bytes_in: int = 0
+    skipped_open: list[str] = dataclasses.field(default_factory=list)
+    set_aside: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+
+class _LocalDir:
+    """A run directory on a local (or shared, POSIX) filesystem."""
+
+    remote = False
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def full(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def names(self) -> list[str]:
+        return sorted(os.listdir(self.path))
+
+    def exists(self, name: str) -> bool:
+        return os.path.exists(self.full(name))
+
+    def size(self, name: str) -> int:
+        return os.path.getsize(self.full(name))
+
+    def remove(self, name: str) -> None:
+        os.remove(self.full(name))
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(self.full(src), self.full(dst))
+
+    def sync(self) -> None:
+        fsync_dir(self.path)
+
+    def save_index(self, index: dict[str, Any]) -> None:
+        save_index(self.path, index)
+
+    @contextlib.contextmanager
+    def output(self, name: str) -> Iterator[BinaryIO]:
+        with open(self.full(name), "wb") as sink:
+            yield sink
+            sink.flush()
+            os.fsync(sink.fileno())
+
+    def may_delete(self, entries: list[dict[str, Any]], delete_after_s: float) -> Callable[[], None] | None:
+        """Take the directory's exclusive lock (readers hold it shared); None while readers keep it."""
+        fd = try_exclusive(self.path, DELETE_WAIT_S)
+        return None if fd is None else (lambda: os.close(fd))
+
+
+class _RemoteDir:
+    """A run directory under an object-store or remote URI (``s3://bucket/prefix/run``), through pyarrow.
+
+    Object stores have no rename and no locks: a rename is a server-side copy
+    (the copy appears whole), and replaced originals are deleted only once
+    they have been hidden for ``delete_after_s``, the time a reader that
+    listed the prefix before the merge has to open them.
+    """
+
+    remote = True
+
+    def __init__(self, uri: str) -> None:
+        self.path = uri
+        self.fs, self.root = _uri.filesystem(uri)
+
+    def full(self, name: str) -> str:
+        return _uri.join_uri(self.path, name)
+
+    def _key(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def names(self) -> list[str]:
+        import pyarrow.fs as pafs
+
+        infos = self.fs.get_file_info(pafs.FileSelector(self.root, recursive=False, allow_not_found=True))
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
+
+    def exists(self, name: str) -> bool:
+        import pyarrow.fs as pafs
+
+        return bool(self.fs.get_file_info(self._key(name)).type == pafs.FileType.File)
+
+    def size(self, name: str) -> int:
+        return int(self.fs.get_file_info(self._key(name)).size)
+
+    def remove(self, name: str) -> None:
+        if self.exists(name):
+            self.fs.delete_file(self._key(name))
+
+    def replace(self, src: str, dst: str) -> None:
+        self.fs.move(self._key(src), self._key(dst))
+
+    def sync(self) -> None:
+        pass  # a completed PUT or copy is durable
+
+    def save_index(self, index: dict[str, Any]) -> None:
+        data = json.dumps(index).encode("utf-8")
+        if self.fs.type_name in ATOMIC_PUT_FILESYSTEMS:  # one PUT: readers see the old index or the new one
+            with self.fs.open_output_stream(self._key(INDEX_NAME)) as f:
+                f.write(data)
+            return
+        tmp = f"{INDEX_NAME}.tmp-{secrets.token_hex(4)}"
+        with self.fs.open_output_stream(self._key(tmp)) as f:
+            f.write(data)
+        self.replace(tmp, INDEX_NAME)
+
+    @contextlib.contextmanager
+    def output(self, name: str) -> Iterator[Any]:
+        with self.fs.open_output_stream(self._key(name)) as sink:
+            yield sink
+
+    def may_delete(self, entries: list[dict[str, Any]], delete_after_s: float) -> Callable[[], None] | None:
+        """Go ahead once every entry has hidden its originals for ``delete_after_s`` (no locks exist here)."""
+        now = time.time()
+        if all(now - float(e.get(REPLACED_AT, 0.0)) >= delete_after_s for e in entries):
+            return lambda: None
+        return None
+
+
+_Dir = _LocalDir | _RemoteDir
+
+
+def run_dir_of(path: str) -> _Dir:
+    """The run directory at ``path`` (a local path or a URI)."""
+    return _RemoteDir(path) if _uri.is_remote(path) else _LocalDir(path)
+
+
+def run_dirs(path: str | os.PathLike[str]) -> list[str]:
+    """The run directories under ``path`` (those holding trace files), local paths or URIs, sorted.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``path`` is a file, not a directory.
+    """
+    src = os.fspath(path)
+    if _uri.is_remote(src):
+        base = _uri.strip_query(src).rstrip("/")
+        parents = set()
+        for found in _uri.list_remote(src):
+            rel = _uri.strip_query(found)[len(base) :].lstrip("/")
+            parents.add(_uri.join_uri(src, os.path.dirname(rel)))
+        return sorted(parents)
+    if os.path.isfile(src):
+        raise ValueError(f"compact takes a directory, not a file: {src!r}")
+    if not os.path.isdir(src):
+        raise FileNotFoundError(f"trace path {src!r} does not exist; give the directory of a run")
     out = []
-    for root, dirs, files in os.walk(path):
+    for root, dirs, files in os.walk(src):
         dirs.sort()
         if any(f.endswith(S.FILE_SUFFIX) for f in files):
             out.append(root)
     return out
 
 
+@contextlib.contextmanager
+def compacting(run_dir: str) -> Iterator[None]:
+    """Hold the run directory's compaction lock: one compaction of a local directory at a time.
+
+    Object stores have no locks: run one compaction of a prefix at a time there.
+    """
+    if _uri.is_remote(run_dir):
+        yield
+        return
+    with open(os.path.join(run_dir, LOCK_NAME), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def compact(
-    path: str | os.PathLike[str], target_bytes: int = DEFAULT_TARGET_BYTES, seal_after_s: float | None = None
+    path: str | os.PathLike[str],
+    target_bytes: int = DEFAULT_TARGET_BYTES,
+    seal_after_s: float | None = None,
+    delete_after_s: float | None = None,
 ) -> CompactReport:
     """Compact every run directory under ``path``; see the module docstring.
 
     Args:
-        path: A run directory or a tree of them.
+        path: A run directory or a tree of them, local or a URI (``s3://bucket/prefix``).
         target_bytes: Aim for compacted files of about this size.
         seal_after_s: Seal shards of other hosts unchanged this long (default
             :func:`tracer.storage.seal.seal_after_s`).
+        delete_after_s: On object stores, delete replaced originals only once
+            they have been hidden this long (default :data:`REMOTE_DELETE_AFTER_S`);
+            earlier ones are left for the next compaction. Local directories use
+            readers' locks instead.
     """
     report = CompactReport()
-    for run_dir in _run_dirs(os.fspath(path)):
-        with open(os.path.join(run_dir, LOCK_NAME), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one compaction of a directory at a time
-            try:
-                _compact_dir(run_dir, target_bytes, report, seal_after_s)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    for run_dir in run_dirs(path):
+        d = run_dir_of(run_dir)
+        with compacting(run_dir):
+            index, units = plan_dir(d, target_bytes, report, seal_after_s, delete_after_s)
+            for unit in units:
+                commit_merge(d, merge_unit(unit), index, report)
+            finish_dir(d, index, report, delete_after_s)
     return report
 
 
-def _compact_dir(run_dir: str, target_bytes: int, report: CompactReport, seal_after_s: float | None) -> None:
-    index = load_index(run_dir)
-    _finish_interrupted(run_dir, index, report)
-    for name in os.listdir(run_dir):
+_ENDPOINT_TROUBLE = ("NETWORK_CONNECTION", "curlCode", "Could not connect", "Couldn't connect", "resolve host")
+_CREDENTIAL_TROUBLE = (
+    "ACCESS_DENIED",
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "HTTP status 403",
+    "credentials",
+    "ExpiredToken",
+)
+
+
+def describe_store_error(uri: str, exc: BaseException) -> str:
+    """One line for an object store's error: the bucket, what went wrong and which setting to fix.
+
+    Args:
+        uri: The URI being compacted (``s3://bucket/prefix``).
+        exc: What pyarrow raised.
+    """
+    scheme, _, rest = _uri.strip_query(uri).partition("://")
+    bucket = rest.split("/", 1)[0]
+    text = " ".join(str(exc).split())
+    if any(k in text for k in _ENDPOINT_TROUBLE):
+        hint = (
+            f"the storage endpoint for bucket {bucket!r} did not answer: set AWS_ENDPOINT_URL (or "
+            "?endpoint_override=host:port in the URI) to your S3-compatible server, or unset it for AWS"
+        )
+    elif any(k in text for k in _CREDENTIAL_TROUBLE):
+        hint = (
+            f"bucket {bucket!r} refused the credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(or AWS_PROFILE), and AWS_DEFAULT_REGION to the bucket's region"
+        )
+    elif "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
+        hint = f"bucket {bucket!r} does not exist at this endpoint (check the name, AWS_ENDPOINT_URL and the region)"
+    else:
+        hint = f"{scheme}:// bucket {bucket!r}: check AWS_ENDPOINT_URL, the credentials (AWS_*) and the region"
+    return f"{hint} ({type(exc).__name__}: {text[:300]})"
+
+
+def _delete_after(delete_after_s: float | None) -> float:
+    return REMOTE_DELETE_AFTER_S if delete_after_s is None else delete_after_s
+
+
+def plan_dir(
+    d: _Dir, target_bytes: int, report: CompactReport, seal_after_s: float | None, delete_after_s: float | None
+) -> tuple[dict[str, Any], list[MergeUnit]]:
+    """Finish what an interrupted compaction left, seal abandoned shards, and group the rest into merges.
+
+    Call under :func:`compacting`. Returns the directory's index (to pass to
+    :func:`commit_merge`) and the merges to run, each up to ``target_bytes``
+    of input, so memory stays bounded.
+    """
+    index = load_index(d.path)
+    _finish_interrupted(d, index, report, _delete_after(delete_after_s))
+    names = d.names()
+    for name in names:
         if name.endswith(S.FILE_SUFFIX + ".tmp"):
-            os.remove(os.path.join(run_dir, name))  # an interrupted compaction's output
-    hidden = replaced_files(run_dir, index)
-    candidates = []
-    for name in sorted(os.listdir(run_dir)):
-        full = os.path.join(run_dir, name)
+            d.remove(name)  # an interrupted compaction's output
+    hidden = replaced_files(d.path, index)
+    candidates: list[tuple[str, int]] = []
+    for name in names:
         if not name.endswith(S.FILE_SUFFIX) or name in hidden or name in index["files"]:
+            continue
+        full = d.full(name)
+        if d.remote:  # objects are whole files, uploaded once closed (sealed where they were written)
+            candidates.append((full, d.size(name)))
             continue
         try:
             mode = os.lstat(full).st_mode
@@ -159,20 +432,25 @@ def _compact_dir(run_dir: str, target_bytes: int, report: CompactReport, seal_af
             elif sealing.action == LIVE:
                 report.skipped_open.append(full)
                 continue
-            candidates.append(full)
+            candidates.append((full, os.path.getsize(full)))
     report.run_dirs += 1
-    # Memory stays bounded: each group of inputs up to target_bytes is merged on its own.
+    units: list[MergeUnit] = []
     group: list[str] = []
     size = 0
-    for full in candidates:
+    for full, nbytes in candidates:
         group.append(full)
-        size += os.path.getsize(full)
+        size += nbytes
         if size >= target_bytes:
-            _merge(run_dir, group, index, report)
+            units.append(MergeUnit(d.path, tuple(group), _new_name()))
             group, size = [], 0
     if group:
-        _merge(run_dir, group, index, report)
-    _finish_interrupted(run_dir, index, report)  # step 4, once for every merge of this directory
+        units.append(MergeUnit(d.path, tuple(group), _new_name()))
+    return index, units
+
+
+def _new_name() -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    return f"compacted_{stamp}_{secrets.token_hex(4)}{S.FILE_SUFFIX}"
 
 
 def _merged_metadata(reads: list[tuple[pa.Schema, FileRead]]) -> dict[bytes, bytes]:
@@ -186,53 +464,85 @@ def _merged_metadata(reads: list[tuple[pa.Schema, FileRead]]) -> dict[bytes, byt
     return out
 
 
-def _merge(run_dir: str, candidates: list[str], index: dict[str, Any], report: CompactReport) -> None:
-    """Merge what of ``candidates`` reads completely into one compacted file (steps 1-4 of the module docstring)."""
+def merge_unit(unit: MergeUnit) -> MergeResult:
+    """Merge what of ``unit.files`` reads completely into ``<unit.name>.tmp`` (step 1 of the module docstring).
+
+    Touches neither the index nor the inputs, so it may run anywhere that
+    reaches the files (a Ray task); a process that dies here leaves at most
+    a ``.tmp`` file that readers never list and the next compaction removes.
+    :func:`commit_merge` then makes the result visible.
+    """
+    out = MergeResult(unit)
     batches: list[pa.RecordBatch] = []
-    inputs: list[str] = []
     reads: list[tuple[pa.Schema, FileRead]] = []
-    for file in candidates:
+    decisions: list[dict[str, Any]] = []
+    for file in unit.files:
         reading = read_batches(file, list(S.SPAN_COLUMNS))
-        got = list(reading)
+        pairs = list(reading.with_metadata())
         result = reading.result
         if result.complete and reading.schema is not None:
-            batches.extend(got)
-            inputs.append(file)
+            batches.extend(b for b, _ in pairs)
+            out.inputs.append(file)
             reads.append((reading.schema, result))
+            decisions.extend(file_decisions(file, reading.schema.metadata, (c for _, c in pairs)))
         elif result.sound and not result.closed:
-            report.skipped_open.append(file)
+            out.skipped_open.append(file)
         else:
-            report.set_aside.append((file, result.describe() or "not read completely"))
-    if not inputs:
-        return
+            out.set_aside.append((file, result.describe() or "not read completely"))
+    if not out.inputs:
+        return out
     table = pa.Table.from_batches(batches, schema=S.SPAN_SCHEMA) if batches else S.SPAN_SCHEMA.empty_table()
     del batches
-    rows_in = sum(r.rows for _, r in reads)
-    bytes_in = sum(r.size for _, r in reads)
+    out.rows = sum(r.rows for _, r in reads)
+    out.bytes_in = sum(r.size for _, r in reads)
     meta = _merged_metadata(reads)
-    meta[META_COMPACTED_FROM.encode()] = str(len(inputs)).encode()
+    meta[META_COMPACTED_FROM.encode()] = str(len(out.inputs)).encode()
+    if decisions:  # batch metadata does not survive the merge: the sampling decisions move to the file's
+        meta[S.BATCH_META_SAMPLING.encode()] = metadata_value(decisions)
     table = table.sort_by(_SORT_KEYS)
-    assert table.num_rows == rows_in
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    name = f"compacted_{stamp}_{secrets.token_hex(4)}{S.FILE_SUFFIX}"
-    entry = _write_compacted(os.path.join(run_dir, name + ".tmp"), table, S.SPAN_SCHEMA.with_metadata(meta))
-    fsync_dir(run_dir)
-    index["files"][name] = {**entry, "replaces": [os.path.basename(f) for f in inputs], "group": [name]}
-    save_index(run_dir, index)
-    os.replace(os.path.join(run_dir, name + ".tmp"), os.path.join(run_dir, name))
-    fsync_dir(run_dir)
-    report.files_in += len(inputs)
+    assert table.num_rows == out.rows
+    d = run_dir_of(unit.run_dir)
+    out.entry = _write_compacted(d, unit.name + ".tmp", table, S.SPAN_SCHEMA.with_metadata(meta))
+    d.sync()
+    return out
+
+
+def commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: CompactReport) -> None:
+    """Make a merge visible (steps 2-3 of the module docstring) and count it in ``report``.
+
+    Call under :func:`compacting`, in one process per directory (the one that holds ``index``).
+    """
+    report.skipped_open.extend(result.skipped_open)
+    report.set_aside.extend(result.set_aside)
+    if result.entry is None:
+        return
+    name = result.unit.name
+    index["files"][name] = {
+        **result.entry,
+        "replaces": [os.path.basename(_uri.strip_query(f)) for f in result.inputs],
+        "group": [name],
+        REPLACED_AT: time.time(),
+    }
+    d.save_index(index)
+    d.replace(name + ".tmp", name)
+    d.sync()
+    report.files_in += len(result.inputs)
     report.files_out += 1
-    report.rows += table.num_rows
-    report.bytes_in += bytes_in
-    report.bytes_out += entry["size"]
+    report.rows += result.rows
+    report.bytes_in += result.bytes_in
+    report.bytes_out += result.entry["size"]
 
 
-def _finish_interrupted(run_dir: str, index: dict[str, Any], report: CompactReport) -> None:
+def finish_dir(d: _Dir, index: dict[str, Any], report: CompactReport, delete_after_s: float | None) -> None:
+    """Step 4 of the module docstring, once for every merge of the directory."""
+    _finish_interrupted(d, index, report, _delete_after(delete_after_s))
+
+
+def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, delete_after_s: float) -> None:
     """Bring the directory to a consistent state after a compaction stopped at any step.
 
     For each group of outputs in the index: if every output exists (or its
-    fsync'd ``.tmp`` does, and is renamed now), delete the originals it
+    complete ``.tmp`` does, and is renamed now), delete the originals it
     replaces; otherwise the compaction never reached step 3, so its
     entries and partial outputs go and the originals stay the truth.
     """
@@ -241,54 +551,56 @@ def _finish_interrupted(run_dir: str, index: dict[str, Any], report: CompactRepo
     for name, entry in index["files"].items():
         groups.setdefault(tuple(entry.get("group", [name])), []).append(name)
     for group in groups:
-        paths = [os.path.join(run_dir, g) for g in group]
-        if not all(os.path.exists(p) or os.path.exists(p + ".tmp") for p in paths):
-            for p in paths:
-                for q in (p, p + ".tmp"):
-                    if os.path.exists(q):
-                        os.remove(q)
+        if not all(d.exists(g) or d.exists(g + ".tmp") for g in group):
+            for g in group:
+                for q in (g, g + ".tmp"):
+                    if d.exists(q):
+                        d.remove(q)
             for g in group:
                 index["files"].pop(g, None)
             changed = True
             continue
-        for p in paths:
-            if not os.path.exists(p):
-                os.replace(p + ".tmp", p)
-        fsync_dir(run_dir)
+        for g in group:
+            if not d.exists(g):
+                d.replace(g + ".tmp", g)
+        d.sync()
         doomed = [(g, old) for g in group for old in index["files"].get(g, {}).get("replaces", [])]
         if not doomed:
             continue
-        lock = try_exclusive(run_dir, DELETE_WAIT_S)
-        if lock is None:  # readers still hold the directory: the index hides these; delete next time
+        release = d.may_delete([index["files"].get(g, {}) for g in group], delete_after_s)
+        if release is None:  # readers may still hold the originals: the index hides them; delete next time
             report.deferred += len(doomed)
             continue
         try:
             for _, old in doomed:
                 try:
-                    os.remove(os.path.join(run_dir, old))
+                    d.remove(old)
                 except FileNotFoundError:
                     pass
+                if not d.remote:  # the shard's index (tracer.storage.shard_index) goes with it
+                    with contextlib.suppress(OSError):
+                        os.remove(sidecar_path(d.full(old)))
             for g in group:
                 entry = index["files"].get(g, {})
                 if entry.get("replaces"):
                     entry["replaces"] = []
                     changed = True
             if changed:
-                fsync_dir(run_dir)
-                save_index(run_dir, index)
+                d.sync()
+                d.save_index(index)
                 changed = False
         finally:
-            os.close(lock)
+            release()
     if changed:
-        fsync_dir(run_dir)
-        save_index(run_dir, index)
+        d.sync()
+        d.save_index(index)
 
 
-def _write_compacted(path: str, table: pa.Table, schema: pa.Schema) -> dict[str, Any]:
+def _write_compacted(d: _Dir, name: str, table: pa.Table, schema: pa.Schema) -> dict[str, Any]:
     """Write ``table`` (sorted by step) as an IPC file, one step per batch; return its index entry."""
     batch_steps: list[int | None] = []
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))
-    with open(path, "wb") as sink:
+    with d.output(name) as sink:
         with pa.ipc.new_file(sink, schema, options=options) as writer:
             steps = table.column(S.STEP)
             start = 0
@@ -303,16 +615,37 @@ def _write_compacted(path: str, table: pa.Table, schema: pa.Schema) -> dict[str,
                     writer.write_batch(chunk.combine_chunks().to_batches()[0])
                     batch_steps.append(step)
                 start += length
-        sink.flush()
-        os.fsync(sink.fileno())
-    return {"size": os.path.getsize(path), "rows": table.num_rows, "batch_steps": batch_steps, "format": "ipc-file"}
+        written = sink.tell()
+    size = d.size(name)
+    if size != written:
+        raise OSError(f"{d.full(name)}: {size} bytes stored, {written} written")
+    return {"size": size, "rows": table.num_rows, "batch_steps": batch_steps, "format": "ipc-file"}
 
 
-__all__ = ["CompactReport", "DEFAULT_TARGET_BYTES", "INDEX_NAME", "PARQUET_DIR", "compact", "write_parquet"]
+__all__ = [
+    "CompactReport",
+    "DEFAULT_TARGET_BYTES",
+    "INDEX_NAME",
+    "MergeResult",
+    "MergeUnit",
+    "PARQUET_DIR",
+    "commit_merge",
+    "compact",
+    "describe_store_error",
+    "compacting",
+    "finish_dir",
+    "merge_unit",
+    "plan_dir",
+    "run_dir_of",
+    "run_dirs",
+    "write_parquet",
+]
 
 
 #: Where ``compact --format parquet`` writes, under the path compacted, unless told otherwise.
 PARQUET_DIR = "parquet"
+#: On object stores, the empty object written last into the Parquet dataset (Spark's convention).
+PARQUET_DONE = "_SUCCESS"
 
 
 def write_parquet(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> tuple[str, int]:
@@ -324,17 +657,21 @@ def write_parquet(path: str | os.PathLike[str], out: str | os.PathLike[str] | No
     Hugging Face ``datasets`` load as they are. The rows are those
     :func:`tracer.read_spans` returns (read in batches, never all at once);
     the trace files stay. The dataset is written beside its final place and
-    renamed into it, so a reader never sees half of one.
+    renamed into it, so a reader never sees half of one. Object stores cannot
+    rename a prefix: there the dataset is written in place (the old one
+    deleted first) and an empty ``_SUCCESS`` object marks it complete.
 
     Args:
-        path: A run directory or a tree of them.
-        out: The dataset's directory (default ``path/parquet``); replaced if it exists.
+        path: A run directory or a tree of them, local or a URI.
+        out: The dataset's directory or URI (default ``path/parquet``); replaced if it exists.
     """
     src = os.fspath(path)
-    if not os.path.isdir(src):
+    if not _uri.is_remote(src) and not os.path.isdir(src):
         raise FileNotFoundError(f"trace path {src!r} is not a directory; give the directory of a run")
-    target = os.fspath(out) if out is not None else os.path.join(src, PARQUET_DIR)
-    tmp = f"{target}.tmp-{secrets.token_hex(4)}"
+    if out is not None:
+        target = os.fspath(out)
+    else:
+        target = _uri.join_uri(src, PARQUET_DIR) if _uri.is_remote(src) else os.path.join(src, PARQUET_DIR)
     counted = [0]
 
     def batches() -> Any:
@@ -344,15 +681,23 @@ def write_parquet(path: str | os.PathLike[str], out: str | os.PathLike[str] | No
 
     reader = pa.RecordBatchReader.from_batches(S.SPAN_SCHEMA, batches())
     options = pds.ParquetFileFormat().make_write_options(compression="zstd")
-    pds.write_dataset(
-        reader,
-        tmp,
+    write = functools.partial(
+        pds.write_dataset,
         format="parquet",
         partitioning=pds.partitioning(pa.schema([S.SPAN_SCHEMA.field(S.STEP)]), flavor="hive"),
         file_options=options,
         basename_template="part-{i}.parquet",
         max_rows_per_group=MAX_BATCH_ROWS,
     )
+    if _uri.is_remote(target):
+        fs, root = _uri.filesystem(target)
+        fs.delete_dir_contents(root, missing_dir_ok=True)
+        write(reader, root, filesystem=fs, existing_data_behavior="overwrite_or_ignore")
+        with fs.open_output_stream(f"{root}/{PARQUET_DONE}") as done:
+            done.write(b"")
+        return target, counted[0]
+    tmp = f"{target}.tmp-{secrets.token_hex(4)}"
+    write(reader, tmp)
     old = None
     if os.path.exists(target):
         old = f"{target}.old-{secrets.token_hex(4)}"

@@ -83,6 +83,7 @@ class FileRead:
             reader (a newer format, foreign columns, not a regular file).
         damage: Why reading stopped before the end (a torn or corrupt batch).
         refused: What was refused for its declared size (see the module docstring).
+        end: Where the last complete message ends (the ``resume`` offset of a later read).
     """
 
     path: str
@@ -97,6 +98,7 @@ class FileRead:
     repairable: bool = False
     damage: str = ""
     refused: str = ""
+    end: int = 0
 
     @property
     def sound(self) -> bool:
@@ -135,6 +137,10 @@ class _Message:
 
 
 # -- flatbuffers, read by hand ---------------------------------------------------
+
+
+#: Stands for a batch before a resume point (never read).
+_SKIPPED = _Message(offset=-1, body=-1, end=-1, kind=_RECORD_BATCH, rows=0, buffers=[], compressed=False)
 
 
 class _Flat:
@@ -333,6 +339,12 @@ def ends_closed(path: str) -> bool:
 
 def _footer_batches(src: _Source, size: int) -> list[int] | None:
     """Offsets of the record batches an IPC file's footer lists; None when it has no sound footer."""
+    blocks = _footer_blocks(src, size)
+    return None if blocks is None else [b[0] for b in blocks]
+
+
+def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None:
+    """``(offset, metadata length, body length)`` of each record batch an IPC file's footer lists; None without a sound footer."""
     if size < 8 + 10:
         return None
     tail = src.read_at(size - 10, 10)
@@ -343,9 +355,31 @@ def _footer_batches(src: _Source, size: int) -> list[int] | None:
         return None
     fb = _Flat(src.read_at(size - 10 - footer_len, footer_len))
     try:
-        return [int(b[0]) for b in fb.structs(fb.root(), 3, "<qi4xq")]
+        return [(int(b[0]), int(b[1]), int(b[2])) for b in fb.structs(fb.root(), 3, "<qi4xq")]
     except _CorruptError:
         return None
+
+
+def footer_bytes(path: str) -> tuple[bytes, int] | None:
+    """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists.
+
+    None when the file has no sound footer (open, torn, a stream) or cannot be read.
+    """
+    try:
+        src = _Source(path)
+    except OSError:
+        return None
+    try:
+        size = src.handle.size()
+        listed = _footer_batches(src, size)
+        if listed is None:
+            return None
+        (footer_len,) = struct.unpack_from("<i", src.read_at(size - 10, 4), 0)
+        return src.read_at(size - 10 - footer_len, footer_len + 10), len(listed)
+    except OSError:
+        return None
+    finally:
+        src.close()
 
 
 # -- schemas and buffers ---------------------------------------------------------
@@ -490,10 +524,18 @@ class TraceFileBatches:
     """
 
     def __init__(
-        self, path: str, columns: list[str] | None, batch_numbers: Iterable[int] | None, expect_size: int | None
+        self,
+        path: str,
+        columns: list[str] | None,
+        batch_numbers: Iterable[int] | None,
+        expect_size: int | None,
+        resume: tuple[int, int] | None = None,
+        trust_footer: bool = False,
     ) -> None:
         self.path = path
         self.expect_size = expect_size
+        self.resume = resume
+        self.trust_footer = trust_footer
         self.columns = columns
         self.batch_numbers = None if batch_numbers is None else sorted(set(batch_numbers))
         self.result = FileRead(path)
@@ -537,13 +579,66 @@ class TraceFileBatches:
             res.skipped = f"cannot open: {exc}"
             return None
 
+    def _walk(self, src: _Source, start: int, size: int) -> tuple[list[_Message], str, bool, int]:
+        """:func:`_walk` from the start, or the schema message and then from :attr:`resume`; also how many batches that skipped.
+
+        A resume point is used only when it lies after the schema message and within the file, and the
+        schema has no dictionary-encoded field (dictionaries before the point would be missed).
+        """
+        if self.trust_footer and self.batch_numbers is not None and self.expect_size == size and start == 8:
+            found = self._walk_chosen(src, start, size)
+            if found is not None:
+                return found, "", False, 0
+        if self.resume is not None:
+            offset, count = self.resume
+            try:
+                first = _read_message(src, start, size)
+                if first is not None and first.kind == _SCHEMA and first.end <= offset <= size and count >= 0:
+                    schema = pa.ipc.read_schema(pa.py_buffer(src.read_at(first.offset, first.end - first.offset)))
+                    if not any(pa.types.is_dictionary(f.type) for f in schema):
+                        rest, stop, at_eos = _walk(src, offset, size)
+                        return [first, *rest], stop, at_eos, count
+            except (_TornError, _CorruptError, OSError, pa.ArrowException, UnicodeDecodeError):
+                pass  # read it the ordinary way, which says what is wrong
+        messages, stop, at_eos = _walk(src, start, size)
+        return messages, stop, at_eos, 0
+
+    def _walk_chosen(self, src: _Source, start: int, size: int) -> list[_Message] | None:
+        """The schema and the chosen batches' headers only, the others where the footer puts them; None to walk.
+
+        For a file whose footer an index vouches for (:mod:`tracer.storage.shard_index`): the footer
+        is the one its writer wrote, so batches are where it says, and only those read are parsed.
+        """
+        try:
+            first = _read_message(src, start, size)
+            blocks = _footer_blocks(src, size)
+            if first is None or first.kind != _SCHEMA or blocks is None:
+                return None
+            schema = pa.ipc.read_schema(pa.py_buffer(src.read_at(first.offset, first.end - first.offset)))
+            if any(pa.types.is_dictionary(f.type) for f in schema):
+                return None
+            chosen = set(self.batch_numbers or ())
+            messages = [first]
+            for i, (offset, meta_len, body_len) in enumerate(blocks):
+                if i in chosen:
+                    msg = _read_message(src, offset, size)
+                    if msg is None or msg.kind != _RECORD_BATCH or msg.end != offset + meta_len + body_len:
+                        return None
+                else:
+                    body = offset + meta_len
+                    msg = _Message(offset, body, body + body_len, _RECORD_BATCH, 0, [], False)
+                messages.append(msg)
+            return messages
+        except (_TornError, _CorruptError, OSError, pa.ArrowException, UnicodeDecodeError):
+            return None
+
     def _read(self, src: _Source) -> Iterator[tuple[pa.RecordBatch, Any]]:
         res = self.result
         size = res.size
         res.file_format = src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC
         start = 8 if res.file_format else 0
         # Walk the messages' headers: where each batch is, where the file stops making sense.
-        messages, stop, ended_at_eos = _walk(src, start, size)
+        messages, stop, ended_at_eos, skipped = self._walk(src, start, size)
         res.closed = not res.file_format and ended_at_eos
         if not messages or messages[0].kind != _SCHEMA:
             res.skipped = "not a readable trace file: " + (stop or "it does not start with an Arrow schema")
@@ -573,11 +668,14 @@ class TraceFileBatches:
         if problem:
             res.skipped = f"column types readers cannot use: {problem}"
             return
-        batches = [m for m in messages if m.kind == _RECORD_BATCH]
+        # Batches before a resume point are not walked again: placeholders keep the numbering.
+        batches = [_SKIPPED] * skipped + [m for m in messages if m.kind == _RECORD_BATCH]
         res.batches_in_file = len(batches)
+        res.end = messages[-1].end
         if res.file_format:
             listed = _footer_batches(src, size)
-            if listed is not None and listed == [m.offset for m in batches] and not stop:
+            walked = [m.offset for m in batches[skipped:]]
+            if listed is not None and len(listed) == len(batches) and listed[skipped:] == walked and not stop:
                 res.closed = True
             elif ended_at_eos or stop:
                 # Something follows the last batch but it is not a footer that lists the batches: damage.
@@ -624,9 +722,12 @@ class TraceFileBatches:
                 reader = pa.ipc.open_stream(data, options=options)
             position = messages[0].end  # where the stream reader goes on from (after a positional read, seek)
             # Without a footer batches come in order: read them all (callers filter rows anyway).
-            chosen = list(range(len(batches)))
-            if self.batch_numbers is not None and use_footer and self.expect_size in (None, size):
-                chosen = [i for i in self.batch_numbers if i < len(batches)]
+            chosen = list(range(skipped, len(batches)))
+            # An append-only file keeps its batches' numbers: with no expected size, batch i of a file
+            # still being written is read by seeking to it (tracer.follow reads only the new batches).
+            seekable = self.expect_size is None and not any(m.kind == _DICTIONARY for m in messages)
+            if self.batch_numbers is not None and (use_footer or seekable) and self.expect_size in (None, size):
+                chosen = [i for i in self.batch_numbers if skipped <= i < len(batches)]
             for n, i in enumerate(chosen):
                 cost = _cost(src, batches[i], wanted, per_row)
                 if spent + cost > budget:
@@ -643,7 +744,7 @@ class TraceFileBatches:
                     if use_footer:
                         batch, custom = reader.get_batch_with_custom_metadata(i)
                     else:
-                        data.seek(position)
+                        data.seek(batches[i].offset if seekable else position)
                         batch, custom = reader.read_next_batch_with_custom_metadata()
                         position = batches[i].end
                     # Full validation: a flipped byte in an offsets buffer must not reach to_pylist.
@@ -668,6 +769,8 @@ def read_batches(
     columns: Iterable[str] | None = None,
     batch_numbers: Iterable[int] | None = None,
     expect_size: int | None = None,
+    resume: tuple[int, int] | None = None,
+    trust_footer: bool = False,
 ) -> TraceFileBatches:
     """The record batches of one trace file, as far as they can be read safely.
 
@@ -680,6 +783,13 @@ def read_batches(
         batch_numbers: Read only these record batches (for an indexed, compacted file).
         expect_size: Use ``batch_numbers`` only if the file has this size (the one
             the index recorded); otherwise read every batch.
+        resume: ``(offset, batches)`` from an earlier read of this append-only file
+            (:attr:`FileRead.end`, :attr:`FileRead.batches_in_file`): walk the message
+            headers from there instead of from the start, and return only the batches
+            after those (numbering unchanged). Ignored when it does not fit the file.
+        trust_footer: With ``batch_numbers`` and ``expect_size`` (that fits), parse only the
+            headers of those batches, locating them by the footer, instead of walking every
+            message: for files whose footer an index vouches for (its shard index).
 
     Returns:
         An iterable of batches; after iterating, its ``result`` (a :class:`FileRead`)
@@ -691,7 +801,7 @@ def read_batches(
         unknown = [c for c in cols if c not in S.SPAN_COLUMNS]
         if unknown:
             raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
-    return TraceFileBatches(os.fspath(path), cols, batch_numbers, expect_size)
+    return TraceFileBatches(os.fspath(path), cols, batch_numbers, expect_size, resume, trust_footer)
 
 
 def scan_file(

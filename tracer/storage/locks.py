@@ -1,8 +1,10 @@
 """Who may delete trace files while others read them.
 
 Readers of a local run directory hold a shared ``flock`` on the directory
-itself (no lock file is created, so reading never writes) from listing its
-files until they have read them. Compaction deletes the files it replaced
+itself (no lock file is created) from listing its files until they have read
+them. Reading is not write-free: readers seal shards whose writer is gone
+(:mod:`tracer.storage.seal` appends their footer, under the file's own
+``flock``), but they never create, rename or delete a file. Compaction deletes the files it replaced
 only while it holds the exclusive lock, so a reader that listed a file can
 always open it. Where locks are not supported (some network filesystems,
 object storage) both sides go on without one.

@@ -27,10 +27,16 @@ sealer holds the file's ``flock`` while it appends, so two sealers (or a
 sealer and a writer) never interleave. A file torn inside a batch is not
 sealed (appending would hide the tear): ``rollout-trace check --repair``
 handles it.
+
+Readers call this before every read, so it is cheap when there is nothing to
+do: a file found closed is not opened again while its size, mtime and inode
+stay the same (a closed file is never written again). A file that is not
+closed is looked at on every read: its writer may have gone since.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import fcntl
@@ -39,6 +45,7 @@ import os
 import re
 import stat
 import struct
+import threading
 import time
 
 import pyarrow as pa
@@ -65,6 +72,13 @@ LIVE = "live"
 NOT_SEALED = "not sealed"
 
 _BLOCK = struct.Struct("<qi4xq")  # Arrow File.fbs Block: offset, metaDataLength, (pad), bodyLength
+
+#: Files found closed, by path: (size, mtime, inode) then. A closed file is not written again, so
+#: while its stat is the same, every read after the first skips opening it to look at its tail.
+_closed: collections.OrderedDict[str, tuple[int, int, int]] = collections.OrderedDict()
+_closed_lock = threading.Lock()
+#: How many closed files :data:`_closed` remembers.
+CLOSED_CACHE_ENTRIES = 65536
 
 
 @dataclasses.dataclass
@@ -160,6 +174,14 @@ def footer_for(layout: Layout) -> bytes:
     return EOS_MARKER + bytes(footer) + struct.pack("<i", footer_len) + ARROW_FILE_MAGIC
 
 
+def _remember_closed(file: str, stamp: tuple[int, int, int]) -> None:
+    with _closed_lock:
+        _closed[file] = stamp
+        _closed.move_to_end(file)
+        while len(_closed) > CLOSED_CACHE_ENTRIES:
+            _closed.popitem(last=False)
+
+
 def seal_if_abandoned(path: str | os.PathLike[str], max_age_s: float | None = None) -> SealResult:
     """Close ``path`` as its writer would have if that writer is gone (see the module docstring).
 
@@ -173,11 +195,17 @@ def seal_if_abandoned(path: str | os.PathLike[str], max_age_s: float | None = No
     if is_remote(file):
         return SealResult(file, NOT_SEALED, "a remote object (sealed where it was written)")
     try:
-        if not stat.S_ISREG(os.lstat(file).st_mode):  # a FIFO would block the first open
+        st = os.lstat(file)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the first open
             return SealResult(file, NOT_SEALED, "not a regular file")
     except OSError as exc:
         return SealResult(file, NOT_SEALED, str(exc))
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    with _closed_lock:
+        if _closed.get(file) == stamp:
+            return SealResult(file, ALREADY_CLOSED)
     if ends_closed(file):
+        _remember_closed(file, stamp)
         return SealResult(file, ALREADY_CLOSED)
     limit = seal_after_s() if max_age_s is None else max_age_s
     try:

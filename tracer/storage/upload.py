@@ -248,6 +248,9 @@ class UploadingSpanWriter(SpanWriter):
             It runs before pyarrow finalizes S3, which a handler registered earlier would not.
     """
 
+    #: Readers of object storage use no shard index (tracer.storage.shard_index is for local files).
+    writes_index = False
+
     def __init__(
         self,
         dest_uri: str,

@@ -13,6 +13,12 @@ While a file is open its writer holds an exclusive ``flock`` on it. The
 kernel releases it when the process ends however it ends (SIGKILL,
 ``os._exit``, a Ray worker torn down), which is how
 :mod:`tracer.storage.seal` tells a dead writer's file from a live one.
+
+When it closes a file cleanly, the writer also writes its index beside it
+(:mod:`tracer.storage.shard_index`: the steps and trace ids of each batch and
+the trajectory summary rows of the file), so readers open only the batches a
+question needs. Building the index never fails a write: a file whose index
+could not be built or written simply has none, and readers read its spans.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from tracer import schema as S
+from tracer.storage.shard_index import ShardIndexBuilder, Summarizer, summarizer, write_sidecar
 
 
 def host_label() -> str:
@@ -56,7 +63,13 @@ class SpanWriter:
         metadata: Schema-level metadata written into every file.
         compression_level: zstd level.
         max_file_bytes: Start a new file once the current one is this big.
+        index: Write each closed file's index (:mod:`tracer.storage.shard_index`).
+        summarize: ``(span columns, summarize)`` for the index's summary rows; default: the
+            trajectory model's (:func:`tracer.summary.summarize`, registered when it is imported).
     """
+
+    #: Subclasses whose files leave this host at close (the uploader) write no index.
+    writes_index = True
 
     def __init__(
         self,
@@ -64,8 +77,13 @@ class SpanWriter:
         metadata: dict[str, str],
         compression_level: int = 3,
         max_file_bytes: int = 256 * 1024 * 1024,
+        index: bool = True,
+        summarize: tuple[tuple[str, ...], Summarizer] | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self._summarize = summarize
+        self._index = index
+        self._builder: ShardIndexBuilder | None = None
         self.schema = S.SPAN_SCHEMA.with_metadata(metadata)
         self.options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
         self.max_file_bytes = max_file_bytes
@@ -83,6 +101,7 @@ class SpanWriter:
     def _open(self) -> None:
         self._batches = 0
         self.path = None
+        self._builder = None
         os.makedirs(self.run_dir, exist_ok=True)
         self.path = os.path.join(self.run_dir, f"{self._stem}_{self._seq:04d}{S.FILE_SUFFIX}")
         self._seq += 1
@@ -93,6 +112,9 @@ class SpanWriter:
         except OSError:
             pass  # no flock here: sealers fall back to the process id and the file's age
         self._stream = pa.ipc.new_file(self._file, self.schema, options=self.options)
+        how = (self._summarize or summarizer()) if self._index and self.writes_index else None
+        if how is not None:
+            self._builder = ShardIndexBuilder(*how)
         self._file.flush()
         os.fsync(self._file.fileno())
         fsync_dir(self.run_dir)
@@ -117,6 +139,11 @@ class SpanWriter:
             self._abandon()
             raise
         self._batches += 1
+        if self._builder is not None:
+            try:
+                self._builder.add(batch)
+            except Exception:  # the file goes without an index; its spans are all there
+                self._builder = None
         if self._file.tell() >= self.max_file_bytes:
             self.close()
 
@@ -135,6 +162,7 @@ class SpanWriter:
             pass
         self._file = None
         self._stream = None
+        self._builder = None
 
     def _abandon(self) -> None:
         try:
@@ -144,6 +172,7 @@ class SpanWriter:
             pass
         self._file = None
         self._stream = None
+        self._builder = None
         # A file with no complete batch (a full disk failed its header) holds
         # nothing; left behind, it would only make every reader warn.
         if self._batches == 0 and self.path is not None:
@@ -165,3 +194,9 @@ class SpanWriter:
         finally:
             self._file = None
             self._stream = None
+        builder, self._builder = self._builder, None
+        if builder is not None and self.path is not None:
+            try:
+                write_sidecar(self.path, builder)
+            except Exception:  # no index for this file: readers read its spans
+                pass

@@ -3,7 +3,8 @@
 Nothing here imports Streamlit. ``viewer.data.runs`` holds run-level tables
 (paths, steps, the trajectory list, groups), ``viewer.data.trajectory`` one
 trajectory (turns, timing, tool calls), ``viewer.data.tokens`` the token view
-and ``viewer.data.compare`` the comparison of two runs. The names are
+and ``viewer.data.compare`` the comparison of two runs, ``viewer.data.live`` a run
+followed while it is written. The names are
 re-exported here, so ``from viewer import data as D`` reaches them all,
 with the schema constants the pages use.
 """
@@ -108,6 +109,15 @@ from viewer.data.compare import (
 )
 from viewer.data.compare import (
     prompt_rollouts as prompt_rollouts,
+)
+from viewer.data.live import (
+    RUNNING_S as RUNNING_S,
+)
+from viewer.data.live import (
+    LiveCounts as LiveCounts,
+)
+from viewer.data.live import (
+    LiveRun as LiveRun,
 )
 from viewer.data.runs import (
     ADVANTAGE as ADVANTAGE,
@@ -272,6 +282,15 @@ from viewer.data.tokens import (
     worst_tokens as worst_tokens,
 )
 from viewer.data.trajectory import (
+    REWARD_LATEST as REWARD_LATEST,
+)
+from viewer.data.trajectory import (
+    REWARD_SOURCE as REWARD_SOURCE,
+)
+from viewer.data.trajectory import (
+    REWARD_TIME as REWARD_TIME,
+)
+from viewer.data.trajectory import (
     content_text as content_text,
 )
 from viewer.data.trajectory import (
@@ -288,6 +307,9 @@ from viewer.data.trajectory import (
 )
 from viewer.data.trajectory import (
     pretty_json as pretty_json,
+)
+from viewer.data.trajectory import (
+    reward_sources as reward_sources,
 )
 from viewer.data.trajectory import (
     span_errors as span_errors,

@@ -217,24 +217,33 @@ def load_trajectories(path: str, steps: Iterable[int] | None = None) -> Loaded:
     (from ``reward_info``) and ``latency_s``.
     """
     loaded = _reading(tracer.read_trajectories, path, steps=None if steps is None else list(steps))
-    t = loaded.table
-    t = t.append_column(ADVANTAGE_COL, advantages(t.column(REWARD_INFO)))
+    return Loaded(with_derived(loaded.table), loaded.warnings)
+
+
+def with_derived(trajectories: pa.Table) -> pa.Table:
+    """The summary rows with the viewer's derived columns: ``advantage`` (from reward_info) and ``latency_s``."""
+    t = trajectories.append_column(ADVANTAGE_COL, advantages(trajectories.column(REWARD_INFO)))
     lat = pc.divide(pc.cast(pc.subtract(t.column(END_NS), t.column(START_NS)), pa.float64()), 1e9)
-    t = t.append_column(LATENCY_COL, lat)
-    return Loaded(t, loaded.warnings)
+    return t.append_column(LATENCY_COL, lat)
 
 
 def list_steps(path: str) -> Loaded:
-    """The run's distinct steps, from the step column alone (cheap: one int column).
+    """The run's distinct steps, from shard indexes or the step column alone (cheap: one int column).
 
     The table has one column, ``step``, ascending, nulls (spans recorded
     outside any step) dropped. ``rows`` is the number of span rows in the
     files (what ``rollout-trace info`` and ``check`` count, ``log_reward``
     rows included).
     """
-    loaded = _reading(tracer.read_spans, path, columns=[STEP])
-    steps = sorted(s for s in pc.unique(loaded.table.column(STEP)).to_pylist() if s is not None)
-    return Loaded(pa.table({STEP: pa.array(steps, pa.int64())}), loaded.warnings, loaded.table.num_rows)
+    counted: list[int] = []
+
+    def steps_table(p: str) -> pa.Table:
+        steps, rows = tracer.read.read_steps(p)  # indexed shards answer without being opened
+        counted.append(rows)
+        return pa.table({STEP: pa.array(steps, pa.int64())})
+
+    loaded = _reading(steps_table, path)
+    return Loaded(loaded.table, loaded.warnings, counted[0])
 
 
 def load_step(path: str, step: int) -> Loaded:
@@ -312,11 +321,14 @@ def tools_by_trajectory(path: str, steps: Iterable[int] | None = None) -> Loaded
     loaded = _reading(
         tracer.read_spans, path, columns=[TRACE_ID, KIND, NAME], steps=None if steps is None else list(steps)
     )
-    spans = loaded.table
+    return Loaded(tools_table(loaded.table), loaded.warnings)
+
+
+def tools_table(spans: pa.Table) -> pa.Table:
+    """Table (trace_id, tools): the distinct tool names of each trajectory among ``spans`` (trace_id, kind, name)."""
     tools = spans.filter(pc.fill_null(pc.equal(spans.column(KIND), KIND_TOOL), False))
     grouped = tools.group_by(TRACE_ID, use_threads=False).aggregate([(NAME, "distinct")])
-    out = pa.table({TRACE_ID: grouped.column(TRACE_ID), TOOLS_COL: grouped.column(f"{NAME}_distinct")})
-    return Loaded(out, loaded.warnings)
+    return pa.table({TRACE_ID: grouped.column(TRACE_ID), TOOLS_COL: grouped.column(f"{NAME}_distinct")})
 
 
 def with_tools(trajectories: pa.Table, tools: pa.Table) -> pa.Table:

@@ -16,6 +16,7 @@ import tracer
 from tracer.extras import install_command
 
 # Column names, kinds, statuses and attribute keys come from tracer's schema, never spelled here.
+from tracer.record.pieces import piece_table
 from tracer.record.token_stats import TOKEN_STATS_SPAN_NAME
 from tracer.schema import META_CONFIG, NAME, ROLLOUT_N, SAMPLE_INDEX, STEP, TRACE_ID, VALIDATE
 from tracer.summary import (
@@ -202,9 +203,11 @@ def load_token_decoder(tokenizer_path: str) -> Callable[[list[int]], list[str]]:
     except ImportError as exc:
         raise ImportError(f"showing token text needs the tokenizers package: {install_command('tokenizers')}") from exc
     tok = Tokenizer.from_file(file)
+    table = piece_table(tok)
 
     def decode(ids: list[int]) -> list[str]:
-        return tok.decode_batch([[i] for i in ids], skip_special_tokens=False)
+        # The recorder's own rendering (tracer.record.pieces): the same text a run recorded with token2text shows.
+        return table.pieces(ids, tok)
 
     return decode
 
@@ -218,8 +221,10 @@ def token_turns(
 
     Read from :func:`tracer.summary.span_turns`, so every recognised output
     shape (this project's ``logprobs``, verl's ``log_probs``, OpenAI and vLLM
-    shapes) shows. ``decoder`` (see :func:`load_token_decoder`) gives each
-    token id its text, so the token view shows where each token starts and ends.
+    shapes) shows. Each token's text is the one recorded with token2text
+    (``*_token_texts``) when the span has it; else ``decoder`` (see
+    :func:`load_token_decoder`) gives each token id its text, so the token
+    view shows where each token starts and ends.
     """
     out = []
     llm = [t for t in span_turns(spans) if t.role == "assistant"]

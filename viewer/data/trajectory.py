@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import string
 from collections.abc import Sequence
@@ -11,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import tracer
+from tracer.data.rescore import REWARD_LATEST, REWARD_SOURCE
 from tracer.read import parse_json_or_text
 
 # Column names, kinds, statuses and attribute keys come from tracer's schema, never spelled here.
@@ -20,6 +22,7 @@ from tracer.schema import (
     KIND,
     NAME,
     PARENT_SPAN_ID,
+    REWARD,
     REWARD_INFO,
     SPAN_ID,
     START_NS,
@@ -27,7 +30,7 @@ from tracer.schema import (
     STATUS_ERROR,
     TRACE_ID,
 )
-from tracer.summary import Turn, span_turns, summarize, trajectory_turns
+from tracer.summary import Turn, span_turns, summarize, trajectory_rewards, trajectory_turns
 from viewer.data.runs import ADVANTAGE, ADVANTAGE_COL, LATENCY_COL, LIGHT_SPAN_COLUMNS, Loaded, _json_number, _read_from
 
 
@@ -66,6 +69,38 @@ def find_trajectory(trajectories: pa.Table, trace_id: str) -> dict[str, Any] | N
     """The trajectory-table row of ``trace_id``, or None."""
     hit = trajectories.filter(pc.equal(trajectories.column(TRACE_ID), trace_id))
     return hit.slice(0, 1).to_pylist()[0] if hit.num_rows else None
+
+
+#: Column of :func:`reward_sources`: when the reward was logged (UTC, ISO 8601).
+REWARD_TIME = "logged at"
+
+
+def reward_sources(spans: pa.Table) -> list[dict[str, Any]]:
+    """Every reward the trajectory's spans hold, oldest first: source, value, time, and which one is its reward.
+
+    The records are :func:`tracer.summary.trajectory_rewards` (what
+    :func:`tracer.read_rewards` lists): recorded ``log_reward`` rows,
+    ``kind="reward"`` ops and the rows ``rollout-trace rescore`` adds, each
+    naming its source; the last is the reward the run's readers report. A
+    reward logged from another process without a trace id is not among them.
+    """
+    records = [r for rs in trajectory_rewards(spans).values() for r in rs]
+    out = []
+    for i, rec in enumerate(records):
+        when = None
+        if rec.end_ns:
+            when = datetime.datetime.fromtimestamp(rec.end_ns / 1e9, datetime.timezone.utc).isoformat(
+                timespec="seconds"
+            )
+        out.append(
+            {
+                REWARD_SOURCE: rec.source,
+                REWARD: rec.reward,
+                REWARD_TIME: when,
+                REWARD_LATEST: i == len(records) - 1,
+            }
+        )
+    return out
 
 
 def turns(spans: pa.Table) -> list[Turn]:

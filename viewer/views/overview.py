@@ -1,4 +1,7 @@
-"""The Overview page: run totals and per-step charts; a click on a point opens that step's trajectories."""
+"""The Overview page: run totals and per-step charts; a click on a point opens that step's trajectories.
+
+When following a run, the newest step's rollouts in progress come first and the charts grow as steps arrive.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import streamlit as st
 from viewer import cache, charts, state
 from viewer import data as D
 from viewer.format import metric_value
+from viewer.views import live
 
 
 def _on_click(key: str) -> None:
@@ -23,6 +27,9 @@ def _chart(chart: object, key: str) -> None:
 def draw(path: str, sig: tuple) -> None:
     """Draw the overview of the run at ``path``."""
     st.header("Run overview")
+    followed = cache.live(path)
+    if followed is not None:
+        live.in_progress(followed, None)
     loaded = cache.run_base(path, sig)
     cache.warn(loaded.warnings)
     split = state.split_value()

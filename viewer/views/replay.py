@@ -109,6 +109,8 @@ def draw(path: str, sig: tuple) -> None:
             on_click=state.open_group,
             args=(row[D.STEP], row[D.SAMPLE_INDEX]),
         )
+    with safe.isolated("reward sources"):
+        _reward_sources(spans)
     if row.get(D.REWARD_INFO):
         with st.expander("Reward details"):
             safe.code(D.pretty_json(row[D.REWARD_INFO]), "reward_info", "reward details", language="json")
@@ -144,6 +146,21 @@ def draw(path: str, sig: tuple) -> None:
         _tokens(path, sig, tid, row, spans)
     with tab_spans, safe.isolated("span table"):
         st.dataframe(pd.DataFrame(_chart_rows(D.waterfall(spans))), hide_index=True, key="span_table")
+
+
+def _reward_sources(spans: Any) -> None:
+    """Where the reward came from; every source with its value and time on request."""
+    sources = D.reward_sources(spans)
+    if not sources:
+        return
+    latest = sources[-1]
+    st.caption(
+        safe.md(f"reward {metric_value(latest[D.REWARD])} from {latest[D.REWARD_SOURCE]} ({len(sources)} source(s))")
+    )
+    with st.expander(f"Reward sources ({len(sources)})"):
+        for r in sources:
+            r[D.REWARD_SOURCE] = safe.clip(r[D.REWARD_SOURCE])
+        st.dataframe(pd.DataFrame(sources), hide_index=True, key="reward_sources")
 
 
 def _chart_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

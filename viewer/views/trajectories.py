@@ -11,6 +11,7 @@ import streamlit as st
 from viewer import cache, safe, state
 from viewer import data as D
 from viewer.format import short
+from viewer.views import live
 
 PAGE_SIZES = (25, 50, 100, 250)
 
@@ -27,9 +28,18 @@ def _keep_known(ss: Any, key: str, options: list[str]) -> None:
 
 
 def _keep_in_range(ss: Any, key: str, lo: Any, hi: Any) -> None:
-    """Reset a range slider whose remembered range lies outside this step's values."""
+    """Reset a range slider whose remembered range lies outside this step's values.
+
+    A slider left at its whole range follows the range as it grows (a run
+    being followed gets new values); one the user narrowed keeps its values.
+    """
     value = ss.get(key)
-    if value is not None and not (lo <= value[0] <= hi and lo <= value[1] <= hi):
+    bounds_key = f"_{key}_bounds"
+    whole = ss.get(bounds_key)
+    ss[bounds_key] = (lo, hi)
+    if value is None:
+        return
+    if not (lo <= value[0] <= hi and lo <= value[1] <= hi) or (whole is not None and tuple(value) == tuple(whole)):
         del ss[key]
 
 
@@ -61,6 +71,9 @@ def draw(path: str, sig: tuple) -> None:
     split = ss.get(state.SS_SPLIT, "both")
     where = f" of step {step}" if step is not None else " (all steps)"
     st.header("Trajectories" + where + ("" if split == "both" else f", {split}"))
+    followed = cache.live(path)
+    if followed is not None and step is not None:
+        live.in_progress(followed, step)
     base = D.select(cache.table(path, sig, step), None, state.split_value())
     if base.num_rows == 0:
         st.info("No trajectories for this step and split.")
@@ -107,6 +120,11 @@ def draw(path: str, sig: tuple) -> None:
     p3.caption(f"{filtered.num_rows:,} of {base.num_rows:,} trajectories match; page {page} of {pages:,}")
     shown, _ = D.sort_and_page(filtered, sort, desc, int(page) - 1, page_size)
     rows = D.list_rows(shown)
+    if followed is not None:
+        running = {r[D.TRACE_ID] for r in followed.running_rows(step)}
+        for r in rows:
+            if r[D.TRACE_ID] in running:
+                r[D.STATUS] = "running"
     ss["_page_ids"] = [(r[D.TRACE_ID], r[D.STEP]) for r in rows]
     if not rows:
         st.info("No trajectory matches these filters.")

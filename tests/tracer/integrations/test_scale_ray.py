@@ -5,19 +5,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from scale_fixtures import REPO, need
+from scale_fixtures import need
 
 import tracer
 
-TESTS_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
 pytestmark = pytest.mark.slow
 
-ENV_CONFIG = "ROLLOUT_TRACE_CONFIG"
 TRAJECTORIES_PER_ACTOR = 12
 
 
@@ -48,35 +44,9 @@ async def _record(worker: str, n: int, step: int = 1) -> None:
 
 
 @pytest.fixture(scope="module")
-def ray_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A local 2-CPU Ray cluster whose runtime environment carries the trace config and the verl hook."""
-    need("ray", "ray")
-    import ray
-
-    root = tmp_path_factory.mktemp("ray")
-    dirs = {"env": str(root / "from_env"), "explicit": str(root / "explicit")}
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={
-            "worker_process_setup_hook": "tracer.verl_compat.install",
-            "env_vars": {
-                tracer.ENV_TRACE_DIR: dirs["env"],
-                tracer.ENV_BACKEND: "arrow",
-                ENV_CONFIG: json.dumps({"project_name": "ray", "experiment_name": "env", "flush_interval_s": 0.2}),
-                tracer.config.ENV_STRICT: "1",
-                # Workers unpickle this module's functions by reference.
-                "PYTHONPATH": os.pathsep.join(
-                    [os.path.dirname(os.path.abspath(__file__)), TESTS_DIR, REPO, os.environ.get("PYTHONPATH", "")]
-                ),
-            },
-        },
-    )
-    try:
-        yield dirs
-    finally:
-        ray.shutdown()
+def ray_dirs(ray_cluster: dict[str, str]) -> dict[str, str]:
+    """The module's Ray cluster (tests/tracer/integrations/conftest.py): trace folders of its runtime environment."""
+    return ray_cluster
 
 
 def _rollout_actor() -> Any:

@@ -18,7 +18,9 @@ import os
 import sys
 from typing import Any
 
-MODE = sys.argv[3] if len(sys.argv) > 3 else "verl"
+# Only the script's own command line names a mode; imported (by a Ray worker,
+# for the tool class), the module does not read sys.argv.
+MODE = sys.argv[3] if __name__ == "__main__" and len(sys.argv) > 3 else "verl"
 if MODE == "dropin":
     import tracer.verl_compat
 
@@ -68,18 +70,26 @@ class ScriptedServer:
 
 
 class ScriptedClient(LLMServerClient):
-    """verl's LLM client with the load balancer replaced by one scripted server."""
+    """verl's LLM client with the load balancer replaced by one scripted server.
 
-    server: ScriptedServer
+    The server is given, or built on first use from the tokenizer verl's
+    AgentLoopWorker hands its client with token2text (in a Ray actor).
+    """
+
+    server: ScriptedServer | None = None
 
     async def _acquire_server(self, request_id: str, **extra: Any) -> tuple[str, Any]:
+        if self.server is None:
+            self.server = ScriptedServer(self.tokenizer)  # type: ignore[attr-defined]
         return "server-0", self.server
 
     def _release_server(self, server_id: str, request_id: str | None = None) -> None:
         return None
 
 
-def compose_config(model_dir: str, work_dir: str) -> Any:
+def compose_config(
+    model_dir: str, work_dir: str, project: str = "verl-fidelity", experiment: str = "", backend: str = "mlflow"
+) -> Any:
     """verl's ppo_trainer config with the overrides this run needs."""
     import verl
     from hydra import compose, initialize_config_dir
@@ -114,8 +124,8 @@ def compose_config(model_dir: str, work_dir: str) -> Any:
         return compose(
             "ppo_trainer",
             overrides=[
-                "trainer.project_name=verl-fidelity",
-                "trainer.experiment_name=" + MODE,
+                f"trainer.project_name={project}",
+                "trainer.experiment_name=" + (experiment or MODE),
                 f"actor_rollout_ref.model.path={model_dir}",
                 "actor_rollout_ref.rollout.name=vllm",
                 "actor_rollout_ref.rollout.prompt_length=512",
@@ -125,18 +135,18 @@ def compose_config(model_dir: str, work_dir: str) -> Any:
                 "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
                 f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
                 "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
-                "actor_rollout_ref.rollout.trace.backend=mlflow",
+                f"actor_rollout_ref.rollout.trace.backend={backend}",
                 "actor_rollout_ref.rollout.trace.token2text=True",
             ],
         )
 
 
-def make_batch(step: int, samples: int) -> Any:
-    """One step's batch: ``samples`` questions, two rollouts each (GRPO-style)."""
+def make_batch(step: int, samples: int, first: int = 0) -> Any:
+    """One step's batch: ``samples`` questions (indices from ``first``), two rollouts each (GRPO-style)."""
     from verl.protocol import DataProto
 
     raw, index = [], []
-    for i in range(samples):
+    for i in range(first, first + samples):
         for _ in range(2):
             raw.append(np.array([{"role": "user", "content": f"What is 6*7? (question {i})"}], dtype=object))
             index.append(i)

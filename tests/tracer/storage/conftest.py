@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import re
+import zlib
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 import pytest
+from scale_fixtures import MotoServer, need
 from storage_fixtures import span_rows
 
 import tracer
 from tracer import schema as S
+from tracer.storage.shard_index import sidecar_path
 from tracer.storage.writer import SpanWriter
 
 
@@ -41,6 +46,9 @@ def write_trace_file(
         writer._abandon()
     assert written is not None
     os.replace(written, path)
+    # Its index names the file it was written as: under another name it is only clutter.
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(sidecar_path(written))
     return ids
 
 
@@ -61,3 +69,30 @@ def make_trace_file(tmp_path: os.PathLike[str]) -> Callable[..., tuple[str, list
 def write_trace() -> Callable[..., list[list[str]]]:
     """:func:`write_trace_file`, for tests that write many files (property tests)."""
     return write_trace_file
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[MotoServer]:
+    """A moto S3 server on 127.0.0.1 with the AWS_* environment pointing at it."""
+    need("moto", "'moto[server]'")
+    server = MotoServer()
+    old = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    try:
+        yield server
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.fixture()
+def bucket(s3: MotoServer, request: pytest.FixtureRequest) -> str:
+    """A fresh bucket, as an s3:// URI prefix."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:40].strip("-")
+    name = f"t-{slug}-{zlib.crc32(request.node.nodeid.encode()):08x}"  # parametrized tests get buckets of their own
+    s3.create_bucket(name)
+    return f"s3://{name}/traces"

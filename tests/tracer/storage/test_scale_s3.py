@@ -22,32 +22,6 @@ from tracer.storage.files import read_layout
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[MotoServer]:
-    """A moto S3 server on 127.0.0.1 with the AWS_* environment pointing at it."""
-    need("moto", "'moto[server]'")
-    server = MotoServer()
-    old = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    try:
-        yield server
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
-
-
-@pytest.fixture()
-def bucket(s3: MotoServer, request: pytest.FixtureRequest) -> str:
-    """A fresh bucket, as an s3:// URI prefix."""
-    name = "t-" + request.node.name.replace("_", "-")[:50].lower().strip("-")
-    s3.create_bucket(name)
-    return f"s3://{name}/traces"
-
-
 @pytest.fixture()
 def staging(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh staging root."""

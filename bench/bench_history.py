@@ -1,0 +1,126 @@
+"""Multi-turn history stored once (issue 13): bytes on disk and writer time of a 10-turn agent.
+
+Each trajectory is an agent of ``--turns`` llm calls; turn k's ``prompt_ids``
+are turn k-1's prompt and response plus ``--new`` new ids (a tool result),
+responses ``--response`` ids, all random-looking (a 151k vocabulary).
+Recorded three ways, in one process, each from the first call until
+``tracer.flush()`` returns:
+
+1. whole prompts, stored once (this tracer: later turns hold a reference);
+2. whole prompts, every turn stored whole (the writer's history step turned off);
+3. only the new ids passed as ``prompt_ids`` (the floor: nothing repeated).
+
+    python bench/bench_history.py [--trajectories 400] [--turns 10] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tracer  # noqa: E402
+from tracer.record import recorder as _recorder  # noqa: E402
+
+VOCAB = 151_643
+
+
+@tracer.rollout_trace_op(kind="llm")
+async def generate(prompt_ids: list[int], sampling_params: dict, response: list[int]) -> dict:
+    return {"response_ids": response, "finish_reason": "stop"}
+
+
+def make_agents(n: int, turns: int, new: int, response: int, system: int) -> list[list[tuple[list[int], list[int]]]]:
+    """Per trajectory, per turn: (the ids new in this prompt, the response)."""
+    rng = random.Random(0)
+    ids = lambda k: [rng.randrange(VOCAB) for _ in range(k)]  # noqa: E731
+    return [[(ids(system if t == 0 else new), ids(response)) for t in range(turns)] for _ in range(n)]
+
+
+def run(agents, out_dir: str, mode: str) -> tuple[float, int]:
+    """Record every agent; returns (seconds to durable, bytes on disk)."""
+    tracer.init(output_dir=out_dir, compression_level=3)
+
+    async def agent(i: int, barrier: asyncio.Barrier) -> None:
+        with tracer.rollout_trace_attr(sample_index=i, step=0, rollout_n=0):
+            history: list[int] = []
+            for new, response in agents[i]:
+                prompt = history + new
+                await generate(new if mode == "new only" else prompt, {"temperature": 1.0}, response)
+                history = prompt + response
+                # A turn takes longer than the writer's flush interval: each
+                # turn lands in its own batch (compressed on its own).
+                if await barrier.wait() == 0:
+                    tracer.flush()
+                await barrier.wait()
+
+    async def main() -> None:
+        for start in range(0, len(agents), 32):  # 32 agents in flight
+            group = range(start, min(start + 32, len(agents)))
+            barrier = asyncio.Barrier(len(group))
+            await asyncio.gather(*(agent(i, barrier) for i in group))
+
+    t0 = time.perf_counter()
+    asyncio.run(main())
+    result = tracer.flush()
+    elapsed = time.perf_counter() - t0
+    run_dir = tracer.get_config().run_dir
+    tracer.shutdown()
+    assert result.ok, result.message
+    size = sum(os.path.getsize(f) for f in glob.glob(os.path.join(run_dir, "**", "*.arrow"), recursive=True))
+    return elapsed, size
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trajectories", type=int, default=400)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--new", type=int, default=64, help="new ids per turn (tool result, user message)")
+    ap.add_argument("--response", type=int, default=128)
+    ap.add_argument("--system", type=int, default=256, help="ids of the first prompt")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    agents = make_agents(args.trajectories, args.turns, args.new, args.response, args.system)
+    tmp = tempfile.mkdtemp(prefix="bench-history-")
+    store_once = _recorder.Recorder._store_history_once
+    times: dict[str, list[float]] = {"stored once": [], "stored whole": [], "new only": []}
+    sizes: dict[str, int] = {}
+    try:
+        for r in range(args.rounds):
+            for mode in times:
+                if mode == "stored whole":
+                    _recorder.Recorder._store_history_once = lambda self, records, prepared: None  # type: ignore[method-assign]
+                try:
+                    t, size = run(agents, os.path.join(tmp, f"{mode}-{r}".replace(" ", "_")), mode)
+                finally:
+                    _recorder.Recorder._store_history_once = store_once  # type: ignore[method-assign]
+                times[mode].append(t)
+                sizes[mode] = size
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    spans = args.trajectories * args.turns
+    floor_t, floor_b = statistics.median(times["new only"]), sizes["new only"]
+    print(
+        f"{args.trajectories} agents x {args.turns} turns ({spans} llm spans; {args.system} first-prompt ids, "
+        f"{args.new} new ids and {args.response} response ids a turn), zstd 3, median of {args.rounds}"
+    )
+    for mode in times:
+        t, b = statistics.median(times[mode]), sizes[mode]
+        print(
+            f"  {mode:13s} {b / 1e6:7.2f} MB ({b / floor_b:.2f}x the new-only bytes)   "
+            f"{t:6.2f} s ({t / floor_t:.2f}x the new-only time)"
+        )
+    print("  target: stored once within 1.3x of new only, bytes and time")
+
+
+if __name__ == "__main__":
+    main()

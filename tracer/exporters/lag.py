@@ -1,0 +1,215 @@
+"""How far behind the trace files each live exporter is: a small JSON file per process, next to the shards.
+
+Every few seconds (:data:`WRITE_EVERY_S`) a :class:`~tracer.exporters.base.LiveDriver`
+rewrites ``{run_dir}/_lag.{backend}.{host}_{pid}_{nonce}.json`` atomically
+(temporary file, rename): trajectories shipped and failed, trajectories
+waiting (their root span was written to the files but the backend has not got
+them yet: the grace period for late rewards, or a step held until it is
+complete), the age of the oldest waiting one, spans queued or dropped. The
+last write, at shutdown, is marked ``final``. Readers list trace files
+(``*.arrow``) only, so these files are invisible to them.
+
+:func:`read_lag` reads them back for ``rollout-trace info`` and the viewer's
+sidebar. The driver calls :func:`observe`; nothing here raises into it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import time
+import weakref
+from typing import Any
+
+from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+from tracer.storage import uri as _uri
+from tracer.storage.writer import host_label
+
+logger = logging.getLogger("rollout_trace")
+
+#: Name prefix and suffix of the lag files.
+LAG_PREFIX = "_lag."
+LAG_SUFFIX = ".json"
+#: Seconds between two writes of a process's lag file.
+WRITE_EVERY_S = 5.0
+#: Seconds between two looks at the driver's queues (the resolution of "oldest waiting").
+OBSERVE_EVERY_S = 1.0
+#: A lag file not rewritten for this many write intervals belongs to a process that is gone or stuck.
+STALE_AFTER_WRITES = 3
+
+
+@dataclasses.dataclass
+class LagRecord:
+    """One live exporter of one process, as its last lag file says.
+
+    Attributes:
+        backend: The backend's name (``mlflow``, ``wandb``, ...).
+        host: The host the process runs on.
+        pid: Its process id.
+        written_at: When the file was written (seconds since the epoch).
+        shipped: Trajectories the backend accepted.
+        failed: Trajectories it refused after every retry (the files still hold them).
+        waiting: Trajectories in the files that the backend has not got yet.
+        oldest_waiting_s: How long the oldest of them has waited (0 when none).
+        running: Trajectories with spans but no root yet (still in rollout; not lag).
+        queued_spans: Spans handed to the exporter and not yet looked at.
+        dropped_spans: Spans its full queue let go (``rollout-trace export`` catches up from the files).
+        final: Written at shutdown: nothing more will come.
+        every_s: How often its process rewrites it (:data:`WRITE_EVERY_S` there).
+        path: The lag file.
+    """
+
+    backend: str
+    host: str
+    pid: int
+    written_at: float
+    shipped: int = 0
+    failed: int = 0
+    waiting: int = 0
+    oldest_waiting_s: float = 0.0
+    running: int = 0
+    queued_spans: int = 0
+    dropped_spans: int = 0
+    final: bool = False
+    every_s: float = WRITE_EVERY_S
+    path: str = ""
+
+    def stale(self, now: float | None = None) -> bool:
+        """Not final and not rewritten for :data:`STALE_AFTER_WRITES` of its intervals (at least 1 s each): gone or stuck."""
+        now = time.time() if now is None else now
+        return not self.final and now - self.written_at > STALE_AFTER_WRITES * max(self.every_s, 1.0)
+
+    def describe(self, now: float | None = None) -> str:
+        """One line: ``mlflow (host pid 12): 40 shipped, 3 waiting (oldest 12.0 s), ...``."""
+        now = time.time() if now is None else now
+        parts = [f"{self.shipped} shipped", f"{self.waiting} waiting"]
+        if self.waiting:
+            parts[-1] += f" (oldest {self.oldest_waiting_s:.1f} s)"
+        if self.failed:
+            parts.append(f"{self.failed} failed")
+        if self.queued_spans:
+            parts.append(f"{self.queued_spans} spans queued")
+        if self.dropped_spans:
+            parts.append(f"{self.dropped_spans} spans dropped")
+        age = max(now - self.written_at, 0.0)
+        if self.final:
+            state = "finished"
+        elif self.stale(now):
+            state = f"no update for {age:.0f} s: the process is gone or stuck"
+        else:
+            state = f"updated {age:.0f} s ago"
+        behind = ""
+        if (self.failed or self.dropped_spans or (self.final and self.waiting)) and os.path.dirname(self.path):
+            behind = f"; catch up: rollout-trace export {os.path.dirname(self.path)} --to {self.backend}"
+        return f"{self.backend} ({self.host} pid {self.pid}): {', '.join(parts)}; {state}{behind}"
+
+
+class _Reporter:
+    """The lag file of one driver: remembers since when each waiting trajectory waits."""
+
+    def __init__(self, run_dir: str, backend: str) -> None:
+        self.path = os.path.join(
+            run_dir, f"{LAG_PREFIX}{backend}.{host_label()}_{os.getpid()}_{secrets.token_hex(3)}{LAG_SUFFIX}"
+        )
+        self.backend = backend
+        self.since: dict[str, float] = {}
+        self.last_look = -1e18
+        self.last_write = -1e18
+        self.failed = False
+
+    def look(self, driver: Any, final: bool) -> None:
+        now = time.monotonic()
+        if not final and now - self.last_look < OBSERVE_EVERY_S:
+            return
+        self.last_look = now
+        root_seen: dict[str, float] = dict(getattr(driver, "_root_seen", {}))
+        held = getattr(driver, "_held", {})
+        waiting: set[str] = set(root_seen)
+        for trajectories in list(held.values()):
+            for t in trajectories:
+                tid = t.summary.get(S.TRACE_ID) if isinstance(t.summary, dict) else None
+                waiting.add(tid if isinstance(tid, str) else f"#{id(t)}")
+        self.since = {k: self.since.get(k, root_seen.get(k, now)) for k in waiting}
+        oldest = now - min(self.since.values()) if self.since else 0.0
+        pending = getattr(driver, "_pending", {})
+        if not final and now - self.last_write < WRITE_EVERY_S:
+            return
+        self.last_write = now
+        record = {
+            "backend": self.backend,
+            "host": host_label(),
+            "pid": os.getpid(),
+            "written_at": time.time(),
+            "shipped": int(getattr(driver, "trajectories_written", 0)),
+            "failed": int(getattr(driver, "trajectories_failed", 0)),
+            "waiting": len(self.since),
+            "oldest_waiting_s": round(max(oldest, 0.0), 3),
+            "running": sum(1 for t in list(pending) if t not in root_seen),
+            "queued_spans": int(getattr(driver, "_queued_spans", 0)),
+            "dropped_spans": int(getattr(driver, "spans_dropped", 0)),
+            "final": final,
+            "every_s": WRITE_EVERY_S,
+        }
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+        os.replace(tmp, self.path)
+
+
+_REPORTERS: weakref.WeakKeyDictionary[Any, _Reporter] = weakref.WeakKeyDictionary()
+
+
+def observe(driver: Any, final: bool = False) -> None:
+    """Look at a live driver's queues and, every :data:`WRITE_EVERY_S` (and when ``final``), rewrite its lag file.
+
+    Called on the driver's own thread after each cycle. Never raises: a lag
+    file that cannot be written is given up on with one log line.
+    """
+    reporter = None
+    try:
+        reporter = _REPORTERS.get(driver)
+        if reporter is None:
+            run_dir = getattr(driver, "run_dir", "")
+            if not run_dir or _uri.is_remote(run_dir):
+                return  # an object-store run has no local folder to put the file in
+            reporter = _REPORTERS[driver] = _Reporter(run_dir, str(getattr(driver, "backend", "live")))
+        if reporter.failed:
+            return
+        if not os.path.isdir(os.path.dirname(reporter.path)):
+            return  # nothing written yet: the run folder appears with the first shard
+        reporter.look(driver, final)
+    except Exception as exc:
+        if reporter is not None:
+            reporter.failed = True
+        logger.warning(
+            "rollout-trace: cannot write the live exporter's lag file (%s: %s); giving up", type(exc).__name__, exc
+        )
+
+
+def read_lag(path: str | os.PathLike[str]) -> list[LagRecord]:
+    """The lag files under ``path`` (a run folder, searched recursively), by backend, host and pid.
+
+    Unreadable or foreign files are left out.
+    """
+    root = os.fspath(path)
+    if _uri.is_remote(root) or not os.path.exists(root):
+        return []
+    folder = root if os.path.isdir(root) else os.path.dirname(root) or "."
+    found: list[LagRecord] = []
+    for d, dirs, names in os.walk(folder):
+        dirs.sort()
+        for name in sorted(names):
+            if not (name.startswith(LAG_PREFIX) and name.endswith(LAG_SUFFIX)):
+                continue
+            file = os.path.join(d, name)
+            try:
+                with open(file, encoding="utf-8") as f:
+                    data = json.load(f)
+                fields = {k.name for k in dataclasses.fields(LagRecord)} - {"path"}
+                found.append(LagRecord(**{k: v for k, v in data.items() if k in fields}, path=file))
+            except (OSError, ValueError, TypeError):
+                continue
+    return sorted(found, key=lambda r: (r.backend, r.host, r.pid, r.path))

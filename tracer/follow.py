@@ -1,0 +1,415 @@
+"""Follow a run while it is written: read only the batches added since the last look.
+
+:class:`RunFollower` remembers, per trace file, how many complete record
+batches it has read and the file's size; each :meth:`RunFollower.poll` lists
+the run again and reads only the batches after those (an append-only file
+keeps its batches' numbers, so batch ``i`` of a shard still being written is
+batch ``i`` once it is closed, see :func:`tracer.storage.files.read_batches`).
+It also remembers where the last batch it read ends, so the message headers
+of a file are walked from there, not from the start (``resume`` of
+:func:`tracer.storage.files.read_batches`). The trajectory summaries are kept
+per step and only the trajectories that got new rows are summarised again,
+with :func:`tracer.summary.summarize` (one meaning in one place), so a
+refresh costs what is new, not the run.
+
+:meth:`RunFollower.trajectories` is then the same table as
+:func:`tracer.summary.read_trajectories` of the run (same rows, same order).
+When a file the follower read is gone or shorter (a compaction replaced it,
+a repair cut it), the next poll reads the run again from the start.
+
+Used by ``rollout-trace tail`` and by the viewer's ``--follow`` mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+from tracer.read import TraceFileWarning, TracePaths, list_trace_files
+from tracer.storage import uri as _uri
+from tracer.storage.files import read_batches, read_layout
+from tracer.summary import SUMMARY_SPAN_COLUMNS, summarize
+
+#: Span columns the follower keeps for every row it read: what the summary needs, plus the span id.
+FOLLOW_SPAN_COLUMNS: tuple[str, ...] = (*SUMMARY_SPAN_COLUMNS, S.SPAN_ID)
+
+_SORT_KEYS = [
+    (S.STEP, "ascending"),
+    (S.SAMPLE_INDEX, "ascending"),
+    (S.ROLLOUT_N, "ascending"),
+    (S.START_NS, "ascending"),
+    (S.TRACE_ID, "ascending"),
+]
+
+
+@dataclasses.dataclass
+class FileProgress:
+    """What the follower has read of one trace file.
+
+    Attributes:
+        size: Its size when last read.
+        mtime_ns: Its modification time then.
+        batches: Complete record batches read so far.
+        closed: It ended cleanly (footer or end-of-stream): its writer is done with it.
+        end: Where its last batch read ends (0: walk the file from the start next time).
+        max_step: The highest step of its rows read so far (None: none with a step).
+        changed_at: When a poll last found new batches in it (``time.monotonic()``).
+    """
+
+    size: int = -1
+    mtime_ns: int = -1
+    batches: int = 0
+    closed: bool = False
+    end: int = 0
+    max_step: int | None = None
+    changed_at: float = 0.0
+
+
+@dataclasses.dataclass
+class Update:
+    """What one :meth:`RunFollower.poll` found.
+
+    Attributes:
+        rows: Span rows read by this poll.
+        batches: Record batches read by this poll.
+        files_read: Files that had new batches.
+        new_files: Files seen for the first time.
+        changed: Trace ids whose summary was (re)computed.
+        reset: The run was read again from the start (a file the follower had read was replaced or cut).
+        warnings: The readers' messages about damaged files (a batch still being written shows here too).
+    """
+
+    rows: int = 0
+    batches: int = 0
+    files_read: int = 0
+    new_files: int = 0
+    changed: list[str] = dataclasses.field(default_factory=list)
+    reset: bool = False
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+
+def _by_step(table: pa.Table) -> dict[int | None, pa.Table]:
+    """The rows of ``table`` by their step: one sort and slices, not one filter per step."""
+    steps = table.column(S.STEP)
+    unique = pc.unique(steps)
+    if len(unique) <= 1:
+        return {unique[0].as_py() if len(unique) else None: table} if table.num_rows else {}
+    ordered = table.take(pc.sort_indices(table, sort_keys=[(S.STEP, "ascending")]))  # nulls last (the default)
+    counts = pc.value_counts(ordered.column(S.STEP))
+    out: dict[int | None, pa.Table] = {}
+    offset = 0
+    for value, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
+        out[value] = ordered.slice(offset, count)
+        offset += count
+    return out
+
+
+class _ShrunkError(Exception):
+    """A file is shorter than when it was read."""
+
+
+def _step_key(step: int | None) -> tuple[bool, int]:
+    return (step is None, step or 0)
+
+
+class RunFollower:
+    """Reads a run again and again, each time only what was written since.
+
+    Not thread-safe: callers sharing one follower hold a lock around :meth:`poll`.
+
+    Args:
+        path: A run directory (searched recursively), a trace file, or a list of them.
+        columns: Extra span columns to keep besides :data:`FOLLOW_SPAN_COLUMNS`.
+    """
+
+    def __init__(self, path: TracePaths, columns: Iterable[str] = ()) -> None:
+        self.path = path
+        self.columns = list(dict.fromkeys([*FOLLOW_SPAN_COLUMNS, *columns]))
+        self._clear()
+
+    def _clear(self) -> None:
+        #: How many times the run was read from the start (with :attr:`step_versions`, a cache key).
+        self.generation: int = getattr(self, "generation", -1) + 1
+        self.files: dict[str, FileProgress] = {}
+        #: Span rows read so far (every row of the files, log_reward rows included).
+        self.rows = 0
+        self._spans: dict[int | None, list[pa.Table]] = {}
+        self._summaries: dict[int | None, pa.Table] = {}
+        self._trace_steps: dict[str, set[int | None]] = {}
+        self._trace_files: dict[str, set[str]] = {}
+        self._table: pa.Table | None = None
+        #: How many polls read something; a counter views can key caches on.
+        self.version = 0
+        #: Per step, how many times its summaries were replaced (a step's cache key).
+        self.step_versions: dict[int | None, int] = {}
+
+    # -- reading ------------------------------------------------------------
+
+    def poll(self) -> Update:
+        """Read the batches written since the last poll and bring the summaries up to date.
+
+        Raises:
+            FileNotFoundError: the path does not exist.
+        """
+        files = list_trace_files(self.path)
+        listed = set(files)
+        # A file read before is gone (compacted, removed) or remote (no cheap look at its batches): start over.
+        gone = any(f not in listed for f in self.files) or any(_uri.is_remote(f) for f in files)
+        update = self._read(files, gone)
+        if update is None:  # a file got shorter (repaired, rewritten): start over
+            update = self._read(files, True)
+            assert update is not None
+        return update
+
+    def _read(self, files: list[str], start_over: bool) -> Update | None:
+        update = Update(reset=start_over and bool(self.files))
+        if start_over:
+            self._clear()
+        pieces: list[pa.Table] = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceFileWarning)
+            for file in files:
+                try:
+                    piece = self._read_file(file, update)
+                except _ShrunkError:
+                    return None
+                if piece is not None:
+                    pieces.append(piece)
+        update.warnings = list(dict.fromkeys(str(w.message) for w in caught))
+        if pieces:
+            new = pa.concat_tables(pieces)
+            update.rows = new.num_rows
+            self.rows += new.num_rows
+            update.changed = self._absorb(new)
+            self._table = None
+            self.version += 1
+        return update
+
+    def _read_file(self, file: str, update: Update) -> pa.Table | None:
+        progress = self.files.get(file)
+        if progress is None:
+            progress = self.files[file] = FileProgress()
+            update.new_files += 1
+        if _uri.is_remote(file):
+            reading = read_batches(file, self.columns)
+        else:
+            try:
+                st = os.stat(file)
+            except OSError:
+                return None
+            if st.st_size == progress.size and st.st_mtime_ns == progress.mtime_ns:
+                return None
+            if st.st_size < progress.size:
+                raise _ShrunkError(file)
+            progress.mtime_ns = st.st_mtime_ns
+            # Walk the headers from where the last read ended, read only the batches after it.
+            if progress.end or not progress.batches:
+                resume = (progress.end, progress.batches) if progress.end else None
+                reading = read_batches(file, self.columns, resume=resume)
+            else:  # after damage: walk the whole file, read the batches not read yet
+                try:
+                    complete = len(read_layout(file).batches)
+                except OSError:
+                    return None
+                reading = read_batches(file, self.columns, range(progress.batches, complete))
+        got = list(reading)
+        result = reading.result
+        message = result.describe()
+        whole = result.batches == result.batches_in_file - progress.batches  # every batch walked was read
+        torn_tail = result.damage and not result.refused and not result.closed and whole
+        if message and not torn_tail:  # a batch still being written is not damage
+            warnings.warn(message, TraceFileWarning, stacklevel=2)
+        progress.size = result.size
+        progress.batches += result.batches
+        progress.closed = result.closed
+        progress.end = result.end if whole and not result.skipped else 0
+        if result.damage or result.refused:
+            progress.size = -1  # look again next time: a batch being written ends up complete
+        if not got:
+            return None
+        update.batches += len(got)
+        update.files_read += 1
+        table = pa.Table.from_batches(got)
+        progress.changed_at = time.monotonic()
+        top = pc.max(table.column(S.STEP)).as_py()
+        if top is not None and (progress.max_step is None or top > progress.max_step):
+            progress.max_step = top
+        for tid in pc.unique(table.column(S.TRACE_ID)).to_pylist():
+            if tid:
+                self._trace_files.setdefault(tid, set()).add(file)
+        return table
+
+    def _absorb(self, new: pa.Table) -> list[str]:
+        """File the new rows by step and summarise again every trajectory they touch."""
+        steps_col = new.column(S.STEP)
+        for step, rows in _by_step(new).items():
+            self._spans.setdefault(step, []).append(rows)
+        pairs = new.select([S.TRACE_ID, S.STEP]).group_by([S.TRACE_ID, S.STEP], use_threads=False).aggregate([])
+        affected: set[str] = set()
+        for tid, step in zip(pairs.column(0).to_pylist(), pairs.column(1).to_pylist()):
+            if tid:
+                affected.add(tid)
+                self._trace_steps.setdefault(tid, set()).add(step)
+        # Rewards logged without a trace id join trajectories of their step by key: redo those steps.
+        no_tid = pc.invert(pc.fill_null(pc.not_equal(new.column(S.TRACE_ID), ""), False))
+        is_log = pc.fill_null(
+            pc.and_(pc.equal(new.column(S.KIND), S.KIND_REWARD), pc.equal(new.column(S.NAME), S.REWARD_SPAN_NAME)),
+            False,
+        )
+        keyed_steps = set(pc.unique(pc.filter(steps_col, pc.and_(no_tid, is_log))).to_pylist())
+        for step in keyed_steps:
+            summary = self._summaries.get(step)
+            if summary is not None:
+                affected.update(summary.column(S.TRACE_ID).to_pylist())
+        if not affected:
+            return []
+        by_step: dict[int | None, list[str]] = {}
+        for tid in affected:
+            for step in self._trace_steps.get(tid, ()):
+                by_step.setdefault(step, []).append(tid)
+        touched = set(by_step)
+        ids_of = {step: pa.array(sorted(tids), pa.string()) for step, tids in by_step.items()}
+        parts = []
+        for step in touched:
+            spans = pa.concat_tables(self._spans.get(step, []))
+            tid = spans.column(S.TRACE_ID)
+            own = pc.fill_null(pc.is_in(tid, value_set=ids_of[step]), False)
+            keyed = pc.and_(
+                pc.invert(pc.fill_null(pc.not_equal(tid, ""), False)),
+                pc.fill_null(
+                    pc.and_(
+                        pc.equal(spans.column(S.KIND), S.KIND_REWARD),
+                        pc.equal(spans.column(S.NAME), S.REWARD_SPAN_NAME),
+                    ),
+                    False,
+                ),
+            )
+            parts.append(spans.filter(pc.or_(own, keyed)))
+        fresh = _by_step(summarize(pa.concat_tables(parts)))
+        empty = S.TRAJECTORY_SCHEMA.empty_table()
+        for step in touched | set(fresh):
+            old = self._summaries.get(step)
+            gone = ids_of.get(step)
+            keep = (
+                old
+                if old is None or gone is None
+                else old.filter(pc.invert(pc.is_in(old.column(S.TRACE_ID), value_set=gone)))
+            )
+            mine = fresh.get(step, empty)
+            table = mine if keep is None or keep.num_rows == 0 else pa.concat_tables([keep, mine])
+            if table.num_rows:
+                self._summaries[step] = table.sort_by(_SORT_KEYS)
+            else:
+                self._summaries.pop(step, None)
+            self.step_versions[step] = self.step_versions.get(step, 0) + 1
+        return sorted(affected)
+
+    # -- what was read ---------------------------------------------------------
+
+    def trajectories(self, steps: Iterable[int | None] | None = None) -> pa.Table:
+        """One summary row per trajectory read so far (:data:`tracer.schema.TRAJECTORY_SCHEMA`), as ``read_trajectories``.
+
+        Args:
+            steps: Only these steps (None: all).
+        """
+        if steps is None:
+            if self._table is None:
+                tables = [self._summaries[s] for s in sorted(self._summaries, key=_step_key)]
+                self._table = pa.concat_tables(tables) if tables else S.TRAJECTORY_SCHEMA.empty_table()
+            return self._table
+        tables = [self._summaries[s] for s in sorted(set(steps), key=_step_key) if s in self._summaries]
+        return pa.concat_tables(tables) if tables else S.TRAJECTORY_SCHEMA.empty_table()
+
+    def steps(self) -> list[int]:
+        """The steps of the rows read so far, ascending (rows without a step left out)."""
+        return sorted(s for s in self._spans if s is not None)
+
+    def spans(self, trace_ids: Iterable[str]) -> pa.Table:
+        """The rows read so far of these trajectories (:attr:`columns`), by start time."""
+        wanted = list(dict.fromkeys(trace_ids))
+        steps = {s for t in wanted for s in self._trace_steps.get(t, ())}
+        ids = pa.array(wanted, pa.string())
+        parts = []
+        for step in steps:
+            spans = pa.concat_tables(self._spans[step])
+            parts.append(spans.filter(pc.fill_null(pc.is_in(spans.column(S.TRACE_ID), value_set=ids), False)))
+        if not parts:
+            return pa.schema([S.SPAN_SCHEMA.field(c) for c in self.columns]).empty_table()
+        return pa.concat_tables(parts).sort_by([(S.START_NS, "ascending")])
+
+    def summary_spans(self, step: int | None) -> pa.Table:
+        """At least every row of the trajectories whose summary is in ``step`` (per-trajectory columns of one step).
+
+        The step's own rows when none of its trajectories has rows in another step (no filtering), else
+        :meth:`spans` of its trajectories. Rows of other trajectories may come along.
+        """
+        summary = self._summaries.get(step)
+        if summary is None:
+            return pa.schema([S.SPAN_SCHEMA.field(c) for c in self.columns]).empty_table()
+        ids = summary.column(S.TRACE_ID).to_pylist()
+        if all(len(self._trace_steps.get(t, ())) <= 1 for t in ids):
+            return pa.concat_tables(self._spans.get(step, []))
+        return self.spans(ids)
+
+    def files_of(self, trace_ids: Iterable[str]) -> list[str]:
+        """The files holding rows of these trajectories."""
+        return sorted({f for t in trace_ids for f in self._trace_files.get(t, ())})
+
+    def open_files(self) -> list[str]:
+        """Files not closed yet: their writers may still add to them."""
+        return sorted(f for f, p in self.files.items() if not p.closed)
+
+    def running(self, now_ns: int | None = None) -> pa.Table:
+        """Trajectories in progress: no root span yet and a file still open (their writer may be alive).
+
+        A table with the summary columns plus ``running_s``: seconds since the trajectory's first span started.
+        """
+        table = self.trajectories()
+        incomplete = table.filter(pc.equal(table.column(S.STATUS), S.STATUS_INCOMPLETE))
+        open_files = set(self.open_files())
+        keep = [
+            any(f in open_files for f in self._trace_files.get(t, ()))
+            for t in incomplete.column(S.TRACE_ID).to_pylist()
+        ]
+        running = incomplete.filter(pa.array(keep, pa.bool_()))
+        now = time.time_ns() if now_ns is None else now_ns
+        since = pc.divide(
+            pc.cast(pc.subtract(pa.scalar(now, pa.int64()), running.column(S.START_NS)), pa.float64(), safe=False), 1e9
+        )
+        return running.append_column(RUNNING_S, since)
+
+
+#: Column :meth:`RunFollower.running` adds: seconds the trajectory has been running.
+RUNNING_S = "running_s"
+
+
+def step_progress(trajectories: pa.Table, running: pa.Table) -> list[dict[str, Any]]:
+    """Per step: trajectories finished (a root span), running, and abandoned (no root, writer done).
+
+    Args:
+        trajectories: Summary rows (:meth:`RunFollower.trajectories`).
+        running: :meth:`RunFollower.running`.
+    """
+    running_ids = set(running.column(S.TRACE_ID).to_pylist())
+    out: dict[int | None, dict[str, Any]] = {}
+    for tid, step, status in zip(
+        trajectories.column(S.TRACE_ID).to_pylist(),
+        trajectories.column(S.STEP).to_pylist(),
+        trajectories.column(S.STATUS).to_pylist(),
+    ):
+        row = out.setdefault(step, {S.STEP: step, "finished": 0, "running": 0, "abandoned": 0})
+        if status != S.STATUS_INCOMPLETE:
+            row["finished"] += 1
+        elif tid in running_ids:
+            row["running"] += 1
+        else:
+            row["abandoned"] += 1
+    return [out[s] for s in sorted(out, key=_step_key)]

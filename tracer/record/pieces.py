@@ -1,0 +1,248 @@
+"""Per-token text for token2text: a table from token id to its bytes, built once per tokenizer.
+
+The writer decodes whole sequences (``*_text``) and, for the response side,
+each token's own text (``*_token_texts``). Decoding every token through the
+tokenizer would cost a call per token; instead :class:`PieceTable` holds each
+id's text (and, for byte-level BPE, its exact bytes), so a sequence's pieces
+are a list lookup and its text a join of bytes decoded once (FACTS.md: ~27 M
+tokens/s against ~11.6 M for ``decode_batch``).
+
+Rendering (documented in ``docs/format.md``): a token's text is what the
+tokenizer decodes for that id alone; for a byte-level BPE, a character whose
+UTF-8 bytes are split across tokens shows in the token that holds its last
+byte, the tokens before it show ``""``, and bytes that never form a character
+show as U+FFFD. Joined, the pieces of a byte-level sequence are its decoded text.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import random
+import threading
+import weakref
+from typing import Any
+
+#: Largest vocabulary built eagerly into a table (ids past it are decoded on demand).
+MAX_TABLE_IDS = 1 << 20
+#: Random sequences decoded both ways to check the table reproduces the tokenizer's text.
+CHECK_SEQUENCES = 32
+#: Length of each check sequence.
+CHECK_LENGTH = 48
+
+_tables: weakref.WeakKeyDictionary[Any, PieceTable] = weakref.WeakKeyDictionary()
+_tables_by_id: dict[int, tuple[Any, PieceTable]] = {}
+_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the printable character standing for each byte."""
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    chars = keep[:]
+    extra = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
+def batch_decode(tokenizer: Any, sequences: list[list[int]]) -> list[str]:
+    """Decode many id lists with whatever decode API ``tokenizer`` has.
+
+    A transformers fast tokenizer that does no clean-up of spaces decodes
+    exactly as its Rust backend does; the backend's ``decode_batch`` skips
+    transformers' per-sequence Python work (4x faster, measured in
+    bench/bench_write.py).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return list(backend.decode_batch(sequences, skip_special_tokens=False))
+    fn = getattr(tokenizer, "batch_decode", None)
+    if fn is not None:
+        return list(fn(sequences, skip_special_tokens=False))
+    fn = getattr(tokenizer, "decode_batch", None)  # tokenizers.Tokenizer
+    if fn is not None:
+        return list(fn(sequences, skip_special_tokens=False))
+    return [tokenizer.decode(s) for s in sequences]
+
+
+def _backend(tokenizer: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` under a transformers fast tokenizer, or the tokenizer itself if it is one."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None and callable(getattr(tokenizer, "id_to_token", None)):
+        backend = tokenizer
+    if backend is None or not callable(getattr(backend, "get_vocab_size", None)):
+        return None
+    return backend
+
+
+class PieceTable:
+    """Each token id's text (and bytes, for byte-level BPE) for one tokenizer.
+
+    Args:
+        tokenizer: Anything :func:`batch_decode` accepts. The table keeps no
+            reference to it (the cache is keyed by it weakly).
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        #: id -> text of that token alone; None where it is part of a character (byte-level).
+        self.texts: list[str | None] = []
+        #: id -> its bytes (byte-level BPE only), else empty.
+        self.bytes: list[bytes] = []
+        #: True when joining ``bytes`` reproduces the tokenizer's decoded text (checked on samples).
+        self.exact_text = False
+        self._extra: dict[int, str] = {}
+        backend = _backend(tokenizer)
+        if backend is not None:
+            self._build(tokenizer, backend)
+
+    def _build(self, tokenizer: Any, backend: Any) -> None:
+        n = int(backend.get_vocab_size(with_added_tokens=True))
+        if not 0 < n <= MAX_TABLE_IDS:
+            return
+        added = {int(i): t.content for i, t in backend.get_added_tokens_decoder().items()}
+        raw = self._byte_level_bytes(backend, n, added)
+        if raw is not None:
+            self.bytes = raw
+            texts: list[str | None] = []
+            for b in raw:
+                try:
+                    texts.append(b.decode("utf-8"))
+                except UnicodeDecodeError:
+                    texts.append(None)
+            self.texts = texts
+            self.exact_text = self._check(tokenizer, n)
+            if self.exact_text:
+                return
+            self.bytes = []
+        # Any other decoder: each id decoded alone (special tokens kept).
+        self.texts = list(batch_decode(tokenizer, [[i] for i in range(n)]))
+
+    @staticmethod
+    def _byte_level_bytes(backend: Any, n: int, added: dict[int, str]) -> list[bytes] | None:
+        from tokenizers import decoders
+
+        if not isinstance(backend.decoder, decoders.ByteLevel):
+            return None
+        table = _byte_decoder()
+        out: list[bytes] = []
+        for i in range(n):
+            if i in added:
+                out.append(added[i].encode("utf-8"))
+                continue
+            tok = backend.id_to_token(i)
+            if tok is None:
+                out.append(b"")
+                continue
+            try:
+                out.append(bytes(table[c] for c in tok))
+            except KeyError:
+                return None
+        return out
+
+    def _check(self, tokenizer: Any, n: int) -> bool:
+        rng = random.Random(0)
+        seqs = [[rng.randrange(n) for _ in range(CHECK_LENGTH)] for _ in range(CHECK_SEQUENCES)]
+        try:
+            return batch_decode(tokenizer, seqs) == [self.decode(s) for s in seqs]
+        except Exception:
+            return False
+
+    def decode(self, ids: list[int], checked: bool = False) -> str:
+        """The whole sequence's text from the byte table (only when :attr:`exact_text`).
+
+        Args:
+            ids: Token ids.
+            checked: The caller knows no id is negative (skips the check).
+
+        Raises:
+            IndexError: an id outside the table.
+        """
+        if not checked and ids and min(ids) < 0:
+            raise IndexError(f"negative token id {min(ids)}")
+        return b"".join(map(self.bytes.__getitem__, ids)).decode("utf-8", "replace")
+
+    def pieces(self, ids: list[int], tokenizer: Any, checked: bool = False) -> list[str]:
+        """One text per token of ``ids`` (see the module docstring for split characters).
+
+        ``checked``: the caller knows no id is negative (skips the check).
+        """
+        texts = self.texts
+        try:
+            if not checked and ids and min(ids) < 0:
+                raise IndexError
+            out = list(map(texts.__getitem__, ids))
+        except IndexError:  # ids outside the table (or a tokenizer without one)
+            out = self._slow(ids, tokenizer)
+        if None in out:
+            if self.bytes:
+                return _split_characters(self.bytes, ids, out)
+            out = self._slow(ids, tokenizer)
+        return out  # type: ignore[return-value]
+
+    def _slow(self, ids: list[int], tokenizer: Any) -> list[str | None]:
+        texts, extra = self.texts, self._extra
+        missing = [i for i in dict.fromkeys(ids) if not 0 <= i < len(texts) and i not in extra]
+        if missing:
+            try:
+                decoded = batch_decode(tokenizer, [[i] for i in missing])
+            except Exception:
+                decoded = ["\ufffd"] * len(missing)
+            if len(extra) > MAX_TABLE_IDS:
+                extra.clear()
+            extra.update(zip(missing, decoded))
+        return [texts[i] if 0 <= i < len(texts) else extra[i] for i in ids]
+
+
+def _split_characters(table: list[bytes], ids: list[int], out: list[str | None]) -> list[str]:
+    """Fill the byte-level pieces ``out`` lacks (None): each split character goes to its last byte's token.
+
+    Only the stretches around tokens that are not whole characters go
+    through an incremental UTF-8 decoder; it starts clean at each stretch
+    (the tokens before it were whole characters) and stops once it holds no
+    pending bytes and the next token is whole again.
+    """
+    n = len(table)
+    total = len(ids)
+    k = 0
+    while k < total:
+        if out[k] is not None:
+            k += 1
+            continue
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        while k < total:
+            i = ids[k]
+            out[k] = dec.decode(table[i] if 0 <= i < n else b"")
+            k += 1
+            if not dec.getstate()[0] and (k >= total or out[k] is not None):
+                break
+        tail = dec.decode(b"", final=True)
+        if tail:
+            out[k - 1] = (out[k - 1] or "") + tail
+    return out  # type: ignore[return-value]
+
+
+def piece_table(tokenizer: Any) -> PieceTable:
+    """The (cached) table of ``tokenizer``: built on first use, kept while the tokenizer lives."""
+    with _lock:
+        try:
+            table = _tables.get(tokenizer)
+        except TypeError:  # not weak-referenceable: keep it by id with a reference
+            hit = _tables_by_id.get(id(tokenizer))
+            table = hit[1] if hit is not None and hit[0] is tokenizer else None
+        if table is not None:
+            return table
+    table = PieceTable(tokenizer)
+    with _lock:
+        try:
+            _tables[tokenizer] = table
+        except TypeError:
+            if len(_tables_by_id) > 8:
+                _tables_by_id.clear()
+            _tables_by_id[id(tokenizer)] = (tokenizer, table)  # kept alive with it: a few at most
+    return table

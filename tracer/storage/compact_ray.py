@@ -1,0 +1,224 @@
+"""``rollout-trace compact --ray``: the same compaction, its merges run as Ray tasks on a cluster.
+
+The work splits as :mod:`tracer.storage.compact` already splits it, and
+every step is the function local compaction calls:
+
+* **the driver** (this process) lists the run directories, finishes what an
+  interrupted compaction left, seals shards whose writer is gone and groups
+  the rest into merges of about ``target_bytes`` each
+  (:func:`~tracer.storage.compact.plan_dir`); it alone writes each
+  directory's ``_index.json`` and renames and deletes files
+  (:func:`~tracer.storage.compact.commit_merge`,
+  :func:`~tracer.storage.compact.finish_dir`), one directory's merges one
+  after the other, as their tasks finish;
+* **each Ray task** runs one merge (:func:`~tracer.storage.compact.merge_unit`):
+  it reads its input files and writes one compacted ``<name>.tmp`` beside
+  them, through pyarrow's filesystems, so ``s3://`` (or any URI
+  :mod:`tracer.storage.uri` resolves) works as well as a shared filesystem.
+
+So the guarantees are those of local compaction. A task that dies (its
+worker killed, its node lost, an error) changes neither the index nor an
+input: readers go on reading the originals, its ``.tmp`` is never listed
+and is removed, and compacting again merges those inputs. Ray retries a task
+whose worker died (``retries``) before the merge counts as failed.
+
+The workers must reach the same files as the driver: the same bucket (give
+them the same ``AWS_*`` settings, e.g. through the cluster's environment or
+an IAM role), or the same shared filesystem for a local path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from tracer.extras import install_command
+from tracer.storage.compact import (
+    DEFAULT_TARGET_BYTES,
+    CompactReport,
+    MergeResult,
+    MergeUnit,
+    commit_merge,
+    compacting,
+    describe_store_error,
+    finish_dir,
+    merge_unit,
+    plan_dir,
+    run_dir_of,
+    run_dirs,
+    write_parquet,
+)
+from tracer.storage.uri import is_remote
+
+#: How many times Ray reruns a merge whose worker died before it counts as failed (Ray's own default).
+DEFAULT_RETRIES = 3
+#: How long to wait for the cluster's address to accept a connection before saying it is unreachable.
+CONNECT_TIMEOUT_S = 5.0
+#: Environment variable Ray itself reads for the cluster's address.
+ENV_RAY_ADDRESS = "RAY_ADDRESS"
+
+
+class ClusterUnreachableError(ConnectionError):
+    """The Ray cluster at the given address did not answer."""
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or an ImportError that names the install command."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            f"compact --ray needs the 'ray' package, which is not installed ({exc}); "
+            f"install it with: {install_command('ray')}"
+        ) from None
+    return ray
+
+
+def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail fast when ``address`` (``host:port`` or ``ray://host:port``) does not accept a connection.
+
+    Ray itself keeps retrying an unreachable address for minutes; this says at once what is wrong.
+    ``None``, ``""``, ``"auto"`` and ``"local"`` are left to Ray (start or join a cluster on this machine).
+
+    Raises:
+        ValueError: ``address`` is not ``host:port``.
+        ClusterUnreachableError: nothing answers there.
+    """
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(
+            f"Ray address {address!r} is not host:port; give the head node's address "
+            "(e.g. 10.0.0.5:6379, or ray://10.0.0.5:10001 for Ray Client)"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ClusterUnreachableError(
+            f"cannot reach a Ray cluster at {address!r} ({exc}); start one there (ray start --head) "
+            f"or give the head node's address with --ray-address (or ${ENV_RAY_ADDRESS})"
+        ) from None
+
+
+def connect(address: str | None) -> bool:
+    """Connect this process to the Ray cluster at ``address`` (default: join or start one on this machine).
+
+    Returns:
+        True when this call started the connection (the caller shuts it down), False when Ray was already up.
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    check_reachable(address or os.environ.get(ENV_RAY_ADDRESS))
+    ray.init(address=address, log_to_driver=False)
+    return True
+
+
+def compact_ray(
+    path: str | os.PathLike[str],
+    address: str | None = None,
+    target_bytes: int = DEFAULT_TARGET_BYTES,
+    seal_after_s: float | None = None,
+    delete_after_s: float | None = None,
+    retries: int = DEFAULT_RETRIES,
+    merge: Callable[[MergeUnit], MergeResult] = merge_unit,
+) -> CompactReport:
+    """Compact every run directory under ``path`` with one Ray task per merge; see the module docstring.
+
+    Args:
+        path: A run directory or a tree of them: a URI (``s3://bucket/prefix``)
+            or a path every node of the cluster sees.
+        address: The cluster (``host:port``, ``ray://host:port``); default
+            ``$RAY_ADDRESS``, else join or start one on this machine. When Ray
+            is already initialised in this process, that cluster is used.
+        target_bytes: Input of each merge (one task), about.
+        seal_after_s: As for :func:`tracer.storage.compact.compact`.
+        delete_after_s: As for :func:`tracer.storage.compact.compact`.
+        retries: Reruns of a task whose worker died before its merge counts as failed.
+        merge: What each task runs (default :func:`~tracer.storage.compact.merge_unit`);
+            a wrapper must call it and return its result.
+
+    Returns:
+        The report; merges whose task failed are in :attr:`CompactReport.failed`.
+    """
+    dirs = run_dirs(path)  # a bad path fails before a cluster is started
+    ray = import_ray()
+    started = connect(address)
+    try:
+        task = ray.remote(num_cpus=1, max_retries=retries)(merge)
+        report = CompactReport()
+        with contextlib.ExitStack() as held:
+            plans: dict[str, tuple[Any, dict[str, Any]]] = {}
+            left: dict[str, int] = {}
+            pending: dict[Any, MergeUnit] = {}
+            for run_dir in dirs:
+                held.enter_context(compacting(run_dir))
+                d = run_dir_of(run_dir)
+                index, units = plan_dir(d, target_bytes, report, seal_after_s, delete_after_s)
+                plans[run_dir] = (d, index)
+                left[run_dir] = len(units)
+                for unit in units:
+                    pending[task.remote(unit)] = unit
+                if not units:
+                    finish_dir(d, index, report, delete_after_s)
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                unit = pending.pop(ready[0])
+                d, index = plans[unit.run_dir]
+                try:
+                    result = ray.get(ready[0])
+                except ray.exceptions.RayError as exc:
+                    why = _describe(unit.run_dir, exc)
+                    report.failed.append((unit.run_dir, f"merge of {len(unit.files)} file(s): {why}"))
+                    _drop_partial(d, unit)
+                else:
+                    commit_merge(d, result, index, report)
+                left[unit.run_dir] -= 1
+                if left[unit.run_dir] == 0:
+                    finish_dir(d, index, report, delete_after_s)
+        return report
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def write_parquet_ray(
+    path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, address: str | None = None
+) -> tuple[str, int]:
+    """:func:`tracer.storage.compact.write_parquet` as one Ray task on the cluster; returns (directory, rows)."""
+    src = os.fspath(path)
+    dest = None if out is None else os.fspath(out)
+    ray = import_ray()
+    started = connect(address)
+    try:
+        result: tuple[str, int] = ray.get(ray.remote(num_cpus=1)(write_parquet).remote(src, dest))
+        return result
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _describe(run_dir: str, exc: BaseException) -> str:
+    """One line for a failed task: the error inside it (a store's error with what to set)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
+    if isinstance(exc, OSError) and is_remote(run_dir):
+        return describe_store_error(run_dir, exc)
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:400]}"
+
+
+def _drop_partial(d: Any, unit: MergeUnit) -> None:
+    """Remove what a failed task may have left (readers never list it; the next compaction would)."""
+    try:
+        d.remove(unit.name + ".tmp")
+    except OSError:
+        pass
+
+
+__all__ = ["ClusterUnreachableError", "DEFAULT_RETRIES", "check_reachable", "compact_ray", "write_parquet_ray"]

@@ -1,0 +1,265 @@
+"""Multi-turn history stored once: an llm span's ``prompt_ids`` as a reference to the turn before.
+
+An agent's turn k usually sends turn k-1's prompt and response back, plus
+what came since (a tool result, the next user message). Recording every
+turn's whole ``prompt_ids`` repeats the history k times. The writer
+(:class:`HistoryTracker`) instead stores, in the span's ``inputs`` JSON::
+
+    "prompt_ids": {"rollout_trace.extends": "<span id of the earlier llm span>",
+                   "prefix": k, "response": "response_ids", "ids": [...new ids...]}
+
+meaning: the first ``k`` ids of (that span's full ``prompt_ids`` followed by
+its ``outputs[response]``), then ``ids``. Readers (:func:`expand_history`,
+called by :func:`tracer.read_spans`, so every reader above it: the
+trajectory model, ``read_trajectories``, the dataset export) put the whole
+list back. Reconstruction lives here and nowhere else.
+
+When the earlier span is not in what was read (a torn file lost it, or only
+one file of a run whose writer rotated was read), the value stays the
+reference, with ``"rollout_trace.missing"`` saying why: never a wrong list.
+Raw readers (``tracer.iter_batches``, ``tracer.dataset``, DuckDB, Polars)
+see the reference as written; ``docs/format.md`` shows how to rebuild it.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracer import schema as S
+
+#: The ``inputs`` key whose token ids are stored once.
+PROMPT_FIELD = "prompt_ids"
+#: ``outputs`` keys holding the response ids that the next prompt repeats (first found wins).
+RESPONSE_FIELDS = ("response_ids", "token_ids", "output_ids")
+#: Shortest shared prefix worth a reference (shorter prompts are stored whole).
+MIN_PREFIX = 32
+#: Most token ids the writer keeps to compare the next turn against (the
+#: lists themselves, ~36 bytes an id): past this the oldest trajectories are
+#: forgotten and their next turn is stored whole.
+MAX_HELD_IDS = 2_000_000
+
+#: Columns :func:`expand_history` needs besides ``inputs``.
+HISTORY_COLUMNS = (S.TRACE_ID, S.SPAN_ID, S.OUTPUTS)
+
+_MARKER = f'"{S.HISTORY_EXTENDS}"'
+
+
+def _common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
+    """Length of the longest common prefix of ``a`` and ``b[start:]`` (list slices compare in C)."""
+    n = min(len(a), len(b) - start)
+    if n <= 0:
+        return 0
+    if a[:n] == b[start : start + n]:
+        return n
+    lo, hi = 0, n  # a[:lo] matches, a[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[start + lo : start + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _response(outputs: Any) -> tuple[str | None, list[int]]:
+    if isinstance(outputs, dict):
+        for key in RESPONSE_FIELDS:
+            value = outputs.get(key)
+            if type(value) is list:
+                return key, value
+    return None, []
+
+
+class HistoryTracker:
+    """The writer's side: remembers each live trajectory's last llm context and rewrites the next prompt.
+
+    Used on the writer thread only, on a batch's prepared (JSON-ready)
+    values, in the order the spans are written. It holds references to the
+    prepared id lists (private copies made at call time), never copies them.
+    """
+
+    def __init__(self, max_held_ids: int = MAX_HELD_IDS) -> None:
+        self.max_held_ids = max_held_ids
+        #: trajectory key -> (span id, response field, whole prompt ids, response ids)
+        self._last: collections.OrderedDict[Any, tuple[str, str | None, list[int], list[int]]] = (
+            collections.OrderedDict()
+        )
+        self._held = 0
+
+    def clear(self) -> None:
+        """Forget every trajectory (the writer started a new file)."""
+        self._last.clear()
+        self._held = 0
+
+    def end(self, key: Any) -> None:
+        """The trajectory ended: its context is no longer needed."""
+        old = self._last.pop(key, None)
+        if old is not None:
+            self._held -= len(old[2]) + len(old[3])
+
+    def encode(self, key: Any, span_id: str, inputs: Any, outputs: Any) -> None:
+        """Replace ``inputs["prompt_ids"]`` by a reference when it extends this trajectory's last llm context.
+
+        Then remember this span's own context (its whole prompt and its
+        response) for the trajectory's next turn.
+        """
+        if not isinstance(inputs, dict):
+            return
+        prompt = inputs.get(PROMPT_FIELD)
+        if type(prompt) is not list:
+            return
+        field, response = _response(outputs)
+        prev = self._last.pop(key, None)
+        if prev is not None:
+            base_span, base_field, base_prompt, base_response = prev
+            self._held -= len(base_prompt) + len(base_response)
+            k = _common_prefix(prompt, base_prompt) if base_span != span_id else 0
+            if k == len(base_prompt):
+                k += _common_prefix(prompt[k:], base_response)
+            if k >= MIN_PREFIX:
+                inputs[PROMPT_FIELD] = {
+                    S.HISTORY_EXTENDS: base_span,
+                    S.HISTORY_PREFIX: k,
+                    S.HISTORY_RESPONSE: base_field,
+                    S.HISTORY_IDS: prompt[k:],
+                }
+        size = len(prompt) + len(response)
+        if size > self.max_held_ids:
+            return
+        self._last[key] = (span_id, field, prompt, response)
+        self._held += size
+        while self._held > self.max_held_ids and self._last:
+            _, (_, _, old_prompt, old_response) = self._last.popitem(last=False)
+            self._held -= len(old_prompt) + len(old_response)
+
+
+def _loads(text: Any) -> Any:
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode("utf-8")
+    except TypeError:  # a lone surrogate (written escaped by the json module): same fallback as the writer
+        import json
+
+        return json.dumps(value)
+
+
+def has_references(inputs: pa.ChunkedArray | pa.Array) -> bool:
+    """Whether any value of an ``inputs`` column holds a history reference (one substring scan)."""
+    found = pc.any(pc.fill_null(pc.match_substring(inputs, _MARKER), False)).as_py()
+    return bool(found)
+
+
+def expand_history(table: pa.Table) -> pa.Table:
+    """``table`` with every referenced ``prompt_ids`` rebuilt into the full list.
+
+    Needs the ``inputs``, ``trace_id``, ``span_id`` and ``outputs`` columns
+    (a table without ``inputs`` is returned as it is). Bases are looked up
+    among the table's own rows, by trace id and span id, whatever their
+    order; a reference whose base is absent, damaged or circular stays a
+    reference, with ``rollout_trace.missing`` naming why.
+    """
+    if S.INPUTS not in table.column_names or table.num_rows == 0:
+        return table
+    inputs = table.column(S.INPUTS)
+    if not has_references(inputs):
+        return table
+    missing_cols = [c for c in HISTORY_COLUMNS if c not in table.column_names]
+    if missing_cols:
+        raise ValueError(f"expand_history needs the columns {', '.join(missing_cols)} to rebuild prompt_ids")
+    marked = pc.fill_null(pc.match_substring(inputs, _MARKER), False)
+    marked_rows = pc.indices_nonzero(marked).to_pylist()
+    trace_col = table.column(S.TRACE_ID)
+    traces = pc.unique(pc.take(trace_col, pa.array(marked_rows, pa.int64())))
+    in_traces = pc.indices_nonzero(pc.fill_null(pc.is_in(trace_col, value_set=traces), False)).to_pylist()
+    sub = table.select([S.TRACE_ID, S.SPAN_ID, S.INPUTS, S.OUTPUTS]).take(pa.array(in_traces, pa.int64()))
+    rows = dict(zip(zip(sub.column(S.TRACE_ID).to_pylist(), sub.column(S.SPAN_ID).to_pylist()), range(sub.num_rows)))
+    sub_inputs = sub.column(S.INPUTS).to_pylist()
+    sub_outputs = sub.column(S.OUTPUTS).to_pylist()
+    trace_of = sub.column(S.TRACE_ID).to_pylist()
+    parsed: dict[int, Any] = {}
+    resolved: dict[int, list[int] | str] = {}
+
+    def inputs_of(i: int) -> Any:
+        if i not in parsed:
+            parsed[i] = _loads(sub_inputs[i])
+        return parsed[i]
+
+    def resolve(i: int, depth: int = 0) -> list[int] | str:
+        """Row ``i``'s full prompt_ids, or why it cannot be rebuilt."""
+        if i in resolved:
+            return resolved[i]
+        resolved[i] = "circular reference"  # until resolved: a cycle finds this
+        data = inputs_of(i)
+        value = data.get(PROMPT_FIELD) if isinstance(data, dict) else None
+        out: list[int] | str
+        if isinstance(value, list):
+            out = value
+        elif not isinstance(value, dict) or S.HISTORY_EXTENDS not in value:
+            out = "no prompt_ids"
+        elif depth > 10_000:
+            out = "reference chain too long"
+        else:
+            base = rows.get((trace_of[i], value[S.HISTORY_EXTENDS]))
+            k, ids, field = value.get(S.HISTORY_PREFIX), value.get(S.HISTORY_IDS), value.get(S.HISTORY_RESPONSE)
+            if base is None:
+                out = f"earlier span {value[S.HISTORY_EXTENDS]!r} not in what was read"
+            elif type(k) is not int or type(ids) is not list:
+                out = "damaged reference"
+            else:
+                prefix = resolve(base, depth + 1)
+                if isinstance(prefix, str):
+                    out = f"earlier span {value[S.HISTORY_EXTENDS]!r}: {prefix}"
+                else:
+                    response: Any = []
+                    if field is not None:
+                        base_out = _loads(sub_outputs[base])
+                        response = base_out.get(field) if isinstance(base_out, dict) else None
+                    if type(response) is not list:
+                        out = f"earlier span {value[S.HISTORY_EXTENDS]!r} has no {field}"
+                    elif len(prefix) + len(response) < k:
+                        out = f"earlier span {value[S.HISTORY_EXTENDS]!r} holds fewer than {k} ids"
+                    else:
+                        ctx = prefix + response if len(prefix) < k else prefix
+                        out = ctx[:k] + ids
+        resolved[i] = out
+        return out
+
+    sub_index = {row: n for n, row in enumerate(in_traces)}
+    new_values = []
+    for row in marked_rows:
+        i = sub_index[row]
+        data = inputs_of(i)
+        ref = data.get(PROMPT_FIELD) if isinstance(data, dict) else None
+        if not isinstance(ref, dict) or S.HISTORY_EXTENDS not in ref:  # the marker text inside some string
+            new_values.append(sub_inputs[i])
+            continue
+        full = resolve(i)
+        data = dict(data)
+        data[PROMPT_FIELD] = full if isinstance(full, list) else {**ref, S.HISTORY_MISSING: full}
+        new_values.append(_dumps(data))
+    # Chunk by chunk: one combined string array could pass Arrow's 2 GiB limit.
+    chunks, start, used = [], 0, 0
+    for chunk in inputs.chunks:
+        mask = marked.slice(start, len(chunk)).combine_chunks()
+        count = int(pc.sum(mask).as_py() or 0)
+        if count:
+            values = pa.array(new_values[used : used + count], pa.string())
+            chunk = pc.replace_with_mask(chunk, mask, values)
+        chunks.append(chunk)
+        start += len(chunk)
+        used += count
+    column = pa.chunked_array(chunks, pa.string())
+    return table.set_column(table.column_names.index(S.INPUTS), S.INPUTS, column)

@@ -1,0 +1,430 @@
+"""Shard indexes: a sidecar per closed shard, so reading cost follows the question.
+
+When :class:`tracer.storage.writer.SpanWriter` closes a shard it writes
+``_{shard name}.index`` beside it: an uncompressed Arrow IPC file (nothing
+to decode when read) whose rows are
+
+* one per trajectory of the shard: what :func:`tracer.summary.summarize`
+  returns for the shard's spans (the writer calls it; nothing here derives a
+  summary), plus :data:`tracer.schema.INDEX_BATCHES` (the shard's record
+  batches holding that trace id) and :data:`tracer.schema.INDEX_UNIFORM`
+  (every row of the trace id has one step and one validate flag);
+* one with an empty trace id, when spans without a trace id exist (rewards
+  logged by key), listing their batches;
+* one per distinct ``(step, sample_index, rollout_n, validate)`` of those
+  spans, with a null trace id: what they may join to in other shards.
+
+Its schema metadata holds the format version, the shard's name and size, a
+digest of the shard's footer, and the rows and steps of every batch. A
+sidecar is used only when all of these agree with the shard on disk (the
+shard was not sealed, repaired, replaced or renamed since), its table has
+exactly the expected columns, and its batch numbers exist: a stale,
+truncated or foreign sidecar is ignored, and readers read the spans.
+
+Why a sidecar and not the shard's footer metadata: the footer is written by
+pyarrow at close and by :mod:`tracer.storage.seal` for dead writers (which
+cannot summarise), and engines that open shards directly should see nothing
+but spans. The leading ``_`` keeps ``pyarrow.dataset`` discovery from taking
+the sidecar for data; the suffix keeps trace-file listings from listing it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import os
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracer import schema as S
+from tracer.storage.files import footer_bytes
+
+#: Version of the sidecar layout; another value is ignored (the spans are read instead).
+INDEX_VERSION = "1"
+#: ``_{shard name}{INDEX_SUFFIX}`` beside the shard.
+INDEX_SUFFIX = ".index"
+#: Trajectory rows are stored in this many record batches by a hash of their trace id (rows
+#: without one in one more batch after them), so looking one trace id up reads one small batch.
+INDEX_BUCKETS = 64
+#: Asking for more buckets than this reads the whole lookup once (and keeps it).
+MAX_BUCKET_READS = 8
+#: Parsed sidecars kept per process (keyed by the shard's and the sidecar's size and mtime).
+CACHE_ENTRIES = 1024
+#: A writer keeps the summary columns of the file it writes until it closes it, at most this many
+#: bytes; a file that holds more gets no index (its readers read its spans), so memory stays bounded.
+MAX_BUILD_BYTES = 128 * 1024 * 1024
+
+#: Columns of a sidecar: the trajectory summary and where each trace id's batches are.
+INDEX_SCHEMA = pa.schema(
+    [*S.TRAJECTORY_SCHEMA, pa.field(S.INDEX_BATCHES, pa.list_(pa.int32())), pa.field(S.INDEX_UNIFORM, pa.bool_())]
+)
+
+Summarizer = Callable[[pa.Table], pa.Table]
+_summarizer: list[tuple[tuple[str, ...], Summarizer]] = []
+
+
+def use_summarizer(columns: Sequence[str], summarize: Summarizer) -> None:
+    """Register the trajectory summary writers put in their indexes (``tracer.summary`` does, on import).
+
+    Storage cannot import the trajectory model (it is built on the readers),
+    so the model hands itself over; one meaning stays in one place.
+    """
+    _summarizer[:] = [(tuple(columns), summarize)]
+
+
+def summarizer() -> tuple[tuple[str, ...], Summarizer] | None:
+    """The registered ``(span columns it needs, summarize)``, None when none is."""
+    return _summarizer[0] if _summarizer else None
+
+
+def sidecar_path(shard: str) -> str:
+    """Where the index of ``shard`` lives."""
+    folder, name = os.path.split(shard)
+    return os.path.join(folder, "_" + name + INDEX_SUFFIX)
+
+
+def bucket_of(trace_id: str, buckets: int) -> int:
+    """The record batch of a sidecar holding ``trace_id``'s row (CRC-32 of its UTF-8, modulo ``buckets``)."""
+    return zlib.crc32(trace_id.encode("utf-8", "surrogatepass")) % buckets
+
+
+def _digest(footer: bytes) -> str:
+    return hashlib.blake2b(footer, digest_size=16).hexdigest()
+
+
+class ShardIndexBuilder:
+    """What a writer collects for the index of the file it is writing.
+
+    Args:
+        columns: Span columns the summary needs (kept per batch until the file closes).
+        summarize: The trajectory summary, called once at close over the file's spans.
+    """
+
+    def __init__(self, columns: Sequence[str], summarize: Summarizer) -> None:
+        self.columns = list(columns)
+        self.summarize = summarize
+        self.parts: list[pa.RecordBatch] = []
+        self.batch_rows: list[int] = []
+        self.batch_steps: list[list[int | None]] = []
+        self.nbytes = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Note one batch just written (same order as in the file).
+
+        Raises:
+            MemoryError: the file has outgrown :data:`MAX_BUILD_BYTES` (the caller drops the index).
+        """
+        part = batch.select(self.columns)
+        self.nbytes += part.nbytes
+        if self.nbytes > MAX_BUILD_BYTES:
+            raise MemoryError(f"a shard index would keep over {MAX_BUILD_BYTES} bytes")
+        self.parts.append(part)
+        self.batch_rows.append(batch.num_rows)
+        steps = pc.unique(batch.column(S.STEP)).to_pylist()
+        self.batch_steps.append(sorted(steps, key=lambda s: (s is None, s or 0)))
+
+    def build(self) -> pa.Table:
+        """The index table of the batches added (see the module docstring)."""
+        spans = pa.Table.from_batches(self.parts, schema=self.parts[0].schema) if self.parts else None
+        if spans is None or spans.num_rows == 0:
+            return INDEX_SCHEMA.empty_table()
+        if spans.column(S.TRACE_ID).null_count:
+            raise ValueError("null trace ids: readers could not tell which batches hold them")
+        numbers = np.repeat(np.arange(len(self.batch_rows), dtype=np.int32), self.batch_rows)
+        keyed = pa.table(
+            {
+                S.TRACE_ID: spans.column(S.TRACE_ID),
+                S.INDEX_BATCHES: pa.array(numbers, pa.int32()),
+                S.STEP: spans.column(S.STEP),
+                S.VALIDATE: pc.fill_null(spans.column(S.VALIDATE), False),
+            }
+        )
+        per_trace = keyed.group_by(S.TRACE_ID, use_threads=False).aggregate(
+            [
+                (S.INDEX_BATCHES, "distinct"),
+                (S.STEP, "count_distinct", pc.CountOptions(mode="all")),
+                (S.VALIDATE, "count_distinct", pc.CountOptions(mode="all")),
+            ]
+        )
+        ids = per_trace.column(S.TRACE_ID).combine_chunks()
+        lists = per_trace.column(f"{S.INDEX_BATCHES}_distinct").combine_chunks()
+        uniform = pc.and_(
+            pc.equal(per_trace.column(f"{S.STEP}_count_distinct"), 1),
+            pc.equal(per_trace.column(f"{S.VALIDATE}_count_distinct"), 1),
+        )
+        summary = self.summarize(spans)
+        at = pc.index_in(summary.column(S.TRACE_ID), value_set=ids)
+        parts = [
+            summary.append_column(S.INDEX_BATCHES, pc.take(lists, at)).append_column(
+                S.INDEX_UNIFORM, pc.take(uniform, at)
+            )
+        ]
+        no_id = pc.equal(ids, "")
+        if pc.any(no_id).as_py():
+            row = {c: pa.nulls(1, f.type) for c, f in zip(INDEX_SCHEMA.names, INDEX_SCHEMA, strict=True)}
+            row[S.TRACE_ID] = pa.array([""])
+            row[S.INDEX_BATCHES] = pc.filter(lists, no_id)
+            parts.append(pa.table(row, schema=INDEX_SCHEMA))
+            loose = spans.filter(pc.equal(spans.column(S.TRACE_ID), ""))
+            key_cols = [S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE]
+            keys = loose.select(key_cols).group_by(key_cols, use_threads=False).aggregate([])
+            n = keys.num_rows
+            cols = {c: pa.nulls(n, f.type) for c, f in zip(INDEX_SCHEMA.names, INDEX_SCHEMA, strict=True)}
+            for c in key_cols:
+                cols[c] = keys.column(c)
+            parts.append(pa.table(cols, schema=INDEX_SCHEMA))
+        return pa.concat_tables([p.cast(INDEX_SCHEMA) for p in parts])
+
+
+def write_sidecar(shard: str, builder: ShardIndexBuilder) -> None:
+    """Write the index of the closed ``shard`` beside it (temp file, fsync, rename).
+
+    Raises:
+        OSError, ValueError, pyarrow.ArrowException: the caller drops the index (readers then read the spans).
+    """
+    footer = footer_bytes(shard)
+    if footer is None or footer[1] != len(builder.batch_rows):
+        raise ValueError(f"{shard}: no footer listing its {len(builder.batch_rows)} batches")
+    table = builder.build()
+    meta = {
+        S.META_INDEX_VERSION: INDEX_VERSION,
+        S.META_INDEX_OF: os.path.basename(shard),
+        S.META_INDEX_SIZE: str(os.path.getsize(shard)),
+        S.META_INDEX_FOOTER: _digest(footer[0]),
+        S.META_INDEX_BATCH_ROWS: json.dumps(builder.batch_rows),
+        S.META_INDEX_BATCH_STEPS: json.dumps(builder.batch_steps),
+        S.META_INDEX_BUCKETS: str(INDEX_BUCKETS),
+    }
+    ids = table.column(S.TRACE_ID).to_pylist()
+    place = np.array([INDEX_BUCKETS if t is None else bucket_of(t, INDEX_BUCKETS) for t in ids], dtype=np.int64)
+    order = np.argsort(place, kind="stable")
+    counts = np.bincount(place, minlength=INDEX_BUCKETS + 1)
+    table = table.take(pa.array(order)).combine_chunks()
+    whole = table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=INDEX_SCHEMA)
+    target = sidecar_path(shard)
+    tmp = target + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            # Uncompressed: readers decode nothing (the landing page reads every row).
+            with pa.ipc.new_file(f, INDEX_SCHEMA.with_metadata(meta)) as w:
+                at = 0
+                for n in counts.tolist():  # one batch per bucket, empty ones too: batch i is bucket i
+                    w.write_batch(whole.slice(at, n))
+                    at += n
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+
+
+@dataclasses.dataclass
+class ShardIndex:
+    """The index of one closed shard, checked against the shard on disk.
+
+    Attributes:
+        shard: The shard's path.
+        size: The shard's size (what :func:`tracer.storage.files.read_batches` gets as ``expect_size``).
+        batch_rows: Rows of each record batch.
+        batch_steps: Distinct steps of each record batch (None for spans outside any step).
+    """
+
+    shard: str
+    size: int
+    batch_rows: list[int]
+    batch_steps: list[list[int | None]]
+    _sidecar: str
+    _buckets: int
+    _table: pa.Table | None = None
+    _lookup: pa.Table | None = None
+    _bad: bool = False
+
+    def batches_of_steps(self, steps: set[int]) -> list[int]:
+        """Batches holding any of ``steps`` (None among them: spans outside any step, as ``pyarrow.compute.is_in``)."""
+        return [i for i, have in enumerate(self.batch_steps) if any(s in steps for s in have)]
+
+    def steps(self) -> set[int]:
+        """Every step of the shard."""
+        return {s for have in self.batch_steps for s in have if s is not None}
+
+    def table(self) -> pa.Table | None:
+        """The rows (see the module docstring); None when the sidecar turns out unreadable or inconsistent."""
+        if self._table is None and not self._bad:
+            self._table = _read_table(self._sidecar, len(self.batch_rows))
+            self._bad = self._table is None
+        return self._table
+
+    def batches_of_traces(self, trace_ids: pa.Array) -> list[int] | None:
+        """Batches holding any of ``trace_ids`` (empty when none does); None when the table is unusable."""
+        table = self._table
+        if table is None and self._lookup is None and not self._bad:
+            wanted = {bucket_of(t, self._buckets) for t in trace_ids.to_pylist() if t is not None}
+            if len(wanted) <= MAX_BUCKET_READS:
+                part = _read_buckets(self, sorted(wanted))
+                if part is not None:
+                    table = part
+        if table is None and self._lookup is None and not self._bad:
+            # Only the two columns a lookup needs are decompressed (the summary rows may be many).
+            self._lookup = _read_table(self._sidecar, len(self.batch_rows), LOOKUP_COLUMNS)
+            self._bad = self._lookup is None
+        table = table if table is not None else self._lookup
+        if table is None:
+            return None
+        hit = table.filter(pc.fill_null(pc.is_in(table.column(S.TRACE_ID), value_set=trace_ids), False))
+        if hit.num_rows == 0:
+            return []
+        return sorted(set(pc.list_flatten(hit.column(S.INDEX_BATCHES)).to_pylist()))
+
+
+#: The columns :meth:`ShardIndex.batches_of_traces` reads.
+LOOKUP_COLUMNS = (S.TRACE_ID, S.INDEX_BATCHES)
+
+
+#: Sidecars kept open between lookups (one file descriptor each), most recently used last.
+OPEN_READERS = 64
+_open: collections.OrderedDict[str, tuple[ShardIndex, Any, Any]] = collections.OrderedDict()
+
+
+def _bucket_reader(index: ShardIndex) -> Any:
+    """An open reader of ``index``'s sidecar (lookup columns only), kept for the next lookup."""
+    with _cache_lock:
+        held = _open.get(index._sidecar)
+        if held is not None and held[0] is index:
+            _open.move_to_end(index._sidecar)
+            return held[2]
+    fields = [INDEX_SCHEMA.get_field_index(c) for c in LOOKUP_COLUMNS]
+    source = pa.OSFile(index._sidecar)
+    try:
+        reader = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=fields))
+    except BaseException:
+        source.close()
+        raise
+    with _cache_lock:
+        old = _open.pop(index._sidecar, None)
+        _open[index._sidecar] = (index, source, reader)
+        gone = [old] if old is not None else []
+        while len(_open) > OPEN_READERS:
+            gone.append(_open.popitem(last=False)[1])
+    for _, f, _ in gone:
+        f.close()
+    return reader
+
+
+def _read_buckets(index: ShardIndex, wanted: list[int]) -> pa.Table | None:
+    """The lookup columns of some buckets' record batches; None when the sidecar is not laid out so."""
+    batches, buckets = len(index.batch_rows), index._buckets
+    expected = pa.schema([INDEX_SCHEMA.field(c) for c in LOOKUP_COLUMNS])
+    try:
+        reader = _bucket_reader(index)
+        if reader.num_record_batches != buckets + 1:
+            return None
+        parts = [reader.get_batch(b) for b in wanted]
+        for part in parts:
+            part.validate(full=True)
+        table = pa.Table.from_batches(parts, schema=expected) if parts else expected.empty_table()
+        if table.schema.remove_metadata() != expected:
+            return None
+        flat = pc.list_flatten(table.column(S.INDEX_BATCHES))
+        if len(flat) and (pc.min(flat).as_py() < 0 or pc.max(flat).as_py() >= batches):
+            return None
+        return table
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+
+
+def _read_table(sidecar: str, batches: int, columns: Sequence[str] | None = None) -> pa.Table | None:
+    fields = None if columns is None else [INDEX_SCHEMA.get_field_index(c) for c in columns]
+    expected = INDEX_SCHEMA if fields is None else pa.schema([INDEX_SCHEMA.field(i) for i in fields])
+    try:
+        with pa.OSFile(sidecar) as source:
+            table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=fields)).read_all()
+        if table.schema.remove_metadata() != expected:
+            return None
+        for chunk in table.to_batches():
+            chunk.validate(full=True)
+        flat = pc.list_flatten(table.column(S.INDEX_BATCHES))
+        if len(flat) and (pc.min(flat).as_py() < 0 or pc.max(flat).as_py() >= batches):
+            return None
+        return table.replace_schema_metadata(None)
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+
+
+_cache: collections.OrderedDict[str, tuple[tuple[int, ...], ShardIndex | None]] = collections.OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def load_shard_index(shard: str) -> ShardIndex | None:
+    """The index of the local, closed ``shard`` when it has one that agrees with it; else None.
+
+    Checked once per process for each (size, mtime) of the shard and of its sidecar.
+    """
+    side = sidecar_path(shard)
+    try:
+        st, si = os.stat(shard), os.stat(side)
+    except OSError:
+        return None
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino, si.st_size, si.st_mtime_ns, si.st_ino)
+    with _cache_lock:
+        hit = _cache.get(shard)
+        if hit is not None and hit[0] == stamp:
+            _cache.move_to_end(shard)
+            return hit[1]
+    found = _check(shard, side, st.st_size)
+    with _cache_lock:
+        _cache[shard] = (stamp, found)
+        while len(_cache) > CACHE_ENTRIES:
+            _cache.popitem(last=False)
+    return found
+
+
+def _check(shard: str, side: str, size: int) -> ShardIndex | None:
+    try:
+        with pa.OSFile(side) as source:
+            meta: dict[bytes, bytes] = pa.ipc.open_file(source).schema.metadata or {}
+        got = {k.decode(): v.decode() for k, v in meta.items()}
+        if got.get(S.META_INDEX_VERSION) != INDEX_VERSION or got.get(S.META_INDEX_OF) != os.path.basename(shard):
+            return None
+        if got.get(S.META_INDEX_SIZE) != str(size):
+            return None
+        footer = footer_bytes(shard)
+        if footer is None or got.get(S.META_INDEX_FOOTER) != _digest(footer[0]):
+            return None
+        rows: Any = json.loads(got[S.META_INDEX_BATCH_ROWS])
+        steps: Any = json.loads(got[S.META_INDEX_BATCH_STEPS])
+        if not (isinstance(rows, list) and isinstance(steps, list) and len(rows) == len(steps) == footer[1]):
+            return None
+        if not all(isinstance(r, int) and r >= 0 for r in rows):
+            return None
+        if not all(isinstance(s, list) and all(v is None or isinstance(v, int) for v in s) for s in steps):
+            return None
+        buckets = int(got[S.META_INDEX_BUCKETS])
+        if buckets < 1:
+            return None
+    except (OSError, ValueError, KeyError, UnicodeDecodeError, pa.ArrowException):
+        return None
+    return ShardIndex(shard, size, rows, steps, side, buckets)
+
+
+__all__ = [
+    "INDEX_SCHEMA",
+    "INDEX_VERSION",
+    "ShardIndex",
+    "ShardIndexBuilder",
+    "load_shard_index",
+    "sidecar_path",
+    "use_summarizer",
+    "write_sidecar",
+]
