@@ -51,6 +51,8 @@ SS_STEP_A = "compare_step_a"
 SS_STEP_B = "compare_step_b"
 SS_FOLLOW = "follow"
 SS_INTERVAL = "follow_interval"
+#: True when the server was started with ``--follow`` (pages open following unless the URL says ``follow=0``).
+SS_FOLLOW_DEFAULT = "follow_default"
 #: The run the follow toggle follows (set by the app on each run).
 SS_LIVE_PATH = "_live_path"
 #: What the followed run held when this session started following (for "new since you opened").
@@ -101,6 +103,7 @@ def init_state(compare_arg: str | None, follow_arg: str | None = None) -> None:
     qp = st.query_params
     ss["_init"] = True
     follow = str(qp.get(QP_FOLLOW, "")).lower()
+    ss[SS_FOLLOW_DEFAULT] = follow_arg is not None
     ss[SS_FOLLOW] = follow in ("1", "true") or (follow not in ("0", "false") and follow_arg is not None)
     ss[SS_INTERVAL] = follow_interval(qp.get(QP_INTERVAL)) or follow_interval(follow_arg) or FOLLOW_INTERVAL_S
     step = int_or_none(qp.get(QP_STEP))
@@ -156,6 +159,8 @@ def sync_query_params(path_from_url: str | None) -> None:
     if ss.get(SS_FOLLOW):
         qp[QP_FOLLOW] = "1"
         qp[QP_INTERVAL] = str(ss.get(SS_INTERVAL, FOLLOW_INTERVAL_S))
+    elif ss.get(SS_FOLLOW_DEFAULT):  # switched off on a server that follows by default: a reload keeps it off
+        qp[QP_FOLLOW] = "0"
     if view == "Replay" and ss.get(SS_TRACE):
         qp[QP_TRACE_ID] = ss[SS_TRACE]
     if view == "Group" and ss.get(SS_SAMPLE) is not None:

@@ -141,3 +141,20 @@ def test_view_follow_passes_the_interval_to_the_app_and_refuses_a_bad_one() -> N
     assert [state.follow_interval(v) for v in ("0", "2.6", "1e9", "x", "nan")] == [1, 3, 600, None, None]
     with pytest.raises(argparse.ArgumentTypeError, match="outside 1-600 s"):
         follow_seconds("0")
+
+
+def test_following_switched_off_stays_off_on_a_server_started_with_follow(
+    writer: tuple[str, WriterProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``view --follow``: pages open following; switched off, the URL says follow=0, so a reload opens it off."""
+    run_dir, w = writer
+    w.say("step 1 2")
+    monkeypatch.setattr("sys.argv", ["app.py", "--path", run_dir, "--follow", "2"])
+    at = _run(AppTest.from_file(APP, default_timeout=TIMEOUT))
+    assert at.sidebar.toggle(key=state.SS_FOLLOW).value is True
+    at.sidebar.toggle(key=state.SS_FOLLOW).set_value(False)
+    _run(at)
+    assert at.query_params[state.QP_FOLLOW] == "0"
+    reloaded = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    reloaded.query_params[state.QP_FOLLOW] = "0"
+    assert _run(reloaded).sidebar.toggle(key=state.SS_FOLLOW).value is False
