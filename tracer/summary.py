@@ -97,11 +97,24 @@ TURN_SPAN_COLUMNS: tuple[str, ...] = (
     S.ATTRIBUTES,
 )
 
+
+def text_field_name(ids_field: str) -> str:
+    """``prompt_ids`` -> ``prompt_text``: where token2text puts a token list's decoded text."""
+    return ids_field[: -len("_ids")] + "_text" if ids_field.endswith("_ids") else ids_field + "_text"
+
+
+def token_texts_field_name(ids_field: str) -> str:
+    """``response_ids`` -> ``response_token_texts``, ``token_ids`` -> ``token_texts``: where per-token text goes."""
+    stem = ids_field[: -len("_ids")] if ids_field.endswith("_ids") else ids_field
+    return stem + "_texts" if stem == "token" or stem.endswith("_token") else stem + "_token_texts"
+
+
 # Where the recognised shapes keep things (first match wins).
-_RESPONSE_ID_KEYS = ("response_ids", "token_ids", "output_ids")
-_RESPONSE_TEXT_KEYS = ("response_text", "token_text", "output_text", "text", "content")
+#: Keys of a turn's response token ids (ours, verl's TokenOutput, vLLM's).
+RESPONSE_ID_KEYS = ("response_ids", "token_ids", "output_ids")
+_RESPONSE_TEXT_KEYS = (*(text_field_name(k) for k in RESPONSE_ID_KEYS), "text", "content")
 _LOGPROB_KEYS = ("logprobs", "log_probs", "response_logprobs")
-_TOKEN_TEXT_KEYS = ("response_token_texts", "token_texts", "output_token_texts", "response_tokens", "tokens")
+_TOKEN_TEXT_KEYS = (*(token_texts_field_name(k) for k in RESPONSE_ID_KEYS), "response_tokens", "tokens")
 _FINISH_KEYS = ("finish_reason", "stop_reason")
 _PROMPT_ID_KEYS = ("prompt_ids", "input_ids", "prompt_token_ids")
 _PROMPT_TEXT_KEYS = ("prompt_text", "input_text", "prompt")
@@ -718,7 +731,7 @@ def _reply(out: Any) -> _Reply:
             finish_reason=_str(o.get("finish_reason")),
         )
     # This project's rollout, verl's TokenOutput, a chat message, or {"text": ...}.
-    ids_key, ids = _first(out, _RESPONSE_ID_KEYS, list)
+    ids_key, ids = _first(out, RESPONSE_ID_KEYS, list)
     _, text = _first(out, _RESPONSE_TEXT_KEYS, (str, list))
     _, lps = _first(out, _LOGPROB_KEYS, (list, Mapping))
     _, texts = _first(out, _TOKEN_TEXT_KEYS, list)

@@ -25,6 +25,7 @@ from tracer.record.capture import ObjectSnapshot, Placeholder
 from tracer.record.pieces import PieceTable, batch_decode, piece_table
 from tracer.record.redact import REDACTED, is_secret_key
 from tracer.schema import ATTR_TOKENS, ATTR_TRUNCATED
+from tracer.summary import text_field_name, token_texts_field_name
 
 #: Field names that hold token ids (verl's names plus common ones).
 DEFAULT_TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", "output_ids")
@@ -51,17 +52,6 @@ USER_CALL_TIMEOUT_S = 2.0
 #: longer called at all (each stuck one holds a thread).
 MAX_STUCK_USER_CALLS = 4
 _stuck: list[threading.Thread] = []
-
-
-def text_field_name(ids_field: str) -> str:
-    """``prompt_ids`` -> ``prompt_text``: where a token list's decoded text goes."""
-    return ids_field[: -len("_ids")] + "_text" if ids_field.endswith("_ids") else ids_field + "_text"
-
-
-def token_texts_field_name(ids_field: str) -> str:
-    """``response_ids`` -> ``response_token_texts``, ``token_ids`` -> ``token_texts``: where per-token text goes."""
-    stem = ids_field[: -len("_ids")] if ids_field.endswith("_ids") else ids_field
-    return stem + "_texts" if stem == "token" or stem.endswith("_token") else stem + "_token_texts"
 
 
 class DecodeJob:

@@ -60,7 +60,7 @@ from tracer import schema as S
 from tracer.read import TracePaths, list_trace_files
 from tracer.storage.decisions import SOURCE_FILE, file_decisions, metadata_value
 from tracer.storage.files import read_batches
-from tracer.summary import _RESPONSE_ID_KEYS
+from tracer.summary import RESPONSE_ID_KEYS
 
 PENDING = "pending"
 IN = "in"
@@ -189,7 +189,7 @@ def response_tokens(reply: Any) -> int | None:
     outputs = reply.get("outputs") if isinstance(reply, Mapping) else getattr(reply, "outputs", None)
     if isinstance(outputs, (list, tuple)) and outputs:  # vLLM's RequestOutput
         reply = outputs[0]
-    for key in _RESPONSE_ID_KEYS:
+    for key in RESPONSE_ID_KEYS:
         ids = reply.get(key) if isinstance(reply, Mapping) else getattr(reply, key, None)
         if ids is not None and not isinstance(ids, (str, bytes)):
             try:
