@@ -32,6 +32,12 @@ ENV_STRICT = "ROLLOUT_TRACE_STRICT"
 #: ``ROLLOUT_TRACE_DIR``/``ROLLOUT_TRACE_BACKEND`` and keyword arguments
 #: override (hands a whole config to Ray workers through ``runtime_env``).
 ENV_CONFIG = "ROLLOUT_TRACE_CONFIG"
+#: Environment variable: the longest a Ray driver's ``ray.shutdown()`` (or its
+#: exit) spends shipping, from the files, what its workers' live exporters had
+#: not shipped (:mod:`tracer.verl_plugin`); ``0`` switches that off.
+ENV_DRAIN_S = "ROLLOUT_TRACE_DRAIN_S"
+#: Default for :data:`ENV_DRAIN_S`, in seconds.
+DEFAULT_DRAIN_S = 120.0
 
 DEFAULT_OUTPUT_DIR = "./rollout_traces"
 

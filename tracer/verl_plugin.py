@@ -1,4 +1,4 @@
-"""verl plugin: say so when a worker's verl config names a rollout-trace backend but the drop-in is not installed.
+"""verl plugin: warn when the drop-in is missing; in the Ray driver, ship what ended workers had not.
 
 verl 0.9.1 loads every ``verl.plugins`` entry point when it is imported
 (unless ``VERL_USE_EXTERNAL_PLUGINS=none``); rollout-trace registers this
@@ -13,23 +13,40 @@ without a word; this logs one warning per process with the line that fixes
 it. ``mlflow`` is a backend of both: verl's own MLflow tracing then records,
 so the warning is given only when a ``ROLLOUT_TRACE_*`` variable in the
 worker's environment says rollout-trace was meant.
+
+In the Ray driver (the process that called ``ray.init``; never in a Ray
+worker) it also wraps ``ray.shutdown``. ``ray.shutdown()`` ends the job's
+actors without running anything in them, so a live exporter's last
+trajectories (its grace period, the last step it held until complete) are
+only in the files. When the job's runtime environment installs the drop-in
+(``worker_process_setup_hook=tracer.verl_compat.install``) or names
+``ROLLOUT_TRACE_DIR``, the wrapped ``ray.shutdown()`` ends the actors as
+before, then waits for their files to be closed and ships what each live
+backend lacks (:func:`tracer.exporters.catch_up.catch_up`), within
+``ROLLOUT_TRACE_DRAIN_S`` seconds (:data:`tracer.config.DEFAULT_DRAIN_S`;
+``0``: off). A driver that exits without calling it gets the same at exit,
+just before Ray's own exit hook would shut Ray down.
 """
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import functools
 import importlib.abc
 import importlib.machinery
 import logging
 import os
 import sys
+import time
 import types
 from collections.abc import Sequence
 from typing import Any
 
 import tracer
 from tracer import verl_compat
-from tracer.config import ENV_BACKEND, ENV_CONFIG, ENV_TRACE_DIR
+from tracer.config import DEFAULT_DRAIN_S, ENV_BACKEND, ENV_CONFIG, ENV_DRAIN_S, ENV_TRACE_DIR
+from tracer.exporters.catch_up import catch_up
 
 logger = logging.getLogger("rollout_trace")
 
@@ -43,6 +60,12 @@ INTENT_VARIABLES = (ENV_TRACE_DIR, ENV_BACKEND, ENV_CONFIG)
 _MARK = "__rollout_trace_watched__"
 
 _warned = False
+#: When this process imported the plugin: files older than this are not this job's.
+_STARTED = time.time()
+#: The hook value that installs the drop-in in Ray workers.
+HOOK = "tracer.verl_compat.install"
+#: Prefixes of the runtime environment's variables the catch-up takes (where files land, where backends are).
+TAKEN_VARIABLES = ("ROLLOUT_TRACE_", "MLFLOW_", "WANDB_", "SWANLAB_", "OTEL_")
 
 
 def misconfiguration(backend: object) -> str | None:
@@ -142,5 +165,121 @@ def register() -> None:
         sys.meta_path.insert(0, _Watcher())  # before the PathFinder that would find verl's module
 
 
+# -- the Ray driver -------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class DrainPlan:
+    """What the driver's catch-up needs, read from Ray while it is still connected.
+
+    Attributes:
+        root: Where the workers' files land (``ROLLOUT_TRACE_DIR`` of the job, else of the driver).
+        env: The job's variables the backends read (``MLFLOW_TRACKING_URI``, ...).
+        timeout_s: The bound (``ROLLOUT_TRACE_DRAIN_S``).
+    """
+
+    root: str
+    env: dict[str, str]
+    timeout_s: float
+
+
+def _ray_worker_module() -> Any:
+    return sys.modules.get("ray._private.worker")
+
+
+def _is_ray_driver() -> bool:
+    """True in a process connected to Ray as a driver (not a worker)."""
+    worker = _ray_worker_module()
+    mode = getattr(getattr(worker, "global_worker", None), "mode", None)
+    return mode is not None and mode == getattr(worker, "SCRIPT_MODE", 0)
+
+
+def drain_plan(runtime_env: Any, environ: Any = os.environ) -> DrainPlan | None:
+    """The catch-up a driver whose job has ``runtime_env`` owes its workers, or None.
+
+    None unless the runtime environment installs the drop-in or names
+    ``ROLLOUT_TRACE_DIR`` (or the driver's environment does); None when
+    ``ROLLOUT_TRACE_DRAIN_S`` is 0 or the folder is unknown.
+    """
+    env_vars = dict(runtime_env.get("env_vars") or {}) if hasattr(runtime_env, "get") else {}
+    hook = runtime_env.get("worker_process_setup_hook") if hasattr(runtime_env, "get") else None
+    root = env_vars.get(ENV_TRACE_DIR) or environ.get(ENV_TRACE_DIR)
+    if not (hook == HOOK or env_vars.get(ENV_TRACE_DIR)):
+        return None
+    raw = env_vars.get(ENV_DRAIN_S) or environ.get(ENV_DRAIN_S)
+    try:
+        timeout_s = float(raw) if raw else DEFAULT_DRAIN_S
+    except ValueError:
+        logger.warning("rollout-trace: %s=%r is not a number of seconds; using %s", ENV_DRAIN_S, raw, DEFAULT_DRAIN_S)
+        timeout_s = DEFAULT_DRAIN_S
+    if timeout_s <= 0:
+        return None
+    if not root:
+        logger.info(
+            "rollout-trace: the Ray job installs the drop-in but names no %s, so its driver does not know where "
+            "the workers' files are to ship what they left (rollout-trace export RUN_DIR --to BACKEND does it later)",
+            ENV_TRACE_DIR,
+        )
+        return None
+    taken = {k: str(v) for k, v in env_vars.items() if k.startswith(TAKEN_VARIABLES)}
+    return DrainPlan(os.path.abspath(str(root)), taken, timeout_s)
+
+
+def _plan_now() -> DrainPlan | None:
+    """The plan of this driver's job, read from Ray (None when not a connected driver; never raises)."""
+    try:
+        if not _is_ray_driver():
+            return None
+        ray = sys.modules["ray"]
+        return drain_plan(ray.get_runtime_context().runtime_env)
+    except Exception as exc:
+        logger.debug("rollout-trace: no drain plan (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
+def drain(plan: DrainPlan) -> None:
+    """Ship, from the files, what the job's ended workers had not (the job's variables fill the driver's gaps)."""
+    for key, value in plan.env.items():
+        os.environ.setdefault(key, value)
+    catch_up(plan.root, _STARTED, plan.timeout_s)
+
+
+def watch_ray_driver() -> None:
+    """In a Ray driver (or a process that may become one): catch up after ``ray.shutdown()`` and at exit. Idempotent.
+
+    Does nothing in a Ray worker, or when Ray is not imported.
+    """
+    ray: Any = sys.modules.get("ray")
+    worker = _ray_worker_module()
+    if ray is None or worker is None:
+        return
+    mode = getattr(getattr(worker, "global_worker", None), "mode", None)
+    if mode is not None and mode != getattr(worker, "SCRIPT_MODE", 0):
+        return  # a worker: its driver does this
+    original = getattr(ray, "shutdown", None)
+    if original is None or getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def shutdown(*args: Any, **kwargs: Any) -> Any:
+        plan = _plan_now()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if plan is not None:
+                drain(plan)
+
+    setattr(shutdown, _MARK, True)
+    ray.shutdown = shutdown
+
+    def at_exit() -> None:
+        # Registered after Ray's own exit hook, so it runs first: end the job as that hook would, then catch up.
+        if _is_ray_driver():
+            shutdown()
+
+    atexit.register(at_exit)
+
+
 # verl's plugin loader only imports this module (EntryPoint.load): the import is the registration.
 register()
+watch_ray_driver()

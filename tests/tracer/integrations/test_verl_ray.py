@@ -6,8 +6,10 @@ The job (``verl_ray_run.py``, a subprocess joining the module's cluster, so its
 ``ROLLOUT_TRACE_DIR`` in the runtime environment, ``trace.backend=mlflow``
 with ``token2text=True`` in verl's config. ``ray.shutdown()`` ends the actors
 without running anything in them (no atexit, no signal: FACTS.md), so what a
-live exporter had not shipped is in the files, and ``rollout-trace export``
-catches it up and says how many.
+live exporter had not shipped is only in the files; rollout-trace's verl
+plugin in the driver ships it from there once the actors are gone, before
+``ray.shutdown()`` returns, and says how many. A later ``rollout-trace
+export`` then has nothing left to send.
 """
 
 from __future__ import annotations
@@ -65,7 +67,14 @@ def job(ray_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory, t
         timeout=600,
     )
     assert proc.returncode == 0 and "RESULT" in proc.stdout, proc.stderr[-4000:]
-    return {"uri": uri, "env": env, "run_dir": str(work / "traces" / "verl-ray" / "ray"), "live": _mlflow_traces(uri)}
+    return {
+        "uri": uri,
+        "env": env,
+        "run_dir": str(work / "traces" / "verl-ray" / "ray"),
+        "at_end": _mlflow_traces(uri),
+        "stdout": proc.stdout,
+        "stderr": proc.stderr,
+    }
 
 
 def test_every_trajectory_is_in_the_files(job: dict[str, Any]) -> None:
@@ -78,9 +87,30 @@ def test_every_trajectory_is_in_the_files(job: dict[str, Any]) -> None:
     assert len(pids) == WORKERS
 
 
-def test_export_catches_up_what_live_did_not_ship(job: dict[str, Any], figures_report: dict[str, Any]) -> None:
-    """rollout-trace export sends only what MLflow lacks, says how many it caught up, and then MLflow holds 12 of 12."""
-    live = len(job["live"])
+def test_every_trajectory_is_in_mlflow_when_the_job_ends(job: dict[str, Any], figures_report: dict[str, Any]) -> None:
+    """12 of 12 in MLflow right after the job: shipped live, or by the driver from the files after ray.shutdown()."""
+    traces = job["at_end"]
+    assert len(traces) == TRAJECTORIES, job["stderr"][-3000:]
+    assert len({t.info.tags["rollout_trace.trace_id"] for t in traces}) == TRAJECTORIES
+    assert {t.info.tags["mlflow.traceName"] for t in traces} == {"agent_loop"}
+    said = re.search(
+        r"caught up (\d+) trajectories of (\S+) that mlflow lacked \((\d+) were there already", job["stderr"]
+    )
+    assert said, job["stderr"][-3000:]
+    caught, run_dir, live = int(said.group(1)), said.group(2), int(said.group(3))
+    assert caught + live == TRAJECTORIES
+    assert os.path.realpath(run_dir) == os.path.realpath(job["run_dir"])
+    shutdown_s = re.search(r"SHUTDOWN_S (\S+)", job["stdout"])
+    FIGURES["verl on Ray, ray.shutdown() 3 s after the last step"] = {
+        "in MLflow when the job ended": f"{len(traces)} of {TRAJECTORIES}",
+        "shipped live by the workers": live,
+        "shipped by the driver from the files": caught,
+        "ray.shutdown() took (s)": shutdown_s.group(1) if shutdown_s else "?",
+    }
+
+
+def test_a_later_export_has_nothing_left_to_send(job: dict[str, Any]) -> None:
+    """rollout-trace export after the job sends nothing twice: every trajectory is there already."""
     cli = os.path.join(os.path.dirname(sys.executable), "rollout-trace")
     proc = subprocess.run(
         [cli, "export", job["run_dir"], "--to", "mlflow", "--no-progress"],
@@ -90,15 +120,5 @@ def test_export_catches_up_what_live_did_not_ship(job: dict[str, Any], figures_r
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    FIGURES["verl on Ray, ray.shutdown() 3 s after the last step"] = {
-        "live in MLflow": f"{live} of {TRAJECTORIES}",
-        "export": proc.stdout.splitlines()[0],
-    }
-    missing = TRAJECTORIES - live
-    if missing:
-        assert re.search(rf"caught up {missing} the destination lacked", proc.stdout), proc.stdout
-        assert f"caught up {missing} trajectories the destination did not have yet ({live} were there" in proc.stdout
-    traces = _mlflow_traces(job["uri"])
-    assert len(traces) == TRAJECTORIES
-    assert len({t.info.tags["rollout_trace.trace_id"] for t in traces}) == TRAJECTORIES
-    assert {t.info.tags["mlflow.traceName"] for t in traces} == {"agent_loop"}
+    assert proc.stdout.startswith(f"mlflow: sent 0 trajectories, skipped {TRAJECTORIES}"), proc.stdout
+    assert len(_mlflow_traces(job["uri"])) == TRAJECTORIES

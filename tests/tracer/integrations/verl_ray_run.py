@@ -10,12 +10,16 @@ each with verl's config (``trace.backend=mlflow``, ``token2text=True``) and
 the scripted LLM client of ``verl_agent_run.py``. Each step both workers run
 ``generate_sequences`` on their half of the batch (``SAMPLES`` questions, two
 rollouts each); ``WAIT_S`` seconds after the last step the job calls
-``ray.shutdown()``, which ends the actors without running anything in them.
+``ray.shutdown()``, which ends the actors without running anything in them;
+rollout-trace's verl plugin (loaded by ``import verl`` here too) then ships
+from the files what their live exporters had not, and logs how many
+(``rollout_trace`` INFO lines on stderr).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -28,6 +32,8 @@ WORKERS = 2
 
 
 def main(address: str, model_dir: str, work_dir: str, steps: int, samples: int, wait_s: float) -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    logging.getLogger("rollout_trace").setLevel(logging.INFO)
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl_agent_run import ScriptedClient, compose_config, make_batch
 
@@ -60,7 +66,9 @@ def main(address: str, model_dir: str, work_dir: str, steps: int, samples: int, 
         turns.append([int(t) for out in outs for t in out.non_tensor_batch["__num_turns__"]])
     print("RESULT " + json.dumps({"num_turns": turns}), flush=True)
     time.sleep(wait_s)
+    t0 = time.monotonic()
     ray.shutdown()
+    print(f"SHUTDOWN_S {time.monotonic() - t0:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,209 @@
+"""Shipping, from the files, what the live exporters of processes that ended had not shipped.
+
+A live exporter ships a trajectory a little after its root span is durable
+(the grace period for late rewards, the wait for a complete step). A process
+that ends without running its shutdown, as every Ray actor does at
+``ray.shutdown()``, takes what was still waiting with it; its files hold it
+all. :func:`catch_up` is run by the process that outlives them (a Ray
+driver, see :mod:`tracer.verl_plugin`): it waits, within a bound, until the
+writers of the run folders written since a moment are gone, then, for each
+backend those files were recorded live to, sends what the destination lacks,
+exactly as ``rollout-trace export`` does (:func:`tracer.exporters.base.export_files`
+sends only trajectories the destination does not have, so nothing arrives twice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+from tracer.backends import BACKENDS, LOCAL_BACKEND
+from tracer.config import TraceConfig
+from tracer.exporters.attach import live_options
+from tracer.exporters.base import export_files
+from tracer.read import list_trace_files, read_file_metadata
+from tracer.record.redact import REDACTED
+from tracer.storage import uri as _uri
+from tracer.storage.seal import LIVE, seal_if_abandoned
+
+logger = logging.getLogger("rollout_trace")
+
+#: Seconds between two looks at whether a run's writers are gone.
+POLL_S = 0.2
+#: A file of another host (no lock to test there) counts as ended once unchanged this long. A writer
+#: that was only quiet notices its sealed file at its next write and starts a new one (tracer.storage.seal).
+OTHER_HOST_QUIET_S = 30.0
+
+
+@dataclasses.dataclass
+class CaughtUp:
+    """What :func:`catch_up` did for one run folder and one backend.
+
+    Attributes:
+        run_dir: The run folder.
+        backend: The backend its files were recorded live to.
+        sent: Trajectories the destination lacked, sent now.
+        present: Trajectories it had already (shipped live).
+        problem: Why nothing (or not everything) was sent; empty when all went.
+    """
+
+    run_dir: str
+    backend: str
+    sent: int = 0
+    present: int = 0
+    problem: str = ""
+
+    def describe(self) -> str:
+        """One line for the log."""
+        command = f"rollout-trace export {self.run_dir} --to {self.backend}"
+        if self.problem:
+            return f"rollout-trace: {self.backend} not caught up for {self.run_dir}: {self.problem}; later: {command}"
+        return (
+            f"rollout-trace: caught up {self.sent} trajectories of {self.run_dir} that {self.backend} lacked "
+            f"({self.present} were there already, shipped live)"
+        )
+
+
+def runs_written_since(root: str, since: float) -> list[str]:
+    """The run folders under ``root`` (local) holding a trace file changed at or after ``since``."""
+    if _uri.is_remote(root) or not os.path.isdir(root):
+        return []
+    found: list[str] = []
+    for d, dirs, names in os.walk(root):
+        dirs.sort()
+        for name in names:
+            if not name.endswith(S.FILE_SUFFIX):
+                continue
+            try:
+                if os.stat(os.path.join(d, name)).st_mtime >= since:
+                    found.append(d)
+                    break
+            except OSError:
+                continue
+    return found
+
+
+def _own_file(file: str) -> bool:
+    """True when ``file`` was written by this process (its writer is alive, and ships its own)."""
+    parts = os.path.basename(file).split("_")
+    return len(parts) > 1 and parts[1] == str(os.getpid())
+
+
+def writers_running(run_dir: str) -> list[str]:
+    """The trace files of ``run_dir`` whose writers (other processes) may still write them.
+
+    Each other file whose writer is gone is sealed on the way
+    (:func:`tracer.storage.seal.seal_if_abandoned`); a file of another host
+    counts as ended once unchanged for :data:`OTHER_HOST_QUIET_S`.
+    """
+    return [
+        f
+        for f in list_trace_files(run_dir)
+        if not _own_file(f) and seal_if_abandoned(f, max_age_s=OTHER_HOST_QUIET_S).action == LIVE
+    ]
+
+
+def _without_redacted(value: Any) -> Any:
+    """``value`` with every entry the files hold redacted left out (the destination's own default applies)."""
+    if isinstance(value, Mapping):
+        return {k: _without_redacted(v) for k, v in value.items() if not (isinstance(v, str) and REDACTED in v)}
+    return value
+
+
+def live_backends(run_dir: str) -> dict[str, dict[str, Any]]:
+    """Backend -> its options, for each backend the files of ``run_dir`` were recorded live to.
+
+    The options are those the recording process gave its live exporter
+    (``backend_options``), less any value the files hold redacted.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for file in list_trace_files(run_dir):
+        try:
+            config = json.loads(read_file_metadata(file).get(S.META_CONFIG) or "{}")
+        except (OSError, ValueError, pa.ArrowException):
+            continue
+        if not isinstance(config, Mapping):
+            continue
+        named = config.get("backend")
+        names = [named] if isinstance(named, str) else named if isinstance(named, list) else []
+        for name in names:
+            if not isinstance(name, str) or name == LOCAL_BACKEND or name not in BACKENDS or name in out:
+                continue
+            given = config.get("backend_options")
+            try:
+                options = live_options(name, TraceConfig(backend_options=_without_redacted(given or {})))
+            except Exception:  # options the files hold that no longer parse: the backend's defaults
+                options = {}
+            out[name] = {k: v for k, v in options.items() if v is not None}
+    return out
+
+
+def catch_up_run(run_dir: str, deadline: float) -> list[CaughtUp]:
+    """Wait (until ``deadline``, monotonic) for ``run_dir``'s writers to be gone, then catch up each live backend."""
+    backends = live_backends(run_dir)
+    if not backends:
+        return []
+    running = writers_running(run_dir)
+    while running and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        running = writers_running(run_dir)
+    if running:
+        why = f"{len(running)} of its files are still being written (e.g. {os.path.basename(running[0])})"
+        return [CaughtUp(run_dir, name, problem=why) for name in backends]
+    done: list[CaughtUp] = []
+    for name, options in backends.items():
+        try:
+            report = export_files(run_dir, name, progress=False, **options)
+        except Exception as exc:  # the backend down, not installed, ...: the files keep everything
+            done.append(CaughtUp(run_dir, name, problem=f"{type(exc).__name__}: {exc}"))
+            continue
+        present = report.trajectories_skipped
+        done.append(CaughtUp(run_dir, name, sent=report.trajectories_sent, present=present))
+    return done
+
+
+def catch_up(root: str, since: float, timeout_s: float) -> list[CaughtUp]:
+    """Catch up every run folder under ``root`` written since ``since`` (epoch seconds), within ``timeout_s``.
+
+    Never raises; logs one line per run and backend (info when all was sent,
+    a warning naming the ``rollout-trace export`` command otherwise). The
+    work runs on a thread of its own: past ``timeout_s`` this returns what is
+    done, and the rest is left to ``rollout-trace export``.
+    """
+    results: list[CaughtUp] = []
+    runs: list[str] = []
+    deadline = time.monotonic() + timeout_s
+
+    def work() -> None:
+        try:
+            runs.extend(runs_written_since(root, since))
+            for run in runs:
+                for item in catch_up_run(run, deadline):
+                    results.append(item)
+                    (logger.warning if item.problem else logger.info)("%s", item.describe())
+        except Exception as exc:  # the tracer's own trouble never reaches the caller
+            logger.warning("rollout-trace: catching up from the files failed (%s: %s)", type(exc).__name__, exc)
+
+    thread = threading.Thread(target=work, name="rollout-trace-catch-up", daemon=True)
+    thread.start()
+    thread.join(max(timeout_s, 0.0))
+    if thread.is_alive():
+        logger.warning(
+            "rollout-trace: gave up catching up after %.0f s; the files hold everything: "
+            "rollout-trace export RUN_DIR --to BACKEND for %s",
+            timeout_s,
+            ", ".join(runs) or root,
+        )
+    return list(results)
+
+
+__all__ = ["CaughtUp", "catch_up", "catch_up_run", "live_backends", "runs_written_since", "writers_running"]
