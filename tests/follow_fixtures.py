@@ -120,6 +120,11 @@ class WriterProcess:
         got = self.proc.stdout.readline().strip()
         assert got == answer, f"writer answered {got!r} to {command!r}"
 
+    def kill(self) -> None:
+        """End the writer with SIGKILL: its file stays as it was, with no footer."""
+        self.proc.kill()
+        self.proc.wait(timeout=WAIT_S)
+
     def close(self) -> None:
         """Close the writer's file (its footer) and wait for the process to end."""
         if self.proc.poll() is None:

@@ -36,6 +36,7 @@ from tracer import schema as S  # noqa: N812 - the schema module, short as in tr
 from tracer.read import TraceFileWarning, TracePaths, list_trace_files
 from tracer.storage import uri as _uri
 from tracer.storage.files import read_batches, read_layout
+from tracer.storage.seal import SEALED, seal_if_abandoned
 from tracer.summary import SUMMARY_SPAN_COLUMNS, summarize
 
 #: Span columns the follower keeps for every row it read: what the summary needs, plus the span id.
@@ -206,7 +207,14 @@ class RunFollower:
             except OSError:
                 return None
             if st.st_size == progress.size and st.st_mtime_ns == progress.mtime_ns:
-                return None
+                # Unchanged. A file not closed whose writer is gone (killed, a Ray actor at
+                # ray.shutdown) is sealed here, so its last step counts as finished.
+                if progress.closed or seal_if_abandoned(file).action != SEALED:
+                    return None
+                try:
+                    st = os.stat(file)
+                except OSError:
+                    return None
             if st.st_size < progress.size:
                 raise _ShrunkError(file)
             progress.mtime_ns = st.st_mtime_ns

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from follow_fixtures import WriterProcess
 
+import tracer
 from tracer.cli import main
 from tracer.cli.errors import EXIT_INTERRUPTED, EXIT_USAGE
+from tracer.storage.files import ends_closed
 
 SCRIPT = str(Path(sys.executable).with_name("rollout-trace"))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -113,6 +115,23 @@ def test_tail_trajectories_prints_one_line_per_finished_trajectory(tmp_path: Pat
     }
     assert float(first["latency_s"]) > 0 and first["trace_id"] == "w-s1-p0-r0"
     assert lines[1].startswith("step=1 sample=0 rollout=1 split=train reward=1 ")
+
+
+@pytest.mark.slow  # two interpreters start (tail, a writer)
+def test_tail_prints_the_last_step_of_a_killed_writer(tmp_path: Path) -> None:
+    """A writer killed after its last step (no footer, as a Ray actor at ray.shutdown): tail seals it and prints that step."""
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    tail = _tail(run_dir)
+    out = Lines(tail)
+    w = WriterProcess(run_dir, "w")
+    w.say("step 1 2")
+    w.say("step 2 2")
+    w.kill()
+    lines = out.wait_for(2)
+    assert _interrupt(tail) == EXIT_INTERRUPTED
+    assert [line.split(":")[0] for line in lines] == ["rollout-trace step 1", "rollout-trace step 2"]
+    assert [ends_closed(f) for f in tracer.list_trace_files(run_dir)] == [True]  # sealed by tail's reads
 
 
 def test_tail_of_a_missing_path_says_so_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
