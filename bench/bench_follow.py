@@ -27,59 +27,34 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_scale  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
+from bench_scale import SPANS_PER_TRAJECTORY  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer import schema as S  # noqa: E402
 from tracer.storage.writer import SpanWriter  # noqa: E402
 from viewer import data as D  # noqa: E402
 
-SPANS_PER_TRAJECTORY = 8
-
 
 def chunk(start: int, n: int, step: int, worker: int, now: int) -> pa.RecordBatch:
-    """n spans of one step: trajectories of a rollout root + 7 children (llm/tool alternating) + one reward each."""
-    idx = np.arange(start, start + n)
-    traj = idx // SPANS_PER_TRAJECTORY
-    pos = idx % SPANS_PER_TRAJECTORY
-    trace_id = pc.binary_join_element_wise(f"w{worker}-", pc.cast(pa.array(traj), pa.string()), "")
-    span_id = pc.cast(pa.array(idx), pa.string())
-    is_root = pa.array(pos == 0)
-    is_reward = pa.array(pos == SPANS_PER_TRAJECTORY - 1)
-    root = pc.cast(pa.array(traj * SPANS_PER_TRAJECTORY), pa.string())
-    parent = pc.if_else(pc.or_(is_root, is_reward), pa.nulls(n, pa.string()), root)
-    odd = pa.array(pos % 2 == 1)
-    kind = pc.if_else(is_root, "rollout", pc.if_else(is_reward, "reward", pc.if_else(odd, "llm", "tool")))
-    name = pc.if_else(
-        is_root, "agent_loop", pc.if_else(is_reward, S.REWARD_SPAN_NAME, pc.if_else(odd, "generate", "calculator"))
-    )
-    inputs = pc.binary_join_element_wise('{"expression": "', pc.cast(pa.array(idx % 997), pa.string()), ' * 12"}', "")
-    outputs = pc.binary_join_element_wise('"', pc.cast(pa.array((idx % 997) * 12), pa.string()), '"', "")
-    starts = pa.array(now + idx * 1000, pa.int64())
-    reward = pc.if_else(is_reward, pa.array((traj % 2).astype(float)), pa.nulls(n, pa.float64()))
-    attributes = pc.if_else(is_reward, pa.scalar('{"advantage": 0.5}'), pa.nulls(n, pa.string()))
-    arrays = {
-        S.TRACE_ID: trace_id,
-        S.SPAN_ID: span_id,
-        S.PARENT_SPAN_ID: parent,
-        S.NAME: name,
-        S.KIND: kind,
-        S.START_NS: starts,
-        S.END_NS: pc.add(starts, 500),
-        S.STATUS: pa.array(np.where(idx % 50 == 7, "error", "ok")),
-        S.ERROR: pa.nulls(n, pa.string()),
-        S.STEP: pa.array(np.full(n, step), pa.int64()),
-        S.SAMPLE_INDEX: pc.cast(pa.array((traj // 8) % 64), pa.string()),
-        S.ROLLOUT_N: pa.array(traj % 8, pa.int64()),
-        S.VALIDATE: pa.array(np.zeros(n, dtype=bool)),
-        S.REWARD: reward,
-        S.INPUTS: inputs,
-        S.OUTPUTS: outputs,
-        S.ATTRIBUTES: attributes,
+    """``bench_scale.chunk``'s n spans, with worker ``worker``'s trace ids and each trajectory's last span its reward."""
+    batch = bench_scale.chunk(start, n, step, now)
+    traj = np.arange(start, start + n) // SPANS_PER_TRAJECTORY
+    is_reward = pa.array(np.arange(start, start + n) % SPANS_PER_TRAJECTORY == SPANS_PER_TRAJECTORY - 1)
+    no_str, no_float = pa.nulls(n, pa.string()), pa.nulls(n, pa.float64())
+    changed = {
+        S.TRACE_ID: pc.binary_join_element_wise(f"w{worker}-", pc.cast(pa.array(traj), pa.string()), ""),
+        S.PARENT_SPAN_ID: pc.if_else(is_reward, no_str, batch.column(S.PARENT_SPAN_ID)),
+        S.KIND: pc.if_else(is_reward, S.KIND_REWARD, batch.column(S.KIND)),
+        S.NAME: pc.if_else(is_reward, S.REWARD_SPAN_NAME, batch.column(S.NAME)),
+        S.REWARD: pc.if_else(is_reward, pa.array((traj % 2).astype(float)), no_float),
+        S.ATTRIBUTES: pc.if_else(is_reward, pa.scalar('{"advantage": 0.5}'), no_str),
     }
-    return pa.RecordBatch.from_arrays([arrays[c] for c in S.SPAN_COLUMNS], schema=S.SPAN_SCHEMA)
+    columns = [changed.get(c, batch.column(c)) for c in S.SPAN_COLUMNS]
+    return pa.RecordBatch.from_arrays(columns, schema=S.SPAN_SCHEMA)
 
 
 def quiet(fn, *args):  # noqa: ANN001, ANN202

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from export_fixtures import calculator_agent
+
 import tracer
 
 PROJECT = "mlflow-test"
@@ -27,53 +29,8 @@ class WordTokenizer:
         return [" ".join(f"w{i}" for i in ids) for ids in batch]
 
 
-@tracer.rollout_trace_op(kind="llm", name="generate")
-def _generate(prompt_ids: list[int], turn: int) -> dict:
-    ids = [100 + turn * 10 + k for k in range(6)]
-    return {
-        "response_ids": ids,
-        "logprobs": [-0.1 * k for k in range(6)],
-        "finish_reason": "tool_calls" if turn == 0 else "stop",
-    }
-
-
-@tracer.rollout_trace_op(kind="tool", name="calculator")
-def _calculator(expression: str) -> str:
-    if "/0" in expression:
-        raise ZeroDivisionError("division by zero")
-    return str(sum(int(x) for x in expression.split("+")))
-
-
-@tracer.rollout_trace_op(kind="rollout", name="agent_loop")
-def _agent_loop(question: str, sample: int, rollout_n: int) -> dict:
-    messages: list[dict] = [
-        {"role": "system", "content": "You are a calculator agent."},
-        {"role": "user", "content": question},
-    ]
-    _generate([1, 2, 3], 0)
-    expr = "1/0" if rollout_n == 1 else f"{sample}+{rollout_n}"
-    messages.append(
-        {
-            "role": "assistant",
-            "content": "Let me compute.",
-            "tool_calls": [
-                {
-                    "id": "call_0",
-                    "type": "function",
-                    "function": {"name": "calculator", "arguments": f'{{"expression": "{expr}"}}'},
-                }
-            ],
-        }
-    )
-    try:
-        result = _calculator(expr)
-    except ZeroDivisionError as exc:
-        result = f"error: {exc}"
-    messages.append({"role": "tool", "tool_call_id": "call_0", "name": "calculator", "content": result})
-    _generate([1, 2, 3, 4, 5], 1)
-    answer = f"The answer is {result}."
-    messages.append({"role": "assistant", "content": answer})
-    return {"messages": messages, "answer": answer, "num_turns": 2, "stop_reason": "stop"}
+#: The exporter fixtures' loop, with per-token logprobs (ids decoded by :class:`WordTokenizer`) and a longer turn-1 prompt.
+_agent_loop = calculator_agent(100, lambda turn: {"logprobs": [-0.1 * k for k in range(6)]}, [1, 2, 3, 4, 5])
 
 
 def record_run(

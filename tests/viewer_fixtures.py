@@ -42,6 +42,16 @@ def _search(query: str) -> str:
 
 @tracer.rollout_trace_op(kind="rollout", name="agent_loop")
 def _agent_loop(question: str, step: int, sample: int, rollout_n: int, crash: bool = False) -> dict:
+    """The viewer's calculator agent: kept apart from ``export_fixtures.calculator_agent`` on purpose.
+
+    It has the shapes the viewer's pages and its browser tests look for and
+    the exporters' loop has not: a second tool (``search``), a third turn for
+    rollout 3, model text that tries to inject HTML (rollout 0), a word found
+    in one trajectory only (:data:`NEEDLE`), a rollout that raises, and
+    12-token responses that ``max_tokens=8`` truncates. Its arguments (step,
+    crash; rollout_n on every llm call) are recorded as the spans' inputs the
+    viewer shows, so folding both loops into one would change either run's data.
+    """
     messages: list[dict] = [
         {"role": "system", "content": "You are a careful calculator agent."},
         {"role": "user", "content": question},

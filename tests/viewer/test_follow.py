@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from collections.abc import Iterator
 
 import pytest
-from export_fixtures import EXPERIMENT, PROJECT, TRAIN_PER_STEP, record_rollouts
+from export_fixtures import TRAIN_PER_STEP, init_console, lag_on_every_look, record_rollouts, wait_for_lag
 from follow_fixtures import WriterProcess
 from streamlit.testing.v1 import AppTest
 
@@ -107,20 +106,10 @@ def test_the_sidebar_shows_how_far_behind_each_live_exporter_is(
     tmp_path: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A live console exporter holding a step: the sidebar's Live exporters section counts it as waiting."""
-    monkeypatch.setattr(lag, "WRITE_EVERY_S", 0.0)
-    monkeypatch.setattr(lag, "OBSERVE_EVERY_S", 0.0)
-    cfg = tracer.init(
-        project_name=PROJECT,
-        experiment_name=EXPERIMENT,
-        backend=["console"],
-        output_dir=str(tmp_path),
-        flush_interval_s=0.1,
-        backend_options={"console_print": False},
-    )
+    lag_on_every_look(monkeypatch)
+    cfg = init_console(str(tmp_path), print_lines=False)
     record_rollouts(steps=(1,), val_per_step=0)
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline and not any(r.waiting == TRAIN_PER_STEP for r in lag.read_lag(cfg.run_dir)):
-        time.sleep(0.05)
+    wait_for_lag(cfg.run_dir, lambda r: r.waiting == TRAIN_PER_STEP, timeout=TIMEOUT)
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.query_params[state.QP_PATH] = cfg.run_dir
     _run(at)

@@ -507,6 +507,29 @@ class LiveDriver:
         if self._thread.is_alive():
             self._warn_once("shutdown", f"gave up after {timeout} s with trajectories unwritten")
 
+    def progress(self) -> lag.DriverProgress:
+        """What this driver has shipped and still holds, now (what :mod:`tracer.exporters.lag` writes).
+
+        The queue counters are read under the lock (:meth:`export` changes them on
+        the writer thread); the rest only changes on the driver's own thread, which
+        is where :func:`tracer.exporters.lag.observe` calls this, after each cycle.
+        """
+        with self._lock:
+            queued, dropped = self._queued_spans, self.spans_dropped
+        in_grace = dict(self._root_seen)
+        held = tuple(
+            str(t.summary.get(S.TRACE_ID) or f"#{id(t)}") for ts in list(self._held.values()) for t in list(ts)
+        )
+        return lag.DriverProgress(
+            shipped=self.trajectories_written,
+            failed=self.trajectories_failed,
+            in_grace=in_grace,
+            held=held,
+            running=sum(1 for tid in list(self._pending) if tid not in in_grace),
+            queued_spans=queued,
+            dropped_spans=dropped,
+        )
+
     # -- the thread --------------------------------------------------------------
 
     def _run(self) -> None:

@@ -22,9 +22,9 @@ import os
 import secrets
 import time
 import weakref
-from typing import Any
+from collections.abc import Mapping
+from typing import Protocol
 
-from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.storage import uri as _uri
 from tracer.storage.writer import host_label
 
@@ -107,6 +107,43 @@ class LagRecord:
         return f"{self.backend} ({self.host} pid {self.pid}): {', '.join(parts)}; {state}{behind}"
 
 
+@dataclasses.dataclass(frozen=True)
+class DriverProgress:
+    """What a live driver has shipped and still holds at one moment: everything a lag file is made of.
+
+    :meth:`tracer.exporters.base.LiveDriver.progress` takes it; :func:`observe` writes it.
+
+    Attributes:
+        shipped: Trajectories the backend accepted.
+        failed: Trajectories it refused after every retry.
+        in_grace: Trajectories whose root span arrived and that are not finished yet (the
+            grace period for late rewards), by id, with when the root came (``time.monotonic()``).
+        held: Ids of finished trajectories held until their step is complete.
+        running: Trajectories with spans but no root yet (still in rollout; not lag).
+        queued_spans: Spans handed to the driver and not yet looked at.
+        dropped_spans: Spans its full queue let go.
+    """
+
+    shipped: int
+    failed: int
+    in_grace: Mapping[str, float]
+    held: tuple[str, ...]
+    running: int
+    queued_spans: int
+    dropped_spans: int
+
+
+class Observed(Protocol):
+    """What :func:`observe` needs of a live driver (:class:`~tracer.exporters.base.LiveDriver`)."""
+
+    run_dir: str
+    backend: str
+
+    def progress(self) -> DriverProgress:
+        """A snapshot of what the driver has shipped and holds."""
+        ...
+
+
 class _Reporter:
     """The lag file of one driver: remembers since when each waiting trajectory waits."""
 
@@ -120,50 +157,47 @@ class _Reporter:
         self.last_write = -1e18
         self.failed = False
 
-    def look(self, driver: Any, final: bool) -> None:
+    def look(self, driver: Observed, final: bool) -> None:
         now = time.monotonic()
         if not final and now - self.last_look < OBSERVE_EVERY_S:
             return
         self.last_look = now
-        root_seen: dict[str, float] = dict(getattr(driver, "_root_seen", {}))
-        held = getattr(driver, "_held", {})
-        waiting: set[str] = set(root_seen)
-        for trajectories in list(held.values()):
-            for t in trajectories:
-                tid = t.summary.get(S.TRACE_ID) if isinstance(t.summary, dict) else None
-                waiting.add(tid if isinstance(tid, str) else f"#{id(t)}")
-        self.since = {k: self.since.get(k, root_seen.get(k, now)) for k in waiting}
+        progress = driver.progress()
+        waiting = {*progress.in_grace, *progress.held}
+        # A held trajectory was in grace at an earlier look: it keeps the time it has waited since.
+        self.since = {k: self.since.get(k, progress.in_grace.get(k, now)) for k in waiting}
         oldest = now - min(self.since.values()) if self.since else 0.0
-        pending = getattr(driver, "_pending", {})
         if not final and now - self.last_write < WRITE_EVERY_S:
             return
         self.last_write = now
-        record = {
-            "backend": self.backend,
-            "host": host_label(),
-            "pid": os.getpid(),
-            "written_at": time.time(),
-            "shipped": int(getattr(driver, "trajectories_written", 0)),
-            "failed": int(getattr(driver, "trajectories_failed", 0)),
-            "waiting": len(self.since),
-            "oldest_waiting_s": round(max(oldest, 0.0), 3),
-            "running": sum(1 for t in list(pending) if t not in root_seen),
-            "queued_spans": int(getattr(driver, "_queued_spans", 0)),
-            "dropped_spans": int(getattr(driver, "spans_dropped", 0)),
-            "final": final,
-            "every_s": WRITE_EVERY_S,
-        }
+        record = LagRecord(
+            backend=self.backend,
+            host=host_label(),
+            pid=os.getpid(),
+            written_at=time.time(),
+            shipped=progress.shipped,
+            failed=progress.failed,
+            waiting=len(self.since),
+            oldest_waiting_s=round(max(oldest, 0.0), 3),
+            running=progress.running,
+            queued_spans=progress.queued_spans,
+            dropped_spans=progress.dropped_spans,
+            final=final,
+            every_s=WRITE_EVERY_S,
+        )
+        data = dataclasses.asdict(record)
+        del data["path"]  # where the file is, filled in by read_lag
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(record, f)
+            json.dump(data, f)
         os.replace(tmp, self.path)
 
 
-_REPORTERS: weakref.WeakKeyDictionary[Any, _Reporter] = weakref.WeakKeyDictionary()
+_REPORTERS: weakref.WeakKeyDictionary[Observed, _Reporter] = weakref.WeakKeyDictionary()
 
 
-def observe(driver: Any, final: bool = False) -> None:
-    """Look at a live driver's queues and, every :data:`WRITE_EVERY_S` (and when ``final``), rewrite its lag file.
+def observe(driver: Observed, final: bool = False) -> None:
+    """Look at a live driver's progress and, every :data:`WRITE_EVERY_S` (and when ``final``), rewrite its lag file.
 
     Called on the driver's own thread after each cycle. Never raises: a lag
     file that cannot be written is given up on with one log line.
@@ -172,10 +206,10 @@ def observe(driver: Any, final: bool = False) -> None:
     try:
         reporter = _REPORTERS.get(driver)
         if reporter is None:
-            run_dir = getattr(driver, "run_dir", "")
+            run_dir = driver.run_dir
             if not run_dir or _uri.is_remote(run_dir):
                 return  # an object-store run has no local folder to put the file in
-            reporter = _REPORTERS[driver] = _Reporter(run_dir, str(getattr(driver, "backend", "live")))
+            reporter = _REPORTERS[driver] = _Reporter(run_dir, driver.backend)
         if reporter.failed:
             return
         if not os.path.isdir(os.path.dirname(reporter.path)):

@@ -7,13 +7,10 @@ import time
 from typing import Any
 
 import pytest
-from export_fixtures import EXPERIMENT, PROJECT, STEPS, TRAIN_PER_STEP, record_rollouts
+from export_fixtures import STEPS, TRAIN_PER_STEP, WAIT_S, init_console, record_rollouts
 
 import tracer
 from tracer.exporters.console import format_step_line
-
-#: Generous wait for the exporter thread on a loaded machine (not a timing assertion).
-WAIT_S = 60.0
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -24,20 +21,10 @@ def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
-def _init(tmp_path: Any) -> None:
-    tracer.init(
-        project_name=PROJECT,
-        experiment_name=EXPERIMENT,
-        backend=["console"],
-        output_dir=str(tmp_path),
-        flush_interval_s=0.1,
-    )
-
-
 def test_each_step_gets_one_line_per_set(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
     """After shutdown, every step has exactly one training line and one validation line on the log."""
     caplog.set_level(logging.INFO, logger="rollout_trace")
-    _init(tmp_path)
+    init_console(tmp_path)
     record_rollouts()
     tracer.shutdown()
     lines = _lines(caplog)
@@ -51,7 +38,7 @@ def test_each_step_gets_one_line_per_set(tmp_path: Any, caplog: pytest.LogCaptur
 def test_line_is_written_once_a_later_step_starts(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
     """A step's line appears when a trajectory of a later step arrives, and the last step's at shutdown."""
     caplog.set_level(logging.INFO, logger="rollout_trace")
-    _init(tmp_path)
+    init_console(tmp_path)
     record_rollouts(steps=(1, 2), val_per_step=0)
     deadline = time.monotonic() + WAIT_S
     while not any(line.startswith("rollout-trace step 1: ") for line in _lines(caplog)) and time.monotonic() < deadline:
@@ -64,7 +51,7 @@ def test_line_is_written_once_a_later_step_starts(tmp_path: Any, caplog: pytest.
 
 def test_lines_are_printed_to_stderr(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """The summary lines are also printed to stderr, as verl's console logger does."""
-    _init(tmp_path)
+    init_console(tmp_path)
     record_rollouts(steps=(1,), val_per_step=0)
     tracer.flush()
     assert "rollout-trace step 1: reward" in capsys.readouterr().err
@@ -95,7 +82,7 @@ def test_line_shows_reward_turns_tool_error_rate_and_count() -> None:
 def test_late_trajectories_of_a_published_step_update_its_line(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
     """Trajectories arriving after their step was published by a flush give a new line counting all of them."""
     caplog.set_level(logging.INFO, logger="rollout_trace")
-    _init(tmp_path)
+    init_console(tmp_path)
     record_rollouts(steps=(1,), val_per_step=0)
     tracer.flush()
     record_rollouts(steps=(1,), val_per_step=0)
@@ -111,14 +98,7 @@ def test_print_can_be_turned_off(
 ) -> None:
     """backend_options console_print=False keeps the lines on the log only."""
     caplog.set_level(logging.INFO, logger="rollout_trace")
-    tracer.init(
-        project_name=PROJECT,
-        experiment_name=EXPERIMENT,
-        backend=["console"],
-        output_dir=str(tmp_path),
-        flush_interval_s=0.1,
-        backend_options={"console_print": False},
-    )
+    init_console(tmp_path, print_lines=False)
     record_rollouts(steps=(1,), val_per_step=0)
     tracer.shutdown()
     assert "rollout-trace step 1" not in capsys.readouterr().err
@@ -130,7 +110,7 @@ def test_reward_for_a_trajectory_recorded_elsewhere_adds_no_row(
 ) -> None:
     """A reward logged by keys for a trajectory this process never recorded is not counted as a trajectory live."""
     caplog.set_level(logging.INFO, logger="rollout_trace")
-    _init(tmp_path)
+    init_console(tmp_path)
     record_rollouts(steps=(1,), val_per_step=0)
     tracer.log_reward(1.0, step=1, sample_index=999, rollout_n=0)
     tracer.shutdown()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +15,16 @@ import pytest
 pytest.importorskip("opentelemetry.proto")
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
+from otlp_fixtures import record_tool_run, recorded_spans, serving  # noqa: E402
+from reliability_fixtures import free_port  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer import schema as S  # noqa: E402
 from tracer.cli import main as rollout_trace_main  # noqa: E402
 from tracer.exporters import export_files  # noqa: E402
+
+#: Seconds to wait for the MLflow server's /health (10-30 s on a loaded 2-core machine).
+MLFLOW_START_TIMEOUT_S = 180
 
 
 def _value(v: Any) -> Any:
@@ -87,47 +92,13 @@ def receiver() -> Iterator[Receiver]:
 @pytest.fixture(scope="module")
 def otlp_run(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A run of two steps: multi-turn tool trajectories, a tool error, rewards logged after the group."""
-    out = str(tmp_path_factory.mktemp("otlp-run"))
-    cfg = tracer.init(project_name="otlp", experiment_name="e", output_dir=out)
-
-    @tracer.rollout_trace_op(kind="llm")
-    def generate(prompt_ids: list[int]) -> dict[str, Any]:
-        return {"response_ids": [len(prompt_ids), 7], "logprobs": [-0.5, -0.1], "finish_reason": "stop"}
-
-    @tracer.rollout_trace_op(kind="tool")
-    def calculator(expression: str) -> str:
-        if "/ 0" in expression:
-            raise ZeroDivisionError("division by zero")
-        return "42"
-
-    for step in (1, 2):
-        for sample in range(2):
-            for n in range(2):
-                with tracer.rollout_trace_attr(sample_index=sample, step=step, rollout_n=n):
-                    generate([1, 2, 3])
-                    try:
-                        calculator("1 / 0" if n else "6 * 7")
-                    except ZeroDivisionError:
-                        pass
-                    generate([1, 2, 3, 4, 5])
-                tracer.log_reward(float(n), step=step, sample_index=sample, rollout_n=n, advantage=n - 0.5)
-    tracer.shutdown()
-    return cfg.run_dir
-
-
-def _spans_in_files(run: str) -> dict[tuple[str, str], dict[str, Any]]:
-    rows = tracer.read_spans(run).to_pylist()
-    return {
-        (r[S.TRACE_ID], r[S.SPAN_ID]): r
-        for r in rows
-        if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)
-    }
+    return record_tool_run(tmp_path_factory.mktemp("otlp-run"), "otlp", steps=(1, 2))
 
 
 def test_every_span_arrives_with_its_ids_and_times(otlp_run: str, receiver: Receiver) -> None:
     """Each recorded span arrives once, with its trace id, span id, parent and times."""
     report = export_files(otlp_run, "otlp", endpoint=receiver.url, progress=False)
-    files = _spans_in_files(otlp_run)
+    files = recorded_spans(otlp_run)
     assert set(receiver.spans) == set(files)
     assert report.trajectories_sent == tracer.read_trajectories(otlp_run).num_rows
     for key, got in receiver.spans.items():
@@ -237,7 +208,7 @@ def test_live_backend_sends_as_the_run_goes(tmp_path: Path, receiver: Receiver) 
             generate([1])
         tracer.log_reward(1.0, step=1, sample_index=0, rollout_n=n)
     tracer.shutdown()
-    assert set(receiver.spans) == set(_spans_in_files(cfg.run_dir))
+    assert set(receiver.spans) == set(recorded_spans(cfg.run_dir))
 
 
 # -- MLflow's OTLP endpoint ------------------------------------------------------------
@@ -247,8 +218,16 @@ def test_live_backend_sends_as_the_run_goes(tmp_path: Path, receiver: Receiver) 
 def test_mlflow_otlp_endpoint_receives_each_trajectory_once(otlp_run: str, tmp_path: Path) -> None:
     """MLflow's /v1/traces stores one trace per trajectory; re-exporting upserts (no duplicates)."""
     pytest.importorskip("mlflow")
-    url = _start_mlflow(tmp_path)
-    try:
+    port = free_port()
+    cmd = [
+        str(Path(sys.executable).with_name("mlflow")),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+    ]
+    cmd += ["--default-artifact-root", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    with serving([*cmd, "--workers", "1"], tmp_path, url + "/health", MLFLOW_START_TIMEOUT_S):
         import mlflow
 
         mlflow.set_tracking_uri(url)
@@ -259,65 +238,4 @@ def test_mlflow_otlp_endpoint_receives_each_trajectory_once(otlp_run: str, tmp_p
         want = {s["trace_id"] for s in tracer.read_trajectories(otlp_run).to_pylist()}
         assert len(traces) == len(want)
         spans = sum(len(t.data.spans) for t in traces)
-        assert spans == len(_spans_in_files(otlp_run))
-    finally:
-        _stop_mlflow()
-
-
-_MLFLOW: dict[str, Any] = {}
-
-
-def _start_mlflow(root: Path) -> str:
-    import os
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import urllib.request
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    cmd = [
-        str(Path(sys.executable).with_name("mlflow")),
-        "server",
-        "--backend-store-uri",
-        f"sqlite:///{root / 'mlflow.db'}",
-        "--default-artifact-root",
-        str(root / "artifacts"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed in _stop_mlflow
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
-    _MLFLOW.update(proc=proc, log=log, stop=lambda: os.killpg(proc.pid, signal.SIGTERM))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mlflow server exited: {(root / 'server.log').read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return url
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("mlflow server did not answer /health in 180 s")
-        time.sleep(0.5)
-
-
-def _stop_mlflow() -> None:
-    proc = _MLFLOW.get("proc")
-    if proc is None:
-        return
-    _MLFLOW["stop"]()
-    try:
-        proc.wait(timeout=30)
-    except Exception:
-        proc.kill()
-    _MLFLOW["log"].close()
+        assert spans == len(recorded_spans(otlp_run))

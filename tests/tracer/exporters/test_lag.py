@@ -2,46 +2,24 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
-from export_fixtures import EXPERIMENT, PROJECT, TRAIN_PER_STEP, record_rollouts
+from export_fixtures import TRAIN_PER_STEP, init_console, lag_on_every_look, record_rollouts, wait_for_lag
 
 import tracer
 from tracer.cli import main
 from tracer.exporters import lag
-
-#: Generous wait for the exporter thread on a loaded machine (not a timing assertion).
-WAIT_S = 60.0
-
-
-def _wait_for(run_dir: str, predicate: Any) -> lag.LagRecord:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        records = lag.read_lag(run_dir)
-        if records and predicate(records[0]):
-            return records[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no lag record matched within {WAIT_S} s: {lag.read_lag(run_dir)}")
 
 
 def test_a_held_step_shows_as_waiting_then_shipped(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A step held until complete is waiting in the lag file and in ``info``; after shutdown all shipped, final."""
-    monkeypatch.setattr(lag, "WRITE_EVERY_S", 0.0)
-    monkeypatch.setattr(lag, "OBSERVE_EVERY_S", 0.0)
-    cfg = tracer.init(
-        project_name=PROJECT,
-        experiment_name=EXPERIMENT,
-        backend=["console"],
-        output_dir=str(tmp_path),
-        flush_interval_s=0.1,
-        backend_options={"console_print": False},
-    )
+    lag_on_every_look(monkeypatch)
+    cfg = init_console(tmp_path, print_lines=False)
     record_rollouts(steps=(1,), val_per_step=0)
-    held = _wait_for(cfg.run_dir, lambda r: r.waiting == TRAIN_PER_STEP)
+    held = wait_for_lag(cfg.run_dir, lambda r: r.waiting == TRAIN_PER_STEP)
     assert (held.backend, held.shipped, held.final) == ("console", 0, False)
     assert held.oldest_waiting_s >= 0.0
     capsys.readouterr()

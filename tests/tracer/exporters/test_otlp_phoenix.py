@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -26,6 +23,9 @@ from typing import Any
 import pytest
 
 pytest.importorskip("opentelemetry.proto")
+
+from otlp_fixtures import record_tool_run, recorded_spans, serving  # noqa: E402
+from reliability_fixtures import free_port  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer import schema as S  # noqa: E402
@@ -49,12 +49,6 @@ def _phoenix_executable() -> str | None:
     return str(beside) if beside.exists() else shutil.which("phoenix")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as resp:
         return json.loads(resp.read())
@@ -70,69 +64,22 @@ def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             f"(python -m venv V && V/bin/pip install arize-phoenix), or pip install -e '.[phoenix]'"
         )
     root = tmp_path_factory.mktemp("phoenix")
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PHOENIX_WORKING_DIR": str(root),
         "PHOENIX_HOST": "127.0.0.1",
         "PHOENIX_PORT": str(port),
-        "PHOENIX_GRPC_PORT": str(_free_port()),
+        "PHOENIX_GRPC_PORT": str(free_port()),
         "PHOENIX_TELEMETRY_ENABLED": "false",
     }
-    log_path = root / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [exe, "serve"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True
-        )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"phoenix serve exited: {log_path.read_text(errors='replace')[-2000:]}")
-            try:
-                _get(url + "/v1/projects")
-                break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"phoenix did not answer in {START_TIMEOUT_S} s")
-            time.sleep(0.5)
+    with serving([exe, "serve"], root, url + "/v1/projects", START_TIMEOUT_S, env):
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _record(out: str, steps: tuple[int, ...]) -> str:
-    cfg = tracer.init(project_name=PROJECT, experiment_name="e", output_dir=out)
-
-    @tracer.rollout_trace_op(kind="llm")
-    def generate(prompt_ids: list[int]) -> dict[str, Any]:
-        return {"response_ids": [len(prompt_ids), 7], "logprobs": [-0.5, -0.1], "finish_reason": "stop"}
-
-    @tracer.rollout_trace_op(kind="tool")
-    def calculator(expression: str) -> str:
-        if "/ 0" in expression:
-            raise ZeroDivisionError("division by zero")
-        return "42"
-
-    for step in steps:
-        for n in range(2):
-            with tracer.rollout_trace_attr(sample_index=0, step=step, rollout_n=n):
-                generate([1, 2, 3])
-                try:
-                    calculator("1 / 0" if n else "6 * 7")
-                except ZeroDivisionError:
-                    pass
-                generate([1, 2, 3, 4, 5])
-            tracer.log_reward(float(n), step=step, sample_index=0, rollout_n=n)
-    tracer.shutdown()
-    return cfg.run_dir
+    return record_tool_run(out, PROJECT, steps, samples=1, advantage=False)
 
 
 def _phoenix_spans(url: str) -> list[dict[str, Any]]:
@@ -168,8 +115,7 @@ def _export(run: str, url: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def _recorded_spans(run: str) -> dict[str, dict[str, Any]]:
-    rows = tracer.read_spans(run).to_pylist()
-    return {r[S.SPAN_ID]: r for r in rows if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)}
+    return {span_id: r for (_, span_id), r in recorded_spans(run).items()}
 
 
 def test_cli_export_lands_in_phoenix_with_genai_and_trajectory_attributes(
