@@ -73,6 +73,7 @@ import json, sys
 import tracer
 from tracer.record import recorder
 recorder.MAX_STALL_WAIT_S = 0.5
+CALLS = 30
 
 @tracer.rollout_trace_op
 def tool(x):
@@ -84,7 +85,7 @@ rec._fork_lock.acquire()  # the writer's cycle cannot run: a stall of the tracer
 import threading
 done = threading.Event()
 def rollout():
-    for i in range(100):
+    for i in range(CALLS):  # the buffer's 20, then 10 that each wait MAX_STALL_WAIT_S and drop
         tool(i)
     done.set()
 t = threading.Thread(target=rollout); t.start()
@@ -92,7 +93,7 @@ returned = done.wait(60)
 rec._fork_lock.release()
 t.join(30)
 r = tracer.flush(timeout=30)
-print(json.dumps({"calls": 100, "returned": int(returned), "written": r.spans_written, "dropped": r.spans_dropped}))
+print(json.dumps({"calls": CALLS, "returned": int(returned), "written": r.spans_written, "dropped": r.spans_dropped}))
 """
 
 

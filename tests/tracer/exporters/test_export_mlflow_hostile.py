@@ -8,6 +8,7 @@ by its URI before any MLflow call (not after MLflow's minutes of retries).
 
 from __future__ import annotations
 
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 
 pytest.importorskip("mlflow")
 
+from export_mlflow_fixtures import empty_store  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -72,6 +74,18 @@ def _record(root: Path, field: str, value: str) -> str:
     return cfg.run_dir
 
 
+@pytest.fixture(scope="module")
+def store_template(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An empty MLflow SQLite store, migrated once: each example copies it (migrating one takes seconds)."""
+    return empty_store(tmp_path_factory.mktemp("template") / "mlflow.db")
+
+
+def _fresh_store(template: str, root: Path) -> str:
+    """Tracking URI of a fresh, empty SQLite store under ``root``: a copy of ``template``."""
+    shutil.copyfile(template, root / "mlflow.db")
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
 def _trace_count(uri: str) -> int:
     from mlflow.tracking import MlflowClient
 
@@ -83,10 +97,12 @@ def _trace_count(uri: str) -> int:
 @pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=st.sampled_from(FIELDS), value=hostile)
-def test_one_hostile_trajectory_leaves_the_others_exported(tmp_path_factory: Any, field: str, value: str) -> None:
+def test_one_hostile_trajectory_leaves_the_others_exported(
+    tmp_path_factory: Any, store_template: str, field: str, value: str
+) -> None:
     root = tmp_path_factory.mktemp("hostile")
     run = _record(root / "traces", field, value)
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = _fresh_store(store_template, root)
     report = export_files(run, "mlflow", tracking_uri=uri, progress=False)
     assert report.trajectories_refused <= 1, report.details
     assert report.trajectories_sent + report.trajectories_refused == TRAJECTORIES, report
@@ -97,10 +113,10 @@ def test_one_hostile_trajectory_leaves_the_others_exported(tmp_path_factory: Any
 
 @pytest.mark.slow
 def test_lone_surrogate_is_refused_alone_and_the_cli_exits_1(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, store_template: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _record(tmp_path / "traces", "input", "bad \ud800 input")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = _fresh_store(store_template, tmp_path)
     assert main(["export", run, "--to", "mlflow", "--tracking-uri", uri, "--no-progress"]) == 1
     captured = capsys.readouterr()
     assert f"sent {TRAJECTORIES - 1} trajectories" in captured.out
@@ -152,9 +168,11 @@ TAG_KEYS = ("step", "sample_index", "rollout_n", "validate", "reward", "project_
 @pytest.mark.slow
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tags=st.dictionaries(st.sampled_from(TAG_KEYS), tag_value, min_size=1))
-def test_foreign_traces_with_odd_tags_import_without_a_crash(tmp_path_factory: Any, tags: dict[str, str]) -> None:
+def test_foreign_traces_with_odd_tags_import_without_a_crash(
+    tmp_path_factory: Any, store_template: str, tags: dict[str, str]
+) -> None:
     root = tmp_path_factory.mktemp("foreign")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = _fresh_store(store_template, root)
     _foreign_traces(uri, [tags, {"step": "1"}])
     out = root / "out"
     report = import_traces(uri, "foreign", out, progress=False)
