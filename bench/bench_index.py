@@ -9,16 +9,23 @@ read yet in that process; the OS page cache is warm):
 1. one trajectory, ``tracer.read_spans(run, trace_ids=[t])``: a 10M-span run
    against a 10k-span run, shards uncompacted (target: within 3x);
 2. the viewer's landing page (``viewer.data.runs.list_steps`` and
-   ``load_trajectories``, what the overview page reads): 1M against 1k spans
-   (target: within 2x) and 10M spans (target: under 2 s);
+   ``load_step_partials``, what the overview page reads, with its tiles and
+   table computed): 1M against 1k spans (target: within 2x) and 10M spans
+   (target: under 2 s); beside it the same numbers from every trajectory row
+   (``load_trajectories``, what the page read before);
 3. one step, ``tracer.read_spans(run, columns=..., steps=[k])``: 10M spans
-   uncompacted against the same run after ``rollout-trace compact``
-   (target: within 3x).
+   uncompacted against a copy of the same run after ``rollout-trace compact``
+   (target: within 3x), fresh processes taking turns; twice: the big run
+   (one 32 MB shard per writer, each holding every step) and a run whose
+   writers start a new shard every ``--step-shard-mb`` (shards hold a few
+   steps each: most shards hold nothing of step k).
 
 The same reads with the shard indexes moved aside (what readers did before)
 are printed beside them.
 
     python bench/bench_index.py [--big 10000000] [--mid 1000000] [--dir DIR]
+    python bench/bench_index.py --only step [--step-shard-mb 2] [--repeat 3]   # part 3 alone
+    python bench/bench_index.py --only landing   # part 2 alone
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 from bench_scale import SPANS_PER_TRAJECTORY, chunk  # noqa: E402
 
 import tracer  # noqa: E402
@@ -49,11 +58,22 @@ BATCH_ROWS = 8192
 STEP_COLUMNS = [S.TRACE_ID, S.SPAN_ID, S.PARENT_SPAN_ID, S.NAME, S.KIND, S.STATUS, S.INPUTS, S.OUTPUTS]
 
 
-def generate(run_dir: str, spans: int, steps: int, workers: int) -> float:
-    """Write ``spans`` spans over ``steps`` steps, each step's trajectories spread over ``workers`` writers."""
+def generate(
+    run_dir: str,
+    spans: int,
+    steps: int,
+    workers: int,
+    max_file_bytes: int = 32 * 1024 * 1024,
+    process_ids: bool = False,
+) -> float:
+    """Write ``spans`` spans over ``steps`` steps, each step's trajectories spread over ``workers`` writers.
+
+    ``process_ids``: trace ids as the recorder makes them (a prefix per writer, then a fixed-width
+    counter), not :func:`trace_id`'s; each shard's trace ids then span a range of their own.
+    """
     t0 = time.perf_counter()
     meta = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, S.META_PROJECT: "bench", S.META_EXPERIMENT: "index"}
-    writers = [SpanWriter(run_dir, meta, max_file_bytes=32 * 1024 * 1024) for _ in range(workers)]
+    writers = [SpanWriter(run_dir, meta, max_file_bytes=max_file_bytes) for _ in range(workers)]
     unit = SPANS_PER_TRAJECTORY * workers
     per_step = max(unit, spans // steps // unit * unit)
     start = 0
@@ -63,7 +83,10 @@ def generate(run_dir: str, spans: int, steps: int, workers: int) -> float:
         for writer in writers:
             for off in range(0, per_worker, BATCH_ROWS):
                 n = min(BATCH_ROWS, per_worker - off)
-                writer.write(chunk(start, n, step, now))
+                batch = chunk(start, n, step, now)
+                if process_ids:
+                    batch = with_process_ids(batch, writers.index(writer))
+                writer.write(batch)
                 start += n
     for writer in writers:
         writer.close()
@@ -74,6 +97,13 @@ def trace_id(i: int) -> str:
     return "t" * 16 + str(i)
 
 
+def with_process_ids(batch: pa.RecordBatch, worker: int) -> pa.RecordBatch:
+    """``batch`` with :func:`trace_id`'s ids rewritten as ``{worker:016x}{counter:016d}``."""
+    at = batch.schema.get_field_index(S.TRACE_ID)
+    counter = pc.utf8_lpad(pc.utf8_slice_codeunits(batch.column(at), 16), 16, "0")
+    return batch.set_column(at, batch.schema.field(at), pc.binary_join_element_wise(f"{worker:016x}", counter, ""))
+
+
 # -- one measurement per process --------------------------------------------------------------
 
 
@@ -81,10 +111,22 @@ def measure(kind: str, run: str, arg: int) -> dict[str, float]:
     """Time one question in this (fresh) process: the first call, then the median of a few more."""
     if kind == "trajectory":
         calls = [lambda i=i: tracer.read_spans(run, trace_ids=[trace_id(arg + 97 * i)]) for i in range(6)]
-    elif kind == "landing":
+    elif kind in ("landing", "landing_rows"):
         from viewer.data import runs as D
 
-        calls = [lambda: (D.list_steps(run), D.load_trajectories(run))] * 3
+        def page() -> dict[str, object]:
+            """What the overview computes now: the steps, the per-step aggregates, the tiles and the table."""
+            steps = D.list_steps(run)
+            parts = D.load_step_partials(run).table
+            return {"rows": D.overview_of(parts), "totals": D.totals_of(parts, steps.rows)}
+
+        def page_from_rows() -> dict[str, object]:
+            """What it computed before: the same numbers from every trajectory row of the run."""
+            steps = D.list_steps(run)
+            rows = D.load_trajectories(run).table
+            return {"rows": D.overview(rows), "totals": D.run_totals(rows, steps.rows)}
+
+        calls = [page if kind == "landing" else page_from_rows] * 3
     elif kind == "step":
         calls = [lambda i=i: tracer.read_spans(run, columns=STEP_COLUMNS, steps=[arg + i]) for i in range(4)]
     else:
@@ -96,7 +138,7 @@ def measure(kind: str, run: str, arg: int) -> dict[str, float]:
         times.append(time.perf_counter() - t0)
         if len(times) == 2 and times[0] > 2.0:  # a whole-run scan: one warm repeat says enough
             break
-    rows = out.num_rows if hasattr(out, "num_rows") else out[1].table.num_rows
+    rows = out.num_rows if hasattr(out, "num_rows") else out["totals"]["trajectories"]
     return {"cold": times[0], "warm": statistics.median(times[1:]), "rows": rows}
 
 
@@ -134,11 +176,86 @@ def line(label: str, a: dict[str, float], b: dict[str, float], what: str = "cold
     return f"{label}: {a[what] * 1e3:8.1f} ms vs {b[what] * 1e3:8.1f} ms -> {a[what] / b[what]:.2f}x"
 
 
+def step_part(paths: dict[str, str], step: int, repeat: int) -> None:
+    """Part 3: one step of each big run, uncompacted against a compacted copy, fresh processes taking turns."""
+    for name in ("big", "rotated"):
+        run = paths[name]
+        shards = len(tracer.list_trace_files(run))
+        copy = os.path.join(
+            os.path.dirname(os.path.dirname(os.path.dirname(run))), name + "-compacted", "bench", "index"
+        )
+        shutil.copytree(run, copy, ignore=shutil.ignore_patterns("*" + INDEX_SUFFIX))
+        t0 = time.perf_counter()
+        report = compact(copy)
+        print(
+            f"\n3. one step, read_spans(run, columns=8, steps=[k]), {name} run ({shards} shards; a copy compacted "
+            f"{report.files_in} files -> {report.files_out} in {time.perf_counter() - t0:.0f} s), "
+            f"median of {repeat} fresh processes each, taking turns:"
+        )
+        indexed: list[dict[str, float]] = []
+        compacted: list[dict[str, float]] = []
+        for i in range(repeat):
+            indexed.append(fresh("step", run, step + i))
+            compacted.append(fresh("step", copy, step + i))
+        moved = hide_indexes(run)
+        try:
+            bare = fresh("step", run, step)
+        finally:
+            restore(moved)
+        unc_i = {w: statistics.median(m[w] for m in indexed) for w in ("cold", "warm")}
+        comp = {w: statistics.median(m[w] for m in compacted) for w in ("cold", "warm")}
+        for what in ("cold", "warm"):
+            print("  " + line(f"uncompacted indexed vs compacted, {what}", unc_i, comp, what) + " (target <= 3x)")
+            print("  " + line(f"uncompacted no index vs compacted, {what}", bare, comp, what))
+        print(
+            "  cold, each turn (indexed / compacted, ms): "
+            + ", ".join(f"{a['cold'] * 1e3:.0f}/{b['cold'] * 1e3:.0f}" for a, b in zip(indexed, compacted, strict=True))
+        )
+        shutil.rmtree(os.path.dirname(os.path.dirname(copy)), ignore_errors=True)
+
+
+def landing_part(paths: dict[str, str]) -> None:
+    """Part 2: the overview's data from per-step aggregates, beside the same from every trajectory row."""
+    print("\n2. viewer landing page (list_steps, the overview's aggregates, its tiles and table), fresh process:")
+    for ids, sfx in (("the recorder's trace ids (a prefix per writer)", "-p"), ("this bench's trace ids", "")):
+        if "mid" + sfx not in paths:
+            continue
+        print(f"  {ids}:")
+        mid_i, mid_n = both("landing", paths["mid" + sfx])
+        one_i, one_n = both("landing", paths["1k" + sfx])
+        mid_r, one_r = fresh("landing_rows", paths["mid" + sfx]), fresh("landing_rows", paths["1k" + sfx])
+        print("    " + line("per-step aggregates, mid vs 1k", mid_i, one_i) + " (target <= 2x)")
+        print("    " + line("every trajectory row (before), mid vs 1k", mid_r, one_r))
+        print("    " + line("no index, mid vs 1k", mid_n, one_n))
+        print("    " + line("mid: aggregates vs every row", mid_i, mid_r))
+        if "big" + sfx not in paths:
+            continue
+        big_l, big_r = fresh("landing", paths["big" + sfx]), fresh("landing_rows", paths["big" + sfx])
+        for label, got in (("per-step aggregates", big_l), ("every trajectory row (before)", big_r)):
+            print(
+                f"    {label}, big: {got['cold']:.3f} s cold, {got['warm']:.3f} s warm "
+                f"({got['rows']:,} trajectories; target < 2 s)"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--big", type=int, default=10_000_000)
     ap.add_argument("--mid", type=int, default=1_000_000)
     ap.add_argument("--dir", default=None)
+    ap.add_argument(
+        "--only",
+        choices=["step", "landing"],
+        default=None,
+        help="run only this part (step: part 3, on the big runs alone; landing: part 2, on 1k, mid and big)",
+    )
+    ap.add_argument(
+        "--step-shard-mb",
+        type=float,
+        default=2.0,
+        help="part 3 also reads a big run whose writers start a new shard every this many MB (shards hold a few steps)",
+    )
+    ap.add_argument("--repeat", type=int, default=3, help="part 3: fresh processes per alternative")
     ap.add_argument("--measure", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--run", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--arg", type=int, default=0, help=argparse.SUPPRESS)
@@ -152,11 +269,23 @@ def main() -> None:
         "10k": (10_000, 10, 1),
         "mid": (args.mid, 100, 16),
         "big": (args.big, 100, 16),
+        "rotated": (args.big, 100, 16),
+        # Part 2 also reads runs whose trace ids are the recorder's (a prefix per process): "-p".
+        "1k-p": (1_000, 10, 1),
+        "mid-p": (args.mid, 100, 16),
+        "big-p": (args.big, 100, 16),
     }
+    if args.only == "step":
+        runs = {k: v for k, v in runs.items() if k in ("big", "rotated")}
+    if args.only == "landing":
+        runs = {k: v for k, v in runs.items() if k in ("1k", "mid", "big", "1k-p", "mid-p", "big-p")}
+    elif args.only is None:
+        runs = {k: v for k, v in runs.items() if k != "big-p"}  # part 2 reads big-p only when run alone
     paths = {}
     for name, (spans, steps, workers) in runs.items():
         path = os.path.join(root, name, "bench", "index")
-        gen_s = generate(path, spans, steps, workers)
+        shard_bytes = int(args.step_shard_mb * 1024 * 1024) if name == "rotated" else 32 * 1024 * 1024
+        gen_s = generate(path, spans, steps, workers, shard_bytes, process_ids=name.endswith("-p"))
         files = tracer.list_trace_files(path)
         disk = sum(os.path.getsize(f) for f in files)
         side = sum(os.path.getsize(f) for f in glob.glob(os.path.join(path, "*" + INDEX_SUFFIX)))
@@ -166,6 +295,16 @@ def main() -> None:
             flush=True,
         )
         paths[name] = path
+    if args.only == "step":
+        step_part(paths, runs["big"][1] // 2, args.repeat)
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+        return
+    if args.only == "landing":
+        landing_part(paths)
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+        return
     big_traj = runs["big"][0] // SPANS_PER_TRAJECTORY
     small_traj = runs["10k"][0] // SPANS_PER_TRAJECTORY
 
@@ -176,26 +315,9 @@ def main() -> None:
         print("  " + line(f"indexed, {what}", big_i, small_i, what) + " (target <= 3x)")
         print("  " + line(f"no index, {what}", big_n, small_n, what))
 
-    print("\n2. viewer landing page (list_steps + load_trajectories), fresh process:")
-    mid_i, mid_n = both("landing", paths["mid"])
-    one_i, one_n = both("landing", paths["1k"])
-    big_l = fresh("landing", paths["big"])
-    print("  " + line("indexed, mid vs 1k", mid_i, one_i) + " (target <= 2x)")
-    print("  " + line("no index, mid vs 1k", mid_n, one_n))
-    print(
-        f"  indexed, big: {big_l['cold']:.2f} s cold, {big_l['warm']:.2f} s warm ({big_l['rows']:,} trajectories; target < 2 s)"
-    )
+    landing_part(paths)
 
-    print("\n3. one step, read_spans(run, columns=8, steps=[k]), big run:")
-    step = runs["big"][1] // 2
-    unc_i, unc_n = both("step", paths["big"], step)
-    t0 = time.perf_counter()
-    report = compact(paths["big"])
-    print(f"  (compacted {report.files_in} files -> {report.files_out} in {time.perf_counter() - t0:.0f} s)")
-    comp = fresh("step", paths["big"], step)
-    for what in ("cold", "warm"):
-        print("  " + line(f"uncompacted indexed vs compacted, {what}", unc_i, comp, what) + " (target <= 3x)")
-        print("  " + line(f"uncompacted no index vs compacted, {what}", unc_n, comp, what))
+    step_part(paths, runs["big"][1] // 2, args.repeat)
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
 

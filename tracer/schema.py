@@ -173,3 +173,36 @@ META_INDEX_FOOTER = "rollout_trace.index_footer"
 META_INDEX_BATCH_ROWS = "rollout_trace.index_batch_rows"
 META_INDEX_BATCH_STEPS = "rollout_trace.index_batch_steps"
 META_INDEX_BUCKETS = "rollout_trace.index_buckets"
+#: Metadata of the shard index: its per-step aggregates (:data:`STEP_PARTIALS_SCHEMA`), an Arrow IPC stream in base64.
+META_INDEX_STEPS = "rollout_trace.index_steps"
+#: Metadata of those aggregates' stream: JSON ``[least, greatest]`` trace id of the shard's trajectories.
+META_STEPS_TRACE_RANGE = "rollout_trace.trace_id_range"
+#: Metadata of those aggregates' stream: JSON list of the steps of spans without a trace id (absent: none).
+META_STEPS_LOOSE = "rollout_trace.loose_steps"
+
+# Per-step aggregates (tracer.summary.step_partials): what the run overview shows, without every trajectory row.
+#: Column of the per-step aggregates: trajectories of the (step, validate) group.
+PART_TRAJECTORIES = "trajectories"
+#: Column of the per-step aggregates: trajectories whose status is not ok (a null status counts).
+PART_NOT_OK = "not_ok"
+#: Column of the per-step aggregates: the group's rewards, ascending (trajectories without one left out).
+PART_REWARDS = "rewards"
+#: Column of the per-step aggregates: the group's latencies (end - start) in seconds, ascending (nulls left out).
+PART_LATENCIES = "latencies_s"
+#: One row per (step, validate) of some trajectories: counts and sums of the summary rows, and the values
+#: whose order statistics the overview shows. Rows of several tables merge into the rows of their union
+#: (tracer.summary.merge_step_partials); validate is never null (a null one is False).
+STEP_PARTIALS_SCHEMA = pa.schema(
+    [
+        pa.field(STEP, pa.int64()),
+        pa.field(VALIDATE, pa.bool_()),
+        pa.field(PART_TRAJECTORIES, pa.int64()),
+        pa.field(NUM_SPANS, pa.int64()),
+        pa.field(NUM_LLM_CALLS, pa.int64()),
+        pa.field(NUM_TOOL_CALLS, pa.int64()),
+        pa.field(NUM_TOOL_ERRORS, pa.int64()),
+        pa.field(PART_NOT_OK, pa.int64()),
+        pa.field(PART_REWARDS, pa.list_(pa.float64())),
+        pa.field(PART_LATENCIES, pa.list_(pa.float64())),
+    ]
+)

@@ -1232,13 +1232,13 @@ def trajectory_rewards(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[st
 # -- step metrics ------------------------------------------------------------------
 
 
-def _percentile(ordered: list[float], q: float) -> float:
+def _percentile(ordered: Sequence[float] | np.ndarray, q: float) -> float:
     """Linear-interpolated percentile of sorted values (numpy's default)."""
-    if not ordered:
+    if len(ordered) == 0:
         return math.nan
     pos = (len(ordered) - 1) * q
     lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
 
 
 #: Per-token arrays a trainer logs with :func:`tracer.log_token_stats` (verl's names, ``logprobs`` in one word).
@@ -1321,57 +1321,163 @@ def step_metrics(
     ok), ``latency_s/p50|p95``. Grouped in Arrow: only the groups are looped
     over in Python (125k trajectories in ~0.08 s, against ~1.1 s row by row).
     """
-    t = trajectories
+    return partial_metrics(step_partials(trajectories), token_stats)
+
+
+#: Count columns of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`, summed when partials merge.
+_PART_SUMS = (S.PART_TRAJECTORIES, S.NUM_SPANS, S.NUM_LLM_CALLS, S.NUM_TOOL_CALLS, S.NUM_TOOL_ERRORS, S.PART_NOT_OK)
+#: Value columns of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`, concatenated and sorted when partials merge.
+_PART_LISTS = (S.PART_REWARDS, S.PART_LATENCIES)
+
+
+def _singletons(values: pa.ChunkedArray | pa.Array) -> pa.ListArray:
+    """One list per value: ``[v]``, or ``[]`` where it is null."""
+    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    valid = np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=np.int32)
+    offsets = np.zeros(len(arr) + 1, dtype=np.int32)
+    np.cumsum(valid, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pc.drop_null(arr).cast(pa.float64()))
+
+
+def step_partials(trajectories: pa.Table) -> pa.Table:
+    """Per-(step, validate) aggregates of trajectory rows (:data:`tracer.schema.STEP_PARTIALS_SCHEMA`).
+
+    What :func:`step_metrics` is computed from: counts and sums of the rows,
+    and the rewards and latencies themselves (sorted), whose mean, spread and
+    percentiles it shows. The rows of several parts merge
+    (:func:`merge_step_partials`) into exactly the rows of their union. Shard
+    indexes store the counts and sums (:func:`step_counts`); the values come
+    from the index's own reward and time columns (:data:`VALUE_COLUMNS`).
+    """
+    return merge_step_partials([_row_partials(trajectories, counts=True, values=True)])
+
+
+def step_counts(trajectories: pa.Table) -> pa.Table:
+    """:func:`step_partials` without the values (empty ``rewards`` and ``latencies_s``): what shard indexes store."""
+    return merge_step_partials([_row_partials(trajectories, counts=True, values=False)])
+
+
+#: Trajectory columns the values of the aggregates come from (rewards and latencies, by step and split).
+VALUE_COLUMNS = (S.STEP, S.VALIDATE, S.REWARD, S.START_NS, S.END_NS)
+
+
+def step_values(trajectories: pa.Table) -> pa.Table:
+    """:func:`step_partials` without the counts (zero): the values of rows with at least :data:`VALUE_COLUMNS`."""
+    return merge_step_partials([_row_partials(trajectories, counts=False, values=True)])
+
+
+def _row_partials(t: pa.Table, *, counts: bool, values: bool) -> pa.Table:
+    """One aggregate row per trajectory row (unmerged); counts zero or values empty where left out."""
+    n = t.num_rows
+    zeros = pa.array(np.zeros(n, dtype=np.int64))
+    none = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.float64()))
+    cols: dict[str, Any] = {S.STEP: t.column(S.STEP), S.VALIDATE: pc.fill_null(t.column(S.VALIDATE), False)}
+    if counts:
+        not_ok = pc.cast(pc.fill_null(pc.not_equal(t.column(S.STATUS), S.STATUS_OK), True), pa.int64())
+        cols[S.PART_TRAJECTORIES] = pa.array(np.ones(n, dtype=np.int64))
+        for c in (S.NUM_SPANS, S.NUM_LLM_CALLS, S.NUM_TOOL_CALLS, S.NUM_TOOL_ERRORS):
+            cols[c] = t.column(c)
+        cols[S.PART_NOT_OK] = not_ok
+    else:
+        cols.update({c: zeros for c in _PART_SUMS})
+    if values:
+        lat = pc.divide(pc.cast(pc.subtract(t.column(S.END_NS), t.column(S.START_NS)), pa.float64()), 1e9)
+        cols[S.PART_REWARDS] = _singletons(t.column(S.REWARD))
+        cols[S.PART_LATENCIES] = _singletons(lat)
+    else:
+        cols[S.PART_REWARDS] = cols[S.PART_LATENCIES] = none
+    return pa.table([cols[f.name] for f in S.STEP_PARTIALS_SCHEMA], schema=S.STEP_PARTIALS_SCHEMA)
+
+
+def merge_step_partials(parts: Sequence[pa.Table]) -> pa.Table:
+    """The per-(step, validate) aggregates of the union of ``parts`` (tables of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`).
+
+    One row per group, by step (nulls last) then validate; counts summed,
+    values concatenated and sorted, so the result does not depend on how the
+    trajectories were split into parts or in which order the parts come.
+    """
+    if not parts:
+        return S.STEP_PARTIALS_SCHEMA.empty_table()
+    t = pa.concat_tables([p.select(S.STEP_PARTIALS_SCHEMA.names).cast(S.STEP_PARTIALS_SCHEMA) for p in parts])
     if t.num_rows == 0:
+        return S.STEP_PARTIALS_SCHEMA.empty_table()
+    t = t.combine_chunks()
+    t = t.append_column("_row", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+    grouped = t.group_by([S.STEP, S.VALIDATE], use_threads=False).aggregate(
+        [*((c, "sum") for c in _PART_SUMS), ("_row", "list")]
+    )
+    grouped = grouped.sort_by([(S.STEP, "ascending"), (S.VALIDATE, "ascending")])
+    groups = grouped.num_rows
+    rows_of = grouped.column("_row_list").combine_chunks()
+    group_of_row = np.empty(t.num_rows, dtype=np.int64)
+    group_of_row[pc.list_flatten(rows_of).to_numpy()] = pc.list_parent_indices(rows_of).to_numpy()
+    out: dict[str, Any] = {S.STEP: grouped.column(S.STEP), S.VALIDATE: grouped.column(S.VALIDATE)}
+    for c in _PART_SUMS:
+        out[c] = pc.fill_null(grouped.column(f"{c}_sum"), 0)
+    for c in _PART_LISTS:
+        lists = t.column(c).combine_chunks()
+        values = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
+        group = group_of_row[pc.list_parent_indices(lists).to_numpy()]
+        order = np.lexsort((values, group))
+        offsets = np.zeros(groups + 1, dtype=np.int32)
+        np.cumsum(np.bincount(group, minlength=groups), out=offsets[1:])
+        out[c] = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values[order], pa.float64()))
+    return pa.table([out[f.name] for f in S.STEP_PARTIALS_SCHEMA], schema=S.STEP_PARTIALS_SCHEMA)
+
+
+def _merged(partials: pa.Table) -> bool:
+    """Whether ``partials`` already has one row per (step, validate) and its values sorted within each row."""
+    keys = list(zip(partials.column(S.STEP).to_pylist(), partials.column(S.VALIDATE).to_pylist(), strict=True))
+    if len(set(keys)) != len(keys):
+        return False
+    for c in _PART_LISTS:
+        lists = partials.column(c).combine_chunks()
+        values = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
+        if len(values) < 2:
+            continue
+        starts = np.asarray(lists.offsets.to_numpy()) - lists.offsets[0].as_py()
+        falls = np.flatnonzero(np.diff(values) < 0) + 1  # positions where a value is below the one before
+        if not np.isin(falls, starts).all():  # ... anywhere but at the start of a row's list
+            return False
+    return True
+
+
+def partial_metrics(
+    partials: pa.Table, token_stats: pa.Table | None = None
+) -> dict[tuple[int | None, bool], dict[str, float]]:
+    """:func:`step_metrics` from per-step aggregates (:func:`step_partials`, merged or stored)."""
+    if not _merged(partials):
+        partials = merge_step_partials([partials])
+    if partials.num_rows == 0:
         return {}
-    lat = pc.divide(pc.cast(pc.subtract(t.column(S.END_NS), t.column(S.START_NS)), pa.float64()), 1e9)
-    work = pa.table(
-        {
-            "k_step": t.column(S.STEP),
-            "k_val": pc.fill_null(t.column(S.VALIDATE), False),
-            "reward": t.column(S.REWARD),
-            "turns": t.column(S.NUM_LLM_CALLS),
-            "tools": t.column(S.NUM_TOOL_CALLS),
-            "tool_errors": t.column(S.NUM_TOOL_ERRORS),
-            "not_ok": pc.cast(pc.fill_null(pc.not_equal(t.column(S.STATUS), S.STATUS_OK), True), pa.int64()),
-            "lat": lat,
-        }
-    )
-    grouped = work.group_by(["k_step", "k_val"], use_threads=False).aggregate(
-        [
-            ("lat", "count"),
-            ("reward", "mean"),
-            ("reward", "stddev", pc.VarianceOptions(ddof=0)),
-            ("reward", "min"),
-            ("reward", "max"),
-            ("turns", "mean"),
-            ("tools", "sum"),
-            ("tool_errors", "sum"),
-            ("not_ok", "sum"),
-            ("lat", "list"),
-        ]
-    )
+
+    def values(c: str) -> tuple[np.ndarray, np.ndarray]:
+        lists = partials.column(c).combine_chunks()
+        flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
+        return flat, np.asarray(lists.offsets.to_numpy()) - lists.offsets[0].as_py()
+
+    rewards, r_at = values(S.PART_REWARDS)
+    lats, l_at = values(S.PART_LATENCIES)
+    sums = {c: partials.column(c).to_pylist() for c in _PART_SUMS}
     out: dict[tuple[int | None, bool], dict[str, float]] = {}
-    for r in grouped.to_pylist():
-        n = r["lat_count"]
-        calls = r["tools_sum"] or 0
-        lats = sorted(x for x in r["lat_list"] if x is not None)
-
-        def num(value: float | None) -> float:
-            return math.nan if value is None else float(value)
-
-        out[(r["k_step"], bool(r["k_val"]))] = {
+    for i, (step, val) in enumerate(zip(partials.column(S.STEP).to_pylist(), partials.column(S.VALIDATE).to_pylist())):
+        n = sums[S.PART_TRAJECTORIES][i]
+        calls = sums[S.NUM_TOOL_CALLS][i]
+        r = rewards[r_at[i] : r_at[i + 1]]
+        lat = lats[l_at[i] : l_at[i + 1]]
+        nan = math.nan
+        out[(step, bool(val))] = {
             "trajectories": float(n),
-            "reward/mean": num(r["reward_mean"]),
-            "reward/std": num(r["reward_stddev"]),
-            "reward/min": num(r["reward_min"]),
-            "reward/max": num(r["reward_max"]),
-            "turns/mean": float(r["turns_mean"]),
+            "reward/mean": float(np.mean(r)) if len(r) else nan,
+            "reward/std": float(np.std(r)) if len(r) else nan,
+            "reward/min": float(np.min(r)) if len(r) else nan,
+            "reward/max": float(np.max(r)) if len(r) else nan,
+            "turns/mean": sums[S.NUM_LLM_CALLS][i] / n,
             "tool_calls/mean": calls / n,
-            "tool_error_rate": (r["tool_errors_sum"] / calls) if calls else 0.0,
-            "errors": float(r["not_ok_sum"]),
-            "latency_s/p50": _percentile(lats, 0.5),
-            "latency_s/p95": _percentile(lats, 0.95),
+            "tool_error_rate": (sums[S.NUM_TOOL_ERRORS][i] / calls) if calls else 0.0,
+            "errors": float(sums[S.PART_NOT_OK][i]),
+            "latency_s/p50": _percentile(lat, 0.5),
+            "latency_s/p95": _percentile(lat, 0.95),
         }
     if token_stats is not None:
         mismatch = token_stat_metrics(token_stats)
@@ -1379,3 +1485,133 @@ def step_metrics(
         for k, metrics in out.items():
             metrics.update(mismatch.get(k, empty))
     return {k: out[k] for k in sorted(out, key=lambda k: (k[0] is None, k[0] or 0, k[1]))}
+
+
+# Writers store these counts in each closed shard's index, next to the summary rows.
+_shard_index.use_step_partials(step_counts)
+
+
+def read_step_partials(path: TracePaths) -> pa.Table:
+    """The per-step aggregates of every trajectory under ``path``: ``step_partials(read_trajectories(path))``.
+
+    Closed shards' indexes store their own counts and sums per step
+    (:func:`step_counts`), with the least and greatest trace id of their
+    trajectories and the steps of rewards logged by key; the values (rewards,
+    latencies) come from the index's numeric columns (:data:`VALUE_COLUMNS`).
+    A shard's stored aggregates are used without reading its other columns
+    when nothing outside it can change them: no file holds rewards logged
+    by key for one of its steps, and none of its trace ids is in another
+    file (sure at once when no other file's trace id range overlaps its own,
+    the usual case: the recorder's ids are a process prefix and a counter;
+    else checked on the trace ids of the overlapping files). Every other
+    file (unindexed, still open, torn, compacted, or sharing trajectories)
+    is read with :func:`read_trajectories`, together. The result is the
+    same table either way.
+
+    Returns:
+        A table of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`.
+    """
+    try:
+        return _partials_from_indexes(path)
+    except FileNotFoundError:
+        # A file of the snapshot went away meanwhile (a compaction replaced it): read the run afresh.
+        return step_partials(read_trajectories(path))
+
+
+def _partials_from_indexes(path: TracePaths) -> pa.Table:
+    files = indexed_files(path)
+    stored: dict[int, _shard_index.StoredPartials] = {}
+    ids: dict[int, pa.Array] = {}  # the trace ids of a file, where read
+    ranges: list[tuple[str, str, int]] = []
+    bare_steps: set[int | None] = set()
+    rest: set[int] = set()  # files read with read_trajectories
+    for n, (file, shard) in enumerate(files):
+        got = _shard_index.stored_step_partials(shard) if shard is not None else None
+        if got is None:
+            rest.add(n)
+            spans = read_spans(file, columns=[S.TRACE_ID, S.STEP])
+            tid = spans.column(S.TRACE_ID)
+            loose = pc.fill_null(pc.equal(tid, ""), True)
+            if pc.any(loose).as_py():
+                bare_steps.update(pc.unique(pc.filter(spans.column(S.STEP), loose)).to_pylist())
+            ids[n] = pc.unique(pc.filter(tid, pc.invert(loose)).combine_chunks())
+            if len(ids[n]):
+                least, greatest = pc.min_max(ids[n]).values()
+                ranges.append((least.as_py(), greatest.as_py(), n))
+            continue
+        if any(len(pc.list_flatten(got.partials.column(c))) for c in _PART_LISTS):
+            return step_partials(read_trajectories([f for f, _ in files]))  # not what indexes store: trust none
+        stored[n] = got
+        if got.trace_range is not None:
+            ranges.append((*got.trace_range, n))
+        if got.loose_steps is not None:  # rewards logged by key may join trajectories of any file
+            rest.add(n)
+            bare_steps.update(got.loose_steps)
+    # Files that may share trace ids are those whose ranges overlap: their ids are read (a range missing first).
+    unranged = [n for n, got in stored.items() if got.trace_range is None and got.partials.num_rows]
+    for n in unranged:
+        own = _indexed_trace_ids(files[n][1], stored[n].partials)
+        if own is None:  # unreadable now: nothing can be said about what it shares
+            return step_partials(read_trajectories([f for f, _ in files]))
+        ids[n] = own
+        if len(own):
+            least, greatest = pc.min_max(own).values()
+            ranges.append((least.as_py(), greatest.as_py(), n))
+    for n in _overlapping(ranges):
+        if n not in ids:
+            own = _indexed_trace_ids(files[n][1], stored[n].partials)
+            if own is None:
+                return step_partials(read_trajectories([f for f, _ in files]))
+            ids[n] = own
+    if len(ids) > 1:
+        every = pa.table(
+            {
+                S.TRACE_ID: pa.concat_arrays(list(ids.values())),
+                "_file": pa.concat_arrays([pa.array(np.full(len(a), n, dtype=np.int64)) for n, a in ids.items()]),
+            }
+        )
+        if len(pc.unique(every.column(S.TRACE_ID))) != every.num_rows:
+            counts = every.group_by(S.TRACE_ID, use_threads=False).aggregate([("_file", "count")])
+            shared = counts.filter(pc.greater(counts.column("_file_count"), 1)).column(S.TRACE_ID).combine_chunks()
+            hit = every.filter(pc.is_in(every.column(S.TRACE_ID), value_set=shared))
+            rest.update(pc.unique(hit.column("_file")).to_pylist())
+    if bare_steps:
+        for n, got in stored.items():
+            if n not in rest and bare_steps.intersection(got.partials.column(S.STEP).to_pylist()):
+                rest.add(n)
+    kept = [n for n in stored if n not in rest]
+    values = [_shard_index.index_columns(files[n][1], VALUE_COLUMNS) for n in kept]  # type: ignore[arg-type]
+    if any(v is None for v in values):  # unreadable now: read the run's rows
+        return step_partials(read_trajectories([f for f, _ in files]))
+    parts = [stored[n].partials for n in kept]
+    if kept:
+        parts.append(step_values(pa.concat_tables([v for v in values if v is not None])))
+    if rest:
+        parts.append(step_partials(read_trajectories([files[n][0] for n in sorted(rest)])))
+    return merge_step_partials(parts)
+
+
+def _overlapping(ranges: list[tuple[str, str, int]]) -> list[int]:
+    """The files among ``(least, greatest, file)`` whose trace id range overlaps another's."""
+    ranges = sorted(ranges)
+    out = []
+    reach: str | None = None  # the greatest end among the ranges before
+    for i, (lo, hi, n) in enumerate(ranges):
+        before = reach is not None and lo <= reach
+        after = i + 1 < len(ranges) and ranges[i + 1][0] <= hi
+        if before or after:
+            out.append(n)
+        reach = hi if reach is None or hi > reach else reach
+    return out
+
+
+def _indexed_trace_ids(shard: _shard_index.ShardIndex | None, partials: pa.Table) -> pa.Array | None:
+    """The trace ids of an index's trajectory rows; None when unreadable or not what its aggregates count."""
+    keys = _shard_index.index_columns(shard, [S.TRACE_ID]) if shard is not None else None
+    if keys is None:
+        return None
+    tid = keys.column(S.TRACE_ID)
+    own = (tid if tid.null_count == 0 else pc.filter(tid, pc.fill_null(pc.not_equal(tid, ""), False))).combine_chunks()
+    if (pc.sum(partials.column(S.PART_TRAJECTORIES)).as_py() or 0) != len(own):
+        return None
+    return own

@@ -74,6 +74,20 @@ def _run_base(path: str, sig: tuple) -> D.Loaded:
     return D.load_trajectories(path)
 
 
+def step_partials(path: str, sig: tuple) -> D.Loaded:
+    """Per-(step, validate) aggregates of every trajectory: what the overview shows (from the followed run when following)."""
+    followed = live(path)
+    if followed is not None:
+        loaded = followed.loaded()
+        return D.Loaded(D.partials_of(loaded.table), loaded.warnings)
+    return _step_partials(path, sig)
+
+
+@st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Reading the run's steps...")
+def _step_partials(path: str, sig: tuple) -> D.Loaded:
+    return D.load_step_partials(path)
+
+
 def run(path: str, sig: tuple) -> D.Loaded:
     """Every trajectory of the run with its tools (from the followed run when following)."""
     followed = live(path)

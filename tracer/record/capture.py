@@ -12,7 +12,10 @@ from __future__ import annotations
 import array
 import collections
 import dataclasses
+import enum
 from typing import Any
+
+import orjson
 
 #: Types whose values cannot change after the call: kept by reference.
 IMMUTABLE_TYPES = frozenset({str, int, float, bool, type(None), bytes, complex, range})
@@ -24,6 +27,42 @@ MAX_DEPTH = 32
 #: time (their attributes copied); larger ones (engines, tokenizers) are kept
 #: by reference and written as their repr, which keeps the caller's path cheap.
 MAX_SNAPSHOT_ATTRS = 64
+
+
+#: What :func:`int_kind` says of a sequence.
+NOT_INTS, INTS, NON_NEGATIVE_INTS = 0, 1, 2
+#: What orjson writes for a flat list of non-negative ints, besides its brackets.
+_DIGITS = b"0123456789,"
+#: No subclass of int (bool is written as true/false), no dataclass or
+#: datetime is written by orjson itself: they raise, and the list is not one of ints.
+_INT_CHECK_OPTS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
+def int_kind(value: list[Any] | tuple[Any, ...]) -> int:
+    """Whether ``value`` (a list or tuple) holds only plain ints of at most 64 bits (token ids), and their sign.
+
+    Returns :data:`NON_NEGATIVE_INTS` (an empty sequence too), :data:`INTS`
+    (some are negative) or :data:`NOT_INTS`. One pass in C and no user code:
+    orjson writes the sequence, and the text must hold nothing but digits,
+    commas and minus signs. That rules out bools, floats, None, strings, int
+    subclasses, numpy scalars, nested containers, ints beyond 64 bits
+    (orjson refuses them) and every other object, except enum members
+    whose value is such an int: orjson writes their value, and so they
+    count as that int (and are written as it).
+    """
+    if not value:
+        return NON_NEGATIVE_INTS
+    first = value[0]
+    if type(first) is not int and not isinstance(first, enum.Enum):
+        return NOT_INTS  # most lists that are not ids fail here, before any writing
+    try:
+        text = orjson.dumps(value, option=_INT_CHECK_OPTS)
+    except TypeError:  # orjson.JSONEncodeError: an object it does not write, an int beyond 64 bits
+        return NOT_INTS
+    rest = text.translate(None, _DIGITS)
+    if rest == b"[]":
+        return NON_NEGATIVE_INTS
+    return INTS if rest.translate(None, b"-") == b"[]" else NOT_INTS
 
 
 class Placeholder:
@@ -51,7 +90,8 @@ class ObjectSnapshot:
 def capture(value: Any, depth: int = 0) -> Any:
     """Return a copy of ``value`` that later mutation of ``value`` cannot change.
 
-    Lists, tuples, dicts and sets are copied recursively; numpy arrays and
+    Lists, tuples, dicts and sets are copied recursively (a list of plain
+    ints becomes a tuple: see :func:`int_kind`); numpy arrays and
     torch tensors are copied; dataclasses and pydantic models become dicts
     (with their type name under ``"__type__"``); bytearrays, deques and
     arrays are copied; small objects of other classes have their attributes
@@ -65,12 +105,17 @@ def capture(value: Any, depth: int = 0) -> Any:
     if depth >= MAX_DEPTH:
         return Placeholder(f"<nested deeper than {MAX_DEPTH} levels>")
     if cls is list:
-        # Token id lists are long and flat: copy them in C when they hold
-        # only immutable values.
+        # Token id lists are long and flat: checked and copied in C, as a
+        # tuple, which the garbage collector stops tracking at its first
+        # pass (the buffered spans then cost no full collection).
+        if value and int_kind(value):
+            return tuple(value)
         if IMMUTABLE_TYPES.issuperset(map(type, value)):
             return value.copy()
         return [capture(v, depth + 1) for v in value]
     if cls is tuple:
+        if value and int_kind(value):
+            return value
         if IMMUTABLE_TYPES.issuperset(map(type, value)):
             return value
         return tuple(capture(v, depth + 1) for v in value)

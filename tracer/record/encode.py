@@ -16,12 +16,12 @@ import math
 import threading
 import traceback
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 
-from tracer.record.capture import ObjectSnapshot, Placeholder
+from tracer.record.capture import NON_NEGATIVE_INTS, NOT_INTS, ObjectSnapshot, Placeholder, int_kind
 from tracer.record.pieces import PieceTable, batch_decode, piece_table
 from tracer.record.redact import REDACTED, is_secret_key
 from tracer.schema import ATTR_TOKENS, ATTR_TRUNCATED
@@ -41,7 +41,6 @@ MAX_REPR_CHARS = 2000
 #: ints beyond 64 bits fall back to the json module in to_json).
 _FLAT_SCALARS = frozenset({int, str, bool, type(None)})
 _FLAT_NUMBERS = frozenset({int, bool, type(None)})
-_INT_ONLY = frozenset({int})
 
 _JSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
@@ -57,17 +56,18 @@ _stuck: list[threading.Thread] = []
 class DecodeJob:
     """One token id list waiting to be decoded into ``container[key]`` (and per token into ``pieces_key``)."""
 
-    __slots__ = ("ids", "container", "key", "tokenizer", "strings", "pieces_key", "record")
+    __slots__ = ("ids", "container", "key", "tokenizer", "strings", "pieces_key", "record", "non_negative")
 
     def __init__(
         self,
-        ids: list[int],
+        ids: Sequence[int],
         container: dict[str, Any],
         key: str,
         tokenizer: Any,
         strings: list[str],
         pieces_key: str | None = None,
         record: int = 0,
+        non_negative: bool = False,
     ) -> None:
         self.ids = ids
         self.container = container
@@ -79,6 +79,8 @@ class DecodeJob:
         self.pieces_key = pieces_key
         #: Index of the job's record in the batch.
         self.record = record
+        #: No id is negative (a negative index would wrap in the tables).
+        self.non_negative = non_negative
 
 
 class Encoder:
@@ -148,15 +150,18 @@ class Encoder:
                     out[key] = REDACTED
                     continue
                 if key in self.token_fields:
-                    ids = _as_id_list(v)
+                    ids, kind = _as_id_list(v)
                     if ids is not None:
-                        self._put_tokens(out, key, ids, tokenizer, meta, f"{path}{key}")
+                        self._put_tokens(out, key, ids, kind == NON_NEGATIVE_INTS, tokenizer, meta, f"{path}{key}")
                         continue
                 out[key] = self.prepare(v, tokenizer, meta, f"{path}{key}.", depth + 1)
             return out
         if cls is list or cls is tuple or isinstance(value, (list, tuple, set, frozenset)):
             # Flat lists of plain scalars (token ids, logprobs...) need no walk.
-            # Captured lists are already private copies: no need to copy again.
+            # Captured lists and tuples are already private copies: no need to
+            # copy again (orjson writes a tuple as a list).
+            if (cls is tuple or cls is list) and value and int_kind(value):
+                return value
             if _FLAT_NUMBERS.issuperset(map(type, value)):
                 return value if cls is list else list(value)
             if _FLAT_SCALARS.issuperset(map(type, value)):
@@ -196,7 +201,14 @@ class Encoder:
         return text
 
     def _put_tokens(
-        self, out: dict[str, Any], key: str, ids: list[int], tokenizer: Any, meta: dict[str, Any], path: str
+        self,
+        out: dict[str, Any],
+        key: str,
+        ids: Sequence[int],
+        non_negative: bool,
+        tokenizer: Any,
+        meta: dict[str, Any],
+        path: str,
     ) -> None:
         counts = meta.setdefault(ATTR_TOKENS, {})
         counts[path] = len(ids)
@@ -207,7 +219,8 @@ class Encoder:
         if self.token2text and tokenizer is not None:
             pieces = None if key in PROMPT_TOKEN_FIELDS else token_texts_field_name(key)
             record = len(self.strings) - 1
-            self.jobs.append(DecodeJob(ids, out, text_field_name(key), tokenizer, self._cur, pieces, record))
+            job = DecodeJob(ids, out, text_field_name(key), tokenizer, self._cur, pieces, record, non_negative)
+            self.jobs.append(job)
         if not self.store_full_token and (self.token2text and tokenizer is not None):
             self._drop_ids.append((out, key))
 
@@ -232,19 +245,18 @@ class Encoder:
             except Exception:
                 errors += 1
                 table = None
-            # One check per list that no id is negative (a negative index would wrap in the tables).
-            valid = [not j.ids or min(j.ids) >= 0 for j in jobs]
+            valid = [j.non_negative for j in jobs]
             try:
                 if table is not None and table.exact_text and all(valid):
                     texts = [table.decode(j.ids, checked=True) for j in jobs]
                 else:
-                    texts = batch_decode(tok, [j.ids for j in jobs])
+                    texts = batch_decode(tok, [list(j.ids) for j in jobs])
             except Exception:
                 errors += 1
                 texts = []
                 for j in jobs:
                     try:
-                        texts.append(batch_decode(tok, [j.ids])[0])
+                        texts.append(batch_decode(tok, [list(j.ids)])[0])
                     except Exception:
                         texts.append("<token2text failed for these ids>")
             for job, text, ok in zip(jobs, texts, valid):
@@ -283,24 +295,25 @@ def _secret_key(key: str) -> bool:
     return is_secret_key(key)
 
 
-def _as_id_list(value: Any) -> list[int] | None:
-    """Return ``value`` as a flat list of ints if it is a token id sequence."""
+def _as_id_list(value: Any) -> tuple[Sequence[int] | None, int]:
+    """``value`` as a flat sequence of ints if it is a token id sequence (a list or tuple as it is), and its :func:`int_kind`."""
     cls = type(value)
     if cls is list or cls is tuple:
-        if _INT_ONLY.issuperset(map(type, value)):
-            return value if cls is list else list(value)
-        return None
+        kind = int_kind(value)
+        return (value, kind) if kind != NOT_INTS else (None, NOT_INTS)
     module = cls.__module__
     if module == "numpy" or (module == "torch" and cls.__name__ == "Tensor"):
         try:
             if getattr(value, "ndim", 1) != 1:
-                return None
+                return None, NOT_INTS
             out = value.tolist()
         except Exception:
-            return None
-        if _INT_ONLY.issuperset(map(type, out)):
-            return out
-    return None
+            return None, NOT_INTS
+        if type(out) is list:
+            kind = int_kind(out)
+            if kind != NOT_INTS:
+                return out, kind
+    return None, NOT_INTS
 
 
 def _is_python_level(cls: type, method: str) -> bool:

@@ -21,6 +21,7 @@ import functools
 import random
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 #: Largest vocabulary built eagerly into a table (ids past it are decoded on demand).
@@ -153,7 +154,7 @@ class PieceTable:
         except Exception:
             return False
 
-    def decode(self, ids: list[int], checked: bool = False) -> str:
+    def decode(self, ids: Sequence[int], checked: bool = False) -> str:
         """The whole sequence's text from the byte table (only when :attr:`exact_text`).
 
         Args:
@@ -167,7 +168,7 @@ class PieceTable:
             raise IndexError(f"negative token id {min(ids)}")
         return b"".join(map(self.bytes.__getitem__, ids)).decode("utf-8", "replace")
 
-    def pieces(self, ids: list[int], tokenizer: Any, checked: bool = False) -> list[str]:
+    def pieces(self, ids: Sequence[int], tokenizer: Any, checked: bool = False) -> list[str]:
         """One text per token of ``ids`` (see the module docstring for split characters).
 
         ``checked``: the caller knows no id is negative (skips the check).
@@ -185,7 +186,7 @@ class PieceTable:
             out = self._slow(ids, tokenizer)
         return out  # type: ignore[return-value]
 
-    def _slow(self, ids: list[int], tokenizer: Any) -> list[str | None]:
+    def _slow(self, ids: Sequence[int], tokenizer: Any) -> list[str | None]:
         texts, extra = self.texts, self._extra
         missing = [i for i in dict.fromkeys(ids) if not 0 <= i < len(texts) and i not in extra]
         if missing:
@@ -199,7 +200,7 @@ class PieceTable:
         return [texts[i] if 0 <= i < len(texts) else extra[i] for i in ids]
 
 
-def _split_characters(table: list[bytes], ids: list[int], out: list[str | None]) -> list[str]:
+def _split_characters(table: list[bytes], ids: Sequence[int], out: list[str | None]) -> list[str]:
     """Fill the byte-level pieces ``out`` lacks (None): each split character goes to its last byte's token.
 
     Only the stretches around tokens that are not whole characters go

@@ -55,6 +55,11 @@ BATCH_ROWS = 8192
 #: batch is cut sooner when its rows hold more (Arrow string columns hold at
 #: most 2 GiB, and a batch is built in memory at once).
 BATCH_CHARS = 64 * 1024 * 1024
+#: Records turned into JSON text at a time within a batch (see
+#: :meth:`Recorder.encode_batches`): small enough that what one chunk builds
+#: dies young, large enough that the per-chunk work (one secret scan, one
+#: decode call per tokenizer) stays negligible.
+ENCODE_CHUNK = 128
 #: One value's UTF-8 bytes an Arrow string column can hold; larger ones
 #: become a marked placeholder.
 MAX_VALUE_BYTES = 2**31 - 2**20
@@ -657,9 +662,13 @@ class Recorder:
         surrogate, an int beyond int64, a value over 2 GiB) is replaced by a
         marked placeholder, named in the span's ``rollout_trace.replaced``
         attribute and counted; every other value and span is written.
+
+        Records are turned into JSON text :data:`ENCODE_CHUNK` at a time:
+        what a chunk builds on the way (prepared values, decode jobs,
+        per-token texts) is garbage before the next chunk starts, so the
+        garbage collector never sees a whole batch of it survive into its
+        old generation (which would cost full collections of the process).
         """
-        cfg = self.config
-        enc = Encoder(cfg.token_fields, cfg.token2text, cfg.max_tokens, cfg.store_full_token, cfg.redact)
         n = len(records)
         rewards: list[float | None] = [None] * n
         statuses: list[str] = [S.STATUS_OK] * n
@@ -669,10 +678,72 @@ class Recorder:
         samples: list[Any] = [None] * n
         rollouts: list[int | None] = [None] * n
         validates: list[bool | None] = [None] * n
+        inputs_col: list[str | None] = []
+        outputs_col: list[str | None] = []
+        attrs_col: list[str | None] = []
+        for lo in range(0, n, ENCODE_CHUNK):
+            texts = self._encode_chunk(records, lo, min(n, lo + ENCODE_CHUNK), rewards, statuses, errors, names)
+            inputs_col.extend(texts[0])
+            outputs_col.extend(texts[1])
+            attrs_col.extend(texts[2])
+        for i, rec in enumerate(records):
+            traj: Trajectory | None = rec[R_TRAJ]
+            if traj is not None:
+                steps[i] = traj.step
+                samples[i] = traj.sample_index
+                rollouts[i] = traj.rollout_n
+                validates[i] = traj.validate
+        redactor = self.redactor
+        if redactor is not None:
+            errors = [None if e is None else redactor.value(e) for e in errors]
+            names = redactor.texts(names)
+            samples = redactor.texts(samples)
+        errors_col = [None if e is None else to_json(e) for e in errors]
+        sp, tp = self.span_prefix, self.trace_prefix
+        cols: dict[str, list[Any]] = {
+            S.TRACE_ID: [f"{tp}{r[R_TRACE]:016x}" if r[R_TRACE] else "" for r in records],
+            S.SPAN_ID: [f"{sp}{r[R_SPAN]:08x}" for r in records],
+            S.PARENT_SPAN_ID: [None if r[R_PARENT] is None else f"{sp}{r[R_PARENT]:08x}" for r in records],
+            S.NAME: names,
+            S.KIND: [r[R_SPEC].kind for r in records],
+            S.START_NS: [r[R_START] for r in records],
+            S.END_NS: [r[R_END] for r in records],
+            S.STATUS: statuses,
+            S.ERROR: errors_col,
+            S.STEP: steps,
+            S.SAMPLE_INDEX: samples,
+            S.ROLLOUT_N: rollouts,
+            S.VALIDATE: validates,
+            S.REWARD: rewards,
+            S.INPUTS: inputs_col,
+            S.OUTPUTS: outputs_col,
+            S.ATTRIBUTES: attrs_col,
+        }
+        slices, big = _byte_bounded_slices(cols, n)
+        return [self._build_batch(cols, lo, hi, big) for lo, hi in slices]
+
+    def _encode_chunk(
+        self,
+        records: list[tuple[Any, ...]],
+        lo: int,
+        hi: int,
+        rewards: list[float | None],
+        statuses: list[str],
+        errors: list[Any],
+        names: list[Any],
+    ) -> tuple[list[str | None], list[str | None], list[str | None]]:
+        """JSON text of the inputs, outputs and attributes of ``records[lo:hi]``.
+
+        Also fills rows ``lo:hi`` of the reward, status, error and name columns.
+        """
+        cfg = self.config
+        enc = Encoder(cfg.token_fields, cfg.token2text, cfg.max_tokens, cfg.store_full_token, cfg.redact)
         prepared: list[tuple[Any, Any, dict[str, Any], bool]] = []
         tokenizer_for = self._tokenizer_for
         prepare = enc.prepare
-        for i, rec in enumerate(records):
+        chunk = records[lo:hi]
+        for j, rec in enumerate(chunk):
+            i = lo + j
             enc.begin_record()
             spec: OpSpec = rec[R_SPEC]
             traj: Trajectory | None = rec[R_TRAJ]
@@ -698,7 +769,7 @@ class Recorder:
             except Exception as err:
                 self.problems.report("internal error", f"encoding span {spec.name!r}: {type(err).__name__}: {err}", err)
                 inputs, outputs = f"<not recorded: {type(err).__name__}: {err}>", None
-                enc.opaque.add(i)
+                enc.opaque.add(j)
             prepared.append((inputs, outputs, attrs, special is None and exc is None))
             names[i] = traj.name if special == "root" and traj is not None else spec.name
             if exc is not None:
@@ -707,17 +778,12 @@ class Recorder:
                 else:
                     statuses[i] = S.STATUS_ERROR
                     errors[i] = error_fields(exc)
-            if traj is not None:
-                steps[i] = traj.step
-                samples[i] = traj.sample_index
-                rollouts[i] = traj.rollout_n
-                validates[i] = traj.validate
         failed = enc.decode_pending()
         if failed:
             self.problems.report("token2text", f"{failed} batch_decode call(s) failed; decoded one by one")
-        for i, rec in enumerate(records):
+        for j, rec in enumerate(chunk):
             if rec[R_SPEC].signature is not None:
-                _verl_texts(prepared[i][0], prepared[i][1])
+                _verl_texts(prepared[j][0], prepared[j][1])
         redactor = self.redactor
         if redactor is not None:
             flags = redactor.records_to_scan(enc.strings, enc.opaque)
@@ -727,36 +793,12 @@ class Recorder:
                 # holding a quote or backslash is matched as it is.
                 clean = redactor.value
                 prepared = [(clean(p[0]), clean(p[1]), clean(p[2]), p[3]) if f else p for p, f in zip(prepared, flags)]
-            errors = [None if e is None else redactor.value(e) for e in errors]
-            names = redactor.texts(names)
-            samples = redactor.texts(samples)
-        self._store_history_once(records, prepared)
-        inputs_col = [None if p[0] is None else to_json(p[0]) for p in prepared]
-        outputs_col = [to_json(p[1]) if p[3] else None for p in prepared]
-        attrs_col = [to_json(p[2]) if p[2] else None for p in prepared]
-        errors_col = [None if e is None else to_json(e) for e in errors]
-        sp, tp = self.span_prefix, self.trace_prefix
-        cols: dict[str, list[Any]] = {
-            S.TRACE_ID: [f"{tp}{r[R_TRACE]:016x}" if r[R_TRACE] else "" for r in records],
-            S.SPAN_ID: [f"{sp}{r[R_SPAN]:08x}" for r in records],
-            S.PARENT_SPAN_ID: [None if r[R_PARENT] is None else f"{sp}{r[R_PARENT]:08x}" for r in records],
-            S.NAME: names,
-            S.KIND: [r[R_SPEC].kind for r in records],
-            S.START_NS: [r[R_START] for r in records],
-            S.END_NS: [r[R_END] for r in records],
-            S.STATUS: statuses,
-            S.ERROR: errors_col,
-            S.STEP: steps,
-            S.SAMPLE_INDEX: samples,
-            S.ROLLOUT_N: rollouts,
-            S.VALIDATE: validates,
-            S.REWARD: rewards,
-            S.INPUTS: inputs_col,
-            S.OUTPUTS: outputs_col,
-            S.ATTRIBUTES: attrs_col,
-        }
-        slices, big = _byte_bounded_slices(cols, n)
-        return [self._build_batch(cols, lo, hi, big) for lo, hi in slices]
+        self._store_history_once(chunk, prepared)
+        return (
+            [None if p[0] is None else to_json(p[0]) for p in prepared],
+            [to_json(p[1]) if p[3] else None for p in prepared],
+            [to_json(p[2]) if p[2] else None for p in prepared],
+        )
 
     def _store_history_once(self, records: list[tuple[Any, ...]], prepared: list[tuple[Any, Any, Any, bool]]) -> None:
         """Turn each llm span's prompt_ids that extend its trajectory's last llm turn into a reference."""

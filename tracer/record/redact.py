@@ -26,6 +26,7 @@ import bisect
 import functools
 import itertools
 import math
+import operator
 import os
 import re
 from collections.abc import Iterable
@@ -313,8 +314,8 @@ class Redactor:
 #: trigger is searched for at its rarest character (one C-speed ``find`` of a
 #: single character), so that most triggers cost no scan of their own.
 _RARE_FIRST = "=_-:/@#$%&|~^`\\KQJZXVWYUFGBHPRMDCLNOISTAEqjzxkvwyfgbpumcldhrsnioate"
-#: Occurrences of one anchor character checked one by one before its
-#: triggers are searched for whole instead (the character is common in this text).
+#: Occurrences of one anchor character checked one by one before the text is
+#: split at that character instead (it is common in this text; see TriggerScan).
 MAX_ANCHOR_HITS = 256
 #: A trigger whose rarest character ranks past this is searched for whole.
 _ANCHOR_RANK_LIMIT = _RARE_FIRST.index("T")
@@ -326,12 +327,20 @@ class TriggerScan:
     Each trigger is found through its rarest character (see
     :data:`_RARE_FIRST`): the text is searched for that character and only
     there compared with the triggers anchored on it. Triggers made of common
-    letters only, and secret values, are searched for whole.
+    letters only, and secret values, are searched for whole. Where the
+    anchor turns out common in a text (``_`` in code, ``:`` in JSON), the
+    text is split at it once and each piece's end and the next one's start
+    are compared with the triggers' parts before and after the anchor, in C,
+    instead of one search of the whole text per trigger.
     """
 
     def __init__(self, triggers: Iterable[str]) -> None:
         #: anchor -> {(offset of the anchor in the trigger, trigger length): triggers}
         self.anchored: dict[str, dict[tuple[int, int], set[str]]] = {}
+        #: anchor -> (text before it, text after it) of each trigger holding it once
+        self.split_parts: dict[str, list[tuple[str, str]]] = {}
+        #: anchor -> triggers holding it more than once (searched for whole when it is common)
+        self.split_whole: dict[str, list[str]] = {}
         self.whole: list[str] = []
         for t in dict.fromkeys(triggers):
             if not t:
@@ -344,6 +353,10 @@ class TriggerScan:
                 self.whole.append(t)
                 continue
             self.anchored.setdefault(t[i], {}).setdefault((i, len(t)), set()).add(t)
+            if t.count(t[i]) == 1:
+                self.split_parts.setdefault(t[i], []).append((t[:i], t[i + 1 :]))
+            else:
+                self.split_whole.setdefault(t[i], []).append(t)
 
     def found(self, text: str) -> bool:
         """True when some trigger occurs in ``text``."""
@@ -358,13 +371,34 @@ class TriggerScan:
                     if pos >= i and text[pos - i : pos - i + n] in ts:
                         return True
                 hits += 1
-                if hits > MAX_ANCHOR_HITS:  # a common character here: search its triggers whole, from here on
-                    start = max(0, pos - 64)
-                    if any(text.find(t, start) != -1 for ts in groups.values() for t in ts):
+                if hits > MAX_ANCHOR_HITS:  # a common character here: split the text at it
+                    if self._found_split(text, anchor, max(0, pos - 64)):
                         return True
                     break
                 pos = text.find(anchor, pos + 1)
         return False
+
+    def _found_split(self, text: str, anchor: str, start: int) -> bool:
+        """Whether a trigger anchored on ``anchor`` occurs in ``text[start:]``, by splitting it at the anchor."""
+        parts = self.split_parts.get(anchor, [])
+        if parts:
+            pieces = text[start:].split(anchor)
+            before = tuple(b for b, _ in parts)
+            after = tuple(a for _, a in parts)
+            rest = pieces[1:]
+            # Gaps between pieces where some trigger's start ends the piece and some trigger's end starts the next.
+            maybe = itertools.compress(
+                range(len(rest)),
+                map(
+                    operator.and_,
+                    map(str.endswith, pieces, itertools.repeat(before)),
+                    map(str.startswith, rest, itertools.repeat(after)),
+                ),
+            )
+            for k in maybe:
+                if any(pieces[k].endswith(b) and rest[k].startswith(a) for b, a in parts):
+                    return True
+        return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
 
 
 def _keep_prefix(match: re.Match[str]) -> str:

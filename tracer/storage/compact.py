@@ -29,6 +29,16 @@ durable. The order of operations makes a crash at any point safe:
 4. under the directory's exclusive lock (:mod:`tracer.storage.locks`), delete
    the originals, then drop the ``replaces`` lists from the index.
 
+Each merged file also gets its shard index
+(:mod:`tracer.storage.shard_index`, ``_<name>.index``), built from the
+batches as they are written: on a local filesystem written right after step 3
+(it must name the renamed file); on an object store uploaded with step 1
+beside the ``.tmp`` (staged in a local temporary directory, where the index
+can be written as it is for a local file). An index is trusted only when it
+agrees with the file's size and footer, so a crash between the file and its
+index leaves a file read whole; an index that cannot be written never fails
+the compaction (one warning per process).
+
 A crash before 3 leaves entries whose file does not exist: ignored, the
 originals are read. A crash after 3 leaves originals that readers skip.
 Readers hold the shared lock from listing a directory to reading its last
@@ -63,6 +73,7 @@ import os
 import secrets
 import shutil
 import stat
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
@@ -78,8 +89,8 @@ from tracer.storage.decisions import file_decisions, metadata_value
 from tracer.storage.files import FileRead, read_batches
 from tracer.storage.index import INDEX_NAME, load_index, replaced_files, save_index
 from tracer.storage.locks import try_exclusive
-from tracer.storage.seal import LIVE, SEALED, seal_if_abandoned
-from tracer.storage.shard_index import sidecar_path
+from tracer.storage.seal import LIVE, SEALED, seal_if_abandoned, warn_no_index
+from tracer.storage.shard_index import ShardIndexBuilder, sidecar_path, summarizer, write_sidecar
 from tracer.storage.upload import ATOMIC_PUT_FILESYSTEMS
 from tracer.storage.writer import fsync_dir
 
@@ -153,6 +164,14 @@ class MergeResult:
     bytes_in: int = 0
     skipped_open: list[str] = dataclasses.field(default_factory=list)
     set_aside: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    #: What the written file's shard index is built from; :func:`commit_merge` writes it once the
+    #: file has its name (local directories; on object stores the merge uploaded it already).
+    index: ShardIndexBuilder | None = None
+
+
+def _index_name(name: str) -> str:
+    """The name of the shard index of the file ``name`` in the same directory."""
+    return os.path.basename(sidecar_path(name))
 
 
 class _LocalDir:
@@ -407,7 +426,9 @@ def plan_dir(
     names = d.names()
     for name in names:
         if name.endswith(S.FILE_SUFFIX + ".tmp"):
-            d.remove(name)  # an interrupted compaction's output
+            d.remove(name)  # an interrupted compaction's output, and its index if it got one
+            if d.exists(_index_name(name[: -len(".tmp")])):
+                d.remove(_index_name(name[: -len(".tmp")]))
     hidden = replaced_files(d.path, index)
     candidates: list[tuple[str, int]] = []
     for name in names:
@@ -426,7 +447,8 @@ def plan_dir(
         elif not stat.S_ISREG(mode):
             report.set_aside.append((full, "not a regular file (a FIFO, device or directory): not opened"))
         else:
-            sealing = seal_if_abandoned(full, seal_after_s)
+            # No index at the seal: the shard is merged now, and the merged file gets one.
+            sealing = seal_if_abandoned(full, seal_after_s, index=False)
             if sealing.action == SEALED:
                 report.sealed.append(full)
             elif sealing.action == LIVE:
@@ -502,7 +524,14 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
     table = table.sort_by(_SORT_KEYS)
     assert table.num_rows == out.rows
     d = run_dir_of(unit.run_dir)
-    out.entry = _write_compacted(d, unit.name + ".tmp", table, S.SPAN_SCHEMA.with_metadata(meta))
+    how = summarizer()
+    builder = None if how is None else ShardIndexBuilder(*how)
+    schema = S.SPAN_SCHEMA.with_metadata(meta)
+    if d.remote and builder is not None:
+        out.entry = _write_remote_indexed(d, unit.name, table, schema, builder)
+    else:
+        out.entry = _write_compacted(d, unit.name + ".tmp", table, schema, builder)
+        out.index = _complete(builder, out.entry)
     d.sync()
     return out
 
@@ -526,6 +555,11 @@ def commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: Co
     d.save_index(index)
     d.replace(name + ".tmp", name)
     d.sync()
+    if result.index is not None and not d.remote:  # after the rename: the index names the file
+        try:
+            write_sidecar(d.full(name), result.index)
+        except Exception as exc:  # the file is read whole instead
+            warn_no_index(d.full(name), exc)
     report.files_in += len(result.inputs)
     report.files_out += 1
     report.rows += result.rows
@@ -553,7 +587,7 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
     for group in groups:
         if not all(d.exists(g) or d.exists(g + ".tmp") for g in group):
             for g in group:
-                for q in (g, g + ".tmp"):
+                for q in (g, g + ".tmp", _index_name(g)):
                     if d.exists(q):
                         d.remove(q)
             for g in group:
@@ -596,8 +630,52 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
         d.save_index(index)
 
 
-def _write_compacted(d: _Dir, name: str, table: pa.Table, schema: pa.Schema) -> dict[str, Any]:
-    """Write ``table`` (sorted by step) as an IPC file, one step per batch; return its index entry."""
+def _write_remote_indexed(
+    d: _Dir, name: str, table: pa.Table, schema: pa.Schema, builder: ShardIndexBuilder
+) -> dict[str, Any]:
+    """Write ``name.tmp`` to the object store and its shard index beside it, both staged in a local directory.
+
+    The index is written by the function writers use, for a local file with the final name; then
+    the file goes up as ``name.tmp`` and the index as ``_name.index`` (ignored until the rename).
+    """
+    with tempfile.TemporaryDirectory(prefix="rollout-trace-compact-") as stage:
+        local = _LocalDir(stage)
+        entry = _write_compacted(local, name, table, schema, builder)
+        indexed = False
+        if _complete(builder, entry) is not None:
+            try:
+                write_sidecar(local.full(name), builder)
+                indexed = True
+            except Exception as exc:
+                warn_no_index(d.full(name), exc)
+        _upload(d, local.full(name), name + ".tmp")
+        if d.size(name + ".tmp") != entry["size"]:
+            raise OSError(f"{d.full(name + '.tmp')}: {d.size(name + '.tmp')} bytes stored, {entry['size']} written")
+        if indexed:
+            try:
+                _upload(d, sidecar_path(local.full(name)), _index_name(name))
+            except Exception as exc:
+                warn_no_index(d.full(name), exc)
+    return entry
+
+
+def _complete(builder: ShardIndexBuilder | None, entry: dict[str, Any]) -> ShardIndexBuilder | None:
+    """``builder`` when it holds every batch of the file ``entry`` describes (it stops at its memory bound)."""
+    return builder if builder is not None and len(builder.batch_rows) == len(entry["batch_steps"]) else None
+
+
+def _upload(d: _Dir, local: str, name: str) -> None:
+    with open(local, "rb") as src, d.output(name) as sink:
+        shutil.copyfileobj(src, sink, 8 * 1024 * 1024)
+
+
+def _write_compacted(
+    d: _Dir, name: str, table: pa.Table, schema: pa.Schema, builder: ShardIndexBuilder | None = None
+) -> dict[str, Any]:
+    """Write ``table`` (sorted by step) as an IPC file, one step per batch; return its index entry.
+
+    Each batch written is also added to ``builder`` (its shard index), unless that outgrows its memory.
+    """
     batch_steps: list[int | None] = []
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))
     with d.output(name) as sink:
@@ -612,8 +690,14 @@ def _write_compacted(d: _Dir, name: str, table: pa.Table, schema: pa.Schema) -> 
                 length = (n - start) if run < 0 else run
                 for off in range(0, length, MAX_BATCH_ROWS):
                     chunk = table.slice(start + off, min(MAX_BATCH_ROWS, length - off))
-                    writer.write_batch(chunk.combine_chunks().to_batches()[0])
+                    batch = chunk.combine_chunks().to_batches()[0]
+                    writer.write_batch(batch)
                     batch_steps.append(step)
+                    if builder is not None:
+                        try:
+                            builder.add(batch)
+                        except MemoryError:  # too large to summarise here: no index, read whole
+                            builder = None
                 start += length
         written = sink.tell()
     size = d.size(name)

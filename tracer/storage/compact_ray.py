@@ -15,6 +15,10 @@ every step is the function local compaction calls:
   it reads its input files and writes one compacted ``<name>.tmp`` beside
   them, through pyarrow's filesystems, so ``s3://`` (or any URI
   :mod:`tracer.storage.uri` resolves) works as well as a shared filesystem.
+  It also builds the merged file's shard index from the batches it writes:
+  on an object store it uploads the index beside the ``.tmp``; on a shared
+  filesystem it returns what the index is built from and the driver writes
+  the index once the file has its name (the index must name it).
 
 So the guarantees are those of local compaction. A task that dies (its
 worker killed, its node lost, an error) changes neither the index nor an
@@ -51,6 +55,7 @@ from tracer.storage.compact import (
     run_dirs,
     write_parquet,
 )
+from tracer.storage.shard_index import sidecar_path
 from tracer.storage.uri import is_remote
 
 #: How many times Ray reruns a merge whose worker died before it counts as failed (Ray's own default).
@@ -214,11 +219,13 @@ def _describe(run_dir: str, exc: BaseException) -> str:
 
 
 def _drop_partial(d: Any, unit: MergeUnit) -> None:
-    """Remove what a failed task may have left (readers never list it; the next compaction would)."""
-    try:
-        d.remove(unit.name + ".tmp")
-    except OSError:
-        pass
+    """Remove what a failed task may have left, its index too (readers never list it; the next compaction would)."""
+    for name in (unit.name + ".tmp", os.path.basename(sidecar_path(unit.name))):
+        try:
+            if d.exists(name):
+                d.remove(name)
+        except OSError:
+            pass
 
 
 __all__ = ["ClusterUnreachableError", "DEFAULT_RETRIES", "check_reachable", "compact_ray", "write_parquet_ray"]

@@ -28,7 +28,7 @@ import dataclasses
 import os
 import stat
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -51,6 +51,8 @@ MIN_BUDGET_BYTES = 64 * 1024 * 1024
 ROW_COST_BYTES = 8
 
 _CONTINUATION = 0xFFFFFFFF
+#: Bytes of one Block of an IPC footer (File.fbs: offset, metaDataLength, padding, bodyLength).
+_BLOCK_WIDTH = struct.calcsize("<qi4xq")
 _SCHEMA, _DICTIONARY, _RECORD_BATCH = 1, 2, 3
 _INT_WIDTH = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
 _UINT_WIDTH = {pa.uint8(): 8, pa.uint16(): 16, pa.uint32(): 32}
@@ -143,6 +145,10 @@ class _Message:
 _SKIPPED = _Message(offset=-1, body=-1, end=-1, kind=_RECORD_BATCH, rows=0, buffers=[], compressed=False)
 
 
+#: Compiled struct layouts of :meth:`_Flat._get`, by format.
+_STRUCTS: dict[str, struct.Struct] = {}
+
+
 class _Flat:
     """Bounds-checked reads from a flatbuffer (Arrow's Message.fbs, File.fbs)."""
 
@@ -150,9 +156,10 @@ class _Flat:
         self.data = data
 
     def _get(self, fmt: str, pos: int) -> Any:
-        if pos < 0 or pos + struct.calcsize(fmt) > len(self.data):
+        layout = _STRUCTS.get(fmt) or _STRUCTS.setdefault(fmt, struct.Struct(fmt))
+        if pos < 0 or pos + layout.size > len(self.data):
             raise _CorruptError(f"header field at {pos} outside its {len(self.data)} bytes")
-        return struct.unpack_from(fmt, self.data, pos)[0]
+        return layout.unpack_from(self.data, pos)[0]
 
     def root(self) -> int:
         return int(self._get("<I", 0))
@@ -172,6 +179,16 @@ class _Flat:
     def ref(self, table: int, slot: int) -> int | None:
         pos = self.field(table, slot)
         return None if pos is None else pos + int(self._get("<I", pos))
+
+    def count(self, table: int, slot: int, width: int) -> int:
+        """Entries of a vector of ``width``-byte structs (0 when absent), checked to fit in the buffer."""
+        pos = self.ref(table, slot)
+        if pos is None:
+            return 0
+        n = int(self._get("<I", pos))
+        if pos + 4 + n * width > len(self.data):
+            raise _CorruptError(f"vector of {n} entries runs past its header")
+        return n
 
     def structs(self, table: int, slot: int, fmt: str) -> list[tuple[int, ...]]:
         pos = self.ref(table, slot)
@@ -325,13 +342,23 @@ def ends_closed(path: str) -> bool:
     regular file (a FIFO would block the open) is not closed.
     """
     try:
-        if not _uri.is_remote(path) and not stat.S_ISREG(os.stat(path).st_mode):
-            return False
-        with _uri.open_input(path) as f:
-            size = f.size()
-            if size < len(EOS_MARKER):
+        if _uri.is_remote(path):
+            with _uri.open_input(path) as f:
+                size = f.size()
+                if size < len(EOS_MARKER):
+                    return False
+                tail = bytes(f.read_at(len(EOS_MARKER), size - len(EOS_MARKER)))
+        else:  # a plain descriptor: readers call this for every shard they list
+            if not stat.S_ISREG(os.stat(path).st_mode):  # checked before the open: a device is never opened
                 return False
-            tail = bytes(f.read_at(len(EOS_MARKER), size - len(EOS_MARKER)))
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_size < len(EOS_MARKER):
+                    return False
+                tail = os.pread(fd, len(EOS_MARKER), st.st_size - len(EOS_MARKER))
+            finally:
+                os.close(fd)
     except OSError:
         return False
     return tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC)
@@ -360,26 +387,74 @@ def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None
         return None
 
 
+def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict[str, str] | None:
+    """The schema metadata of a local Arrow IPC *file* that ends closed, from its first message alone.
+
+    For small files this library writes and checks itself (shard indexes): the file starts and
+    ends with the IPC file magic, and only its schema message is read and decoded (not the
+    footer, which repeats the schema); only ``keys`` are decoded when given. None when it is not
+    such a file or its schema message does not parse; whether the rest is sound is not checked.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode) or size < 16 + 10:
+            return None
+        head = os.pread(fd, 16, 0)
+        if head[: len(ARROW_FILE_MAGIC)] != ARROW_FILE_MAGIC:
+            return None
+        if os.pread(fd, len(ARROW_FILE_MAGIC), size - len(ARROW_FILE_MAGIC)) != ARROW_FILE_MAGIC:
+            return None
+        first, meta_len = struct.unpack_from("<Ii", head, 8)
+        if first != _CONTINUATION or meta_len <= 0 or 16 + meta_len > size - 10:
+            return None
+        message = os.pread(fd, 8 + meta_len, 8)
+        meta = pa.ipc.read_schema(pa.py_buffer(message)).metadata or {}
+        if keys is None:
+            return {k.decode(): v.decode() for k, v in meta.items()}
+        wanted = {k.encode(): k for k in keys}
+        return {wanted[k]: v.decode() for k, v in meta.items() if k in wanted}
+    except (OSError, pa.ArrowException, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(fd)
+
+
 def footer_bytes(path: str) -> tuple[bytes, int] | None:
     """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists.
 
-    None when the file has no sound footer (open, torn, a stream) or cannot be read.
+    None when the file has no sound footer (open, torn, a stream), is not a regular file or cannot
+    be read. Two positional reads on a plain descriptor: every shard index a reader loads is checked
+    against its shard's footer this way, so it costs what reading the bytes costs.
     """
     try:
-        src = _Source(path)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
     try:
-        size = src.handle.size()
-        listed = _footer_batches(src, size)
-        if listed is None:
+        st = os.fstat(fd)
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode) or size < 8 + 10:
             return None
-        (footer_len,) = struct.unpack_from("<i", src.read_at(size - 10, 4), 0)
-        return src.read_at(size - 10 - footer_len, footer_len + 10), len(listed)
-    except OSError:
+        tail = os.pread(fd, 10, size - 10)
+        if len(tail) != 10 or tail[4:] != ARROW_FILE_MAGIC:
+            return None
+        (footer_len,) = struct.unpack_from("<i", tail, 0)
+        if footer_len <= 0 or footer_len > size - 18:
+            return None
+        footer = os.pread(fd, footer_len, size - 10 - footer_len)
+        if len(footer) != footer_len:
+            return None
+        fb = _Flat(footer)
+        return footer + tail, fb.count(fb.root(), 3, _BLOCK_WIDTH)
+    except (OSError, _CorruptError):
         return None
     finally:
-        src.close()
+        os.close(fd)
 
 
 # -- schemas and buffers ---------------------------------------------------------
@@ -541,6 +616,10 @@ class TraceFileBatches:
         self.result = FileRead(path)
         #: The file's own schema (with its metadata) once known.
         self.schema: pa.Schema | None = None
+        # Found by :meth:`_walk_chosen` (the first message's schema, the footer's batch offsets), so
+        # :meth:`_read` does not read and parse them a second time.
+        self._first_schema: pa.Schema | None = None
+        self._footer_offsets: list[int] | None = None
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         for batch, _ in self.with_metadata():
@@ -628,6 +707,7 @@ class TraceFileBatches:
                     body = offset + meta_len
                     msg = _Message(offset, body, body + body_len, _RECORD_BATCH, 0, [], False)
                 messages.append(msg)
+            self._first_schema, self._footer_offsets = schema, [b[0] for b in blocks]
             return messages
         except (_TornError, _CorruptError, OSError, pa.ArrowException, UnicodeDecodeError):
             return None
@@ -646,7 +726,7 @@ class TraceFileBatches:
             return
         schema_msg = messages[0]
         try:
-            self.schema = schema = pa.ipc.read_schema(
+            self.schema = schema = self._first_schema or pa.ipc.read_schema(
                 pa.py_buffer(src.read_at(schema_msg.offset, schema_msg.end - schema_msg.offset))
             )
             schema_names = schema.names  # field names in bytes that are not UTF-8 fail here
@@ -673,7 +753,7 @@ class TraceFileBatches:
         res.batches_in_file = len(batches)
         res.end = messages[-1].end
         if res.file_format:
-            listed = _footer_batches(src, size)
+            listed = self._footer_offsets if self._footer_offsets is not None else _footer_batches(src, size)
             walked = [m.offset for m in batches[skipped:]]
             if listed is not None and len(listed) == len(batches) and listed[skipped:] == walked and not stop:
                 res.closed = True

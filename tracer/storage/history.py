@@ -24,6 +24,7 @@ see the reference as written; ``docs/format.md`` shows how to rebuild it.
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -49,11 +50,17 @@ HISTORY_COLUMNS = (S.TRACE_ID, S.SPAN_ID, S.OUTPUTS)
 _MARKER = f'"{S.HISTORY_EXTENDS}"'
 
 
-def _common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
-    """Length of the longest common prefix of ``a`` and ``b[start:]`` (list slices compare in C)."""
+def _common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
+    """Length of the longest common prefix of ``a`` and ``b[start:]`` (slices compare in C).
+
+    ``a`` and ``b`` are lists or tuples (captured id lists are tuples); a
+    list never equals a tuple, so ``b`` is made the kind of ``a`` first.
+    """
     n = min(len(a), len(b) - start)
     if n <= 0:
         return 0
+    if type(b) is not type(a):
+        b = tuple(b) if type(a) is tuple else list(b)
     if a[:n] == b[start : start + n]:
         return n
     lo, hi = 0, n  # a[:lo] matches, a[:hi] does not
@@ -66,13 +73,13 @@ def _common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
     return lo
 
 
-def _response(outputs: Any) -> tuple[str | None, list[int]]:
+def _response(outputs: Any) -> tuple[str | None, Sequence[int]]:
     if isinstance(outputs, dict):
         for key in RESPONSE_FIELDS:
             value = outputs.get(key)
-            if type(value) is list:
+            if type(value) is list or type(value) is tuple:
                 return key, value
-    return None, []
+    return None, ()
 
 
 class HistoryTracker:
@@ -80,13 +87,14 @@ class HistoryTracker:
 
     Used on the writer thread only, on a batch's prepared (JSON-ready)
     values, in the order the spans are written. It holds references to the
-    prepared id lists (private copies made at call time), never copies them.
+    prepared id lists or tuples (private copies made at call time), never
+    copies them.
     """
 
     def __init__(self, max_held_ids: int = MAX_HELD_IDS) -> None:
         self.max_held_ids = max_held_ids
         #: trajectory key -> (span id, response field, whole prompt ids, response ids)
-        self._last: collections.OrderedDict[Any, tuple[str, str | None, list[int], list[int]]] = (
+        self._last: collections.OrderedDict[Any, tuple[str, str | None, Sequence[int], Sequence[int]]] = (
             collections.OrderedDict()
         )
         self._held = 0
@@ -111,7 +119,7 @@ class HistoryTracker:
         if not isinstance(inputs, dict):
             return
         prompt = inputs.get(PROMPT_FIELD)
-        if type(prompt) is not list:
+        if type(prompt) is not list and type(prompt) is not tuple:
             return
         field, response = _response(outputs)
         prev = self._last.pop(key, None)

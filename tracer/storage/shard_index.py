@@ -15,7 +15,10 @@ to decode when read) whose rows are
   spans, with a null trace id: what they may join to in other shards.
 
 Its schema metadata holds the format version, the shard's name and size, a
-digest of the shard's footer, and the rows and steps of every batch. A
+digest of the shard's footer, the rows and steps of every batch, and (when
+the trajectory model registered it, :func:`use_step_partials`) the shard's
+per-step counts and sums (:data:`tracer.schema.STEP_PARTIALS_SCHEMA`), which
+the run overview merges instead of reading every trajectory row. A
 sidecar is used only when all of these agree with the shard on disk (the
 shard was not sealed, repaired, replaced or renamed since), its table has
 exactly the expected columns, and its batch numbers exist: a stale,
@@ -30,9 +33,11 @@ the sidecar for data; the suffix keeps trace-file listings from listing it.
 
 from __future__ import annotations
 
+import base64
 import collections
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import threading
@@ -45,7 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S
-from tracer.storage.files import footer_bytes
+from tracer.storage.files import closed_file_metadata, footer_bytes
 
 #: Version of the sidecar layout; another value is ignored (the spans are read instead).
 INDEX_VERSION = "1"
@@ -83,6 +88,21 @@ def use_summarizer(columns: Sequence[str], summarize: Summarizer) -> None:
 def summarizer() -> tuple[tuple[str, ...], Summarizer] | None:
     """The registered ``(span columns it needs, summarize)``, None when none is."""
     return _summarizer[0] if _summarizer else None
+
+
+PartialsOf = Callable[[pa.Table], pa.Table]
+_step_partials: list[PartialsOf] = []
+
+
+def use_step_partials(step_partials: PartialsOf) -> None:
+    """Register the per-step aggregates writers put in their indexes (``tracer.summary.step_counts``, on import).
+
+    It turns trajectory rows into rows of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`
+    (counts and sums; the values, rewards and latencies, are left empty: readers
+    take them from the index's own columns). The overview's numbers come from
+    the same functions, so stored and computed aggregates cannot disagree.
+    """
+    _step_partials[:] = [step_partials]
 
 
 def sidecar_path(shard: str) -> str:
@@ -203,6 +223,9 @@ def write_sidecar(shard: str, builder: ShardIndexBuilder) -> None:
         S.META_INDEX_BATCH_STEPS: json.dumps(builder.batch_steps),
         S.META_INDEX_BUCKETS: str(INDEX_BUCKETS),
     }
+    steps = _steps_meta(table)
+    if steps is not None:
+        meta[S.META_INDEX_STEPS] = steps
     ids = table.column(S.TRACE_ID).to_pylist()
     place = np.array([INDEX_BUCKETS if t is None else bucket_of(t, INDEX_BUCKETS) for t in ids], dtype=np.int64)
     order = np.argsort(place, kind="stable")
@@ -253,7 +276,7 @@ class ShardIndex:
 
     def batches_of_steps(self, steps: set[int]) -> list[int]:
         """Batches holding any of ``steps`` (None among them: spans outside any step, as ``pyarrow.compute.is_in``)."""
-        return [i for i, have in enumerate(self.batch_steps) if any(s in steps for s in have)]
+        return [i for i, have in enumerate(self.batch_steps) if not steps.isdisjoint(have)]
 
     def steps(self) -> set[int]:
         """Every step of the shard."""
@@ -362,6 +385,94 @@ def _read_table(sidecar: str, batches: int, columns: Sequence[str] | None = None
         return None
 
 
+def _steps_meta(table: pa.Table) -> str | None:
+    """The registered per-step aggregates of an index table's trajectory rows, as stored; None when none is registered.
+
+    A sidecar without them is still a valid index: readers then aggregate its trajectory rows.
+    """
+    if not _step_partials:
+        return None
+    tid = table.column(S.TRACE_ID)
+    rows = table.filter(pc.fill_null(pc.not_equal(tid, ""), False)).select(list(S.TRAJECTORY_COLUMNS))
+    partials = _step_partials[0](rows)
+    if partials.schema.remove_metadata() != S.STEP_PARTIALS_SCHEMA:
+        raise ValueError(f"per-step aggregates of schema {partials.schema}, not {S.STEP_PARTIALS_SCHEMA}")
+    meta = {}
+    if rows.num_rows:
+        least, greatest = pc.min_max(rows.column(S.TRACE_ID)).values()
+        meta[S.META_STEPS_TRACE_RANGE] = json.dumps([least.as_py(), greatest.as_py()])
+    if tid.null_count:  # rows of the keys of spans without a trace id
+        meta[S.META_STEPS_LOOSE] = json.dumps(pc.unique(pc.filter(table.column(S.STEP), pc.is_null(tid))).to_pylist())
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, S.STEP_PARTIALS_SCHEMA.with_metadata(meta)) as w:
+        w.write_table(partials)
+    return base64.b64encode(sink.getvalue().to_pybytes()).decode("ascii")
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredPartials:
+    """The per-step aggregates stored in a shard's index, and what says whether other files can change them.
+
+    Attributes:
+        partials: Rows of :data:`tracer.schema.STEP_PARTIALS_SCHEMA` over the shard's trajectory rows
+            (counts and sums; the value lists empty).
+        trace_range: The least and greatest trace id of those rows (None: no trajectory).
+        loose_steps: Steps of the shard's spans without a trace id (rewards logged by key); None: there are none.
+    """
+
+    partials: pa.Table
+    trace_range: tuple[str, str] | None
+    loose_steps: list[int | None] | None
+
+
+def stored_step_partials(index: ShardIndex) -> StoredPartials | None:
+    """The per-step aggregates stored in ``index``'s sidecar (its metadata only is read).
+
+    None when the sidecar holds none (written before they existed, or by a
+    writer without the trajectory model), they do not decode to their
+    schema, or it is unreadable: the caller then aggregates the shard's
+    trajectory rows.
+    """
+    try:
+        with pa.OSFile(index._sidecar) as source:
+            text = (pa.ipc.open_file(source).schema.metadata or {}).get(S.META_INDEX_STEPS.encode())
+        if text is None:
+            return None
+        table = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(text, validate=True))).read_all()
+        if table.schema.remove_metadata() != S.STEP_PARTIALS_SCHEMA:
+            return None
+        for chunk in table.to_batches():
+            chunk.validate(full=True)
+        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        span: Any = json.loads(meta[S.META_STEPS_TRACE_RANGE]) if S.META_STEPS_TRACE_RANGE in meta else None
+        loose: Any = json.loads(meta[S.META_STEPS_LOOSE]) if S.META_STEPS_LOOSE in meta else None
+    except (OSError, ValueError, UnicodeDecodeError, pa.ArrowException):
+        return None
+    if span is not None and not (isinstance(span, list) and len(span) == 2 and all(isinstance(t, str) for t in span)):
+        return None
+    if loose is not None and not (isinstance(loose, list) and all(v is None or isinstance(v, int) for v in loose)):
+        return None
+    return StoredPartials(table.replace_schema_metadata(None), None if span is None else (span[0], span[1]), loose)
+
+
+def index_columns(index: ShardIndex, columns: Sequence[str]) -> pa.Table | None:
+    """Some columns of every row of ``index``'s sidecar (read alone, validated); None when it is unreadable."""
+    fields = [INDEX_SCHEMA.get_field_index(c) for c in columns]
+    expected = pa.schema([INDEX_SCHEMA.field(i) for i in fields])
+    # Fixed-width columns have nothing more to check in a full validation (offsets, UTF-8 are for others).
+    full = not all(pa.types.is_primitive(f.type) for f in expected)
+    try:
+        with pa.memory_map(index._sidecar) as source:  # uncompressed: the columns are not copied
+            table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=fields)).read_all()
+        if table.schema.remove_metadata() != expected:
+            return None
+        for chunk in table.to_batches():
+            chunk.validate(full=full)
+        return table.replace_schema_metadata(None)
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+
+
 _cache: collections.OrderedDict[str, tuple[tuple[int, ...], ShardIndex | None]] = collections.OrderedDict()
 _cache_lock = threading.Lock()
 
@@ -390,11 +501,39 @@ def load_shard_index(shard: str) -> ShardIndex | None:
     return found
 
 
+_NONE = type(None)
+#: What :func:`_check` reads of a sidecar's metadata (other keys, large ones among them, are not decoded).
+_CHECKED_KEYS = frozenset(
+    {
+        S.META_INDEX_VERSION,
+        S.META_INDEX_OF,
+        S.META_INDEX_SIZE,
+        S.META_INDEX_FOOTER,
+        S.META_INDEX_BATCH_ROWS,
+        S.META_INDEX_BATCH_STEPS,
+        S.META_INDEX_BUCKETS,
+    }
+)
+
+
+def _counts_and_steps(rows: list[Any], steps: list[Any]) -> bool:
+    """``rows`` are counts (ints >= 0) and ``steps`` lists of ints and Nones, as JSON gave them.
+
+    One pass over each, by type (a JSON ``true`` is a bool, not an int, so ``type`` and not
+    ``isinstance``): run on every index a process loads, so kept cheap.
+    """
+    if rows and ({type(r) for r in rows} != {int} or min(rows) < 0):
+        return False
+    if {type(s) for s in steps} - {list}:
+        return False
+    return not {type(v) for v in itertools.chain.from_iterable(steps)} - {int, _NONE}
+
+
 def _check(shard: str, side: str, size: int) -> ShardIndex | None:
     try:
-        with pa.OSFile(side) as source:
-            meta: dict[bytes, bytes] = pa.ipc.open_file(source).schema.metadata or {}
-        got = {k.decode(): v.decode() for k, v in meta.items()}
+        got = closed_file_metadata(side, _CHECKED_KEYS)
+        if got is None:
+            return None
         if got.get(S.META_INDEX_VERSION) != INDEX_VERSION or got.get(S.META_INDEX_OF) != os.path.basename(shard):
             return None
         if got.get(S.META_INDEX_SIZE) != str(size):
@@ -406,9 +545,7 @@ def _check(shard: str, side: str, size: int) -> ShardIndex | None:
         steps: Any = json.loads(got[S.META_INDEX_BATCH_STEPS])
         if not (isinstance(rows, list) and isinstance(steps, list) and len(rows) == len(steps) == footer[1]):
             return None
-        if not all(isinstance(r, int) and r >= 0 for r in rows):
-            return None
-        if not all(isinstance(s, list) and all(v is None or isinstance(v, int) for v in s) for s in steps):
+        if not _counts_and_steps(rows, steps):
             return None
         buckets = int(got[S.META_INDEX_BUCKETS])
         if buckets < 1:
@@ -423,8 +560,12 @@ __all__ = [
     "INDEX_VERSION",
     "ShardIndex",
     "ShardIndexBuilder",
+    "StoredPartials",
+    "index_columns",
     "load_shard_index",
     "sidecar_path",
+    "stored_step_partials",
+    "use_step_partials",
     "use_summarizer",
     "write_sidecar",
 ]

@@ -189,6 +189,9 @@ from viewer.data.runs import (
     load_step as load_step,
 )
 from viewer.data.runs import (
+    load_step_partials as load_step_partials,
+)
+from viewer.data.runs import (
     load_trajectories as load_trajectories,
 )
 from viewer.data.runs import (
@@ -196,6 +199,12 @@ from viewer.data.runs import (
 )
 from viewer.data.runs import (
     overview as overview,
+)
+from viewer.data.runs import (
+    overview_of as overview_of,
+)
+from viewer.data.runs import (
+    partials_of as partials_of,
 )
 from viewer.data.runs import (
     resolve_path as resolve_path,
@@ -216,6 +225,9 @@ from viewer.data.runs import (
     select as select,
 )
 from viewer.data.runs import (
+    select_partials as select_partials,
+)
+from viewer.data.runs import (
     sort_and_page as sort_and_page,
 )
 from viewer.data.runs import (
@@ -229,6 +241,9 @@ from viewer.data.runs import (
 )
 from viewer.data.runs import (
     tools_by_trajectory as tools_by_trajectory,
+)
+from viewer.data.runs import (
+    totals_of as totals_of,
 )
 from viewer.data.runs import (
     trace_file_index as trace_file_index,

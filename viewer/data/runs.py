@@ -33,6 +33,8 @@ from tracer.schema import (
     NUM_TOOL_ERRORS,
     OUTPUTS,
     PARENT_SPAN_ID,
+    PART_NOT_OK,
+    PART_TRAJECTORIES,
     REWARD,
     REWARD_INFO,
     ROLLOUT_N,
@@ -40,11 +42,11 @@ from tracer.schema import (
     SPAN_ID,
     START_NS,
     STATUS,
-    STATUS_OK,
     STEP,
     TRACE_ID,
     VALIDATE,
 )
+from tracer.summary import partial_metrics, read_step_partials, step_partials
 
 #: Key of the advantage in log_reward's extras (``reward_info``).
 ADVANTAGE = "advantage"
@@ -270,14 +272,41 @@ def steps_of(trajectories: pa.Table) -> list[int]:
     return sorted(s for s in pc.unique(trajectories.column(STEP)).to_pylist() if s is not None)
 
 
+def load_step_partials(path: str) -> Loaded:
+    """Per-(step, validate) aggregates of every trajectory of the run: all the overview page shows.
+
+    :func:`tracer.summary.read_step_partials`: closed shards' indexes answer
+    with their stored aggregates, so the cost follows the steps, not the
+    trajectories; other files are read as :func:`load_trajectories` reads them.
+    """
+    return _reading(read_step_partials, path)
+
+
+def partials_of(trajectories: pa.Table) -> pa.Table:
+    """The per-(step, validate) aggregates of some trajectory rows (:func:`tracer.summary.step_partials`)."""
+    return step_partials(trajectories)
+
+
+def select_partials(partials: pa.Table, validate: bool | None = None) -> pa.Table:
+    """The aggregates of one split (None: both), as :func:`select` keeps trajectories."""
+    if validate is None:
+        return partials
+    return partials.filter(pc.equal(partials.column(VALIDATE), validate))
+
+
 def overview(trajectories: pa.Table, token_stats: pa.Table | None = None) -> list[dict[str, Any]]:
     """One row per (step, validate): :func:`tracer.step_metrics` with the step and split named.
 
     With ``token_stats`` (:func:`tracer.read_token_stats`) the rows carry the
     train/inference mismatch too (``logprob_mismatch``, ``logprob_ratio/max``).
     """
+    return overview_of(partials_of(trajectories), token_stats)
+
+
+def overview_of(partials: pa.Table, token_stats: pa.Table | None = None) -> list[dict[str, Any]]:
+    """:func:`overview` from per-step aggregates (:func:`load_step_partials`, :func:`partials_of`)."""
     rows = []
-    for (step, val), metrics in tracer.step_metrics(trajectories, token_stats).items():
+    for (step, val), metrics in partial_metrics(partials, token_stats).items():
         row: dict[str, Any] = {STEP: step, "split": "validation" if val else "train"}
         row.update({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()})
         rows.append(row)
@@ -291,18 +320,23 @@ def run_totals(trajectories: pa.Table, span_rows: int | None = None) -> dict[str
     number ``rollout-trace info`` and ``check`` give; without it, the spans
     the trajectories' summaries count (``log_reward`` rows left out).
     """
-    calls = pc.sum(trajectories.column(NUM_TOOL_CALLS)).as_py() or 0
-    errs = pc.sum(trajectories.column(NUM_TOOL_ERRORS)).as_py() or 0
-    spans = span_rows if span_rows is not None else (pc.sum(trajectories.column(NUM_SPANS)).as_py() or 0)
+    return totals_of(partials_of(trajectories), span_rows)
+
+
+def totals_of(partials: pa.Table, span_rows: int | None = None) -> dict[str, Any]:
+    """:func:`run_totals` from per-step aggregates; failed trajectories are those whose status is not ok."""
+
+    def total(column: str) -> int:
+        return int(pc.sum(partials.column(column)).as_py() or 0)
+
+    calls, errs = total(NUM_TOOL_CALLS), total(NUM_TOOL_ERRORS)
     return {
-        "steps": len(steps_of(trajectories)),
-        "trajectories": trajectories.num_rows,
-        "spans": spans,
+        "steps": len({s for s in partials.column(STEP).to_pylist() if s is not None}),
+        "trajectories": total(PART_TRAJECTORIES),
+        "spans": span_rows if span_rows is not None else total(NUM_SPANS),
         "tool calls": calls,
         "tool error rate": (errs / calls) if calls else 0.0,
-        "failed trajectories": int(
-            pc.sum(pc.cast(pc.not_equal(trajectories.column(STATUS), STATUS_OK), pa.int64())).as_py() or 0
-        ),
+        "failed trajectories": total(PART_NOT_OK),
     }
 
 

@@ -30,19 +30,20 @@ def draw(path: str, sig: tuple) -> None:
     followed = cache.live(path)
     if followed is not None:
         live.in_progress(followed, None)
-    loaded = cache.run_base(path, sig)
+    # Per-step aggregates, not every trajectory row: the page costs what it shows, not the run.
+    loaded = cache.step_partials(path, sig)
     cache.warn(loaded.warnings)
     split = state.split_value()
-    traj = D.select(loaded.table, None, split)
+    parts = D.select_partials(loaded.table, split)
     span_rows = cache.steps(path, sig).rows if split is None else None
-    totals = D.run_totals(traj, span_rows)
+    totals = D.totals_of(parts, span_rows)
     cols = st.columns(len(totals))
     for col, (k, v) in zip(cols, totals.items()):
         col.metric(k, f"{v:.1%}" if k == "tool error rate" else metric_value(v))
     stats = cache.token_stats(path, sig)
     if stats is not None:
         cache.warn(stats.warnings)
-    rows = D.overview(traj, stats.table if stats is not None else None)
+    rows = D.overview_of(parts, stats.table if stats is not None else None)
     if not rows:
         st.info("No trajectories recorded yet.")
         return

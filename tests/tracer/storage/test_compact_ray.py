@@ -128,7 +128,9 @@ def test_a_killed_task_changes_nothing_and_a_rerun_merges_the_bucket(
     merged = tracer.list_trace_files(run)
     assert f"compacted {WORKERS * STEPS} file(s) in 1 run dir(s) into {len(merged)}" in out and len(merged) >= 2
     assert all("compacted_" in f for f in merged)
-    assert [n for n in _objects(run) if not n.startswith("compacted_")] == [INDEX_NAME]  # originals deleted
+    # Originals deleted; each compacted file has its shard index (_compacted_*.arrow.index) beside it.
+    assert [n for n in _objects(run) if not n.lstrip("_").startswith("compacted_")] == [INDEX_NAME]
+    assert len([n for n in _objects(run) if n.startswith("_compacted_")]) == len(merged)
     assert _rows(run).equals(before)
     one_step = tracer.read_spans(run, columns=[S.SPAN_ID, S.STEP], steps=[1])
     assert one_step.column(S.SPAN_ID).to_pylist() and set(one_step.column(S.STEP).to_pylist()) == {1}
