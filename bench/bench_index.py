@@ -8,9 +8,9 @@ read yet in that process; the OS page cache is warm):
 
 1. one trajectory, ``tracer.read_spans(run, trace_ids=[t])``: a 10M-span run
    against a 10k-span run, shards uncompacted (target: within 3x);
-2. the viewer's landing page (``viewer.data.runs.list_steps`` and
-   ``load_step_partials``, what the overview page reads, with its tiles and
-   table computed): 1M against 1k spans (target: within 2x) and 10M spans
+2. the viewer's landing page (``viewer.data.runs.list_steps``,
+   ``viewer.data.tokens.has_token_stats`` and ``load_step_partials``, what the
+   overview page reads, with its tiles and table computed): 1M against 1k spans (target: within 2x) and 10M spans
    (target: under 2 s); beside it the same numbers from every trajectory row
    (``load_trajectories``, what the page read before);
 3. one step, ``tracer.read_spans(run, columns=..., steps=[k])``: 10M spans
@@ -113,18 +113,22 @@ def measure(kind: str, run: str, arg: int) -> dict[str, float]:
         calls = [lambda i=i: tracer.read_spans(run, trace_ids=[trace_id(arg + 97 * i)]) for i in range(6)]
     elif kind in ("landing", "landing_rows"):
         from viewer.data import runs as D
+        from viewer.data import tokens as T
 
         def page() -> dict[str, object]:
-            """What the overview computes now: the steps, the per-step aggregates, the tiles and the table."""
+            """What the overview reads now: the steps, whether token stats were logged, the per-step aggregates."""
             steps = D.list_steps(run)
+            stats = T.has_token_stats(run)
             parts = D.load_step_partials(run).table
-            return {"rows": D.overview_of(parts), "totals": D.totals_of(parts, steps.rows)}
+            return {"rows": D.overview_of(parts), "totals": D.totals_of(parts, steps.rows), "stats": stats}
 
         def page_from_rows() -> dict[str, object]:
-            """What it computed before: the same numbers from every trajectory row of the run."""
+            """What it read before: the same numbers from every trajectory row, token stats from every name."""
             steps = D.list_steps(run)
+            names = tracer.read_spans(run, columns=[S.NAME]).column(S.NAME)
+            stats = bool(pc.any(pc.fill_null(pc.equal(names, "log_token_stats"), False)).as_py())
             rows = D.load_trajectories(run).table
-            return {"rows": D.overview(rows), "totals": D.run_totals(rows, steps.rows)}
+            return {"rows": D.overview(rows), "totals": D.run_totals(rows, steps.rows), "stats": stats}
 
         calls = [page if kind == "landing" else page_from_rows] * 3
     elif kind == "step":

@@ -181,6 +181,25 @@ def read_steps(path: TracePaths) -> tuple[list[int], int]:
     return sorted(steps), rows
 
 
+def has_spans_named(path: TracePaths, name: str) -> bool:
+    """Whether any span under ``path`` is named ``name``.
+
+    Shards whose index lists their span names answer without being opened;
+    other files give their name column, and the search stops at the first one found.
+    """
+    plain: list[str] = []
+    for file, shard in indexed_files(path):
+        if shard is not None and shard.names is not None:
+            if name in shard.names:
+                return True
+        elif _uri.is_remote(file) or os.path.exists(file):
+            plain.append(file)
+    for _, batch in iter_batches(plain, [S.NAME]) if plain else ():
+        if pc.any(pc.fill_null(pc.equal(batch.column(0), name), False)).as_py():
+            return True
+    return False
+
+
 def iter_batches(
     path: TracePaths,
     columns: Iterable[str] | None = None,

@@ -173,6 +173,8 @@ META_INDEX_FOOTER = "rollout_trace.index_footer"
 META_INDEX_BATCH_ROWS = "rollout_trace.index_batch_rows"
 META_INDEX_BATCH_STEPS = "rollout_trace.index_batch_steps"
 META_INDEX_BUCKETS = "rollout_trace.index_buckets"
+#: Shard index metadata key: the distinct span names of the shard (a JSON list), absent when too many.
+META_INDEX_NAMES = "rollout_trace.index_names"
 #: Metadata of the shard index: its per-step aggregates (:data:`STEP_PARTIALS_SCHEMA`), an Arrow IPC stream in base64.
 META_INDEX_STEPS = "rollout_trace.index_steps"
 #: Metadata of those aggregates' stream: JSON ``[least, greatest]`` trace id of the shard's trajectories.

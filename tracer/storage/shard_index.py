@@ -66,6 +66,8 @@ CACHE_ENTRIES = 1024
 #: A writer keeps the summary columns of the file it writes until it closes it, at most this many
 #: bytes; a file that holds more gets no index (its readers read its spans), so memory stays bounded.
 MAX_BUILD_BYTES = 128 * 1024 * 1024
+#: A shard with more distinct span names than this stores none (readers then read its name column).
+MAX_INDEX_NAMES = 1024
 
 #: Columns of a sidecar: the trajectory summary and where each trace id's batches are.
 INDEX_SCHEMA = pa.schema(
@@ -134,6 +136,7 @@ class ShardIndexBuilder:
         self.parts: list[pa.RecordBatch] = []
         self.batch_rows: list[int] = []
         self.batch_steps: list[list[int | None]] = []
+        self.names: set[str] | None = set()
         self.nbytes = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
@@ -150,6 +153,14 @@ class ShardIndexBuilder:
         self.batch_rows.append(batch.num_rows)
         steps = pc.unique(batch.column(S.STEP)).to_pylist()
         self.batch_steps.append(sorted(steps, key=lambda s: (s is None, s or 0)))
+        at = batch.schema.get_field_index(S.NAME)
+        if self.names is not None:
+            if at < 0:
+                self.names = None
+            else:
+                self.names.update(n for n in pc.unique(batch.column(at)).to_pylist() if isinstance(n, str))
+                if len(self.names) > MAX_INDEX_NAMES:
+                    self.names = None
 
     def build(self) -> pa.Table:
         """The index table of the batches added (see the module docstring)."""
@@ -226,6 +237,8 @@ def write_sidecar(shard: str, builder: ShardIndexBuilder) -> None:
     steps = _steps_meta(table)
     if steps is not None:
         meta[S.META_INDEX_STEPS] = steps
+    if builder.names is not None:
+        meta[S.META_INDEX_NAMES] = json.dumps(sorted(builder.names))
     ids = table.column(S.TRACE_ID).to_pylist()
     place = np.array([INDEX_BUCKETS if t is None else bucket_of(t, INDEX_BUCKETS) for t in ids], dtype=np.int64)
     order = np.argsort(place, kind="stable")
@@ -262,6 +275,7 @@ class ShardIndex:
         size: The shard's size (what :func:`tracer.storage.files.read_batches` gets as ``expect_size``).
         batch_rows: Rows of each record batch.
         batch_steps: Distinct steps of each record batch (None for spans outside any step).
+        names: The distinct span names of the shard; None when the index does not say.
     """
 
     shard: str
@@ -270,6 +284,7 @@ class ShardIndex:
     batch_steps: list[list[int | None]]
     _sidecar: str
     _buckets: int
+    names: frozenset[str] | None = None
     _table: pa.Table | None = None
     _lookup: pa.Table | None = None
     _bad: bool = False
@@ -512,6 +527,7 @@ _CHECKED_KEYS = frozenset(
         S.META_INDEX_BATCH_ROWS,
         S.META_INDEX_BATCH_STEPS,
         S.META_INDEX_BUCKETS,
+        S.META_INDEX_NAMES,
     }
 )
 
@@ -550,9 +566,12 @@ def _check(shard: str, side: str, size: int) -> ShardIndex | None:
         buckets = int(got[S.META_INDEX_BUCKETS])
         if buckets < 1:
             return None
+        names: Any = json.loads(got[S.META_INDEX_NAMES]) if S.META_INDEX_NAMES in got else None
+        if names is not None and not (isinstance(names, list) and {type(n) for n in names} <= {str}):
+            names = None  # not what a writer writes: the shard's name column answers instead
     except (OSError, ValueError, KeyError, UnicodeDecodeError, pa.ArrowException):
         return None
-    return ShardIndex(shard, size, rows, steps, side, buckets)
+    return ShardIndex(shard, size, rows, steps, side, buckets, None if names is None else frozenset(names))
 
 
 __all__ = [

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 import tracer
 from tracer.extras import install_command
@@ -18,7 +17,7 @@ from tracer.extras import install_command
 # Column names, kinds, statuses and attribute keys come from tracer's schema, never spelled here.
 from tracer.record.pieces import piece_table
 from tracer.record.token_stats import TOKEN_STATS_SPAN_NAME
-from tracer.schema import META_CONFIG, NAME, ROLLOUT_N, SAMPLE_INDEX, STEP, TRACE_ID, VALIDATE
+from tracer.schema import META_CONFIG, ROLLOUT_N, SAMPLE_INDEX, STEP, TRACE_ID, VALIDATE
 from tracer.summary import (
     LOSS_MASK,
     ROLLOUT_LOGPROBS,
@@ -256,9 +255,8 @@ def token_turns(
 
 
 def has_token_stats(path: str) -> bool:
-    """Whether the run logged any per-token stats (reads the name column only)."""
-    names = tracer.read_spans(path, columns=[NAME]).column(NAME)
-    return bool(pc.any(pc.fill_null(pc.equal(names, TOKEN_STATS_SPAN_NAME), False)).as_py())
+    """Whether the run logged any per-token stats (the shard indexes' span names, else the name column)."""
+    return tracer.read.has_spans_named(path, TOKEN_STATS_SPAN_NAME)
 
 
 def load_token_stats(
