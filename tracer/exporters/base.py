@@ -797,17 +797,27 @@ def drive_files(
     return report
 
 
-def _recorded_live_to(path: TracePaths, backend: str) -> bool:
-    """True when the run was recorded with ``backend`` as a live backend: all it lacks is a catch-up."""
+def recorded_configs(path: TracePaths) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each trace file under ``path`` with the tracer config it was recorded with (unreadable ones left out)."""
     for file in list_trace_files(path):
         try:
             config = json.loads(read_file_metadata(file).get(S.META_CONFIG) or "{}")
         except (OSError, ValueError, pa.ArrowException):
             continue
-        named = config.get("backend") if isinstance(config, Mapping) else None
-        if backend in ([named] if isinstance(named, str) else named if isinstance(named, list) else []):
-            return True
-    return False
+        if isinstance(config, dict):
+            yield file, config
+
+
+def recorded_backends(config: Mapping[str, Any]) -> list[str]:
+    """The backend names a recorded config gives (``backend`` is one name or a list of them)."""
+    named = config.get("backend")
+    names = [named] if isinstance(named, str) else named if isinstance(named, list) else []
+    return [n for n in names if isinstance(n, str)]
+
+
+def _recorded_live_to(path: TracePaths, backend: str) -> bool:
+    """True when the run was recorded with ``backend`` as a live backend: all it lacks is a catch-up."""
+    return any(backend in recorded_backends(config) for _, config in recorded_configs(path))
 
 
 def export_files(

@@ -15,7 +15,6 @@ sends only trajectories the destination does not have, so nothing arrives twice)
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import threading
@@ -23,17 +22,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import pyarrow as pa
-
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.backends import BACKENDS, LOCAL_BACKEND
 from tracer.config import TraceConfig
 from tracer.exporters.attach import live_options
-from tracer.exporters.base import export_files
-from tracer.read import list_trace_files, read_file_metadata
+from tracer.exporters.base import export_files, recorded_backends, recorded_configs
+from tracer.read import list_trace_files
 from tracer.record.redact import REDACTED
 from tracer.storage import uri as _uri
-from tracer.storage.seal import LIVE, seal_if_abandoned
+from tracer.storage.seal import LIVE, SHARD_NAME, seal_if_abandoned
 
 logger = logging.getLogger("rollout_trace")
 
@@ -94,8 +91,8 @@ def runs_written_since(root: str, since: float) -> list[str]:
 
 def _own_file(file: str) -> bool:
     """True when ``file`` was written by this process (its writer is alive, and ships its own)."""
-    parts = os.path.basename(file).split("_")
-    return len(parts) > 1 and parts[1] == str(os.getpid())
+    name = SHARD_NAME.match(os.path.basename(file))
+    return name is not None and int(name.group("pid")) == os.getpid()
 
 
 def writers_running(run_dir: str) -> list[str]:
@@ -126,17 +123,9 @@ def live_backends(run_dir: str) -> dict[str, dict[str, Any]]:
     (``backend_options``), less any value the files hold redacted.
     """
     out: dict[str, dict[str, Any]] = {}
-    for file in list_trace_files(run_dir):
-        try:
-            config = json.loads(read_file_metadata(file).get(S.META_CONFIG) or "{}")
-        except (OSError, ValueError, pa.ArrowException):
-            continue
-        if not isinstance(config, Mapping):
-            continue
-        named = config.get("backend")
-        names = [named] if isinstance(named, str) else named if isinstance(named, list) else []
-        for name in names:
-            if not isinstance(name, str) or name == LOCAL_BACKEND or name not in BACKENDS or name in out:
+    for _, config in recorded_configs(run_dir):
+        for name in recorded_backends(config):
+            if name == LOCAL_BACKEND or name not in BACKENDS or name in out:
                 continue
             given = config.get("backend_options")
             try:
