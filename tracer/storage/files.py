@@ -349,14 +349,12 @@ def ends_closed(path: str) -> bool:
                     return False
                 tail = bytes(f.read_at(len(EOS_MARKER), size - len(EOS_MARKER)))
         else:  # a plain descriptor: readers call this for every shard they list
-            if not stat.S_ISREG(os.stat(path).st_mode):  # checked before the open: a device is never opened
+            opened = _open_regular(path, len(EOS_MARKER))
+            if opened is None:
                 return False
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            fd, size = opened
             try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_size < len(EOS_MARKER):
-                    return False
-                tail = os.pread(fd, len(EOS_MARKER), st.st_size - len(EOS_MARKER))
+                tail = os.pread(fd, len(EOS_MARKER), size - len(EOS_MARKER))
             finally:
                 os.close(fd)
     except OSError:
@@ -387,6 +385,28 @@ def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None
         return None
 
 
+def _open_regular(path: str, min_size: int) -> tuple[int, int] | None:
+    """``(descriptor, size)`` of the local ``path`` opened read-only, or None (nothing left open).
+
+    None unless it is a regular file of at least ``min_size`` bytes: checked before the open (a
+    device or FIFO is never opened) and again on the descriptor (the path may change in between).
+    """
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_size >= min_size:
+            return fd, st.st_size
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
 def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict[str, str] | None:
     """The schema metadata of a local Arrow IPC *file* that ends closed, from its first message alone.
 
@@ -395,15 +415,11 @@ def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict
     footer, which repeats the schema); only ``keys`` are decoded when given. None when it is not
     such a file or its schema message does not parse; whether the rest is sound is not checked.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
+    opened = _open_regular(path, 16 + 10)
+    if opened is None:
         return None
+    fd, size = opened
     try:
-        st = os.fstat(fd)
-        size = st.st_size
-        if not stat.S_ISREG(st.st_mode) or size < 16 + 10:
-            return None
         head = os.pread(fd, 16, 0)
         if head[: len(ARROW_FILE_MAGIC)] != ARROW_FILE_MAGIC:
             return None
@@ -431,15 +447,11 @@ def footer_bytes(path: str) -> tuple[bytes, int] | None:
     be read. Two positional reads on a plain descriptor: every shard index a reader loads is checked
     against its shard's footer this way, so it costs what reading the bytes costs.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
+    opened = _open_regular(path, 8 + 10)
+    if opened is None:
         return None
+    fd, size = opened
     try:
-        st = os.fstat(fd)
-        size = st.st_size
-        if not stat.S_ISREG(st.st_mode) or size < 8 + 10:
-            return None
         tail = os.pread(fd, 10, size - 10)
         if len(tail) != 10 or tail[4:] != ARROW_FILE_MAGIC:
             return None
