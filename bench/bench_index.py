@@ -18,12 +18,13 @@ read yet in that process; the OS page cache is warm):
    (target: within 3x), fresh processes taking turns; twice: the big run
    (one 32 MB shard per writer, each holding every step) and a run whose
    writers start a new shard every ``--step-shard-mb`` (shards hold a few
-   steps each: most shards hold nothing of step k).
+   steps each: most shards hold nothing of step k); then one trajectory of
+   each compacted copy, through the compacted files' indexes and without them.
 
 The same reads with the shard indexes moved aside (what readers did before)
 are printed beside them.
 
-    python bench/bench_index.py [--big 10000000] [--mid 1000000] [--dir DIR]
+    python bench/bench_index.py [--big 10000000] [--mid 1000000] [--dir DIR]   # runs already in DIR are reused
     python bench/bench_index.py --only step [--step-shard-mb 2] [--repeat 3]   # part 3 alone
     python bench/bench_index.py --only landing   # part 2 alone
 """
@@ -115,6 +116,8 @@ def measure(kind: str, run: str, arg: int) -> dict[str, float]:
         from viewer.data import runs as D
         from viewer.data import tokens as T
 
+        pa.array([0])  # pyarrow imports pandas at its first array built: an import, so not timed
+
         def page() -> dict[str, object]:
             """What the overview reads now: the steps, whether token stats were logged, the per-step aggregates."""
             steps = D.list_steps(run)
@@ -180,7 +183,7 @@ def line(label: str, a: dict[str, float], b: dict[str, float], what: str = "cold
     return f"{label}: {a[what] * 1e3:8.1f} ms vs {b[what] * 1e3:8.1f} ms -> {a[what] / b[what]:.2f}x"
 
 
-def step_part(paths: dict[str, str], step: int, repeat: int) -> None:
+def step_part(paths: dict[str, str], step: int, repeat: int, compact_mb: float | None = None) -> None:
     """Part 3: one step of each big run, uncompacted against a compacted copy, fresh processes taking turns."""
     for name in ("big", "rotated"):
         run = paths[name]
@@ -190,10 +193,12 @@ def step_part(paths: dict[str, str], step: int, repeat: int) -> None:
         )
         shutil.copytree(run, copy, ignore=shutil.ignore_patterns("*" + INDEX_SUFFIX))
         t0 = time.perf_counter()
-        report = compact(copy)
+        report = compact(copy) if compact_mb is None else compact(copy, target_bytes=int(compact_mb * 1024 * 1024))
+        outs = tracer.read.indexed_files(copy)
         print(
             f"\n3. one step, read_spans(run, columns=8, steps=[k]), {name} run ({shards} shards; a copy compacted "
-            f"{report.files_in} files -> {report.files_out} in {time.perf_counter() - t0:.0f} s), "
+            f"{report.files_in} files -> {report.files_out} in {time.perf_counter() - t0:.0f} s, "
+            f"{sum(i is not None for _, i in outs)} of them with a valid index), "
             f"median of {repeat} fresh processes each, taking turns:"
         )
         indexed: list[dict[str, float]] = []
@@ -215,7 +220,19 @@ def step_part(paths: dict[str, str], step: int, repeat: int) -> None:
             "  cold, each turn (indexed / compacted, ms): "
             + ", ".join(f"{a['cold'] * 1e3:.0f}/{b['cold'] * 1e3:.0f}" for a, b in zip(indexed, compacted, strict=True))
         )
+        # One trajectory of the compacted copy: through its files' own indexes, and read whole without them.
+        t = runs_traj(copy) // 3
+        unc_t = fresh("trajectory", run, t)
+        comp_t, comp_n = both("trajectory", copy, t)
+        for what in ("cold", "warm"):
+            print("  " + line(f"one trajectory, compacted indexed vs uncompacted indexed, {what}", comp_t, unc_t, what))
+            print("  " + line(f"one trajectory, compacted no index vs indexed, {what}", comp_n, comp_t, what))
         shutil.rmtree(os.path.dirname(os.path.dirname(copy)), ignore_errors=True)
+
+
+def runs_traj(run: str) -> int:
+    """Trajectories of a bench run (its spans over :data:`SPANS_PER_TRAJECTORY`), from its files' indexes."""
+    return tracer.read.read_steps(run)[1] // SPANS_PER_TRAJECTORY
 
 
 def landing_part(paths: dict[str, str]) -> None:
@@ -232,6 +249,19 @@ def landing_part(paths: dict[str, str]) -> None:
         print("    " + line("every trajectory row (before), mid vs 1k", mid_r, one_r))
         print("    " + line("no index, mid vs 1k", mid_n, one_n))
         print("    " + line("mid: aggregates vs every row", mid_i, mid_r))
+        if "same" + sfx in paths:  # the run size alone: the smallest run with mid's writers and steps
+            same_i = fresh("landing", paths["same" + sfx])
+            print("    " + line("per-step aggregates, mid vs the same layout's smallest run", mid_i, same_i))
+        if sfx == "-p":  # mid compacted (one file and its index, as the 1k run is one shard)
+            copy = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(paths["mid" + sfx]))), "mid-c")
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(os.path.dirname(paths["mid" + sfx]), os.path.join(copy, "bench"))
+            compacted = os.path.join(copy, "bench", "index")
+            report = compact(compacted)
+            print(f"    (mid compacted: {report.files_in} files -> {report.files_out})")
+            comp_i = fresh("landing", compacted)
+            print("    " + line("per-step aggregates, mid compacted vs 1k", comp_i, one_i))
+            shutil.rmtree(copy, ignore_errors=True)
         if "big" + sfx not in paths:
             continue
         big_l, big_r = fresh("landing", paths["big" + sfx]), fresh("landing_rows", paths["big" + sfx])
@@ -260,6 +290,12 @@ def main() -> None:
         help="part 3 also reads a big run whose writers start a new shard every this many MB (shards hold a few steps)",
     )
     ap.add_argument("--repeat", type=int, default=3, help="part 3: fresh processes per alternative")
+    ap.add_argument(
+        "--compact-mb",
+        type=float,
+        default=None,
+        help="part 3: compact the copies into files of about this many MB (default: compaction's own target)",
+    )
     ap.add_argument("--measure", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--run", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--arg", type=int, default=0, help=argparse.SUPPRESS)
@@ -276,20 +312,25 @@ def main() -> None:
         "rotated": (args.big, 100, 16),
         # Part 2 also reads runs whose trace ids are the recorder's (a prefix per process): "-p".
         "1k-p": (1_000, 10, 1),
+        # The smallest run of mid's layout (16 writers, 100 steps, one trajectory per writer a step).
+        "same-p": (SPANS_PER_TRAJECTORY * 16 * 100, 100, 16),
         "mid-p": (args.mid, 100, 16),
         "big-p": (args.big, 100, 16),
     }
     if args.only == "step":
         runs = {k: v for k, v in runs.items() if k in ("big", "rotated")}
     if args.only == "landing":
-        runs = {k: v for k, v in runs.items() if k in ("1k", "mid", "big", "1k-p", "mid-p", "big-p")}
+        runs = {k: v for k, v in runs.items() if k in ("1k", "mid", "big", "1k-p", "same-p", "mid-p", "big-p")}
     elif args.only is None:
         runs = {k: v for k, v in runs.items() if k != "big-p"}  # part 2 reads big-p only when run alone
     paths = {}
     for name, (spans, steps, workers) in runs.items():
         path = os.path.join(root, name, "bench", "index")
         shard_bytes = int(args.step_shard_mb * 1024 * 1024) if name == "rotated" else 32 * 1024 * 1024
-        gen_s = generate(path, spans, steps, workers, shard_bytes, process_ids=name.endswith("-p"))
+        if args.dir and os.path.isdir(path) and tracer.list_trace_files(path):
+            gen_s = 0.0  # written by an earlier run into --dir: read as it is
+        else:
+            gen_s = generate(path, spans, steps, workers, shard_bytes, process_ids=name.endswith("-p"))
         files = tracer.list_trace_files(path)
         disk = sum(os.path.getsize(f) for f in files)
         side = sum(os.path.getsize(f) for f in glob.glob(os.path.join(path, "*" + INDEX_SUFFIX)))
@@ -300,7 +341,7 @@ def main() -> None:
         )
         paths[name] = path
     if args.only == "step":
-        step_part(paths, runs["big"][1] // 2, args.repeat)
+        step_part(paths, runs["big"][1] // 2, args.repeat, args.compact_mb)
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
         return

@@ -11,10 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from reliability_fixtures import FIGURES, FiguresReport
 
 import tracer
 from viewer.data import ENV_VIEW_ALLOW
+
+# Hypothesis: every run (CI's included) tries the same examples, the number each test's settings say,
+# with no example database and no wall-clock deadline (the machine is shared): a failure reproduces
+# from the commit alone. ``HYPOTHESIS_PROFILE=explore`` draws fresh examples and keeps failures found.
+settings.register_profile("repeatable", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("explore", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 @pytest.fixture(autouse=True)
@@ -33,6 +41,12 @@ def trace_dir(tmp_path: os.PathLike[str]) -> str:
     """A fresh output directory."""
     return os.path.join(os.fspath(tmp_path), "traces")
 
+
+@pytest.fixture()
+def in_tmp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run the test in its temp folder: MLflow writes a SQLite store's trace artifacts under ./mlruns of the cwd."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,22 @@ TRAIN_PER_STEP = PROMPTS * GROUP
 WAIT_S = 60.0
 
 
+def tool_call_messages(tool: str, expression: str, result: str) -> list[dict[str, Any]]:
+    """The chat messages of one tool turn: the assistant calls ``tool`` on ``expression`` (id ``call_0``), it answers ``result``.
+
+    Shared by the calculator agents of these fixtures and the viewer's (``viewer_fixtures``).
+    """
+    call = {"name": tool, "arguments": f'{{"expression": "{expression}"}}'}
+    return [
+        {
+            "role": "assistant",
+            "content": "Let me compute.",
+            "tool_calls": [{"id": "call_0", "type": "function", "function": call}],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "name": tool, "content": result},
+    ]
+
+
 def calculator_agent(
     first_id: int, llm_fields: Callable[[int], dict[str, Any]], second_prompt: list[int]
 ) -> Callable[[str, int, int], dict[str, Any]]:
@@ -64,24 +80,11 @@ def calculator_agent(
         ]
         generate([1, 2, 3], 0)
         expr = "1/0" if rollout_n == 1 else f"{sample}+{rollout_n}"
-        messages.append(
-            {
-                "role": "assistant",
-                "content": "Let me compute.",
-                "tool_calls": [
-                    {
-                        "id": "call_0",
-                        "type": "function",
-                        "function": {"name": "calculator", "arguments": f'{{"expression": "{expr}"}}'},
-                    }
-                ],
-            }
-        )
         try:
             result = calculator(expr)
         except ZeroDivisionError as exc:
             result = f"error: {exc}"
-        messages.append({"role": "tool", "tool_call_id": "call_0", "name": "calculator", "content": result})
+        messages += tool_call_messages("calculator", expr, result)
         generate(second_prompt, 1)
         answer = f"The answer is {result}."
         messages.append({"role": "assistant", "content": answer})

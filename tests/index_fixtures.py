@@ -1,4 +1,4 @@
-"""Shards of dead writers and checks of their shard indexes (tracer.storage.shard_index), for storage tests."""
+"""Shards written by the real writer (closed, or killed after a flush) and checks of their shard indexes, for storage tests."""
 
 from __future__ import annotations
 
@@ -36,8 +36,12 @@ def trace_span(trace: str, n: int, step: int | None) -> dict[str, Any]:
     }
 
 
-def dead_writer_shard(run: str, batches: list[list[dict[str, Any]]], close: bool = False) -> str:
-    """A shard whose writer flushed ``batches`` and died (no footer, lock gone); closed normally with ``close``."""
+def write_shard(run: str, batches: list[list[dict[str, Any]]], close: bool = True) -> str:
+    """A shard of ``run`` written by the real writer, one flush per batch of rows; return its path.
+
+    Closed normally (footer and shard index), or with ``close=False`` a writer
+    killed after its last flush: no footer, no index, lock gone (readers seal it).
+    """
     writer = SpanWriter(run, META)
     for rows in batches:
         writer.write(pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA))

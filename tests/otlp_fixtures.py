@@ -1,4 +1,4 @@
-"""The OTLP export tests' run and servers: a small tool-using run, its spans as the files hold them, a server process.
+"""The OTLP export tests' run: a small tool-using run and its spans as the files hold them (servers: server_fixtures).
 
 Shared by ``tests/tracer/exporters/test_export_otlp.py`` (a local receiver,
 MLflow's OTLP endpoint) and ``test_otlp_phoenix.py`` (Arize Phoenix).
@@ -6,14 +6,8 @@ MLflow's OTLP endpoint) and ``test_otlp_phoenix.py`` (Arize Phoenix).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
-import time
-import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import tracer
@@ -72,51 +66,3 @@ def recorded_spans(run: str) -> dict[tuple[str, str], dict[str, Any]]:
         for r in rows
         if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)
     }
-
-
-@contextlib.contextmanager
-def serving(
-    cmd: Sequence[str], root: Path, probe_url: str, timeout_s: float, env: Mapping[str, str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``cmd`` in ``root`` in a process group of its own; yield once ``probe_url`` answers; stop the whole group.
-
-    Its output goes to ``root/server.log``, whose end an exit before answering
-    shows. At the end: SIGTERM, then SIGKILL for what outlives it (an MLflow
-    server's job consumers can).
-    """
-    log_path = root / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            list(cmd),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=dict(env) if env else None,
-            cwd=root,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"{cmd[0]} exited with {proc.returncode}: {log_path.read_text(errors='replace')[-2000:]}"
-                )
-            try:
-                with urllib.request.urlopen(probe_url, timeout=5):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{cmd[0]} did not answer {probe_url} in {timeout_s} s; see {log_path}")
-            time.sleep(0.5)
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)

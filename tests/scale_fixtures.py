@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
+from server_fixtures import free_port, start_group, stop_group, wait_answering
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,40 +51,21 @@ def run_script(
     return proc.stdout
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class MotoServer:
     """``moto_server`` (a local S3-compatible server) on 127.0.0.1, as a subprocess."""
 
     def __init__(self) -> None:
-        import time
-        import urllib.request
-
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            # This interpreter's moto, not whatever `moto_server` is first on PATH.
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=5).read()  # noqa: S310 - local server
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"moto_server did not start on {self.endpoint}") from None
-                time.sleep(0.2)
+        self.log = Path(tempfile.mkdtemp(prefix="rt-moto-")) / "server.log"
+        # This interpreter's moto, not whatever `moto_server` is first on PATH.
+        cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        self.proc = start_group(cmd, self.log)
+        try:
+            wait_answering(self.proc, self.endpoint + "/moto-api/", 120, self.log)
+        except BaseException:
+            stop_group(self.proc)  # its log is kept: the error names it
+            raise
 
     def env(self) -> dict[str, str]:
         """Environment variables that point pyarrow's S3 client at this server."""
@@ -105,9 +90,6 @@ class MotoServer:
         ).create_dir(name)
 
     def stop(self) -> None:
-        """Stop the server."""
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        """Stop the server and remove its log."""
+        stop_group(self.proc)
+        shutil.rmtree(self.log.parent, ignore_errors=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from export_fixtures import tool_call_messages
+
 import tracer
 
 PROJECT = "viewer-test"
@@ -61,24 +63,11 @@ def _agent_loop(question: str, step: int, sample: int, rollout_n: int, crash: bo
         raise RuntimeError("validation rollout crashed")
     expr = "1/0" if rollout_n == 1 else f"{sample} + {rollout_n}"
     tool = "calculator" if sample % 2 == 0 or rollout_n < 2 else "search"
-    messages.append(
-        {
-            "role": "assistant",
-            "content": "Let me compute.",
-            "tool_calls": [
-                {
-                    "id": "call_0",
-                    "type": "function",
-                    "function": {"name": tool, "arguments": f'{{"expression": "{expr}"}}'},
-                }
-            ],
-        }
-    )
     try:
         result = _calculator(expr) if tool == "calculator" else _search(expr)
     except ZeroDivisionError as exc:
         result = f"error: {exc}"
-    messages.append({"role": "tool", "tool_call_id": "call_0", "name": tool, "content": result})
+    messages += tool_call_messages(tool, expr, result)
     _generate([1, 2, 3, 4], 1, rollout_n)
     if rollout_n == 3:  # one more turn: the 4th rollout of every group has 3 turns
         messages.append({"role": "assistant", "content": "Let me double-check."})

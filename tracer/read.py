@@ -21,12 +21,11 @@ import json
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pds
 
 from tracer import schema as S
 from tracer.storage import uri as _uri
@@ -36,6 +35,9 @@ from tracer.storage.index import INDEX_NAME, batches_for_steps, load_index, repl
 from tracer.storage.locks import reading
 from tracer.storage.seal import seal_if_abandoned
 from tracer.storage.shard_index import ShardIndex, load_shard_index
+
+if TYPE_CHECKING:  # imported where a Dataset is built: 0.2 s of `import tracer` otherwise
+    import pyarrow.dataset as pds
 
 #: What every reader accepts: one path or URI, or a sequence of them (files and/or directories).
 TracePaths = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
@@ -119,21 +121,36 @@ def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
 
 
 def _shard_index(file: str, index: dict[str, Any]) -> ShardIndex | None:
-    """The shard index of ``file`` (sealing it first if its writer is gone); None for compacted or remote files."""
-    if os.path.basename(file) in index["files"] or _uri.is_remote(file):
+    """The index of ``file`` when one agrees with it (a shard is sealed first if its writer is gone); else None.
+
+    Shards and compacted files alike: compaction writes each output's index
+    (:mod:`tracer.storage.compact`), checked here as a shard's is (size,
+    footer digest, name, version), so a missing, stale or torn one means the
+    file is read. None for remote files: the check stats the file and reads
+    its footer and the sidecar's, three more requests per object, and there
+    is no mtime to cache the answer on.
+    """
+    if _uri.is_remote(file):
         return None
-    seal_if_abandoned(file)  # a shard whose writer is gone gets the footer it never wrote
+    if os.path.basename(file) not in index["files"]:  # compacted files are closed by their writer
+        seal_if_abandoned(file)  # a shard whose writer is gone gets the footer it never wrote
     return load_shard_index(file)
 
 
 def _chosen(
     shard: ShardIndex | None, entry: dict[str, Any], steps: set[int] | None, trace_ids: pa.Array | None
 ) -> tuple[list[int] | None, int | None]:
-    """(batch numbers to read, the file size they are valid for); (None, None) to read every batch."""
-    size = entry.get("size")
-    if isinstance(size, int):
-        return batches_for_steps(entry, size, steps), size
-    if shard is None or (steps is None and trace_ids is None):
+    """(batch numbers to read, the file size they are valid for); (None, None) to read every batch.
+
+    A file's own index (``shard``, checked against the file) answers first;
+    a compacted file without a valid one still has its ``_index.json`` entry for steps.
+    """
+    if shard is None:
+        size = entry.get("size")
+        if isinstance(size, int):
+            return batches_for_steps(entry, size, steps), size
+        return None, None
+    if steps is None and trace_ids is None:
         return None, None
     chosen = set(range(len(shard.batch_rows)))
     if steps is not None:
@@ -147,11 +164,12 @@ def _chosen(
 
 
 def indexed_files(path: TracePaths) -> list[tuple[str, ShardIndex | None]]:
-    """Every trace file under ``path``, in reading order, with its shard index (None where it has none).
+    """Every trace file under ``path``, in reading order, with its index (None where it has none).
 
     The files :func:`iter_batches` would read, shards of writers that are gone
-    sealed first; an index is returned only when it agrees with its shard
-    (:mod:`tracer.storage.shard_index`).
+    sealed first; an index (a shard's, or the one compaction wrote for its
+    output) is returned only when it agrees with its file
+    (:mod:`tracer.storage.shard_index`); remote files get none.
 
     Raises:
         FileNotFoundError: a path does not exist.
@@ -162,7 +180,7 @@ def indexed_files(path: TracePaths) -> list[tuple[str, ShardIndex | None]]:
 def read_steps(path: TracePaths) -> tuple[list[int], int]:
     """The distinct steps of the spans under ``path`` (ascending, spans without a step left out) and their row count.
 
-    Shards with an index answer from it without being opened; other files
+    Files with an index (shards, compacted files) answer from it without being opened; other files
     give their step column (what ``read_spans(path, columns=[step])`` reads).
     """
     steps: set[int] = set()
@@ -184,7 +202,7 @@ def read_steps(path: TracePaths) -> tuple[list[int], int]:
 def has_spans_named(path: TracePaths, name: str) -> bool:
     """Whether any span under ``path`` is named ``name``.
 
-    Shards whose index lists their span names answer without being opened;
+    Files whose index lists their span names answer without being opened;
     other files give their name column, and the search stops at the first one found.
     """
     plain: list[str] = []
@@ -210,8 +228,9 @@ def iter_batches(
 
     Only ``columns`` are decompressed (all when None). Columns a file lacks
     (an older format) come back as nulls. With ``steps`` or ``trace_ids``,
-    batches that an index (a compacted file's ``_index.json``, a shard's
-    own index) says hold none of them are not read at all; the batches
+    batches that an index (a file's own, shard or compacted, checked against
+    it; else a compacted file's ``_index.json`` entry) says hold none of them
+    are not read at all; the batches
     returned still need filtering by the caller.
     """
     wanted = list(S.SPAN_COLUMNS if columns is None else columns)
@@ -319,6 +338,8 @@ def dataset(path: TracePaths) -> pds.Dataset:
     Raises:
         FileNotFoundError: a path does not exist.
     """
+    import pyarrow.dataset as pds  # heavy (BENCHMARKS.md, `import tracer`): loaded by the first dataset() call
+
     direct: list[str] = []
     others: list[str] = []
     for files, index in _snapshots(path, lock=True):

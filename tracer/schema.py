@@ -166,6 +166,9 @@ TRAJECTORY_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in TRAJECTORY_FIELDS])
 INDEX_BATCHES = "index_batches"
 #: Column of the shard index: every span of the trace id has the same step and validate flag.
 INDEX_UNIFORM = "index_uniform"
+#: Column of the shard index: a 64-bit hash of the row's trace id (null for rows without one), so files
+#: whose trace id ranges overlap are compared on numbers (and on the ids only where two hashes agree).
+INDEX_TRACE_HASH = "index_trace_hash"
 META_INDEX_VERSION = "rollout_trace.index_version"
 META_INDEX_OF = "rollout_trace.index_of"
 META_INDEX_SIZE = "rollout_trace.index_size"

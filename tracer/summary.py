@@ -1330,15 +1330,6 @@ _PART_SUMS = (S.PART_TRAJECTORIES, S.NUM_SPANS, S.NUM_LLM_CALLS, S.NUM_TOOL_CALL
 _PART_LISTS = (S.PART_REWARDS, S.PART_LATENCIES)
 
 
-def _singletons(values: pa.ChunkedArray | pa.Array) -> pa.ListArray:
-    """One list per value: ``[v]``, or ``[]`` where it is null."""
-    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    valid = np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=np.int32)
-    offsets = np.zeros(len(arr) + 1, dtype=np.int32)
-    np.cumsum(valid, out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pc.drop_null(arr).cast(pa.float64()))
-
-
 def step_partials(trajectories: pa.Table) -> pa.Table:
     """Per-(step, validate) aggregates of trajectory rows (:data:`tracer.schema.STEP_PARTIALS_SCHEMA`).
 
@@ -1349,12 +1340,12 @@ def step_partials(trajectories: pa.Table) -> pa.Table:
     indexes store the counts and sums (:func:`step_counts`); the values come
     from the index's own reward and time columns (:data:`VALUE_COLUMNS`).
     """
-    return merge_step_partials([_row_partials(trajectories, counts=True, values=True)])
+    return _merge_parts([_rows_part(trajectories, counts=True, values=True)])
 
 
 def step_counts(trajectories: pa.Table) -> pa.Table:
     """:func:`step_partials` without the values (empty ``rewards`` and ``latencies_s``): what shard indexes store."""
-    return merge_step_partials([_row_partials(trajectories, counts=True, values=False)])
+    return _merge_parts([_rows_part(trajectories, counts=True, values=False)])
 
 
 #: Trajectory columns the values of the aggregates come from (rewards and latencies, by step and split).
@@ -1363,30 +1354,7 @@ VALUE_COLUMNS = (S.STEP, S.VALIDATE, S.REWARD, S.START_NS, S.END_NS)
 
 def step_values(trajectories: pa.Table) -> pa.Table:
     """:func:`step_partials` without the counts (zero): the values of rows with at least :data:`VALUE_COLUMNS`."""
-    return merge_step_partials([_row_partials(trajectories, counts=False, values=True)])
-
-
-def _row_partials(t: pa.Table, *, counts: bool, values: bool) -> pa.Table:
-    """One aggregate row per trajectory row (unmerged); counts zero or values empty where left out."""
-    n = t.num_rows
-    zeros = pa.array(np.zeros(n, dtype=np.int64))
-    none = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.float64()))
-    cols: dict[str, Any] = {S.STEP: t.column(S.STEP), S.VALIDATE: pc.fill_null(t.column(S.VALIDATE), False)}
-    if counts:
-        not_ok = pc.cast(pc.fill_null(pc.not_equal(t.column(S.STATUS), S.STATUS_OK), True), pa.int64())
-        cols[S.PART_TRAJECTORIES] = pa.array(np.ones(n, dtype=np.int64))
-        for c in (S.NUM_SPANS, S.NUM_LLM_CALLS, S.NUM_TOOL_CALLS, S.NUM_TOOL_ERRORS):
-            cols[c] = t.column(c)
-        cols[S.PART_NOT_OK] = not_ok
-    else:
-        cols.update({c: zeros for c in _PART_SUMS})
-    if values:
-        lat = pc.divide(pc.cast(pc.subtract(t.column(S.END_NS), t.column(S.START_NS)), pa.float64()), 1e9)
-        cols[S.PART_REWARDS] = _singletons(t.column(S.REWARD))
-        cols[S.PART_LATENCIES] = _singletons(lat)
-    else:
-        cols[S.PART_REWARDS] = cols[S.PART_LATENCIES] = none
-    return pa.table([cols[f.name] for f in S.STEP_PARTIALS_SCHEMA], schema=S.STEP_PARTIALS_SCHEMA)
+    return _merge_parts([_rows_part(trajectories, counts=False, values=True)])
 
 
 def merge_step_partials(parts: Sequence[pa.Table]) -> pa.Table:
@@ -1396,33 +1364,168 @@ def merge_step_partials(parts: Sequence[pa.Table]) -> pa.Table:
     values concatenated and sorted, so the result does not depend on how the
     trajectories were split into parts or in which order the parts come.
     """
-    if not parts:
-        return S.STEP_PARTIALS_SCHEMA.empty_table()
-    t = pa.concat_tables([p.select(S.STEP_PARTIALS_SCHEMA.names).cast(S.STEP_PARTIALS_SCHEMA) for p in parts])
-    if t.num_rows == 0:
-        return S.STEP_PARTIALS_SCHEMA.empty_table()
-    t = t.combine_chunks()
-    t = t.append_column("_row", pa.array(np.arange(t.num_rows, dtype=np.int64)))
-    grouped = t.group_by([S.STEP, S.VALIDATE], use_threads=False).aggregate(
-        [*((c, "sum") for c in _PART_SUMS), ("_row", "list")]
+    return _merge_parts([_partials_part(p) for p in parts])
+
+
+@dataclasses.dataclass
+class _Part:
+    """Rows to merge into per-step aggregates, as numpy arrays (one place for every source of them).
+
+    ``step`` holds 0 where ``null`` is set; ``sums`` one row per :data:`_PART_SUMS` column (None: zeros);
+    ``values`` per :data:`_PART_LISTS` column the values and the row each belongs to (None: one per row, in
+    order), or None for no values.
+    """
+
+    step: np.ndarray
+    null: np.ndarray
+    validate: np.ndarray
+    sums: np.ndarray | None
+    values: tuple[tuple[np.ndarray, np.ndarray | None], ...] | None
+
+
+def _column(t: pa.Table | pa.RecordBatch, name: str) -> pa.Array:
+    col = t.column(name)
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+    """An integer column as int64 (0 where null) and where it is null (None: nowhere)."""
+    if arr.null_count == 0:
+        return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64), None
+    return np.asarray(pc.fill_null(arr, 0).to_numpy(), dtype=np.int64), np.asarray(
+        arr.is_null().to_numpy(zero_copy_only=False)
     )
-    grouped = grouped.sort_by([(S.STEP, "ascending"), (S.VALIDATE, "ascending")])
-    groups = grouped.num_rows
-    rows_of = grouped.column("_row_list").combine_chunks()
-    group_of_row = np.empty(t.num_rows, dtype=np.int64)
-    group_of_row[pc.list_flatten(rows_of).to_numpy()] = pc.list_parent_indices(rows_of).to_numpy()
-    out: dict[str, Any] = {S.STEP: grouped.column(S.STEP), S.VALIDATE: grouped.column(S.VALIDATE)}
-    for c in _PART_SUMS:
-        out[c] = pc.fill_null(grouped.column(f"{c}_sum"), 0)
+
+
+def _flags(arr: pa.Array) -> np.ndarray:
+    """A boolean column as numpy, null as False."""
+    return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _keys(t: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    step, null = _ints(_column(t, S.STEP))
+    return step, (np.zeros(len(step), dtype=bool) if null is None else null), _flags(_column(t, S.VALIDATE))
+
+
+def _rows_part(t: pa.Table | pa.RecordBatch, *, counts: bool, values: bool) -> _Part:
+    """One aggregate row per trajectory row; the latency of a row is ``(end_ns - start_ns) / 1e9`` seconds."""
+    step, null, validate = _keys(t)
+    sums = None
+    if counts:
+        status = _column(t, S.STATUS)
+        not_ok = pc.fill_null(pc.not_equal(status, S.STATUS_OK), True).to_numpy(zero_copy_only=False)
+        sums = np.vstack(
+            [np.ones(len(step), dtype=np.int64)]
+            + [_ints(_column(t, c))[0] for c in (S.NUM_SPANS, S.NUM_LLM_CALLS, S.NUM_TOOL_CALLS, S.NUM_TOOL_ERRORS)]
+            + [np.asarray(not_ok, dtype=np.int64)]
+        )
+    vals = None
+    if values:
+        reward = _column(t, S.REWARD).cast(pa.float64())
+        r = np.asarray(pc.fill_null(reward, 0.0).to_numpy(), dtype=np.float64)
+        r_ok = None if reward.null_count == 0 else ~np.asarray(reward.is_null().to_numpy(zero_copy_only=False))
+        start, s_null = _ints(_column(t, S.START_NS))
+        end, e_null = _ints(_column(t, S.END_NS))
+        lat = (end - start).astype(np.float64) / 1e9  # int64 wraps as Arrow's subtract does
+        l_ok = None
+        if s_null is not None or e_null is not None:
+            l_ok = ~np.logical_or(False if s_null is None else s_null, False if e_null is None else e_null)
+        vals = tuple((v, None) if ok is None else (v[ok], np.flatnonzero(ok)) for v, ok in ((r, r_ok), (lat, l_ok)))
+    return _Part(step, null, validate, sums, vals)
+
+
+def _partials_part(p: pa.Table) -> _Part:
+    """The rows of a table of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`, merged or not."""
+    if p.schema != S.STEP_PARTIALS_SCHEMA:
+        p = p.select(S.STEP_PARTIALS_SCHEMA.names).cast(S.STEP_PARTIALS_SCHEMA)
+    step, null, validate = _keys(p)
+    sums = np.vstack([_ints(_column(p, c))[0] for c in _PART_SUMS]) if p.num_rows else None
+    vals = []
     for c in _PART_LISTS:
-        lists = t.column(c).combine_chunks()
-        values = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
-        group = group_of_row[pc.list_parent_indices(lists).to_numpy()]
-        order = np.lexsort((values, group))
-        offsets = np.zeros(groups + 1, dtype=np.int32)
-        np.cumsum(np.bincount(group, minlength=groups), out=offsets[1:])
-        out[c] = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values[order], pa.float64()))
+        lists = _column(p, c)
+        flat = pc.list_flatten(lists)
+        if not len(flat):  # what indexes store
+            vals.append((np.zeros(0), np.zeros(0, dtype=np.int64)))
+            continue
+        vals.append(
+            (
+                np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64),
+                np.asarray(pc.list_parent_indices(lists).to_numpy(), dtype=np.int64),
+            )
+        )
+    return _Part(step, null, validate, sums, tuple(vals))
+
+
+#: Distinct steps spanning at most this many integers are ranked by a table lookup, more by sorting.
+_DENSE_STEPS = 1 << 20
+
+
+def _merge_parts(parts: Sequence[_Part]) -> pa.Table:
+    """One row per (step, validate) of the rows of ``parts`` (see :func:`merge_step_partials`)."""
+    if not parts or not sum(len(p.step) for p in parts):
+        return S.STEP_PARTIALS_SCHEMA.empty_table()
+    step = np.concatenate([p.step for p in parts])
+    null = np.concatenate([p.null for p in parts])
+    validate = np.concatenate([p.validate for p in parts])
+    known = step[~null] if null.any() else step
+    if len(known) and int(known.max()) - int(known.min()) < _DENSE_STEPS:
+        lo = int(known.min())
+        seen = np.zeros(int(known.max()) - lo + 1, dtype=bool)
+        seen[known - lo] = True
+        distinct = np.flatnonzero(seen).astype(np.int64) + lo
+        rank = np.cumsum(seen) - 1
+        at = np.where(null, len(distinct), rank[np.where(null, lo, step) - lo])
+    else:
+        distinct, inverse = np.unique(known, return_inverse=True)
+        at = np.full(len(step), len(distinct), dtype=np.int64)
+        at[~null] = inverse
+    slot = at * 2 + validate  # by step (nulls last), then validate
+    used = np.bincount(slot, minlength=2 * (len(distinct) + 1)) > 0
+    group = (np.cumsum(used) - 1)[slot]
+    slots = np.flatnonzero(used)
+    groups = len(slots)
+    key_step = slots // 2
+    out: dict[str, Any] = {
+        S.STEP: pa.array(np.append(distinct, 0)[key_step], pa.int64(), mask=key_step == len(distinct)),
+        S.VALIDATE: pa.array(slots % 2 == 1, pa.bool_()),
+    }
+    starts = np.cumsum([0] + [len(p.step) for p in parts])
+    sums = np.zeros((len(_PART_SUMS), groups), dtype=np.int64)
+    for p, at0 in zip(parts, starts[:-1], strict=False):
+        if p.sums is not None and len(p.step):
+            g = group[at0 : at0 + len(p.step)]
+            for i in range(len(_PART_SUMS)):  # float weights: exact while a sum stays below 2**53
+                sums[i] += np.bincount(g, weights=p.sums[i], minlength=groups).astype(np.int64)
+    for i, c in enumerate(_PART_SUMS):
+        out[c] = pa.array(sums[i], pa.int64())
+    by_group: tuple[np.ndarray, np.ndarray] | None = None  # (groups, their stable order), shared by equal groups
+    for k, c in enumerate(_PART_LISTS):
+        chunks = [
+            (v, group[at0 : at0 + len(p.step)] if rows is None else group[at0 + rows])
+            for p, at0 in zip(parts, starts[:-1], strict=False)
+            if p.values is not None
+            for v, rows in [p.values[k]]
+        ]
+        values = np.concatenate([v for v, _ in chunks]) if chunks else np.zeros(0)
+        of = np.concatenate([g for _, g in chunks]) if chunks else np.zeros(0, dtype=np.int64)
+        if by_group is None or not np.array_equal(by_group[0], of):
+            by_group = (of, np.argsort(of.astype(np.uint16) if groups <= 1 << 16 else of, kind="stable"))
+        out[c] = _sorted_lists(values[by_group[1]], of, groups)
     return pa.table([out[f.name] for f in S.STEP_PARTIALS_SCHEMA], schema=S.STEP_PARTIALS_SCHEMA)
+
+
+def _sorted_lists(ordered: np.ndarray, group: np.ndarray, groups: int) -> pa.ListArray:
+    """One list per group of the values, each sorted ascending (NaN last).
+
+    ``ordered`` holds the values in the order of their group (a copy: sorted in place), ``group``
+    the group of each value in its original order.
+    """
+    counts = np.bincount(group, minlength=groups)
+    offsets = np.zeros(groups + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    for i in np.flatnonzero(counts > 1).tolist():
+        ordered[offsets[i] : offsets[i + 1]].sort()
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(ordered, pa.float64()))
 
 
 def _merged(partials: pa.Table) -> bool:
@@ -1503,7 +1606,8 @@ def read_step_partials(path: TracePaths) -> pa.Table:
     by key for one of its steps, and none of its trace ids is in another
     file (sure at once when no other file's trace id range overlaps its own,
     the usual case: the recorder's ids are a process prefix and a counter;
-    else checked on the trace ids of the overlapping files). Every other
+    else checked on the overlapping files' trace id hashes, and on the ids
+    themselves only where two hashes agree). Every other
     file (unindexed, still open, torn, compacted, or sharing trajectories)
     is read with :func:`read_trajectories`, together. The result is the
     same table either way.
@@ -1518,15 +1622,20 @@ def read_step_partials(path: TracePaths) -> pa.Table:
         return step_partials(read_trajectories(path))
 
 
+#: What the landing page reads of each kept index: the value columns and the trace id hashes.
+_SOURCE_COLUMNS = (*VALUE_COLUMNS, S.INDEX_TRACE_HASH)
+
+
 def _partials_from_indexes(path: TracePaths) -> pa.Table:
     files = indexed_files(path)
     stored: dict[int, _shard_index.StoredPartials] = {}
-    ids: dict[int, pa.Array] = {}  # the trace ids of a file, where read
+    read: dict[int, pa.Table | None] = {}  # the value columns and hashes of each stored file
+    ids: dict[int, pa.Array] = {}  # the trace ids of a file read whole
     ranges: list[tuple[str, str, int]] = []
     bare_steps: set[int | None] = set()
     rest: set[int] = set()  # files read with read_trajectories
     for n, (file, shard) in enumerate(files):
-        got = _shard_index.stored_step_partials(shard) if shard is not None else None
+        got, batch = _shard_index.step_sources(shard, _SOURCE_COLUMNS) if shard is not None else (None, None)
         if got is None:
             rest.add(n)
             spans = read_spans(file, columns=[S.TRACE_ID, S.STEP])
@@ -1541,54 +1650,89 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
             continue
         if any(len(pc.list_flatten(got.partials.column(c))) for c in _PART_LISTS):
             return step_partials(read_trajectories([f for f, _ in files]))  # not what indexes store: trust none
-        stored[n] = got
+        stored[n], read[n] = got, batch
         if got.trace_range is not None:
             ranges.append((*got.trace_range, n))
         if got.loose_steps is not None:  # rewards logged by key may join trajectories of any file
             rest.add(n)
             bare_steps.update(got.loose_steps)
-    # Files that may share trace ids are those whose ranges overlap: their ids are read (a range missing first).
+    # Files that may share trace ids are those whose ranges overlap (or that say no range): compared by hash.
     unranged = [n for n, got in stored.items() if got.trace_range is None and got.partials.num_rows]
-    for n in unranged:
-        own = _indexed_trace_ids(files[n][1], stored[n].partials)
-        if own is None:  # unreadable now: nothing can be said about what it shares
+    suspects = sorted(set(_overlapping(ranges)) | set(unranged) | ({r[2] for r in ranges} if unranged else set()))
+    if len(suspects) > 1:
+        shared = _sharing(files, suspects, stored, read, ids)
+        if shared is None:  # an index unreadable now: nothing can be said about what it shares
             return step_partials(read_trajectories([f for f, _ in files]))
-        ids[n] = own
-        if len(own):
-            least, greatest = pc.min_max(own).values()
-            ranges.append((least.as_py(), greatest.as_py(), n))
-    for n in _overlapping(ranges):
-        if n not in ids:
-            own = _indexed_trace_ids(files[n][1], stored[n].partials)
-            if own is None:
-                return step_partials(read_trajectories([f for f, _ in files]))
-            ids[n] = own
-    if len(ids) > 1:
-        every = pa.table(
-            {
-                S.TRACE_ID: pa.concat_arrays(list(ids.values())),
-                "_file": pa.concat_arrays([pa.array(np.full(len(a), n, dtype=np.int64)) for n, a in ids.items()]),
-            }
-        )
-        if len(pc.unique(every.column(S.TRACE_ID))) != every.num_rows:
-            counts = every.group_by(S.TRACE_ID, use_threads=False).aggregate([("_file", "count")])
-            shared = counts.filter(pc.greater(counts.column("_file_count"), 1)).column(S.TRACE_ID).combine_chunks()
-            hit = every.filter(pc.is_in(every.column(S.TRACE_ID), value_set=shared))
-            rest.update(pc.unique(hit.column("_file")).to_pylist())
+        rest.update(shared)
     if bare_steps:
         for n, got in stored.items():
             if n not in rest and bare_steps.intersection(got.partials.column(S.STEP).to_pylist()):
                 rest.add(n)
     kept = [n for n in stored if n not in rest]
-    values = [_shard_index.index_columns(files[n][1], VALUE_COLUMNS) for n in kept]  # type: ignore[arg-type]
-    if any(v is None for v in values):  # unreadable now: read the run's rows
+    if any(read[n] is None for n in kept):  # unreadable now: read the run's rows
         return step_partials(read_trajectories([f for f, _ in files]))
-    parts = [stored[n].partials for n in kept]
-    if kept:
-        parts.append(step_values(pa.concat_tables([v for v in values if v is not None])))
+    parts = []
+    if kept:  # one table of each kind, so the cost is per row, not per file
+        parts.append(_partials_part(pa.concat_tables([stored[n].partials for n in kept])))
+        values = pa.concat_tables([read[n] for n in kept])
+        parts.append(_rows_part(values, counts=False, values=True))
     if rest:
-        parts.append(step_partials(read_trajectories([files[n][0] for n in sorted(rest)])))
-    return merge_step_partials(parts)
+        parts.append(_rows_part(read_trajectories([files[n][0] for n in sorted(rest)]), counts=True, values=True))
+    return _merge_parts(parts)
+
+
+def _sharing(
+    files: Sequence[tuple[str, _shard_index.ShardIndex | None]],
+    suspects: list[int],
+    stored: Mapping[int, _shard_index.StoredPartials],
+    read: Mapping[int, pa.Table | None],
+    ids: Mapping[int, pa.Array],
+) -> set[int] | None:
+    """The files among ``suspects`` holding a trace id another of them holds; None when an index cannot say.
+
+    Compared on the indexes' trace id hashes first (:data:`tracer.schema.INDEX_TRACE_HASH`); the ids
+    themselves are read and compared only for hashes found in more than one file.
+    """
+    hashes: dict[int, np.ndarray] = {}
+    for n in suspects:
+        if n in ids:
+            own = _shard_index.trace_hashes(ids[n])
+        else:
+            batch = read[n]
+            if batch is None:
+                return None
+            col = batch.column(S.INDEX_TRACE_HASH).combine_chunks()
+            own = col if col.null_count == 0 else col.drop_null()
+            if (pc.sum(stored[n].partials.column(S.PART_TRAJECTORIES)).as_py() or 0) != len(own):
+                return None  # not what its aggregates count
+        hashes[n] = np.asarray(own.to_numpy(zero_copy_only=False), dtype=np.uint64)
+    every = np.concatenate(list(hashes.values()))
+    ordered = np.sort(every)
+    twice = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not len(twice):
+        return set()
+    # A hash in two rows: compare the trace ids of those rows (a collision of different ids shares nothing).
+    hit_ids, hit_files = [], []
+    for n, h in hashes.items():
+        rows = np.flatnonzero(np.isin(h, twice))
+        if not len(rows):
+            continue
+        if n in ids:
+            own_ids = ids[n]
+        else:
+            keys = _shard_index.index_columns(files[n][1], [S.TRACE_ID])  # type: ignore[arg-type]
+            if keys is None:
+                return None
+            tid = keys.column(S.TRACE_ID).combine_chunks()
+            own_ids = tid.filter(pc.is_valid(read[n].column(S.INDEX_TRACE_HASH).combine_chunks()))  # type: ignore[union-attr]
+        hit_ids.append(own_ids.take(pa.array(rows)))
+        hit_files.append(pa.array(np.full(len(rows), n, dtype=np.int64)))
+    hits = pa.table({S.TRACE_ID: pa.concat_arrays(hit_ids), "_file": pa.concat_arrays(hit_files)})
+    counts = hits.group_by(S.TRACE_ID, use_threads=False).aggregate([("_file", "count_distinct")])
+    many = counts.filter(pc.greater(counts.column("_file_count_distinct"), 1)).column(S.TRACE_ID).combine_chunks()
+    if not len(many):
+        return set()
+    return set(pc.unique(hits.filter(pc.is_in(hits.column(S.TRACE_ID), value_set=many)).column("_file")).to_pylist())
 
 
 def _overlapping(ranges: list[tuple[str, str, int]]) -> list[int]:
@@ -1603,15 +1747,3 @@ def _overlapping(ranges: list[tuple[str, str, int]]) -> list[int]:
             out.append(n)
         reach = hi if reach is None or hi > reach else reach
     return out
-
-
-def _indexed_trace_ids(shard: _shard_index.ShardIndex | None, partials: pa.Table) -> pa.Array | None:
-    """The trace ids of an index's trajectory rows; None when unreadable or not what its aggregates count."""
-    keys = _shard_index.index_columns(shard, [S.TRACE_ID]) if shard is not None else None
-    if keys is None:
-        return None
-    tid = keys.column(S.TRACE_ID)
-    own = (tid if tid.null_count == 0 else pc.filter(tid, pc.fill_null(pc.not_equal(tid, ""), False))).combine_chunks()
-    if (pc.sum(partials.column(S.PART_TRAJECTORIES)).as_py() or 0) != len(own):
-        return None
-    return own

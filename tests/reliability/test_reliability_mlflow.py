@@ -37,10 +37,10 @@ def test_mlflow_server_killed_and_restarted_during_live_export_loses_nothing(
         pytest.skip("the mlflow live backend is not registered yet")
     pytest.importorskip("mlflow")
     from faults import workers
-    from reliability_fixtures import MlflowServer, free_port
+    from server_fixtures import MlflowServer
 
     root = os.fspath(tmp_path)
-    server = MlflowServer(os.path.join(root, "mlflow.db"), free_port(), os.path.join(root, "server.log"))
+    server = MlflowServer(root)
     server.start()
     try:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)

@@ -8,16 +8,13 @@ import json
 import logging
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from server_fixtures import free_port, serving
 
 import tracer
 from tracer.cli import main as rollout_trace_main
@@ -36,12 +33,6 @@ def _env() -> dict[str, str]:
 def _cli(*args: str) -> list[str]:
     """``rollout-trace ARGS`` as this interpreter runs it (the console script's own code)."""
     return [sys.executable, "-c", "import sys; from tracer.cli import main; sys.exit(main())", *args]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -96,25 +87,10 @@ def test_printed_view_step_serves_the_run(demo: dict[str, Any]) -> None:
     """`rollout-trace view RUN` as printed (on a free port) answers HTTP; the run names its tokenizer for the token view."""
     from viewer.data import load_token_decoder, run_tokenizer_path
 
-    port = _free_port()
-    server = subprocess.Popen(
-        _cli(*demo["steps"]["view"], "--port", str(port)), cwd=demo["cwd"], env=_env(),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 90
-        answered = None
-        while time.monotonic() < deadline and server.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as resp:
-                    answered = resp.status
-                    break
-            except OSError:
-                time.sleep(0.3)
-        assert answered == 200, server.stderr.read().decode() if server.poll() is not None else "no answer"
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+    port = free_port()
+    view = _cli(*demo["steps"]["view"], "--port", str(port))
+    with serving(view, demo["cwd"], f"http://127.0.0.1:{port}/_stcore/health", 90, _env()):
+        pass  # it answered: serving raises, with the server's output, when it does not
     tok = run_tokenizer_path(str(demo["run_dir"]))
     assert tok is not None, "the demo's run does not record its tokenizer's folder"
     pieces = load_token_decoder(tok)([27, 91, 318, 4906])

@@ -12,7 +12,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,16 +19,11 @@ from pathlib import Path
 
 import pytest
 from export_fixtures import record_run
+from server_fixtures import free_port
 
 from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE
 
 SCRIPT = str(Path(sys.executable).with_name("rollout-trace"))
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed again on return: nothing listens there
 
 
 def _run(args: list[str], cwd: Path, preexec: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
@@ -120,7 +114,7 @@ def test_every_subcommand_has_cases() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(CASES))
 def test_bad_input_gives_a_message_and_the_documented_code(command: str, area: Path) -> None:
-    port = str(_closed_port())
+    port = str(free_port())  # nothing listens there
     for argv, code in CASES[command]:
         args = [a.replace("{run}", _run_dir(area)).replace("{port}", port) for a in argv]
         proc = _run(args, area)

@@ -9,8 +9,9 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(REPO, "tracer")
-#: Libraries `import tracer` must not load (they are optional backends or heavy).
-HEAVY = ("mlflow", "wandb", "swanlab", "torch", "transformers", "vllm", "streamlit", "ray")
+#: Libraries `import tracer` must not load (they are optional backends or heavy; pyarrow.dataset
+#: alone was 0.2 s of it: tracer.dataset and compaction's Parquet writer import it when called).
+HEAVY = ("mlflow", "wandb", "swanlab", "torch", "transformers", "vllm", "streamlit", "ray", "pyarrow.dataset")
 
 
 def _modules() -> dict[str, str]:

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from apptest_fixtures import TIMEOUT, frame_with, new_app, run_app
 from export_fixtures import TRAIN_PER_STEP, init_console, lag_on_every_look, record_rollouts, wait_for_lag
 from follow_fixtures import WriterProcess
 from streamlit.testing.v1 import AppTest
@@ -16,10 +17,6 @@ from tracer import schema as S
 from tracer.exporters import lag
 from viewer import state
 from viewer.cli import follow_seconds, streamlit_command
-
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-APP = os.path.join(REPO, "viewer", "app.py")
-TIMEOUT = 120  # generous: a loaded 2-core machine
 
 
 @pytest.fixture
@@ -31,22 +28,8 @@ def writer(tmp_path: object) -> Iterator[tuple[str, WriterProcess]]:
     w.close()
 
 
-def _run(at: AppTest) -> AppTest:
-    at.run()
-    assert not at.exception, at.exception[0].message if at.exception else ""
-    return at
-
-
 def _step_options(at: AppTest) -> list[object]:
     return list(at.sidebar.selectbox(key=state.SS_STEP).options)
-
-
-def _frame_with(at: AppTest, column: str):  # noqa: ANN202 - a pandas DataFrame
-    """The first data frame on the page with ``column`` (display-only frames carry no key)."""
-    for df in at.dataframe:
-        if column in df.value.columns:
-            return df.value
-    raise AssertionError(f"no table with column {column!r}")
 
 
 def _captions(at: AppTest) -> str:
@@ -57,23 +40,23 @@ def test_each_new_step_appears_on_the_follow_rerun_and_the_place_is_kept(writer:
     """Steps written while the page follows show up on the timer's rerun; step, view and filter stay as chosen."""
     run_dir, w = writer
     w.say("step 1 2")
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at = new_app()
     at.query_params[state.QP_PATH] = run_dir
     at.query_params[state.QP_FOLLOW] = "1"
     at.query_params[state.QP_INTERVAL] = "1"
-    _run(at)
+    run_app(at)
     assert at.sidebar.toggle(key=state.SS_FOLLOW).value is True
     assert _step_options(at) == [state.ALL_STEPS, "step 1"]
     assert "New since you opened: 0 step(s), 0 trajectories, 0 spans" in _captions(at)
     # The user's place: step 1's trajectory list, filtered to status ok.
     at.sidebar.radio(key=state.SS_VIEW).set_value("Trajectories")
     at.sidebar.selectbox(key=state.SS_STEP).set_value(1)
-    _run(at)
+    run_app(at)
     at.multiselect(key="f_status").set_value([S.STATUS_OK])
-    _run(at)
+    run_app(at)
     for step in (2, 3):
         w.say(f"step {step} 2")
-        _run(at)  # what the follow timer does: rerun the page, no click
+        run_app(at)  # what the follow timer does: rerun the page, no click
         assert len(_step_options(at)) == step + 1
         assert at.sidebar.radio(key=state.SS_VIEW).value == "Trajectories"
         assert at.sidebar.selectbox(key=state.SS_STEP).value == 1
@@ -86,20 +69,20 @@ def test_a_running_trajectory_is_shown_in_progress_with_its_spans_so_far(writer:
     """The newest step's rollout without a root yet is listed as running, with its spans so far; the chart rows grow."""
     run_dir, w = writer
     w.say("step 1 2")
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at = new_app()
     at.query_params[state.QP_PATH] = run_dir
     at.query_params[state.QP_FOLLOW] = "1"
-    _run(at)
-    assert _frame_with(at, "reward/mean")[S.STEP].tolist() == [1]
+    run_app(at)
+    assert frame_with(at, "reward/mean")[S.STEP].tolist() == [1]
     w.say("open 2")
     w.say("step 2 3")
-    _run(at)
+    run_app(at)
     assert "In progress: step 2" in "\n".join(str(h.value) for h in at.subheader)
-    running = _frame_with(at, "spans so far")
+    running = frame_with(at, "spans so far")
     assert running[S.TRACE_ID].tolist() == ["w-s2-p9-r0"]
     assert running["spans so far"].tolist() == [1]
     assert [m.value for m in at.metric if m.label in ("rollouts finished", "still running")] == ["3", "1"]
-    assert _frame_with(at, "reward/mean")[S.STEP].tolist() == [1, 2]
+    assert frame_with(at, "reward/mean")[S.STEP].tolist() == [1, 2]
 
 
 def test_the_sidebar_shows_how_far_behind_each_live_exporter_is(
@@ -110,9 +93,9 @@ def test_the_sidebar_shows_how_far_behind_each_live_exporter_is(
     cfg = init_console(str(tmp_path), print_lines=False)
     record_rollouts(steps=(1,), val_per_step=0)
     wait_for_lag(cfg.run_dir, lambda r: r.waiting == TRAIN_PER_STEP, timeout=TIMEOUT)
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at = new_app()
     at.query_params[state.QP_PATH] = cfg.run_dir
-    _run(at)
+    run_app(at)
     labels = [e.label for e in at.sidebar.expander]
     assert f"Live exporters: {TRAIN_PER_STEP} trajectories waiting" in labels
     shown = _captions(at).replace("\\", "")  # captions are escaped Markdown
@@ -139,11 +122,11 @@ def test_following_switched_off_stays_off_on_a_server_started_with_follow(
     run_dir, w = writer
     w.say("step 1 2")
     monkeypatch.setattr("sys.argv", ["app.py", "--path", run_dir, "--follow", "2"])
-    at = _run(AppTest.from_file(APP, default_timeout=TIMEOUT))
+    at = run_app(new_app())
     assert at.sidebar.toggle(key=state.SS_FOLLOW).value is True
     at.sidebar.toggle(key=state.SS_FOLLOW).set_value(False)
-    _run(at)
+    run_app(at)
     assert at.query_params[state.QP_FOLLOW] == "0"
-    reloaded = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    reloaded = new_app()
     reloaded.query_params[state.QP_FOLLOW] = "0"
-    assert _run(reloaded).sidebar.toggle(key=state.SS_FOLLOW).value is False
+    assert run_app(reloaded).sidebar.toggle(key=state.SS_FOLLOW).value is False

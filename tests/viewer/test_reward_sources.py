@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from apptest_fixtures import open_app
 from streamlit.testing.v1 import AppTest
 from viewer_fixtures import record_run
 
@@ -13,8 +13,6 @@ from tracer import schema as S
 from tracer.data.rescore import read_rewards, rescore
 from viewer import data as D
 
-APP = os.path.join(os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")), "viewer", "app.py")
-TIMEOUT = 120  # generous: a loaded 2-core machine
 SOURCE = "graders:strict"
 
 
@@ -24,12 +22,7 @@ def strict(messages: list[dict[str, Any]], response: str, info: dict[str, Any]) 
 
 
 def open_replay(path: str, trace_id: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params["path"] = path
-    at.query_params["trace_id"] = trace_id
-    at.run()
-    assert not at.exception, at.exception[0].message if at.exception else ""
-    return at
+    return open_app(path, trace_id=trace_id)
 
 
 def test_replay_shows_the_latest_reward_and_every_source(tmp_path: str) -> None:

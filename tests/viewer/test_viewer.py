@@ -7,14 +7,12 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
-from streamlit.testing.v1 import AppTest
+from apptest_fixtures import all_text, frame_with, open_app
 from viewer_fixtures import HOSTILE_TEXT, NEEDLE, record_long_trajectory, record_run, write_tokenizer
 
 import tracer
 from viewer import data as D
 
-APP = os.path.join(os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")), "viewer", "app.py")
-TIMEOUT = 120  # generous: a loaded 2-core machine
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
@@ -26,42 +24,12 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tracer.shutdown()
 
 
-def open_app(path: str | None, **query: str) -> AppTest:
-    """Run the app once with these query parameters."""
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    if path is not None:
-        at.query_params["path"] = path
-    for k, v in query.items():
-        at.query_params[k] = v
-    at.run()
-    assert not at.exception, at.exception[0].message if at.exception else ""
-    return at
-
-
 def trace_id_of(path: str, step: int, sample: str, rollout: int) -> str:
     t = tracer.read_trajectories(path, steps=[step])
     for r in t.to_pylist():
         if r["sample_index"] == sample and r["rollout_n"] == rollout and not r["validate"]:
             return r["trace_id"]
     raise AssertionError("no such trajectory")
-
-
-def frame_with(at: AppTest, column: str):  # noqa: ANN201 - a pandas DataFrame
-    """The first data frame on the page that has ``column`` (display-only frames carry no key)."""
-    for df in at.dataframe:
-        if column in df.value.columns:
-            return df.value
-    raise AssertionError(f"no table with column {column!r}")
-
-
-def all_text(at: AppTest) -> str:
-    parts = (
-        [e.value for e in at.text]
-        + [e.value for e in at.code]
-        + [e.value for e in at.markdown]
-        + [e.value for e in at.caption]
-    )
-    return "\n".join(str(p) for p in parts)
 
 
 # -- overview ------------------------------------------------------------------

@@ -6,41 +6,22 @@ import os
 import subprocess
 import sys
 
+import apptest_fixtures
+from apptest_fixtures import all_text, frame_with
 from compare_fixtures import SPIKE_TOKEN
 from streamlit.testing.v1 import AppTest
 
 import tracer
 from viewer.cli import streamlit_command
 
-APP = os.path.join(os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")), "viewer", "app.py")
-TIMEOUT = 120  # generous: a loaded 2-core machine
-
 Runs = tuple[str, str, str]
 
 
 def open_app(path: str | None, **query: str) -> AppTest:
-    """Run the app once with these query parameters; it must not raise."""
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    if path is not None:
-        at.query_params["path"] = path
-    for k, v in query.items():
-        at.query_params[k] = v
-    at.run()
-    assert not at.exception, at.exception[0].message if at.exception else ""
+    """Run the app once with these query parameters; it must not raise nor show an error."""
+    at = apptest_fixtures.open_app(path, **query)
     assert not at.error, at.error[0].value
     return at
-
-
-def frame_with(at: AppTest, column: str):  # noqa: ANN201 - a pandas DataFrame
-    for df in at.dataframe:
-        if column in df.value.columns:
-            return df.value
-    raise AssertionError(f"no table with column {column!r}")
-
-
-def all_text(at: AppTest) -> str:
-    parts = [e.value for e in at.text] + [e.value for e in at.code] + [e.value for e in at.markdown]
-    return "\n".join(str(p) for p in parts + [e.value for e in at.caption])
 
 
 # -- compare -----------------------------------------------------------------------

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 
 import pytest
-from streamlit.testing.v1 import AppTest
+from apptest_fixtures import open_app
 from viewer_fixtures import record_run
 
 import tracer
@@ -15,9 +14,6 @@ from tracer.storage.shard_index import load_shard_index, stored_step_partials
 from viewer import data as D
 from viewer import state
 from viewer.format import metric_value
-
-APP = os.path.join(os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")), "viewer", "app.py")
-TIMEOUT = 120  # generous: a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +34,7 @@ def test_the_overview_shows_what_every_trajectory_row_gives(closed_run: str, spl
     shards = tracer.list_trace_files(closed_run)
     indexes = [load_shard_index(f) for f in shards]
     assert all(i is not None and stored_step_partials(i) is not None for i in indexes)  # the stored path is taken
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params["path"] = closed_run
-    if split is not None:
-        at.query_params[state.QP_VALIDATE] = split
-    at.run()
-    assert not at.exception, at.exception[0].message if at.exception else ""
+    at = open_app(closed_run, **({} if split is None else {state.QP_VALIDATE: split}))
 
     rows = D.select(D.load_trajectories(closed_run).table, None, None if split is None else split == "true")
     span_rows = D.list_steps(closed_run).rows if split is None else None

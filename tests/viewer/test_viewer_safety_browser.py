@@ -12,19 +12,15 @@ from __future__ import annotations
 import asyncio
 import http.server
 import os
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import tracer
-from viewer.cli import streamlit_command
-from viewer.screenshots import START_TIMEOUT_S, chromium, chromium_path, free_port, wait_for
+from viewer.screenshots import chromium, chromium_path, serve
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -98,34 +94,18 @@ def test_nothing_from_a_trajectory_runs_or_loads(canary: str, tmp_path: Any) -> 
     text = hostile(canary)
     trace_id = record(os.fspath(tmp_path / "traces"), text)
     run_dir = os.fspath(tmp_path / "traces" / "safety" / "run")
-    port = free_port()
-    with open(tmp_path / "streamlit.log", "wb") as log:
-        proc = subprocess.Popen(
-            streamlit_command(run_dir, "127.0.0.1", port, python=sys.executable), stdout=log, stderr=subprocess.STDOUT
+    with (
+        serve(run_dir, log_path=os.fspath(tmp_path / "streamlit.log")) as base,
+        chromium(os.fspath(tmp_path / "chromium")) as b,
+    ):
+        b.open(f"{base}/?trace_id={trace_id}")
+        b.settle("marker-7731")
+        time.sleep(3.0)  # give any injected request time to be made
+        page_text = b.evaluate("document.body.innerText") or ""
+        made = b.evaluate(
+            "JSON.stringify(Array.from(document.querySelectorAll('img, iframe, script, a'))"
+            f".map(e => e.getAttribute('src') || e.getAttribute('href') || '').filter(u => u.includes({canary!r})))"
         )
-        base = f"http://127.0.0.1:{port}"
-
-        def healthy() -> bool:
-            try:
-                with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        try:
-            wait_for(healthy, START_TIMEOUT_S, "the Streamlit server")
-            with chromium(os.fspath(tmp_path / "chromium")) as b:
-                b.open(f"{base}/?trace_id={trace_id}")
-                b.settle("marker-7731")
-                time.sleep(3.0)  # give any injected request time to be made
-                page_text = b.evaluate("document.body.innerText") or ""
-                made = b.evaluate(
-                    "JSON.stringify(Array.from(document.querySelectorAll('img, iframe, script, a'))"
-                    f".map(e => e.getAttribute('src') || e.getAttribute('href') || '').filter(u => u.includes({canary!r})))"
-                )
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     assert _Canary.hits == []
     assert made == "[]"
     assert "marker-7731" in page_text

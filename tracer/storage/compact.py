@@ -80,7 +80,6 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pds
 
 from tracer import schema as S
 from tracer.read import iter_batches
@@ -525,7 +524,9 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
     assert table.num_rows == out.rows
     d = run_dir_of(unit.run_dir)
     how = summarizer()
-    builder = None if how is None else ShardIndexBuilder(*how)
+    # No memory bound: ``table`` is held whole here and the builder keeps views of its batches, so
+    # an output of any size gets its index (with the writer's bound, a 10M-span output got none).
+    builder = None if how is None else ShardIndexBuilder(*how, bounded=False)
     schema = S.SPAN_SCHEMA.with_metadata(meta)
     if d.remote and builder is not None:
         out.entry = _write_remote_indexed(d, unit.name, table, schema, builder)
@@ -749,6 +750,8 @@ def write_parquet(path: str | os.PathLike[str], out: str | os.PathLike[str] | No
         path: A run directory or a tree of them, local or a URI.
         out: The dataset's directory or URI (default ``path/parquet``); replaced if it exists.
     """
+    import pyarrow.dataset as pds  # heavy (BENCHMARKS.md, `import tracer`): loaded by its one user, here
+
     src = os.fspath(path)
     if not _uri.is_remote(src) and not os.path.isdir(src):
         raise FileNotFoundError(f"trace path {src!r} is not a directory; give the directory of a run")

@@ -7,8 +7,10 @@ to decode when read) whose rows are
 * one per trajectory of the shard: what :func:`tracer.summary.summarize`
   returns for the shard's spans (the writer calls it; nothing here derives a
   summary), plus :data:`tracer.schema.INDEX_BATCHES` (the shard's record
-  batches holding that trace id) and :data:`tracer.schema.INDEX_UNIFORM`
-  (every row of the trace id has one step and one validate flag);
+  batches holding that trace id), :data:`tracer.schema.INDEX_UNIFORM`
+  (every row of the trace id has one step and one validate flag) and
+  :data:`tracer.schema.INDEX_TRACE_HASH` (:func:`trace_hashes`: files whose
+  trace id ranges overlap are compared on these numbers first);
 * one with an empty trace id, when spans without a trace id exist (rewards
   logged by key), listing their batches;
 * one per distinct ``(step, sample_index, rollout_n, validate)`` of those
@@ -53,12 +55,13 @@ from tracer import schema as S
 from tracer.storage.files import closed_file_metadata, footer_bytes
 
 #: Version of the sidecar layout; another value is ignored (the spans are read instead).
-INDEX_VERSION = "1"
+INDEX_VERSION = "2"
 #: ``_{shard name}{INDEX_SUFFIX}`` beside the shard.
 INDEX_SUFFIX = ".index"
 #: Trajectory rows are stored in this many record batches by a hash of their trace id (rows
-#: without one in one more batch after them), so looking one trace id up reads one small batch.
-INDEX_BUCKETS = 64
+#: without one in one more batch after them), so looking one trace id up reads one batch. Few:
+#: reading a batch costs a fixed ~15 us besides its rows, and the run overview reads them all.
+INDEX_BUCKETS = 8
 #: Asking for more buckets than this reads the whole lookup once (and keeps it).
 MAX_BUCKET_READS = 8
 #: Parsed sidecars kept per process (keyed by the shard's and the sidecar's size and mtime).
@@ -71,7 +74,12 @@ MAX_INDEX_NAMES = 1024
 
 #: Columns of a sidecar: the trajectory summary and where each trace id's batches are.
 INDEX_SCHEMA = pa.schema(
-    [*S.TRAJECTORY_SCHEMA, pa.field(S.INDEX_BATCHES, pa.list_(pa.int32())), pa.field(S.INDEX_UNIFORM, pa.bool_())]
+    [
+        *S.TRAJECTORY_SCHEMA,
+        pa.field(S.INDEX_BATCHES, pa.list_(pa.int32())),
+        pa.field(S.INDEX_UNIFORM, pa.bool_()),
+        pa.field(S.INDEX_TRACE_HASH, pa.uint64()),
+    ]
 )
 
 Summarizer = Callable[[pa.Table], pa.Table]
@@ -114,8 +122,21 @@ def sidecar_path(shard: str) -> str:
 
 
 def bucket_of(trace_id: str, buckets: int) -> int:
-    """The record batch of a sidecar holding ``trace_id``'s row (CRC-32 of its UTF-8, modulo ``buckets``)."""
+    """The bucket of a sidecar holding ``trace_id``'s row (CRC-32 of its UTF-8, modulo ``buckets``)."""
     return zlib.crc32(trace_id.encode("utf-8", "surrogatepass")) % buckets
+
+
+def trace_hashes(trace_ids: pa.Array) -> pa.Array:
+    """:data:`tracer.schema.INDEX_TRACE_HASH` of each trace id: CRC-32 of its UTF-8 in the high 32 bits,
+    Adler-32 in the low ones; null for a null or ``""`` id.
+
+    Cheap (two C calls per id) rather than strong: equal hashes are only a reason to compare the ids.
+    """
+    data = [t.encode("utf-8", "surrogatepass") if t else None for t in trace_ids.to_pylist()]
+    high = np.fromiter((zlib.crc32(d) if d else 0 for d in data), dtype=np.uint64, count=len(data))
+    low = np.fromiter((zlib.adler32(d) if d else 0 for d in data), dtype=np.uint64, count=len(data))
+    missing = np.fromiter((d is None for d in data), dtype=bool, count=len(data))
+    return pa.array((high << np.uint64(32)) | low, pa.uint64(), mask=missing)
 
 
 def _digest(footer: bytes) -> str:
@@ -128,11 +149,15 @@ class ShardIndexBuilder:
     Args:
         columns: Span columns the summary needs (kept per batch until the file closes).
         summarize: The trajectory summary, called once at close over the file's spans.
+        bounded: Keep at most :data:`MAX_BUILD_BYTES` of those columns (a writer, whose batches
+            would otherwise die once written). False where the caller holds the whole file's table
+            anyway and the kept columns are views of it (compaction): no bound.
     """
 
-    def __init__(self, columns: Sequence[str], summarize: Summarizer) -> None:
+    def __init__(self, columns: Sequence[str], summarize: Summarizer, bounded: bool = True) -> None:
         self.columns = list(columns)
         self.summarize = summarize
+        self.bounded = bounded
         self.parts: list[pa.RecordBatch] = []
         self.batch_rows: list[int] = []
         self.batch_steps: list[list[int | None]] = []
@@ -143,11 +168,11 @@ class ShardIndexBuilder:
         """Note one batch just written (same order as in the file).
 
         Raises:
-            MemoryError: the file has outgrown :data:`MAX_BUILD_BYTES` (the caller drops the index).
+            MemoryError: a bounded builder has outgrown :data:`MAX_BUILD_BYTES` (the caller drops the index).
         """
         part = batch.select(self.columns)
         self.nbytes += part.nbytes
-        if self.nbytes > MAX_BUILD_BYTES:
+        if self.bounded and self.nbytes > MAX_BUILD_BYTES:
             raise MemoryError(f"a shard index would keep over {MAX_BUILD_BYTES} bytes")
         self.parts.append(part)
         self.batch_rows.append(batch.num_rows)
@@ -194,9 +219,9 @@ class ShardIndexBuilder:
         summary = self.summarize(spans)
         at = pc.index_in(summary.column(S.TRACE_ID), value_set=ids)
         parts = [
-            summary.append_column(S.INDEX_BATCHES, pc.take(lists, at)).append_column(
-                S.INDEX_UNIFORM, pc.take(uniform, at)
-            )
+            summary.append_column(S.INDEX_BATCHES, pc.take(lists, at))
+            .append_column(S.INDEX_UNIFORM, pc.take(uniform, at))
+            .append_column(S.INDEX_TRACE_HASH, trace_hashes(summary.column(S.TRACE_ID).combine_chunks()))
         ]
         no_id = pc.equal(ids, "")
         if pc.any(no_id).as_py():
@@ -448,11 +473,43 @@ def stored_step_partials(index: ShardIndex) -> StoredPartials | None:
     schema, or it is unreadable: the caller then aggregates the shard's
     trajectory rows.
     """
+    return step_sources(index, ())[0]
+
+
+def step_sources(index: ShardIndex, columns: Sequence[str]) -> tuple[StoredPartials | None, pa.Table | None]:
+    """:func:`stored_step_partials` and :func:`index_columns` of one sidecar, opened once.
+
+    The columns come back as one table of the sidecar's record batches (memory-mapped: fixed-width
+    columns are not copied), None when it is unreadable; with no ``columns``, None.
+    """
+    fields = [INDEX_SCHEMA.get_field_index(c) for c in columns]
     try:
-        with pa.OSFile(index._sidecar) as source:
-            text = (pa.ipc.open_file(source).schema.metadata or {}).get(S.META_INDEX_STEPS.encode())
-        if text is None:
+        with pa.memory_map(index._sidecar) as source:
+            reader = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=fields))
+            text = (reader.schema.metadata or {}).get(S.META_INDEX_STEPS.encode())
+            table = reader.read_all() if columns else None
+    except (OSError, ValueError, pa.ArrowException):
+        return None, None
+    return (None if text is None else _decode_partials(text)), (None if table is None else _checked(table, fields))
+
+
+def _checked(table: pa.Table, fields: list[int]) -> pa.Table | None:
+    """``table`` without metadata when it has the expected columns and validates; else None."""
+    expected = pa.schema([INDEX_SCHEMA.field(i) for i in fields])
+    # Fixed-width columns have nothing more to check in a full validation (offsets, UTF-8 are for others).
+    full = not all(pa.types.is_primitive(f.type) for f in expected)
+    try:
+        if table.schema.remove_metadata() != expected:
             return None
+        for chunk in table.to_batches():
+            chunk.validate(full=full)
+        return table.replace_schema_metadata(None)
+    except (ValueError, pa.ArrowException):
+        return None
+
+
+def _decode_partials(text: bytes) -> StoredPartials | None:
+    try:
         table = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(text, validate=True))).read_all()
         if table.schema.remove_metadata() != S.STEP_PARTIALS_SCHEMA:
             return None
@@ -461,7 +518,7 @@ def stored_step_partials(index: ShardIndex) -> StoredPartials | None:
         meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
         span: Any = json.loads(meta[S.META_STEPS_TRACE_RANGE]) if S.META_STEPS_TRACE_RANGE in meta else None
         loose: Any = json.loads(meta[S.META_STEPS_LOOSE]) if S.META_STEPS_LOOSE in meta else None
-    except (OSError, ValueError, UnicodeDecodeError, pa.ArrowException):
+    except (ValueError, UnicodeDecodeError, pa.ArrowException):
         return None
     if span is not None and not (isinstance(span, list) and len(span) == 2 and all(isinstance(t, str) for t in span)):
         return None
@@ -472,20 +529,7 @@ def stored_step_partials(index: ShardIndex) -> StoredPartials | None:
 
 def index_columns(index: ShardIndex, columns: Sequence[str]) -> pa.Table | None:
     """Some columns of every row of ``index``'s sidecar (read alone, validated); None when it is unreadable."""
-    fields = [INDEX_SCHEMA.get_field_index(c) for c in columns]
-    expected = pa.schema([INDEX_SCHEMA.field(i) for i in fields])
-    # Fixed-width columns have nothing more to check in a full validation (offsets, UTF-8 are for others).
-    full = not all(pa.types.is_primitive(f.type) for f in expected)
-    try:
-        with pa.memory_map(index._sidecar) as source:  # uncompressed: the columns are not copied
-            table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=fields)).read_all()
-        if table.schema.remove_metadata() != expected:
-            return None
-        for chunk in table.to_batches():
-            chunk.validate(full=full)
-        return table.replace_schema_metadata(None)
-    except (OSError, ValueError, pa.ArrowException):
-        return None
+    return step_sources(index, columns)[1] if columns else None
 
 
 _cache: collections.OrderedDict[str, tuple[tuple[int, ...], ShardIndex | None]] = collections.OrderedDict()
@@ -583,7 +627,9 @@ __all__ = [
     "index_columns",
     "load_shard_index",
     "sidecar_path",
+    "step_sources",
     "stored_step_partials",
+    "trace_hashes",
     "use_step_partials",
     "use_summarizer",
     "write_sidecar",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,15 +24,12 @@ from export_mlflow_fixtures import (  # noqa: E402
     record_run,
     trajectory_count,
 )
+from server_fixtures import free_port  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer.exporters import mlflow as mlflow_export  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _in_tmp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run each test in its temp folder: MLflow puts a SQLite store's trace artifacts under ./mlruns."""
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("in_tmp_dir")  # MLflow's ./mlruns lands in each test's temp folder
 
 
 @pytest.fixture(scope="module")
@@ -463,12 +459,6 @@ def test_trajectory_without_root_exports_and_imports_back(fresh_store: str, run_
     assert comparable_spans(tmp_path / "back") == comparable_spans(tmp_path / "torn")
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_backend_down_loses_nothing_and_export_catches_up(
     fresh_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -476,7 +466,7 @@ def test_backend_down_loses_nothing_and_export_catches_up(
     """With MLflow unreachable the rollout completes, the files hold everything, and export_files sends it later."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    down = f"http://127.0.0.1:{_closed_port()}"
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     run_dir = record_run(
         tmp_path / "traces", backend=["arrow", "mlflow"], backend_options={"mlflow": {"tracking_uri": down}}
     )

@@ -9,7 +9,6 @@ by its URI before any MLflow call (not after MLflow's minutes of retries).
 from __future__ import annotations
 
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,14 @@ pytest.importorskip("mlflow")
 from export_mlflow_fixtures import empty_store  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from server_fixtures import free_port  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer.cli import main  # noqa: E402
 from tracer.exporters import export_files  # noqa: E402
 from tracer.exporters.mlflow import TrackingUriError, import_traces  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("in_tmp_dir")  # MLflow's ./mlruns lands in each test's temp folder
 
 TRAJECTORIES = 6
 BAD = 2
@@ -125,9 +127,7 @@ def test_lone_surrogate_is_refused_alone_and_the_cli_exits_1(
 
 
 def _closed_port_uri() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
 def test_export_to_a_down_server_names_its_uri(tmp_path: Path) -> None:

@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,74 +17,19 @@ from export_mlflow_fixtures import (  # noqa: E402
     record_run,
     trajectory_count,
 )
+from server_fixtures import MlflowServer  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer.exporters import mlflow as mlflow_export  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-#: Seconds to wait for the server's /health (it needs 10-30 s on a loaded 2-core machine).
-SERVER_START_TIMEOUT_S = 180
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A `mlflow server` with a SQLite store in a temp folder; yields its URL."""
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
-    cmd = [
-        str(Path(sys.executable).with_name("mlflow")),
-        "server",
-        "--backend-store-uri",
-        f"sqlite:///{root / 'mlflow.db'}",
-        "--default-artifact-root",
-        str(root / "artifacts"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"mlflow server exited with {proc.returncode}: {(root / 'server.log').read_text()[-2000:]}"
-                )
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not answer /health in {SERVER_START_TIMEOUT_S} s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        try:
-            # The server's job consumers (huey) can outlive a SIGTERM of the server.
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)
-        log.close()
+    with MlflowServer(tmp_path_factory.mktemp("mlflow-server")) as running:
+        yield running.uri
 
 
 @pytest.fixture(scope="module")

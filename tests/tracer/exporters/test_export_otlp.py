@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,16 +14,13 @@ import pytest
 pytest.importorskip("opentelemetry.proto")
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from otlp_fixtures import record_tool_run, recorded_spans, serving  # noqa: E402
-from reliability_fixtures import free_port  # noqa: E402
+from otlp_fixtures import record_tool_run, recorded_spans  # noqa: E402
+from server_fixtures import MlflowServer  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer import schema as S  # noqa: E402
 from tracer.cli import main as rollout_trace_main  # noqa: E402
 from tracer.exporters import export_files  # noqa: E402
-
-#: Seconds to wait for the MLflow server's /health (10-30 s on a loaded 2-core machine).
-MLFLOW_START_TIMEOUT_S = 180
 
 
 def _value(v: Any) -> Any:
@@ -218,18 +214,10 @@ def test_live_backend_sends_as_the_run_goes(tmp_path: Path, receiver: Receiver) 
 def test_mlflow_otlp_endpoint_receives_each_trajectory_once(otlp_run: str, tmp_path: Path) -> None:
     """MLflow's /v1/traces stores one trace per trajectory; re-exporting upserts (no duplicates)."""
     pytest.importorskip("mlflow")
-    port = free_port()
-    cmd = [
-        str(Path(sys.executable).with_name("mlflow")),
-        "server",
-        "--backend-store-uri",
-        f"sqlite:///{tmp_path / 'mlflow.db'}",
-    ]
-    cmd += ["--default-artifact-root", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port)]
-    url = f"http://127.0.0.1:{port}"
-    with serving([*cmd, "--workers", "1"], tmp_path, url + "/health", MLFLOW_START_TIMEOUT_S):
+    with MlflowServer(tmp_path) as server:
         import mlflow
 
+        url = server.uri
         mlflow.set_tracking_uri(url)
         exp = mlflow.set_experiment("otlp-test").experiment_id
         for _ in range(2):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 from compare_fixtures import CONFIG_A, record_compare_run
@@ -25,14 +24,13 @@ def run_dir(tmp_path: Path) -> str:
     return path
 
 
-def test_mlflow_export_logs_the_run_config_as_params(run_dir: str, tmp_path: Path, monkeypatch: Any) -> None:
+def test_mlflow_export_logs_the_run_config_as_params(run_dir: str, in_tmp_dir: Path) -> None:
     """`export --to mlflow` logs run_config's dotted keys as the run's params, the secret redacted."""
     from mlflow.tracking import MlflowClient
 
     from tracer.exporters import mlflow as mlflow_export
 
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{empty_store(tmp_path / 'mlflow.db')}"
+    uri = f"sqlite:///{empty_store(in_tmp_dir / 'mlflow.db')}"
     mlflow_export.export_files(run_dir, tracking_uri=uri, progress=False)
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("compare-test").experiment_id])

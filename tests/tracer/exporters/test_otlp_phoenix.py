@@ -24,8 +24,8 @@ import pytest
 
 pytest.importorskip("opentelemetry.proto")
 
-from otlp_fixtures import record_tool_run, recorded_spans, serving  # noqa: E402
-from reliability_fixtures import free_port  # noqa: E402
+from otlp_fixtures import record_tool_run, recorded_spans  # noqa: E402
+from server_fixtures import free_port, serving  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer import schema as S  # noqa: E402

@@ -22,7 +22,6 @@ from tracer_fixtures import hf_tokenizer
 import tracer
 from tracer.record.capture import INTS, NON_NEGATIVE_INTS, NOT_INTS, capture, int_kind
 from tracer.record.encode import Encoder, to_json
-from tracer.record.redact import MAX_ANCHOR_HITS, TRIGGERS, TriggerScan
 from tracer.schema import ATTR_TOKENS
 
 INT64 = (-(2**63), 2**63)
@@ -179,24 +178,3 @@ def test_enum_members_in_an_id_list_are_written_as_their_values_and_decoding_fai
     assert [json.loads(r["inputs"])["prompt_ids"] for r in rows] == [[1, 2, 3], [4, 3], [4, 5]]
     assert [json.loads(r["outputs"])["response_ids"] for r in rows] == [[1, 2], [2, 3], [6]]
     assert json.loads(rows[2]["outputs"])["response_text"] == tok.decode([6])
-
-
-anchors = st.sampled_from(sorted({c for t in TRIGGERS for c in t if not c.isalnum()}))
-pieces = st.one_of(
-    st.sampled_from(TRIGGERS),
-    st.sampled_from(TRIGGERS).map(lambda t: t[1:]),
-    st.sampled_from(TRIGGERS).map(lambda t: t[:-1]),
-    st.sampled_from(sorted(set("".join(TRIGGERS)))),
-    st.text(max_size=5),
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(anchor=anchors, parts=st.lists(pieces, max_size=30), lead=st.text(max_size=4))
-def test_the_split_scan_of_a_common_anchor_agrees_with_searching_every_trigger(
-    anchor: str, parts: list[str], lead: str
-) -> None:
-    """Property: past MAX_ANCHOR_HITS of one anchor character, found() is still any(trigger in text)."""
-    scan = TriggerScan(TRIGGERS)
-    text = lead + (anchor + " ") * (MAX_ANCHOR_HITS + 1) + "".join(parts)
-    assert scan.found(text) == any(t in text for t in TRIGGERS)

@@ -17,6 +17,9 @@ PIECES = st.one_of(
     st.text(max_size=5),
 )
 
+#: The non-alphanumeric characters of the triggers: the common anchors the scan splits its search at.
+ANCHORS = st.sampled_from(sorted({c for t in TRIGGERS for c in t if not c.isalnum()}))
+
 
 @settings(max_examples=400, deadline=None)
 @given(parts=st.lists(PIECES, max_size=30))
@@ -39,3 +42,13 @@ def test_secret_values_of_any_characters_are_found() -> None:
     scan = TriggerScan(values)
     for v in values:
         assert scan.found(f"a {v} b") and not scan.found(f"a {v[:-1]} b")
+
+
+@settings(max_examples=300, deadline=None)
+@given(anchor=ANCHORS, parts=st.lists(PIECES, max_size=30), lead=st.text(max_size=4))
+def test_the_split_scan_of_a_common_anchor_agrees_with_searching_every_trigger(
+    anchor: str, parts: list[str], lead: str
+) -> None:
+    """Property: past MAX_ANCHOR_HITS of one anchor character, found() is still any(trigger in text)."""
+    text = lead + (anchor + " ") * (MAX_ANCHOR_HITS + 1) + "".join(parts)
+    assert SCAN.found(text) == any(t in text for t in TRIGGERS)

@@ -8,7 +8,8 @@ import sys
 from typing import Any
 
 import pytest
-from scale_fixtures import REPO, free_port, need
+from scale_fixtures import REPO, need
+from server_fixtures import free_port
 
 from tracer.cli import main
 from tracer.extras import install_command

@@ -11,15 +11,13 @@ from typing import Any
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from index_fixtures import dead_writer_shard
+from index_fixtures import write_shard
 
 import tracer
 from tracer import schema as S
 from tracer.read import has_spans_named
 from tracer.storage.shard_index import INDEX_SUFFIX, MAX_INDEX_NAMES, load_shard_index, sidecar_path
-from tracer.storage.writer import SpanWriter
 
-META = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION}
 NAMES = ["agent_loop", "generate", "calculator", "log_token_stats", "log_reward", "ünïcode"]
 
 
@@ -38,16 +36,6 @@ def _row(trace: str, n: int, name: str, step: int) -> dict[str, Any]:
         S.ROLLOUT_N: 0,
         S.VALIDATE: False,
     }
-
-
-def _closed_shard(run: str, batches: list[list[dict[str, Any]]]) -> str:
-    writer = SpanWriter(run, META)
-    for rows in batches:
-        writer.write(pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA))
-    path = writer.path
-    writer.close()
-    assert path is not None
-    return path
 
 
 def _scan(run: str) -> set[str]:
@@ -76,9 +64,9 @@ def test_has_spans_named_equals_a_scan_of_every_name(shards: list[tuple[list[lis
                 [_row(f"t{i}-{b}", n, name, step=b) for n, name in enumerate(names)] for b, names in enumerate(batches)
             ]
             if how == "killed":
-                dead_writer_shard(run, rows)
+                write_shard(run, rows, close=False)
                 continue
-            shard = _closed_shard(run, rows)
+            shard = write_shard(run, rows)
             side = sidecar_path(shard)
             if how == "no index":
                 os.remove(side)
@@ -100,7 +88,7 @@ def test_has_spans_named_equals_a_scan_of_every_name(shards: list[tuple[list[lis
 def test_a_closed_shard_lists_its_names_and_answers_without_its_spans(tmp_path: Any, monkeypatch: Any) -> None:
     """The index names every span name of its shard, and the answer comes without reading a batch."""
     run = str(tmp_path)
-    shard = _closed_shard(run, [[_row("a", 0, "agent_loop", 1), _row("a", 1, "log_token_stats", 1)]])
+    shard = write_shard(run, [[_row("a", 0, "agent_loop", 1), _row("a", 1, "log_token_stats", 1)]])
     index = load_shard_index(shard)
     assert index is not None and index.names == frozenset({"agent_loop", "log_token_stats"})
 
@@ -115,7 +103,7 @@ def test_a_shard_with_too_many_names_lists_none_and_is_scanned(tmp_path: Any) ->
     """Past MAX_INDEX_NAMES distinct names the index lists none; the name column answers."""
     run = str(tmp_path)
     many = [_row("a", n, f"name-{n}", 1) for n in range(MAX_INDEX_NAMES + 1)]
-    shard = _closed_shard(run, [many])
+    shard = write_shard(run, [many])
     index = load_shard_index(shard)
     assert index is not None and index.names is None
     assert has_spans_named(run, f"name-{MAX_INDEX_NAMES}") and not has_spans_named(run, "other")

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
-from index_fixtures import dead_writer_shard, trace_span, valid_index_of
+from index_fixtures import trace_span, valid_index_of, write_shard
 from scale_fixtures import need
 
 import tracer
@@ -26,8 +26,10 @@ pytestmark = pytest.mark.slow
 
 def _run(run: str) -> None:
     """Two workers' shards: one closed by its writer, one of a dead writer; steps 0, 1 and none."""
-    dead_writer_shard(run, [[trace_span("a", 0, 0), trace_span("a", 1, 0)], [trace_span("b", 0, 1)]], close=True)
-    dead = dead_writer_shard(run, [[trace_span("c", 0, 1)], [trace_span("d", 0, None), trace_span("d", 1, None)]])
+    write_shard(run, [[trace_span("a", 0, 0), trace_span("a", 1, 0)], [trace_span("b", 0, 1)]])
+    dead = write_shard(
+        run, [[trace_span("c", 0, 1)], [trace_span("d", 0, None), trace_span("d", 1, None)]], close=False
+    )
     seal_if_abandoned(dead)
 
 
@@ -100,7 +102,7 @@ def test_ray_merges_of_a_local_run_are_indexed(ray_data: Any, tmp_path: Any) -> 
     """``compact --ray`` on a shared filesystem: each task's merge comes back, the driver indexes the renamed file."""
     run = os.fspath(tmp_path / "run")
     _run(run)
-    dead_writer_shard(run, [[trace_span("e", 0, 2)]])  # sealed by the compaction's plan
+    write_shard(run, [[trace_span("e", 0, 2)]], close=False)  # sealed by the compaction's plan
     before = tracer.read_spans(run).sort_by(S.SPAN_ID)
     report = compact_ray(run, target_bytes=1)
     assert report.files_out == 3 and not report.failed

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from index_fixtures import dead_writer_shard, trace_span, valid_index_of
+from index_fixtures import trace_span, valid_index_of, write_shard
 
 import tracer
 from tracer import schema as S
@@ -36,13 +36,14 @@ META = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION}
 
 
 def _three_batches(run: str) -> str:
-    return dead_writer_shard(
+    return write_shard(
         run,
         [
             [trace_span("a", 0, 1), trace_span("a", 1, 1)],
             [trace_span("b", 0, 2), trace_span("b", 1, 2)],
             [trace_span("c", 0, 3)],
         ],
+        close=False,
     )
 
 
@@ -122,7 +123,7 @@ def test_sealing_a_closed_shard_again_writes_nothing(tmp_path: Any) -> None:
     """An already closed shard (a writer's, or sealed before) is left as it is, index included."""
     run = os.fspath(tmp_path / "run")
     sealed = _three_batches(run)
-    closed = dead_writer_shard(run, [[trace_span("d", 0, 1)]], close=True)
+    closed = write_shard(run, [[trace_span("d", 0, 1)]])
     assert seal_if_abandoned(sealed).action == SEALED
     before = {f: os.stat(sidecar_path(f)) for f in (sealed, closed)}
     for f in (sealed, closed):
@@ -141,7 +142,7 @@ def test_an_index_that_cannot_be_written_never_fails_the_seal(
     """A sidecar path taken by a directory: the shard is sealed, read whole, and one warning is logged."""
     monkeypatch.setattr(_seal, "_index_warned", threading.Event())
     run = os.fspath(tmp_path / "run")
-    shards = [_three_batches(run), dead_writer_shard(run, [[trace_span("d", 0, 4)]])]
+    shards = [_three_batches(run), write_shard(run, [[trace_span("d", 0, 4)]], close=False)]
     for shard in shards:
         os.makedirs(sidecar_path(shard))
     with caplog.at_level(logging.WARNING, logger="rollout_trace"):
@@ -156,7 +157,7 @@ def _other_index(shard: str) -> None:
     """The sidecar of another shard under this shard's name."""
     other = os.path.join(os.path.dirname(shard), "elsewhere")
     os.makedirs(other)
-    fake = dead_writer_shard(other, [[trace_span("zzz", 0, 1)], [trace_span("zzz", 1, 1)]], close=True)
+    fake = write_shard(other, [[trace_span("zzz", 0, 1)], [trace_span("zzz", 1, 1)]])
     shutil.copyfile(sidecar_path(fake), sidecar_path(shard))
     shutil.rmtree(other)
 
@@ -186,8 +187,8 @@ def test_a_wrong_index_beside_a_sealed_shard_is_ignored(tmp_path: Any, lie: Any)
 def _run_with_dead_workers(run: str) -> list[str]:
     shards = [
         _three_batches(run),
-        dead_writer_shard(run, [[trace_span("d", 0, 1), trace_span("d", 1, 1)], [trace_span("a", 2, 1)]]),
-        dead_writer_shard(run, [[trace_span("e", 0, 2)], [trace_span("f", 0, None)]], close=True),
+        write_shard(run, [[trace_span("d", 0, 1), trace_span("d", 1, 1)], [trace_span("a", 2, 1)]], close=False),
+        write_shard(run, [[trace_span("e", 0, 2)], [trace_span("f", 0, None)]]),
     ]
     return shards
 
@@ -210,6 +211,27 @@ def test_compacted_files_have_valid_indexes(tmp_path: Any) -> None:
     sidecars = sorted(n for n in os.listdir(run) if n.endswith(INDEX_SUFFIX))
     assert sidecars == sorted(os.path.basename(sidecar_path(o)) for o in outputs)  # the originals' went with them
     assert read_trajectories(run).equals(before)
+    compact(bare, target_bytes=1 << 30)
+    _same_reads(run, bare, ["a", "d", "f"], [1, 2])
+
+
+def test_a_compacted_file_past_the_writers_bound_still_gets_its_index(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's memory bound drops the index of a shard that outgrows it; compaction (which holds
+    the whole table anyway) indexes an output of any size, so one trajectory is still one batch's read."""
+    monkeypatch.setattr(_si, "MAX_BUILD_BYTES", 1)
+    run = os.fspath(tmp_path / "run")
+    _run_with_dead_workers(run)
+    bare = _bare_copy(run)
+    report = compact(run, target_bytes=1 << 30)  # one output
+    assert report.files_out == 1
+    (out,) = _outputs(run)
+    assert load_shard_index(out) is not None
+    writer = SpanWriter(os.fspath(tmp_path / "writer"), META)  # the writer's builder keeps its bound
+    writer.write(pa.RecordBatch.from_pylist([trace_span("z", 0, 1)], schema=S.SPAN_SCHEMA))
+    writer.close()
+    assert not [n for n in os.listdir(tmp_path / "writer") if n.endswith(INDEX_SUFFIX)]
     compact(bare, target_bytes=1 << 30)
     _same_reads(run, bare, ["a", "d", "f"], [1, 2])
 
@@ -254,7 +276,7 @@ def test_an_interrupted_merge_leaves_no_index_behind(tmp_path: Any) -> None:
     run = os.fspath(tmp_path / "run")
     _run_with_dead_workers(run)
     name = "compacted_20260101T000000_0badcafe" + S.FILE_SUFFIX
-    shard = dead_writer_shard(os.fspath(tmp_path / "elsewhere"), [[trace_span("x", 0, 1)]], close=True)
+    shard = write_shard(os.fspath(tmp_path / "elsewhere"), [[trace_span("x", 0, 1)]])
     shutil.copyfile(shard, os.path.join(run, name + ".tmp"))
     shutil.copyfile(sidecar_path(shard), sidecar_path(os.path.join(run, name)))
     assert load_shard_index(os.path.join(run, name)) is None  # no such file: the index means nothing
@@ -294,7 +316,7 @@ def test_random_runs_killed_anywhere_read_the_same_indexed(workers: list[dict[st
                     batch.append(trace_span(f"w{w}t{traj}", n, at))
                     n += 1
                 batches.append(batch)
-            shard = dead_writer_shard(run, batches, close=spec["end"] == "closed")
+            shard = write_shard(run, batches, close=spec["end"] == "closed")
             if spec["end"] == "torn":
                 with open(shard, "r+b") as f:
                     f.truncate(os.path.getsize(shard) - 3)

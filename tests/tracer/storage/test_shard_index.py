@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from index_fixtures import META, write_shard
 
 import tracer
 from tracer import schema as S
@@ -24,7 +25,6 @@ from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_p
 from tracer.storage.writer import SpanWriter
 from tracer.summary import SUMMARY_SPAN_COLUMNS, read_trajectories, summarize
 
-META = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION}
 GOLDEN_V1 = os.path.join(os.path.dirname(__file__), "..", "..", "..", "sample_data", "golden", "trace_v1.arrow")
 
 
@@ -51,19 +51,6 @@ def _reward(trace: str, n: int, step: int | None, reward: float, end: int) -> di
     row = _span(trace, n, step=step, parent=True, kind=S.KIND_REWARD)
     row.update({S.NAME: S.REWARD_SPAN_NAME, S.REWARD: reward, S.END_NS: end, S.ATTRIBUTES: f'{{"n": {n}}}'})
     return row
-
-
-def _write(run: str, batches: list[list[dict[str, Any]]], close: bool = True) -> str:
-    writer = SpanWriter(run, META)
-    for rows in batches:
-        writer.write(pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA))
-    path = writer.path
-    if close:
-        writer.close()
-    else:  # killed after its last flush: no footer, no index (readers seal it)
-        writer._let_go()
-    assert path is not None
-    return path
 
 
 def _without_indexes(run: str) -> str:
@@ -100,7 +87,7 @@ def test_index_written_at_close_and_read_back(tmp_path: Any) -> None:
         [_span("a", 0, step=1, parent=False), _span("a", 1, step=1, parent=True)],
         [_span("b", 0, step=2, parent=False), _reward("", 9, 2, 0.5, 5_000)],
     ]
-    shard = _write(run, batches)
+    shard = write_shard(run, batches)
     assert os.path.exists(sidecar_path(shard))
     index = load_shard_index(shard)
     assert index is not None
@@ -112,7 +99,8 @@ def test_index_written_at_close_and_read_back(tmp_path: Any) -> None:
     assert table is not None
     stored = table.filter(pa.compute.fill_null(pa.compute.not_equal(table.column(S.TRACE_ID), ""), False))
     spans = tracer.read_spans(shard, columns=SUMMARY_SPAN_COLUMNS)
-    assert stored.select(list(S.TRAJECTORY_COLUMNS)).equals(summarize(spans))
+    by_id = [(S.TRACE_ID, "ascending")]  # the index keeps its rows in hash-bucket order
+    assert stored.select(list(S.TRAJECTORY_COLUMNS)).sort_by(by_id).equals(summarize(spans).sort_by(by_id))
 
 
 def test_readers_open_only_the_batches_they_need(tmp_path: Any) -> None:
@@ -121,7 +109,7 @@ def test_readers_open_only_the_batches_they_need(tmp_path: Any) -> None:
     The batches it should not read are damaged on disk (size and footer kept): reading them would warn.
     """
     run = os.fspath(tmp_path)
-    shard = _write(
+    shard = write_shard(
         run,
         [
             [_span("a", 0, step=1, parent=False), _span("a", 1, step=1, parent=True)],
@@ -183,7 +171,7 @@ def _lie_other_shard(shard: str) -> None:
     """The index of another shard (its batches, its trajectories) under this shard's name."""
     other = os.path.join(os.path.dirname(shard), "other")
     os.makedirs(other)
-    fake = _write(other, [[_span("zzz", 0, step=1, parent=False)], [_span("zzz", 1, step=1, parent=True)]])
+    fake = write_shard(other, [[_span("zzz", 0, step=1, parent=False)], [_span("zzz", 1, step=1, parent=True)]])
     shutil.copyfile(sidecar_path(fake), sidecar_path(shard))
     shutil.rmtree(other)
 
@@ -204,7 +192,7 @@ def test_an_index_that_lies_is_ignored(tmp_path: Any, lie: Any) -> None:
     """A stale, truncated, foreign or inconsistent index is not used: readers read the spans."""
     run = os.path.join(os.fspath(tmp_path), "run")
     os.makedirs(run)
-    shard = _write(
+    shard = write_shard(
         run,
         [
             [_span("a", 0, step=1, parent=False), _span("a", 1, step=1, parent=True)],
@@ -229,7 +217,7 @@ def test_v1_golden_file_beside_indexed_shards(tmp_path: Any) -> None:
     """A version-1 file (no index) and indexed shards read the same as without indexes."""
     run = os.fspath(tmp_path)
     shutil.copyfile(GOLDEN_V1, os.path.join(run, "golden_v1.arrow"))
-    _write(run, [[_span("a", 0, step=0, parent=False)], [_span("a", 1, step=0, parent=True)]])
+    write_shard(run, [[_span("a", 0, step=0, parent=False)], [_span("a", 1, step=0, parent=True)]])
     tids = [t for t in tracer.read_spans(run, columns=[S.TRACE_ID]).column(0).to_pylist()[:3]]
     _same_everywhere(run, [*tids, "a"], [0, 1])
 
@@ -281,7 +269,7 @@ def test_every_reader_same_with_and_without_index(
             if not rows[w]:
                 continue
             chunks = [rows[w][i : i + batch] for i in range(0, len(rows[w]), batch)]
-            shard = _write(os.path.join(run, f"w{w}") if w == 2 else run, chunks, close=w != killed)
+            shard = write_shard(os.path.join(run, f"w{w}") if w == 2 else run, chunks, close=w != killed)
             if w == torn and w != killed:
                 with open(shard, "r+b") as f:
                     f.truncate(os.path.getsize(shard) - 3)
@@ -318,7 +306,7 @@ def test_a_failing_index_never_fails_the_writer(tmp_path: Any) -> None:
 def test_a_closed_file_that_changes_is_looked_at_again(tmp_path: Any) -> None:
     """Sealing remembers a closed file only while its size and mtime stay: a torn copy in its place is seen."""
     run = os.fspath(tmp_path)
-    shard = _write(run, [[_span("a", 0, step=0, parent=False)], [_span("a", 1, step=0, parent=True)]])
+    shard = write_shard(run, [[_span("a", 0, step=0, parent=False)], [_span("a", 1, step=0, parent=True)]])
     assert seal_if_abandoned(shard).action == "closed"
     assert seal_if_abandoned(shard).action == "closed"
     with open(shard, "r+b") as f:

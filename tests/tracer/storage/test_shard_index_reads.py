@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from index_fixtures import dead_writer_shard, trace_span
+from index_fixtures import trace_span, write_shard
 
 import tracer
 from tracer import schema as S
@@ -36,7 +36,7 @@ def shard() -> Iterator[str]:
     """A closed shard of four batches (steps 0, 1, 1, 2) with its index; tests copy it before changing it."""
     run = tempfile.mkdtemp(prefix="rt-index-reads-")
     batches = [[trace_span(f"t{b}{i}", i, step) for i in range(3)] for b, step in enumerate([0, 1, 1, 2])]
-    path = dead_writer_shard(run, batches, close=True)
+    path = write_shard(run, batches)
     assert load_shard_index(path) is not None
     yield path
     shutil.rmtree(run, ignore_errors=True)

@@ -17,12 +17,12 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from index_fixtures import write_shard
 
 import tracer
 import tracer.summary
 from tracer import schema as S
 from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_path, stored_step_partials
-from tracer.storage.writer import SpanWriter
 from tracer.summary import (
     SUMMARY_SPAN_COLUMNS,
     merge_step_partials,
@@ -35,8 +35,6 @@ from tracer.summary import (
     step_values,
     summarize,
 )
-
-META = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION}
 
 
 def _span(
@@ -70,19 +68,6 @@ def _reward(trace: str, n: int, step: int | None, reward: float, validate: bool)
         validate=validate,
         **{S.KIND: S.KIND_REWARD, S.NAME: S.REWARD_SPAN_NAME, S.REWARD: reward, S.END_NS: 3_000 + n},
     )
-
-
-def _write(run: str, batches: list[list[dict[str, Any]]], close: bool = True) -> str:
-    writer = SpanWriter(run, META)
-    for rows in batches:
-        writer.write(pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA))
-    path = writer.path
-    if close:
-        writer.close()
-    else:  # killed after its last flush: no footer, no index
-        writer._let_go()
-    assert path is not None
-    return path
 
 
 @contextlib.contextmanager
@@ -189,7 +174,7 @@ def test_a_shard_index_stores_the_aggregates_of_its_rows(tmp_path: Any) -> None:
     run = os.fspath(tmp_path)
     rows = [_span("a", 0, step=1, parent=False), _span("a", 1, step=1, parent=True), _reward("a", 2, 1, 0.5, False)]
     rows += [_span("b", 0, step=2, parent=False, validate=True)]
-    shard = _write(run, [rows])
+    shard = write_shard(run, [rows])
     index = load_shard_index(shard)
     assert index is not None
     got = stored_step_partials(index)
@@ -206,7 +191,7 @@ def test_clean_shards_answer_without_their_trajectory_rows(tmp_path: Any, monkey
     """Closed shards that share nothing: the run's aggregates come from the indexes alone."""
     run = os.fspath(tmp_path)
     for w in range(3):
-        _write(run, [[_span(f"w{w}t{t}", n, step=t % 2, parent=n > 0) for t in range(4) for n in range(3)]])
+        write_shard(run, [[_span(f"w{w}t{t}", n, step=t % 2, parent=n > 0) for t in range(4) for n in range(3)]])
     truth = step_partials(read_trajectories(run))
 
     def refuse(*_: Any, **__: Any) -> None:
@@ -236,8 +221,8 @@ def _lie(shard: str, partials: pa.Table) -> None:
 def test_aggregates_that_do_not_fit_their_index_are_not_used(tmp_path: Any, broken: str) -> None:
     """Undecodable aggregates are ignored; so are ones that miscount the rows, where the rows are read."""
     run = os.fspath(tmp_path)
-    shard = _write(run, [[_span("a", 0, step=1, parent=False), _span("c", 0, step=1, parent=False)]])
-    _write(run, [[_span("b", 0, step=2, parent=False)]])  # its trace id range lies in the first's: ids are read
+    shard = write_shard(run, [[_span("a", 0, step=1, parent=False), _span("c", 0, step=1, parent=False)]])
+    write_shard(run, [[_span("b", 0, step=2, parent=False)]])  # its trace id range lies in the first's: ids are read
     truth = step_partials(read_trajectories(run))
     if broken == "count":  # aggregates of one trajectory in an index of two
         _lie(shard, step_counts(read_trajectories(shard).slice(0, 1)))
@@ -308,7 +293,7 @@ def test_a_runs_aggregates_are_its_trajectory_rows_aggregates(
         for w in range(4):
             if rows[w]:
                 chunks = [rows[w][i : i + batch] for i in range(0, len(rows[w]), batch)]
-                shard = _write(os.path.join(run, f"w{w}") if w == 3 else run, chunks, close=w != killed)
+                shard = write_shard(os.path.join(run, f"w{w}") if w == 3 else run, chunks, close=w != killed)
                 if w == unindexed and w != killed:
                     os.remove(sidecar_path(shard))
         with _quiet():
