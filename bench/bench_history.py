@@ -10,6 +10,9 @@ Recorded three ways, in one process, each from the first call until
 2. whole prompts, every turn stored whole (the writer's history step turned off);
 3. only the new ids passed as ``prompt_ids`` (the floor: nothing repeated).
 
+Each run starts after an untimed ``gc.collect()`` (since issue 13's session
+5), so that a full collection the runs before it made due does not land on it.
+
     python bench/bench_history.py [--trajectories 400] [--turns 10] [--rounds 3]
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import glob
 import os
 import random
@@ -102,6 +106,7 @@ def main() -> None:
             for mode in times:
                 if mode == "stored whole":
                     _recorder.Recorder._store_history_once = lambda self, records, prepared: None  # type: ignore[method-assign]
+                gc.collect()  # untimed: a full collection earlier runs made due does not land on this one
                 try:
                     t, size, cpu = run(agents, os.path.join(tmp, f"{mode}-{r}".replace(" ", "_")), mode)
                 finally:

@@ -3,12 +3,22 @@
 Workload (issue 2): LLM spans carrying 512 token ids each (384 prompt + 128
 response), token2text on with a real Hugging Face tokenizer built locally.
 
-1. rollout-trace: decorated async ``generate`` calls, timed from the first
-   call until ``tracer.flush()`` returns (everything durable on disk).
+1. rollout-trace: decorated async ``generate(prompt_ids, sampling_params)``
+   calls returning ``{"response_ids", "finish_reason"}``, timed from the
+   first call until ``tracer.flush()`` returns (everything durable on disk).
+   The spans hold what the straight line writes. Until issue 13's session 5
+   the response was also passed in as a third argument (recorded in the
+   inputs: 128 more ids per span to capture, check and write, which the
+   straight line never wrote); ``--response-as-argument`` measures that
+   shape again, beside the figures of earlier sessions.
 2. straight-line: the same spans as Python data, then decode (the id ->
    bytes table, the fastest exact decode; and again with the Rust
    ``decode_batch``, as before the table) + per-token texts + JSON +
    building the Arrow table + zstd IPC write + fsync, one pass, no tracer.
+
+Every timed run starts after an untimed ``gc.collect()`` (since issue 13's
+session 5), so that a full collection one run made due does not land on the
+next one; a run that fills the old generation itself still pays for it.
 
 File size: our files against (a) the same Arrow data as one uncompressed IPC
 stream compressed whole with zstd at the same level, and (b) plain JSONL.
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import glob
 import os
 import random
@@ -55,6 +66,20 @@ def make_ids(tok, n_spans: int) -> list[tuple[list[int], list[int]]]:
 
 
 class Engine:
+    """Answers each call with the next response of the data (calls come in order)."""
+
+    def __init__(self, tokenizer, responses: list[list[int]]) -> None:
+        self.tokenizer = tokenizer
+        self.responses = iter(responses)
+
+    @tracer.rollout_trace_op(kind="llm")
+    async def generate(self, prompt_ids: list[int], sampling_params: dict) -> dict:
+        return {"response_ids": next(self.responses), "finish_reason": "stop"}
+
+
+class ArgumentEngine:
+    """The shape of the figures before issue 13's session 5: the response comes in as an argument too."""
+
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
 
@@ -63,14 +88,17 @@ class Engine:
         return {"response_ids": response, "finish_reason": "stop"}
 
 
-def run_tracer(tok, data, out_dir: str, redact: bool = True) -> float:
+def run_tracer(tok, data, out_dir: str, redact: bool = True, response_argument: bool = False) -> float:
     tracer.init(output_dir=out_dir, token2text=True, tokenizer=tok, compression_level=LEVEL, redact=redact)
-    engine = Engine(tok)
+    engine = ArgumentEngine(tok) if response_argument else Engine(tok, [r for _, r in data])
 
     async def main() -> None:
         for i, (p, r) in enumerate(data):
             with tracer.rollout_trace_attr(sample_index=i // 8, step=0, rollout_n=i % 8):
-                await engine.generate(p, {"temperature": 1.0}, r)
+                if response_argument:
+                    await engine.generate(p, {"temperature": 1.0}, r)
+                else:
+                    await engine.generate(p, {"temperature": 1.0})
 
     t0 = time.perf_counter()
     asyncio.run(main())
@@ -178,6 +206,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spans", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--response-as-argument",
+        action="store_true",
+        help="pass each response to generate() as well, as the bench did before issue 13's session 5",
+    )
     args = ap.parse_args()
     from tracer_fixtures import hf_tokenizer
 
@@ -191,18 +224,30 @@ def main() -> None:
     cpu_ours, cpu_straight = [], []
     for r in range(args.rounds):
         d = os.path.join(tmp, f"run{r}")
+        # Each timed run starts with the collector's old generation settled (gc.collect() before
+        # it, untimed): otherwise the one full collection that the runs before it made due lands
+        # on whichever run comes next, tracer or straight line, and swings its time by 0.2-0.4 s.
+        gc.collect()
         c0 = time.process_time()
-        ours.append(run_tracer(tok, data, d))
+        ours.append(run_tracer(tok, data, d, response_argument=args.response_as_argument))
         cpu_ours.append(time.process_time() - c0)
-        plain.append(run_tracer(tok, data, os.path.join(tmp, f"plain{r}"), redact=False))
+        gc.collect()
+        plain.append(
+            run_tracer(
+                tok, data, os.path.join(tmp, f"plain{r}"), redact=False, response_argument=args.response_as_argument
+            )
+        )
+        gc.collect()
         c0 = time.process_time()
         straight.append(run_straight(tok, data, os.path.join(tmp, f"straight{r}.arrow")))
         cpu_straight.append(time.process_time() - c0)
+        gc.collect()
         straight_rust.append(run_straight(tok, data, os.path.join(tmp, f"rust{r}.arrow"), table_decode=False))
     t_ours, t_plain, t_straight = statistics.median(ours), statistics.median(plain), statistics.median(straight)
     t_rust = statistics.median(straight_rust)
     print(
         f"{args.spans} llm spans x {PROMPT + RESPONSE} token ids, token2text on, zstd level {LEVEL}, median of {args.rounds}"
+        + (" (response also passed as an argument)" if args.response_as_argument else "")
     )
     print(f"  rollout-trace, call -> durable on disk: {t_ours:.2f} s ({args.spans / t_ours:,.0f} spans/s)")
     print(f"  rollout-trace, redact=False:            {t_plain:.2f} s ({args.spans / t_plain:,.0f} spans/s)")

@@ -87,17 +87,29 @@ class ObjectSnapshot:
         self.attrs = attrs
 
 
+def capture_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A call's positional arguments captured one by one (the tuple itself is never written as a value)."""
+    return tuple([capture(v, 1) for v in args])
+
+
 def capture(value: Any, depth: int = 0) -> Any:
     """Return a copy of ``value`` that later mutation of ``value`` cannot change.
 
-    Lists, tuples, dicts and sets are copied recursively (a list of plain
-    ints becomes a tuple: see :func:`int_kind`); numpy arrays and
+    Lists, tuples, dicts and sets are copied recursively (a list or tuple of
+    non-negative ids becomes a tuple, every other sequence a list: see
+    :func:`int_kind` and the last paragraph); numpy arrays and
     torch tensors are copied; dataclasses and pydantic models become dicts
     (with their type name under ``"__type__"``); bytearrays, deques and
     arrays are copied; small objects of other classes have their attributes
     copied (:class:`ObjectSnapshot`); other objects are kept by reference and
     serialised when written. Never raises: what cannot be copied becomes a
     :class:`Placeholder` naming why.
+
+    The writer relies on this: in a captured value, an object whose type is
+    exactly ``tuple`` is an id sequence :func:`int_kind` found
+    :data:`NON_NEGATIVE_INTS` at call time, so it takes such tuples as
+    checked token ids without reading their items again
+    (:meth:`tracer.record.encode.Encoder.prepare_captured`).
     """
     cls = type(value)
     if cls in IMMUTABLE_TYPES:
@@ -108,17 +120,26 @@ def capture(value: Any, depth: int = 0) -> Any:
         # Token id lists are long and flat: checked and copied in C, as a
         # tuple, which the garbage collector stops tracking at its first
         # pass (the buffered spans then cost no full collection).
-        if value and int_kind(value):
-            return tuple(value)
+        if value:
+            kind = int_kind(value)
+            if kind == NON_NEGATIVE_INTS:
+                return tuple(value)
+            if kind == INTS:
+                return value.copy()
         if IMMUTABLE_TYPES.issuperset(map(type, value)):
             return value.copy()
         return [capture(v, depth + 1) for v in value]
     if cls is tuple:
-        if value and int_kind(value):
+        # Only a checked id sequence stays a tuple (the writer counts on it,
+        # see the docstring); JSON writes both as arrays, so it reads back the same.
+        if not value:
             return value
-        if IMMUTABLE_TYPES.issuperset(map(type, value)):
+        kind = int_kind(value)
+        if kind == NON_NEGATIVE_INTS:
             return value
-        return tuple(capture(v, depth + 1) for v in value)
+        if kind == INTS or IMMUTABLE_TYPES.issuperset(map(type, value)):
+            return list(value)
+        return [capture(v, depth + 1) for v in value]
     if cls is dict:
         return {k: capture(v, depth + 1) for k, v in value.items()}
     try:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar, overload
 from tracer import schema as S
 from tracer.record import recorder as _recorder
 from tracer.record.capture import IMMUTABLE_TYPES as _IMMUTABLE
-from tracer.record.capture import Placeholder, capture
+from tracer.record.capture import Placeholder, capture, capture_args
 from tracer.record.context import CURRENT_SPAN, Trajectory, named_trajectory
 from tracer.record.recorder import REWARD_SPEC, OpSpec
 
@@ -25,7 +25,7 @@ _time_ns = time.time_ns
 
 def _capture_args(rec: _recorder.Recorder, args: Any) -> Any:
     try:
-        return capture(args)
+        return capture_args(args) if type(args) is tuple else capture(args)
     except Exception as exc:
         _internal_error(rec, "capturing arguments", exc)
         return (Placeholder(f"<arguments not captured: {type(exc).__name__}>"),)

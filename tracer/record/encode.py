@@ -118,6 +118,8 @@ class Encoder:
         self._cur: list[str] = []
         #: Containers whose id lists are dropped after decoding.
         self._drop_ids: list[tuple[dict[str, Any], str]] = []
+        #: Set while walking a captured value (see prepare_captured).
+        self._captured = False
 
     # -- structure -------------------------------------------------------
 
@@ -125,6 +127,21 @@ class Encoder:
         """Start collecting the strings of the next record."""
         self._cur = []
         self.strings.append(self._cur)
+
+    def prepare_captured(self, value: Any, tokenizer: Any, meta: dict[str, Any]) -> Any:
+        """:meth:`prepare` for a value :func:`tracer.record.capture.capture` returned.
+
+        Its exact tuples are id sequences checked at call time (see
+        ``capture``): they are taken as they are, with no second look at
+        their items. Values reached through something capture did not copy
+        (a numpy array's ``tolist()``, a dataclass's fields) are walked as
+        :meth:`prepare` walks them.
+        """
+        self._captured = True
+        try:
+            return self.prepare(value, tokenizer, meta)
+        finally:
+            self._captured = False
 
     def prepare(self, value: Any, tokenizer: Any, meta: dict[str, Any], path: str = "", depth: int = 0) -> Any:
         """Return ``value`` as JSON-ready data; note truncations in ``meta``."""
@@ -142,21 +159,10 @@ class Encoder:
         if depth > 64:
             return "<nested too deep>"
         if cls is dict or isinstance(value, dict):
-            out: dict[str, Any] = {}
-            for k, v in value.items():
-                key = k if isinstance(k, str) else str(k)
-                self._cur.append(key)
-                if self.redact_keys and _secret_key(key):
-                    out[key] = REDACTED
-                    continue
-                if key in self.token_fields:
-                    ids, kind = _as_id_list(v)
-                    if ids is not None:
-                        self._put_tokens(out, key, ids, kind == NON_NEGATIVE_INTS, tokenizer, meta, f"{path}{key}")
-                        continue
-                out[key] = self.prepare(v, tokenizer, meta, f"{path}{key}.", depth + 1)
-            return out
+            return self._prepare_dict(value, tokenizer, meta, path, depth)
         if cls is list or cls is tuple or isinstance(value, (list, tuple, set, frozenset)):
+            if cls is tuple and self._captured:
+                return value  # checked ids (see prepare_captured); orjson writes a tuple as a list
             # Flat lists of plain scalars (token ids, logprobs...) need no walk.
             # Captured lists and tuples are already private copies: no need to
             # copy again (orjson writes a tuple as a list).
@@ -173,6 +179,44 @@ class Encoder:
             return value.text
         if cls is ObjectSnapshot:
             return self.prepare({"__type__": value.type_name, **value.attrs}, tokenizer, meta, path, depth + 1)
+        captured, self._captured = self._captured, False  # what follows was not captured as it is
+        try:
+            return self._prepare_other(value, cls, tokenizer, meta, path, depth)
+        finally:
+            self._captured = captured
+
+    def _prepare_dict(self, value: Any, tokenizer: Any, meta: dict[str, Any], path: str, depth: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        cur = self._cur
+        redact_keys = self.redact_keys
+        token_fields = self.token_fields
+        for k, v in value.items():
+            key = k if isinstance(k, str) else str(k)
+            cur.append(key)
+            if redact_keys and _secret_key(key):
+                out[key] = REDACTED
+                continue
+            vcls = type(v)
+            # The shapes of an llm span's values, without a call each.
+            if vcls is str:
+                cur.append(v)
+                out[key] = v
+                continue
+            if vcls is tuple and self._captured:
+                if key in token_fields:
+                    self._put_tokens(out, key, v, True, tokenizer, meta, f"{path}{key}")
+                else:
+                    out[key] = v
+                continue
+            if key in token_fields:
+                ids, kind = _as_id_list(v)
+                if ids is not None:
+                    self._put_tokens(out, key, ids, kind == NON_NEGATIVE_INTS, tokenizer, meta, f"{path}{key}")
+                    continue
+            out[key] = self.prepare(v, tokenizer, meta, f"{path}{key}.", depth + 1)
+        return out
+
+    def _prepare_other(self, value: Any, cls: type, tokenizer: Any, meta: dict[str, Any], path: str, depth: int) -> Any:
         module = cls.__module__
         if module == "numpy" or module.startswith("numpy.") or (module == "torch" and cls.__name__ == "Tensor"):
             try:

@@ -32,6 +32,7 @@ import pyarrow as pa
 from tracer import schema as S
 from tracer.config import ENV_STRICT, TraceConfig
 from tracer.record import lifecycle
+from tracer.record.capture import capture
 from tracer.record.context import Trajectory
 from tracer.record.encode import Encoder, error_fields, to_json
 from tracer.record.redact import Redactor
@@ -131,8 +132,14 @@ class OpSpec:
             except TypeError:
                 pass  # the call itself failed to bind: record what was passed
             else:
+                given = set(bound.arguments)
                 bound.apply_defaults()
                 named = dict(bound.arguments)
+                for name in named.keys() - given:
+                    # Defaults were not captured at call time: the writer takes only captured tuples as ids.
+                    named[name] = capture(named[name])
+                if self.varargs is not None and type(named.get(self.varargs)) is tuple:
+                    named[self.varargs] = list(named[self.varargs])  # not an id tuple (see capture)
                 if self.has_self:
                     named.pop(next(iter(self.signature.parameters)), None)
                 return named
@@ -740,7 +747,7 @@ class Recorder:
         enc = Encoder(cfg.token_fields, cfg.token2text, cfg.max_tokens, cfg.store_full_token, cfg.redact)
         prepared: list[tuple[Any, Any, dict[str, Any], bool]] = []
         tokenizer_for = self._tokenizer_for
-        prepare = enc.prepare
+        prepare = enc.prepare_captured  # every value of a record was captured at call time
         chunk = records[lo:hi]
         for j, rec in enumerate(chunk):
             i = lo + j
@@ -1051,6 +1058,9 @@ def _byte_bounded_slices(cols: dict[str, list[Any]], n: int) -> tuple[list[tuple
     Also says whether some row may hold a value over :data:`MAX_VALUE_BYTES`.
     """
     text_cols = [cols[name] for name in (S.INPUTS, S.OUTPUTS, S.ATTRIBUTES, S.ERROR)]
+    total = sum(sum(map(len, filter(None, c))) for c in text_cols)  # in C: the common case, one batch
+    if total <= BATCH_CHARS:
+        return [(0, n)], total * 4 > MAX_VALUE_BYTES
     sizes = [sum(len(c[i]) for c in text_cols if c[i] is not None) for i in range(n)]
     big = bool(sizes) and max(sizes) * 4 > MAX_VALUE_BYTES
     if sum(sizes) <= BATCH_CHARS:

@@ -316,7 +316,9 @@ class Redactor:
 _RARE_FIRST = "=_-:/@#$%&|~^`\\KQJZXVWYUFGBHPRMDCLNOISTAEqjzxkvwyfgbpumcldhrsnioate"
 #: Occurrences of one anchor character checked one by one before the text is
 #: split at that character instead (it is common in this text; see TriggerScan).
-MAX_ANCHOR_HITS = 256
+MAX_ANCHOR_HITS = 16
+#: A common anchor with at most this many triggers has them searched for whole instead of splitting the text.
+MAX_WHOLE_WHEN_COMMON = 2
 #: A trigger whose rarest character ranks past this is searched for whole.
 _ANCHOR_RANK_LIMIT = _RARE_FIRST.index("T")
 
@@ -328,10 +330,12 @@ class TriggerScan:
     :data:`_RARE_FIRST`): the text is searched for that character and only
     there compared with the triggers anchored on it. Triggers made of common
     letters only, and secret values, are searched for whole. Where the
-    anchor turns out common in a text (``_`` in code, ``:`` in JSON), the
-    text is split at it once and each piece's end and the next one's start
-    are compared with the triggers' parts before and after the anchor, in C,
-    instead of one search of the whole text per trigger.
+    anchor turns out common in a text (``_`` in code, ``:`` in JSON), an
+    anchor of one or two triggers has them searched for whole; for the
+    others the text is split at it once and each piece's end (and, unless
+    every trigger ends at the anchor, the next one's start) is compared with
+    the triggers' parts before and after the anchor, in C, instead of one
+    search of the whole text per trigger.
     """
 
     def __init__(self, triggers: Iterable[str]) -> None:
@@ -339,7 +343,8 @@ class TriggerScan:
         self.anchored: dict[str, dict[tuple[int, int], set[str]]] = {}
         #: anchor -> (text before it, text after it) of each trigger holding it once
         self.split_parts: dict[str, list[tuple[str, str]]] = {}
-        #: anchor -> triggers holding it more than once (searched for whole when it is common)
+        #: anchor -> triggers searched for whole when it is common: those holding it more than
+        #: once, and all of an anchor's when it has at most MAX_WHOLE_WHEN_COMMON
         self.split_whole: dict[str, list[str]] = {}
         self.whole: list[str] = []
         for t in dict.fromkeys(triggers):
@@ -357,6 +362,12 @@ class TriggerScan:
                 self.split_parts.setdefault(t[i], []).append((t[:i], t[i + 1 :]))
             else:
                 self.split_whole.setdefault(t[i], []).append(t)
+        for anchor in list(self.split_parts):
+            parts = self.split_parts[anchor]
+            if len(parts) <= MAX_WHOLE_WHEN_COMMON:
+                # Splitting costs more than a search or two of the whole text.
+                self.split_whole.setdefault(anchor, []).extend(b + anchor + a for b, a in parts)
+                del self.split_parts[anchor]
 
     def found(self, text: str) -> bool:
         """True when some trigger occurs in ``text``."""
@@ -386,6 +397,15 @@ class TriggerScan:
             before = tuple(b for b, _ in parts)
             after = tuple(a for _, a in parts)
             rest = pieces[1:]
+            # One side of every trigger empty (``key=``, ``hf_``): one C pass over the pieces decides.
+            if not any(after):
+                if any(map(str.endswith, itertools.islice(pieces, len(rest)), itertools.repeat(before))):
+                    return True
+                return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
+            if not any(before):
+                if any(map(str.startswith, rest, itertools.repeat(after))):
+                    return True
+                return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
             # Gaps between pieces where some trigger's start ends the piece and some trigger's end starts the next.
             maybe = itertools.compress(
                 range(len(rest)),
