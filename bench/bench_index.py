@@ -12,7 +12,10 @@ read yet in that process; the OS page cache is warm):
    ``viewer.data.tokens.has_token_stats`` and ``load_step_partials``, what the
    overview page reads, with its tiles and table computed): 1M against 1k spans (target: within 2x) and 10M spans
    (target: under 2 s); beside it the same numbers from every trajectory row
-   (``load_trajectories``, what the page read before);
+   (``load_trajectories``, what the page read before); then, since the 1k run
+   is one writer over 10 steps and the 1M run 16 over 100, the 1M page
+   against the smallest run of its own layout (the run's size alone), and
+   the 1M run compacted to one file against the 1k run;
 3. one step, ``tracer.read_spans(run, columns=..., steps=[k])``: 10M spans
    uncompacted against a copy of the same run after ``rollout-trace compact``
    (target: within 3x), fresh processes taking turns; twice: the big run
