@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import functools
 import math
 import threading
 import traceback
@@ -139,6 +138,8 @@ class Encoder:
         """
         self._captured = True
         try:
+            if type(value) is dict:  # a call's bound arguments, most outputs: what prepare() does for a dict
+                return self._prepare_dict(value, tokenizer, meta, "", 0)
             return self.prepare(value, tokenizer, meta)
         finally:
             self._captured = False
@@ -193,14 +194,26 @@ class Encoder:
         for k, v in value.items():
             key = k if isinstance(k, str) else str(k)
             cur.append(key)
-            if redact_keys and _secret_key(key):
+            if redact_keys and is_secret_key(key):
                 out[key] = REDACTED
                 continue
             vcls = type(v)
-            # The shapes of an llm span's values, without a call each.
+            # The shapes of an llm span's values, without a call each
+            # (what prepare() returns for them as they are).
             if vcls is str:
                 cur.append(v)
                 out[key] = v
+                continue
+            if (
+                (vcls is float and math.isfinite(v))
+                or (vcls is int and _INT64_MIN <= v <= _INT64_MAX)
+                or vcls is bool
+                or v is None
+            ):
+                out[key] = v
+                continue
+            if vcls is dict and depth < 64:
+                out[key] = self._prepare_dict(v, tokenizer, meta, f"{path}{key}.", depth + 1)
                 continue
             if vcls is tuple and self._captured:
                 if key in token_fields:
@@ -261,12 +274,14 @@ class Encoder:
             ids = ids[: self.max_tokens]
         out[key] = ids
         if self.token2text and tokenizer is not None:
-            pieces = None if key in PROMPT_TOKEN_FIELDS else token_texts_field_name(key)
+            names = _FIELD_NAMES.get(key)
+            if names is None:
+                names = _field_names(key)
             record = len(self.strings) - 1
-            job = DecodeJob(ids, out, text_field_name(key), tokenizer, self._cur, pieces, record, non_negative)
+            job = DecodeJob(ids, out, names[0], tokenizer, self._cur, names[1], record, non_negative)
             self.jobs.append(job)
-        if not self.store_full_token and (self.token2text and tokenizer is not None):
-            self._drop_ids.append((out, key))
+            if not self.store_full_token:
+                self._drop_ids.append((out, key))
 
     # -- tokens ------------------------------------------------------------
 
@@ -333,10 +348,18 @@ class Encoder:
                 job.container[key] = redact(job.container[key])
 
 
-@functools.lru_cache(maxsize=4096)
-def _secret_key(key: str) -> bool:
-    # Keys repeat across spans (argument names): remember the verdicts.
-    return is_secret_key(key)
+#: Ints JSON readers take as they are (prepare() writes larger ones as text).
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+#: Token field -> (where its text goes, where its per-token texts go or None); filled per field
+#: name the writer meets, so bounded by the configured token fields.
+_FIELD_NAMES: dict[str, tuple[str, str | None]] = {}
+
+
+def _field_names(key: str) -> tuple[str, str | None]:
+    names = (text_field_name(key), None if key in PROMPT_TOKEN_FIELDS else token_texts_field_name(key))
+    _FIELD_NAMES[key] = names
+    return names
 
 
 def _as_id_list(value: Any) -> tuple[Sequence[int] | None, int]:
