@@ -47,12 +47,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import orjson  # noqa: E402
 import pyarrow as pa  # noqa: E402
+from bench_history import writer_cpu as thread_cpu  # noqa: E402
 
 import tracer  # noqa: E402
-from tracer.record import recorder as _recorder  # noqa: E402
 from tracer.record.pieces import batch_decode, piece_table  # noqa: E402
 
 PROMPT, RESPONSE = 384, 128
@@ -94,15 +95,6 @@ class ArgumentEngine:
         return {"response_ids": response, "finish_reason": "stop"}
 
 
-def _writer_cpu() -> float:
-    """CPU seconds the active recorder's writer thread has used (it starts with the run), or NaN."""
-    rec = _recorder.ACTIVE
-    thread = None if rec is None else rec._thread
-    if thread is None or thread.ident is None or not thread.is_alive():
-        return float("nan")
-    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-
-
 def run_tracer(
     tok, data, out_dir: str, redact: bool = True, response_argument: bool = False, writer_cpu: list | None = None
 ) -> float:
@@ -122,7 +114,7 @@ def run_tracer(
     result = tracer.flush()
     elapsed = time.perf_counter() - t0
     if writer_cpu is not None:
-        writer_cpu.append(_writer_cpu())
+        writer_cpu.append(thread_cpu())
     tracer.shutdown()
     assert result.ok, result.message
     return elapsed

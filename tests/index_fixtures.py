@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Any
 
 import pyarrow as pa
@@ -11,7 +13,8 @@ import tracer
 from tracer import schema as S
 from tracer.storage import shard_index as _si
 from tracer.storage.files import read_layout
-from tracer.storage.shard_index import load_shard_index
+from tracer.storage.seal import seal_if_abandoned
+from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index
 from tracer.storage.writer import SpanWriter
 from tracer.summary import SUMMARY_SPAN_COLUMNS, summarize
 
@@ -52,6 +55,45 @@ def write_shard(run: str, batches: list[list[dict[str, Any]]], close: bool = Tru
     else:
         writer._let_go()
     return path
+
+
+def bare_copy(run: str, where: str) -> str:
+    """A copy of ``run`` at ``where`` without any index, its open shards sealed without one: what
+    readers read span by span (the reference the indexed reads are compared with)."""
+    shutil.copytree(run, where, ignore=shutil.ignore_patterns("*" + INDEX_SUFFIX))
+    for root, _, names in os.walk(where):
+        for name in names:
+            if name.endswith(S.FILE_SUFFIX):
+                seal_if_abandoned(os.path.join(root, name), index=False)
+    return where
+
+
+def trajectory_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Trajectory rows (``TRAJECTORY_SCHEMA``) from hypothesis-drawn dicts of step, validate, reward,
+    status, start, length (either may be None) and counts (spans, llm calls, tool calls, tool errors)."""
+    out = []
+    for i, r in enumerate(rows):
+        spans, llm, tools, errs = r["counts"]
+        start = r["start"]
+        out.append(
+            {
+                S.TRACE_ID: f"t{i}",
+                S.STEP: r["step"],
+                S.SAMPLE_INDEX: "0",
+                S.ROLLOUT_N: 0,
+                S.VALIDATE: r["validate"],
+                S.REWARD: r["reward"],
+                S.STATUS: r["status"],
+                S.START_NS: start,
+                S.END_NS: None if r["length"] is None or start is None else start + r["length"],
+                S.NUM_SPANS: spans,
+                S.NUM_LLM_CALLS: llm,
+                S.NUM_TOOL_CALLS: tools,
+                S.NUM_TOOL_ERRORS: min(errs, tools),
+                S.NUM_ERRORS: 0,
+            }
+        )
+    return pa.Table.from_pylist(out, schema=S.TRAJECTORY_SCHEMA)
 
 
 def valid_index_of(file: str) -> _si.ShardIndex:

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from index_fixtures import bare_copy, write_shard
 
 import tracer
 from tracer import schema as S
@@ -56,29 +57,6 @@ def _span(trace: str, n: int, step: int | None, validate: bool, reward: float | 
     if reward is not None:
         row.update({S.KIND: S.KIND_REWARD, S.NAME: S.REWARD_SPAN_NAME, S.REWARD: reward, S.END_NS: 3_000 + n})
     return row
-
-
-def _shard(run: str, batches: list[list[dict[str, Any]]], close: bool = True) -> str:
-    writer = SpanWriter(run, META)
-    for rows in batches:
-        writer.write(pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA))
-    path = writer.path
-    assert path is not None
-    if close:
-        writer.close()
-    else:  # killed after its last flush: compaction seals it
-        writer._let_go()
-    return path
-
-
-def _bare_copy(run: str, where: str) -> str:
-    """``run`` without any index (open shards sealed without one): what every reader reads span by span."""
-    shutil.copytree(run, where, ignore=shutil.ignore_patterns("*" + INDEX_SUFFIX))
-    for root, _, names in os.walk(where):
-        for name in names:
-            if name.endswith(S.FILE_SUFFIX):
-                seal_if_abandoned(os.path.join(root, name), index=False)
-    return where
 
 
 def _outputs(run: str) -> list[str]:
@@ -206,8 +184,8 @@ def test_compacted_runs_read_the_same_whatever_became_of_their_indexes(
     try:
         for w, spans in rows.items():
             if spans:
-                _shard(run, [spans[i : i + batch] for i in range(0, len(spans), batch)], close=w != killed)
-        bare = _bare_copy(run, os.path.join(root, "bare"))
+                write_shard(run, [spans[i : i + batch] for i in range(0, len(spans), batch)], close=w != killed)
+        bare = bare_copy(run, os.path.join(root, "bare"))
         with _quiet():
             compact(run, target_bytes=target)
             outputs = _outputs(run)
@@ -237,8 +215,8 @@ def test_a_compacted_files_index_answers_without_reading_other_batches(tmp_path:
     """Trajectory ``a`` is alone in step 1: with every other batch of the compacted file damaged, its reads,
     the run's steps and its span names come back without a warning, so those batches were never decoded."""
     run = os.fspath(tmp_path / "run")
-    _shard(run, [[_span("a", 0, 1, False), _span("a", 1, 1, False)], [_span("b", 0, 2, False)]], close=False)
-    _shard(run, [[_span("c", 0, 3, False), _span("c", 1, 3, False)], [_span("", 9, 2, False, reward=1.0)]])
+    write_shard(run, [[_span("a", 0, 1, False), _span("a", 1, 1, False)], [_span("b", 0, 2, False)]], close=False)
+    write_shard(run, [[_span("c", 0, 3, False), _span("c", 1, 3, False)], [_span("", 9, 2, False, reward=1.0)]])
     compact(run)
     (out,) = _outputs(run)
     ((file, index),) = indexed_files(run)
@@ -269,7 +247,7 @@ def test_a_compacted_files_index_answers_without_reading_other_batches(tmp_path:
 def test_a_compacted_file_without_a_valid_index_still_reads_a_step_from_the_compaction_entry(tmp_path: Any) -> None:
     """The ``_index.json`` entry (batch steps for the file's size) still narrows a step read when the index is gone."""
     run = os.fspath(tmp_path / "run")
-    _shard(run, [[_span("a", 0, 1, False)], [_span("b", 0, 2, False)], [_span("c", 0, 3, False)]])
+    write_shard(run, [[_span("a", 0, 1, False)], [_span("b", 0, 2, False)], [_span("c", 0, 3, False)]])
     compact(run)
     (out,) = _outputs(run)
     want = tracer.read_spans(run, steps=[2])

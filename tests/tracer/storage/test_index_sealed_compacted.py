@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from index_fixtures import trace_span, valid_index_of, write_shard
+from index_fixtures import bare_copy, trace_span, valid_index_of, write_shard
 
 import tracer
 from tracer import schema as S
@@ -45,17 +45,6 @@ def _three_batches(run: str) -> str:
         ],
         close=False,
     )
-
-
-def _bare_copy(run: str) -> str:
-    """A copy of ``run`` without sidecars, whose open shards are sealed without one: what readers got before."""
-    copy = os.path.join(os.path.dirname(run), "bare")
-    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("*" + INDEX_SUFFIX))
-    for root, _, names in os.walk(copy):
-        for name in names:
-            if name.endswith(S.FILE_SUFFIX):
-                seal_if_abandoned(os.path.join(root, name), index=False)
-    return copy
 
 
 def _same_reads(run: str, bare: str, trace_ids: list[str], steps: list[int]) -> None:
@@ -97,7 +86,7 @@ def test_a_sealed_shard_gets_its_index_and_readers_use_it(tmp_path: Any) -> None
     run = os.fspath(tmp_path / "run")
     shard = _three_batches(run)
     assert not os.path.exists(sidecar_path(shard))
-    bare = _bare_copy(run)
+    bare = bare_copy(run, os.path.join(os.path.dirname(run), "bare"))
     assert seal_if_abandoned(shard).action == SEALED
     index = valid_index_of(shard)
     assert index.batch_rows == [2, 2, 1] and index.batch_steps == [[1], [2], [3]]
@@ -180,7 +169,7 @@ def test_a_wrong_index_beside_a_sealed_shard_is_ignored(tmp_path: Any, lie: Any)
     assert seal_if_abandoned(shard).action == SEALED
     lie(shard)
     assert load_shard_index(shard) is None
-    bare = _bare_copy(run)
+    bare = bare_copy(run, os.path.join(os.path.dirname(run), "bare"))
     _same_reads(run, bare, ["a", "b", "c", "zzz"], [1, 2, 3])
 
 
@@ -200,7 +189,7 @@ def _outputs(run: str) -> list[str]:
 def test_compacted_files_have_valid_indexes(tmp_path: Any) -> None:
     run = os.fspath(tmp_path / "run")
     _run_with_dead_workers(run)
-    bare = _bare_copy(run)
+    bare = bare_copy(run, os.path.join(os.path.dirname(run), "bare"))
     before = read_trajectories(bare)
     report = compact(run, target_bytes=1)  # one output per input
     assert report.files_out == 3 and len(report.sealed) == 2
@@ -223,7 +212,7 @@ def test_a_compacted_file_past_the_writers_bound_still_gets_its_index(
     monkeypatch.setattr(_si, "MAX_BUILD_BYTES", 1)
     run = os.fspath(tmp_path / "run")
     _run_with_dead_workers(run)
-    bare = _bare_copy(run)
+    bare = bare_copy(run, os.path.join(os.path.dirname(run), "bare"))
     report = compact(run, target_bytes=1 << 30)  # one output
     assert report.files_out == 1
     (out,) = _outputs(run)
@@ -242,7 +231,7 @@ def test_a_compaction_that_stops_before_the_index_is_read_whole(tmp_path: Any) -
     _run_with_dead_workers(run)
     compact(run, target_bytes=1)
     first, second, third = _outputs(run)
-    bare = _bare_copy(run)  # compacted files without any index
+    bare = bare_copy(run, os.path.join(os.path.dirname(run), "bare"))  # compacted files without any index
     os.remove(sidecar_path(first))  # the crash: no index
     shutil.copyfile(sidecar_path(third), sidecar_path(second))  # another output's index
     with open(sidecar_path(third), "r+b") as f:  # a torn one
@@ -320,7 +309,7 @@ def test_random_runs_killed_anywhere_read_the_same_indexed(workers: list[dict[st
             if spec["end"] == "torn":
                 with open(shard, "r+b") as f:
                     f.truncate(os.path.getsize(shard) - 3)
-        bare = _bare_copy(run)
+        bare = bare_copy(run, os.path.join(os.path.dirname(run), "bare"))
         tids = sorted({f"w{w}t{pick}" for w in range(len(workers))})
         with _quiet():
             _same_reads(run, bare, tids, [step])

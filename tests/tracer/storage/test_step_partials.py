@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from index_fixtures import write_shard
+from index_fixtures import trajectory_table, write_shard
 
 import tracer
 import tracer.summary
@@ -101,36 +101,11 @@ _row = st.fixed_dictionaries(
 )
 
 
-def _trajectory_table(rows: list[dict[str, Any]]) -> pa.Table:
-    out = []
-    for i, r in enumerate(rows):
-        spans, llm, tools, errs = r["counts"]
-        out.append(
-            {
-                S.TRACE_ID: f"t{i}",
-                S.STEP: r["step"],
-                S.SAMPLE_INDEX: "0",
-                S.ROLLOUT_N: 0,
-                S.VALIDATE: r["validate"],
-                S.REWARD: r["reward"],
-                S.STATUS: r["status"],
-                S.START_NS: r["start"],
-                S.END_NS: None if r["length"] is None else r["start"] + r["length"],
-                S.NUM_SPANS: spans,
-                S.NUM_LLM_CALLS: llm,
-                S.NUM_TOOL_CALLS: tools,
-                S.NUM_TOOL_ERRORS: min(errs, tools),
-                S.NUM_ERRORS: 0,
-            }
-        )
-    return pa.Table.from_pylist(out, schema=S.TRAJECTORY_SCHEMA)
-
-
 @settings(max_examples=25, deadline=None)
 @given(rows=st.lists(_row, min_size=0, max_size=30), cuts=st.lists(st.integers(0, 30), max_size=4), seed=st.randoms())
 def test_any_split_merges_to_the_aggregates_of_all_rows(rows: list[dict[str, Any]], cuts: list[int], seed: Any) -> None:
     """Rows cut into parts, shuffled, aggregated per part and merged: the aggregates (and metrics) of all rows."""
-    table = _trajectory_table(rows)
+    table = trajectory_table(rows)
     order = list(range(table.num_rows))
     seed.shuffle(order)
     shuffled = table.take(pa.array(order, pa.int64()))
@@ -157,7 +132,7 @@ def test_metrics_of_one_group_by_hand() -> None:
             (None, 4.0, None, (2, 3, 2, 0)),
         ]
     ]
-    metrics = step_metrics(_trajectory_table(rows))
+    metrics = step_metrics(trajectory_table(rows))
     assert list(metrics) == [(3, False)]
     m = metrics[(3, False)]
     assert m["trajectories"] == 3.0

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from index_fixtures import trace_span, write_shard
+from index_fixtures import trace_span, trajectory_table, write_shard
 
 import tracer.summary
 from tracer import schema as S
@@ -32,32 +32,6 @@ _row = st.fixed_dictionaries(
         "counts": st.tuples(st.integers(0, 9), st.integers(0, 9), st.integers(0, 9), st.integers(0, 9)),
     }
 )
-
-
-def _table(rows: list[dict[str, Any]]) -> pa.Table:
-    out = []
-    for i, r in enumerate(rows):
-        spans, llm, tools, errs = r["counts"]
-        start = r["start"]
-        out.append(
-            {
-                S.TRACE_ID: f"t{i}",
-                S.STEP: r["step"],
-                S.SAMPLE_INDEX: "0",
-                S.ROLLOUT_N: 0,
-                S.VALIDATE: r["validate"],
-                S.REWARD: r["reward"],
-                S.STATUS: r["status"],
-                S.START_NS: start,
-                S.END_NS: None if r["length"] is None or start is None else start + r["length"],
-                S.NUM_SPANS: spans,
-                S.NUM_LLM_CALLS: llm,
-                S.NUM_TOOL_CALLS: tools,
-                S.NUM_TOOL_ERRORS: min(errs, tools),
-                S.NUM_ERRORS: 0,
-            }
-        )
-    return pa.Table.from_pylist(out, schema=S.TRAJECTORY_SCHEMA)
 
 
 def _reference(t: pa.Table) -> list[dict[str, Any]]:
@@ -86,7 +60,7 @@ def _reference(t: pa.Table) -> list[dict[str, Any]]:
 @given(rows=st.lists(_row, max_size=40), cut=st.integers(0, 40))
 def test_aggregates_are_the_plain_python_ones(rows: list[dict[str, Any]], cut: int) -> None:
     """Counts summed, values sorted per group, exactly what a row-by-row loop gives; split in two or not."""
-    t = _table(rows)
+    t = trajectory_table(rows)
     want = _reference(t)
     for got in (step_partials(t), merge_step_partials([step_partials(t.slice(0, cut)), step_partials(t.slice(cut))])):
         rows_got = got.to_pylist()
