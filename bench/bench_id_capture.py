@@ -3,7 +3,7 @@ already writes, then written through ``orjson.Fragment`` (issue 13: a lead for t
 
 Per span: a 384-id prompt and a 128-id response checked and captured on the caller's side, 1,000 spans
 buffered (as the recorder buffers them), then the writer's JSON of the inputs and outputs; a third
-variant also parses the ids back into ints, which token2text's decode (and the history's prefix
+variant does the same and also parses the ids back into ints, which token2text's decode (and the history's prefix
 check) need. Process CPU per span, median of 5, the variants taking turns in one process.
 
     python bench/bench_id_capture.py
@@ -17,6 +17,8 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,67 +31,61 @@ N, BUF = 10000, 1000
 data = [([rng.randrange(50000) for _ in range(384)], [rng.randrange(50000) for _ in range(128)]) for _ in range(N)]
 
 
-def tuples() -> int:
-    out = []
+def _record(p: Any, r: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The inputs and outputs of one llm span holding ``p`` and ``r`` as captured."""
+    return {"prompt_ids": p, "sampling_params": {"temperature": 1.0}}, {"response_ids": r, "finish_reason": "stop"}
+
+
+def _checked_text(ids: list[int]) -> bytes | None:
+    """``ids`` as the JSON text int_kind's check writes, when that text holds only non-negative ints."""
+    text = orjson.dumps(ids, option=_INT_CHECK_OPTS)
+    return text if text.translate(None, _DIGITS) == b"[]" else None
+
+
+def _run(capture: Callable[[list[int]], Any], write: Callable[[dict[str, Any], dict[str, Any]], int]) -> int:
+    """Each span's ids captured on the caller's side, BUF spans buffered, then written: what the recorder does."""
+    out: list[tuple[dict[str, Any], dict[str, Any]]] = []
     t = 0
     for p, r in data:
-        if int_kind(p) and int_kind(r):
-            out.append(
-                (
-                    {"prompt_ids": tuple(p), "sampling_params": {"temperature": 1.0}},
-                    {"response_ids": tuple(r), "finish_reason": "stop"},
-                )
-            )
+        a, b = capture(p), capture(r)
+        if a is not None and b is not None:
+            out.append(_record(a, b))
         if len(out) == BUF:
-            for i, o in out:
-                t += len(orjson.dumps(i)) + len(orjson.dumps(o))
+            t += sum(write(i, o) for i, o in out)
             out = []
     return t
 
 
-def frag(text: bytes) -> bool:
-    rest = text.translate(None, _DIGITS)
-    return rest == b"[]"
+def _as_tuple(ids: list[int]) -> tuple[int, ...] | None:
+    return tuple(ids) if int_kind(ids) else None
+
+
+def _write_tuples(i: dict[str, Any], o: dict[str, Any]) -> int:
+    return len(orjson.dumps(i)) + len(orjson.dumps(o))
+
+
+def _write_fragments(i: dict[str, Any], o: dict[str, Any]) -> int:
+    return len(orjson.dumps({**i, "prompt_ids": orjson.Fragment(i["prompt_ids"])})) + len(
+        orjson.dumps({**o, "response_ids": orjson.Fragment(o["response_ids"])})
+    )
+
+
+def _write_fragments_parsed(i: dict[str, Any], o: dict[str, Any]) -> int:
+    """As _write_fragments, and the ids parsed back into ints (token2text's decode needs them)."""
+    ids, rids = orjson.loads(i["prompt_ids"]), orjson.loads(o["response_ids"])
+    return len(ids) + len(rids) + _write_fragments(i, o)
+
+
+def tuples() -> int:
+    return _run(_as_tuple, _write_tuples)
 
 
 def fragments() -> int:
-    out = []
-    t = 0
-    for p, r in data:
-        a = orjson.dumps(p, option=_INT_CHECK_OPTS)
-        b = orjson.dumps(r, option=_INT_CHECK_OPTS)
-        if frag(a) and frag(b):
-            out.append(
-                (
-                    {"prompt_ids": a, "sampling_params": {"temperature": 1.0}},
-                    {"response_ids": b, "finish_reason": "stop"},
-                )
-            )
-        if len(out) == BUF:
-            for i, o in out:
-                t += len(orjson.dumps({**i, "prompt_ids": orjson.Fragment(i["prompt_ids"])})) + len(
-                    orjson.dumps({**o, "response_ids": orjson.Fragment(o["response_ids"])})
-                )
-            out = []
-    return t
+    return _run(_checked_text, _write_fragments)
 
 
 def fragments_parse() -> int:
-    """Also the ids parsed back into ints (token2text's decode needs them)."""
-    out = []
-    t = 0
-    for p, r in data:
-        a = orjson.dumps(p, option=_INT_CHECK_OPTS)
-        b = orjson.dumps(r, option=_INT_CHECK_OPTS)
-        if frag(a) and frag(b):
-            out.append((a, b))
-        if len(out) == BUF:
-            for a, b in out:
-                ids = orjson.loads(a)
-                rids = orjson.loads(b)
-                t += len(ids) + len(rids) + len(orjson.dumps({"prompt_ids": orjson.Fragment(a)}))
-            out = []
-    return t
+    return _run(_checked_text, _write_fragments_parsed)
 
 
 def main() -> None:
