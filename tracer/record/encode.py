@@ -458,8 +458,3 @@ def error_fields(exc: BaseException) -> dict[str, str]:
     except Exception:
         tb = ""
     return {"type": name, "message": message, "traceback": tb}
-
-
-def error_json(exc: BaseException) -> str:
-    """JSON of an exception: type, message and formatted traceback."""
-    return to_json(error_fields(exc))

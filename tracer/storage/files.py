@@ -586,21 +586,6 @@ def conform(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([S.SPAN_SCHEMA.field(c) for c in columns]))
 
 
-def is_arrow_file_format(path: str) -> bool:
-    """True for an Arrow IPC file (with footer), False for a stream (or anything else)."""
-    if not _uri.is_remote(path):
-        try:
-            if not stat.S_ISREG(os.stat(path).st_mode):
-                return False
-        except OSError:
-            return False
-    try:
-        with _uri.open_input(path) as f:
-            return bytes(f.read(len(ARROW_FILE_MAGIC))) == ARROW_FILE_MAGIC
-    except OSError:
-        return False
-
-
 # -- the reader ----------------------------------------------------------------------
 
 
@@ -894,15 +879,6 @@ def read_batches(
         if unknown:
             raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
     return TraceFileBatches(os.fspath(path), cols, batch_numbers, expect_size, resume, trust_footer)
-
-
-def scan_file(
-    path: str | os.PathLike[str], columns: Iterable[str] | None = None
-) -> tuple[list[pa.RecordBatch], FileRead]:
-    """Read every batch of one file into a list; return it with the :class:`FileRead`."""
-    reading = read_batches(path, columns)
-    batches = list(reading)
-    return batches, reading.result
 
 
 def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
