@@ -169,6 +169,12 @@ INDEX_UNIFORM = "index_uniform"
 #: Column of the shard index: a 64-bit hash of the row's trace id (null for rows without one), so files
 #: whose trace id ranges overlap are compared on numbers (and on the ids only where two hashes agree).
 INDEX_TRACE_HASH = "index_trace_hash"
+#: Column of the shard index: the rewards of its trajectories sorted per (step, validate) group, groups in the
+#: order of the stored per-step aggregates (:data:`META_STEPS_VALUE_COUNTS` says how many each), nulls after.
+#: Not aligned with the other columns of a row: a column of the same length that holds the values.
+INDEX_SORTED_REWARDS = "index_sorted_rewards"
+#: Column of the shard index: the latencies in seconds, laid out as :data:`INDEX_SORTED_REWARDS`.
+INDEX_SORTED_LATENCIES = "index_sorted_latencies_s"
 META_INDEX_VERSION = "rollout_trace.index_version"
 META_INDEX_OF = "rollout_trace.index_of"
 META_INDEX_SIZE = "rollout_trace.index_size"
@@ -184,6 +190,9 @@ META_INDEX_STEPS = "rollout_trace.index_steps"
 META_STEPS_TRACE_RANGE = "rollout_trace.trace_id_range"
 #: Metadata of those aggregates' stream: JSON list of the steps of spans without a trace id (absent: none).
 META_STEPS_LOOSE = "rollout_trace.loose_steps"
+#: Metadata of those aggregates' stream: JSON ``[[rewards...], [latencies...]]``, how many values of each
+#: aggregate row :data:`INDEX_SORTED_REWARDS` and :data:`INDEX_SORTED_LATENCIES` hold, in row order.
+META_STEPS_VALUE_COUNTS = "rollout_trace.value_counts"
 
 # Per-step aggregates (tracer.summary.step_partials): what the run overview shows, without every trajectory row.
 #: Column of the per-step aggregates: trajectories of the (step, validate) group.

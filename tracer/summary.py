@@ -1539,10 +1539,41 @@ def _merged(partials: pa.Table) -> bool:
         if len(values) < 2:
             continue
         starts = np.asarray(lists.offsets.to_numpy()) - lists.offsets[0].as_py()
-        falls = np.flatnonzero(np.diff(values) < 0) + 1  # positions where a value is below the one before
+        falls = np.flatnonzero(values[1:] < values[:-1]) + 1  # positions where a value is below the one before
         if not np.isin(falls, starts).all():  # ... anywhere but at the start of a row's list
             return False
     return True
+
+
+def _moments(flat: np.ndarray, at: np.ndarray) -> tuple[list[float], list[float], list[float], list[float]]:
+    """``np.mean``, ``np.std``, ``np.min`` and ``np.max`` of each run ``flat[at[i]:at[i + 1]]`` (NaN for an empty one).
+
+    The same operations numpy's own functions do, in the same order (so the same bits): the mean is
+    the pairwise sum over the count, the variance the pairwise sum of squared deviations from it over
+    the count; only the elementwise steps run on every run at once. Sums stay one call per run, since
+    ``np.add.reduceat`` is not the pairwise sum.
+    """
+    groups = len(at) - 1
+    nan = [math.nan] * groups
+    if not len(flat):
+        return nan, list(nan), list(nan), list(nan)
+    counts = np.diff(at)
+    full = np.flatnonzero(counts > 0)
+    starts, ends = at[:-1].tolist(), at[1:].tolist()
+    add = np.add.reduce
+    totals = np.array([add(flat[starts[i] : ends[i]]) for i in full.tolist()], dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as np.std gives
+        means = totals / counts[full]
+        square = flat - np.repeat(means, counts[full])
+        np.square(square, out=square)
+        spread = np.array([add(square[starts[i] : ends[i]]) for i in full.tolist()], dtype=np.float64)
+        spread = np.sqrt(spread / counts[full])
+    low, high = np.minimum.reduceat(flat, at[full]), np.maximum.reduceat(flat, at[full])
+    out = (list(nan), list(nan), list(nan), list(nan))
+    for column, got in zip(out, (means, spread, low, high), strict=True):
+        for i, v in zip(full.tolist(), got.tolist(), strict=True):
+            column[i] = v
+    return out
 
 
 def partial_metrics(
@@ -1561,20 +1592,19 @@ def partial_metrics(
 
     rewards, r_at = values(S.PART_REWARDS)
     lats, l_at = values(S.PART_LATENCIES)
+    moments = _moments(np.asarray(rewards, dtype=np.float64), r_at)
     sums = {c: partials.column(c).to_pylist() for c in _PART_SUMS}
     out: dict[tuple[int | None, bool], dict[str, float]] = {}
     for i, (step, val) in enumerate(zip(partials.column(S.STEP).to_pylist(), partials.column(S.VALIDATE).to_pylist())):
         n = sums[S.PART_TRAJECTORIES][i]
         calls = sums[S.NUM_TOOL_CALLS][i]
-        r = rewards[r_at[i] : r_at[i + 1]]
         lat = lats[l_at[i] : l_at[i + 1]]
-        nan = math.nan
         out[(step, bool(val))] = {
             "trajectories": float(n),
-            "reward/mean": float(np.mean(r)) if len(r) else nan,
-            "reward/std": float(np.std(r)) if len(r) else nan,
-            "reward/min": float(np.min(r)) if len(r) else nan,
-            "reward/max": float(np.max(r)) if len(r) else nan,
+            "reward/mean": moments[0][i],
+            "reward/std": moments[1][i],
+            "reward/min": moments[2][i],
+            "reward/max": moments[3][i],
             "turns/mean": sums[S.NUM_LLM_CALLS][i] / n,
             "tool_calls/mean": calls / n,
             "tool_error_rate": (sums[S.NUM_TOOL_ERRORS][i] / calls) if calls else 0.0,
@@ -1590,8 +1620,8 @@ def partial_metrics(
     return {k: out[k] for k in sorted(out, key=lambda k: (k[0] is None, k[0] or 0, k[1]))}
 
 
-# Writers store these counts in each closed shard's index, next to the summary rows.
-_shard_index.use_step_partials(step_counts)
+# Writers store these aggregates in each closed shard's index, next to the summary rows.
+_shard_index.use_step_partials(step_partials)
 
 
 def read_step_partials(path: TracePaths) -> pa.Table:
@@ -1622,8 +1652,8 @@ def read_step_partials(path: TracePaths) -> pa.Table:
         return step_partials(read_trajectories(path))
 
 
-#: What the landing page reads of each kept index: the value columns and the trace id hashes.
-_SOURCE_COLUMNS = (*VALUE_COLUMNS, S.INDEX_TRACE_HASH)
+#: What the landing page reads of each kept index: the trace id hashes and the sorted values (in the sidecar's order).
+_SOURCE_COLUMNS = (S.INDEX_TRACE_HASH, *_shard_index.SORTED_COLUMNS)
 
 
 def _partials_from_indexes(path: TracePaths) -> pa.Table:
@@ -1651,6 +1681,8 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
         if any(len(pc.list_flatten(got.partials.column(c))) for c in _PART_LISTS):
             return step_partials(read_trajectories([f for f, _ in files]))  # not what indexes store: trust none
         stored[n], read[n] = got, batch
+        if got.value_counts is None:  # not what a writer writes: its values are read from its rows
+            rest.add(n)
         if got.trace_range is not None:
             ranges.append((*got.trace_range, n))
         if got.loose_steps is not None:  # rewards logged by key may join trajectories of any file
@@ -1672,13 +1704,76 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
     if any(read[n] is None for n in kept):  # unreadable now: read the run's rows
         return step_partials(read_trajectories([f for f, _ in files]))
     parts = []
-    if kept:  # one table of each kind, so the cost is per row, not per file
-        parts.append(_partials_part(pa.concat_tables([stored[n].partials for n in kept])))
-        values = pa.concat_tables([read[n] for n in kept])
-        parts.append(_rows_part(values, counts=False, values=True))
+    if kept:  # one table and one array of each kind, so the cost is per row, not per file
+        counts = pa.concat_tables([stored[n].partials for n in kept])
+        values = _presorted([stored[n] for n in kept], [read[n] for n in kept])
+        if values is None:  # values not what the aggregates count: read the run's rows
+            return step_partials(read_trajectories([f for f, _ in files]))
+        if not rest:
+            ordered = _in_key_order(counts, values)
+            if ordered is not None:  # no group in two files (one compacted file, or steps apart): merged already
+                return ordered
+        part = _partials_part(counts)
+        part.values = tuple((v, np.repeat(np.arange(counts.num_rows), n)) for v, n in values)
+        parts.append(part)
     if rest:
         parts.append(_rows_part(read_trajectories([files[n][0] for n in sorted(rest)]), counts=True, values=True))
     return _merge_parts(parts)
+
+
+def _presorted(
+    got: Sequence[_shard_index.StoredPartials], read: Sequence[pa.Table]
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
+    """The sorted values of some sidecars' stored aggregates: per value column, the values and how many
+    belong to each aggregate row (rows of all the files in turn); None when a sidecar's disagree.
+
+    Each sidecar holds, per :data:`tracer.storage.shard_index.SORTED_COLUMNS`, the values of each of its
+    aggregate rows already sorted (what :func:`step_partials` of its rows gives), then nulls.
+    """
+    out = []
+    for k, name in enumerate(_shard_index.SORTED_COLUMNS):
+        chunks, counts = [], []
+        for stored, batch in zip(got, read, strict=True):
+            if stored.value_counts is None:
+                return None
+            col = batch.column(name)
+            n = int(stored.value_counts[k].sum())
+            if len(col) - col.null_count != n or col.slice(0, n).null_count:  # n values, then nulls only
+                return None
+            chunks += col.chunks
+            counts.append(stored.value_counts[k])
+        # Every file's values, in file order: what is not null (one call, whatever the number of files).
+        flat = (
+            pc.drop_null(pa.chunked_array(chunks, pa.float64())).combine_chunks()
+            if chunks
+            else pa.array([], pa.float64())
+        )
+        out.append((np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64), np.concatenate(counts)))
+    return out[0], out[1]
+
+
+def _in_key_order(
+    counts: pa.Table, values: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+) -> pa.Table | None:
+    """Stored aggregates (rows of one file or several) with their sorted values, in :func:`merge_step_partials`'
+    order; None when a (step, validate) group is in more than one row (then they merge)."""
+    step, null, validate = _keys(counts)
+    order = np.lexsort((validate, step, null))  # by step (nulls last), then validate
+    same = (step[order][1:] == step[order][:-1]) & (null[order][1:] == null[order][:-1])
+    if (same & (validate[order][1:] == validate[order][:-1])).any():
+        return None
+    if max(len(flat) for flat, _ in values) >= 2**31:  # past a list array's 32-bit offsets: the merge's layout
+        return None
+    table = counts
+    for c, (flat, n) in zip(_PART_LISTS, values, strict=True):
+        offsets = np.zeros(len(n) + 1, dtype=np.int32)
+        np.cumsum(n, out=offsets[1:])
+        at = table.schema.get_field_index(c)
+        lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float64()))
+        table = table.set_column(at, table.schema.field(at), lists)
+    if (np.diff(order) != 1).any():
+        table = table.take(pa.array(order, pa.int64()))
+    return table.combine_chunks()
 
 
 def _sharing(
