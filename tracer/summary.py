@@ -1337,8 +1337,9 @@ def step_partials(trajectories: pa.Table) -> pa.Table:
     and the rewards and latencies themselves (sorted), whose mean, spread and
     percentiles it shows. The rows of several parts merge
     (:func:`merge_step_partials`) into exactly the rows of their union. Shard
-    indexes store the counts and sums (:func:`step_counts`); the values come
-    from the index's own reward and time columns (:data:`VALUE_COLUMNS`).
+    indexes store these rows for their trajectories: the counts and sums as
+    :func:`step_counts` gives them, the values sorted per group in columns of
+    their own (:data:`tracer.storage.shard_index.SORTED_COLUMNS`).
     """
     return _merge_parts([_rows_part(trajectories, counts=True, values=True)])
 
@@ -1627,10 +1628,12 @@ _shard_index.use_step_partials(step_partials)
 def read_step_partials(path: TracePaths) -> pa.Table:
     """The per-step aggregates of every trajectory under ``path``: ``step_partials(read_trajectories(path))``.
 
-    Closed shards' indexes store their own counts and sums per step
-    (:func:`step_counts`), with the least and greatest trace id of their
-    trajectories and the steps of rewards logged by key; the values (rewards,
-    latencies) come from the index's numeric columns (:data:`VALUE_COLUMNS`).
+    Closed shards' and compacted files' indexes store their own aggregates per
+    step (:func:`step_partials` of their rows: counts and sums, and the rewards
+    and latencies sorted per group), with the least and greatest trace id of
+    their trajectories and the steps of rewards logged by key. Where no
+    (step, validate) group is in two files (a run compacted into one file),
+    the stored rows are the answer as they are; else they are merged.
     A shard's stored aggregates are used without reading its other columns
     when nothing outside it can change them: no file holds rewards logged
     by key for one of its steps, and none of its trace ids is in another
@@ -1638,7 +1641,7 @@ def read_step_partials(path: TracePaths) -> pa.Table:
     the usual case: the recorder's ids are a process prefix and a counter;
     else checked on the overlapping files' trace id hashes, and on the ids
     themselves only where two hashes agree). Every other
-    file (unindexed, still open, torn, compacted, or sharing trajectories)
+    file (unindexed, still open, torn, or sharing trajectories)
     is read with :func:`read_trajectories`, together. The result is the
     same table either way.
 
