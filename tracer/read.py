@@ -132,8 +132,12 @@ def _shard_index(file: str, index: dict[str, Any]) -> ShardIndex | None:
     """
     if _uri.is_remote(file):
         return None
-    if os.path.basename(file) not in index["files"]:  # compacted files are closed by their writer
-        seal_if_abandoned(file)  # a shard whose writer is gone gets the footer it never wrote
+    found = load_shard_index(file)
+    if found is not None:  # it agrees with the file's footer as it is now: the file is closed, nothing to seal
+        return found
+    if os.path.basename(file) in index["files"]:  # compacted files are closed by their writer
+        return None
+    seal_if_abandoned(file)  # a shard whose writer is gone gets the footer it never wrote, and its index
     return load_shard_index(file)
 
 

@@ -1461,10 +1461,11 @@ def _partials_part(p: pa.Table) -> _Part:
 _DENSE_STEPS = 1 << 20
 
 
-def _merge_parts(parts: Sequence[_Part]) -> pa.Table:
-    """One row per (step, validate) of the rows of ``parts`` (see :func:`merge_step_partials`)."""
-    if not parts or not sum(len(p.step) for p in parts):
-        return S.STEP_PARTIALS_SCHEMA.empty_table()
+def _groups(parts: Sequence[_Part]) -> tuple[np.ndarray, dict[str, Any], int]:
+    """The group of each row of ``parts`` (in turn), the key columns of the groups, and how many there are.
+
+    Groups are ordered by step (nulls last), then validate.
+    """
     step = np.concatenate([p.step for p in parts])
     null = np.concatenate([p.null for p in parts])
     validate = np.concatenate([p.validate for p in parts])
@@ -1484,12 +1485,19 @@ def _merge_parts(parts: Sequence[_Part]) -> pa.Table:
     used = np.bincount(slot, minlength=2 * (len(distinct) + 1)) > 0
     group = (np.cumsum(used) - 1)[slot]
     slots = np.flatnonzero(used)
-    groups = len(slots)
     key_step = slots // 2
     out: dict[str, Any] = {
         S.STEP: pa.array(np.append(distinct, 0)[key_step], pa.int64(), mask=key_step == len(distinct)),
         S.VALIDATE: pa.array(slots % 2 == 1, pa.bool_()),
     }
+    return group, out, len(slots)
+
+
+def _merge_parts(parts: Sequence[_Part]) -> pa.Table:
+    """One row per (step, validate) of the rows of ``parts`` (see :func:`merge_step_partials`)."""
+    if not parts or not sum(len(p.step) for p in parts):
+        return S.STEP_PARTIALS_SCHEMA.empty_table()
+    group, out, groups = _groups(parts)
     starts = np.cumsum([0] + [len(p.step) for p in parts])
     sums = np.zeros((len(_PART_SUMS), groups), dtype=np.int64)
     for p, at0 in zip(parts, starts[:-1], strict=False):
@@ -1521,8 +1529,12 @@ def _sorted_lists(ordered: np.ndarray, group: np.ndarray, groups: int) -> pa.Lis
     ``ordered`` holds the values in the order of their group (a copy: sorted in place), ``group``
     the group of each value in its original order.
     """
-    counts = np.bincount(group, minlength=groups)
-    offsets = np.zeros(groups + 1, dtype=np.int64)
+    return _sorted_runs(ordered, np.bincount(group, minlength=groups))
+
+
+def _sorted_runs(ordered: np.ndarray, counts: np.ndarray) -> pa.ListArray:
+    """One list per group of ``ordered``'s values, ``counts[i]`` of them for group ``i``, each sorted in place."""
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     for i in np.flatnonzero(counts > 1).tolist():
         ordered[offsets[i] : offsets[i + 1]].sort()
@@ -1655,20 +1667,21 @@ def read_step_partials(path: TracePaths) -> pa.Table:
         return step_partials(read_trajectories(path))
 
 
-#: What the landing page reads of each kept index: the trace id hashes and the sorted values (in the sidecar's order).
-_SOURCE_COLUMNS = (S.INDEX_TRACE_HASH, *_shard_index.SORTED_COLUMNS)
+#: What the landing page reads of each kept index: the sorted values (in the sidecar's order); the trace id
+#: hashes of files whose trace id ranges overlap another's are read after, for those files alone.
+_SOURCE_COLUMNS = _shard_index.SORTED_COLUMNS
 
 
 def _partials_from_indexes(path: TracePaths) -> pa.Table:
     files = indexed_files(path)
     stored: dict[int, _shard_index.StoredPartials] = {}
-    read: dict[int, pa.Table | None] = {}  # the value columns and hashes of each stored file
+    read: dict[int, dict[str, _shard_index.Fixed] | None] = {}  # the value columns (and hashes) of each stored file
     ids: dict[int, pa.Array] = {}  # the trace ids of a file read whole
     ranges: list[tuple[str, str, int]] = []
     bare_steps: set[int | None] = set()
     rest: set[int] = set()  # files read with read_trajectories
     for n, (file, shard) in enumerate(files):
-        got, batch = _shard_index.step_sources(shard, _SOURCE_COLUMNS) if shard is not None else (None, None)
+        got, cols = _shard_index.landing_sources(shard, _SOURCE_COLUMNS) if shard is not None else (None, None)
         if got is None:
             rest.add(n)
             spans = read_spans(file, columns=[S.TRACE_ID, S.STEP])
@@ -1683,7 +1696,7 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
             continue
         if any(len(pc.list_flatten(got.partials.column(c))) for c in _PART_LISTS):
             return step_partials(read_trajectories([f for f, _ in files]))  # not what indexes store: trust none
-        stored[n], read[n] = got, batch
+        stored[n], read[n] = got, cols
         if got.value_counts is None:  # not what a writer writes: its values are read from its rows
             rest.add(n)
         if got.trace_range is not None:
@@ -1695,7 +1708,7 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
     unranged = [n for n, got in stored.items() if got.trace_range is None and got.partials.num_rows]
     suspects = sorted(set(_overlapping(ranges)) | set(unranged) | ({r[2] for r in ranges} if unranged else set()))
     if len(suspects) > 1:
-        shared = _sharing(files, suspects, stored, read, ids)
+        shared = _sharing(files, suspects, stored, ids)
         if shared is None:  # an index unreadable now: nothing can be said about what it shares
             return step_partials(read_trajectories([f for f, _ in files]))
         rest.update(shared)
@@ -1709,13 +1722,14 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
     parts = []
     if kept:  # one table and one array of each kind, so the cost is per row, not per file
         counts = pa.concat_tables([stored[n].partials for n in kept])
-        values = _presorted([stored[n] for n in kept], [read[n] for n in kept])
+        values = _presorted([stored[n] for n in kept], [read[n] for n in kept])  # type: ignore[misc]
         if values is None:  # values not what the aggregates count: read the run's rows
             return step_partials(read_trajectories([f for f, _ in files]))
         if not rest:
             ordered = _in_key_order(counts, values)
             if ordered is not None:  # no group in two files (one compacted file, or steps apart): merged already
                 return ordered
+            return _merge_presorted(counts, values)
         part = _partials_part(counts)
         part.values = tuple((v, np.repeat(np.arange(counts.num_rows), n)) for v, n in values)
         parts.append(part)
@@ -1725,7 +1739,7 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
 
 
 def _presorted(
-    got: Sequence[_shard_index.StoredPartials], read: Sequence[pa.Table]
+    got: Sequence[_shard_index.StoredPartials], read: Sequence[Mapping[str, _shard_index.Fixed]]
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
     """The sorted values of some sidecars' stored aggregates: per value column, the values and how many
     belong to each aggregate row (rows of all the files in turn); None when a sidecar's disagree.
@@ -1736,22 +1750,21 @@ def _presorted(
     out = []
     for k, name in enumerate(_shard_index.SORTED_COLUMNS):
         chunks, counts = [], []
-        for stored, batch in zip(got, read, strict=True):
+        for stored, cols in zip(got, read, strict=True):
             if stored.value_counts is None:
                 return None
-            col = batch.column(name)
+            values, valid = cols[name]
             n = int(stored.value_counts[k].sum())
-            if len(col) - col.null_count != n or col.slice(0, n).null_count:  # n values, then nulls only
+            if valid is None:
+                if len(values) != n:
+                    return None
+            elif not (valid[:n].all() and not valid[n:].any()):  # n values, then nulls only
                 return None
-            chunks += col.chunks
+            chunks.append(values[:n])
             counts.append(stored.value_counts[k])
-        # Every file's values, in file order: what is not null (one call, whatever the number of files).
-        flat = (
-            pc.drop_null(pa.chunked_array(chunks, pa.float64())).combine_chunks()
-            if chunks
-            else pa.array([], pa.float64())
-        )
-        out.append((np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64), np.concatenate(counts)))
+        # Every file's values, in file order (one copy, whatever the number of files).
+        flat = np.concatenate(chunks) if chunks else np.zeros(0)
+        out.append((np.asarray(flat, dtype=np.float64), np.concatenate(counts)))
     return out[0], out[1]
 
 
@@ -1779,11 +1792,41 @@ def _in_key_order(
     return table.combine_chunks()
 
 
+def _merge_presorted(
+    counts: pa.Table, values: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+) -> pa.Table:
+    """:func:`_merge_parts` of stored aggregates (rows of several files) and their sorted values, without
+    sorting every value by its group: the rows are ordered by group, and each row's values come along as
+    one run, which is the order a stable sort of the values by group gives; each group's values are then
+    sorted as :func:`_sorted_lists` sorts them, so the table is the same, bit for bit.
+    """
+    part = _partials_part(counts)
+    rows = len(part.step)
+    if not rows:
+        return S.STEP_PARTIALS_SCHEMA.empty_table()
+    group, out, groups = _groups([part])
+    sums = np.zeros((len(_PART_SUMS), groups), dtype=np.int64)
+    if part.sums is not None and rows:
+        for i in range(len(_PART_SUMS)):  # float weights: exact while a sum stays below 2**53
+            sums[i] = np.bincount(group, weights=part.sums[i], minlength=groups).astype(np.int64)
+    for i, c in enumerate(_PART_SUMS):
+        out[c] = pa.array(sums[i], pa.int64())
+    order = np.argsort(group.astype(np.uint16) if groups <= 1 << 16 else group, kind="stable")
+    for c, (flat, n) in zip(_PART_LISTS, values, strict=True):
+        n = n.astype(np.int64, copy=False)
+        starts = np.cumsum(n) - n  # where each row's run begins in ``flat``
+        run = n[order]
+        at = np.cumsum(run) - run  # ... and where it goes
+        take = np.repeat(starts[order] - at, run) + np.arange(int(run.sum()), dtype=np.int64)
+        per_group = np.bincount(group, weights=n, minlength=groups).astype(np.int64)
+        out[c] = _sorted_runs(flat[take], per_group)
+    return pa.table([out[f.name] for f in S.STEP_PARTIALS_SCHEMA], schema=S.STEP_PARTIALS_SCHEMA)
+
+
 def _sharing(
     files: Sequence[tuple[str, _shard_index.ShardIndex | None]],
     suspects: list[int],
     stored: Mapping[int, _shard_index.StoredPartials],
-    read: Mapping[int, pa.Table | None],
     ids: Mapping[int, pa.Array],
 ) -> set[int] | None:
     """The files among ``suspects`` holding a trace id another of them holds; None when an index cannot say.
@@ -1792,18 +1835,19 @@ def _sharing(
     themselves are read and compared only for hashes found in more than one file.
     """
     hashes: dict[int, np.ndarray] = {}
+    valid: dict[int, np.ndarray | None] = {}  # rows of an index with a hash (None: all)
     for n in suspects:
         if n in ids:
-            own = _shard_index.trace_hashes(ids[n])
+            own = np.asarray(_shard_index.trace_hashes(ids[n]).to_numpy(zero_copy_only=False), dtype=np.uint64)
         else:
-            batch = read[n]
-            if batch is None:
+            cols = _shard_index.landing_sources(files[n][1], [S.INDEX_TRACE_HASH], partials=False)[1]  # type: ignore[arg-type]
+            if cols is None:
                 return None
-            col = batch.column(S.INDEX_TRACE_HASH).combine_chunks()
-            own = col if col.null_count == 0 else col.drop_null()
+            values, valid[n] = cols[S.INDEX_TRACE_HASH]
+            own = values if valid[n] is None else values[valid[n]]
             if (pc.sum(stored[n].partials.column(S.PART_TRAJECTORIES)).as_py() or 0) != len(own):
                 return None  # not what its aggregates count
-        hashes[n] = np.asarray(own.to_numpy(zero_copy_only=False), dtype=np.uint64)
+        hashes[n] = np.asarray(own, dtype=np.uint64)
     every = np.concatenate(list(hashes.values()))
     ordered = np.sort(every)
     twice = ordered[1:][ordered[1:] == ordered[:-1]]
@@ -1822,7 +1866,8 @@ def _sharing(
             if keys is None:
                 return None
             tid = keys.column(S.TRACE_ID).combine_chunks()
-            own_ids = tid.filter(pc.is_valid(read[n].column(S.INDEX_TRACE_HASH).combine_chunks()))  # type: ignore[union-attr]
+            mask = valid[n]
+            own_ids = tid if mask is None else tid.filter(pa.array(mask, pa.bool_()))
         hit_ids.append(own_ids.take(pa.array(rows)))
         hit_files.append(pa.array(np.full(len(rows), n, dtype=np.int64)))
     hits = pa.table({S.TRACE_ID: pa.concat_arrays(hit_ids), "_file": pa.concat_arrays(hit_files)})

@@ -1,0 +1,267 @@
+"""The run overview's fast reads of shard indexes (sidecar columns straight from their buffers, one merge
+of presorted runs): the same values and the same aggregates, bit for bit, as the pyarrow reads and the
+general merge, for uncompacted, compacted and index-less runs, with live and killed writers."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from index_fixtures import META, write_shard
+
+import tracer
+import tracer.summary
+from tracer import schema as S
+from tracer.storage import shard_index as _si
+from tracer.storage.compact import compact
+from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_path, step_sources
+from tracer.storage.writer import SpanWriter
+from tracer.summary import partial_metrics, read_step_partials, read_trajectories, step_partials
+
+_FIXED = sorted(_si.FIXED_COLUMNS, key=_si.INDEX_SCHEMA.get_field_index)  # step_sources wants schema order
+
+
+def _span(trace: str, n: int, step: int | None, validate: bool, **extra: Any) -> dict[str, Any]:
+    row = {
+        S.TRACE_ID: trace,
+        S.SPAN_ID: f"{trace}-{n}",
+        S.PARENT_SPAN_ID: f"{trace}-0" if n else None,
+        S.NAME: "generate" if n else "agent_loop",
+        S.KIND: S.KIND_LLM if n else S.KIND_ROLLOUT,
+        S.START_NS: 1_000 + 7 * n,
+        S.END_NS: 2_000 + 13 * n + len(trace),
+        S.STATUS: S.STATUS_OK,
+        S.STEP: step,
+        S.SAMPLE_INDEX: str(n % 2),
+        S.ROLLOUT_N: 0,
+        S.VALIDATE: validate,
+    }
+    row.update(extra)
+    return row
+
+
+def _reward(trace: str, n: int, step: int | None, reward: float | None, validate: bool) -> dict[str, Any]:
+    extra = {S.KIND: S.KIND_REWARD, S.NAME: S.REWARD_SPAN_NAME, S.REWARD: reward, S.END_NS: 3_000 + n}
+    return _span(trace, n, step, validate, **extra) | {S.PARENT_SPAN_ID: f"{trace}-0"}
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tracer.TraceFileWarning)
+        yield
+
+
+def _bits(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values).view(np.uint64) if values.dtype.itemsize == 8 else values
+
+
+def _same_fixed(got: dict[str, Any], table: pa.Table) -> None:
+    """``landing_sources``' columns hold what pyarrow reads of the sidecar: the same validity, the same bits."""
+    for c in _FIXED:
+        values, valid = got[c]
+        col = table.column(c).combine_chunks()
+        want_valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        assert np.array_equal(want_valid, np.ones(len(col), bool) if valid is None else valid), c
+        want = np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False)) if col.null_count else col.to_numpy()
+        assert len(values) == len(col)
+        assert np.array_equal(_bits(values)[want_valid], _bits(np.asarray(want))[want_valid]), c
+
+
+def _equal_tables(a: pa.Table, b: pa.Table) -> None:
+    """Equal, and every value of the lists the same bits (NaN and -0.0 included)."""
+    assert a.schema == b.schema and a.num_rows == b.num_rows
+    for name in a.schema.names:
+        x, y = a.column(name).combine_chunks(), b.column(name).combine_chunks()
+        if pa.types.is_list(x.type):
+            assert x.offsets.equals(y.offsets), name
+            assert np.array_equal(_bits(pc.list_flatten(x).to_numpy()), _bits(pc.list_flatten(y).to_numpy())), name
+        else:
+            assert x.equals(y), name
+
+
+def _equal_metrics(a: dict[Any, dict[str, float]], b: dict[Any, dict[str, float]]) -> None:
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].keys() == b[k].keys()
+        for m, v in a[k].items():
+            w = b[k][m]
+            assert (math.isnan(v) and math.isnan(w)) or (v == w and math.copysign(1, v) == math.copysign(1, w)), (k, m)
+
+
+_traj = st.fixed_dictionaries(
+    {
+        "spans": st.integers(1, 3),
+        "step": st.sampled_from([0, 1, 2, 7, None]),
+        "validate": st.booleans(),
+        "files": st.lists(st.integers(0, 3), min_size=1, max_size=2),  # where its spans go
+        "reward": st.sampled_from(["none", "by_id", "by_id", "by_id_elsewhere", "by_key"]),
+        "value": st.sampled_from([0.0, -0.0, 0.5, -1.0, 3.0, float("inf"), float("nan"), None]),
+    }
+)
+
+
+def _write_run(run: str, trajs: list[dict[str, Any]], killed: int | None, prefix: bool) -> SpanWriter | None:
+    """Up to four shards, trajectories split over them; shard ``killed`` left by a dead writer; with
+    ``prefix``, trace ids as the recorder makes them (each shard's range its own), else interleaved."""
+    rows: dict[int, list[dict[str, Any]]] = {w: [] for w in range(4)}
+    for t, spec in enumerate(trajs):
+        tid = f"{spec['files'][0]}{t:031x}" if prefix else f"{t:031x}{spec['files'][0]}"
+        for n in range(spec["spans"]):
+            rows[spec["files"][n % len(spec["files"])]].append(_span(tid, n, spec["step"], spec["validate"]))
+        if spec["reward"] != "none":
+            home = spec["files"][0]
+            where = (home + 1) % 4 if spec["reward"].endswith("elsewhere") else home
+            by_id = spec["reward"].startswith("by_id")
+            rows[where].append(_reward(tid if by_id else "", 50 + t, spec["step"], spec["value"], spec["validate"]))
+    for w, own in rows.items():
+        if own:
+            write_shard(run, [own[i : i + 3] for i in range(0, len(own), 3)], close=w != killed)
+    return None
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    trajs=st.lists(_traj, min_size=1, max_size=14),
+    killed=st.sampled_from([None, 1]),
+    prefix=st.booleans(),
+)
+def test_the_fast_reads_give_the_aggregates_of_the_trajectory_rows(
+    tmp_path_factory: Any, trajs: list[dict[str, Any]], killed: int | None, prefix: bool
+) -> None:
+    """Uncompacted (groups split over files), through pyarrow's reads, compacted, without indexes: one table."""
+    root = os.fspath(tmp_path_factory.mktemp("landing"))
+    run = os.path.join(root, "run")
+    _write_run(run, trajs, killed, prefix)
+    with _quiet():
+        truth = step_partials(read_trajectories(run))
+        got = read_step_partials(run)
+        _equal_tables(got, truth)
+        _equal_metrics(partial_metrics(got), partial_metrics(truth))
+        for file, index in tracer.read.indexed_files(run):
+            if index is not None:
+                side = step_sources(index, _FIXED)[1]
+                fast = _si.landing_sources(index, _FIXED)[1]
+                assert side is not None and fast is not None, file
+                _same_fixed(fast, side)
+        original = _si._fixed_columns
+        try:  # every sidecar through pyarrow's reader instead: the same table
+            _si._fixed_columns = lambda *_: None  # type: ignore[assignment]
+            _equal_tables(read_step_partials(run), got)
+        finally:
+            _si._fixed_columns = original  # type: ignore[assignment]
+        bare = os.path.join(root, "bare")
+        shutil.copytree(run, bare, ignore=shutil.ignore_patterns("*" + INDEX_SUFFIX))
+        _equal_tables(read_step_partials(bare), truth)
+        compact(run)
+        _equal_tables(step_partials(read_trajectories(run)), truth)
+        _equal_tables(read_step_partials(run), truth)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _clean_run(run: str, steps: list[list[int]], rewards: list[float | None]) -> list[str]:
+    """One closed shard per entry of ``steps``, its trajectories at those steps (rewards by id, in turn)."""
+    shards = []
+    k = 0
+    for w, own in enumerate(steps):
+        spans = []
+        for t, step in enumerate(own):
+            tid = f"w{w}t{t:03d}"
+            spans += [_span(tid, 0, step, t % 3 == 0), _span(tid, 1, step, t % 3 == 0)]
+            spans.append(_reward(tid, 2, step, rewards[k % len(rewards)], t % 3 == 0))
+            k += 1
+        shards.append(write_shard(run, [spans[i : i + 4] for i in range(0, len(spans), 4)]))
+    return shards
+
+
+def test_groups_split_over_files_merge_once_and_as_the_general_merge(tmp_path: Any, monkeypatch: Any) -> None:
+    """Every step in every shard: the stored runs merge without reading a row, to the general merge's bits."""
+    run = os.fspath(tmp_path)
+    rewards = [0.25, -0.0, 0.0, float("nan"), None, 1.0, -1.0, float("inf")]
+    _clean_run(run, [[0, 1, 1, 2, 5], [1, 2, 2, 0], [0, 5, 2, 1, 1, 1]], rewards)
+    truth = step_partials(read_trajectories(run))
+    general: list[pa.Table] = []
+    real_merge = tracer.summary._merge_presorted
+
+    def both(counts: pa.Table, values: Any) -> pa.Table:
+        part = tracer.summary._partials_part(counts)
+        part.values = tuple((v, np.repeat(np.arange(counts.num_rows), n)) for v, n in values)
+        general.append(tracer.summary._merge_parts([part]))
+        return real_merge(counts, values)
+
+    monkeypatch.setattr(tracer.summary, "_merge_presorted", both)
+    monkeypatch.setattr(tracer.summary, "read_trajectories", lambda *_: (_ for _ in ()).throw(AssertionError("rows")))
+    got = read_step_partials(run)
+    assert len(general) == 1
+    _equal_tables(got, general[0])
+    _equal_tables(got, truth)
+
+
+def test_a_sidecar_not_laid_out_as_written_is_read_through_pyarrow(tmp_path: Any) -> None:
+    """A sidecar rewritten compressed (still a valid index): the buffers are not read by hand; the values are the same."""
+    run = os.fspath(tmp_path)
+    shards = _clean_run(run, [[0, 1, 1], [1, 2]], [0.5, None, 2.0])
+    truth = step_partials(read_trajectories(run))
+    side = sidecar_path(shards[0])
+    with pa.OSFile(side) as f:
+        table = pa.ipc.open_file(f).read_all()
+    batches = table.to_batches()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.OSFile(side, "wb") as f, pa.ipc.new_file(f, table.schema, options=options) as w:
+        for b in batches:
+            w.write_batch(b)
+    index = load_shard_index(shards[0])
+    assert index is not None
+    with open(side, "rb") as f:
+        assert _si._fixed_columns(f.read(), _FIXED) is None  # compressed: not the layout read by hand
+    fast = _si.landing_sources(index, _FIXED)[1]
+    plain = step_sources(index, _FIXED)[1]
+    assert fast is not None and plain is not None
+    _same_fixed(fast, plain)
+    _equal_tables(read_step_partials(run), truth)
+
+
+def test_a_torn_sidecar_is_not_an_index(tmp_path: Any) -> None:
+    """A sidecar cut short: not an index (the shard's rows are read), and its columns read by hand give nothing."""
+    run = os.fspath(tmp_path)
+    shards = _clean_run(run, [[0, 1, 1], [1, 2]], [0.5, 1.5])
+    truth = step_partials(read_trajectories(run))
+    side = sidecar_path(shards[1])
+    with open(side, "rb") as f:
+        data = f.read()
+    for cut in (len(data) - 3, len(data) // 2, 40):
+        with open(side, "wb") as f:
+            f.write(data[:cut])
+        assert _si._fixed_columns(data[:cut], _FIXED) is None
+        assert load_shard_index(shards[1]) is None
+        _equal_tables(read_step_partials(run), truth)
+
+
+def test_an_open_shard_is_read_with_the_indexed_ones(tmp_path: Any) -> None:
+    """A writer still writing (its lock held, no footer, no index) beside closed shards: its rows count too."""
+    run = os.fspath(tmp_path)
+    _clean_run(run, [[0, 1, 1], [1, 2, 2]], [0.5, -0.0, None])
+    live = SpanWriter(run, META)
+    try:
+        rows = [_span("live0", 0, 1, False), _span("live0", 1, 1, False), _reward("live0", 2, 1, 4.0, False)]
+        live.write(pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA))
+        assert live.path is not None and load_shard_index(live.path) is None
+        with _quiet():
+            truth = step_partials(read_trajectories(run))
+            assert pc.sum(truth.column(S.PART_TRAJECTORIES)).as_py() == 7
+            _equal_tables(read_step_partials(run), truth)
+    finally:
+        live.close()
+    _equal_tables(read_step_partials(run), step_partials(read_trajectories(run)))
