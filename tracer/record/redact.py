@@ -79,8 +79,8 @@ SECRET_VALUE_PATTERNS = (
     r"hf_[A-Za-z0-9]{20,}",  # Hugging Face tokens
     r"gh[pousr]_[A-Za-z0-9]{30,}",  # GitHub tokens
     r"AKIA[0-9A-Z]{16}",  # AWS access key ids
-    r"(?i:bearer)\s+[A-Za-z0-9._~+/\-]{12,}=*",  # Authorization: Bearer ...
-    r"(?i:basic)\s+[A-Za-z0-9+/]{8,}={0,2}",  # Authorization: Basic base64(user:password)
+    r"(?ai:bearer)\s+[A-Za-z0-9._~+/\-]{12,}=*",  # Authorization: Bearer ... (any ASCII letter case)
+    r"(?ai:basic)\s+[A-Za-z0-9+/]{8,}={0,2}",  # Authorization: Basic base64(user:password)
 )
 
 #: Credentials inside a larger text: the first group is kept, the rest replaced.
@@ -88,29 +88,22 @@ SECRET_CONTEXT_PATTERNS = (
     # scheme://user:password@host -> scheme://<redacted>@host
     r"([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@:\"'<>]*:[^\s/@\"'<>]+(?=@)",
     # api_key=..., token=..., password=... in query strings, forms and command lines
-    r"((?i:[a-z0-9_\-]*(?:api[_\-]?key|apikey|token|secret|password|passwd|pwd|signature|sig|auth|credential))=)"
+    r"((?ai:[a-z0-9_\-]*(?:api[_\-]?key|apikey|token|secret|password|passwd|pwd|signature|sig|auth|credential))=)"
     r"[^&\s\"'#;,]+",
 )
 
-#: Substrings every match of the patterns above contains (a string without any is not searched).
-TRIGGERS = (
-    "sk-",
-    "hf_",
-    "ghp_",
-    "gho_",
-    "ghu_",
-    "ghs_",
-    "ghr_",
-    "AKIA",
+#: Substrings every match of the case-sensitive patterns above contains (see :data:`FOLDED_TRIGGERS`).
+TRIGGERS = ("sk-", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "AKIA", "://")
+#: Substrings every match of the patterns that take any ASCII letter case (``(?ai:...)``) contains once
+#: lower-cased: they are searched for in the lower-cased text. A string holding none of these and none of
+#: :data:`TRIGGERS` cannot match a built-in pattern and is not searched
+#: (``tests/tracer/record/test_redact_scan.py`` holds it to that, for every letter case).
+FOLDED_TRIGGERS = (
     "earer",
-    "EARER",
     "asic",
-    "ASIC",
-    "://",
     *(
-        f"{word}="
+        f"{base}="
         for base in ("key", "token", "secret", "password", "passwd", "pwd", "sig", "signature", "auth", "credential")
-        for word in (base, base.upper(), base.capitalize())
     ),
 )
 
@@ -217,6 +210,12 @@ class Redactor:
         # have no known prefix, so they always run the regex.
         self._triggers: tuple[str, ...] | None = None if extra else (*TRIGGERS, *values)
         self._scan = TriggerScan(self._triggers) if self._triggers is not None else None
+        self._folded = TriggerScan(FOLDED_TRIGGERS)
+
+    def _may_match(self, text: str) -> bool:
+        """Whether ``text`` may hold a secret the patterns find (False: it certainly holds none)."""
+        scan = self._scan
+        return scan is None or scan.found(text) or self._folded.found(text.lower())
 
     def records_to_scan(self, strings: list[list[str]], opaque: set[int]) -> list[bool] | None:
         """Which records may hold a secret, from the strings that went into them.
@@ -228,18 +227,16 @@ class Redactor:
         anywhere); token id lists, the bulk of llm spans, are never scanned.
         """
         n = len(strings)
-        triggers = self._triggers
-        if triggers is None:
+        if self._scan is None:
             return [True] * n
-        scan = self._scan
-        assert scan is not None
+        may_match = self._may_match
         if not opaque:
             blob = "\x00".join("\x00".join(s) for s in strings)
-            if not scan.found(blob):
+            if not may_match(blob):
                 return None
         flags = []
         for i, record in enumerate(strings):
-            flags.append(i in opaque or scan.found("\x00".join(record)))
+            flags.append(i in opaque or may_match("\x00".join(record)))
         return flags
 
     def texts(self, values: list[Any]) -> list[Any]:
@@ -248,17 +245,15 @@ class Redactor:
         One scan of the joined column decides whether any value can hold a
         secret; only then is each value searched (most batches hold none).
         """
-        scan = self._scan
-        if scan is not None:
+        if self._scan is not None:
             blob = "\x00".join(v for v in values if type(v) is str)
-            if not scan.found(blob):
+            if not self._may_match(blob):
                 return values
         return [self.text(v) if type(v) is str else v for v in values]
 
     def text(self, value: str) -> str:
         """``value`` with every secret replaced by ``<redacted>``."""
-        triggers = self._triggers
-        if triggers is not None and not any(t in value for t in triggers):
+        if not self._may_match(value):
             return value
         value = self._pattern.sub(REDACTED, value)
         return self._context.sub(_keep_prefix, value)

@@ -5,8 +5,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracer.record.redact import MAX_ANCHOR_HITS, TRIGGERS, TriggerScan
+from tracer.record.redact import FOLDED_TRIGGERS, MAX_ANCHOR_HITS, REDACTED, Redactor, TriggerScan, _keep_prefix
+from tracer.record.redact import TRIGGERS as EXACT
 
+#: Both trigger sets: the scan is the same for each (the folded ones search the lower-cased text).
+TRIGGERS = (*EXACT, *FOLDED_TRIGGERS)
 SCAN = TriggerScan(TRIGGERS)
 #: Text made of pieces of triggers, their characters and filler: near-misses are common.
 PIECES = st.one_of(
@@ -52,3 +55,55 @@ def test_the_split_scan_of_a_common_anchor_agrees_with_searching_every_trigger(
     """Property: past MAX_ANCHOR_HITS of one anchor character, found() is still any(trigger in text)."""
     text = lead + (anchor + " ") * (MAX_ANCHOR_HITS + 1) + "".join(parts)
     assert SCAN.found(text) == any(t in text for t in TRIGGERS)
+
+
+#: Pieces of credentials in any letter case, their separators, and characters whose case folds oddly.
+_SECRET_PIECES = st.one_of(
+    st.sampled_from(
+        [
+            "bearer ",
+            "basic ",
+            "api_key=",
+            "apikey=",
+            "token=",
+            "secret=",
+            "passwd=",
+            "pwd=",
+            "sig=",
+            "auth=",
+            "credential=",
+            "password=",
+            "signature=",
+            "sk-",
+            "sk-proj-",
+            "hf_",
+            "ghp_",
+            "ghs_",
+            "AKIA",
+            "https://",
+            "user:pw@host",
+            "abcdefghijklmnop1234",
+            "ABCDEFGHIJKLMNOPQRST",
+            "dXNlcjpwYXNzd29yZA==",
+            "0123456789",
+        ]
+    ).flatmap(
+        lambda w: st.lists(st.booleans(), min_size=len(w), max_size=len(w)).map(
+            lambda flips: "".join(c.swapcase() if f else c for c, f in zip(w, flips))
+        )
+    ),
+    st.sampled_from([" ", "\t", "\n", "=", "&", ":", "/", "@", "-", "_", "ſ", "K", "İ", "ı", "é"]),
+    st.text(max_size=3),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(parts=st.lists(_SECRET_PIECES, max_size=12))
+def test_every_text_a_pattern_would_change_is_scanned_and_redacted(parts: list[str]) -> None:
+    """Property: the trigger gate never skips a text the redaction patterns would change (any letter case)."""
+    text = "".join(parts)
+    redactor = Redactor(environ={})
+    ungated = redactor._context.sub(_keep_prefix, redactor._pattern.sub(REDACTED, text))
+    if ungated != text:
+        assert redactor.records_to_scan([[text]], set()) == [True]
+        assert redactor.text(text) == ungated
