@@ -1763,7 +1763,7 @@ def _presorted(
             chunks.append(values[:n])
             counts.append(stored.value_counts[k])
         # Every file's values, in file order (one copy, whatever the number of files).
-        flat = np.concatenate(chunks) if chunks else np.zeros(0)
+        flat = chunks[0] if len(chunks) == 1 else np.concatenate(chunks) if chunks else np.zeros(0)
         out.append((np.asarray(flat, dtype=np.float64), np.concatenate(counts)))
     return out[0], out[1]
 

@@ -725,8 +725,8 @@ def _fixed_columns(view: Any, columns: Sequence[str]) -> dict[str, Fixed] | None
                     return None
                 if d_off + d_len > body_len or v_off + v_len > body_len:
                     return None
-                pieces[c].append(raw[body + d_off : body + d_off + width])
                 if not nulls:
+                    pieces[c].append(raw[body + d_off : body + d_off + width])
                     states[c].append(True)
                     continue
                 nbytes = (rows + 7) // 8
@@ -735,9 +735,11 @@ def _fixed_columns(view: Any, columns: Sequence[str]) -> dict[str, Fixed] | None
                 bits = int.from_bytes(view[body + v_off : body + v_off + nbytes], "little") & ((1 << rows) - 1)
                 if rows - bits.bit_count() != nulls:
                     return None
-                if nulls == rows:
+                if nulls == rows:  # no value to read: zeros, which touch no page of the file
+                    pieces[c].append(np.zeros(width, dtype=np.uint8))
                     states[c].append(False)
                     continue
+                pieces[c].append(raw[body + d_off : body + d_off + width])
                 at = body + v_off
                 states[c].append(np.unpackbits(raw[at : at + nbytes], bitorder="little")[:rows].view(bool))
     except struct.error:
