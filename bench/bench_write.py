@@ -15,6 +15,13 @@ response), token2text on with a real Hugging Face tokenizer built locally.
    bytes table, the fastest exact decode; and again with the Rust
    ``decode_batch``, as before the table) + per-token texts + JSON +
    building the Arrow table + zstd IPC write + fsync, one pass, no tracer.
+   It writes the llm rows only; the tracer writes two rows per call here (the
+   llm span and the root span of the ``rollout_trace_attr`` block around
+   it). Since issue 13's session 7 it also runs writing the same rows as the
+   tracer, and the program alone is timed (the same loop with no recorder:
+   the tracer's time includes it, the straight line's did not); the ratio
+   "tracer / (program alone + straight line, same rows)" compares two runs of
+   the same program writing the same rows.
 
 Every timed run starts after an untimed ``gc.collect()`` (since issue 13's
 session 5), so that a full collection one run made due does not land on the
@@ -95,22 +102,23 @@ class ArgumentEngine:
         return {"response_ids": response, "finish_reason": "stop"}
 
 
+async def program(tok, data, response_argument: bool = False) -> None:
+    """The measured program: one ``rollout_trace_attr`` block and one generate call per span of the data."""
+    engine = ArgumentEngine(tok) if response_argument else Engine(tok, [r for _, r in data])
+    for i, (p, r) in enumerate(data):
+        with tracer.rollout_trace_attr(sample_index=i // 8, step=0, rollout_n=i % 8):
+            if response_argument:
+                await engine.generate(p, {"temperature": 1.0}, r)
+            else:
+                await engine.generate(p, {"temperature": 1.0})
+
+
 def run_tracer(
     tok, data, out_dir: str, redact: bool = True, response_argument: bool = False, writer_cpu: list | None = None
 ) -> float:
     tracer.init(output_dir=out_dir, token2text=True, tokenizer=tok, compression_level=LEVEL, redact=redact)
-    engine = ArgumentEngine(tok) if response_argument else Engine(tok, [r for _, r in data])
-
-    async def main() -> None:
-        for i, (p, r) in enumerate(data):
-            with tracer.rollout_trace_attr(sample_index=i // 8, step=0, rollout_n=i % 8):
-                if response_argument:
-                    await engine.generate(p, {"temperature": 1.0}, r)
-                else:
-                    await engine.generate(p, {"temperature": 1.0})
-
     t0 = time.perf_counter()
-    asyncio.run(main())
+    asyncio.run(program(tok, data, response_argument))
     result = tracer.flush()
     elapsed = time.perf_counter() - t0
     if writer_cpu is not None:
@@ -120,7 +128,21 @@ def run_tracer(
     return elapsed
 
 
-def run_straight(tok, data, path: str, table_decode: bool = True) -> float:
+def run_untraced(tok, data) -> float:
+    """The program alone: the same loop, rollout_trace_attr blocks and calls with no recorder active."""
+    t0 = time.perf_counter()
+    asyncio.run(program(tok, data))
+    return time.perf_counter() - t0
+
+
+def run_straight(tok, data, path: str, table_decode: bool = True, roots: bool = False) -> float:
+    """Straight-line code writing the llm spans' rows; with ``roots``, each trajectory's root row too.
+
+    The tracer writes two rows per call of this workload: the llm span and
+    the root span of the ``rollout_trace_attr`` block around it (``name``
+    ``rollout_trace``, kind ``rollout``, no inputs or outputs). Until issue
+    13's session 7 the straight line wrote the llm rows only.
+    """
     t0 = time.perf_counter()
     now = time.time_ns()
     ids = [x for p, r in data for x in (p, r)]
@@ -166,6 +188,20 @@ def run_straight(tok, data, path: str, table_decode: bool = True) -> float:
         "outputs": outputs,
         "attributes": ['{"tokens":{"prompt_ids":384,"response_ids":128}}'] * n,
     }
+    if roots:  # each llm row followed by its trajectory's root row, as the tracer writes them
+        root = {
+            "span_id": [f"{i:016x}" for i in range(n, 2 * n)],
+            "parent_span_id": [None] * n,
+            "name": ["rollout_trace"] * n,
+            "kind": ["rollout"] * n,
+            "start_ns": [now + i - 1 for i in range(n)],
+            "end_ns": [now + i + 2 for i in range(n)],
+            "inputs": [None] * n,
+            "outputs": [None] * n,
+            "attributes": [None] * n,
+        }
+        cols["parent_span_id"] = root["span_id"]
+        cols = {k: [x for pair in zip(v, root.get(k, v)) for x in pair] for k, v in cols.items()}
     table = pa.table(cols, schema=tracer.schema.SPAN_SCHEMA)
     with open(path, "wb") as f:
         with pa.ipc.new_stream(
@@ -230,6 +266,9 @@ def main() -> None:
     bench_pieces(tok, data)
     tmp = tempfile.mkdtemp(prefix="bench-write-")
     ours, plain, straight, straight_rust = [], [], [], []
+    # Since issue 13's session 7: the straight line writing the same rows as the tracer (the root
+    # rows too), and the program alone (its loop with no recorder), so that both sides run it.
+    straight_rows, untraced = [], []
     # CPU seconds of the process (both of the tracer's threads), beside the wall clock: on a
     # machine shared with other work the wall clock of two threads swings far more than this.
     cpu_ours, cpu_straight = [], []
@@ -260,6 +299,10 @@ def main() -> None:
         cpu_straight.append(time.process_time() - c0)
         gc.collect()
         straight_rust.append(run_straight(tok, data, os.path.join(tmp, f"rust{r}.arrow"), table_decode=False))
+        gc.collect()
+        straight_rows.append(run_straight(tok, data, os.path.join(tmp, f"rows{r}.arrow"), roots=True))
+        gc.collect()
+        untraced.append(run_untraced(tok, data))
     t_ours, t_plain, t_straight = statistics.median(ours), statistics.median(plain), statistics.median(straight)
     t_rust = statistics.median(straight_rust)
     print(
@@ -277,6 +320,25 @@ def main() -> None:
     print(
         f"  ratio rollout-trace / straight-line = {t_ours / t_straight:.2f}x with secret redaction (default), "
         f"{t_plain / t_straight:.2f}x without (the straight line does none) (target <= 1.5x, issue 13)"
+    )
+    t_rows, t_loop = statistics.median(straight_rows), statistics.median(untraced)
+    print(
+        f"  straight line writing the same rows (each trajectory's root row too): {t_rows:.2f} s; "
+        f"the program alone (no recorder): {t_loop:.3f} s"
+    )
+    print(
+        f"  ratio rollout-trace / (program alone + straight line, same rows) = {t_ours / (t_loop + t_rows):.2f}x "
+        f"with redaction, {t_plain / (t_loop + t_rows):.2f}x without (both sides run the program and write "
+        f"{2 * args.spans:,} rows; target <= 1.5x, issue 13)"
+    )
+    # Each round's runs come seconds apart: the ratio within a round is less swayed by the
+    # machine's drift than the ratio of medians (the rounds of one process swing +-20% here).
+    paired = sorted(o / s for o, s in zip(ours, straight, strict=True))
+    paired_rows = sorted(o / (u + w) for o, u, w in zip(ours, untraced, straight_rows, strict=True))
+    print(
+        f"  per round (runs seconds apart), median [min-max]: {statistics.median(paired):.2f}x "
+        f"[{paired[0]:.2f}-{paired[-1]:.2f}] against the straight line, {statistics.median(paired_rows):.2f}x "
+        f"[{paired_rows[0]:.2f}-{paired_rows[-1]:.2f}] against program alone + straight line, same rows"
     )
     c_ours, c_straight = statistics.median(cpu_ours), statistics.median(cpu_straight)
     print(
