@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -111,3 +114,37 @@ def valid_index_of(file: str) -> _si.ShardIndex:
     mine = rows.select(list(S.TRAJECTORY_COLUMNS)).sort_by(S.TRACE_ID)
     assert mine.equals(summarize(spans).sort_by(S.TRACE_ID))
     return index
+
+
+def partial_span(trace: str, n: int, step: int | None, validate: bool, **extra: Any) -> dict[str, Any]:
+    """Span ``n`` of trajectory ``trace`` (0: its root) in ``step``, for the per-step aggregate tests."""
+    row = {
+        S.TRACE_ID: trace,
+        S.SPAN_ID: f"{trace}-{n}",
+        S.PARENT_SPAN_ID: f"{trace}-0" if n else None,
+        S.NAME: "generate" if n else "agent_loop",
+        S.KIND: S.KIND_LLM if n else S.KIND_ROLLOUT,
+        S.START_NS: 1_000 + 7 * n,
+        S.END_NS: 2_000 + 13 * n + len(trace),
+        S.STATUS: S.STATUS_OK,
+        S.STEP: step,
+        S.SAMPLE_INDEX: str(n % 2),
+        S.ROLLOUT_N: 0,
+        S.VALIDATE: validate,
+    }
+    row.update(extra)
+    return row
+
+
+def partial_reward(trace: str, n: int, step: int | None, reward: float | None, validate: bool) -> dict[str, Any]:
+    """A log_reward row: by trace id, or by key when ``trace`` is empty."""
+    extra = {S.KIND: S.KIND_REWARD, S.NAME: S.REWARD_SPAN_NAME, S.REWARD: reward, S.END_NS: 3_000 + n}
+    return partial_span(trace, n, step, validate, **extra) | {S.PARENT_SPAN_ID: f"{trace}-0"}
+
+
+@contextlib.contextmanager
+def quiet_warnings() -> Iterator[None]:
+    """No TraceFileWarning (torn and open files are what these tests write)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tracer.TraceFileWarning)
+        yield

@@ -18,6 +18,9 @@ import pyarrow.compute as pc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from index_fixtures import META, write_shard
+from index_fixtures import partial_reward as _reward
+from index_fixtures import partial_span as _span
+from index_fixtures import quiet_warnings as _quiet
 
 import tracer
 import tracer.summary
@@ -29,37 +32,6 @@ from tracer.storage.writer import SpanWriter
 from tracer.summary import partial_metrics, read_step_partials, read_trajectories, step_partials
 
 _FIXED = sorted(_si.FIXED_COLUMNS, key=_si.INDEX_SCHEMA.get_field_index)  # step_sources wants schema order
-
-
-def _span(trace: str, n: int, step: int | None, validate: bool, **extra: Any) -> dict[str, Any]:
-    row = {
-        S.TRACE_ID: trace,
-        S.SPAN_ID: f"{trace}-{n}",
-        S.PARENT_SPAN_ID: f"{trace}-0" if n else None,
-        S.NAME: "generate" if n else "agent_loop",
-        S.KIND: S.KIND_LLM if n else S.KIND_ROLLOUT,
-        S.START_NS: 1_000 + 7 * n,
-        S.END_NS: 2_000 + 13 * n + len(trace),
-        S.STATUS: S.STATUS_OK,
-        S.STEP: step,
-        S.SAMPLE_INDEX: str(n % 2),
-        S.ROLLOUT_N: 0,
-        S.VALIDATE: validate,
-    }
-    row.update(extra)
-    return row
-
-
-def _reward(trace: str, n: int, step: int | None, reward: float | None, validate: bool) -> dict[str, Any]:
-    extra = {S.KIND: S.KIND_REWARD, S.NAME: S.REWARD_SPAN_NAME, S.REWARD: reward, S.END_NS: 3_000 + n}
-    return _span(trace, n, step, validate, **extra) | {S.PARENT_SPAN_ID: f"{trace}-0"}
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tracer.TraceFileWarning)
-        yield
 
 
 def _bits(values: np.ndarray) -> np.ndarray:

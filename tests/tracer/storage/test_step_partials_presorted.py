@@ -16,6 +16,9 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from index_fixtures import partial_reward as _reward
+from index_fixtures import partial_span as _span
+from index_fixtures import quiet_warnings as _quiet
 from index_fixtures import write_shard
 
 import tracer
@@ -24,38 +27,6 @@ from tracer import schema as S
 from tracer.storage.compact import compact
 from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_path, step_sources
 from tracer.summary import partial_metrics, read_step_partials, read_trajectories, step_metrics, step_partials
-
-
-def _span(trace: str, n: int, step: int | None, validate: bool, **extra: Any) -> dict[str, Any]:
-    row = {
-        S.TRACE_ID: trace,
-        S.SPAN_ID: f"{trace}-{n}",
-        S.PARENT_SPAN_ID: f"{trace}-0" if n else None,
-        S.NAME: "generate" if n else "agent_loop",
-        S.KIND: S.KIND_LLM if n else S.KIND_ROLLOUT,
-        S.START_NS: 1_000 + 7 * n,
-        S.END_NS: 2_000 + 13 * n + len(trace),
-        S.STATUS: S.STATUS_OK,
-        S.STEP: step,
-        S.SAMPLE_INDEX: str(n % 2),
-        S.ROLLOUT_N: 0,
-        S.VALIDATE: validate,
-    }
-    row.update(extra)
-    return row
-
-
-def _reward(trace: str, n: int, step: int | None, reward: float, validate: bool) -> dict[str, Any]:
-    """A log_reward row: by trace id, or by key when ``trace`` is empty."""
-    extra = {S.KIND: S.KIND_REWARD, S.NAME: S.REWARD_SPAN_NAME, S.REWARD: reward, S.END_NS: 3_000 + n}
-    return _span(trace, n, step, validate, **extra) | {S.PARENT_SPAN_ID: f"{trace}-0"}
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tracer.TraceFileWarning)
-        yield
 
 
 def _refuse(*_: Any, **__: Any) -> None:
