@@ -208,8 +208,7 @@ class Redactor:
         # patterns or the secret values: skip the regex (C-speed scans instead
         # of a regex alternation tried at every position). Configured patterns
         # have no known prefix, so they always run the regex.
-        self._triggers: tuple[str, ...] | None = None if extra else (*TRIGGERS, *values)
-        self._scan = TriggerScan(self._triggers) if self._triggers is not None else None
+        self._scan = None if extra else TriggerScan((*TRIGGERS, *values))
         self._folded = TriggerScan(FOLDED_TRIGGERS)
 
     def _may_match(self, text: str) -> bool:

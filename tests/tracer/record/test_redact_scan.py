@@ -107,3 +107,16 @@ def test_every_text_a_pattern_would_change_is_scanned_and_redacted(parts: list[s
     if ungated != text:
         assert redactor.records_to_scan([[text]], set()) == [True]
         assert redactor.text(text) == ungated
+
+
+def test_mixed_case_headers_and_parameters_are_redacted() -> None:
+    """The spellings the pre-scan once let through unscanned (issue 13, session 7) are redacted."""
+    redactor = Redactor(environ={})
+    for text, kept in (
+        ("Authorization: BeArEr abcdefghijklmnop1234", "Authorization: "),
+        ("Authorization: BaSiC dXNlcjpwYXNzd29yZA==", "Authorization: "),
+        ("https://x.org/?aPi_KeY=s3cr3tv4lu3", "https://x.org/?aPi_KeY="),
+        ("tOkEn=abc123", "tOkEn="),
+    ):
+        assert redactor.records_to_scan([[text]], set()) == [True], text
+        assert redactor.text(text) == kept + REDACTED, text
