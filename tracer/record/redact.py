@@ -92,12 +92,20 @@ SECRET_CONTEXT_PATTERNS = (
     r"[^&\s\"'#;,]+",
 )
 
-#: Substrings every match of the case-sensitive patterns above contains (see :data:`FOLDED_TRIGGERS`).
-TRIGGERS = ("sk-", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "AKIA", "://")
+#: Substrings every match of the OpenAI/Anthropic and AWS patterns above contains (see :data:`FOLDED_TRIGGERS`).
+TRIGGERS = ("sk-", "AKIA")
+#: What every match of the Hugging Face and GitHub token patterns contains: an underscore and 20
+#: letters or digits after it. One regex search (~0.4 ns a character) instead of searching for
+#: ``hf_``, ``ghp_`` and the others at each of the text's underscores (common in code and tool calls).
+TOKEN_TAIL = re.compile(r"_[A-Za-z0-9]{20}")
+#: A ``scheme://user:password@host`` match is followed by this character, and holds :data:`URL_TRIGGER`:
+#: ``@`` is rare in prose and found by one C ``memchr``; ``://`` (common: every URL) is searched only then.
+URL_GATE, URL_TRIGGER = "@", "://"
 #: Substrings every match of the patterns that take any ASCII letter case (``(?ai:...)``) contains once
-#: lower-cased: they are searched for in the lower-cased text. A string holding none of these and none of
-#: :data:`TRIGGERS` cannot match a built-in pattern and is not searched
-#: (``tests/tracer/record/test_redact_scan.py`` holds it to that, for every letter case).
+#: lower-cased: they are searched for in the lower-cased text. A string holding none of these, none of
+#: :data:`TRIGGERS`, no :data:`TOKEN_TAIL` and not both :data:`URL_GATE` and :data:`URL_TRIGGER` cannot
+#: match a built-in pattern and is not searched (``tests/tracer/record/test_redact_scan.py`` holds it to
+#: that, for every letter case).
 FOLDED_TRIGGERS = (
     "earer",
     "asic",
@@ -214,7 +222,13 @@ class Redactor:
     def _may_match(self, text: str) -> bool:
         """Whether ``text`` may hold a secret the patterns find (False: it certainly holds none)."""
         scan = self._scan
-        return scan is None or scan.found(text) or self._folded.found(text.lower())
+        return (
+            scan is None
+            or scan.found(text)
+            or (URL_GATE in text and URL_TRIGGER in text)
+            or TOKEN_TAIL.search(text) is not None
+            or self._folded.found(text.lower())
+        )
 
     def records_to_scan(self, strings: list[list[str]], opaque: set[int]) -> list[bool] | None:
         """Which records may hold a secret, from the strings that went into them.

@@ -8,8 +8,10 @@ from hypothesis import strategies as st
 from tracer.record.redact import FOLDED_TRIGGERS, MAX_ANCHOR_HITS, REDACTED, Redactor, TriggerScan, _keep_prefix
 from tracer.record.redact import TRIGGERS as EXACT
 
-#: Both trigger sets: the scan is the same for each (the folded ones search the lower-cased text).
-TRIGGERS = (*EXACT, *FOLDED_TRIGGERS)
+#: Both trigger sets: the scan is the same for each (the folded ones search the lower-cased text); and
+#: triggers anchored on ``_`` and ``:``, which the redactor gates otherwise since session 8, so that the
+#: scan's split search stays held to its promise for the anchors common in code and JSON.
+TRIGGERS = (*EXACT, *FOLDED_TRIGGERS, "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "://")
 SCAN = TriggerScan(TRIGGERS)
 #: Text made of pieces of triggers, their characters and filler: near-misses are common.
 PIECES = st.one_of(
@@ -120,3 +122,17 @@ def test_mixed_case_headers_and_parameters_are_redacted() -> None:
     ):
         assert redactor.records_to_scan([[text]], set()) == [True], text
         assert redactor.text(text) == kept + REDACTED, text
+
+
+def test_underscores_and_urls_without_a_credential_skip_the_patterns() -> None:
+    """Code and links (underscores, ``://``) without ``@`` or a long token tail are not searched; credentials are."""
+    redactor = Redactor(environ={})
+    plain = 'see https://example.org/a_b and <tool_call>{"name": "run_python", "code": "x_1 = a_b"}' * 20
+    assert redactor.records_to_scan([[plain]], set()) is None
+    for secret in (
+        "hf_" + "a1" * 10,
+        "ghp_" + "B2" * 15,
+        "git clone https://user:pw@host/repo",
+    ):
+        assert redactor.records_to_scan([[plain, secret]], set()) == [True], secret
+        assert REDACTED in redactor.text(plain + secret), secret
