@@ -13,6 +13,9 @@ import array
 import collections
 import dataclasses
 import enum
+import gc
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -63,6 +66,39 @@ def int_kind(value: list[Any] | tuple[Any, ...]) -> int:
     if rest == b"[]":
         return NON_NEGATIVE_INTS
     return INTS if rest.translate(None, b"-") == b"[]" else NOT_INTS
+
+
+def _gc_untrack() -> Callable[[tuple[int, ...]], None] | None:
+    """CPython's ``PyObject_GC_UnTrack``, checked to work on a fresh tuple; None where it is not there.
+
+    A tuple holding only ints can never be part of a reference cycle, and
+    CPython's collector stops tracking it at the first collection that meets
+    it, after reading each of its items three times. A captured id tuple
+    (512 items a span in the benchmark) costs that while it waits in the
+    buffer: ~4 us a span of the caller's time, against ~0.2 us for this call
+    (``bench/bench_write.py``). Untracking it at once is what the collector
+    would do, done before it pays for it. ``ctypes.pythonapi`` calls hold
+    the GIL, as the C API requires.
+    """
+    if sys.implementation.name != "cpython":
+        return None
+    try:
+        import ctypes
+
+        fn = ctypes.pythonapi.PyObject_GC_UnTrack
+        fn.argtypes = [ctypes.py_object]
+        fn.restype = None
+        probe = tuple([1 << 40, 2 << 40])
+        fn(probe)
+        if gc.is_tracked(probe):
+            return None
+    except Exception:  # no ctypes, no such symbol: the collector untracks them itself
+        return None
+    return fn
+
+
+#: See :func:`_gc_untrack`; None: id tuples are left to the collector.
+UNTRACK_IDS = _gc_untrack()
 
 
 class Placeholder:
@@ -118,12 +154,15 @@ def capture(value: Any, depth: int = 0) -> Any:
         return Placeholder(f"<nested deeper than {MAX_DEPTH} levels>")
     if cls is list:
         # Token id lists are long and flat: checked and copied in C, as a
-        # tuple, which the garbage collector stops tracking at its first
-        # pass (the buffered spans then cost no full collection).
+        # tuple, untracked at once (UNTRACK_IDS): the collector never walks
+        # its items, and the buffered spans cost no full collection.
         if value:
             kind = int_kind(value)
             if kind == NON_NEGATIVE_INTS:
-                return tuple(value)
+                ids = tuple(value)
+                if UNTRACK_IDS is not None:
+                    UNTRACK_IDS(ids)
+                return ids
             if kind == INTS:
                 return value.copy()
         if IMMUTABLE_TYPES.issuperset(map(type, value)):
@@ -136,6 +175,8 @@ def capture(value: Any, depth: int = 0) -> Any:
             return value
         kind = int_kind(value)
         if kind == NON_NEGATIVE_INTS:
+            if UNTRACK_IDS is not None:
+                UNTRACK_IDS(value)  # ints only: what the collector would do to it (see _gc_untrack)
             return value
         if kind == INTS or IMMUTABLE_TYPES.issuperset(map(type, value)):
             return list(value)

@@ -178,3 +178,24 @@ def test_enum_members_in_an_id_list_are_written_as_their_values_and_decoding_fai
     assert [json.loads(r["inputs"])["prompt_ids"] for r in rows] == [[1, 2, 3], [4, 3], [4, 5]]
     assert [json.loads(r["outputs"])["response_ids"] for r in rows] == [[1, 2], [2, 3], [6]]
     assert json.loads(rows[2]["outputs"])["response_text"] == tok.decode([6])
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=id_lists | st.lists(plain_elements, max_size=12), as_tuple=st.booleans())
+def test_captured_id_tuples_are_untracked_and_everything_else_is_as_before(value: list[Any], as_tuple: bool) -> None:
+    """Property: a checked id sequence is captured as a tuple the collector no longer tracks (it holds ints only);
+    any other sequence keeps the collector's tracking as Python gives it, and every value is captured equal."""
+    import gc
+
+    from tracer.record.capture import UNTRACK_IDS
+
+    assert UNTRACK_IDS is not None  # CPython here: the untracking is what is under test
+    seq = tuple(value) if as_tuple else list(value)
+    got = capture(seq)
+    assert _norm(got) == _norm(value)
+    if value and int_kind(seq) == NON_NEGATIVE_INTS:
+        assert type(got) is tuple and not gc.is_tracked(got)
+        gc.collect()  # a collection after the untracking finds nothing amiss
+        assert list(got) == value
+    elif type(got) is list:
+        assert gc.is_tracked(got)  # lists are always tracked: a mutable copy is left to the collector
