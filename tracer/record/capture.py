@@ -68,7 +68,7 @@ def int_kind(value: list[Any] | tuple[Any, ...]) -> int:
     return INTS if rest.translate(None, b"-") == b"[]" else NOT_INTS
 
 
-def _gc_untrack() -> Callable[[tuple[int, ...]], None] | None:
+def _gc_untrack() -> Callable[[Any], None] | None:
     """CPython's ``PyObject_GC_UnTrack``, checked to work on a fresh tuple; None where it is not there.
 
     A tuple holding only ints can never be part of a reference cycle, and
@@ -99,6 +99,20 @@ def _gc_untrack() -> Callable[[tuple[int, ...]], None] | None:
 
 #: See :func:`_gc_untrack`; None: id tuples are left to the collector.
 UNTRACK_IDS = _gc_untrack()
+
+
+def _untracked(copy: list[Any]) -> list[Any]:
+    """A flat copy of immutable scalars, untracked (see :func:`_gc_untrack`).
+
+    Unlike a tuple, a list is never untracked by the collector, which reads
+    every item of it at each collection of its generation while the span
+    waits (a logprob list of every llm span, in verl's agent loop). It holds
+    only values that hold nothing, and nothing adds to it: the copy is the
+    tracer's own, and the writer reads it and builds new values from it.
+    """
+    if UNTRACK_IDS is not None:
+        UNTRACK_IDS(copy)
+    return copy
 
 
 class Placeholder:
@@ -164,9 +178,9 @@ def capture(value: Any, depth: int = 0) -> Any:
                     UNTRACK_IDS(ids)
                 return ids
             if kind == INTS:
-                return value.copy()
+                return _untracked(value.copy())
         if IMMUTABLE_TYPES.issuperset(map(type, value)):
-            return value.copy()
+            return _untracked(value.copy())  # logprobs, texts: flat, and no one else holds the copy
         return [capture(v, depth + 1) for v in value]
     if cls is tuple:
         # Only a checked id sequence stays a tuple (the writer counts on it,
@@ -179,7 +193,7 @@ def capture(value: Any, depth: int = 0) -> Any:
                 UNTRACK_IDS(value)  # ints only: what the collector would do to it (see _gc_untrack)
             return value
         if kind == INTS or IMMUTABLE_TYPES.issuperset(map(type, value)):
-            return list(value)
+            return _untracked(list(value))
         return [capture(v, depth + 1) for v in value]
     if cls is dict:
         return {k: capture(v, depth + 1) for k, v in value.items()}
