@@ -16,7 +16,7 @@ import enum
 import gc
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -74,11 +74,11 @@ def _gc_untrack() -> Callable[[Any], None] | None:
     A tuple holding only ints can never be part of a reference cycle, and
     CPython's collector stops tracking it at the first collection that meets
     it, after reading each of its items three times. A captured id tuple
-    (512 items a span in the benchmark) costs that while it waits in the
-    buffer: ~4 us a span of the caller's time, against ~0.2 us for this call
-    (``bench/bench_write.py``). Untracking it at once is what the collector
-    would do, done before it pays for it. ``ctypes.pythonapi`` calls hold
-    the GIL, as the C API requires.
+    (512 items a span in ``bench/bench_write.py``) costs that while it waits
+    in the buffer: ~3.7 us a span of the caller's time (the collector on
+    against off, writer idle), against ~0.2 us for this call. Untracking it
+    at once is what the collector would do, done before it pays for it.
+    ``ctypes.pythonapi`` calls hold the GIL, as the C API requires.
     """
     if sys.implementation.name != "cpython":
         return None
@@ -97,22 +97,25 @@ def _gc_untrack() -> Callable[[Any], None] | None:
     return fn
 
 
-#: See :func:`_gc_untrack`; None: id tuples are left to the collector.
-UNTRACK_IDS = _gc_untrack()
+#: See :func:`_gc_untrack`; None: flat captures are left to the collector.
+GC_UNTRACK = _gc_untrack()
+
+_Flat = TypeVar("_Flat", list[Any], tuple[Any, ...])
 
 
-def _untracked(copy: list[Any]) -> list[Any]:
-    """A flat copy of immutable scalars, untracked (see :func:`_gc_untrack`).
+def _untracked(flat: _Flat) -> _Flat:
+    """``flat`` (a captured sequence of immutable scalars) untracked by the collector (see :func:`_gc_untrack`).
 
-    Unlike a tuple, a list is never untracked by the collector, which reads
-    every item of it at each collection of its generation while the span
-    waits (a logprob list of every llm span, in verl's agent loop). It holds
-    only values that hold nothing, and nothing adds to it: the copy is the
-    tracer's own, and the writer reads it and builds new values from it.
+    It holds only values that hold nothing, so it can be in no cycle. A
+    tuple of them the collector would untrack itself, after reading it; a
+    list, never: it reads every item at each collection of its generation
+    while the span waits (a logprob list of every llm span, in verl's agent
+    loop). Nothing adds to a captured list: the copy is the tracer's own,
+    and the writer reads it and builds new values from it.
     """
-    if UNTRACK_IDS is not None:
-        UNTRACK_IDS(copy)
-    return copy
+    if GC_UNTRACK is not None:
+        GC_UNTRACK(flat)
+    return flat
 
 
 class Placeholder:
@@ -168,15 +171,12 @@ def capture(value: Any, depth: int = 0) -> Any:
         return Placeholder(f"<nested deeper than {MAX_DEPTH} levels>")
     if cls is list:
         # Token id lists are long and flat: checked and copied in C, as a
-        # tuple, untracked at once (UNTRACK_IDS): the collector never walks
+        # tuple, untracked at once (_untracked): the collector never walks
         # its items, and the buffered spans cost no full collection.
         if value:
             kind = int_kind(value)
             if kind == NON_NEGATIVE_INTS:
-                ids = tuple(value)
-                if UNTRACK_IDS is not None:
-                    UNTRACK_IDS(ids)
-                return ids
+                return _untracked(tuple(value))
             if kind == INTS:
                 return _untracked(value.copy())
         if IMMUTABLE_TYPES.issuperset(map(type, value)):
@@ -189,9 +189,7 @@ def capture(value: Any, depth: int = 0) -> Any:
             return value
         kind = int_kind(value)
         if kind == NON_NEGATIVE_INTS:
-            if UNTRACK_IDS is not None:
-                UNTRACK_IDS(value)  # ints only: what the collector would do to it (see _gc_untrack)
-            return value
+            return _untracked(value)  # ints only: what the collector would do to it, sooner
         if kind == INTS or IMMUTABLE_TYPES.issuperset(map(type, value)):
             return _untracked(list(value))
         return [capture(v, depth + 1) for v in value]

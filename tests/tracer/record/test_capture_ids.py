@@ -188,9 +188,9 @@ def test_flat_captures_are_untracked_and_nested_ones_are_not(value: list[Any], a
     tracking; every value is captured equal, and stays so through a collection."""
     import gc
 
-    from tracer.record.capture import UNTRACK_IDS
+    from tracer.record.capture import GC_UNTRACK
 
-    assert UNTRACK_IDS is not None  # CPython here: the untracking is what is under test
+    assert GC_UNTRACK is not None  # CPython here: the untracking is what is under test
     seq = tuple(value) if as_tuple else list(value)
     got = capture(seq)
     assert _norm(got) == _norm(value)
