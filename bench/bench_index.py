@@ -12,7 +12,8 @@ read yet in that process; the OS page cache is warm):
    ``viewer.data.tokens.has_token_stats`` and ``load_step_partials``, what the
    overview page reads, with its tiles and table computed): 1M against 1k spans (target: within 2x) and 10M spans
    (target: under 2 s); beside it the same numbers from every trajectory row
-   (``load_trajectories``, what the page read before); then, since the 1k run
+   (``load_trajectories``, what the page read before) and the page with the
+   runs' rollups (``tracer.storage.rollup``) moved aside; then, since the 1k run
    is one writer over 10 steps and the 1M run 16 over 100, the 1M page
    against the smallest run of its own layout (the run's size alone), and
    the 1M run compacted to one file against the 1k run;
@@ -54,7 +55,9 @@ from bench_scale import SPANS_PER_TRAJECTORY, chunk  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer import schema as S  # noqa: E402
+from tracer.storage import rollup  # noqa: E402
 from tracer.storage.compact import compact  # noqa: E402
+from tracer.storage.rollup import ROLLUP_NAME  # noqa: E402
 from tracer.storage.shard_index import INDEX_SUFFIX  # noqa: E402
 from tracer.storage.writer import SpanWriter  # noqa: E402
 
@@ -158,9 +161,13 @@ def fresh(kind: str, run: str, arg: int = 0) -> dict[str, float]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def hide_indexes(run: str) -> list[tuple[str, str]]:
+def hide_indexes(run: str, rollups: bool = True) -> list[tuple[str, str]]:
+    """Move the shard indexes (and the runs' rollups, unless told not to) aside: what readers did before."""
     moved = []
-    for side in glob.glob(os.path.join(run, "**", "*" + INDEX_SUFFIX), recursive=True):
+    found = glob.glob(os.path.join(run, "**", "*" + INDEX_SUFFIX), recursive=True)
+    if rollups:
+        found += glob.glob(os.path.join(run, "**", ROLLUP_NAME), recursive=True)
+    for side in found:
         os.rename(side, side + ".off")
         moved.append((side + ".off", side))
     return moved
@@ -180,6 +187,17 @@ def both(kind: str, run: str, arg: int = 0) -> tuple[dict[str, float], dict[str,
     finally:
         restore(moved)
     return with_index, without
+
+
+def no_rollup(kind: str, run: str, arg: int = 0) -> dict[str, float]:
+    """``kind`` in a fresh process with the run's rollup moved aside (its shard indexes kept)."""
+    moved = [(f + ".off", f) for f in glob.glob(os.path.join(run, "**", ROLLUP_NAME), recursive=True)]
+    for a, b in moved:
+        os.rename(b, a)
+    try:
+        return fresh(kind, run, arg)
+    finally:
+        restore(moved)
 
 
 def line(label: str, a: dict[str, float], b: dict[str, float], what: str = "cold") -> str:
@@ -238,17 +256,58 @@ def runs_traj(run: str) -> int:
     return tracer.read.read_steps(run)[1] // SPANS_PER_TRAJECTORY
 
 
+def rollup_cost(run: str, repeat: int = 3) -> str:
+    """What keeping ``run``'s rollup costs the process that closes a shard: the update that merges one
+    newly closed shard in, and one that rebuilds from every file (medians of ``repeat``, this process)."""
+    files = tracer.list_trace_files(run)
+    copy = run.rstrip("/") + "-rollup"
+    merged, built = [], []
+    for _ in range(repeat):
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(run, copy, ignore=shutil.ignore_patterns(ROLLUP_NAME + "*"))
+        last = os.path.join(copy, os.path.basename(files[-1]))
+        aside = os.path.dirname(copy) + "/last.arrow"
+        os.rename(last, aside)  # a rename keeps size, mtime and inode: the rollup's stamp
+        rollup.update(copy)  # every file but the last
+        os.rename(aside, last)
+        t0 = time.perf_counter()
+        rollup.update(copy)  # the last file closes: merged in (its trace ids are its own)
+        merged.append(time.perf_counter() - t0)
+        os.remove(os.path.join(copy, ROLLUP_NAME))
+        t0 = time.perf_counter()
+        rollup.update(copy)  # no rollup yet (or a trajectory shared): built from every file
+        built.append(time.perf_counter() - t0)
+    shutil.rmtree(copy, ignore_errors=True)
+    size = os.path.getsize(os.path.join(run, ROLLUP_NAME)) if os.path.exists(os.path.join(run, ROLLUP_NAME)) else 0
+    return (
+        f"rollup update: one shard merged in {statistics.median(merged) * 1e3:.1f} ms, rebuilt from "
+        f"{len(files)} files {statistics.median(built) * 1e3:.1f} ms (medians of {repeat}); {size / 1e6:.2f} MB"
+    )
+
+
 def landing_part(paths: dict[str, str]) -> None:
     """Part 2: the overview's data from per-step aggregates, beside the same from every trajectory row."""
     print("\n2. viewer landing page (list_steps, the overview's aggregates, its tiles and table), fresh process:")
+    for name in ("1k-p", "mid-p", "big-p"):
+        if name in paths:
+            print(f"  {name}: {rollup_cost(paths[name])}")
     for ids, sfx in (("the recorder's trace ids (a prefix per writer)", "-p"), ("this bench's trace ids", "")):
         if "mid" + sfx not in paths:
             continue
         print(f"  {ids}:")
-        mid_i, mid_n = both("landing", paths["mid" + sfx])
-        one_i, one_n = both("landing", paths["1k" + sfx])
+        turns: dict[str, list[dict[str, float]]] = {}
+        for _ in range(3):  # fresh processes taking turns; the median of each
+            for name, measure_with in (("mid", fresh), ("1k", fresh), ("mid-s", no_rollup), ("1k-s", no_rollup)):
+                turns.setdefault(name, []).append(measure_with("landing", paths[name.split("-")[0] + sfx]))
+        med = {k: {w: statistics.median(m[w] for m in v) for w in ("cold", "warm")} for k, v in turns.items()}
+        mid_i, one_i = med["mid"], med["1k"]
+        mid_n, one_n = (both("landing", paths[name + sfx])[1] for name in ("mid", "1k"))
         mid_r, one_r = fresh("landing_rows", paths["mid" + sfx]), fresh("landing_rows", paths["1k" + sfx])
-        print("    " + line("per-step aggregates, mid vs 1k", mid_i, one_i) + " (target <= 2x)")
+        print("    " + line("per-step aggregates, mid vs 1k (medians of 3)", mid_i, one_i) + " (target <= 2x)")
+        print(
+            "    "
+            + line("without the run rollups (shard indexes alone), mid vs 1k (medians of 3)", med["mid-s"], med["1k-s"])
+        )
         print("    " + line("every trajectory row (before), mid vs 1k", mid_r, one_r))
         print("    " + line("no index, mid vs 1k", mid_n, one_n))
         print("    " + line("mid: aggregates vs every row", mid_i, mid_r))

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -148,3 +149,20 @@ def quiet_warnings() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tracer.TraceFileWarning)
         yield
+
+
+def bits(values: np.ndarray) -> np.ndarray:
+    """8-byte values as their bits (NaN equal to itself, -0.0 unlike 0.0)."""
+    return np.ascontiguousarray(values).view(np.uint64) if values.dtype.itemsize == 8 else values
+
+
+def equal_tables(a: pa.Table, b: pa.Table) -> None:
+    """Equal, and every value of the lists the same bits (NaN and -0.0 included)."""
+    assert a.schema == b.schema and a.num_rows == b.num_rows
+    for name in a.schema.names:
+        x, y = a.column(name).combine_chunks(), b.column(name).combine_chunks()
+        if pa.types.is_list(x.type):
+            assert x.offsets.equals(y.offsets), name
+            assert np.array_equal(bits(pc.list_flatten(x).to_numpy()), bits(pc.list_flatten(y).to_numpy())), name
+        else:
+            assert x.equals(y), name

@@ -17,10 +17,11 @@ span exactly once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 import orjson
@@ -28,11 +29,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S
+from tracer.storage import rollup as _rollup
 from tracer.storage import uri as _uri
 from tracer.storage.files import ends_closed, read_batches, read_schema
 from tracer.storage.history import HISTORY_COLUMNS, expand_history
-from tracer.storage.index import INDEX_NAME, batches_for_steps, load_index, replaced_files
+from tracer.storage.index import INDEX_NAME, batches_for_steps, listing, load_index, replaced_files
 from tracer.storage.locks import reading
+from tracer.storage.rollup import Rollup
 from tracer.storage.seal import seal_if_abandoned
 from tracer.storage.shard_index import ShardIndex, load_shard_index
 
@@ -90,16 +93,11 @@ def _snapshots(paths: TracePaths, lock: bool) -> Iterator[tuple[list[str], dict[
             if not any(n.endswith(S.FILE_SUFFIX) for n in names) and INDEX_NAME not in names:
                 continue
             with reading(root) if lock else contextlib.nullcontext():
-                # List, then load the index: a compacted file in the listing has its entry.
                 try:
-                    listed = sorted(
-                        e.name for e in os.scandir(root) if e.name.endswith(S.FILE_SUFFIX) and not e.is_dir()
-                    )
+                    names, index = listing(root)
                 except OSError:
                     continue
-                index = load_index(root)
-                hidden = replaced_files(root, index, set(listed))
-                yield fresh([os.path.join(root, n) for n in listed if n not in hidden]), index
+                yield fresh([os.path.join(root, n) for n in names]), index
 
 
 def list_trace_files(path: TracePaths) -> list[str]:
@@ -181,22 +179,50 @@ def indexed_files(path: TracePaths) -> list[tuple[str, ShardIndex | None]]:
     return [(file, _shard_index(file, index)) for files, index in _snapshots(path, lock=True) for file in files]
 
 
+def _rolled_up(path: TracePaths) -> Iterator[tuple[Rollup | None, Callable[[], list[tuple[str, ShardIndex | None]]]]]:
+    """Per directory under ``path``: its rollup when it covers every file listed there, else None; and
+    :func:`indexed_files`' pairs of that directory, checked only when called for."""
+    for files, index in _snapshots(path, lock=True):
+        local = files and not _uri.is_remote(files[0])
+        roll = _rollup.covering(os.path.dirname(files[0]), files) if local else None
+        yield roll, functools.partial(_indexed_pairs, files, index)
+
+
+def _indexed_pairs(files: list[str], index: dict[str, Any]) -> list[tuple[str, ShardIndex | None]]:
+    return [(f, _shard_index(f, index)) for f in files]
+
+
+def run_rollup(path: TracePaths) -> Rollup | None:
+    """The rollup of ``path`` when it is one local directory's (no trace files below it) covering all of
+    its files (:mod:`tracer.storage.rollup`); else None."""
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
+        return None
+    found = list(_rolled_up(path))
+    return found[0][0] if len(found) == 1 else None
+
+
 def read_steps(path: TracePaths) -> tuple[list[int], int]:
     """The distinct steps of the spans under ``path`` (ascending, spans without a step left out) and their row count.
 
-    Files with an index (shards, compacted files) answer from it without being opened; other files
-    give their step column (what ``read_spans(path, columns=[step])`` reads).
+    A directory's rollup answers for all its files when it covers them; else files with an index
+    (shards, compacted files) answer from it without being opened, and other files give their step
+    column (what ``read_spans(path, columns=[step])`` reads).
     """
     steps: set[int] = set()
     rows = 0
     plain: list[str] = []
-    for file, shard in indexed_files(path):
-        if shard is None:
-            if _uri.is_remote(file) or os.path.exists(file):  # a dangling link or a file gone since the listing
-                plain.append(file)
-        else:
-            steps |= shard.steps()
-            rows += sum(shard.batch_rows)
+    for roll, pairs in _rolled_up(path):
+        if roll is not None:
+            steps.update(roll.steps)
+            rows += roll.rows
+            continue
+        for file, shard in pairs():
+            if shard is None:
+                if _uri.is_remote(file) or os.path.exists(file):  # a dangling link or a file gone since the listing
+                    plain.append(file)
+            else:
+                steps |= shard.steps()
+                rows += sum(shard.batch_rows)
     for _, batch in iter_batches(plain, [S.STEP]) if plain else ():
         rows += batch.num_rows
         steps.update(s for s in pc.unique(batch.column(0)).to_pylist() if s is not None)
@@ -210,12 +236,17 @@ def has_spans_named(path: TracePaths, name: str) -> bool:
     other files give their name column, and the search stops at the first one found.
     """
     plain: list[str] = []
-    for file, shard in indexed_files(path):
-        if shard is not None and shard.names is not None:
-            if name in shard.names:
+    for roll, pairs in _rolled_up(path):
+        if roll is not None and roll.names is not None:
+            if name in roll.names:
                 return True
-        elif _uri.is_remote(file) or os.path.exists(file):
-            plain.append(file)
+            continue
+        for file, shard in pairs():
+            if shard is not None and shard.names is not None:
+                if name in shard.names:
+                    return True
+            elif _uri.is_remote(file) or os.path.exists(file):
+                plain.append(file)
     for _, batch in iter_batches(plain, [S.NAME]) if plain else ():
         if pc.any(pc.fill_null(pc.equal(batch.column(0), name), False)).as_py():
             return True

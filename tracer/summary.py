@@ -56,8 +56,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
-from tracer.read import TracePaths, indexed_files, read_spans
+from tracer.read import TracePaths, indexed_files, read_spans, run_rollup
 from tracer.read import parse_json_or_text as _loads
+from tracer.storage import rollup as _rollup
 from tracer.storage import shard_index as _shard_index
 
 #: Span columns :func:`summarize` needs.
@@ -1633,7 +1634,8 @@ def partial_metrics(
     return {k: out[k] for k in sorted(out, key=lambda k: (k[0] is None, k[0] or 0, k[1]))}
 
 
-# Writers store these aggregates in each closed shard's index, next to the summary rows.
+# Writers store these aggregates in each closed shard's index, next to the summary rows, and in the run's
+# rollup, merged over its closed files.
 _shard_index.use_step_partials(step_partials)
 
 
@@ -1660,6 +1662,10 @@ def read_step_partials(path: TracePaths) -> pa.Table:
     Returns:
         A table of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`.
     """
+    roll = run_rollup(path)
+    got = None if roll is None else roll.table()
+    if got is not None:  # one file holds every file's aggregates, merged (tracer.storage.rollup)
+        return got
     try:
         return _partials_from_indexes(path)
     except FileNotFoundError:
@@ -1890,3 +1896,6 @@ def _overlapping(ranges: list[tuple[str, str, int]]) -> list[int]:
             out.append(n)
         reach = hi if reach is None or hi > reach else reach
     return out
+
+
+_rollup.use_partials(lambda files: read_step_partials(files), merge_step_partials)

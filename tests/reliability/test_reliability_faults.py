@@ -20,6 +20,7 @@ import pytest
 from reliability_fixtures import FIGURES, read_quietly, start_fault_script
 
 import tracer
+from tracer.storage import rollup
 
 pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("figures_report")]
 
@@ -524,6 +525,7 @@ def test_read_only_filesystem_keeps_the_rollout_running_and_resumes(
         tracer.init(output_dir=disk, flush_interval_s=0.02, max_file_bytes=4096)
         _record_checked("before", 20)
         assert tracer.flush().ok
+        rollup.wait_idle()  # the run's rollup, updated after each rotation: mount refuses while it writes
         subprocess.run(["mount", "-o", "remount,ro", disk], check=True)
         try:
             _record_checked("ro", 50)

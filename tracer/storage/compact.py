@@ -83,6 +83,7 @@ import pyarrow.compute as pc
 
 from tracer import schema as S
 from tracer.read import iter_batches
+from tracer.storage import rollup
 from tracer.storage import uri as _uri
 from tracer.storage.decisions import file_decisions, metadata_value
 from tracer.storage.files import FileRead, read_batches
@@ -569,8 +570,10 @@ def commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: Co
 
 
 def finish_dir(d: _Dir, index: dict[str, Any], report: CompactReport, delete_after_s: float | None) -> None:
-    """Step 4 of the module docstring, once for every merge of the directory."""
+    """Step 4 of the module docstring, once for every merge of the directory; then the run's rollup."""
     _finish_interrupted(d, index, report, _delete_after(delete_after_s))
+    if not d.remote:
+        rollup.update_quietly(d.path)  # the files it covered are gone: it now covers the compacted ones
 
 
 def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, delete_after_s: float) -> None:

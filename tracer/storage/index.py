@@ -15,6 +15,7 @@ import json
 import os
 from typing import Any
 
+from tracer.schema import FILE_SUFFIX
 from tracer.storage import uri as _uri
 from tracer.storage.writer import fsync_dir
 
@@ -48,6 +49,18 @@ def save_index(run_dir: str, index: dict[str, Any]) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(run_dir)
+
+
+def listing(run_dir: str) -> tuple[list[str], dict[str, Any]]:
+    """The trace files of the local directory ``run_dir`` readers read (names, sorted) and its index.
+
+    Listed first, then the index loaded: a compacted file in the listing has its entry, and the
+    files it replaced are left out. Raises OSError when the directory cannot be listed.
+    """
+    listed = sorted(e.name for e in os.scandir(run_dir) if e.name.endswith(FILE_SUFFIX) and not e.is_dir())
+    index = load_index(run_dir)
+    hidden = replaced_files(run_dir, index, set(listed))
+    return [n for n in listed if n not in hidden], index
 
 
 def replaced_files(run_dir: str, index: dict[str, Any], listed: set[str] | None = None) -> set[str]:

@@ -63,7 +63,7 @@ from tracer import schema as S
 from tracer.storage.files import ARROW_FILE_MAGIC, EOS_MARKER, Layout, ends_closed, read_batches, read_layout
 from tracer.storage.shard_index import ShardIndexBuilder, summarizer, write_sidecar
 from tracer.storage.uri import is_remote
-from tracer.storage.writer import host_label
+from tracer.storage.writer import _rollup, host_label
 
 #: Environment variable: seconds a shard of another host must stay unchanged before it is sealed.
 ENV_SEAL_AFTER_S = "ROLLOUT_TRACE_SEAL_AFTER_S"
@@ -116,10 +116,12 @@ def write_index(shard: str) -> bool:
         if not reading.result.complete:
             raise ValueError(reading.result.describe() or "not read completely")
         write_sidecar(shard, builder)
-        return True
     except Exception as exc:  # the seal stands without an index: readers read the spans
         warn_no_index(shard, exc)
         return False
+    if _rollup:  # the run's overview takes the sealed shard too
+        _rollup[0].update_quietly(os.path.dirname(shard) or ".")
+    return True
 
 
 def warn_no_index(shard: str, exc: BaseException) -> None:

@@ -323,8 +323,11 @@ class UploadingSpanWriter(SpanWriter):
         if path is not None:
             self._pending.append((path, True, 0.0, 0))
 
-    def close(self) -> None:
-        """Close the current file; from outside a write (shutdown), also upload everything now."""
+    def close(self, rollup_now: bool = True) -> None:
+        """Close the current file; from outside a write (shutdown), also upload everything now.
+
+        ``rollup_now`` is :class:`SpanWriter`'s: staged files get no index, so no rollup either.
+        """
         with self._lock:
             self._rotate()
             if self._in_write:

@@ -55,6 +55,16 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+_rollup: list[Any] = []
+
+
+def use_rollup(module: Any) -> None:
+    """Register what keeps the run's rollup (:mod:`tracer.storage.rollup` does, on import: it builds on
+    this module, so this module cannot import it): its ``update_quietly``, ``update_later`` and
+    ``wait_idle`` run after a file is closed and indexed."""
+    _rollup[:] = [module]
+
+
 class SpanWriter:
     """Appends record batches of :data:`tracer.schema.SPAN_SCHEMA` to rotating files.
 
@@ -145,7 +155,7 @@ class SpanWriter:
             except Exception:  # the file goes without an index; its spans are all there
                 self._builder = None
         if self._file.tell() >= self.max_file_bytes:
-            self.close()
+            self.close(rollup_now=False)
 
     def _sealed_meanwhile(self) -> bool:
         """True when the file grew behind this writer's back (sealed after a long quiet spell)."""
@@ -182,9 +192,16 @@ class SpanWriter:
             except (OSError, ValueError):
                 pass
 
-    def close(self) -> None:
-        """End the current file cleanly (footer, fsync); its lock goes with the descriptor."""
+    def close(self, rollup_now: bool = True) -> None:
+        """End the current file cleanly (footer, fsync); its lock goes with the descriptor.
+
+        The run's rollup (:mod:`tracer.storage.rollup`) then takes the file: here, or with
+        ``rollup_now`` False (a rotation) on the process's rollup thread; a close with no file
+        open waits for that thread (a bounded wait), so the rollup takes the last file rotated.
+        """
         if self._stream is None:
+            if rollup_now and self.paths and self.writes_index and _rollup:
+                _rollup[0].wait_idle()
             return
         try:
             self._stream.close()
@@ -199,4 +216,6 @@ class SpanWriter:
             try:
                 write_sidecar(self.path, builder)
             except Exception:  # no index for this file: readers read its spans
-                pass
+                return
+            if _rollup:  # the run's overview now covers this file too
+                (_rollup[0].update_quietly if rollup_now else _rollup[0].update_later)(self.run_dir)

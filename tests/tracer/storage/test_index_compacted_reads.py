@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from index_fixtures import bare_copy, write_shard
@@ -34,6 +35,8 @@ from tracer.storage.seal import seal_if_abandoned
 from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_path
 from tracer.storage.writer import SpanWriter
 from tracer.summary import read_step_partials, read_trajectories, step_metrics
+
+pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
 
 META = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION}
 

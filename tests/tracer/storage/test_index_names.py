@@ -9,6 +9,7 @@ import tempfile
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from index_fixtures import write_shard
@@ -17,6 +18,8 @@ import tracer
 from tracer import schema as S
 from tracer.read import has_spans_named
 from tracer.storage.shard_index import INDEX_SUFFIX, MAX_INDEX_NAMES, load_shard_index, sidecar_path
+
+pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
 
 NAMES = ["agent_loop", "generate", "calculator", "log_token_stats", "log_reward", "ünïcode"]
 

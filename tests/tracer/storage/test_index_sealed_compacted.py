@@ -32,6 +32,8 @@ from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_p
 from tracer.storage.writer import SpanWriter
 from tracer.summary import SUMMARY_SPAN_COLUMNS, read_trajectories, summarize
 
+pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
+
 META = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION}
 
 

@@ -25,6 +25,8 @@ from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_p
 from tracer.storage.writer import SpanWriter
 from tracer.summary import SUMMARY_SPAN_COLUMNS, read_trajectories, summarize
 
+pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
+
 GOLDEN_V1 = os.path.join(os.path.dirname(__file__), "..", "..", "..", "sample_data", "golden", "trace_v1.arrow")
 
 

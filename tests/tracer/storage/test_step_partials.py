@@ -36,6 +36,8 @@ from tracer.summary import (
     summarize,
 )
 
+pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
+
 
 def _span(
     trace: str, n: int, *, step: int | None, parent: bool, validate: bool = False, **extra: Any

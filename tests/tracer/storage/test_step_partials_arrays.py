@@ -18,6 +18,8 @@ from tracer import schema as S
 from tracer.storage.shard_index import load_shard_index, sidecar_path, step_sources, trace_hashes
 from tracer.summary import merge_step_partials, read_step_partials, read_trajectories, step_partials
 
+pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
+
 _SUMS = (S.PART_TRAJECTORIES, S.NUM_SPANS, S.NUM_LLM_CALLS, S.NUM_TOOL_CALLS, S.NUM_TOOL_ERRORS, S.PART_NOT_OK)
 
 _row = st.fixed_dictionaries(

@@ -15,9 +15,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from index_fixtures import META, write_shard
+from index_fixtures import bits as _bits
+from index_fixtures import equal_tables as _equal_tables
 from index_fixtures import partial_reward as _reward
 from index_fixtures import partial_span as _span
 from index_fixtures import quiet_warnings as _quiet
@@ -31,11 +34,9 @@ from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_p
 from tracer.storage.writer import SpanWriter
 from tracer.summary import partial_metrics, read_step_partials, read_trajectories, step_partials
 
+pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
+
 _FIXED = sorted(_si.FIXED_COLUMNS, key=_si.INDEX_SCHEMA.get_field_index)  # step_sources wants schema order
-
-
-def _bits(values: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(values).view(np.uint64) if values.dtype.itemsize == 8 else values
 
 
 def _same_fixed(got: dict[str, Any], table: pa.Table) -> None:
@@ -48,18 +49,6 @@ def _same_fixed(got: dict[str, Any], table: pa.Table) -> None:
         want = np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False)) if col.null_count else col.to_numpy()
         assert len(values) == len(col)
         assert np.array_equal(_bits(values)[want_valid], _bits(np.asarray(want))[want_valid]), c
-
-
-def _equal_tables(a: pa.Table, b: pa.Table) -> None:
-    """Equal, and every value of the lists the same bits (NaN and -0.0 included)."""
-    assert a.schema == b.schema and a.num_rows == b.num_rows
-    for name in a.schema.names:
-        x, y = a.column(name).combine_chunks(), b.column(name).combine_chunks()
-        if pa.types.is_list(x.type):
-            assert x.offsets.equals(y.offsets), name
-            assert np.array_equal(_bits(pc.list_flatten(x).to_numpy()), _bits(pc.list_flatten(y).to_numpy())), name
-        else:
-            assert x.equals(y), name
 
 
 def _equal_metrics(a: dict[Any, dict[str, float]], b: dict[Any, dict[str, float]]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from index_fixtures import partial_reward as _reward
@@ -27,6 +28,8 @@ from tracer import schema as S
 from tracer.storage.compact import compact
 from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_path, step_sources
 from tracer.summary import partial_metrics, read_step_partials, read_trajectories, step_metrics, step_partials
+
+pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
 
 
 def _refuse(*_: Any, **__: Any) -> None:

@@ -1,0 +1,466 @@
+"""The run rollup: every closed shard's index of a run directory merged into one file.
+
+The run overview (steps, span count, span names, per-step aggregates) would
+otherwise open one index per shard, and merge the rewards and latencies of
+every trajectory on each visit: its cost grows with the number of writers and
+trajectories. ``{run_dir}/_steps.rollup`` holds the answer for a set of closed,
+indexed files, kept current by whoever closes one (a writer at close, a seal,
+a compaction), so a reader of a run whose files are all covered reads one file
+and stats the others.
+
+Layout: an Arrow IPC *file*, uncompressed (read memory-mapped), of
+:data:`tracer.schema.STEP_PARTIALS_SCHEMA`: the per-(step, validate)
+aggregates of the covered files' trajectories, merged exactly as
+:func:`tracer.summary.merge_step_partials` merges (one row per group, values
+sorted), so exact percentiles stay exact. Its schema metadata
+(:data:`META_ROLLUP`, JSON) names the covered files with their size, mtime
+and inode, the steps of their spans, their row count, their span names
+(None when an index does not list them), the trace id range of each file and
+whether any file holds spans without a trace id (rewards logged by key).
+
+Readers trust it only when it covers exactly the directory's listed files,
+each with the same size, mtime and inode (checked with one ``stat`` each);
+else they read the files' indexes as before, and get the same answer. It is
+derived data: deleting it loses nothing. Updates hold ``_steps.rollup.lock``
+(an ``flock``), write a temporary file, fsync and rename it, so a reader sees
+the old or the new file, whole. An update adds newly closed files to the
+merged aggregates when they share no trajectory with the covered ones
+(disjoint trace id ranges, no rewards logged by key); else it rebuilds from
+every closed, indexed file.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import fcntl
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from tracer import schema as S
+from tracer.storage import writer as _writer
+from tracer.storage.index import listing
+from tracer.storage.shard_index import ShardIndex, load_shard_index, stored_step_partials
+from tracer.storage.writer import fsync_dir
+
+#: The rollup's file name in its run directory (not a trace file: readers list ``*.arrow`` only).
+ROLLUP_NAME = "_steps.rollup"
+#: The lock updates hold (created beside it; never deleted).
+LOCK_NAME = ROLLUP_NAME + ".lock"
+#: Bumped when the layout changes; a rollup of another version is ignored (and rebuilt at the next update).
+ROLLUP_VERSION = 1
+#: Schema metadata key of the rollup's description (JSON).
+META_ROLLUP = "rollout_trace.rollup"
+#: How long an update waits for another process's update to end before it leaves the rollup as it is.
+LOCK_WAIT_S = 2.0
+#: Parsed rollups a process keeps (by path and the file's stat).
+CACHE_ENTRIES = 64
+
+#: ``(size, mtime_ns, inode)`` of a file.
+Stamp = tuple[int, int, int]
+
+
+@dataclasses.dataclass
+class Rollup:
+    """A run directory's rollup as read (see the module's docstring).
+
+    Attributes:
+        files: Covered file names and their stamps when they were covered.
+        partials: The merged per-step aggregates of their trajectories (:data:`tracer.schema.STEP_PARTIALS_SCHEMA`);
+            None until :meth:`table` reads them from ``path``.
+        steps: The distinct steps of their spans, ascending (spans without a step left out).
+        rows: Their span rows.
+        names: Their distinct span names (None: an index did not list them).
+        ranges: Per covered file, its trajectories' least and greatest trace id (None: no trajectory).
+        loose: Whether a covered file holds spans without a trace id (rewards logged by key).
+        exact_ranges: False when a covered file's index did not give its trace id range.
+    """
+
+    files: dict[str, Stamp]
+    partials: pa.Table | None
+    steps: list[int]
+    rows: int
+    names: frozenset[str] | None
+    ranges: dict[str, tuple[str, str] | None]
+    loose: bool
+    exact_ranges: bool = True
+    path: str | None = None
+
+    def table(self) -> pa.Table | None:
+        """The merged aggregates (read memory-mapped at the first call); None when the file no longer reads."""
+        if self.partials is None and self.path is not None:
+            self.partials = _read_table(self.path)
+            self.path = None
+        return self.partials
+
+
+#: ``read_step_partials(files)``: the exact per-step aggregates of some files (``tracer.summary`` registers it).
+PartialsOfFiles = Callable[[list[str]], pa.Table]
+MergePartials = Callable[[Sequence[pa.Table]], pa.Table]
+_hooks: list[tuple[PartialsOfFiles, MergePartials]] = []
+
+
+def use_partials(of_files: PartialsOfFiles, merge: MergePartials) -> None:
+    """Register how aggregates are computed and merged (``tracer.summary`` does, on import: one meaning)."""
+    _hooks[:] = [(of_files, merge)]
+
+
+def stamp_of(st: os.stat_result) -> Stamp:
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+_cache: collections.OrderedDict[str, tuple[Stamp, Rollup | None]] = collections.OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def load_rollup(run_dir: str) -> Rollup | None:
+    """The rollup of the local ``run_dir`` as written (None: none, unreadable, or another version).
+
+    Whether it still covers the directory is the caller's question (:func:`covering`).
+    """
+    path = os.path.join(run_dir, ROLLUP_NAME)
+    try:
+        stamp = stamp_of(os.stat(path))
+    except OSError:
+        return None
+    with _cache_lock:
+        hit = _cache.get(path)
+        if hit is not None and hit[0] == stamp:
+            _cache.move_to_end(path)
+            return hit[1]
+    got = _read(path)
+    with _cache_lock:
+        _cache[path] = (stamp, got)
+        while len(_cache) > CACHE_ENTRIES:
+            _cache.popitem(last=False)
+    return got
+
+
+def _read_table(path: str) -> pa.Table | None:
+    try:
+        with pa.memory_map(path) as source:
+            table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(use_threads=False)).read_all()
+        for chunk in table.to_batches():
+            chunk.validate(full=True)
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    return table.replace_schema_metadata(None)
+
+
+def _read(path: str) -> Rollup | None:
+    """The rollup's description (its schema message alone); the table is read when asked for."""
+    try:
+        with pa.memory_map(path) as source:
+            schema = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(use_threads=False)).schema
+        meta = orjson.loads((schema.metadata or {})[META_ROLLUP.encode()])
+        if schema.remove_metadata() != S.STEP_PARTIALS_SCHEMA or meta.get("version") != ROLLUP_VERSION:
+            return None
+        files = {str(n): (int(a), int(b), int(c)) for n, (a, b, c) in meta["files"].items()}
+        ranges = {str(n): (None if r is None else (str(r[0]), str(r[1]))) for n, r in meta["ranges"].items()}
+        names = meta["names"]
+        if set(ranges) != set(files):
+            return None
+        return Rollup(
+            files=files,
+            partials=None,
+            steps=[int(s) for s in meta["steps"]],
+            rows=int(meta["rows"]),
+            names=None if names is None else frozenset(str(n) for n in names),
+            ranges=ranges,
+            loose=bool(meta["loose"]),
+            exact_ranges=bool(meta["exact_ranges"]),
+            path=path,
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException):
+        return None
+
+
+def covering(run_dir: str, files: Sequence[str]) -> Rollup | None:
+    """The rollup of ``run_dir`` when it covers exactly ``files`` (paths in it, as listed) as they are now."""
+    got = load_rollup(run_dir)
+    if got is None or len(got.files) != len(files):
+        return None
+    for f in files:
+        want = got.files.get(os.path.basename(f))
+        if want is None:
+            return None
+        try:
+            if stamp_of(os.stat(f)) != want:
+                return None
+        except OSError:
+            return None
+    return got
+
+
+def _write(run_dir: str, r: Rollup) -> None:
+    meta = {
+        "version": ROLLUP_VERSION,
+        "files": {n: list(s) for n, s in sorted(r.files.items())},
+        "steps": r.steps,
+        "rows": r.rows,
+        "names": None if r.names is None else sorted(r.names),
+        "ranges": {n: (None if v is None else list(v)) for n, v in sorted(r.ranges.items())},
+        "loose": r.loose,
+        "exact_ranges": r.exact_ranges,
+    }
+    path = os.path.join(run_dir, ROLLUP_NAME)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    schema = S.STEP_PARTIALS_SCHEMA.with_metadata({META_ROLLUP: orjson.dumps(meta).decode()})
+    try:
+        with open(tmp, "wb") as f:
+            with pa.ipc.new_file(f, schema) as w:
+                w.write_table(_whole(r).cast(S.STEP_PARTIALS_SCHEMA).combine_chunks())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(run_dir)
+
+
+def _locked(run_dir: str, wait_s: float) -> int | None:
+    """The update lock of ``run_dir`` as an fd to close; None when another update keeps it past ``wait_s``."""
+    # Read-only: an flock needs no write access, and no file is kept open for writing while it waits.
+    fd = os.open(os.path.join(run_dir, LOCK_NAME), os.O_RDONLY | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.005)
+        except OSError:  # no locks on this filesystem: go on without one
+            return fd
+
+
+@dataclasses.dataclass
+class _File:
+    path: str
+    stamp: Stamp
+    index: ShardIndex
+    range: tuple[str, str] | None
+    exact_range: bool
+    loose: bool
+
+
+def _closed_files(run_dir: str) -> tuple[list[_File], int]:
+    """The directory's listed files that are closed and indexed, and how many listed files are not."""
+    names, _ = listing(run_dir)
+    out, others = [], 0
+    for n in names:
+        path = os.path.join(run_dir, n)
+        try:
+            before = stamp_of(os.stat(path))
+        except OSError:
+            others += 1
+            continue
+        index = load_shard_index(path)
+        if index is None:
+            others += 1
+            continue
+        stored = stored_step_partials(index)
+        if stored is None:
+            out.append(_File(path, before, index, None, False, True))
+        else:
+            out.append(_File(path, before, index, stored.trace_range, True, stored.loose_steps is not None))
+    return out, others
+
+
+def _overlap(a: tuple[str, str] | None, b: tuple[str, str] | None) -> bool:
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
+
+
+def update(run_dir: str, wait_s: float = LOCK_WAIT_S) -> bool:
+    """Bring the rollup of the local ``run_dir`` up to date with its closed, indexed files.
+
+    Raises what the filesystem raises (callers that must not fail catch it: the rollup is optional).
+
+    Returns:
+        False when no aggregates are registered, another update kept the lock past ``wait_s``, or
+        nothing is closed; else True.
+    """
+    if not _hooks:
+        return False
+    of_files, merge = _hooks[0]
+    fd = _locked(run_dir, wait_s)
+    if fd is None:
+        return False
+    try:
+        _remove_leftovers(run_dir)
+        # Files other writers closed while this update ran are taken too (they may have given up waiting).
+        for _ in range(MAX_ROUNDS):
+            wrote = _step(run_dir, of_files, merge)
+            if wrote is None:
+                return False
+            if not wrote:
+                break
+        return True
+    finally:
+        os.close(fd)
+
+
+def _remove_leftovers(run_dir: str) -> None:
+    """Temporary files of updates that died before their rename (only the lock's holder writes one)."""
+    for e in os.scandir(run_dir):
+        if e.name.startswith(ROLLUP_NAME + ".") and e.name.endswith(".tmp"):
+            try:
+                os.remove(e.path)
+            except OSError:
+                pass
+
+
+#: Rounds an update runs while files keep closing during it.
+MAX_ROUNDS = 4
+
+
+def _step(run_dir: str, of_files: PartialsOfFiles, merge: MergePartials) -> bool | None:
+    """One round of :func:`update`: whether it wrote the rollup; None when no file is closed."""
+    files, _ = _closed_files(run_dir)
+    if not files:
+        return None
+    current = load_rollup(run_dir)
+    by_name = {os.path.basename(f.path): f for f in files}
+    if current is not None and all(n in by_name and by_name[n].stamp == s for n, s in current.files.items()):
+        new = [f for n, f in by_name.items() if n not in current.files]
+        if not new:
+            return False
+        joins = (
+            current.loose
+            or not current.exact_ranges
+            or any(f.loose or not f.exact_range for f in new)
+            or any(_overlap(f.range, r) for f in new for r in current.ranges.values())
+        )
+        if not joins:  # nothing of the new files belongs to a covered trajectory: merge what they add
+            _write(run_dir, _grown(current, new, of_files, merge))
+            return True
+    _write(run_dir, _built(files, of_files))
+    return True
+
+
+def _described(files: Sequence[_File]) -> dict[str, Any]:
+    names: set[str] | None = set()
+    steps: set[int] = set()
+    for f in files:
+        steps |= f.index.steps()
+        if names is not None:
+            names = None if f.index.names is None else names | f.index.names
+    return {
+        "files": {os.path.basename(f.path): f.stamp for f in files},
+        "steps": sorted(steps),
+        "rows": sum(sum(f.index.batch_rows) for f in files),
+        "names": None if names is None else frozenset(names),
+        "ranges": {os.path.basename(f.path): f.range for f in files},
+        "loose": any(f.loose for f in files),
+        "exact_ranges": all(f.exact_range for f in files),
+    }
+
+
+def _built(files: Sequence[_File], of_files: PartialsOfFiles) -> Rollup:
+    return Rollup(partials=of_files([f.path for f in files]), **_described(files))
+
+
+def _grown(current: Rollup, new: Sequence[_File], of_files: PartialsOfFiles, merge: MergePartials) -> Rollup:
+    added = _described(new)
+    names = None if current.names is None or added["names"] is None else current.names | added["names"]
+    return Rollup(
+        files={**current.files, **added["files"]},
+        partials=merge([_whole(current), of_files([f.path for f in new])]),
+        steps=sorted(set(current.steps) | set(added["steps"])),
+        rows=current.rows + added["rows"],
+        names=names,
+        ranges={**current.ranges, **added["ranges"]},
+        loose=current.loose or added["loose"],
+        exact_ranges=current.exact_ranges and added["exact_ranges"],
+    )
+
+
+def _whole(r: Rollup) -> pa.Table:
+    got = r.table()
+    if got is None:
+        raise ValueError("the rollup's table does not read")
+    return got
+
+
+def update_quietly(run_dir: str) -> None:
+    """:func:`update`, for writers, seals and compaction: any failure leaves the rollup as it was (readers
+    then read the files' indexes), never reaching the caller."""
+    try:
+        update(run_dir)
+    except Exception:
+        pass
+
+
+_pending: set[str] = set()
+_pending_lock = threading.Lock()
+_worker: list[threading.Thread] = []
+
+
+def update_later(run_dir: str) -> None:
+    """:func:`update_quietly` on a thread of its own (one per process, taking requests in turn), for a
+    writer rotating files: its thread goes on writing spans while the rollup waits for its lock."""
+    with _pending_lock:
+        _pending.add(run_dir)
+        if _worker and _worker[0].is_alive():
+            return
+        t = threading.Thread(target=_drain, name="rollout-trace-rollup", daemon=True)
+        _worker[:] = [t]
+        t.start()
+
+
+def wait_idle(timeout_s: float = LOCK_WAIT_S) -> None:
+    """Wait (at most ``timeout_s``) for the rollup thread's pending updates: a writer's last close does."""
+    with _pending_lock:
+        t = _worker[0] if _worker else None
+    if t is not None and t is not threading.current_thread():
+        t.join(timeout_s)
+
+
+def _drain() -> None:
+    while True:
+        with _pending_lock:
+            if not _pending:
+                _worker.clear()
+                return
+            run_dir = _pending.pop()
+        update_quietly(run_dir)
+
+
+def _after_fork() -> None:  # the child has no worker, and the lock may have been held by another thread
+    global _pending_lock
+    _pending_lock = threading.Lock()
+    _pending.clear()
+    _worker.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+__all__ = [
+    "LOCK_NAME",
+    "ROLLUP_NAME",
+    "ROLLUP_VERSION",
+    "Rollup",
+    "covering",
+    "load_rollup",
+    "update",
+    "update_later",
+    "update_quietly",
+    "use_partials",
+    "wait_idle",
+]
+
+_writer.use_rollup(sys.modules[__name__])
