@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import warnings
@@ -166,3 +167,13 @@ def equal_tables(a: pa.Table, b: pa.Table) -> None:
             assert np.array_equal(bits(pc.list_flatten(x).to_numpy()), bits(pc.list_flatten(y).to_numpy())), name
         else:
             assert x.equals(y), name
+
+
+def equal_metrics(a: dict[Any, dict[str, float]], b: dict[Any, dict[str, float]]) -> None:
+    """The same step metrics, key for key, each value the same float (NaN as NaN, -0.0 as -0.0)."""
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].keys() == b[k].keys()
+        for m, v in a[k].items():
+            w = b[k][m]
+            assert (math.isnan(v) and math.isnan(w)) or (v == w and math.copysign(1, v) == math.copysign(1, w)), (k, m)

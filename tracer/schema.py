@@ -220,3 +220,11 @@ STEP_PARTIALS_SCHEMA = pa.schema(
         pa.field(PART_LATENCIES, pa.list_(pa.float64())),
     ]
 )
+
+#: The step metrics that come from each group's values (``tracer.summary.partial_metrics`` computes them),
+#: stored beside merged aggregates by a run rollup (:data:`ROLLUP_SCHEMA`).
+VALUE_METRICS = ("reward/mean", "reward/std", "reward/min", "reward/max", "latency_s/p50", "latency_s/p95")
+
+#: A run rollup's table (``tracer.storage.rollup``): merged :data:`STEP_PARTIALS_SCHEMA` rows and, per row,
+#: its :data:`VALUE_METRICS` as computed from its values.
+ROLLUP_SCHEMA = pa.schema([*STEP_PARTIALS_SCHEMA, *(pa.field(m, pa.float64()) for m in VALUE_METRICS)])

@@ -1590,14 +1590,16 @@ def _moments(flat: np.ndarray, at: np.ndarray) -> tuple[list[float], list[float]
     return out
 
 
-def partial_metrics(
-    partials: pa.Table, token_stats: pa.Table | None = None
-) -> dict[tuple[int | None, bool], dict[str, float]]:
-    """:func:`step_metrics` from per-step aggregates (:func:`step_partials`, merged or stored)."""
-    if not _merged(partials):
-        partials = merge_step_partials([partials])
-    if partials.num_rows == 0:
-        return {}
+#: The metrics of :func:`partial_metrics` that come from each group's values (the rest come from its counts
+#: and sums). A run rollup stores them beside its merged aggregates (:func:`with_value_metrics`), so the
+#: overview of a run does not go through every value at each visit.
+VALUE_METRICS = S.VALUE_METRICS
+
+
+def _value_metrics(partials: pa.Table) -> dict[str, list[float]]:
+    """:data:`VALUE_METRICS` of each row of merged aggregates: stored (:func:`with_value_metrics`) or computed."""
+    if all(m in partials.schema.names for m in VALUE_METRICS):
+        return {m: partials.column(m).to_pylist() for m in VALUE_METRICS}
 
     def values(c: str) -> tuple[np.ndarray, np.ndarray]:
         lists = partials.column(c).combine_chunks()
@@ -1606,25 +1608,60 @@ def partial_metrics(
 
     rewards, r_at = values(S.PART_REWARDS)
     lats, l_at = values(S.PART_LATENCIES)
-    moments = _moments(np.asarray(rewards, dtype=np.float64), r_at)
+    mean, std, low, high = _moments(np.asarray(rewards, dtype=np.float64), r_at)
+    rows = range(partials.num_rows)
+    return {
+        "reward/mean": mean,
+        "reward/std": std,
+        "reward/min": low,
+        "reward/max": high,
+        "latency_s/p50": [_percentile(lats[l_at[i] : l_at[i + 1]], 0.5) for i in rows],
+        "latency_s/p95": [_percentile(lats[l_at[i] : l_at[i + 1]], 0.95) for i in rows],
+    }
+
+
+def with_value_metrics(partials: pa.Table) -> pa.Table:
+    """Merged aggregates (:func:`merge_step_partials`) with a float64 column per :data:`VALUE_METRICS`, which
+    :func:`partial_metrics` then takes as they are: what a run rollup stores."""
+    if not _merged(partials):
+        raise ValueError("value metrics are stored only beside merged aggregates")
+    got = _value_metrics(partials.select(S.STEP_PARTIALS_SCHEMA.names))
+    for m in VALUE_METRICS:
+        partials = partials.append_column(pa.field(m, pa.float64()), pa.array(got[m], pa.float64()))
+    return partials
+
+
+def partial_metrics(
+    partials: pa.Table, token_stats: pa.Table | None = None
+) -> dict[tuple[int | None, bool], dict[str, float]]:
+    """:func:`step_metrics` from per-step aggregates (:func:`step_partials`, merged or stored).
+
+    A table with the :data:`VALUE_METRICS` columns (a run rollup's, rows filtered or not) is one merged
+    table whose metrics were computed from its values: they are taken as they are.
+    """
+    stored = all(m in partials.schema.names for m in VALUE_METRICS)
+    if not stored and not _merged(partials):
+        partials = merge_step_partials([partials])
+    if partials.num_rows == 0:
+        return {}
+    by_value = _value_metrics(partials)
     sums = {c: partials.column(c).to_pylist() for c in _PART_SUMS}
     out: dict[tuple[int | None, bool], dict[str, float]] = {}
     for i, (step, val) in enumerate(zip(partials.column(S.STEP).to_pylist(), partials.column(S.VALIDATE).to_pylist())):
         n = sums[S.PART_TRAJECTORIES][i]
         calls = sums[S.NUM_TOOL_CALLS][i]
-        lat = lats[l_at[i] : l_at[i + 1]]
         out[(step, bool(val))] = {
             "trajectories": float(n),
-            "reward/mean": moments[0][i],
-            "reward/std": moments[1][i],
-            "reward/min": moments[2][i],
-            "reward/max": moments[3][i],
+            "reward/mean": by_value["reward/mean"][i],
+            "reward/std": by_value["reward/std"][i],
+            "reward/min": by_value["reward/min"][i],
+            "reward/max": by_value["reward/max"][i],
             "turns/mean": sums[S.NUM_LLM_CALLS][i] / n,
             "tool_calls/mean": calls / n,
             "tool_error_rate": (sums[S.NUM_TOOL_ERRORS][i] / calls) if calls else 0.0,
             "errors": float(sums[S.PART_NOT_OK][i]),
-            "latency_s/p50": _percentile(lat, 0.5),
-            "latency_s/p95": _percentile(lat, 0.95),
+            "latency_s/p50": by_value["latency_s/p50"][i],
+            "latency_s/p95": by_value["latency_s/p95"][i],
         }
     if token_stats is not None:
         mismatch = token_stat_metrics(token_stats)
@@ -1639,8 +1676,12 @@ def partial_metrics(
 _shard_index.use_step_partials(step_partials)
 
 
-def read_step_partials(path: TracePaths) -> pa.Table:
+def read_step_partials(path: TracePaths, value_metrics: bool = False) -> pa.Table:
     """The per-step aggregates of every trajectory under ``path``: ``step_partials(read_trajectories(path))``.
+
+    A run directory whose rollup covers it (:mod:`tracer.storage.rollup`) answers from that one file;
+    with ``value_metrics`` its table comes as stored, with the :data:`VALUE_METRICS` columns that
+    :func:`partial_metrics` then takes instead of going through the values again.
 
     Closed shards' and compacted files' indexes store their own aggregates per
     step (:func:`step_partials` of their rows: counts and sums, and the rewards
@@ -1665,7 +1706,7 @@ def read_step_partials(path: TracePaths) -> pa.Table:
     roll = run_rollup(path)
     got = None if roll is None else roll.table()
     if got is not None:  # one file holds every file's aggregates, merged (tracer.storage.rollup)
-        return got
+        return got if value_metrics else got.select(S.STEP_PARTIALS_SCHEMA.names)
     try:
         return _partials_from_indexes(path)
     except FileNotFoundError:
@@ -1898,4 +1939,4 @@ def _overlapping(ranges: list[tuple[str, str, int]]) -> list[int]:
     return out
 
 
-_rollup.use_partials(lambda files: read_step_partials(files), merge_step_partials)
+_rollup.use_partials(lambda files: read_step_partials(files), merge_step_partials, with_value_metrics)

@@ -9,10 +9,12 @@ a compaction), so a reader of a run whose files are all covered reads one file
 and stats the others.
 
 Layout: an Arrow IPC *file*, uncompressed (read memory-mapped), of
-:data:`tracer.schema.STEP_PARTIALS_SCHEMA`: the per-(step, validate)
-aggregates of the covered files' trajectories, merged exactly as
+:data:`tracer.schema.ROLLUP_SCHEMA`: the per-(step, validate) aggregates of
+the covered files' trajectories, merged exactly as
 :func:`tracer.summary.merge_step_partials` merges (one row per group, values
-sorted), so exact percentiles stay exact. Its schema metadata
+sorted), so exact percentiles stay exact, and each row's value metrics
+(:data:`tracer.schema.VALUE_METRICS`: reward mean, spread and range, latency
+percentiles) as :func:`tracer.summary.partial_metrics` computes them. Its schema metadata
 (:data:`META_ROLLUP`, JSON) names the covered files with their size, mtime
 and inode, the steps of their spans, their row count, their span names
 (None when an index does not list them), the trace id range of each file and
@@ -73,8 +75,8 @@ class Rollup:
 
     Attributes:
         files: Covered file names and their stamps when they were covered.
-        partials: The merged per-step aggregates of their trajectories (:data:`tracer.schema.STEP_PARTIALS_SCHEMA`);
-            None until :meth:`table` reads them from ``path``.
+        partials: The merged per-step aggregates of their trajectories and their value metrics
+            (:data:`tracer.schema.ROLLUP_SCHEMA`); None until :meth:`table` reads them from ``path``.
         steps: The distinct steps of their spans, ascending (spans without a step left out).
         rows: Their span rows.
         names: Their distinct span names (None: an index did not list them).
@@ -104,12 +106,13 @@ class Rollup:
 #: ``read_step_partials(files)``: the exact per-step aggregates of some files (``tracer.summary`` registers it).
 PartialsOfFiles = Callable[[list[str]], pa.Table]
 MergePartials = Callable[[Sequence[pa.Table]], pa.Table]
-_hooks: list[tuple[PartialsOfFiles, MergePartials]] = []
+_hooks: list[tuple[PartialsOfFiles, MergePartials, Callable[[pa.Table], pa.Table]]] = []
 
 
-def use_partials(of_files: PartialsOfFiles, merge: MergePartials) -> None:
-    """Register how aggregates are computed and merged (``tracer.summary`` does, on import: one meaning)."""
-    _hooks[:] = [(of_files, merge)]
+def use_partials(of_files: PartialsOfFiles, merge: MergePartials, with_metrics: Callable[[pa.Table], pa.Table]) -> None:
+    """Register how aggregates are computed and merged, and how merged ones get their value metrics
+    (:data:`tracer.schema.ROLLUP_SCHEMA`); ``tracer.summary`` does, on import: one meaning."""
+    _hooks[:] = [(of_files, merge, with_metrics)]
 
 
 def stamp_of(st: os.stat_result) -> Stamp:
@@ -160,7 +163,7 @@ def _read(path: str) -> Rollup | None:
         with pa.memory_map(path) as source:
             schema = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(use_threads=False)).schema
         meta = orjson.loads((schema.metadata or {})[META_ROLLUP.encode()])
-        if schema.remove_metadata() != S.STEP_PARTIALS_SCHEMA or meta.get("version") != ROLLUP_VERSION:
+        if schema.remove_metadata() != S.ROLLUP_SCHEMA or meta.get("version") != ROLLUP_VERSION:
             return None
         files = {str(n): (int(a), int(b), int(c)) for n, (a, b, c) in meta["files"].items()}
         ranges = {str(n): (None if r is None else (str(r[0]), str(r[1]))) for n, r in meta["ranges"].items()}
@@ -212,11 +215,12 @@ def _write(run_dir: str, r: Rollup) -> None:
     }
     path = os.path.join(run_dir, ROLLUP_NAME)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    schema = S.STEP_PARTIALS_SCHEMA.with_metadata({META_ROLLUP: orjson.dumps(meta).decode()})
+    schema = S.ROLLUP_SCHEMA.with_metadata({META_ROLLUP: orjson.dumps(meta).decode()})
+    table = _hooks[0][2](_whole(r).select(S.STEP_PARTIALS_SCHEMA.names).cast(S.STEP_PARTIALS_SCHEMA))
     try:
         with open(tmp, "wb") as f:
             with pa.ipc.new_file(f, schema) as w:
-                w.write_table(_whole(r).cast(S.STEP_PARTIALS_SCHEMA).combine_chunks())
+                w.write_table(table.combine_chunks())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -295,7 +299,7 @@ def update(run_dir: str, wait_s: float = LOCK_WAIT_S) -> bool:
     """
     if not _hooks:
         return False
-    of_files, merge = _hooks[0]
+    of_files, merge, _ = _hooks[0]
     fd = _locked(run_dir, wait_s)
     if fd is None:
         return False

@@ -279,7 +279,7 @@ def load_step_partials(path: str) -> Loaded:
     with their stored aggregates, so the cost follows the steps, not the
     trajectories; other files are read as :func:`load_trajectories` reads them.
     """
-    return _reading(read_step_partials, path)
+    return _reading(read_step_partials, path, value_metrics=True)
 
 
 def partials_of(trajectories: pa.Table) -> pa.Table:

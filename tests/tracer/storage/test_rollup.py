@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from index_fixtures import META, equal_tables, write_shard
+from index_fixtures import META, equal_metrics, equal_tables, write_shard
 from index_fixtures import partial_reward as _reward
 from index_fixtures import partial_span as _span
 from index_fixtures import quiet_warnings as _quiet
@@ -32,7 +32,7 @@ from tracer.storage import rollup as R
 from tracer.storage.compact import compact
 from tracer.storage.shard_index import sidecar_path
 from tracer.storage.writer import SpanWriter
-from tracer.summary import read_step_partials, read_trajectories, step_partials
+from tracer.summary import partial_metrics, read_step_partials, read_trajectories, step_partials
 
 
 def _answers(run: str) -> tuple[Any, ...]:
@@ -115,12 +115,28 @@ def test_the_rollup_answers_as_the_files_do(
         got = _answers(run)
         equal_tables(got[3], truth)
         _same(got, _without_rollup(run))
+        _same_metrics(run, truth)
         compact(run)
         assert run_rollup(run) is not None  # compaction updated it for its output
         after = _answers(run)
         _same(after, _without_rollup(run))
         equal_tables(after[3], truth)
         assert after[0] == got[0]
+        _same_metrics(run, truth)
+
+
+def _same_metrics(run: str, truth: pa.Table) -> None:
+    """The rollup's stored value metrics give the step metrics computed from the values, bit for bit, for
+    the whole table and for each split (the overview's filter)."""
+    stored = read_step_partials(run, value_metrics=True)
+    assert stored.schema.names == S.ROLLUP_SCHEMA.names
+    equal_metrics(partial_metrics(stored), partial_metrics(truth))
+    for split in (False, True):
+        keep = pc.equal(stored.column(S.VALIDATE), split)
+        equal_metrics(
+            partial_metrics(stored.filter(keep)),
+            partial_metrics(truth.filter(pc.equal(truth.column(S.VALIDATE), split))),
+        )
 
 
 def _clean_run(run: str, shards: int, step_of: Any = lambda w, t: t % 3) -> list[str]:

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from index_fixtures import META, write_shard
 from index_fixtures import bits as _bits
+from index_fixtures import equal_metrics as _equal_metrics
 from index_fixtures import equal_tables as _equal_tables
 from index_fixtures import partial_reward as _reward
 from index_fixtures import partial_span as _span
@@ -49,15 +50,6 @@ def _same_fixed(got: dict[str, Any], table: pa.Table) -> None:
         want = np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False)) if col.null_count else col.to_numpy()
         assert len(values) == len(col)
         assert np.array_equal(_bits(values)[want_valid], _bits(np.asarray(want))[want_valid]), c
-
-
-def _equal_metrics(a: dict[Any, dict[str, float]], b: dict[Any, dict[str, float]]) -> None:
-    assert list(a) == list(b)
-    for k in a:
-        assert a[k].keys() == b[k].keys()
-        for m, v in a[k].items():
-            w = b[k][m]
-            assert (math.isnan(v) and math.isnan(w)) or (v == w and math.copysign(1, v) == math.copysign(1, w)), (k, m)
 
 
 _traj = st.fixed_dictionaries(
