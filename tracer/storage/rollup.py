@@ -33,6 +33,7 @@ every closed, indexed file.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import fcntl
@@ -451,6 +452,7 @@ def _after_fork() -> None:  # the child has no worker, and the lock may have bee
 
 
 os.register_at_fork(after_in_child=_after_fork)
+atexit.register(wait_idle)  # a process that ends (a CLI read that sealed shards) lets its update finish, 2 s at most
 
 
 __all__ = [

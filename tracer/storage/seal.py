@@ -119,8 +119,8 @@ def write_index(shard: str) -> bool:
     except Exception as exc:  # the seal stands without an index: readers read the spans
         warn_no_index(shard, exc)
         return False
-    if _rollup:  # the run's overview takes the sealed shard too
-        _rollup[0].update_quietly(os.path.dirname(shard) or ".")
+    if _rollup:  # the run's overview takes the sealed shard too (on the rollup thread: a read seals many at once)
+        _rollup[0].update_later(os.path.dirname(shard) or ".")
     return True
 
 

@@ -111,6 +111,7 @@ def test_the_rollup_answers_as_the_files_do(
     _write(run, trajs, killed, prefix, order)
     with _quiet():
         truth = step_partials(read_trajectories(run))  # seals the killed shards: the rollup takes them
+        R.wait_idle()  # ... on the rollup thread, all of them in one or two updates
         assert run_rollup(run) is not None  # every file closed and indexed: covered
         got = _answers(run)
         equal_tables(got[3], truth)
@@ -326,3 +327,21 @@ def test_an_update_that_died_before_its_rename_leaves_nothing_behind(tmp_path: A
     _clean_run(run, 1, step_of=lambda w, t: 30)
     assert not os.path.exists(left)
     assert _covered(run)
+
+
+def test_a_process_that_seals_dead_writers_shards_leaves_them_rolled_up(tmp_path: Any) -> None:
+    """Writers killed after their last flush (Ray workers at shutdown): a reading process seals their shards
+    and, before it ends, the rollup covers them all."""
+    import subprocess
+    import sys
+
+    run = os.fspath(tmp_path)
+    for w in range(3):
+        rows = [_span(f"d{w}", 0, w, False), _reward(f"d{w}", 1, w, float(w), False)]
+        write_shard(run, [rows], close=False)
+    assert not os.path.exists(os.path.join(run, R.ROLLUP_NAME))
+    code = "import sys, warnings, tracer; warnings.simplefilter('ignore'); tracer.read_trajectories(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, run], check=True, timeout=120)
+    roll = run_rollup(run)
+    assert roll is not None and len(roll.files) == 3
+    equal_tables(read_step_partials(run), step_partials(read_trajectories(run)))
