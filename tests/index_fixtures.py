@@ -7,12 +7,13 @@ import math
 import os
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from hypothesis import strategies as st
 
 import tracer
 from tracer import schema as S
@@ -177,3 +178,39 @@ def equal_metrics(a: dict[Any, dict[str, float]], b: dict[Any, dict[str, float]]
         for m, v in a[k].items():
             w = b[k][m]
             assert (math.isnan(v) and math.isnan(w)) or (v == w and math.copysign(1, v) == math.copysign(1, w)), (k, m)
+
+
+#: A trajectory of :func:`write_random_run`: its spans, step and split, the shards its spans go to (the
+#: first holds its root), and its reward: none, by trace id in its root's shard or the next one, or by key.
+random_trajectory = st.fixed_dictionaries(
+    {
+        "spans": st.integers(1, 3),
+        "step": st.sampled_from([0, 1, 2, 7, None]),
+        "validate": st.booleans(),
+        "files": st.lists(st.integers(0, 3), min_size=1, max_size=2),
+        "reward": st.sampled_from(["none", "by_id", "by_id", "by_id_elsewhere", "by_key"]),
+        "value": st.sampled_from([0.0, -0.0, 0.5, -1.0, 3.0, float("inf"), float("nan"), None]),
+    }
+)
+
+
+def write_random_run(
+    run: str, trajs: list[dict[str, Any]], killed: set[int], prefix: bool, order: Sequence[int] = range(4)
+) -> None:
+    """Up to four shards of :data:`random_trajectory` rows, three rows a batch, closed in ``order`` (the
+    shards in ``killed`` left by dead writers); with ``prefix``, trace ids as the recorder makes them (each
+    shard's range its own), else interleaved."""
+    rows: dict[int, list[dict[str, Any]]] = {w: [] for w in range(4)}
+    for t, spec in enumerate(trajs):
+        tid = f"{spec['files'][0]}{t:031x}" if prefix else f"{t:031x}{spec['files'][0]}"
+        for n in range(spec["spans"]):
+            rows[spec["files"][n % len(spec["files"])]].append(partial_span(tid, n, spec["step"], spec["validate"]))
+        if spec["reward"] != "none":
+            home = spec["files"][0]
+            where = (home + 1) % 4 if spec["reward"].endswith("elsewhere") else home
+            by_id = spec["reward"].startswith("by_id")
+            reward = partial_reward(tid if by_id else "", 50 + t, spec["step"], spec["value"], spec["validate"])
+            rows[where].append(reward)
+    for w in order:
+        if rows[w]:
+            write_shard(run, [rows[w][i : i + 3] for i in range(0, len(rows[w]), 3)], close=w not in killed)

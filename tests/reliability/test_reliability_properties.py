@@ -326,4 +326,3 @@ def test_huge_strings_and_lists_round_trip(trace_dir: str) -> None:
         returned, row = _record(value, trace_dir)
         assert returned is value
         assert json.loads(row["outputs"]) == value
-

@@ -127,7 +127,7 @@ def test_replay_sidebar_names_the_step_and_the_waterfall_keeps_red_for_failures(
 ) -> None:
     """Replaying a step-1 rollout the sidebar says step 1; no bar of an ok span is filled red."""
     _open(browser, site, "Trajectory replay", path=site["a"], trace_id=_trace_id(site["a"], 1))
-    step = browser.evaluate("document.querySelector('[data-testid=\"stSidebar\"] input[aria-label=\"Step\"]').value")
+    step = browser.evaluate('document.querySelector(\'[data-testid="stSidebar"] input[aria-label="Step"]\').value')
     assert step == "step 1"
     browser.click_text("Timing")
     wait_for(lambda: browser.evaluate("document.querySelectorAll('.vega-embed svg').length") >= 1, 30, "the waterfall")

@@ -28,8 +28,8 @@ import dataclasses
 import os
 import stat
 import struct
-from collections.abc import Collection, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 
@@ -914,3 +914,20 @@ def major_version(version: str) -> int:
         return int(version.split(".", 1)[0])
     except ValueError:
         return -1
+
+
+def write_replacing(target: str, tmp: str, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``target`` whole or not at all: ``write`` fills ``tmp``, which is fsynced and renamed over
+    ``target``; on any failure ``tmp`` is removed and the failure raised (``target`` as it was)."""
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise

@@ -17,6 +17,7 @@ from typing import Any
 
 from tracer.schema import FILE_SUFFIX
 from tracer.storage import uri as _uri
+from tracer.storage.files import write_replacing
 from tracer.storage.writer import fsync_dir
 
 INDEX_NAME = "_index.json"
@@ -42,12 +43,7 @@ def load_index(run_dir: str) -> dict[str, Any]:
 def save_index(run_dir: str, index: dict[str, Any]) -> None:
     """Write the index atomically (temp file, fsync, rename, fsync the directory)."""
     path = os.path.join(run_dir, INDEX_NAME)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(index, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_replacing(path, path + ".tmp", lambda f: f.write(json.dumps(index).encode("utf-8")))
     fsync_dir(run_dir)
 
 

@@ -53,15 +53,26 @@ def try_exclusive(run_dir: str, wait_s: float) -> int | None:
         fd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
         return None
+    if exclusive_within(fd, wait_s):
+        return fd
+    os.close(fd)
+    return None
+
+
+def exclusive_within(fd: int, wait_s: float) -> bool:
+    """Take ``fd``'s exclusive ``flock``, retrying every :data:`POLL_S` for at most ``wait_s``.
+
+    True when it is held, or when the filesystem cannot lock (nothing better is possible there:
+    behave as before locks existed); False when others kept it.
+    """
     deadline = time.monotonic() + wait_s
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
+            return True
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
+                return False
             time.sleep(POLL_S)
         except OSError:
-            return fd  # no locks here: behave as before locks existed
+            return True

@@ -36,20 +36,20 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
-import fcntl
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 import pyarrow as pa
 
 from tracer import schema as S
 from tracer.storage import writer as _writer
+from tracer.storage.files import write_replacing
 from tracer.storage.index import listing
+from tracer.storage.locks import exclusive_within
 from tracer.storage.shard_index import ShardIndex, load_shard_index, stored_step_partials
 from tracer.storage.writer import fsync_dir
 
@@ -218,38 +218,24 @@ def _write(run_dir: str, r: Rollup) -> None:
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     schema = S.ROLLUP_SCHEMA.with_metadata({META_ROLLUP: orjson.dumps(meta).decode()})
     table = _hooks[0][2](_whole(r).select(S.STEP_PARTIALS_SCHEMA.names).cast(S.STEP_PARTIALS_SCHEMA))
-    try:
-        with open(tmp, "wb") as f:
-            with pa.ipc.new_file(f, schema) as w:
-                w.write_table(table.combine_chunks())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
+
+    def write(f: BinaryIO) -> None:
+        with pa.ipc.new_file(f, schema) as w:
+            w.write_table(table.combine_chunks())
+
+    write_replacing(path, tmp, write)
     fsync_dir(run_dir)
 
 
 def _locked(run_dir: str, wait_s: float) -> int | None:
-    """The update lock of ``run_dir`` as an fd to close; None when another update keeps it past ``wait_s``."""
+    """The update lock of ``run_dir`` as an fd to close; None when another update keeps it past ``wait_s``
+    (where the filesystem has no locks, the fd without one)."""
     # Read-only: an flock needs no write access, and no file is kept open for writing while it waits.
     fd = os.open(os.path.join(run_dir, LOCK_NAME), os.O_RDONLY | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(0.005)
-        except OSError:  # no locks on this filesystem: go on without one
-            return fd
+    if exclusive_within(fd, wait_s):
+        return fd
+    os.close(fd)
+    return None
 
 
 @dataclasses.dataclass

@@ -51,7 +51,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import orjson
@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S
-from tracer.storage.files import closed_file_metadata, footer_bytes
+from tracer.storage.files import closed_file_metadata, footer_bytes, write_replacing
 
 #: Version of the sidecar layout; another value is ignored (the spans are read instead).
 INDEX_VERSION = "3"
@@ -290,25 +290,17 @@ def write_sidecar(shard: str, builder: ShardIndexBuilder) -> None:
         padded = pa.concat_arrays([values, pa.nulls(table.num_rows - len(values), pa.float64())])
         table = table.set_column(table.schema.get_field_index(name), INDEX_SCHEMA.field(name), padded)
     whole = table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=INDEX_SCHEMA)
+
+    def write(f: BinaryIO) -> None:
+        # Uncompressed: readers decode nothing (the landing page reads every row).
+        with pa.ipc.new_file(f, INDEX_SCHEMA.with_metadata(meta)) as w:
+            at = 0
+            for n in counts.tolist():  # one batch per bucket, empty ones too: batch i is bucket i
+                w.write_batch(whole.slice(at, n))
+                at += n
+
     target = sidecar_path(shard)
-    tmp = target + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            # Uncompressed: readers decode nothing (the landing page reads every row).
-            with pa.ipc.new_file(f, INDEX_SCHEMA.with_metadata(meta)) as w:
-                at = 0
-                for n in counts.tolist():  # one batch per bucket, empty ones too: batch i is bucket i
-                    w.write_batch(whole.slice(at, n))
-                    at += n
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
+    write_replacing(target, target + ".tmp", write)
 
 
 @dataclasses.dataclass

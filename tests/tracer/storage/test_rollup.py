@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from index_fixtures import META, equal_metrics, equal_tables, write_shard
+from index_fixtures import META, equal_metrics, equal_tables, random_trajectory, write_random_run, write_shard
 from index_fixtures import partial_reward as _reward
 from index_fixtures import partial_span as _span
 from index_fixtures import quiet_warnings as _quiet
@@ -64,40 +64,11 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
     equal_tables(a[3], b[3])
 
 
-_traj = st.fixed_dictionaries(
-    {
-        "spans": st.integers(1, 3),
-        "step": st.sampled_from([0, 1, 2, 7, None]),
-        "validate": st.booleans(),
-        "files": st.lists(st.integers(0, 3), min_size=1, max_size=2),  # where its spans go
-        "reward": st.sampled_from(["none", "by_id", "by_id", "by_id_elsewhere", "by_key"]),
-        "value": st.sampled_from([0.0, 0.5, -1.0, 3.0, float("nan"), None]),
-    }
-)
-
-
-def _write(run: str, trajs: list[dict[str, Any]], killed: set[int], prefix: bool, order: list[int]) -> None:
-    """Up to four shards closed in ``order`` (each close updates the rollup); ``killed`` ones left by dead writers."""
-    rows: dict[int, list[dict[str, Any]]] = {w: [] for w in range(4)}
-    for t, spec in enumerate(trajs):
-        tid = f"{spec['files'][0]}{t:031x}" if prefix else f"{t:031x}{spec['files'][0]}"
-        for n in range(spec["spans"]):
-            rows[spec["files"][n % len(spec["files"])]].append(_span(tid, n, spec["step"], spec["validate"]))
-        if spec["reward"] != "none":
-            home = spec["files"][0]
-            where = (home + 1) % 4 if spec["reward"].endswith("elsewhere") else home
-            by_id = spec["reward"].startswith("by_id")
-            rows[where].append(_reward(tid if by_id else "", 50 + t, spec["step"], spec["value"], spec["validate"]))
-    for w in order:
-        if rows[w]:
-            write_shard(run, [rows[w][i : i + 3] for i in range(0, len(rows[w]), 3)], close=w not in killed)
-
-
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 @given(
-    trajs=st.lists(_traj, min_size=1, max_size=12),
+    trajs=st.lists(random_trajectory, min_size=1, max_size=12),
     killed=st.sets(st.integers(0, 3), max_size=2),
     prefix=st.booleans(),
     order=st.permutations(range(4)),
@@ -108,7 +79,7 @@ def test_the_rollup_answers_as_the_files_do(
     """Every close updates it (merged or rebuilt); killed shards are sealed by the first read, which updates it
     too; then compaction: at each point the answers equal those without it, and the trajectory rows'."""
     run = os.path.join(os.fspath(tmp_path_factory.mktemp("rollup")), "run")
-    _write(run, trajs, killed, prefix, order)
+    write_random_run(run, trajs, killed, prefix, order)
     with _quiet():
         truth = step_partials(read_trajectories(run))  # seals the killed shards: the rollup takes them
         R.wait_idle()  # ... on the rollup thread, all of them in one or two updates

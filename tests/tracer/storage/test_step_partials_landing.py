@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from index_fixtures import META, write_shard
+from index_fixtures import META, random_trajectory, write_random_run, write_shard
 from index_fixtures import bits as _bits
 from index_fixtures import equal_metrics as _equal_metrics
 from index_fixtures import equal_tables as _equal_tables
@@ -52,42 +52,11 @@ def _same_fixed(got: dict[str, Any], table: pa.Table) -> None:
         assert np.array_equal(_bits(values)[want_valid], _bits(np.asarray(want))[want_valid]), c
 
 
-_traj = st.fixed_dictionaries(
-    {
-        "spans": st.integers(1, 3),
-        "step": st.sampled_from([0, 1, 2, 7, None]),
-        "validate": st.booleans(),
-        "files": st.lists(st.integers(0, 3), min_size=1, max_size=2),  # where its spans go
-        "reward": st.sampled_from(["none", "by_id", "by_id", "by_id_elsewhere", "by_key"]),
-        "value": st.sampled_from([0.0, -0.0, 0.5, -1.0, 3.0, float("inf"), float("nan"), None]),
-    }
-)
-
-
-def _write_run(run: str, trajs: list[dict[str, Any]], killed: int | None, prefix: bool) -> SpanWriter | None:
-    """Up to four shards, trajectories split over them; shard ``killed`` left by a dead writer; with
-    ``prefix``, trace ids as the recorder makes them (each shard's range its own), else interleaved."""
-    rows: dict[int, list[dict[str, Any]]] = {w: [] for w in range(4)}
-    for t, spec in enumerate(trajs):
-        tid = f"{spec['files'][0]}{t:031x}" if prefix else f"{t:031x}{spec['files'][0]}"
-        for n in range(spec["spans"]):
-            rows[spec["files"][n % len(spec["files"])]].append(_span(tid, n, spec["step"], spec["validate"]))
-        if spec["reward"] != "none":
-            home = spec["files"][0]
-            where = (home + 1) % 4 if spec["reward"].endswith("elsewhere") else home
-            by_id = spec["reward"].startswith("by_id")
-            rows[where].append(_reward(tid if by_id else "", 50 + t, spec["step"], spec["value"], spec["validate"]))
-    for w, own in rows.items():
-        if own:
-            write_shard(run, [own[i : i + 3] for i in range(0, len(own), 3)], close=w != killed)
-    return None
-
-
 @settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 @given(
-    trajs=st.lists(_traj, min_size=1, max_size=14),
+    trajs=st.lists(random_trajectory, min_size=1, max_size=14),
     killed=st.sampled_from([None, 1]),
     prefix=st.booleans(),
 )
@@ -97,7 +66,7 @@ def test_the_fast_reads_give_the_aggregates_of_the_trajectory_rows(
     """Uncompacted (groups split over files), through pyarrow's reads, compacted, without indexes: one table."""
     root = os.fspath(tmp_path_factory.mktemp("landing"))
     run = os.path.join(root, "run")
-    _write_run(run, trajs, killed, prefix)
+    write_random_run(run, trajs, set() if killed is None else {killed}, prefix)
     with _quiet():
         truth = step_partials(read_trajectories(run))
         got = read_step_partials(run)

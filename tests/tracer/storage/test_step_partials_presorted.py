@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from index_fixtures import equal_metrics as _equal_metrics
 from index_fixtures import partial_reward as _reward
 from index_fixtures import partial_span as _span
 from index_fixtures import quiet_warnings as _quiet
@@ -34,14 +35,6 @@ pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own 
 
 def _refuse(*_: Any, **__: Any) -> None:
     raise AssertionError("not the stored path")
-
-
-def _equal_metrics(a: dict[Any, dict[str, float]], b: dict[Any, dict[str, float]]) -> None:
-    assert list(a) == list(b)
-    for k in a:
-        assert a[k].keys() == b[k].keys()
-        for m, v in a[k].items():
-            assert (math.isnan(v) and math.isnan(b[k][m])) or v == b[k][m], (k, m)
 
 
 _traj = st.fixed_dictionaries(
