@@ -248,27 +248,25 @@ class _File:
     loose: bool
 
 
-def _closed_files(run_dir: str) -> tuple[list[_File], int]:
-    """The directory's listed files that are closed and indexed, and how many listed files are not."""
+def _closed_files(run_dir: str) -> list[_File]:
+    """The directory's listed files that are closed and indexed (open, unindexed and vanished ones left out)."""
     names, _ = listing(run_dir)
-    out, others = [], 0
+    out = []
     for n in names:
         path = os.path.join(run_dir, n)
         try:
             before = stamp_of(os.stat(path))
         except OSError:
-            others += 1
             continue
         index = load_shard_index(path)
         if index is None:
-            others += 1
             continue
         stored = stored_step_partials(index)
         if stored is None:
             out.append(_File(path, before, index, None, False, True))
         else:
             out.append(_File(path, before, index, stored.trace_range, True, stored.loose_steps is not None))
-    return out, others
+    return out
 
 
 def _overlap(a: tuple[str, str] | None, b: tuple[str, str] | None) -> bool:
@@ -320,7 +318,7 @@ MAX_ROUNDS = 4
 
 def _step(run_dir: str, of_files: PartialsOfFiles, merge: MergePartials) -> bool | None:
     """One round of :func:`update`: whether it wrote the rollup; None when no file is closed."""
-    files, _ = _closed_files(run_dir)
+    files = _closed_files(run_dir)
     if not files:
         return None
     current = load_rollup(run_dir)
