@@ -1590,16 +1590,19 @@ def _moments(flat: np.ndarray, at: np.ndarray) -> tuple[list[float], list[float]
     return out
 
 
-#: The metrics of :func:`partial_metrics` that come from each group's values (the rest come from its counts
-#: and sums). A run rollup stores them beside its merged aggregates (:func:`with_value_metrics`), so the
-#: overview of a run does not go through every value at each visit.
-VALUE_METRICS = S.VALUE_METRICS
+def _stored_metrics(partials: pa.Table) -> bool:
+    """Whether ``partials`` carries :data:`tracer.schema.VALUE_METRICS` (a run rollup's table, :func:`with_value_metrics`)."""
+    return all(m in partials.schema.names for m in S.VALUE_METRICS)
 
 
 def _value_metrics(partials: pa.Table) -> dict[str, list[float]]:
-    """:data:`VALUE_METRICS` of each row of merged aggregates: stored (:func:`with_value_metrics`) or computed."""
-    if all(m in partials.schema.names for m in VALUE_METRICS):
-        return {m: partials.column(m).to_pylist() for m in VALUE_METRICS}
+    """:data:`tracer.schema.VALUE_METRICS` of each row of merged aggregates: stored or computed.
+
+    A run rollup stores them beside its merged aggregates, so the overview does not go through
+    every value at each visit; the rest of :func:`partial_metrics` comes from counts and sums.
+    """
+    if _stored_metrics(partials):
+        return {m: partials.column(m).to_pylist() for m in S.VALUE_METRICS}
 
     def values(c: str) -> tuple[np.ndarray, np.ndarray]:
         lists = partials.column(c).combine_chunks()
@@ -1621,12 +1624,12 @@ def _value_metrics(partials: pa.Table) -> dict[str, list[float]]:
 
 
 def with_value_metrics(partials: pa.Table) -> pa.Table:
-    """Merged aggregates (:func:`merge_step_partials`) with a float64 column per :data:`VALUE_METRICS`, which
+    """Merged aggregates (:func:`merge_step_partials`) with a float64 column per :data:`tracer.schema.VALUE_METRICS`, which
     :func:`partial_metrics` then takes as they are: what a run rollup stores."""
     if not _merged(partials):
         raise ValueError("value metrics are stored only beside merged aggregates")
     got = _value_metrics(partials.select(S.STEP_PARTIALS_SCHEMA.names))
-    for m in VALUE_METRICS:
+    for m in S.VALUE_METRICS:
         partials = partials.append_column(pa.field(m, pa.float64()), pa.array(got[m], pa.float64()))
     return partials
 
@@ -1636,11 +1639,10 @@ def partial_metrics(
 ) -> dict[tuple[int | None, bool], dict[str, float]]:
     """:func:`step_metrics` from per-step aggregates (:func:`step_partials`, merged or stored).
 
-    A table with the :data:`VALUE_METRICS` columns (a run rollup's, rows filtered or not) is one merged
+    A table with the :data:`tracer.schema.VALUE_METRICS` columns (a run rollup's, rows filtered or not) is one merged
     table whose metrics were computed from its values: they are taken as they are.
     """
-    stored = all(m in partials.schema.names for m in VALUE_METRICS)
-    if not stored and not _merged(partials):
+    if not _stored_metrics(partials) and not _merged(partials):
         partials = merge_step_partials([partials])
     if partials.num_rows == 0:
         return {}
@@ -1680,7 +1682,7 @@ def read_step_partials(path: TracePaths, value_metrics: bool = False) -> pa.Tabl
     """The per-step aggregates of every trajectory under ``path``: ``step_partials(read_trajectories(path))``.
 
     A run directory whose rollup covers it (:mod:`tracer.storage.rollup`) answers from that one file;
-    with ``value_metrics`` its table comes as stored, with the :data:`VALUE_METRICS` columns that
+    with ``value_metrics`` its table comes as stored, with the :data:`tracer.schema.VALUE_METRICS` columns that
     :func:`partial_metrics` then takes instead of going through the values again.
 
     Closed shards' and compacted files' indexes store their own aggregates per

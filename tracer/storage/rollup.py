@@ -82,8 +82,8 @@ class Rollup:
         rows: Their span rows.
         names: Their distinct span names (None: an index did not list them).
         ranges: Per covered file, its trajectories' least and greatest trace id (None: no trajectory).
-        loose: Whether a covered file holds spans without a trace id (rewards logged by key).
-        exact_ranges: False when a covered file's index did not give its trace id range.
+        loose: Whether a covered file may hold spans without a trace id (rewards logged by key): it does,
+            or its index does not say (then its trace id range is unknown too).
     """
 
     files: dict[str, Stamp]
@@ -93,7 +93,6 @@ class Rollup:
     names: frozenset[str] | None
     ranges: dict[str, tuple[str, str] | None]
     loose: bool
-    exact_ranges: bool = True
     path: str | None = None
 
     def table(self) -> pa.Table | None:
@@ -179,7 +178,6 @@ def _read(path: str) -> Rollup | None:
             names=None if names is None else frozenset(str(n) for n in names),
             ranges=ranges,
             loose=bool(meta["loose"]),
-            exact_ranges=bool(meta["exact_ranges"]),
             path=path,
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException):
@@ -212,7 +210,6 @@ def _write(run_dir: str, r: Rollup) -> None:
         "names": None if r.names is None else sorted(r.names),
         "ranges": {n: (None if v is None else list(v)) for n, v in sorted(r.ranges.items())},
         "loose": r.loose,
-        "exact_ranges": r.exact_ranges,
     }
     path = os.path.join(run_dir, ROLLUP_NAME)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
@@ -244,7 +241,6 @@ class _File:
     stamp: Stamp
     index: ShardIndex
     range: tuple[str, str] | None
-    exact_range: bool
     loose: bool
 
 
@@ -263,9 +259,9 @@ def _closed_files(run_dir: str) -> list[_File]:
             continue
         stored = stored_step_partials(index)
         if stored is None:
-            out.append(_File(path, before, index, None, False, True))
+            out.append(_File(path, before, index, None, True))  # nothing known: never merged in alone
         else:
-            out.append(_File(path, before, index, stored.trace_range, True, stored.loose_steps is not None))
+            out.append(_File(path, before, index, stored.trace_range, stored.loose_steps is not None))
     return out
 
 
@@ -329,8 +325,7 @@ def _step(run_dir: str, of_files: PartialsOfFiles, merge: MergePartials) -> bool
             return False
         joins = (
             current.loose
-            or not current.exact_ranges
-            or any(f.loose or not f.exact_range for f in new)
+            or any(f.loose for f in new)
             or any(_overlap(f.range, r) for f in new for r in current.ranges.values())
         )
         if not joins:  # nothing of the new files belongs to a covered trajectory: merge what they add
@@ -354,7 +349,6 @@ def _described(files: Sequence[_File]) -> dict[str, Any]:
         "names": None if names is None else frozenset(names),
         "ranges": {os.path.basename(f.path): f.range for f in files},
         "loose": any(f.loose for f in files),
-        "exact_ranges": all(f.exact_range for f in files),
     }
 
 
@@ -373,7 +367,6 @@ def _grown(current: Rollup, new: Sequence[_File], of_files: PartialsOfFiles, mer
         names=names,
         ranges={**current.ranges, **added["ranges"]},
         loose=current.loose or added["loose"],
-        exact_ranges=current.exact_ranges and added["exact_ranges"],
     )
 
 
