@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import strategies as st
+from storage_fixtures import copy_run
 
 import tracer
 from tracer import schema as S
@@ -66,7 +67,7 @@ def write_shard(run: str, batches: list[list[dict[str, Any]]], close: bool = Tru
 def bare_copy(run: str, where: str) -> str:
     """A copy of ``run`` at ``where`` without any index, its open shards sealed without one: what
     readers read span by span (the reference the indexed reads are compared with)."""
-    shutil.copytree(run, where, ignore=shutil.ignore_patterns("*" + INDEX_SUFFIX))
+    copy_run(run, where, indexes=False)
     for root, _, names in os.walk(where):
         for name in names:
             if name.endswith(S.FILE_SUFFIX):

@@ -1,8 +1,24 @@
-"""Helpers of the storage tests: span rows whose ids say where they came from."""
+"""Helpers of the storage tests: span rows whose ids say where they came from, copies of run directories."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 from tracer import schema as S
+from tracer.storage import rollup
+from tracer.storage.shard_index import INDEX_SUFFIX
+
+
+def copy_run(
+    run: str | os.PathLike[str], where: str | os.PathLike[str], indexes: bool = True, symlinks: bool = False
+) -> str:
+    """Copy the run directory ``run`` to ``where`` (which must not exist); without its shard indexes
+    unless ``indexes``. First waits for this process's rollup thread: a read that sealed a killed
+    writer's shard hands it a rollup update, whose temporary file would come and go mid-copy."""
+    rollup.wait_idle()
+    skipped = ["*.tmp"] + ([] if indexes else ["*" + INDEX_SUFFIX])
+    return os.fspath(shutil.copytree(run, where, symlinks=symlinks, ignore=shutil.ignore_patterns(*skipped)))
 
 
 def span_rows(batch: int, n: int, tag: str = "") -> list[dict[str, object]]:

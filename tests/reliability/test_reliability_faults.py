@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from reliability_fixtures import FIGURES, read_quietly, start_fault_script
+from storage_fixtures import copy_run
 
 import tracer
 from tracer.storage import rollup
@@ -313,12 +314,11 @@ def test_check_finds_the_damage_and_repair_keeps_every_readable_span(
     damaged_dir: dict[str, Any], tmp_path: os.PathLike[str]
 ) -> None:
     """`rollout-trace check` exits 1 on the damaged directory; after --repair it exits 0, readers warn no more, no span is lost."""
-    import shutil
     import subprocess
     import sys
 
     run = os.path.join(os.fspath(tmp_path), "run")
-    shutil.copytree(damaged_dir["dir"], run, symlinks=True)
+    copy_run(damaged_dir["dir"], run, symlinks=True)
     before, messages = read_quietly(tracer.read_spans, run, columns=["span_id"])
     cli = os.path.join(os.path.dirname(sys.executable), "rollout-trace")
     check = subprocess.run([cli, "check", run], capture_output=True, text=True, timeout=300)

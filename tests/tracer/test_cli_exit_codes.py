@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from export_fixtures import record_run
 from server_fixtures import free_port
+from storage_fixtures import copy_run
 
 from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE
 
@@ -137,7 +138,7 @@ def _small_files() -> None:
 @pytest.mark.slow
 def test_compact_on_a_full_disk_says_so_and_keeps_the_files(area: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    shutil.copytree(_run_dir(area), run)
+    copy_run(_run_dir(area), run)
     before = sorted(p.name for p in run.rglob("*.arrow"))
     proc = _run(["compact", str(run), "--target-mb", "64"], tmp_path, preexec=_small_files)
     assert "Traceback" not in proc.stderr, proc.stderr

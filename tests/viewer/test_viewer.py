@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from apptest_fixtures import all_text, frame_with, open_app
+from storage_fixtures import copy_run
 from viewer_fixtures import HOSTILE_TEXT, NEEDLE, record_long_trajectory, record_run, write_tokenizer
 
 import tracer
@@ -339,7 +340,7 @@ def test_path_from_environment(run_dir: str, monkeypatch: pytest.MonkeyPatch) ->
 def test_corrupt_file_is_reported_and_the_rest_shown(run_dir: str, tmp_path: str) -> None:
     """A garbage file and a torn file get a warning; the readable trajectories are still shown."""
     copy = os.path.join(os.fspath(tmp_path), "run")
-    shutil.copytree(run_dir, copy)
+    copy_run(run_dir, copy)
     good = tracer.list_trace_files(copy)[0]
     with open(os.path.join(copy, "garbage.arrow"), "wb") as f:
         f.write(b"this is not an arrow file" * 10)

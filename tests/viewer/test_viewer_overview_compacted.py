@@ -8,6 +8,7 @@ import os
 import shutil
 from typing import Any
 
+from storage_fixtures import copy_run
 from viewer_fixtures import record_run
 
 import tracer
@@ -26,7 +27,7 @@ def test_a_compacted_runs_overview_is_its_trajectory_rows_overview(tmp_path: Any
     run = record_run(tmp_path / "rec")
     tracer.shutdown()
     copy = os.fspath(tmp_path / "copy")
-    shutil.copytree(run, copy)
+    copy_run(run, copy)
     report = compact(copy)
     assert report.files_out == 1 and not report.failed
     rows = D.load_trajectories(copy).table

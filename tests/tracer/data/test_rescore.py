@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from storage_fixtures import copy_run
 
 import tracer
 from tracer.cli import main as rollout_trace_main
@@ -34,10 +35,8 @@ def broken(messages, response, info):
 @pytest.fixture
 def run_copy(recorded_run: str, tmp_path: Path) -> str:
     """A copy of the recorded run (rescoring appends to it)."""
-    import shutil
-
     dst = tmp_path / "run"
-    shutil.copytree(recorded_run, dst)
+    copy_run(recorded_run, dst)
     return str(dst)
 
 

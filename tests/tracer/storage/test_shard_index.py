@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from index_fixtures import META, write_shard
+from storage_fixtures import copy_run
 
 import tracer
 from tracer import schema as S
@@ -59,7 +60,7 @@ def _without_indexes(run: str) -> str:
     """A copy of ``run`` with every shard index left out: what readers see when there is none."""
     copy = tempfile.mkdtemp(prefix="rt-noindex-")
     shutil.rmtree(copy)
-    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("*" + INDEX_SUFFIX))
+    copy_run(run, copy, indexes=False)
     return copy
 
 

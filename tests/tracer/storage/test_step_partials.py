@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from index_fixtures import trajectory_table, write_shard
+from storage_fixtures import copy_run
 
 import tracer
 import tracer.summary
@@ -279,7 +280,7 @@ def test_a_runs_aggregates_are_its_trajectory_rows_aggregates(
             assert got.equals(step_partials(trajectories))
             _same_metrics(partial_metrics(got), step_metrics(trajectories))
             bare = os.path.join(root, "bare")
-            shutil.copytree(run, bare, ignore=shutil.ignore_patterns("*" + INDEX_SUFFIX))
+            copy_run(run, bare, indexes=False)
             assert read_step_partials(bare).equals(got)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -25,6 +25,7 @@ from index_fixtures import equal_tables as _equal_tables
 from index_fixtures import partial_reward as _reward
 from index_fixtures import partial_span as _span
 from index_fixtures import quiet_warnings as _quiet
+from storage_fixtures import copy_run
 
 import tracer
 import tracer.summary
@@ -85,7 +86,7 @@ def test_the_fast_reads_give_the_aggregates_of_the_trajectory_rows(
         finally:
             _si._fixed_columns = original  # type: ignore[assignment]
         bare = os.path.join(root, "bare")
-        shutil.copytree(run, bare, ignore=shutil.ignore_patterns("*" + INDEX_SUFFIX))
+        copy_run(run, bare, indexes=False)
         _equal_tables(read_step_partials(bare), truth)
         compact(run)
         _equal_tables(step_partials(read_trajectories(run)), truth)

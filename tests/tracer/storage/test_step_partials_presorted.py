@@ -22,6 +22,7 @@ from index_fixtures import partial_reward as _reward
 from index_fixtures import partial_span as _span
 from index_fixtures import quiet_warnings as _quiet
 from index_fixtures import write_shard
+from storage_fixtures import copy_run
 
 import tracer
 import tracer.summary
@@ -84,7 +85,7 @@ def test_a_compacted_run_gives_its_trajectory_rows_aggregates(
             assert got.equals(truth)
             _equal_metrics(partial_metrics(got), step_metrics(read_trajectories(run)))
             bare = os.path.join(root, "bare")
-            shutil.copytree(run, bare, ignore=shutil.ignore_patterns("*" + INDEX_SUFFIX))
+            copy_run(run, bare, indexes=False)
             assert read_step_partials(bare).equals(truth)
     finally:
         shutil.rmtree(root, ignore_errors=True)
