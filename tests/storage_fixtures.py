@@ -21,6 +21,13 @@ def copy_run(
     return os.fspath(shutil.copytree(run, where, symlinks=symlinks, ignore=shutil.ignore_patterns(*skipped)))
 
 
+def temporaries(run: str | os.PathLike[str]) -> list[str]:
+    """The temporary files left in the directory ``run`` once this process's rollup thread is idle
+    (before, the file of an update in flight would count): what a failed write must not leave."""
+    rollup.wait_idle()
+    return sorted(n for n in os.listdir(run) if n.endswith(".tmp"))
+
+
 def span_rows(batch: int, n: int, tag: str = "") -> list[dict[str, object]]:
     """``n`` spans of one trajectory per batch, with ids that say where they came from."""
     return [

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from index_fixtures import bare_copy, trace_span, valid_index_of, write_shard
+from storage_fixtures import temporaries
 
 import tracer
 from tracer import schema as S
@@ -141,7 +142,7 @@ def test_an_index_that_cannot_be_written_never_fails_the_seal(
     assert [r.getMessage().count("no index written") for r in caplog.records] == [1]
     assert all(load_shard_index(s) is None for s in shards)
     assert sorted(read_trajectories(run).column(S.TRACE_ID).to_pylist()) == ["a", "b", "c", "d"]
-    assert not [n for n in os.listdir(run) if n.endswith(".tmp")]
+    assert not temporaries(run)
 
 
 def _other_index(shard: str) -> None:
@@ -258,7 +259,7 @@ def test_a_failing_index_never_fails_the_compaction(
     assert report.files_out == 3 and report.rows == 10
     assert sum(r.getMessage().count("no index written") for r in caplog.records) == 1
     monkeypatch.undo()
-    assert not [n for n in os.listdir(run) if n.endswith(INDEX_SUFFIX) or n.endswith(".tmp")]
+    assert not temporaries(run) and not [n for n in os.listdir(run) if n.endswith(INDEX_SUFFIX)]
     assert tracer.read_spans(run).num_rows == 10
 
 

@@ -23,6 +23,7 @@ from index_fixtures import META, equal_metrics, equal_tables, random_trajectory,
 from index_fixtures import partial_reward as _reward
 from index_fixtures import partial_span as _span
 from index_fixtures import quiet_warnings as _quiet
+from storage_fixtures import temporaries
 
 import tracer
 import tracer.summary
@@ -255,7 +256,7 @@ def test_writers_closing_at_once_leave_one_rollup_of_every_file(tmp_path: Any) -
     roll = run_rollup(run)
     assert roll is not None and len(roll.files) == 20
     equal_tables(read_step_partials(run), step_partials(read_trajectories(run)))
-    assert not [n for n in os.listdir(run) if n.endswith(".tmp")]
+    assert not temporaries(run)
 
 
 def test_a_rotating_writer_updates_the_rollup_off_its_thread(tmp_path: Any) -> None:

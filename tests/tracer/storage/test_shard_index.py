@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from index_fixtures import META, write_shard
-from storage_fixtures import copy_run
+from storage_fixtures import copy_run, temporaries
 
 import tracer
 from tracer import schema as S
@@ -302,7 +302,7 @@ def test_a_failing_index_never_fails_the_writer(tmp_path: Any) -> None:
     writer.close()
     assert writer.path is not None
     assert not os.path.exists(sidecar_path(writer.path))
-    assert not [n for n in os.listdir(run) if n.endswith(".tmp")]
+    assert not temporaries(run)
     assert read_trajectories(run).column(S.TRACE_ID).to_pylist() == ["a"]
 
 
