@@ -9,6 +9,10 @@ from tracer import schema as S
 from tracer.storage import rollup
 from tracer.storage.shard_index import INDEX_SUFFIX
 
+#: How long the helpers below wait for the rollup thread: an update may itself wait its lock
+#: (``rollup.LOCK_WAIT_S``) and then rebuild, which takes longer than that on a loaded CI machine.
+ROLLUP_IDLE_WAIT_S = 30.0
+
 
 def copy_run(
     run: str | os.PathLike[str], where: str | os.PathLike[str], indexes: bool = True, symlinks: bool = False
@@ -16,7 +20,7 @@ def copy_run(
     """Copy the run directory ``run`` to ``where`` (which must not exist); without its shard indexes
     unless ``indexes``. First waits for this process's rollup thread: a read that sealed a killed
     writer's shard hands it a rollup update, whose temporary file would come and go mid-copy."""
-    rollup.wait_idle()
+    rollup.wait_idle(ROLLUP_IDLE_WAIT_S)
     skipped = ["*.tmp"] + ([] if indexes else ["*" + INDEX_SUFFIX])
     return os.fspath(shutil.copytree(run, where, symlinks=symlinks, ignore=shutil.ignore_patterns(*skipped)))
 
@@ -24,7 +28,7 @@ def copy_run(
 def temporaries(run: str | os.PathLike[str]) -> list[str]:
     """The temporary files left in the directory ``run`` once this process's rollup thread is idle
     (before, the file of an update in flight would count): what a failed write must not leave."""
-    rollup.wait_idle()
+    rollup.wait_idle(ROLLUP_IDLE_WAIT_S)
     return sorted(n for n in os.listdir(run) if n.endswith(".tmp"))
 
 
