@@ -107,6 +107,12 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument(
         "--max-batch-size", type=int, default=16, help="hf: most sequences generated together (default 16)"
     )
+    eng.add_argument("--device", default="cpu", help="hf: where the model runs, e.g. cuda or cuda:1 (default cpu)")
+    eng.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="hf: the weights' dtype (default: the checkpoint's)",
+    )
     eng.add_argument(
         "--scripted-latency",
         type=float,
@@ -151,6 +157,14 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _cuda_visible() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 def _check_args(args: argparse.Namespace) -> str | None:
     for key in ("steps", "batch", "n", "max_turns", "max_new_tokens", "max_response_tokens", "max_batch_size"):
         if getattr(args, key) < 1:
@@ -161,6 +175,10 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return f"--engine {args.engine} needs --model PATH (a local model folder)"
     if args.engine in ("hf", "vllm") and not os.path.exists(args.model):
         return f"--model {args.model!r} does not exist; give a local model folder (no model is downloaded)"
+    if args.device != "cpu" and args.engine != "hf":
+        return f"--device applies to --engine hf only (got --engine {args.engine})"
+    if args.device.startswith("cuda") and not _cuda_visible():
+        return f"--device {args.device}: torch sees no CUDA device here; use --device cpu, or a CUDA build of torch"
     if args.engine == "openai" and not args.base_url:
         return "--engine openai needs --base-url URL, e.g. http://127.0.0.1:8000/v1"
     return None
@@ -187,7 +205,13 @@ def build_engine(args: argparse.Namespace, problems: list[dict[str, Any]]) -> tu
         extra = {"gguf_file": args.gguf_file} if args.gguf_file and not args.tokenizer else {}
         tok = tokenizer_from(args.tokenizer or args.model, **extra)
         engine = create_engine(
-            "hf", model=args.model, tokenizer=tok, gguf_file=args.gguf_file, max_batch_size=args.max_batch_size
+            "hf",
+            model=args.model,
+            tokenizer=tok,
+            gguf_file=args.gguf_file,
+            max_batch_size=args.max_batch_size,
+            device=args.device,
+            dtype=args.dtype,
         )
         return engine, tok
     if args.engine == "openai":
