@@ -114,6 +114,12 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="hf: the weights' dtype (default: the checkpoint's)",
     )
     eng.add_argument(
+        "--trainer-dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="hf: log each turn's trainer logprobs and entropies from a second forward pass of the same "
+        "weights in this dtype (default: synthetic stats, labelled so)",
+    )
+    eng.add_argument(
         "--scripted-latency",
         type=float,
         default=0.0005,
@@ -177,6 +183,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return f"--model {args.model!r} does not exist; give a local model folder (no model is downloaded)"
     if args.device != "cpu" and args.engine != "hf":
         return f"--device applies to --engine hf only (got --engine {args.engine})"
+    if args.trainer_dtype and args.engine != "hf":
+        return f"--trainer-dtype applies to --engine hf only (got --engine {args.engine})"
     if args.device.startswith("cuda") and not _cuda_visible():
         return f"--device {args.device}: torch sees no CUDA device here; use --device cpu, or a CUDA build of torch"
     if args.engine == "openai" and not args.base_url:
@@ -279,9 +287,18 @@ async def _run(args: argparse.Namespace) -> int:
     )
     if not args.quiet:
         print(f"engine: {engine_label}; {args.steps} steps x {args.batch} problems x {args.n} rollouts")
+    trainer = None
+    if args.trainer_dtype:
+        from rollout.trainer_stats import ForwardPass
+
+        trainer = ForwardPass(args.model, args.trainer_dtype, rollout_dtype=args.dtype, device=args.device)
     try:
         results = await run_steps(
-            loop, problems, run_cfg, on_step=None if args.quiet else lambda r: print(r.describe(), flush=True)
+            loop,
+            problems,
+            run_cfg,
+            on_step=None if args.quiet else lambda r: print(r.describe(), flush=True),
+            trainer=trainer,
         )
     finally:
         await engine.close()

@@ -24,6 +24,7 @@ import tracer
 from rollout.agent_loop import ToolAgentLoop
 from rollout.engines import SamplingParams
 from rollout.reward import compute_score, group_advantages
+from rollout.trainer_stats import SyntheticStats, TrainerStats, log_turn_stats
 
 PROBLEMS_RESOURCE = "problems.jsonl"
 
@@ -152,12 +153,14 @@ async def run_group(
     sampling: SamplingParams,
     validate: bool = False,
     seed: int = 0,
+    trainer: TrainerStats | None = None,
 ) -> list[RolloutResult]:
     """Run ``n`` rollouts of one problem concurrently; score and record them.
 
     Each rollout runs inside ``tracer.rollout_trace_attr`` (one trajectory).
     Rewards and advantages are logged after the whole group is done, as a
-    trainer does, naming each trajectory by step/sample/rollout.
+    trainer does, naming each trajectory by step/sample/rollout, with each
+    model turn's token stats from ``trainer`` (default: synthetic).
     """
 
     async def one(rollout_n: int) -> dict[str, Any]:
@@ -189,70 +192,10 @@ async def run_group(
             answer=answer,
         )
         if isinstance(out, dict):
-            log_synthetic_token_stats(out, step, sample_index, i, validate, seed)
+            rng_seed = rollout_seed(seed, step, sample_index, i)
+            log_turn_stats(out, trainer or SyntheticStats(), step, sample_index, i, validate, rng_seed)
         results.append(RolloutResult(sample_index, i, reward, adv, out if isinstance(out, dict) else None, error))
     return results
-
-
-#: How far the demo's synthetic "trainer" logprobs stray from the engine's (a standard deviation, in nats).
-SYNTHETIC_LOGPROB_NOISE = 0.02
-#: The demo's stand-in trainer is off by this much on about one token in this many.
-SYNTHETIC_SPIKE, SYNTHETIC_SPIKE_EVERY = 1.5, 50
-#: ``source`` of the demo's token stats: the demo has no trainer, the numbers are made up.
-SYNTHETIC_SOURCE = "synthetic (rollout-demo has no trainer: engine logprobs plus seeded noise)"
-
-
-def log_synthetic_token_stats(
-    out: dict[str, Any], step: int, sample_index: int, rollout_n: int, validate: bool, seed: int
-) -> None:
-    """Log per-token stats a trainer would compute, made up from the rollout's own logprobs (labelled synthetic).
-
-    The demo has no trainer; so the token view and the overview's
-    train/inference mismatch have something to show, each model turn gets
-    ``old_logprobs`` = the engine's logprob plus seeded noise (and a rare
-    large miss), ``entropy`` ~ -logprob, ``loss_mask`` all ones. An engine
-    that gives no logprobs (the scripted one) gets made-up
-    ``rollout_logprobs`` too.
-    """
-    mask, logprobs = out.get("response_mask"), out.get("response_logprobs")
-    if not isinstance(mask, list) or not isinstance(logprobs, list) or len(mask) != len(logprobs):
-        return
-    rng = random.Random(rollout_seed(seed, step, sample_index, rollout_n))
-    turns: list[list[float | None]] = []
-    previous = 0
-    for m, lp in zip(mask, logprobs, strict=True):
-        if m == 1:
-            if previous != 1:
-                turns.append([])
-            turns[-1].append(lp)
-        previous = m
-    for turn, recorded in enumerate(turns):
-        if not recorded:
-            continue
-        extra: dict[str, list[float]] = {}
-        if any(lp is None for lp in recorded):
-            # An engine without logprobs (the scripted one): make the rollout's up too, and log them.
-            lps = [float(lp) if lp is not None else -abs(rng.gauss(0.2, 0.6)) for lp in recorded]
-            extra["rollout_logprobs"] = lps
-        else:
-            lps = [float(lp) for lp in recorded if lp is not None]
-        old = [
-            min(0.0, lp + rng.gauss(0.0, SYNTHETIC_LOGPROB_NOISE))
-            - (SYNTHETIC_SPIKE if rng.randrange(SYNTHETIC_SPIKE_EVERY) == 0 else 0.0)
-            for lp in lps
-        ]
-        tracer.log_token_stats(
-            turn,
-            step=step,
-            sample_index=sample_index,
-            rollout_n=rollout_n,
-            validate=validate,
-            source=SYNTHETIC_SOURCE,
-            old_logprobs=old,
-            entropy=[-lp for lp in lps],
-            loss_mask=[1] * len(lps),
-            **extra,
-        )
 
 
 async def run_steps(
@@ -260,6 +203,7 @@ async def run_steps(
     problems: Sequence[dict[str, Any]],
     config: RunConfig,
     on_step: Callable[[StepResult], None] | None = None,
+    trainer: TrainerStats | None = None,
 ) -> list[StepResult]:
     """Run ``config.steps`` steps of ``batch_size`` problems x ``n`` rollouts.
 
@@ -280,7 +224,10 @@ async def run_steps(
     async def run_batch(step: int, indices: Iterable[int], n: int, s: SamplingParams, validate: bool) -> StepResult:
         start = time.perf_counter()
         groups = await asyncio.gather(
-            *(run_group(loop, problems[i], i, step, n, s, validate=validate, seed=config.seed) for i in indices)
+            *(
+                run_group(loop, problems[i], i, step, n, s, validate=validate, seed=config.seed, trainer=trainer)
+                for i in indices
+            )
         )
         res = StepResult(step, validate, [r for g in groups for r in g], time.perf_counter() - start)
         results.append(res)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import tracer
-from rollout.runner import SYNTHETIC_SOURCE
+from rollout.trainer_stats import SYNTHETIC_SOURCE
 from tracer.cli import main as rollout_trace_main
 
 pytestmark = pytest.mark.slow  # runs the scripted demo once
@@ -46,3 +46,34 @@ def test_the_demo_has_a_logprob_mismatch_per_step(demo_dir: str) -> None:
     for m in metrics.values():
         assert 0 < m["logprob_mismatch"] < 1
         assert m["mismatch_tokens"] > 0
+
+
+def test_a_second_forward_pass_gives_the_trainer_stats(
+    tmp_path: Any, tiny_qwen3_dir: Any, tokenizer_cache: str
+) -> None:
+    """--trainer-dtype float32 against a bfloat16 rollout: real logprobs and entropies of each model token."""
+    import math
+
+    argv = ["demo", "--engine", "hf", "--model", str(tiny_qwen3_dir), "--dtype", "bfloat16", "--trainer-dtype"]
+    argv += ["float32", "--steps", "1", "--batch", "1", "--n", "2", "--max-new-tokens", "6", "--max-turns", "2"]
+    argv += ["--out", str(tmp_path), "--experiment", "e", "--cache", tokenizer_cache, "--quiet"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert rollout_trace_main(argv) == 0
+    run = str(tmp_path / "rollout-demo" / "e")
+    stats = tracer.read_token_stats(run).to_pylist()
+    assert len(stats) >= 2
+    vocab = math.log(151_936)
+    diffs = []
+    for r in stats:
+        assert r["source"] == "trainer: float32 forward pass of the same weights (rollout: bfloat16 generate)"
+        assert len(r["old_logprobs"]) == len(r["rollout_logprobs"]) == len(r["entropy"]) == len(r["loss_mask"])
+        assert all(lp <= 0 for lp in r["old_logprobs"])
+        assert all(0 < h <= vocab + 1e-3 for h in r["entropy"])
+        diffs += [abs(a - b) for a, b in zip(r["old_logprobs"], r["rollout_logprobs"], strict=True)]
+    # The same weights in two precisions: close, and not bit-equal.
+    assert 0 < sum(diffs) / len(diffs) < 0.5
+
+
+def test_the_trainer_dtype_needs_the_hf_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert rollout_trace_main(["demo", "--trainer-dtype", "float32"]) == 2
+    assert "--trainer-dtype applies to --engine hf only" in capsys.readouterr().err
