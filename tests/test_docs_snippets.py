@@ -198,3 +198,12 @@ def test_every_not_run_mark_gives_a_reason() -> None:
             if "<!-- not run" in line and not (NOT_RUN_RE.search(line) and below.startswith("```")):
                 bad.append(f"{doc}:{i + 1}")
     assert not bad, f"not-run marks without a reason or a block below: {', '.join(bad)}"
+
+
+def test_front_pages_keep_their_budgets() -> None:
+    """README.md: at most 200 lines with a screenshot of the viewer; RELIABILITY.md: at most 15 KB."""
+    readme = _text("README.md")
+    assert len(readme.splitlines()) <= 200
+    images = re.findall(r"!\[[^\]]*\]\((docs/img/[^)]+\.png)\)", readme)
+    assert images and all(os.path.isfile(os.path.join(REPO, p)) for p in images)
+    assert len(_text("RELIABILITY.md").encode()) <= 15 * 1024
