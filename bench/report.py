@@ -2,7 +2,7 @@
 
 Each results file holds one object or a list of objects with the keys of ``FIELDS``
 (``met``: true, false or null). A bench writes its own file; this script only renders.
-Rows with the same ``bench`` and ``what`` in several files: the one measured last is shown.
+A bench with rows in several files shows those of the file measured last.
 
     python bench/report.py            # rewrite BENCHMARKS.md
     python bench/report.py --check    # exit 1 if BENCHMARKS.md is not what the files give
@@ -43,26 +43,42 @@ class ResultsError(ValueError):
     """A results file that is not JSON or not objects; the message names the file."""
 
 
+def bench_key(name: str) -> str:
+    """One spelling per bench: ``bench_export-mlflow`` and ``export_mlflow`` are the same bench."""
+    return name.removeprefix("bench_").replace("-", "_")
+
+
+def _read(path: str) -> list[dict[str, Any]]:
+    name = os.path.relpath(path, REPO)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ResultsError(f"{name}: not readable JSON ({e}); rewrite it by re-running its bench") from e
+    rows = []
+    for row in data if isinstance(data, list) else [data]:
+        if not isinstance(row, dict):
+            raise ResultsError(f"{name}: holds {type(row).__name__}, expected objects with keys {', '.join(FIELDS)}")
+        rows.append({k: row.get(k) for k in FIELDS} | {"bench": row.get("bench") or os.path.basename(path)[:-5]})
+    return rows
+
+
 def load_rows(results_dir: str = RESULTS) -> list[dict[str, Any]]:
-    """Every row of every ``*.json`` in ``results_dir``, the latest per (bench, what), in file order."""
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    """The rows of every ``*.json`` in ``results_dir``, sorted by bench.
+
+    A bench whose rows are in several files (two engineers' runs) shows the rows of
+    the file measured last, so a new run replaces the old one whatever its file is called.
+    """
+    latest: dict[str, tuple[str, str]] = {}  # bench -> (measured, file)
+    by_file: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
-        name = os.path.relpath(path, REPO)
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError) as e:
-            raise ResultsError(f"{name}: not readable JSON ({e}); rewrite it by re-running its bench") from e
-        for row in data if isinstance(data, list) else [data]:
-            if not isinstance(row, dict):
-                raise ResultsError(
-                    f"{name}: holds {type(row).__name__}, expected objects with keys {', '.join(FIELDS)}"
-                )
-            row = {k: row.get(k) for k in FIELDS} | {"bench": row.get("bench") or os.path.basename(path)[:-5]}
-            key = (str(row["bench"]), str(row["what"]))
-            if key not in rows or str(row["measured"] or "") >= str(rows[key]["measured"] or ""):
-                rows[key] = row
-    return sorted(rows.values(), key=lambda r: (str(r["bench"]), str(r["what"])))
+        by_file[path] = _read(path)
+        for row in by_file[path]:
+            key, when = bench_key(str(row["bench"])), str(row["measured"] or "")
+            if key not in latest or when >= latest[key][0]:
+                latest[key] = (when, path)
+    rows = [r for path, rs in by_file.items() for r in rs if latest[bench_key(str(r["bench"]))][1] == path]
+    return sorted(rows, key=lambda r: (bench_key(str(r["bench"])), str(r["what"])))
 
 
 def _cell(value: Any) -> str:

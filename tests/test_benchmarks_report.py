@@ -32,17 +32,21 @@ def test_benchmarks_md_fits_its_budget() -> None:
 
 
 def test_any_results_file_renders(tmp_path: Path) -> None:
-    """An object, a list, missing keys and a newer duplicate all render; the latest of a duplicate wins."""
-    (tmp_path / "a.json").write_text(json.dumps({"bench": "a", "what": "w", "figure": "old", "measured": "2026-01-01"}))
-    (tmp_path / "b.json").write_text(
+    """An object, a list and missing keys all render; a bench in two files shows the file measured last."""
+    (tmp_path / "a.json").write_text(
         json.dumps(
-            [{"bench": "a", "what": "w", "figure": "new", "measured": "2026-02-01"}, {"what": "x|y", "met": True}]
+            [{"bench": "a", "what": "w", "figure": "old", "measured": "2026-01-01"}, {"bench": "a", "what": "v"}]
+        )
+    )
+    (tmp_path / "bench_a.json").write_text(
+        json.dumps(
+            [{"bench": "bench_a", "what": "w", "figure": "new", "measured": "2026-02-01"}, {"what": "x|y", "met": True}]
         )
     )
     text = report.render(report.load_rows(str(tmp_path)), [{"design": "d", "evidence": "e", "commit": "abc1234"}])
-    assert "| a | w | - | new | - | - | 2026-02-01 |" in text
-    assert "| old |" not in text
-    assert "| b | x\\|y | - | - | - | yes | - |" in text
+    assert "| bench_a | w | - | new | - | - | 2026-02-01 |" in text
+    assert "| old |" not in text and "| v |" not in text
+    assert "| bench_a | x\\|y | - | - | - | yes | - |" in text
     assert "- d: e (abc1234)." in text
 
 
