@@ -231,9 +231,11 @@ def test_unknown_init_field_is_named() -> None:
         tracer.init(tokenizr="x")
 
 
-def test_readme_documents_every_column() -> None:
-    """README's file-format tables list every span and trajectory column."""
-    with open(os.path.join(os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")), "README.md")) as f:
+def test_format_doc_lists_every_column() -> None:
+    """docs/format.md lists every span and trajectory column."""
+    with open(
+        os.path.join(os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")), "docs", "format.md")
+    ) as f:
         readme = f.read()
     for name in (*tracer.schema.SPAN_COLUMNS, *tracer.schema.TRAJECTORY_COLUMNS):
         assert f"| `{name}` |" in readme, name
