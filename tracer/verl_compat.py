@@ -14,9 +14,10 @@ configuration alone::
         +ray_kwargs.ray_init.runtime_env.env_vars.ROLLOUT_TRACE_DIR=/shared/traces
 
 ``backend`` takes rollout-trace's names (``arrow``, ``mlflow``, ``wandb``,
-``swanlab``, ``console``; see :func:`tracer.available_backends`); verl's own
-``weave`` and ``trackio`` backends are handed to verl's original module
-unchanged. Importing this module does not import verl.
+``swanlab``, ``trackio``, ``console``; see :func:`tracer.available_backends`):
+they record files and export from them; verl's own ``weave`` backend is
+handed to verl's original module unchanged; a name neither knows records
+nothing, with a warning. Importing this module does not import verl.
 """
 
 from __future__ import annotations
