@@ -272,3 +272,43 @@ def test_a_batch_trls_log_does_not_hold_warns_and_training_goes_on(
     assert len(warnings) == 1 and "'advantages'" in warnings[0]
     rows = tracer.read_trajectories(tmp_path / "traces").to_pylist()
     assert len(rows) == 2 * GROUP and not any(r["validate"] for r in rows)
+
+
+def test_trls_tool_loop_messages_become_llm_and_tool_spans(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+    """A completion of TRL's own tool loop (assistant call, tool result, answer): two llm spans and the tool's span, in order.
+
+    The random tiny model never emits a tool call, so the batch is handed to the
+    wrapped reward function as TRL's tool loop hands it, and TRL's log gets the
+    rows TRL appends after scoring.
+    """
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir),
+        reward_funcs=[length_reward],
+        args=_config(tmp_path, per_device_train_batch_size=GROUP, reward_weights=None),
+        train_dataset=Dataset.from_list(_rows(4)),
+        processing_class=AutoTokenizer.from_pretrained(tiny_qwen3_dir),
+    )
+    recorder = record_grpo(trainer, output_dir=str(tmp_path / "traces"))
+    assert recorder is not None
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2+2"}}}
+    turns = [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "calculator", "content": "4"},
+        {"role": "assistant", "content": "It is 4."},
+    ]
+    prompts = [[{"role": "user", "content": "What is 2+2?"}]] * GROUP
+    rewards = trainer.reward_funcs[0](
+        prompts=prompts, completions=[turns] * GROUP, completion_ids=[[1, 2, 3]] * GROUP, trainer_state=trainer.state
+    )
+    trainer._logs["prompt"].extend(prompts)
+    trainer._logs["advantages"].extend([0.5, -0.5, 0.5, -0.5])
+    recorder.close()
+    tracer.shutdown()
+    assert rewards == [0.0] * GROUP
+    rows = tracer.read_trajectories(tmp_path / "traces").to_pylist()
+    assert len(rows) == GROUP and all(r["num_llm_calls"] == 2 and r["num_tool_calls"] == 1 for r in rows)
+    spans = tracer.read_spans(tmp_path / "traces", trace_ids=rows[0]["trace_id"])
+    (turn_list,) = trajectory_turns(spans).values()
+    assert [t.role for t in turn_list][-3:] == ["assistant", "tool", "assistant"]
+    assert turn_list[-2].text == "4" and turn_list[-1].text == "It is 4."
+    assert json.loads(rows[0]["reward_info"])["advantage"] == 0.5
