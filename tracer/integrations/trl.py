@@ -82,7 +82,9 @@ TRL_LOG_ADVANTAGES = "advantages"
 CHAT_NAME = "name"
 
 # The batch a wrapped rollout_func is generating, for completion().
-_GENERATING: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar("rollout_trace_trl_batch", default=None)
+_GENERATING: contextvars.ContextVar[GenerationBatch | None] = contextvars.ContextVar(
+    "rollout_trace_trl_batch", default=None
+)
 
 
 def record_grpo(trainer: Any, **init_fields: Any) -> GrpoRecorder | None:
@@ -137,7 +139,7 @@ def completion(index: int) -> Iterator[tracer.rollout_trace_attr | None]:
 
 
 @dataclasses.dataclass
-class _Batch:
+class GenerationBatch:
     """One generation batch of this process, from generation to its advantages."""
 
     step: int
@@ -163,7 +165,7 @@ class GrpoRecorder(TrainerCallback):
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
-        self.batch: _Batch | None = None
+        self.batch: GenerationBatch | None = None
         self.groups: dict[tuple[int, bool], int] = {}
         self.stopped = False
         self.warned: set[str] = set()
@@ -236,7 +238,7 @@ class GrpoRecorder(TrainerCallback):
 
     # -- the batch
 
-    def _start(self, rows: int) -> _Batch | None:
+    def _start(self, rows: int) -> GenerationBatch | None:
         """Close the batch before and open the next one, of ``rows`` rows of this process."""
         self.close()
         if self.stopped:
@@ -251,7 +253,7 @@ class GrpoRecorder(TrainerCallback):
         index = int(getattr(accelerator, "process_index", 0))
         first = self.groups.get((step, validate), 0)
         self.groups[(step, validate)] = first + -(-rows * processes // group)
-        self.batch = _Batch(step, validate, group, first, index * rows)
+        self.batch = GenerationBatch(step, validate, group, first, index * rows)
         return self.batch
 
     def _observe(self, name: str, kwargs: Mapping[str, Any], values: Sequence[Any]) -> None:
@@ -275,7 +277,7 @@ class GrpoRecorder(TrainerCallback):
         if batch is not None and batch.prompts is not None and not self.stopped:
             self._guarded("writing a batch", self._write, batch)
 
-    def _write(self, batch: _Batch) -> None:
+    def _write(self, batch: GenerationBatch) -> None:
         t = self.trainer
         assert batch.prompts is not None
         rows = len(batch.prompts)
@@ -312,7 +314,7 @@ class GrpoRecorder(TrainerCallback):
                 self._record_completion(batch, i)
                 tracer.log_reward(total, **info)
 
-    def _logged(self, batch: _Batch, column: str) -> Any:
+    def _logged(self, batch: GenerationBatch, column: str) -> Any:
         """This batch's rows of a column of TRL's completion log (the latest rows; other processes' left out).
 
         None, with a warning that stops recording, when the log does not hold them.
@@ -333,7 +335,7 @@ class GrpoRecorder(TrainerCallback):
             return None
         return mine
 
-    def _tail(self, column: list[Any], batch: _Batch, rows: int) -> list[Any] | None:
+    def _tail(self, column: list[Any], batch: GenerationBatch, rows: int) -> list[Any] | None:
         accelerator = getattr(self.trainer, "accelerator", None)
         total = rows * int(getattr(accelerator, "num_processes", 1))
         if len(column) < total:
@@ -341,7 +343,7 @@ class GrpoRecorder(TrainerCallback):
         latest = column[len(column) - total :]
         return latest[batch.rows_before : batch.rows_before + rows]
 
-    def _record_completion(self, batch: _Batch, i: int) -> None:
+    def _record_completion(self, batch: GenerationBatch, i: int) -> None:
         """One completion's llm span (and, for TRL's own tool loop, its tool spans)."""
         assert batch.prompts is not None
         prompt = batch.prompts[i]
