@@ -170,6 +170,14 @@ BACKENDS: dict[str, Backend] = {
             ),
         ),
         Backend(
+            "trackio",
+            "tracer.exporters.trackio:TrackioSink",
+            requires="trackio",
+            extra="trackio",
+            help="per-step trajectory tables and rollout metrics in a local-first trackio run (TRACKIO_DIR)",
+            options=(_PROJECT, _EXPERIMENT),
+        ),
+        Backend(
             "otlp",
             "tracer.exporters.otlp:OtlpSink",
             requires="opentelemetry.proto",

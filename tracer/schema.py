@@ -228,3 +228,25 @@ VALUE_METRICS = ("reward/mean", "reward/std", "reward/min", "reward/max", "laten
 #: A run rollup's table (``tracer.storage.rollup``): merged :data:`STEP_PARTIALS_SCHEMA` rows and, per row,
 #: its :data:`VALUE_METRICS` as computed from its values.
 ROLLUP_SCHEMA = pa.schema([*STEP_PARTIALS_SCHEMA, *(pa.field(m, pa.float64()) for m in VALUE_METRICS)])
+
+# Staleness of asynchronous rollouts (tracer.integrations.staleness).
+#: A trajectory's ``rollout_trace_attr`` extra (on its root span's attributes) and an llm span's output key:
+#: the weight (policy) version that generated it; trainer step minus this version is its staleness.
+ATTR_WEIGHT_VERSION = "weight_version"
+#: Column of the staleness table: the distinct weight versions that generated the trajectory, ascending.
+WEIGHT_VERSIONS = "weight_versions"
+#: Column of the staleness table: the trajectory's step minus its oldest weight version.
+STALENESS = "staleness"
+#: Column of the staleness table: True when more than one weight version generated the trajectory.
+MIXED_VERSIONS = "mixed_versions"
+#: One row per trajectory that carries a weight version (:func:`tracer.integrations.staleness.read_staleness`).
+STALENESS_SCHEMA = pa.schema(
+    [
+        pa.field(TRACE_ID, pa.string()),
+        pa.field(STEP, pa.int64()),
+        pa.field(VALIDATE, pa.bool_()),
+        pa.field(WEIGHT_VERSIONS, pa.list_(pa.int64())),
+        pa.field(STALENESS, pa.int64()),
+        pa.field(MIXED_VERSIONS, pa.bool_()),
+    ]
+)

@@ -14,14 +14,16 @@ configuration alone::
         +ray_kwargs.ray_init.runtime_env.env_vars.ROLLOUT_TRACE_DIR=/shared/traces
 
 ``backend`` takes rollout-trace's names (``arrow``, ``mlflow``, ``wandb``,
-``swanlab``, ``console``; see :func:`tracer.available_backends`); verl's own
-``weave`` and ``trackio`` backends are handed to verl's original module
-unchanged. Importing this module does not import verl.
+``swanlab``, ``trackio``, ``console``; see :func:`tracer.available_backends`):
+they record files and export from them; verl's own ``weave`` backend is
+handed to verl's original module unchanged; a name neither knows records
+nothing, with a warning. Importing this module does not import verl.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import importlib.abc
 import importlib.machinery
@@ -134,8 +136,9 @@ class RolloutTraceConfig:
         config, found in the caller (:func:`find_verl_config`), becomes
         ``run_config`` unless one was given to :func:`tracer.init` already.
 
-        Raises:
-            tracer.TraceConfigError: ``backend`` is neither rollout-trace's nor verl's.
+        A ``backend`` neither rollout-trace nor verl knows (verl's tests use
+        ``"dummy"``) records nothing, as in verl, with one warning per name
+        naming the closest valid one.
         """
         global _delegate
         config = cls.get_instance()
@@ -148,7 +151,10 @@ class RolloutTraceConfig:
         config.experiment_name = experiment_name
         config.max_samples_per_step_per_worker = max_samples_per_step_per_worker
         config.client = None
-        if name is not None and name.lower() in _verl_only_backends():
+        unknown = _unknown_backend(name)
+        if unknown is not None:
+            _warn_unknown_backend(unknown)  # as verl: an unknown name records nothing and training goes on
+        elif name is not None and name.lower() in _verl_only_backends():
             original = _original_module()
             original.RolloutTraceConfig.init(
                 project_name, experiment_name, name, token2text, max_samples_per_step_per_worker
@@ -318,6 +324,32 @@ def rollout_trace_op(func: Callable[..., Any]) -> Callable[..., Any]:
 
     traced.__rollout_trace_verl__ = True  # type: ignore[attr-defined]
     return traced
+
+
+_WARNED_BACKENDS: set[str] = set()
+
+
+def _unknown_backend(name: str | None) -> str | None:
+    """The part of ``name`` (comma-separated backends) that neither rollout-trace nor verl knows, or None."""
+    if name is None:
+        return None
+    valid = {*tracer.available_backends(), *_verl_only_backends()}
+    return next((p for p in (part.strip().lower() for part in name.split(",")) if p and p not in valid), None)
+
+
+def _warn_unknown_backend(name: str) -> None:
+    if name in _WARNED_BACKENDS:
+        return
+    _WARNED_BACKENDS.add(name)
+    valid = [*tracer.available_backends(), *_verl_only_backends()]
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    logger.warning(
+        "rollout-trace: verl's rollout trace backend %r is unknown, so nothing is recorded (as in verl); %svalid: %s",
+        name,
+        hint,
+        ", ".join(valid),
+    )
 
 
 def _verl_only_backends() -> tuple[str, ...]:

@@ -65,7 +65,7 @@ _STARTED = time.time()
 #: The hook value that installs the drop-in in Ray workers.
 HOOK = "tracer.verl_compat.install"
 #: Prefixes of the runtime environment's variables the catch-up takes (where files land, where backends are).
-TAKEN_VARIABLES = ("ROLLOUT_TRACE_", "MLFLOW_", "WANDB_", "SWANLAB_", "OTEL_")
+TAKEN_VARIABLES = ("ROLLOUT_TRACE_", "MLFLOW_", "WANDB_", "SWANLAB_", "TRACKIO_", "OTEL_")
 
 
 def misconfiguration(backend: object) -> str | None:
@@ -83,7 +83,7 @@ def misconfiguration(backend: object) -> str | None:
     if name in VERL_BACKENDS and not any(os.environ.get(v) for v in INTENT_VARIABLES):
         return None
     what = (
-        "verl's own MLflow tracing records instead of rollout-trace"
+        f"verl's own {name} tracing records instead of rollout-trace"
         if name in VERL_BACKENDS
         else "verl records nothing for it"
     )

@@ -268,7 +268,9 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
         name: Name of the root span when no rollout op is the root.
         validate: A validation rollout.
         trace: False turns recording off inside the block.
-        **extra: More attributes, written on the trajectory's root span.
+        **extra: More attributes, written on the trajectory's root span;
+            ``weight_version=`` is the policy version that generated it
+            (its staleness: ``tracer.integrations.staleness``).
     """
 
     __slots__ = (

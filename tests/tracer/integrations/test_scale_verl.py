@@ -103,10 +103,12 @@ def test_backend_none_records_nothing(trace_dir: str, monkeypatch: pytest.Monkey
     assert not os.path.exists(trace_dir)
 
 
-def test_unknown_backend_names_the_choices() -> None:
-    """A backend neither rollout-trace nor verl has fails with the valid names."""
-    with pytest.raises(tracer.TraceConfigError, match="valid backends are"):
+def test_unknown_backend_warns_with_the_choices_and_records_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """A backend neither rollout-trace nor verl has: a warning naming the valid ones; tracing stays off, as in verl."""
+    with caplog.at_level("WARNING", logger="rollout_trace"):
         verl_compat.RolloutTraceConfig.init("p", "e", "tensorboardx")
+    assert "'tensorboardx' is unknown" in caplog.text and "valid: arrow" in caplog.text
+    assert tracer.get_config() is None and verl_compat.RolloutTraceConfig.get_client() is None
 
 
 def test_earlier_tracer_init_keeps_its_other_fields(trace_dir: str) -> None:

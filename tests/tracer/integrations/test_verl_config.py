@@ -167,6 +167,8 @@ def test_plugin_is_registered_where_verl_looks() -> None:
         ("mlflow", {}, False),  # verl's own MLflow tracing records: not silent
         ("mlflow", {tracer.ENV_TRACE_DIR: "/x"}, True),  # but rollout-trace was meant
         ("weave", {tracer.ENV_TRACE_DIR: "/x"}, False),
+        ("trackio", {}, False),  # verl's own trackio tracing records
+        ("trackio", {tracer.ENV_TRACE_DIR: "/x"}, True),  # rollout-trace's trackio was meant
         (None, {tracer.ENV_TRACE_DIR: "/x"}, False),
         ("no-such-backend", {}, False),  # verl's own error path, not ours
     ],
