@@ -25,7 +25,7 @@ from importlib.metadata import entry_points
 from tracer.cli.check import register_check
 from tracer.cli.compact import register_compact
 from tracer.cli.diff import register_diff
-from tracer.cli.errors import ENV_DEBUG, EXIT_INTERRUPTED, EXIT_USAGE, describe_error
+from tracer.cli.errors import ENV_DEBUG, EXIT_INTERRUPTED, EXIT_USAGE, describe_error, error_text, missing_package
 from tracer.cli.info import register_info
 from tracer.cli.tail import register_tail
 from tracer.extras import install_command
@@ -45,19 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             register = ep.load()
         except ImportError as exc:
-            broken = sub.add_parser(ep.name, help=f"(unavailable: {exc})")
+            broken = sub.add_parser(ep.name, help=f"(unavailable: {error_text(exc, ep.name)})")
             broken.set_defaults(func=_unavailable(ep.name, exc))
             continue
         register(sub)
     return parser
 
 
+def _unavailable_text(name: str, exc: ImportError) -> str:
+    return missing_package(exc, name) or f"needs a package that is not installed ({exc}); {install_command('all')}"
+
+
 def _unavailable(name: str, exc: ImportError) -> object:
     def run(args: argparse.Namespace) -> int:
-        print(
-            f"error: '{name}' needs a package that is not installed ({exc}); {install_command('all')}",
-            file=sys.stderr,
-        )
+        print(f"rollout-trace {name}: error: {_unavailable_text(name, exc)}", file=sys.stderr)
         return 2
 
     return run
@@ -79,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get(ENV_DEBUG) == "1":
             raise
         print(
-            f"rollout-trace {args.command}: error: {describe_error(exc)} (set {ENV_DEBUG}=1 for the traceback)",
+            f"rollout-trace {args.command}: error: {describe_error(exc, args.command)} (set {ENV_DEBUG}=1 for the traceback)",
             file=sys.stderr,
         )
         return EXIT_USAGE

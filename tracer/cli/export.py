@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from tracer.backends import BACKENDS, COMMON_OPTIONS, ExportOptionError, Option, get_backend
-from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, describe_error
+from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, describe_error, error_text
 from tracer.exporters.base import export_files
 
 #: Exit status when the backend fails (no login, server down): the environment, as for bad input.
@@ -132,7 +132,7 @@ def run_export(args: argparse.Namespace) -> int:
             **options,
         )
     except (ImportError, FileNotFoundError, ValueError) as exc:  # ExportOptionError is a ValueError
-        return _error(str(exc))
+        return _error(error_text(exc, "export"))
     except Exception as exc:  # the backend's own failure (no login, server down): say it, no traceback
         print(f"rollout-trace export: {target} failed: {describe_error(exc)}", file=sys.stderr)
         return EXIT_FAILED
