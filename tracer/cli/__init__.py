@@ -3,8 +3,11 @@
 Subcommands come from the packages that own them, through the entry-point
 group ``rollout_trace.commands`` (see pyproject.toml): each entry point is a
 function ``register(subparsers)`` that adds one parser and sets its
-``func(args) -> int``. ``info``, ``check``, ``compact``, ``diff`` and ``tail`` are tracer's own
-(one module each in this package), always present.
+``func(args) -> int``, and ``run_paths``, the names of its arguments that
+are run paths (a local path that does not exist is refused here, for every
+subcommand alike, naming the closest existing one). ``info``, ``check``,
+``compact``, ``diff`` and ``tail`` are tracer's own (one module each in this
+package), always present.
 
 Exit status, the same for every subcommand (the table in README.md):
 :data:`EXIT_OK` 0, :data:`EXIT_PROBLEM` 1 (the command ran and found or left
@@ -25,7 +28,15 @@ from importlib.metadata import entry_points
 from tracer.cli.check import register_check
 from tracer.cli.compact import register_compact
 from tracer.cli.diff import register_diff
-from tracer.cli.errors import ENV_DEBUG, EXIT_INTERRUPTED, EXIT_USAGE, describe_error, error_text, missing_package
+from tracer.cli.errors import (
+    ENV_DEBUG,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    describe_error,
+    error_text,
+    missing_package,
+    missing_run_path,
+)
 from tracer.cli.info import register_info
 from tracer.cli.tail import register_tail
 from tracer.extras import install_command
@@ -71,6 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_USAGE
+    for dest in getattr(args, "run_paths", ()):
+        given = getattr(args, dest, None)
+        problem = None if given is None else missing_run_path(given)
+        if problem is not None:
+            print(f"rollout-trace {args.command}: error: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt:

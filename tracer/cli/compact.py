@@ -26,6 +26,8 @@ def register_compact(subparsers: Any) -> None:
     comp = subparsers.add_parser(
         "compact",
         help="merge closed shard files into large step-indexed files (originals removed once the merge is durable)",
+        description="Merge the closed shard files of each run under PATH into large files ordered by step, with "
+        "their indexes; the originals are removed once the merged file is durable.",
         epilog=COMPACT_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -69,7 +71,7 @@ def register_compact(subparsers: Any) -> None:
         help="on object stores (no locks): delete replaced originals once hidden this long, so readers that "
         f"listed them can still open them (default {REMOTE_DELETE_AFTER_S:g}; younger ones go at the next compact)",
     )
-    comp.set_defaults(func=run_compact)
+    comp.set_defaults(func=run_compact, run_paths=("path",))
 
 
 def run_compact(args: argparse.Namespace) -> int:

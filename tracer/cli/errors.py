@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
+import os
+import re
+import sys
 
 from tracer.extras import install_command
 
@@ -73,3 +77,43 @@ def describe_error(exc: BaseException, command: str | None = None) -> str:
         return f"{exc.strerror}{where}{fix}"
     text = " ".join(str(exc).split()).encode("utf-8", "backslashreplace").decode("utf-8")[:500]
     return f"{type(exc).__name__}: {text}"
+
+
+#: ``s3://``, ``gs://``, ...: a run path that is not a local one (checked by its store, not here).
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def missing_run_path(path: str) -> str | None:
+    """For a local run path that does not exist: one line naming it, the closest existing path and the fix."""
+    if _URI.match(path) or os.path.exists(path):
+        return None
+    guess = suggest_path(path)
+    hint = f" (did you mean {guess!r}?)" if guess else ""
+    return f"{path!r} does not exist{hint}; give a trace file or a run directory"
+
+
+def suggest_path(path: str) -> str | None:
+    """The existing path closest to a mistyped ``path``: its nearest existing folder's closest entry, level by level."""
+    current = os.sep if path.startswith(os.sep) else ""
+    changed = False
+    for part in os.path.normpath(path).split(os.sep):
+        if part in ("", "."):
+            continue
+        candidate = os.path.join(current, part) if current else part
+        if not os.path.exists(candidate):
+            try:
+                entries = sorted(os.listdir(current or "."))
+            except OSError:
+                return None
+            close = difflib.get_close_matches(part, entries, n=1, cutoff=0.6)
+            if not close:
+                return None
+            candidate = os.path.join(current, close[0]) if current else close[0]
+            changed = True
+        current = candidate
+    return current if changed else None
+
+
+def show_progress(wanted: bool) -> bool:
+    """Whether to draw a progress bar: asked for, and stderr is a terminal (a log file gets no redrawn lines)."""
+    return wanted and sys.stderr.isatty()
