@@ -297,6 +297,26 @@ class Redactor:
                 return values
         return [self.text(v) if type(v) is str else v for v in values]
 
+    def batch(self, batch: Any) -> Any:
+        """A ``pyarrow.RecordBatch`` with every string column redacted (spans read from elsewhere, before writing).
+
+        The JSON columns are redacted as the text they hold: a secret-named key
+        with its value (``"api_key":"..."``, ``"Authorization":"Bearer ..."``)
+        and credential shapes. The batch itself comes back when nothing changed.
+        """
+        import pyarrow as pa
+
+        columns = list(batch.columns)
+        changed = False
+        for i, column in enumerate(columns):
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                values = column.to_pylist()
+                clean = self.texts(values)
+                if clean is not values and clean != values:
+                    columns[i] = pa.array(clean, type=column.type)
+                    changed = True
+        return pa.RecordBatch.from_arrays(columns, schema=batch.schema) if changed else batch
+
     def text(self, value: str) -> str:
         """``value`` with every secret replaced by ``<redacted>``."""
         if not self._may_match(value):

@@ -209,3 +209,28 @@ def test_short_secret_key_names_are_secret(key: str) -> None:
 def test_words_ending_like_a_secret_key_are_not(key: str) -> None:
     """Keys that only end in the letters of a secret word are kept."""
     assert not is_secret_key(key)
+
+
+def test_a_foreign_span_batch_is_redacted_column_by_column() -> None:
+    """Redactor.batch (for importers): a foreign trace's key and Authorization header leave every column."""
+    import pyarrow as pa
+
+    inputs = json.dumps(
+        {
+            "headers": {"Authorization": "Bearer abcdefghijklmnop1234"},
+            "client": "OpenAI(api_key='k3y-Zq9vXw2')",
+            "arguments": json.dumps({"password": "hunter2-secret"}),
+        }
+    )
+    batch = pa.RecordBatch.from_pydict(
+        {"name": ["call sk-AAAABBBBCCCCDDDDEEEE1234"], "inputs": [inputs], "start_ns": [1]},
+        schema=pa.schema([("name", pa.string()), ("inputs", pa.large_string()), ("start_ns", pa.int64())]),
+    )
+    redactor = Redactor(environ={})
+    clean = redactor.batch(batch)
+    text = json.dumps(clean.to_pylist())
+    for secret in ("abcdefghijklmnop1234", "k3y-Zq9vXw2", "hunter2-secret", "sk-AAAABBBB"):
+        assert secret not in text, secret
+    assert clean.schema == batch.schema and clean.column("start_ns").to_pylist() == [1]
+    plain = pa.RecordBatch.from_pydict({"name": ["generate"], "inputs": ['{"model": "m"}']})
+    assert redactor.batch(plain) is plain
