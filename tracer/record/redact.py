@@ -1,23 +1,33 @@
 """Secret redaction: API keys and tokens never reach the files or a backend.
 
-Two rules, applied on the writer thread before anything is written:
+Three rules, applied on the writer thread before anything is written, by one
+:class:`Redactor` that the recorder, importers (:meth:`Redactor.batch`) and
+exporters' payloads (:meth:`Redactor.value`, :meth:`Redactor.text`) share:
 
 - **By name.** A mapping key that names a secret (``api_key``, ``*_TOKEN``,
-  ``*_SECRET``, ``password``, ``Authorization``, ``aws_secret_access_key``,
-  ``SecretAccessKey``, ``Cookie``, ``session_id``, ...) has its value replaced
-  by ``"<redacted>"``, in inputs, outputs, attributes and the recorded config.
+  ``*_SECRET``, ``password``, ``pass``, ``auth``, ``secrets``,
+  ``Authorization``, ``SecretAccessKey``, ``Cookie``, ``session_id``, ...) has
+  its value replaced by ``"<redacted>"``, in inputs, outputs, attributes and
+  the recorded config.
+- **By name, written as text.** The same key names written with their value
+  inside any string (:func:`redact_key_values`): JSON, also nested in a JSON
+  string (an OpenAI tool call's ``arguments``), reprs
+  (``Client(api_key='...')``, ``{'password': ...}`` in an exception message),
+  ``auth=('user', 'pw')``, headers, YAML lines, URLs and command lines.
 - **By shape and by value.** Strings that look like a credential (``sk-...``
   OpenAI-style keys, ``hf_...`` Hugging Face tokens, GitHub and AWS keys,
-  ``Bearer ...`` and ``Basic ...`` headers, ``user:password@`` in URLs,
-  ``api_key=...``-style query parameters), the values of environment
-  variables present when the recorder started that are secrets by name
-  (``WANDB_API_KEY``, ``DB_PASS``, ``SESSION_COOKIE``, ...) or by shape (long
-  random-looking values, whatever the name), and any extra patterns the
-  config names are replaced wherever they appear: span names, sample ids,
-  inputs, outputs, attributes, error messages and tracebacks.
+  ``Bearer ...`` and ``Basic ...`` headers, ``user:password@`` in URLs), the
+  values of environment variables present when the recorder started that are
+  secrets by name (``WANDB_API_KEY``, ``DB_PASS``, ``SESSION_COOKIE``, ...) or
+  by shape (long random-looking values, whatever the name), and any extra
+  patterns the config names are replaced wherever they appear: span names,
+  sample ids, inputs, outputs, attributes, error messages and tracebacks.
 
-Redaction works on the strings themselves, before JSON encoding, so a secret
-holding a quote, backslash or tab is found as it is, not in its escaped form.
+Every string is redacted as the final text it is (a JSON string's content, a
+repr, a message), before JSON encoding, so a secret holding a quote,
+backslash or tab is found as it is; key-value forms are also found in their
+escaped form (JSON text inside JSON text). A text holding none of the
+triggers (:class:`TriggerScan`, :func:`key_values`) is not searched further.
 """
 
 from __future__ import annotations
