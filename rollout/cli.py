@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tracer.cli.errors import error_text
 from tracer.extras import install_command
 
 DEFAULT_PROJECT = "rollout-demo"
@@ -239,7 +240,7 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_run(args))
     except (ImportError, FileNotFoundError, ValueError, ConnectionError) as exc:
-        return _fail(str(exc))
+        return _fail(error_text(exc, "demo"))
 
 
 async def _run(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -186,9 +187,19 @@ class TraceConfig:
         return (LOCAL_BACKEND, *rest)
 
     @property
+    def project_dir(self) -> str:
+        """The directory name of ``project_name`` (see :func:`dir_segment`)."""
+        return dir_segment("project_name", self.project_name)
+
+    @property
+    def experiment_dir(self) -> str:
+        """The directory name of ``experiment_name`` (see :func:`dir_segment`)."""
+        return dir_segment("experiment_name", self.experiment_name)
+
+    @property
     def run_dir(self) -> str:
-        """Directory this config's files go to: ``output_dir/project/experiment``."""
-        return os.path.join(self.output_dir, self.project_name, self.experiment_name)
+        """Directory this config's files go to: ``output_dir/project/experiment`` (as directory names)."""
+        return os.path.join(self.output_dir, self.project_dir, self.experiment_dir)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view of the config, as written into file metadata (secrets redacted)."""
@@ -230,11 +241,7 @@ class TraceConfig:
                     f"or a list of them)"
                 )
         for key in ("project_name", "experiment_name"):
-            value = getattr(self, key)
-            if not isinstance(value, str) or not value or os.sep in value or value in (".", ".."):
-                raise TraceConfigError(
-                    f"{key}: {value!r} is not a usable name; give a non-empty string without {os.sep!r}"
-                )
+            dir_segment(key, getattr(self, key))
         for key, value, choices in (
             ("sample_strategy", self.sample_strategy, SAMPLE_STRATEGIES),
             ("sample_by", self.sample_by, SAMPLE_BY_CHOICES),
@@ -242,33 +249,20 @@ class TraceConfig:
             if value not in choices:
                 hint = _did_you_mean([str(value)], choices)
                 raise TraceConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}{hint}")
-        for key in ("max_tokens", "max_samples_per_step_per_worker", "sample_candidates_per_step"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise TraceConfigError(f"{key}: {value!r} must be a positive integer or None")
-        for key in ("max_file_bytes", "max_buffered_spans"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise TraceConfigError(f"{key}: {value!r} must be a positive integer")
-        if not isinstance(self.flush_interval_s, (int, float)) or not self.flush_interval_s > 0:
-            raise TraceConfigError(f"flush_interval_s: {self.flush_interval_s!r} must be a number of seconds > 0")
-        if (
-            isinstance(self.shutdown_timeout_s, bool)
-            or not isinstance(self.shutdown_timeout_s, (int, float))
-            or not self.shutdown_timeout_s > 0
-        ):
+        for key, (kind, low, high, optional) in _NUMBERS.items():
+            setattr(self, key, _as_number(key, getattr(self, key), kind, low, high, optional))
+        for key in _BOOLS:
+            setattr(self, key, _as_bool(key, getattr(self, key)))
+        if isinstance(self.output_dir, os.PathLike):
+            self.output_dir = os.fspath(self.output_dir)
+        if not isinstance(self.output_dir, str) or not self.output_dir or "\0" in self.output_dir:
             raise TraceConfigError(
-                f"shutdown_timeout_s: {self.shutdown_timeout_s!r} must be a number of seconds > 0 "
-                "(how long a stop waits for the files and live exporters)"
+                f"output_dir: {self.output_dir!r} is not a usable path; give a directory path (without NUL)"
             )
-        if not isinstance(self.upload_interval_s, (int, float)) or not self.upload_interval_s > 0:
-            raise TraceConfigError(f"upload_interval_s: {self.upload_interval_s!r} must be a number of seconds > 0")
         if self.on_buffer_full not in ON_FULL_CHOICES:
             raise TraceConfigError(
                 f"on_buffer_full: {self.on_buffer_full!r} is not one of {', '.join(ON_FULL_CHOICES)}"
             )
-        if not isinstance(self.compression_level, int) or not 1 <= self.compression_level <= 22:
-            raise TraceConfigError(f"compression_level: {self.compression_level!r} must be an integer from 1 to 22")
         if isinstance(self.redact_patterns, str):
             self.redact_patterns = (self.redact_patterns,)
         self.redact_patterns = tuple(self.redact_patterns)
@@ -343,8 +337,14 @@ class TraceConfig:
             env_backend = os.environ.get(ENV_BACKEND)
             if env_backend is not None:
                 base["backend"] = _parse_backend(env_backend, ENV_BACKEND)
+            from_env = set(base) - set(fields)
             base.update(fields)
-            return cls(**base)
+            try:
+                return cls(**base)
+            except TraceConfigError as exc:
+                if str(exc).split(":", 1)[0] in from_env:  # say where the bad value came from
+                    raise TraceConfigError(f"{_env_source(str(exc).split(':', 1)[0])}: {exc}") from None
+                raise
         return dataclasses.replace(config, **fields)
 
     @classmethod
@@ -426,6 +426,95 @@ class TraceConfig:
             field = str(exc).split(":", 1)[0]
             spelled = next((k for k, _ in pairs if k.endswith("." + field) or k == field), field)
             raise TraceConfigError(f"{spelled}: {str(exc).split(':', 1)[1].strip()}") from None
+
+
+#: Numeric fields: (int or float, lowest, highest, None allowed). Seconds stay finite and at most a
+#: day (a longer wait is a mistake, and ``inf`` stops the writer's timed waits).
+_MAX_SECONDS = 86_400.0
+_MAX_INT = 2**63 - 1
+_NUMBERS: dict[str, tuple[type, float, float, bool]] = {
+    "max_tokens": (int, 1, _MAX_INT, True),
+    "max_samples_per_step_per_worker": (int, 1, _MAX_INT, True),
+    "sample_candidates_per_step": (int, 1, _MAX_INT, True),
+    "seed": (int, -_MAX_INT, _MAX_INT, False),
+    "max_file_bytes": (int, 1, _MAX_INT, False),
+    "max_buffered_spans": (int, 1, _MAX_INT, False),
+    "compression_level": (int, 1, 22, False),
+    "log_val_generations": (int, 0, _MAX_INT, False),
+    "flush_interval_s": (float, 0.001, _MAX_SECONDS, False),
+    "upload_interval_s": (float, 0.001, _MAX_SECONDS, False),
+    "shutdown_timeout_s": (float, 0.001, _MAX_SECONDS, False),
+}
+_BOOLS = ("token2text", "store_full_token", "redact")
+#: The only spellings of a boolean read from text (environment, overrides, YAML strings).
+_BOOL_WORDS = {"true": True, "1": True, "false": False, "0": False}
+#: Longest directory name most file systems take, in bytes.
+MAX_NAME_BYTES = 255
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    """``value`` as a real boolean: a bool, or the text ``true``/``false``/``1``/``0`` (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[value.strip().lower()]
+    raise TraceConfigError(f"{key}: {value!r} is not a boolean; give true or false")
+
+
+def _as_number(key: str, value: Any, kind: type, low: float, high: float, optional: bool) -> Any:
+    """``value`` as a finite int or float within ``[low, high]`` (text is read); raise naming the key and range."""
+    what = "an integer" if kind is int else "a number of seconds"
+    if kind is not int:
+        fix = f"give {what} from {low:g} to {high:g}"
+    elif high < _MAX_INT:
+        fix = f"give {what} from {int(low)} to {int(high)}"
+    else:
+        fix = {1: "give a positive integer", 0: "give an integer >= 0"}.get(int(low), "give an integer (64-bit)")
+    fix += " (or null for no limit)" if optional else ""
+    if value is None and optional:
+        return None
+    number: Any = value
+    if isinstance(value, str):
+        text = value.strip().replace("_", "")
+        try:
+            number = int(text) if kind is int else float(text)
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise TraceConfigError(f"{key}: {value!r} is not {what}; {fix}")
+    if kind is int and not isinstance(number, int):
+        if not (math.isfinite(number) and number == int(number)):
+            raise TraceConfigError(f"{key}: {value!r} is not {what}; {fix}")
+        number = int(number)
+    if not (math.isfinite(number) and low <= number <= high):
+        raise TraceConfigError(f"{key}: {value!r} is out of range; {fix}")
+    return kind(number)
+
+
+def dir_segment(key: str, name: Any) -> str:
+    """The directory name a project or experiment name is stored under.
+
+    Any non-empty name without NUL or line breaks is accepted (verl and MLflow
+    take experiment paths such as ``/Shared/rl-team``): ``%``, ``/`` and ``\\``
+    are written ``%25``, ``%2F`` and ``%5C``, so that different names never
+    share a directory; the name itself is kept in the files' metadata.
+
+    Raises:
+        TraceConfigError: for a name no directory can be made from.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise TraceConfigError(f"{key}: {name!r} is not a usable name; give a non-empty string")
+    if any(c in name for c in "\0\n\r"):
+        raise TraceConfigError(f"{key}: {name!r} holds NUL or a line break; give a name without them")
+    if name in (".", ".."):
+        raise TraceConfigError(f"{key}: {name!r} is not a usable name; give a name other than '.' or '..'")
+    segment = name.replace("%", "%25").replace("/", "%2F").replace("\\", "%5C")
+    if len(segment.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise TraceConfigError(
+            f"{key}: {name[:40]!r}... is {len(segment.encode('utf-8', 'surrogatepass'))} bytes as a directory "
+            f"name; give a name of at most {MAX_NAME_BYTES} bytes"
+        )
+    return segment
 
 
 #: ``s3://``, ``gs://``, ...: output that is staged locally and uploaded.
@@ -510,6 +599,11 @@ def _redact_keys(value: Any, is_secret: Any, mark: str) -> Any:
     return value
 
 
+def _env_source(field: str) -> str:
+    """The environment variable a field's value was read from."""
+    return {"output_dir": ENV_TRACE_DIR, "backend": ENV_BACKEND}.get(field, ENV_CONFIG)
+
+
 def _env_config(names: set[str]) -> dict[str, Any]:
     """The fields given as JSON in ``ROLLOUT_TRACE_CONFIG`` (empty when unset)."""
     raw = os.environ.get(ENV_CONFIG, "").strip()
@@ -546,8 +640,6 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, A
 
 
 _NONE_WORDS = {"none", "null", "~", ""}
-_TRUE_WORDS = {"true", "yes", "1", "on"}
-_FALSE_WORDS = {"false", "no", "0", "off"}
 
 
 def _backend_list(backend: str | list[str] | tuple[str, ...] | None) -> list[str]:
@@ -589,27 +681,11 @@ def _parse_value(key: str, raw: Any, type_name: str, parse_text: bool) -> Any:
     if raw is None:
         if optional or type_name == "Any":
             return None
-        raise TraceConfigError(f"{key}: a value is required (got null)")
+        raise TraceConfigError(f"{key}: null is not allowed here; give a {type_name} value")
     base = type_name.replace(" | None", "").strip()
     try:
-        if base == "bool":
-            if isinstance(raw, bool):
-                return raw
-            if text is not None and text.lower() in _TRUE_WORDS:
-                return True
-            if text is not None and text.lower() in _FALSE_WORDS:
-                return False
-            raise ValueError
-        if base == "int":
-            if isinstance(raw, bool):
-                raise ValueError
-            if isinstance(raw, int):
-                return raw
-            return int(text.replace("_", "")) if text is not None else int(raw)
-        if base == "float":
-            if isinstance(raw, bool):
-                raise ValueError
-            return float(raw)
+        if base in ("bool", "int", "float"):
+            return raw  # read and checked with every other source's values (TraceConfig.validate)
         if base.startswith("tuple"):
             if isinstance(raw, (list, tuple)):
                 return tuple(str(x) for x in raw)
@@ -632,4 +708,4 @@ def _parse_value(key: str, raw: Any, type_name: str, parse_text: bool) -> Any:
         }.get(base, base)
         if optional:
             allowed += " (or null)"
-        raise TraceConfigError(f"{key}: cannot read {raw!r} as {allowed}") from None
+        raise TraceConfigError(f"{key}: cannot read {raw!r}; give {allowed}") from None

@@ -3,8 +3,11 @@
 Subcommands come from the packages that own them, through the entry-point
 group ``rollout_trace.commands`` (see pyproject.toml): each entry point is a
 function ``register(subparsers)`` that adds one parser and sets its
-``func(args) -> int``. ``info``, ``check``, ``compact``, ``diff`` and ``tail`` are tracer's own
-(one module each in this package), always present.
+``func(args) -> int``, and ``run_paths``, the names of its arguments that
+are run paths (a local path that does not exist is refused here, for every
+subcommand alike, naming the closest existing one). ``info``, ``check``,
+``compact``, ``diff`` and ``tail`` are tracer's own (one module each in this
+package), always present.
 
 Exit status, the same for every subcommand (the table in README.md):
 :data:`EXIT_OK` 0, :data:`EXIT_PROBLEM` 1 (the command ran and found or left
@@ -25,7 +28,15 @@ from importlib.metadata import entry_points
 from tracer.cli.check import register_check
 from tracer.cli.compact import register_compact
 from tracer.cli.diff import register_diff
-from tracer.cli.errors import ENV_DEBUG, EXIT_INTERRUPTED, EXIT_USAGE, describe_error
+from tracer.cli.errors import (
+    ENV_DEBUG,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    describe_error,
+    error_text,
+    missing_package,
+    missing_run_path,
+)
 from tracer.cli.info import register_info
 from tracer.cli.tail import register_tail
 from tracer.extras import install_command
@@ -45,19 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             register = ep.load()
         except ImportError as exc:
-            broken = sub.add_parser(ep.name, help=f"(unavailable: {exc})")
+            broken = sub.add_parser(ep.name, help=f"(unavailable: {error_text(exc, ep.name)})")
             broken.set_defaults(func=_unavailable(ep.name, exc))
             continue
         register(sub)
     return parser
 
 
+def _unavailable_text(name: str, exc: ImportError) -> str:
+    return missing_package(exc, name) or f"needs a package that is not installed ({exc}); {install_command('all')}"
+
+
 def _unavailable(name: str, exc: ImportError) -> object:
     def run(args: argparse.Namespace) -> int:
-        print(
-            f"error: '{name}' needs a package that is not installed ({exc}); {install_command('all')}",
-            file=sys.stderr,
-        )
+        print(f"rollout-trace {name}: error: {_unavailable_text(name, exc)}", file=sys.stderr)
         return 2
 
     return run
@@ -70,6 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_USAGE
+    for dest in getattr(args, "run_paths", ()):
+        given = getattr(args, dest, None)
+        problem = None if given is None else missing_run_path(given)
+        if problem is not None:
+            print(f"rollout-trace {args.command}: error: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt:
@@ -79,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get(ENV_DEBUG) == "1":
             raise
         print(
-            f"rollout-trace {args.command}: error: {describe_error(exc)} (set {ENV_DEBUG}=1 for the traceback)",
+            f"rollout-trace {args.command}: error: {describe_error(exc, args.command)} (set {ENV_DEBUG}=1 for the traceback)",
             file=sys.stderr,
         )
         return EXIT_USAGE

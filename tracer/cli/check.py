@@ -24,7 +24,7 @@ def register_check(subparsers: Any) -> None:
         "--repair", action="store_true", help="rewrite readable data of damaged files; originals kept as *.damaged"
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
-    check.set_defaults(func=run_check)
+    check.set_defaults(func=run_check, run_paths=("path",))
 
 
 def run_check(args: argparse.Namespace) -> int:

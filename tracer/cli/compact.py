@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from tracer import schema as S
-from tracer.cli.errors import describe_error
+from tracer.cli.errors import describe_error, error_text
 from tracer.read import list_trace_files
 from tracer.storage import uri as _uri
 from tracer.storage.compact import REMOTE_DELETE_AFTER_S, CompactReport, compact, describe_store_error, write_parquet
@@ -26,6 +26,8 @@ def register_compact(subparsers: Any) -> None:
     comp = subparsers.add_parser(
         "compact",
         help="merge closed shard files into large step-indexed files (originals removed once the merge is durable)",
+        description="Merge the closed shard files of each run under PATH into large files ordered by step, with "
+        "their indexes; the originals are removed once the merged file is durable.",
         epilog=COMPACT_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -69,7 +71,7 @@ def register_compact(subparsers: Any) -> None:
         help="on object stores (no locks): delete replaced originals once hidden this long, so readers that "
         f"listed them can still open them (default {REMOTE_DELETE_AFTER_S:g}; younger ones go at the next compact)",
     )
-    comp.set_defaults(func=run_compact)
+    comp.set_defaults(func=run_compact, run_paths=("path",))
 
 
 def run_compact(args: argparse.Namespace) -> int:
@@ -85,7 +87,7 @@ def run_compact(args: argparse.Namespace) -> int:
         else:
             report = compact(args.path, **options)
     except (FileNotFoundError, ValueError, ImportError, ConnectionError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {error_text(exc, 'compact')}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a read-only folder: nothing was deleted that was not merged
         print(f"error: compaction stopped, the original files are kept: {_describe(args.path, exc)}", file=sys.stderr)

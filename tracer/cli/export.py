@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from tracer.backends import BACKENDS, COMMON_OPTIONS, ExportOptionError, Option, get_backend
-from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, describe_error
+from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, describe_error, error_text, show_progress
 from tracer.exporters.base import export_files
 
 #: Exit status when the backend fails (no login, server down): the environment, as for bad input.
@@ -85,7 +85,7 @@ def register_export(subparsers: Any) -> None:
     )
     p.add_argument("--verify", action="store_true", help=common["verify"].help)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    p.set_defaults(func=run_export)
+    p.set_defaults(func=run_export, run_paths=("path",))
 
 
 def _error(message: str) -> int:
@@ -126,13 +126,13 @@ def run_export(args: argparse.Namespace) -> int:
             target,
             steps=args.steps,
             since_step=args.since_step,
-            progress=args.progress,
+            progress=show_progress(args.progress) and target != "console",  # the console's lines own the terminal
             verify=args.verify,
             log_val_generations=args.log_val_generations,
             **options,
         )
     except (ImportError, FileNotFoundError, ValueError) as exc:  # ExportOptionError is a ValueError
-        return _error(str(exc))
+        return _error(error_text(exc, "export"))
     except Exception as exc:  # the backend's own failure (no login, server down): say it, no traceback
         print(f"rollout-trace export: {target} failed: {describe_error(exc)}", file=sys.stderr)
         return EXIT_FAILED

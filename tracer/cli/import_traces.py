@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Any
 
-from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE
+from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, error_text, show_progress
 
 
 def register_import(subparsers: Any) -> None:
@@ -41,13 +41,15 @@ def run_import(args: argparse.Namespace) -> int:
         from tracer.exporters.mlflow import resolve_tracking_uri
         from tracer.exporters.mlflow.importer import import_traces
     except ImportError as exc:
-        print(f"rollout-trace import: {exc}", file=sys.stderr)
+        print(f"rollout-trace import: error: {error_text(exc, 'import')}", file=sys.stderr)
         return EXIT_USAGE
     uri = resolve_tracking_uri(args.tracking_uri)
     try:
-        report = import_traces(uri, args.experiment, args.out, progress=not args.no_progress, filter_string=args.filter)
+        report = import_traces(
+            uri, args.experiment, args.out, progress=show_progress(not args.no_progress), filter_string=args.filter
+        )
     except (ImportError, ValueError, OSError) as exc:  # no mlflow, no such experiment, bad URI, server down
-        print(f"rollout-trace import: error: {exc}", file=sys.stderr)
+        print(f"rollout-trace import: error: {error_text(exc, 'import')}", file=sys.stderr)
         return EXIT_USAGE
     for line in report.details:
         print(line)

@@ -8,6 +8,7 @@ import warnings
 from typing import Any
 
 from tracer import schema as S
+from tracer.cli.errors import missing_run_path
 from tracer.exporters.lag import read_lag
 from tracer.read import TraceFileWarning, list_trace_files
 from tracer.summary import read_trajectories
@@ -15,9 +16,14 @@ from tracer.summary import read_trajectories
 
 def register_info(subparsers: Any) -> None:
     """Add ``rollout-trace info PATH``."""
-    info = subparsers.add_parser("info", help="summarise the trace files under PATH")
-    info.add_argument("path")
-    info.set_defaults(func=run_info)
+    info = subparsers.add_parser(
+        "info",
+        help="summarise the trace files under PATH",
+        description="Count the trace files, trajectories and steps under PATH, say how far behind the files each "
+        "live exporter is, and name every file that could not be read. Exit status 2 when nothing is readable.",
+    )
+    info.add_argument("path", help="a trace file or a directory of them (e.g. rollout_traces/PROJECT/EXPERIMENT)")
+    info.set_defaults(func=run_info, run_paths=("path",))
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -27,7 +33,7 @@ def run_info(args: argparse.Namespace) -> int:
         try:
             files = list_trace_files(args.path)
         except FileNotFoundError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {missing_run_path(args.path) or exc}", file=sys.stderr)
             return 2
         table = read_trajectories(args.path)
     steps = sorted({s for s in table[S.STEP].to_pylist() if s is not None})

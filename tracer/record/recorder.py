@@ -294,7 +294,7 @@ class Recorder:
             # Stage locally, upload each closed file (tracer/storage/upload.py). At exit the
             # writer calls back here to flush the buffer before it uploads.
             self.writer: SpanWriter = UploadingSpanWriter(
-                join_uri(config.output_dir, config.project_name, config.experiment_name),
+                join_uri(config.output_dir, config.project_dir, config.experiment_dir),
                 self._file_metadata(),
                 compression_level=config.compression_level,
                 max_file_bytes=config.max_file_bytes,

@@ -1,23 +1,33 @@
 """Secret redaction: API keys and tokens never reach the files or a backend.
 
-Two rules, applied on the writer thread before anything is written:
+Three rules, applied on the writer thread before anything is written, by one
+:class:`Redactor` that the recorder, importers (:meth:`Redactor.batch`) and
+exporters' payloads (:meth:`Redactor.value`, :meth:`Redactor.text`) share:
 
 - **By name.** A mapping key that names a secret (``api_key``, ``*_TOKEN``,
-  ``*_SECRET``, ``password``, ``Authorization``, ``aws_secret_access_key``,
-  ``SecretAccessKey``, ``Cookie``, ``session_id``, ...) has its value replaced
-  by ``"<redacted>"``, in inputs, outputs, attributes and the recorded config.
+  ``*_SECRET``, ``password``, ``pass``, ``auth``, ``secrets``,
+  ``Authorization``, ``SecretAccessKey``, ``Cookie``, ``session_id``, ...) has
+  its value replaced by ``"<redacted>"``, in inputs, outputs, attributes and
+  the recorded config.
+- **By name, written as text.** The same key names written with their value
+  inside any string (:func:`redact_key_values`): JSON, also nested in a JSON
+  string (an OpenAI tool call's ``arguments``), reprs
+  (``Client(api_key='...')``, ``{'password': ...}`` in an exception message),
+  ``auth=('user', 'pw')``, headers, YAML lines, URLs and command lines.
 - **By shape and by value.** Strings that look like a credential (``sk-...``
   OpenAI-style keys, ``hf_...`` Hugging Face tokens, GitHub and AWS keys,
-  ``Bearer ...`` and ``Basic ...`` headers, ``user:password@`` in URLs,
-  ``api_key=...``-style query parameters), the values of environment
-  variables present when the recorder started that are secrets by name
-  (``WANDB_API_KEY``, ``DB_PASS``, ``SESSION_COOKIE``, ...) or by shape (long
-  random-looking values, whatever the name), and any extra patterns the
-  config names are replaced wherever they appear: span names, sample ids,
-  inputs, outputs, attributes, error messages and tracebacks.
+  ``Bearer ...`` and ``Basic ...`` headers, ``user:password@`` in URLs), the
+  values of environment variables present when the recorder started that are
+  secrets by name (``WANDB_API_KEY``, ``DB_PASS``, ``SESSION_COOKIE``, ...) or
+  by shape (long random-looking values, whatever the name), and any extra
+  patterns the config names are replaced wherever they appear: span names,
+  sample ids, inputs, outputs, attributes, error messages and tracebacks.
 
-Redaction works on the strings themselves, before JSON encoding, so a secret
-holding a quote, backslash or tab is found as it is, not in its escaped form.
+Every string is redacted as the final text it is (a JSON string's content, a
+repr, a message), before JSON encoding, so a secret holding a quote,
+backslash or tab is found as it is; key-value forms are also found in their
+escaped form (JSON text inside JSON text). A text holding none of the
+triggers (:class:`TriggerScan`, :func:`key_values`) is not searched further.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import math
 import operator
 import os
 import re
+import string
 from collections.abc import Iterable
 from typing import Any
 
@@ -63,6 +74,9 @@ SECRET_KEY_ENDINGS = (
     "sastoken",
     "sig",
     "signature",
+    "auth",
+    "secrets",
+    "passwords",
 )
 _KEY_STRIP = re.compile(r"[\s_.\-]+")
 _KEY_ENDING = re.compile("(?:" + "|".join(SECRET_KEY_ENDINGS) + ")$")
@@ -87,10 +101,45 @@ SECRET_VALUE_PATTERNS = (
 SECRET_CONTEXT_PATTERNS = (
     # scheme://user:password@host -> scheme://<redacted>@host
     r"([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@:\"'<>]*:[^\s/@\"'<>]+(?=@)",
-    # api_key=..., token=..., password=... in query strings, forms and command lines
-    r"((?ai:[a-z0-9_\-]*(?:api[_\-]?key|apikey|token|secret|password|passwd|pwd|signature|sig|auth|credential))=)"
-    r"[^&\s\"'#;,]+",
 )
+
+#: How every key name :func:`is_secret_key` accepts ends, as written in a text (lower-cased), by the
+#: word it starts with. A key written with its value in a text (``"api_key": "..."``,
+#: ``api_key='...'``, ``token=...``, ``Authorization: ...``) is found at an occurrence of one of these
+#: words (one C search of the text each), followed by the rest of its ending, a closing quote (escaped
+#: or not, in JSON nested in a JSON string), at most one space, and ``:`` or ``=``.
+KEY_TAILS = {
+    "key": ("key", "keyid", "key_id", "key-id"),
+    "token": ("token",),
+    "secret": ("secret", "secrets"),
+    "pass": ("pass", "password", "passwords", "passwd", "passphrase"),
+    "pwd": ("pwd",),
+    "auth": ("auth", "authorization"),
+    "credential": ("credential", "credentials"),
+    "cookie": ("cookie", "cookies"),
+    "sig": ("sig", "signature"),
+    "session": ("sessionid", "session_id", "session-id"),
+    "connection": ("connectionstring", "connection_string"),
+}
+_KEY_VALUE = {
+    word: re.compile(
+        r"(?ai:(?P<tail>" + "|".join(sorted(map(re.escape, tails), key=len, reverse=True)) + r"))"
+        r"(?P<quote>\\*[\"'])? ?(?P<join>[:=])[ \t]*"
+    )
+    for word, tails in KEY_TAILS.items()
+}
+#: Characters of a key name written in a text (scanned back from its tail).
+_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+#: Words that are key names in a mapping but ordinary words in prose (``each token: ...``): written
+#: unquoted before ``:``, they are not taken as a key.
+_PROSE_KEYS = frozenset({"token", "sig", "signature"})
+#: An unquoted value: an optional auth scheme (``Bearer``), then up to a space, quote, bracket or separator.
+_BARE_VALUE = re.compile(r"(?ai:(?:bearer|basic|token|digest|negotiate)[ \t]+)?[^\s,;&\"'<>(){}\[\]]+")
+#: An unquoted value after ``Key:`` (a header or YAML line): the rest of the line, up to a flow mapping's end.
+_LINE_VALUE = re.compile(r"[^\r\n,;}\]]*[^\s,;}\]]")
+#: Unquoted values that hold nothing to hide (``api_key=None`` in a repr).
+_EMPTY_VALUES = frozenset({"none", "null", "true", "false", "nil", "undefined"})
+_CLOSE = {"(": ")", "[": "]", "{": "}"}
 
 #: Substrings every match of the OpenAI/Anthropic and AWS patterns above contains (see :data:`FOLDED_TRIGGERS`).
 TRIGGERS = ("sk-", "AKIA")
@@ -104,16 +153,9 @@ URL_GATE, URL_TRIGGER = "@", "://"
 #: Substrings every match of the patterns that take any ASCII letter case (``(?ai:...)``) contains once
 #: lower-cased: they are searched for in the lower-cased text. A string holding none of these, none of
 #: :data:`TRIGGERS`, no :data:`TOKEN_TAIL` and not both :data:`URL_GATE` and :data:`URL_TRIGGER` cannot
-#: match a built-in pattern and is not searched (``tests/tracer/record/test_redact_scan.py`` holds it to
-#: that, for every letter case).
-FOLDED_TRIGGERS = (
-    "earer",
-    "asic",
-    *(
-        f"{base}="
-        for base in ("key", "token", "secret", "password", "passwd", "pwd", "sig", "signature", "auth", "credential")
-    ),
-)
+#: match a built-in pattern and is not searched unless :func:`key_values` finds a key written with a
+#: value (``tests/tracer/record/test_redact_scan.py`` holds it to that, for every letter case).
+FOLDED_TRIGGERS = ("earer", "asic")
 
 #: Parts of an environment variable name (split at ``_``) that make its value a secret.
 SECRET_ENV_PARTS = frozenset(
@@ -228,6 +270,7 @@ class Redactor:
             or (URL_GATE in text and URL_TRIGGER in text)
             or TOKEN_TAIL.search(text) is not None
             or self._folded.found(text.lower())
+            or bool(key_values(text))
         )
 
     def records_to_scan(self, strings: list[list[str]], opaque: set[int]) -> list[bool] | None:
@@ -264,10 +307,35 @@ class Redactor:
                 return values
         return [self.text(v) if type(v) is str else v for v in values]
 
+    def batch(self, batch: Any) -> Any:
+        """A ``pyarrow.RecordBatch`` with every string column redacted (spans read from elsewhere, before writing).
+
+        The JSON columns are redacted as the text they hold: a secret-named key
+        with its value (``"api_key":"..."``, ``"Authorization":"Bearer ..."``)
+        and credential shapes. The batch itself comes back when nothing changed.
+        """
+        import pyarrow as pa
+
+        columns = list(batch.columns)
+        changed = False
+        for i, column in enumerate(columns):
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                values = column.to_pylist()
+                clean = self.texts(values)
+                if clean is not values and clean != values:
+                    columns[i] = pa.array(clean, type=column.type)
+                    changed = True
+        return pa.RecordBatch.from_arrays(columns, schema=batch.schema) if changed else batch
+
     def text(self, value: str) -> str:
         """``value`` with every secret replaced by ``<redacted>``."""
         if not self._may_match(value):
             return value
+        return self.text_ungated(value)
+
+    def text_ungated(self, value: str) -> str:
+        """:meth:`text` without the pre-scan: every pattern searched (what the pre-scan must agree with)."""
+        value = redact_key_values(value)
         value = self._pattern.sub(REDACTED, value)
         return self._context.sub(_keep_prefix, value)
 
@@ -434,10 +502,128 @@ def _keep_prefix(match: re.Match[str]) -> str:
     return prefix + REDACTED
 
 
+def redact_key_values(text: str) -> str:
+    """``text`` with the value of every secret-named key written in it replaced.
+
+    Finds ``"api_key": "..."`` (JSON, also nested in a JSON string with its
+    quotes escaped), ``'token': '...'`` and ``api_key='...'`` (reprs),
+    ``password=...`` (URLs, forms, command lines) and ``Authorization: ...``
+    (headers, YAML). A quoted value is replaced inside its quotes; a
+    bracketed one (``auth=('user', 'pw')``, ``"secrets": {...}``) whole.
+    """
+    out: list[str] = []
+    done = 0
+    for m in key_values(text):
+        start = m.start()
+        if start < done:
+            continue
+        while start > 0 and text[start - 1] in _KEY_CHARS:
+            start -= 1
+        if start > 0 and text[start - 1] == "\\" and text[start] in "ntrbf":
+            start += 1  # a key after an escaped line break (``\npass: ...`` in JSON or a repr)
+        key, quote = text[start : m.end("tail")], m.group("quote")
+        value_at = m.end()
+        if (
+            value_at >= len(text)
+            or text[value_at] == m.group("join")  # ``==``, ``::``
+            or (quote is None and m.group("join") == ":" and key.lower() in _PROSE_KEYS)
+            or not is_secret_key(key)
+        ):
+            continue
+        lo, hi, wrap = _value_span(text, value_at, quote, m.group("join"))
+        value = text[lo:hi]
+        if not value or value == REDACTED or value.lower() in _EMPTY_VALUES:
+            continue
+        out.append(text[done:lo])
+        out.append(f"{wrap}{REDACTED}{wrap}")
+        done = hi
+    if not out:
+        return text
+    out.append(text[done:])
+    return "".join(out)
+
+
+def key_values(text: str) -> list[re.Match[str]]:
+    """Where ``text`` writes a key ending like a secret's with a value after it (any letter case), in order."""
+    if ":" not in text and "=" not in text:  # two C scans spare the eleven below (prose)
+        return []
+    lowered = text.lower()
+    if len(lowered) != len(text):  # a letter whose lower case is longer: keep the positions
+        lowered = text.translate(_ASCII_LOWER)
+    found = []
+    for word, pattern in _KEY_VALUE.items():
+        pos = lowered.find(word)
+        while pos != -1:
+            m = pattern.match(text, pos)
+            if m is not None:
+                found.append(m)
+            pos = lowered.find(word, pos + 1)
+    if len(found) > 1:
+        found.sort(key=lambda m: m.start())
+    return found
+
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def _value_span(text: str, at: int, key_quote: str | None, join: str) -> tuple[int, int, str]:
+    """Where the value written at ``text[at]`` starts and ends, and the quote its replacement takes.
+
+    An unquoted value after an unquoted key and ``:`` (a header, YAML) runs to the end of its line.
+    """
+    j = at
+    while j < len(text) and text[j] == "\\":
+        j += 1
+    if j < len(text) and text[j] in "\"'":
+        escapes, mark = j - at, text[j]
+        k = j + 1
+        while True:
+            k = text.find(mark, k)
+            if k == -1:
+                return j + 1, len(text), ""
+            back = 0
+            while text[k - 1 - back] == "\\":
+                back += 1
+            if back <= escapes:  # a quote escaped deeper belongs inside the value
+                return j + 1, k - escapes, ""
+            k += 1
+    # A value that is not a string keeps the key's mapping valid as a quoted placeholder.
+    wrap = key_quote or ""
+    if at < len(text) and text[at] in _CLOSE:
+        return at, _group_end(text, at), wrap
+    m = (_LINE_VALUE if key_quote is None and join == ":" else _BARE_VALUE).match(text, at)
+    end = at if m is None else m.end()
+    if end < len(text) and text[end] in "([{" and end > at:
+        end = _group_end(text, end)
+    return at, end, wrap
+
+
+def _group_end(text: str, at: int) -> int:
+    """The end of the bracketed group opening at ``text[at]`` (the text's end when it never closes)."""
+    depth = 0
+    for k in range(at, len(text)):
+        c = text[k]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                return k + 1
+    return len(text)
+
+
+#: A key whose last word is ``pass`` (``db_pass``, ``dbPass``, ``PASS``), not one ending in it (``bypass``).
+_PASS_WORD = re.compile(r"(?:^|[\s_.\-])(?i:pass)$|[a-z0-9]Pass$")
+
+
 @functools.lru_cache(maxsize=8192)
 def is_secret_key(key: str) -> bool:
-    """True when a mapping key names a secret (``api_key``, ``SecretAccessKey``, ``Set-Cookie``, ...)."""
-    return bool(_KEY_ENDING.search(_KEY_STRIP.sub("", key).lower())) or bool(SECRET_KEY_PATTERN.match(key))
+    """True when a mapping key names a secret (``api_key``, ``SecretAccessKey``, ``Set-Cookie``, ``auth``, ...)."""
+    return (
+        bool(_KEY_ENDING.search(_KEY_STRIP.sub("", key).lower()))
+        or bool(SECRET_KEY_PATTERN.match(key))
+        or bool(_PASS_WORD.search(key))
+    )
 
 
 def redact_config(data: dict[str, Any], extra_patterns: Iterable[str] = ()) -> dict[str, Any]:
