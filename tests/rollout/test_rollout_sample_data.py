@@ -55,3 +55,15 @@ def test_sample_run_rewards_vary_within_groups() -> None:
         rewards.setdefault((r["step"], r["sample_index"]), set()).add(r["reward"])
     assert any(len(v) > 1 for v in rewards.values())
     assert any(json.loads(r["reward_info"])["advantage"] != 0.0 for r in rows)
+
+
+def test_sample_run_trainer_stats_come_from_a_float32_forward_pass() -> None:
+    """Every model turn has the trainer's stats from a second forward pass, none synthetic, close to the rollout's."""
+    stats = tracer.read_token_stats(str(RUN)).to_pylist()
+    assert len(stats) == 48
+    assert {r["source"] for r in stats} == {
+        "trainer: float32 forward pass of the same weights (rollout: bfloat16 generate)"
+    }
+    diffs = [abs(a - b) for r in stats for a, b in zip(r["old_logprobs"], r["rollout_logprobs"], strict=True)]
+    assert len(diffs) == 1408
+    assert 0 < sum(diffs) / len(diffs) < 0.05
