@@ -252,7 +252,7 @@ class TraceConfig:
         for key, (kind, low, high, optional) in _NUMBERS.items():
             setattr(self, key, _as_number(key, getattr(self, key), kind, low, high, optional))
         for key in _BOOLS:
-            setattr(self, key, _as_bool(key, getattr(self, key)))
+            setattr(self, key, as_bool(key, getattr(self, key)))
         if isinstance(self.output_dir, os.PathLike):
             self.output_dir = os.fspath(self.output_dir)
         if not isinstance(self.output_dir, str) or not self.output_dir or "\0" in self.output_dir:
@@ -452,7 +452,7 @@ _BOOL_WORDS = {"true": True, "1": True, "false": False, "0": False}
 MAX_NAME_BYTES = 255
 
 
-def _as_bool(key: str, value: Any) -> bool:
+def as_bool(key: str, value: Any) -> bool:
     """``value`` as a real boolean: a bool, or the text ``true``/``false``/``1``/``0`` (any case)."""
     if isinstance(value, bool):
         return value

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import tracer
+from tracer.config import as_bool
 from tracer.record.context import CURRENT_SPAN
 from tracer.record.recorder import LAYOUT_ATTR, LAYOUT_VERL
 
@@ -146,7 +147,7 @@ class RolloutTraceConfig:
             return
         name = None if backend is None or str(backend).strip().lower() in ("", "none", "null") else str(backend)
         config.backend = name
-        config.token2text = bool(token2text)
+        config.token2text = as_bool("token2text", token2text) if isinstance(token2text, str) else bool(token2text)
         config.project_name = project_name
         config.experiment_name = experiment_name
         config.max_samples_per_step_per_worker = max_samples_per_step_per_worker
@@ -162,7 +163,7 @@ class RolloutTraceConfig:
             config.client = original.RolloutTraceConfig.get_client()
             _delegate = original
         elif name is not None:
-            fields: dict[str, Any] = {"backend": name, "token2text": bool(token2text)}
+            fields: dict[str, Any] = {"backend": name, "token2text": config.token2text}
             if project_name:
                 fields["project_name"] = str(project_name)
             if experiment_name:

@@ -1,6 +1,6 @@
 """Every ``rollout-trace`` subcommand, given bad input, prints a message (no traceback) and exits with the documented code.
 
-The codes are the README's table (``tracer.cli.errors``): 0 ok, 1 the command
+The codes are docs/cli.md's table (``tracer.cli.errors``): 0 ok, 1 the command
 ran and found or left a problem, 2 bad input or environment. Each case runs
 the installed ``rollout-trace`` script in a subprocess, as a user would.
 """

@@ -9,7 +9,7 @@ subcommand alike, naming the closest existing one). ``info``, ``check``,
 ``compact``, ``diff`` and ``tail`` are tracer's own (one module each in this
 package), always present.
 
-Exit status, the same for every subcommand (the table in README.md):
+Exit status, the same for every subcommand (the table in docs/cli.md):
 :data:`EXIT_OK` 0, :data:`EXIT_PROBLEM` 1 (the command ran and found or left
 a problem, named in its output), :data:`EXIT_USAGE` 2 (bad input or
 environment: the command could not do its work), 130 on Ctrl-C. An error

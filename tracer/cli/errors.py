@@ -1,4 +1,4 @@
-"""Exit statuses and error lines shared by every ``rollout-trace`` subcommand (the table in README.md)."""
+"""Exit statuses and error lines shared by every ``rollout-trace`` subcommand (the table in docs/cli.md)."""
 
 from __future__ import annotations
 

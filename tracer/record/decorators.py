@@ -303,8 +303,8 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
         self.step = None if step is None else _as_int(step)
         self.rollout_n = None if rollout_n is None else _as_int(rollout_n)
         self.name = name if type(name) is str else _as_text(name)
-        self.validate = _as_bool(validate)
-        self.trace = _as_bool(trace, True)
+        self.validate = as_bool(validate)
+        self.trace = as_bool(trace, True)
         self.extra = capture(extra) if extra else None
         self._token: Any = None
         self._traj: Trajectory | None = None
@@ -368,7 +368,7 @@ def _as_int(value: Any) -> int | None:
         return None
 
 
-def _as_bool(value: Any, default: bool = False) -> bool:
+def as_bool(value: Any, default: bool = False) -> bool:
     try:
         return bool(value)
     except Exception:

@@ -153,3 +153,14 @@ def test_a_named_block_is_one_trajectory_with_its_keys_in_mlflow(
     (trace,) = mlflow.search_traces(locations=[experiment.experiment_id], return_type="list")
     assert trace.info.tags["step"] == "1" and trace.info.tags["sample_index"] == "2"
     assert trace.data.spans[0].name == "agent_run" and len(trace.data.spans) == 4
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [("false", False), ("False", False), ("0", False), ("true", True), (0, False), (1, True)]
+)
+def test_token2text_given_as_text_reads_as_its_word(tmp_path: Path, given: Any, expected: bool) -> None:
+    """A config layer that hands verl's flag over as text: "false" is false, not a non-empty string."""
+    tracer.init(output_dir=str(tmp_path / "traces"))
+    RolloutTraceConfig.init(project_name="p", experiment_name="e", backend="arrow", token2text=given)
+    assert RolloutTraceConfig.enable_token2text() is expected
+    assert tracer.get_config().token2text is expected
