@@ -30,64 +30,124 @@ _get = CURRENT_SPAN.get
 _set = CURRENT_SPAN.set
 _reset = CURRENT_SPAN.reset
 _time_ns = time.time_ns
-_new = tuple.__new__
 _ROLLOUT = S.KIND_ROLLOUT
 
 #: An open span: (frame, parent span id, spec, captured args, captured kwargs, self, context token, start ns).
 Span = tuple[Any, ...]
 
+# The span opener and closer are written once, below, and compiled into the
+# functions that use them (structlog generates its fast paths the same way):
+# into the plain and async wrappers inline, where a call each would cost
+# ~7% of the per-span time (bench/bench_overhead.py), and into
+# _open_call/_close, which the generator wrappers call.
 
-def _open_call(rec: _recorder.Recorder, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Span | None:
-    """Open the span of one call: its frame made current, its inputs captured; None when not recorded."""
-    parent = _get()
-    if spec.kind != _ROLLOUT and parent is not None and (parent[2] is None or parent[2].recording):
-        # The short path (no trajectory to start): no method calls besides the ones the record needs.
-        traj = parent[2]
-        if traj is not None:
-            traj.spans += 1
-        frame = (next(rec.span_ids), parent[1], traj)
-        parent_sid: int | None = parent[0]
-    else:
-        try:
-            opened = rec.open_span(spec, parent)
-        except Exception as exc:
-            _internal_error(rec, "opening a span", exc)
-            return None
-        if opened is None:
-            return None
-        frame, parent_sid = opened
-    has_self = spec.has_self
+#: Opens the span of one call of ``spec`` (with ``rec`` the active recorder;
+#: ``plain``: the span starts no trajectory; ``has_self``: a method):
+#: sets ``frame`` (None: not recorded), ``parent_sid``, the captured inputs
+#: ``a`` and ``k``, ``self_obj``, the context ``token`` and ``start``.
+_OPEN = """
+parent = _get()
+if plain and parent is not None and (parent[2] is None or parent[2].recording):
+    traj = parent[2]  # the short path: no trajectory to start, no method call
+    if traj is not None:
+        traj.spans += 1
+    frame, parent_sid = (next(rec.span_ids), parent[1], traj), parent[0]
+else:
+    frame, parent_sid = _open_slow(rec, spec, parent)
+if frame is not None:
+    self_obj = args[0] if has_self else None
     a = args[1:] if has_self else args
     if a and not _IMMUTABLE.issuperset(map(type, a)):
         a = _capture_args(rec, a)
     k = _capture_args(rec, kwargs) if kwargs else None
-    return (frame, parent_sid, spec, a, k, args[0] if has_self else None, _set(frame), _time_ns())
+    token = _set(frame)
+    start = _time_ns()
+"""
 
+#: Closes it: restores the context, snapshots ``out`` (or the exception
+#: ``exc``) and appends the span's record, SpanRecord's fields in order as a
+#: plain tuple (the cheapest build; ``SpanRecord._make(record)`` names it).
+_CLOSE = """
+if token is not None:
+    _reset(token)
+end = _time_ns()
+if exc is None:
+    o = out if type(out) in _IMMUTABLE else _capture_out(rec, out)
+else:
+    o, exc = None, _capture_error(rec, exc)
+record = (frame[0], parent_sid, frame[1], spec, frame[2], start, end, exc, a, k, o, self_obj)
+buf = rec.buffer
+if len(buf) < rec.fast_limit:
+    buf.append(record)
+else:
+    _append(rec, record)
+"""
 
-def _close(rec: _recorder.Recorder, span: Span, exc: BaseException | None, out: Any) -> Any:
-    """End ``span``: restore the context, snapshot the output, append its :class:`SpanRecord`; return ``out``."""
-    token = span[6]
-    if token is not None:
-        _reset(token)
-    end = _time_ns()
-    if exc is None:
-        o = out if type(out) in _IMMUTABLE else _capture_out(rec, out)
-    else:
-        o, exc = None, _capture_error(rec, exc)
-    frame = span[0]
-    record = _new(
-        SpanRecord,
-        (frame[0], span[1], frame[1], span[2], frame[2], span[7], end, exc, span[3], span[4], o, span[5]),
-    )
-    buf = rec.buffer
-    if len(buf) < rec.fast_limit:
-        buf.append(record)
-    else:
+_WRAPPER = """
+def wrap(fn, spec):
+    plain, has_self = spec.kind != _ROLLOUT, spec.has_self
+    @functools.wraps(fn)
+    {async_}def traced(*args, **kwargs):
+        rec = _recorder.ACTIVE
+        if rec is None:
+            return {await_}fn(*args, **kwargs)
+{open}
+        if frame is None:
+            return {await_}fn(*args, **kwargs)
         try:
-            rec.append(record)
-        except Exception as err:
-            _internal_error(rec, "recording a span", err)
+            out = {await_}fn(*args, **kwargs)
+        except BaseException as exc:
+            out = None
+{close_on_error}
+            raise
+        exc = None
+{close}
+        return out
+
+    return traced
+"""
+
+_FUNCTIONS = """
+def _open_call(rec, spec, args, kwargs):
+    plain, has_self = spec.kind != _ROLLOUT, spec.has_self
+{open}
+    if frame is None:
+        return None
+    return (frame, parent_sid, spec, a, k, self_obj, token, start)
+
+
+def _close(rec, span, exc, out):
+    frame, parent_sid, spec, a, k, self_obj, token, start = span
+{close}
     return out
+"""
+
+
+def _indent(block: str, spaces: int) -> str:
+    return "".join(" " * spaces + line + "\n" if line else "\n" for line in block.strip("\n").split("\n"))
+
+
+def _compile(source: str, name: str) -> dict[str, Any]:
+    namespace: dict[str, Any] = dict(globals())
+    exec(compile(source, f"<rollout-trace {name}>", "exec"), namespace)  # noqa: S102 - our own templates
+    return namespace
+
+
+def _open_slow(rec: _recorder.Recorder, spec: OpSpec, parent: Any) -> tuple[Any, int | None]:
+    """The opener's general path (a trajectory may start); (None, None) when the call is not recorded."""
+    try:
+        opened = rec.open_span(spec, parent)
+    except Exception as exc:
+        _internal_error(rec, "opening a span", exc)
+        return None, None
+    return (None, None) if opened is None else opened
+
+
+def _append(rec: _recorder.Recorder, record: tuple[Any, ...]) -> None:
+    try:
+        rec.append(record)
+    except Exception as err:
+        _internal_error(rec, "recording a span", err)
 
 
 def _capture_args(rec: _recorder.Recorder, args: Any) -> Any:
@@ -271,38 +331,32 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
 MAX_YIELDED_RECORDED = 1000
 
 
-def _trace_plain(fn: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def traced(*args: Any, **kwargs: Any) -> Any:
-        rec = _recorder.ACTIVE
-        span = None if rec is None else _open_call(rec, spec, args, kwargs)
-        if span is None:
-            return fn(*args, **kwargs)
-        try:
-            out = fn(*args, **kwargs)
-        except BaseException as exc:
-            _close(rec, span, exc, None)  # type: ignore[arg-type]
-            raise
-        return _close(rec, span, None, out)  # type: ignore[arg-type]
-
-    return traced
+_trace_plain: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
+_trace_async: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
+#: Opens a span (see _OPEN): the open span, or None when the call is not recorded.
+_open_call: Callable[[_recorder.Recorder, OpSpec, tuple[Any, ...], dict[str, Any]], Span | None]
+#: Closes an open span (see _CLOSE); returns ``out``.
+_close: Callable[[_recorder.Recorder, Span, BaseException | None, Any], Any]
 
 
-def _trace_async(fn: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    async def traced_async(*args: Any, **kwargs: Any) -> Any:
-        rec = _recorder.ACTIVE
-        span = None if rec is None else _open_call(rec, spec, args, kwargs)
-        if span is None:
-            return await fn(*args, **kwargs)
-        try:
-            out = await fn(*args, **kwargs)
-        except BaseException as exc:
-            _close(rec, span, exc, None)  # type: ignore[arg-type]
-            raise
-        return _close(rec, span, None, out)  # type: ignore[arg-type]
-
-    return traced_async
+def _build() -> None:
+    """Compile the opener and closer into the wrappers and into _open_call/_close."""
+    global _trace_plain, _trace_async, _open_call, _close
+    for name, (async_, await_) in (("plain", ("", "")), ("async", ("async ", "await "))):
+        source = _WRAPPER.format(
+            async_=async_,
+            await_=await_,
+            open=_indent(_OPEN, 8),
+            close=_indent(_CLOSE, 8),
+            close_on_error=_indent(_CLOSE, 12),
+        )
+        wrap = _compile(source, f"{name} wrapper")["wrap"]
+        if name == "plain":
+            _trace_plain = wrap
+        else:
+            _trace_async = wrap
+    functions = _compile(_FUNCTIONS.format(open=_indent(_OPEN, 4), close=_indent(_CLOSE, 4)), "span opener")
+    _open_call, _close = functions["_open_call"], functions["_close"]
 
 
 class _Yields:
@@ -450,9 +504,7 @@ def log_reward(
         parent = traj.root_span_id or None
         sid = next(rec.span_ids)
         rec.append(
-            _new(
-                SpanRecord, (sid, parent, traj.trace_id, REWARD_SPEC, traj, now, now, None, (value,), attrs, None, None)
-            )
+            SpanRecord(sid, parent, traj.trace_id, REWARD_SPEC, traj, now, now, None, (value,), attrs, None, None)
         )
     except ValueError:
         raise
@@ -529,3 +581,6 @@ def propagate(fn: F) -> F:
             _reset(token)
 
     return run  # type: ignore[return-value]
+
+
+_build()
