@@ -214,7 +214,8 @@ class _Guard:
 
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue[Deferred] = queue.SimpleQueue()
-        self.cond = threading.Condition(threading.Lock())
+        # Reentrant: a signal handler that records may interrupt a wait on this very thread.
+        self.cond = threading.Condition(threading.RLock())
         self.worker: threading.Thread | None = None
         #: The call the worker runs now, or None.
         self.current: Deferred | None = None
