@@ -521,6 +521,22 @@ def _capture_other(value: Any, cls: type, depth: int) -> Any:
     return deferred(repr, value)
 
 
+def instance_attribute(value: Any, name: str) -> Any:
+    """``value``'s own attribute ``name`` (its ``__dict__`` or a slot), else None; never runs the user's code.
+
+    For the writer's lookups on user objects (the ``tokenizer`` of a traced
+    method's ``self``): a property or a ``__getattr__`` of the user's is not
+    called, so a slow or blocking one cannot stall the writer.
+    """
+    kind, extra = _kind_of(type(value))
+    if kind != _OBJECT:
+        return None
+    try:
+        return _read_attributes(value, extra[0], extra[1]).get(name)
+    except Exception:  # an instance dict of an unusual kind
+        return None
+
+
 def _read_attributes(value: Any, has_dict: bool, slots: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
     if has_dict:

@@ -233,3 +233,20 @@ def test_a_snapshot_keeps_the_shape_of_builtin_subclasses_and_plain_objects() ->
     turn.ids.append(3)
     assert isinstance(snap[0], capture.ObjectSnapshot) and snap[0].attrs == {"role": "user", "ids": (1, 2)}
     assert snap[1] == {"a": 1} and snap[2] == [4]
+
+
+def test_an_instance_attribute_is_read_without_the_users_code() -> None:
+    """The writer's attribute lookup reads the instance's own attributes; properties and __getattr__ never run."""
+
+    class Engine:
+        def __init__(self) -> None:
+            self.tokenizer = "tok"
+
+    class Proxy(SlowProxy):
+        @property
+        def tokenizer(self) -> str:
+            raise AssertionError("never called")
+
+    assert capture.instance_attribute(Engine(), "tokenizer") == "tok"
+    assert capture.instance_attribute(Proxy(), "tokenizer") is None
+    assert capture.instance_attribute(BlockingIterList(), "tokenizer") is None
