@@ -1,20 +1,40 @@
-"""Call-time snapshots of arguments and return values.
+"""Call-time snapshots of arguments and return values, and the one guard on user objects.
 
 A traced call's inputs are recorded as they were when the call started, and
 its output as it was at return, even if the caller mutates them later. Taking
 that snapshot is the only per-value work on the rollout's path, so it copies
 containers and arrays and leaves everything else (encoding, token decoding)
 to the background writer.
+
+Every touch of a user object by the tracer passes through this module, and
+none runs the user's code on the caller's or the writer's thread. A snapshot
+copies builtin containers (subclasses included, read through the builtin's
+own methods), numpy arrays, torch tensors and the plain attributes of
+objects whose attribute access is the default one: none of that calls code
+of the user's. Anything else (a custom ``__repr__``, ``__iter__``,
+``__getattr__``, ``__hash__``, an exception's message) becomes a
+:class:`Deferred`: its text is computed by one daemon worker thread, and
+whoever needs it waits at most :data:`USER_CALL_TIMEOUT_S` from the moment
+the worker started it. A call that does not return in time is abandoned
+(its thread left behind, a fresh worker started), counted, and written as a
+placeholder; past :data:`MAX_STUCK_CALLS` abandoned calls still running, new
+ones are not started until one returns.
 """
 
 from __future__ import annotations
 
 import array
+import asyncio
 import collections
-import dataclasses
+import concurrent.futures
 import enum
 import gc
+import os
+import queue
 import sys
+import threading
+import time
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,9 +47,20 @@ IMMUTABLE_TYPES = frozenset({str, int, float, bool, type(None), bytes, complex, 
 MAX_DEPTH = 32
 
 #: Objects with at most this many instance attributes are snapshotted at call
-#: time (their attributes copied); larger ones (engines, tokenizers) are kept
-#: by reference and written as their repr, which keeps the caller's path cheap.
+#: time (their attributes copied); larger ones (engines, tokenizers) are
+#: written as their repr, computed off the caller's path (:class:`Deferred`).
 MAX_SNAPSHOT_ATTRS = 64
+
+#: Longest a user's method (``__repr__``, ``__str__``, ...) may run for the
+#: tracer before the value is written as a placeholder.
+USER_CALL_TIMEOUT_S = 2.0
+#: Abandoned user calls (still running) past which no new one is started.
+MAX_STUCK_CALLS = 4
+#: Longest text kept of a user object's repr or str.
+MAX_TEXT_CHARS = 2000
+#: Problem kind under which placeholders for user objects are counted
+#: (``tracer.flush()``'s message and the run's warnings).
+PROBLEM_KIND = "user object not formatted"
 
 
 #: What :func:`int_kind` says of a sequence.
@@ -56,7 +87,7 @@ def int_kind(value: list[Any] | tuple[Any, ...]) -> int:
     if not value:
         return NON_NEGATIVE_INTS
     first = value[0]
-    if type(first) is not int and not isinstance(first, enum.Enum):
+    if type(first) is not int and not issubclass(type(first), enum.Enum):
         return NOT_INTS  # most lists that are not ids fail here, before any writing
     try:
         text = orjson.dumps(value, option=_INT_CHECK_OPTS)
@@ -129,6 +160,180 @@ class Placeholder:
     def __repr__(self) -> str:
         return self.text
 
+    def __str__(self) -> str:
+        return self.text
+
+
+class Deferred(Placeholder):
+    """A user object's text, computed by the guard's worker (see the module docstring).
+
+    Created on the caller's thread at no cost beyond a queue put; reading
+    :attr:`text` (the writer, when it encodes the span) waits for the
+    worker at most :data:`USER_CALL_TIMEOUT_S` from when it started the call.
+    Written wherever a :class:`Placeholder` is: as its text, also as a dict key.
+    """
+
+    __slots__ = ("_fn", "_value", "_result", "_started")
+
+    def __init__(self, fn: Callable[[Any], str], value: Any) -> None:
+        self._fn: Callable[[Any], str] | None = fn
+        self._value: Any = value
+        self._result: str | None = None
+        self._started = 0.0
+
+    @property
+    def text(self) -> str:  # type: ignore[override]  # computed, where Placeholder holds one
+        result = self._result
+        return result if result is not None else _GUARD.wait(self)
+
+    def run(self) -> str:
+        """The text, computed on the calling thread (the worker's)."""
+        fn, value = self._fn, self._value
+        assert fn is not None
+        try:
+            text = fn(value)
+        except BaseException as exc:  # the user's method raised: say so in the text
+            text = f"<{_type_name(value)}: {_describe_fn(fn)} failed: {type(exc).__name__}>"
+        if type(text) is not str:
+            text = f"<{_type_name(value)}: {_describe_fn(fn)} returned a {type(text).__name__}>"
+        elif len(text) > MAX_TEXT_CHARS:
+            text = text[:MAX_TEXT_CHARS] + f"... <{len(text) - MAX_TEXT_CHARS} more chars>"
+        return text
+
+
+def _type_name(value: Any) -> str:
+    return str(getattr(type(value), "__name__", "object"))
+
+
+def _describe_fn(fn: Callable[[Any], Any]) -> str:
+    return str(getattr(fn, "__name__", "call"))
+
+
+class _Guard:
+    """One daemon worker running user code for the tracer, each call bounded (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[Deferred] = queue.SimpleQueue()
+        # Reentrant: a signal handler that records may interrupt a wait on this very thread.
+        self.cond = threading.Condition(threading.RLock())
+        self.worker: threading.Thread | None = None
+        #: The call the worker runs now, or None.
+        self.current: Deferred | None = None
+        #: Workers abandoned inside a user call that has not returned yet.
+        self.stuck: list[threading.Thread] = []
+        self.start_lock = threading.Lock()
+
+    def submit(self, d: Deferred) -> Deferred:
+        """Queue ``d`` (any thread, a signal handler included: a put never blocks)."""
+        self.queue.put(d)
+        if self.worker is None:
+            self._start_worker()
+        return d
+
+    def _start_worker(self) -> None:
+        if not self.start_lock.acquire(blocking=False):
+            return  # another thread is starting it
+        try:
+            self.stuck = [t for t in self.stuck if t.is_alive()]
+            if self.worker is None and len(self.stuck) < MAX_STUCK_CALLS:
+                worker = threading.Thread(target=self._work, name="rollout-trace-user-objects", daemon=True)
+                self.worker = worker
+                worker.start()
+        finally:
+            self.start_lock.release()
+
+    def _work(self) -> None:
+        me = threading.current_thread()
+        get = self.queue.get
+        while self.worker is me:
+            d = get()
+            with self.cond:
+                if d._result is not None:
+                    continue
+                d._started = time.monotonic()
+                self.current = d
+            text = d.run()
+            with self.cond:
+                if self.worker is not me:
+                    return  # abandoned meanwhile: d has its placeholder; a fresh worker took over
+                d._result, d._fn, d._value = text, None, None
+                self.current = None
+                self.cond.notify_all()
+
+    def wait(self, d: Deferred) -> str:
+        """``d``'s text, waiting for the worker a bounded time; a placeholder (counted) past it."""
+        with self.cond:
+            while d._result is None:
+                if self.worker is None:
+                    self.cond.release()
+                    try:
+                        self._start_worker()
+                    finally:
+                        self.cond.acquire()
+                    if self.worker is None:
+                        if len(self.stuck) >= MAX_STUCK_CALLS:
+                            self._give_up(d, f"{len(self.stuck)} earlier calls never returned")
+                        else:
+                            self.cond.wait(0.01)  # another thread is starting the worker
+                        continue
+                cur = self.current
+                if cur is None:
+                    self.cond.wait(USER_CALL_TIMEOUT_S)
+                    continue
+                left = cur._started + USER_CALL_TIMEOUT_S - time.monotonic()
+                if left > 0:
+                    self.cond.wait(left)
+                    continue
+                # The call running now is past its bound: abandon it (and its thread).
+                self._give_up(cur, f"did not return within {USER_CALL_TIMEOUT_S} s")
+                if self.worker is not None:
+                    self.stuck.append(self.worker)
+                self.worker, self.current = None, None
+            result = d._result
+        assert result is not None
+        return result
+
+    def _give_up(self, d: Deferred, why: str) -> None:
+        fn = d._fn
+        what = f"{_type_name(d._value)}: {_describe_fn(fn) if fn is not None else 'call'}"
+        d._result, d._fn, d._value = f"<{what} not recorded: {why}>", None, None
+        report_placeholder(f"{what} {why}; written as a placeholder")
+
+    def reset(self) -> None:
+        """A fresh worker and queue (the child after a fork: threads do not survive it)."""
+        self.__init__()  # type: ignore[misc]
+
+
+_GUARD = _Guard()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_GUARD.reset)
+
+
+def report_placeholder(detail: str) -> None:
+    """Count a user object written as a placeholder where ``tracer.flush()`` and the warnings report it."""
+    rec_mod = sys.modules.get("tracer.record.recorder")
+    rec = getattr(rec_mod, "ACTIVE", None)
+    if rec is not None:
+        rec.problems.report(PROBLEM_KIND, detail)
+
+
+def deferred(fn: Callable[[Any], str], value: Any) -> Deferred:
+    """``fn(value)`` (a user's method: repr, str, ...) as a :class:`Deferred`: computed off this thread."""
+    return _GUARD.submit(Deferred(fn, value))
+
+
+def call_bounded(fn: Callable[[Any], str], value: Any) -> str:
+    """``fn(value)`` run on the guard's worker; waits at most :data:`USER_CALL_TIMEOUT_S` (placeholder past it)."""
+    return deferred(fn, value).text
+
+
+def safe_repr(value: Any) -> str:
+    """A user object's repr, computed by the guard (bounded; a placeholder when it fails or blocks).
+
+    The writer's fallback for values it does not know (``encode._safe_repr``) can call this.
+    """
+    return call_bounded(repr, value)
+
 
 class ObjectSnapshot:
     """An object's attributes as they were at call time (written as a dict with ``"__type__"``)."""
@@ -146,17 +351,19 @@ def capture_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def capture(value: Any, depth: int = 0) -> Any:
-    """Return a copy of ``value`` that later mutation of ``value`` cannot change.
+    """Return a copy of ``value`` that later mutation of ``value`` cannot change; never runs the user's code.
 
-    Lists, tuples, dicts and sets are copied recursively (a list or tuple of
+    Lists, tuples, dicts and sets, and their subclasses, are copied
+    recursively through the builtin's own iteration (a list or tuple of
     non-negative ids becomes a tuple, every other sequence a list: see
-    :func:`int_kind` and the last paragraph); numpy arrays and
-    torch tensors are copied; dataclasses and pydantic models become dicts
-    (with their type name under ``"__type__"``); bytearrays, deques and
-    arrays are copied; small objects of other classes have their attributes
-    copied (:class:`ObjectSnapshot`); other objects are kept by reference and
-    serialised when written. Never raises: what cannot be copied becomes a
-    :class:`Placeholder` naming why.
+    :func:`int_kind` and the last paragraph); numpy arrays and torch tensors
+    are copied; objects whose attribute access is the default one
+    (dataclasses and pydantic models among them) have their attributes
+    copied (:class:`ObjectSnapshot`); bytearrays, deques and arrays are
+    copied. Anything else is written as its repr, computed off the caller's
+    thread (:class:`Deferred`); so are dict keys other than plain scalars.
+    Never raises: what cannot be copied becomes a :class:`Placeholder`
+    naming why.
 
     The writer relies on this: in a captured value, an object whose type is
     exactly ``tuple`` is an id sequence :func:`int_kind` found
@@ -194,49 +401,277 @@ def capture(value: Any, depth: int = 0) -> Any:
             return _untracked(list(value))
         return [capture(v, depth + 1) for v in value]
     if cls is dict:
-        return {k: capture(v, depth + 1) for k, v in value.items()}
+        return _capture_dict(value, depth)
     try:
         return _capture_other(value, cls, depth)
-    except Exception as exc:  # a property or __iter__ of the user's that raises
+    except Exception as exc:  # a torch or numpy copy that fails (out of memory, ...)
         return Placeholder(f"<{cls.__name__}: not captured: {type(exc).__name__}>")
 
 
-def _capture_other(value: Any, cls: type, depth: int) -> Any:
-    module = cls.__module__
+def _capture_dict(value: dict[Any, Any], depth: int) -> dict[Any, Any]:
+    items = dict.items(value)  # the builtin's own: a subclass's items() is never called
+    if IMMUTABLE_TYPES.issuperset(map(type, dict.keys(value))):
+        return {k: capture(v, depth + 1) for k, v in items}
+    # A key of the user's type: hashing it into the copy would call its __hash__
+    # (and __eq__); its text is computed off this thread instead.
+    return {(k if type(k) in IMMUTABLE_TYPES else deferred(str, k)): capture(v, depth + 1) for k, v in items}
+
+
+# What capture() does with instances of a class, decided once per class.
+_SEQUENCE, _DICT, _NUMPY, _TORCH, _BYTES, _ARRAY, _OBJECT, _REPR, _KEEP = range(9)
+_KINDS: dict[type, tuple[int, tuple[Any, ...]]] = {}
+#: Classes remembered by :func:`_kind_of` (classes made at run time would otherwise grow it).
+MAX_REMEMBERED_CLASSES = 4096
+_ITERATORS: tuple[tuple[type, Callable[[Any], Any]], ...] = (
+    (list, list.__iter__),
+    (tuple, tuple.__iter__),
+    (set, set.__iter__),
+    (frozenset, frozenset.__iter__),
+    (collections.deque, collections.deque.__iter__),
+)
+
+
+def _kind_of(cls: type) -> tuple[int, tuple[Any, ...]]:
+    """How to snapshot instances of ``cls`` without running its code (see :func:`capture`); cached."""
+    known = _KINDS.get(cls)
+    if known is not None:
+        return known
+    kind = _classify(cls)
+    if len(_KINDS) >= MAX_REMEMBERED_CLASSES:
+        _KINDS.clear()
+    _KINDS[cls] = kind
+    return kind
+
+
+def _classify(cls: type) -> tuple[int, tuple[Any, ...]]:
+    if issubclass(cls, (Placeholder, ObjectSnapshot)):
+        return _KEEP, ()  # captured already
+    try:
+        module = str(type.__dict__["__module__"].__get__(cls))
+    except Exception:  # a class without a module name
+        module = ""
     if module == "numpy" or module.startswith("numpy."):
+        return _NUMPY, ()
+    if module == "torch" and cls.__name__ in ("Tensor", "Parameter"):
+        return _TORCH, ()
+    for base, iterate in _ITERATORS:
+        if issubclass(cls, base):
+            return _SEQUENCE, (iterate,)
+    if issubclass(cls, dict):
+        return _DICT, ()
+    if issubclass(cls, (bytearray, memoryview)):
+        return _BYTES, ()
+    if issubclass(cls, array.array):
+        return _ARRAY, ()
+    if issubclass(cls, (type, BaseException)) or not _builtin_getattribute(cls):
+        return _REPR, ()
+    return _attribute_readers(cls)
+
+
+def _builtin_getattribute(cls: type) -> bool:
+    """Attribute lookup on instances of ``cls`` is a builtin's (no ``__getattribute__`` of the user's)."""
+    return type(cls.__getattribute__) is types.WrapperDescriptorType
+
+
+def _attribute_readers(cls: type) -> tuple[int, tuple[Any, ...]]:
+    """An instance's ``__dict__`` and slot descriptors, when both are the builtin ones (no user code reads them)."""
+    has_dict = False
+    slots: list[tuple[str, Any]] = []
+    for klass in cls.__mro__:
+        own = klass.__dict__
+        if "__dict__" in own and not has_dict:
+            if type(own["__dict__"]) not in (types.GetSetDescriptorType, types.MemberDescriptorType):
+                return _REPR, ()
+            has_dict = True
+        names = own.get("__slots__", ()) if klass is not object else ()
+        for name in (names,) if type(names) is str else names:
+            name = name if type(name) is str else ""
+            descr = own.get(name)
+            if name.startswith("__") or type(descr) is not types.MemberDescriptorType:
+                continue  # private machinery (pydantic's __pydantic_*__), or not a plain slot
+            slots.append((name, descr))
+    if not has_dict and not slots:
+        return _REPR, ()
+    return _OBJECT, (has_dict, tuple(slots))
+
+
+def _capture_other(value: Any, cls: type, depth: int) -> Any:
+    kind, extra = _kind_of(cls)
+    if kind == _KEEP:
+        return value
+    if kind == _SEQUENCE:
+        return [capture(v, depth + 1) for v in extra[0](value)]
+    if kind == _DICT:
+        return _capture_dict(value, depth)
+    if kind == _NUMPY:
+        if getattr(value, "dtype", None) is not None and value.dtype.hasobject:
+            return capture(value.tolist(), depth)  # the user's objects inside: each one guarded
         copy = getattr(value, "copy", None)
         return copy() if copy is not None else value
-    if module == "torch" and cls.__name__ in ("Tensor", "Parameter"):
+    if kind == _TORCH:
         return value.detach().to("cpu", copy=True)
-    if isinstance(value, (list, tuple)):
-        return [capture(v, depth + 1) for v in value]
-    if isinstance(value, dict):
-        return {k: capture(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (set, frozenset, collections.deque)):
-        return [capture(v, depth + 1) for v in value]
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, array.array):
-        return value.tolist()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {"__type__": cls.__name__}
-        for f in dataclasses.fields(value):
-            out[f.name] = capture(getattr(value, f.name, None), depth + 1)
-        return out
-    dump = getattr(value, "model_dump", None)
-    if dump is not None and callable(dump) and not isinstance(value, type):
+    if kind == _BYTES:
+        return memoryview(value).tobytes()  # the buffer itself: a subclass's __bytes__ is never called
+    if kind == _ARRAY:
+        return array.array.tolist(value)
+    if kind == _OBJECT:
+        attrs = _read_attributes(value, extra[0], extra[1])
+        if attrs and len(attrs) <= MAX_SNAPSHOT_ATTRS:
+            return ObjectSnapshot(cls.__name__, {k: capture(v, depth + 1) for k, v in attrs.items()})
+    return deferred(repr, value)
+
+
+def instance_attribute(value: Any, name: str) -> Any:
+    """``value``'s own attribute ``name`` (its ``__dict__`` or a slot), else None; never runs the user's code.
+
+    For the writer's lookups on user objects (the ``tokenizer`` of a traced
+    method's ``self``): a property or a ``__getattr__`` of the user's is not
+    called, so a slow or blocking one cannot stall the writer.
+    """
+    kind, extra = _kind_of(type(value))
+    if kind != _OBJECT:
+        return None
+    try:
+        return _read_attributes(value, extra[0], extra[1]).get(name)
+    except Exception:  # an instance dict of an unusual kind
+        return None
+
+
+def _read_attributes(value: Any, has_dict: bool, slots: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    if has_dict:
+        own = object.__getattribute__(value, "__dict__")
+        if type(own) is dict and IMMUTABLE_TYPES.issuperset(map(type, own)):
+            attrs.update(own)
+    for name, descr in slots:
         try:
-            out = {"__type__": cls.__name__}
-            out.update(capture(dump(), depth + 1))
-            return out
-        except Exception:  # a broken model_dump is the user's; record what we can
-            return Placeholder(f"<{cls.__name__}: model_dump failed>")
-    attrs = getattr(value, "__dict__", None)
-    if (
-        type(attrs) is dict
-        and attrs
-        and len(attrs) <= MAX_SNAPSHOT_ATTRS
-        and not isinstance(value, (type, BaseException))
-    ):
-        return ObjectSnapshot(cls.__name__, {k: capture(v, depth + 1) for k, v in list(attrs.items())})
-    return value
+            attrs[name] = descr.__get__(value)
+        except AttributeError:
+            continue  # a slot never set
+    return attrs
+
+
+#: Exception classes whose ``str()`` and traceback formatting run no code of the user's (by class).
+_PLAIN_ERRORS: dict[type, bool] = {}
+#: Stand-in classes of exception classes that do (by class): see :func:`capture_error`.
+_STAND_INS: dict[type, type] = {}
+#: Causes and contexts followed from one exception.
+MAX_ERROR_CHAIN = 8
+
+_ARGS = BaseException.__dict__["args"]
+_TRACEBACK = BaseException.__dict__["__traceback__"]
+_CAUSE = BaseException.__dict__["__cause__"]
+_CONTEXT = BaseException.__dict__["__context__"]
+_SUPPRESS = BaseException.__dict__["__suppress_context__"]
+_DICT_OF = BaseException.__dict__["__dict__"]
+_CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
+
+
+class CapturedError(Exception):
+    """Stands for an exception whose formatting would run the user's code (see :func:`capture_error`).
+
+    It has the original's class name and module, traceback, cause and
+    context; its message is a :class:`Deferred` of the original's ``str()``.
+    """
+
+
+def capture_error(exc: BaseException, depth: int = 0) -> BaseException:
+    """``exc``, or a stand-in for it whose formatting runs no code of the user's.
+
+    An exception of a builtin-like class (its ``__str__`` and attribute
+    lookup are the builtin ones) holding only plain scalars in its args,
+    with a cause and context of the same sort, is kept as it is. Any other
+    is replaced, for the record only, by a :class:`CapturedError` carrying
+    the same class name, traceback and chain, and a message computed by the
+    guard: the writer formats it (``str``, ``traceback.format_exception``)
+    without ever calling the user's code. The user's exception itself is
+    what the caller sees, unchanged.
+    """
+    if depth < MAX_ERROR_CHAIN and _plain_error(exc, depth):
+        return exc
+    cls = type(exc)
+    stand_in = _STAND_INS.get(cls)
+    if stand_in is None:
+        bases = (CapturedError, *(c for c in _CANCELLED if issubclass(cls, c)))
+        attrs = {"__module__": _class_text(cls, "__module__"), "__qualname__": _class_text(cls, "__qualname__")}
+        stand_in = type(_class_text(cls, "__name__"), bases, attrs)
+        if len(_STAND_INS) >= MAX_REMEMBERED_CLASSES:
+            _STAND_INS.clear()
+        _STAND_INS[cls] = stand_in
+    out = stand_in(deferred(str, exc))
+    out.__traceback__ = _TRACEBACK.__get__(exc)
+    if depth < MAX_ERROR_CHAIN:
+        cause, context = _CAUSE.__get__(exc), _CONTEXT.__get__(exc)
+        out.__cause__ = None if cause is None else capture_error(cause, depth + 1)
+        out.__context__ = None if context is None else capture_error(context, depth + 1)
+        out.__suppress_context__ = _SUPPRESS.__get__(exc)
+    return out
+
+
+def _class_text(cls: type, name: str) -> str:
+    try:
+        text = type.__dict__[name].__get__(cls)
+    except Exception:  # a class without one
+        text = None
+    return text if type(text) is str else "builtins" if name == "__module__" else "Exception"
+
+
+def _plain_error(exc: BaseException, depth: int) -> bool:
+    cls = type(exc)
+    plain = _PLAIN_ERRORS.get(cls)
+    if plain is None:
+        plain = (
+            not isinstance(getattr(cls, "__str__", None), types.FunctionType)
+            and _builtin_getattribute(cls)
+            and getattr(cls, "__getattr__", None) is None
+        )
+        if len(_PLAIN_ERRORS) >= MAX_REMEMBERED_CLASSES:
+            _PLAIN_ERRORS.clear()
+        _PLAIN_ERRORS[cls] = plain
+    if not plain or not IMMUTABLE_TYPES.issuperset(map(type, _ARGS.__get__(exc))):
+        return False
+    notes = _DICT_OF.__get__(exc).get("__notes__")
+    if notes is not None and not (type(notes) is list and all(type(n) is str for n in notes)):
+        return False  # traceback formatting would str() them
+    cause, context = _CAUSE.__get__(exc), _CONTEXT.__get__(exc)
+    if cause is not None and not (depth + 1 < MAX_ERROR_CHAIN and _plain_error(cause, depth + 1)):
+        return False
+    return context is None or (depth + 1 < MAX_ERROR_CHAIN and _plain_error(context, depth + 1))
+
+
+#: Types converted directly by :func:`as_text`, :func:`as_int` and :func:`as_float`: no user code.
+_PLAIN_NUMBER_MODULES = ("builtins", "numpy", "decimal", "fractions")
+
+
+def _plain_number(value: Any) -> bool:
+    cls = type(value)
+    if cls in IMMUTABLE_TYPES:
+        return True
+    module = _class_text(cls, "__module__")
+    return module in _PLAIN_NUMBER_MODULES or module.startswith("numpy.")
+
+
+def as_text(value: Any) -> str:
+    """``str(value)``, guarded: a user's ``__str__`` runs on the worker, bounded (a placeholder past it)."""
+    if type(value) is str:
+        return value
+    return str(value) if _plain_number(value) else call_bounded(str, value)
+
+
+#: How :func:`convert` carries a result of each target type through the worker's text.
+_CODECS: dict[type, tuple[Callable[[Any], str], Callable[[str], Any]]] = {
+    int: (lambda v: str(int(v)), int),
+    bool: (lambda v: "1" if v else "0", lambda t: {"1": True, "0": False}[t]),
+    float: (lambda v: float(v).hex(), float.fromhex),
+}
+
+
+def convert(to: type, value: Any) -> Any:
+    """``to(value)`` for ``to`` in int, bool, float, guarded like :func:`as_text`; None when it fails or blocks."""
+    try:
+        if _plain_number(value):
+            return to(value)
+        encode, decode = _CODECS[to]
+        return decode(call_bounded(lambda v: encode(to(v)), value))
+    except Exception:  # the user's method raised, or the placeholder text is no number
+        return None

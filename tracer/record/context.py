@@ -10,13 +10,50 @@ and :func:`tracer.wrap_context` carry it to children.
 from __future__ import annotations
 
 import contextvars
-from typing import Any
+from typing import Any, NamedTuple
+
+from tracer.record.capture import as_text
 
 #: ``(span_id, trace_id, Trajectory | None)`` of the innermost open span or
 #: trajectory context, or None outside any.
 CURRENT_SPAN: contextvars.ContextVar[tuple[int, int, Trajectory | None] | None] = contextvars.ContextVar(
     "rollout_trace_current_span", default=None
 )
+
+
+class SpanRecord(NamedTuple):
+    """One finished span as the decorators hand it to the recorder's buffer.
+
+    The one layout of a span record: the decorators build it, the recorder
+    and the encoder read it (by these names, or by position: it is a tuple).
+    On the rollout's path the decorators build it as a plain tuple of these
+    fields in this order (the NamedTuple's own constructor, a Python
+    function, costs about 5x a tuple); ``SpanRecord._make(record)`` names one.
+    """
+
+    #: The span's id (an int; the writer prefixes it per process).
+    span_id: int
+    #: The parent span's id, None for a root.
+    parent_id: int | None
+    #: The trajectory's trace id (0 for a detached reward).
+    trace_id: int
+    #: The ``OpSpec`` of the traced function (name, kind, parameter names).
+    spec: Any
+    #: The trajectory the span belongs to, or None outside one.
+    trajectory: Trajectory | None
+    #: Wall-clock start and end, ns since the epoch.
+    start_ns: int
+    end_ns: int
+    #: The exception that ended the call (or its stand-in: ``capture.capture_error``), or None.
+    error: BaseException | None
+    #: Captured positional arguments (``self`` left out; a reward: ``(value,)``).
+    args: Any
+    #: Captured keyword arguments, or None.
+    kwargs: Any
+    #: The captured return value (None when the call raised).
+    output: Any
+    #: The bound object of a method (``self``), or None; the writer reads its ``tokenizer``.
+    self_obj: Any
 
 
 class Trajectory:
@@ -91,7 +128,7 @@ def named_trajectory(
     frame = CURRENT_SPAN.get()
     if frame is not None and frame[2] is not None and step is None and sample_index is None:
         return frame[2]
-    key_index = None if sample_index is None else str(sample_index)
+    key_index = None if sample_index is None else as_text(sample_index)
     traj: Trajectory | None = rec.find_trajectory(step, key_index, rollout_n, validate)
     if traj is not None:
         return traj

@@ -1,9 +1,18 @@
-"""Public recording API: rollout_trace_op, rollout_trace_attr, log_reward, propagate."""
+"""Public recording API: rollout_trace_op, rollout_trace_attr, log_reward, propagate.
+
+Every traced call goes through one span opener (:func:`_open_call`) and one
+closer (:func:`_close`); the wrappers for plain, async, generator and async
+generator functions only differ in how they call the function.
+"""
 
 from __future__ import annotations
 
+import decimal
 import functools
 import inspect
+import math
+import numbers
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -11,9 +20,9 @@ from typing import Any, TypeVar, overload
 from tracer import schema as S
 from tracer.record import recorder as _recorder
 from tracer.record.capture import IMMUTABLE_TYPES as _IMMUTABLE
-from tracer.record.capture import Placeholder, capture, capture_args
-from tracer.record.context import CURRENT_SPAN, Trajectory, named_trajectory
-from tracer.record.recorder import REWARD_SPEC, OpSpec
+from tracer.record.capture import Placeholder, as_text, capture, capture_args, capture_error, convert
+from tracer.record.context import CURRENT_SPAN, SpanRecord, Trajectory, named_trajectory
+from tracer.record.recorder import ATTR_REPLACED, REWARD_SPEC, OpSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -21,6 +30,124 @@ _get = CURRENT_SPAN.get
 _set = CURRENT_SPAN.set
 _reset = CURRENT_SPAN.reset
 _time_ns = time.time_ns
+_ROLLOUT = S.KIND_ROLLOUT
+
+#: An open span: (frame, parent span id, spec, captured args, captured kwargs, self, context token, start ns).
+Span = tuple[Any, ...]
+
+# The span opener and closer are written once, below, and compiled into the
+# functions that use them (structlog generates its fast paths the same way):
+# into the plain and async wrappers inline, where a call each would cost
+# ~7% of the per-span time (bench/bench_overhead.py), and into
+# _open_call/_close, which the generator wrappers call.
+
+#: Opens the span of one call of ``spec`` (with ``rec`` the active recorder;
+#: ``plain``: the span starts no trajectory; ``has_self``: a method):
+#: sets ``frame`` (None: not recorded), ``parent_sid``, the captured inputs
+#: ``a`` and ``k``, ``self_obj``, the context ``token`` and ``start``.
+_OPEN = """
+parent = _get()
+if plain and parent is not None and (parent[2] is None or parent[2].recording):
+    traj = parent[2]  # the short path: no trajectory to start, no method call
+    if traj is not None:
+        traj.spans += 1
+    frame, parent_sid = (next(rec.span_ids), parent[1], traj), parent[0]
+else:
+    frame, parent_sid = _open_slow(rec, spec, parent)
+if frame is not None:
+    self_obj = args[0] if has_self else None
+    a = args[1:] if has_self else args
+    if a and not _IMMUTABLE.issuperset(map(type, a)):
+        a = _capture_args(rec, a)
+    k = _capture_args(rec, kwargs) if kwargs else None
+    token = _set(frame)
+    start = _time_ns()
+"""
+
+#: Closes it: restores the context, snapshots ``out`` (or the exception
+#: ``exc``) and appends the span's record, SpanRecord's fields in order as a
+#: plain tuple (the cheapest build; ``SpanRecord._make(record)`` names it).
+_CLOSE = """
+if token is not None:
+    _reset(token)
+end = _time_ns()
+if exc is None:
+    o = out if type(out) in _IMMUTABLE else _capture_out(rec, out)
+else:
+    o, exc = None, _capture_error(rec, exc)
+record = (frame[0], parent_sid, frame[1], spec, frame[2], start, end, exc, a, k, o, self_obj)
+buf = rec.buffer
+if len(buf) < rec.fast_limit:
+    buf.append(record)
+else:
+    _append(rec, record)
+"""
+
+_WRAPPER = """
+def wrap(fn, spec):
+    plain, has_self = spec.kind != _ROLLOUT, spec.has_self
+    @functools.wraps(fn)
+    {async_}def traced(*args, **kwargs):
+        rec = _recorder.ACTIVE
+        if rec is None:
+            return {await_}fn(*args, **kwargs)
+{open}
+        if frame is None:
+            return {await_}fn(*args, **kwargs)
+        try:
+            out = {await_}fn(*args, **kwargs)
+        except BaseException as exc:
+            out = None
+{close_on_error}
+            raise
+        exc = None
+{close}
+        return out
+
+    return traced
+"""
+
+_FUNCTIONS = """
+def _open_call(rec, spec, args, kwargs):
+    plain, has_self = spec.kind != _ROLLOUT, spec.has_self
+{open}
+    if frame is None:
+        return None
+    return (frame, parent_sid, spec, a, k, self_obj, token, start)
+
+
+def _close(rec, span, exc, out):
+    frame, parent_sid, spec, a, k, self_obj, token, start = span
+{close}
+    return out
+"""
+
+
+def _indent(block: str, spaces: int) -> str:
+    return "".join(" " * spaces + line + "\n" if line else "\n" for line in block.strip("\n").split("\n"))
+
+
+def _compile(source: str, name: str) -> dict[str, Any]:
+    namespace: dict[str, Any] = dict(globals())
+    exec(compile(source, f"<rollout-trace {name}>", "exec"), namespace)  # noqa: S102 - our own templates
+    return namespace
+
+
+def _open_slow(rec: _recorder.Recorder, spec: OpSpec, parent: Any) -> tuple[Any, int | None]:
+    """The opener's general path (a trajectory may start); (None, None) when the call is not recorded."""
+    try:
+        opened = rec.open_span(spec, parent)
+    except Exception as exc:
+        _internal_error(rec, "opening a span", exc)
+        return None, None
+    return (None, None) if opened is None else opened
+
+
+def _append(rec: _recorder.Recorder, record: tuple[Any, ...]) -> None:
+    try:
+        rec.append(record)
+    except Exception as err:
+        _internal_error(rec, "recording a span", err)
 
 
 def _capture_args(rec: _recorder.Recorder, args: Any) -> Any:
@@ -39,19 +166,12 @@ def _capture_out(rec: _recorder.Recorder, out: Any) -> Any:
         return Placeholder(f"<return value not captured: {type(exc).__name__}>")
 
 
-def _open(rec: _recorder.Recorder, spec: OpSpec, parent: Any) -> Any:
+def _capture_error(rec: _recorder.Recorder, exc: BaseException) -> BaseException:
     try:
-        return rec.open_span(spec, parent)
-    except Exception as exc:
-        _internal_error(rec, "opening a span", exc)
-        return None
-
-
-def _record(rec: _recorder.Recorder, record: tuple[Any, ...]) -> None:
-    try:
-        rec.append(record)
-    except Exception as exc:
-        _internal_error(rec, "recording a span", exc)
+        return capture_error(exc)
+    except Exception as err:
+        _internal_error(rec, "capturing an exception", err)
+        return RuntimeError(f"<exception not captured: {type(err).__name__}>")
 
 
 def _internal_error(rec: _recorder.Recorder, what: str, exc: BaseException) -> None:
@@ -93,154 +213,9 @@ def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | N
             return _trace_generator(fn, spec)  # type: ignore[return-value]
         if inspect.isasyncgenfunction(fn):
             return _trace_async_generator(fn, spec)  # type: ignore[return-value]
-        has_self = spec.has_self
-        # Spans that never start a trajectory take the short path below: no
-        # method calls besides the ones the record needs.
-        plain = spec.kind != S.KIND_ROLLOUT
-
         if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def traced_async(*args: Any, **kwargs: Any) -> Any:
-                rec = _recorder.ACTIVE
-                if rec is None:
-                    return await fn(*args, **kwargs)
-                parent = _get()
-                if plain and parent is not None and (parent[2] is None or parent[2].recording):
-                    traj = parent[2]
-                    if traj is not None:
-                        traj.spans += 1
-                    frame = (next(rec.span_ids), parent[1], traj)
-                    parent_sid: int | None = parent[0]
-                else:
-                    opened = _open(rec, spec, parent)
-                    if opened is None:
-                        return await fn(*args, **kwargs)
-                    frame, parent_sid = opened
-                a = args[1:] if has_self else args
-                if a and not _IMMUTABLE.issuperset(map(type, a)):
-                    a = _capture_args(rec, a)
-                k = _capture_args(rec, kwargs) if kwargs else None
-                token = _set(frame)
-                start = _time_ns()
-                try:
-                    out = await fn(*args, **kwargs)
-                except BaseException as exc:
-                    _reset(token)
-                    _record(
-                        rec,
-                        (
-                            frame[0],
-                            parent_sid,
-                            frame[1],
-                            spec,
-                            frame[2],
-                            start,
-                            _time_ns(),
-                            exc,
-                            a,
-                            k,
-                            None,
-                            args[0] if has_self else None,
-                        ),
-                    )
-                    raise
-                _reset(token)
-                end = _time_ns()
-                o = out if type(out) in _IMMUTABLE else _capture_out(rec, out)
-                buf = rec.buffer
-                record = (
-                    frame[0],
-                    parent_sid,
-                    frame[1],
-                    spec,
-                    frame[2],
-                    start,
-                    end,
-                    None,
-                    a,
-                    k,
-                    o,
-                    args[0] if has_self else None,
-                )
-                if len(buf) < rec.fast_limit:
-                    buf.append(record)
-                else:
-                    _record(rec, record)
-                return out
-
-            return traced_async  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def traced(*args: Any, **kwargs: Any) -> Any:
-            rec = _recorder.ACTIVE
-            if rec is None:
-                return fn(*args, **kwargs)
-            parent = _get()
-            if plain and parent is not None and (parent[2] is None or parent[2].recording):
-                traj = parent[2]
-                if traj is not None:
-                    traj.spans += 1
-                frame = (next(rec.span_ids), parent[1], traj)
-                parent_sid: int | None = parent[0]
-            else:
-                opened = _open(rec, spec, parent)
-                if opened is None:
-                    return fn(*args, **kwargs)
-                frame, parent_sid = opened
-            a = args[1:] if has_self else args
-            if a and not _IMMUTABLE.issuperset(map(type, a)):
-                a = _capture_args(rec, a)
-            k = _capture_args(rec, kwargs) if kwargs else None
-            token = _set(frame)
-            start = _time_ns()
-            try:
-                out = fn(*args, **kwargs)
-            except BaseException as exc:
-                _reset(token)
-                _record(
-                    rec,
-                    (
-                        frame[0],
-                        parent_sid,
-                        frame[1],
-                        spec,
-                        frame[2],
-                        start,
-                        _time_ns(),
-                        exc,
-                        a,
-                        k,
-                        None,
-                        args[0] if has_self else None,
-                    ),
-                )
-                raise
-            _reset(token)
-            end = _time_ns()
-            o = out if type(out) in _IMMUTABLE else _capture_out(rec, out)
-            buf = rec.buffer
-            record = (
-                frame[0],
-                parent_sid,
-                frame[1],
-                spec,
-                frame[2],
-                start,
-                end,
-                None,
-                a,
-                k,
-                o,
-                args[0] if has_self else None,
-            )
-            if len(buf) < rec.fast_limit:
-                buf.append(record)
-            else:
-                _record(rec, record)
-            return out
-
-        return traced  # type: ignore[return-value]
+            return _trace_async(fn, spec)  # type: ignore[return-value]
+        return _trace_plain(fn, spec)  # type: ignore[return-value]
 
     if func is not None:
         if not callable(func) and not isinstance(func, (classmethod, staticmethod)):
@@ -299,12 +274,12 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
     ) -> None:
         # capture() never raises; the conversions below are guarded so that a
         # value of the user's that misbehaves never reaches the user's code.
-        self.sample_index = None if sample_index is None else _as_text(sample_index)
-        self.step = None if step is None else _as_int(step)
-        self.rollout_n = None if rollout_n is None else _as_int(rollout_n)
-        self.name = name if type(name) is str else _as_text(name)
-        self.validate = as_bool(validate)
-        self.trace = as_bool(trace, True)
+        self.sample_index = None if sample_index is None else as_text(sample_index)
+        self.step = None if step is None else convert(int, step)
+        self.rollout_n = None if rollout_n is None else convert(int, rollout_n)
+        self.name = name if type(name) is str else as_text(name)
+        self.validate = convert(bool, validate) or False
+        self.trace = convert(bool, trace) is not False
         self.extra = capture(extra) if extra else None
         self._token: Any = None
         self._traj: Trajectory | None = None
@@ -354,81 +329,96 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
         return f"{rec.trace_prefix}{traj.trace_id:016x}"
 
 
-def _as_text(value: Any) -> str:
-    try:
-        return str(value)
-    except Exception as exc:
-        return f"<{type(value).__name__}: str() failed: {type(exc).__name__}>"
-
-
-def _as_int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except Exception:
-        return None
-
-
-def as_bool(value: Any, default: bool = False) -> bool:
-    try:
-        return bool(value)
-    except Exception:
-        return default
-
-
 #: Yielded items of a traced generator kept as its outputs (the count is always kept).
 MAX_YIELDED_RECORDED = 1000
 
 
-def _open_frame(rec: _recorder.Recorder, spec: OpSpec) -> Any:
-    opened = _open(rec, spec, _get())
-    return opened
+_trace_plain: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
+_trace_async: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
+#: Opens a span (see _OPEN): the open span, or None when the call is not recorded.
+_open_call: Callable[[_recorder.Recorder, OpSpec, tuple[Any, ...], dict[str, Any]], Span | None]
+#: Closes an open span (see _CLOSE); returns ``out``.
+_close: Callable[[_recorder.Recorder, Span, BaseException | None, Any], Any]
+
+
+def _build() -> None:
+    """Compile the opener and closer into the wrappers and into _open_call/_close."""
+    global _trace_plain, _trace_async, _open_call, _close
+    for name, (async_, await_) in (("plain", ("", "")), ("async", ("async ", "await "))):
+        source = _WRAPPER.format(
+            async_=async_,
+            await_=await_,
+            open=_indent(_OPEN, 8),
+            close=_indent(_CLOSE, 8),
+            close_on_error=_indent(_CLOSE, 12),
+        )
+        wrap = _compile(source, f"{name} wrapper")["wrap"]
+        if name == "plain":
+            _trace_plain = wrap
+        else:
+            _trace_async = wrap
+    functions = _compile(_FUNCTIONS.format(open=_indent(_OPEN, 4), close=_indent(_CLOSE, 4)), "span opener")
+    _open_call, _close = functions["_open_call"], functions["_close"]
+
+
+class _Yields:
+    """A traced generator's span while it runs: its items kept (see :data:`MAX_YIELDED_RECORDED`), then closed."""
+
+    __slots__ = ("rec", "span", "frame", "items", "count")
+
+    def __init__(self, rec: _recorder.Recorder, span: Span) -> None:
+        _reset(span[6])  # the frame is current only while the generator's own code runs
+        self.rec, self.span, self.frame = rec, (*span[:6], None, span[7]), span[0]
+        self.items: list[Any] = []
+        self.count = 0
+
+    def add(self, item: Any) -> Any:
+        self.count += 1
+        if self.count <= MAX_YIELDED_RECORDED:
+            self.items.append(_capture_out(self.rec, item))
+        return item
+
+    def close(self, exc: BaseException | None, value: Any = None) -> None:
+        out: dict[str, Any] | None = None
+        if exc is None:
+            items, count = self.items, self.count
+            if count > len(items):
+                items = [*items, Placeholder(f"<{count - len(items)} more items not recorded>")]
+            out = {"yielded": items, "count": count}
+            if value is not None:
+                out["returned"] = value
+        _close(self.rec, self.span, exc, out)
 
 
 def _trace_generator(fn: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
     """A generator's span covers its whole iteration: first ``next`` to exhaustion, error or close."""
-    has_self = spec.has_self
 
     @functools.wraps(fn)
     def traced_gen(*args: Any, **kwargs: Any) -> Any:
         rec = _recorder.ACTIVE
         gen = fn(*args, **kwargs)
-        if rec is None:
+        span = None if rec is None else _open_call(rec, spec, args, kwargs)
+        if span is None:
             return (yield from gen)
-        opened = _open_frame(rec, spec)
-        if opened is None:
-            return (yield from gen)
-        frame, parent_sid = opened
-        a = _capture_args(rec, args[1:] if has_self else args)
-        k = _capture_args(rec, kwargs) if kwargs else None
-        items: list[Any] = []
-        count = 0
-        start = _time_ns()
-        method: Any = gen.send
-        arg: Any = None
+        run = _Yields(rec, span)  # type: ignore[arg-type]
+        method, arg = gen.send, None
         while True:
-            token = _set(frame)
+            token = _set(run.frame)
             try:
                 item = method(arg)
             except StopIteration as stop:
-                _reset(token)
-                out = _generator_output(rec, items, count, stop.value)
-                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), None, a, k, out, None))
+                run.close(None, stop.value)
                 return stop.value
             except BaseException as exc:
-                _reset(token)
-                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), exc, a, k, None, None))
+                run.close(exc)
                 raise
-            _reset(token)
-            count += 1
-            if count <= MAX_YIELDED_RECORDED:
-                items.append(_capture_out(rec, item))
+            finally:
+                _reset(token)
             try:
-                arg = yield item
-                method = gen.send
+                arg, method = (yield run.add(item)), gen.send
             except GeneratorExit:
                 gen.close()
-                out = _generator_output(rec, items, count, None)
-                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), None, a, k, out, None))
+                run.close(None)
                 raise
             except BaseException as exc:
                 method, arg = gen.throw, exc
@@ -438,63 +428,40 @@ def _trace_generator(fn: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]
 
 def _trace_async_generator(fn: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
     """An async generator's span covers its whole iteration, as for generators."""
-    has_self = spec.has_self
 
     @functools.wraps(fn)
     async def traced_agen(*args: Any, **kwargs: Any) -> Any:
         rec = _recorder.ACTIVE
         agen = fn(*args, **kwargs)
-        opened = None if rec is None else _open_frame(rec, spec)
-        if rec is None or opened is None:
+        span = None if rec is None else _open_call(rec, spec, args, kwargs)
+        if span is None:
             async for item in agen:
                 yield item
             return
-        frame, parent_sid = opened
-        a = _capture_args(rec, args[1:] if has_self else args)
-        k = _capture_args(rec, kwargs) if kwargs else None
-        items: list[Any] = []
-        count = 0
-        start = _time_ns()
-        method: Any = agen.asend
-        arg: Any = None
+        run = _Yields(rec, span)  # type: ignore[arg-type]
+        method, arg = agen.asend, None
         while True:
-            token = _set(frame)
+            token = _set(run.frame)
             try:
                 item = await method(arg)
             except StopAsyncIteration:
-                _reset(token)
-                out = _generator_output(rec, items, count, None)
-                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), None, a, k, out, None))
+                run.close(None)
                 return
             except BaseException as exc:
-                _reset(token)
-                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), exc, a, k, None, None))
+                run.close(exc)
                 raise
-            _reset(token)
-            count += 1
-            if count <= MAX_YIELDED_RECORDED:
-                items.append(_capture_out(rec, item))
+            finally:
+                _reset(token)
             try:
-                arg = yield item
-                method = agen.asend
+                arg, method = (yield run.add(item)), agen.asend
             except GeneratorExit:
                 await agen.aclose()
-                out = _generator_output(rec, items, count, None)
-                _record(rec, (frame[0], parent_sid, frame[1], spec, frame[2], start, _time_ns(), None, a, k, out, None))
+                run.close(None)
                 raise
             except BaseException as exc:
                 method, arg = agen.athrow, exc
 
     return traced_agen
-
-
-def _generator_output(rec: _recorder.Recorder, items: list[Any], count: int, value: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"yielded": items, "count": count}
-    if count > len(items):
-        out["yielded"] = [*items, Placeholder(f"<{count - len(items)} more items not recorded>")]
-    if value is not None:
-        out["returned"] = _capture_out(rec, value)
-    return out
 
 
 def log_reward(
@@ -517,40 +484,84 @@ def log_reward(
     Raises:
         TypeError: ``reward`` is not a real number.
     """
-    import numbers
-
-    if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
-        raise TypeError(f"log_reward: reward must be a real number, got {type(reward).__name__} {reward!r}")
+    value, why = _reward_value(reward)
     rec = _recorder.ACTIVE
     if rec is None:
         return
     try:
+        if validate is not None:
+            validate = convert(bool, validate)
+        step = step if step is None else convert(int, step)
+        rollout_n = rollout_n if rollout_n is None else convert(int, rollout_n)
         traj = named_trajectory(rec, "log_reward", step, sample_index, rollout_n, validate)
         if not traj.recording:
             return
+        attrs = capture(extra)
+        if why is not None:
+            attrs[ATTR_REPLACED] = {"reward": why}
+            rec.values_replaced += 1
+            rec.problems.report("value replaced", f"reward: {why}")
         traj.spans += 1
         now = _time_ns()
         parent = traj.root_span_id or None
+        sid = next(rec.span_ids)
         rec.append(
-            (
-                next(rec.span_ids),
-                parent,
-                traj.trace_id,
-                REWARD_SPEC,
-                traj,
-                now,
-                now,
-                None,
-                (float(reward),),
-                capture(extra),
-                None,
-                None,
-            )
+            SpanRecord(sid, parent, traj.trace_id, REWARD_SPEC, traj, now, now, None, (value,), attrs, None, None)
         )
     except ValueError:
         raise
     except Exception as exc:
         rec.internal_error("logging a reward", exc)
+
+
+def _reward_value(reward: Any) -> tuple[float, str | None]:
+    """``reward`` as a float, and why the float is not its value (None when it is, NaN and infinities included).
+
+    An int, Decimal or Fraction beyond the float range is clamped to the
+    largest float of its sign; a value the conversion refuses (a signalling
+    NaN, a number type of the user's whose ``__float__`` raises or blocks) is
+    written as NaN. Either way the reason is written beside it.
+
+    Raises:
+        TypeError: ``reward`` is no real number (a bool, a complex, a string, ...).
+    """
+    cls = type(reward)
+    if cls is float:
+        return reward, None
+    if (
+        cls is bool
+        or not (issubclass(cls, numbers.Real) or issubclass(cls, decimal.Decimal))
+        or cls.__module__ == "numpy"
+        and cls.__name__ == "bool_"
+    ):
+        shown = repr(reward) if cls in _IMMUTABLE else f"a {cls.__name__}"
+        raise TypeError(
+            f"log_reward: reward must be a real number (int, float, Decimal, Fraction, numpy scalar), got {cls.__name__} {shown}"
+        )
+    try:
+        value = float(reward) if _plain_reward(cls) else convert(float, reward)
+    except OverflowError:
+        big = sys.float_info.max if reward > 0 else -sys.float_info.max
+        return big, f"{_reward_text(reward)} is beyond the float range: clamped to {big!r}"
+    except (ValueError, ArithmeticError) as exc:
+        return math.nan, f"{_reward_text(reward)} has no float value ({type(exc).__name__}): written as NaN"
+    if value is None:
+        return math.nan, f"float() of a {cls.__name__} failed or did not return: written as NaN"
+    if math.isinf(value) and _plain_reward(cls) and reward * 2 != reward:  # finite, but past the float range
+        big = math.copysign(sys.float_info.max, value)
+        return big, f"{_reward_text(reward)} is beyond the float range: clamped to {big!r}"
+    return value, None
+
+
+def _plain_reward(cls: type) -> bool:
+    module = cls.__module__
+    return cls in _IMMUTABLE or module in ("decimal", "fractions", "numpy") or module.startswith("numpy")
+
+
+def _reward_text(reward: Any) -> str:
+    if type(reward) is int:
+        return f"{'-' if reward < 0 else ''}an int of {reward.bit_length()} bits"
+    return as_text(reward)[:60]
 
 
 def propagate(fn: F) -> F:
@@ -572,3 +583,6 @@ def propagate(fn: F) -> F:
             _reset(token)
 
     return run  # type: ignore[return-value]
+
+
+_build()
