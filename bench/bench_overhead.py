@@ -183,7 +183,9 @@ def main() -> None:
             continue
         print(f"{name:42s} {v * 1e6:9.2f} {v / ours:16.1f}x")
     idle = per_span["rollout-trace, writer idle during the calls"]
-    print(f"\nrollout-trace / minimal = {ours / floor:.2f}x with the writer running, {idle / floor:.2f}x in the call alone (target <= 2x)")
+    print(
+        f"\nrollout-trace / minimal = {ours / floor:.2f}x with the writer running, {idle / floor:.2f}x in the call alone (target <= 2x)"
+    )
     print(f"rollout-trace wrote {spans} spans in {written} batches; flush ok={result.ok}")
     expected = 2 * args.rounds * args.rollouts * SPANS_PER_ROLLOUT
     print(f"spans expected {expected}, read back {spans}")

@@ -25,6 +25,7 @@ standard library.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import urllib.error
@@ -35,6 +36,7 @@ from typing import Any, ClassVar
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.exporters.base import NEW, SinkBase, StepBatch, Target, Trajectory, Written
+from tracer.exporters.bounded import CALL_TIMEOUT_S
 from tracer.extras import import_backend
 from tracer.summary import ROLE_ASSISTANT, ROLE_TOOL, Turn, content_text, span_turn, trajectory_turns
 
@@ -124,6 +126,11 @@ def _parts_message(turn: Turn) -> dict[str, Any]:
     return msg
 
 
+def _span_rows(traj: Trajectory) -> list[dict[str, Any]]:
+    """A trajectory's rows sent as spans: ``log_reward`` rows left out (the reward is on the root)."""
+    return [r for r in traj.spans if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)]
+
+
 class OtlpSink(SinkBase):
     """POSTs each trajectory as an OTLP trace to an OTLP/HTTP endpoint (protobuf)."""
 
@@ -138,8 +145,14 @@ class OtlpSink(SinkBase):
         self.url = traces_url(self.options.get("endpoint"))
         self.headers = parse_headers(self.options.get("headers"))
         self.timeout = float(self.options.get("timeout_s") or 30.0)
+        self.destination = self.url
         self.target: Target | None = None
         self.requests = 0
+
+    @property
+    def timeout_s(self) -> float:
+        """A call (a step's requests) waits :data:`CALL_TIMEOUT_S`; each request is bounded by ``timeout_s`` itself."""
+        return max(CALL_TIMEOUT_S, self.timeout)
 
     def open(self, target: Target) -> set[str]:
         """Remember the run's names (resource attributes); nothing is skipped: re-sending upserts."""
@@ -220,7 +233,7 @@ class OtlpSink(SinkBase):
         """The OTLP spans of one trajectory (``log_reward`` rows left out: the reward is on the root)."""
         tp = self.trace_pb
         summary = traj.summary
-        rows = [r for r in traj.spans if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)]
+        rows = _span_rows(traj)
         turns = trajectory_turns(rows).get(summary[S.TRACE_ID], [])
         out = []
         for r in rows:
@@ -268,8 +281,13 @@ class OtlpSink(SinkBase):
 
     # -- the wire ----------------------------------------------------------------
 
-    def post(self, body: bytes) -> None:
-        """POST one protobuf request; raise with the receiver's answer when it is not a success."""
+    def post(self, body: bytes) -> tuple[int, str]:
+        """POST one protobuf request; return the receiver's ``partial_success`` (spans rejected, its message).
+
+        Raises:
+            RuntimeError: the receiver answered with an error status (its answer in the message).
+            ConnectionError: it cannot be reached.
+        """
         req = urllib.request.Request(
             self.url,
             data=body,
@@ -278,13 +296,24 @@ class OtlpSink(SinkBase):
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 - a user-given http(s) URL
-                resp.read()
+                answer = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode("utf-8", "replace")
             raise RuntimeError(f"OTLP receiver {self.url} answered {exc.code}: {detail}") from None
         except urllib.error.URLError as exc:
             raise ConnectionError(f"cannot reach the OTLP receiver at {self.url} ({exc.reason})") from None
+        except TimeoutError:
+            raise TimeoutError(f"the OTLP receiver at {self.url} gave no answer within {self.timeout:g} s") from None
+        except (OSError, http.client.HTTPException) as exc:  # a reset or a torn answer
+            raise ConnectionError(f"the OTLP receiver at {self.url} broke the connection ({exc!r})") from None
         self.requests += 1
+        response = self.pb.ExportTraceServiceResponse()
+        try:
+            response.ParseFromString(answer)
+        except Exception:  # not protobuf (a proxy's page): nothing said about rejected spans
+            return 0, ""
+        partial = response.partial_success
+        return int(partial.rejected_spans), str(partial.error_message)
 
     def write(self, batch: StepBatch) -> Written:
         """Send the batch's new trajectories (late rewards are not re-sent: the root went out already)."""
@@ -293,10 +322,22 @@ class OtlpSink(SinkBase):
         for i in range(0, len(todo), TRAJECTORIES_PER_REQUEST):
             part = todo[i : i + TRAJECTORIES_PER_REQUEST]
             req = self.request(part)
-            self.post(req.SerializeToString())
-            written.spans += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+            rejected, why = self.post(req.SerializeToString())
+            spans = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+            written.spans += spans
             written.sent += len(part)
             written.rows.update({t.summary[S.TRACE_ID]: t.summary[S.REWARD] for t in part})
+            said = f": {why}" if why else ""
+            if rejected >= spans:  # every span of the request refused: none of its trajectories is there
+                self.refused.extend(
+                    (t.summary[S.TRACE_ID], len(_span_rows(t)), f"the receiver rejected all its spans{said}")
+                    for t in part
+                )
+            elif rejected:
+                written.problems.append(
+                    f"the OTLP receiver at {self.url} rejected {rejected} of {spans} spans of {len(part)} "
+                    f"trajectories (step {batch.step}){said}; see the receiver's log, then export again"
+                )
         written.skipped += len(batch.trajectories) - len(todo)
         return written
 

@@ -12,6 +12,7 @@ the error, and a ``reward`` trace tag becomes a ``log_reward`` row.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -312,7 +313,7 @@ def import_traces(
             f"no MLflow experiment named {experiment!r} at {tracking_uri}; experiments there: {', '.join(names) or 'none'}"
         )
     report = ImportReport()
-    writers: dict[tuple[str, str], tuple[SpanWriter, list[pa.RecordBatch]]] = {}
+    out = _Outputs(os.fspath(out_dir), tracking_uri, experiment, report)
     bar = Progress(0, f"import {experiment}", progress)
     token = None
     try:
@@ -325,55 +326,25 @@ def import_traces(
                 include_spans=True,
             )
             for trace in page:
+                name = str(getattr(trace.info, "trace_id", "?"))
                 try:
                     rows = trace_rows(trace)
                     batch = pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA) if rows else None
                     key = _names(trace, experiment)
                 except Exception as exc:  # one trace we cannot map: skip it, say which, import the rest
-                    report.refused.append(
-                        f"{getattr(trace.info, 'trace_id', '?')}: {type(exc).__name__}: {_short(exc)}"
-                    )
+                    report.refused.append(f"{name}: {type(exc).__name__}: {_short(exc)}")
                     continue
                 if batch is None:
                     report.skipped += 1
                     continue
-                if key not in writers:
-                    meta = {
-                        S.META_SCHEMA_VERSION: S.SCHEMA_VERSION,
-                        S.META_CONFIG: json.dumps(
-                            {
-                                "project_name": key[0],
-                                "experiment_name": key[1],
-                                "imported_from": tracking_uri,
-                                "mlflow_experiment": experiment,
-                            }
-                        ),
-                        S.META_PROJECT: key[0],
-                        S.META_EXPERIMENT: key[1],
-                        S.META_HOST: socket.gethostname(),
-                        S.META_PID: str(os.getpid()),
-                        S.META_CREATED_NS: str(time.time_ns()),
-                    }
-                    run_dir = os.path.join(os.fspath(out_dir), _safe(key[0]), _safe(key[1]))
-                    writers[key] = (SpanWriter(run_dir, meta), [])
-                writer, buf = writers[key]
-                buf.append(batch)
-                report.trajectories += 1
-                report.spans += batch.num_rows
-                if sum(b.num_rows for b in buf) >= WRITE_BATCH_ROWS:
-                    writer.write(_concat(buf))
-                    buf.clear()
+                out.add(key, batch, name)
                 bar.update(1)
             token = page.token
             if not token:
                 break
     finally:
         bar.close()
-        for writer, buf in writers.values():
-            if buf:
-                writer.write(_concat(buf))
-            writer.close()
-            report.files.extend(writer.paths)
+        out.close()
     report.details.append(
         f"imported {report.trajectories} trajectories ({report.spans} spans) from MLflow experiment {experiment!r} "
         f"at {tracking_uri} into {len(report.files)} file(s) under {os.fspath(out_dir)}"
@@ -381,8 +352,93 @@ def import_traces(
     if report.skipped:
         report.details.append(f"skipped {report.skipped} traces without spans")
     for line in report.refused:
-        report.details.append(f"not imported (could not be mapped to trace rows): {line}")
+        report.details.append(f"not imported: {line}")
     return report
+
+
+class _Outputs:
+    """One writer per (project, experiment) under the output folder; a folder that fails refuses its own traces alone.
+
+    A trace is counted as imported when it is handed over; when its folder's
+    writer then fails (a name the file system refuses, a full disk), the
+    traces it still held move to :attr:`ImportReport.refused`, named, and every
+    later trace of that folder is refused at once; the other folders go on.
+    """
+
+    def __init__(self, out_dir: str, tracking_uri: str, experiment: str, report: ImportReport) -> None:
+        self.out_dir, self.tracking_uri, self.experiment, self.report = out_dir, tracking_uri, experiment, report
+        self.writers: dict[tuple[str, str], tuple[SpanWriter, list[pa.RecordBatch], list[str]]] = {}
+        self.broken: dict[tuple[str, str], str] = {}
+
+    def add(self, key: tuple[str, str], batch: pa.RecordBatch, name: str) -> None:
+        """Hand one trace's rows to its folder's writer (written once :data:`WRITE_BATCH_ROWS` are held)."""
+        if key in self.broken:
+            self.report.refused.append(f"{name}: {self.broken[key]}")
+            return
+        if key not in self.writers:
+            self.writers[key] = (
+                SpanWriter(os.path.join(self.out_dir, _safe(key[0]), _safe(key[1])), self._meta(key)),
+                [],
+                [],
+            )
+        _, buf, names = self.writers[key]
+        buf.append(batch)
+        names.append(name)
+        self.report.trajectories += 1
+        self.report.spans += batch.num_rows
+        if (
+            sum(b.num_rows for b in buf) >= WRITE_BATCH_ROWS or len(names) == 1
+        ):  # the first at once: a bad folder shows early
+            self._write(key)
+
+    def _write(self, key: tuple[str, str]) -> None:
+        writer, buf, names = self.writers[key]
+        if not buf:
+            return
+        try:
+            writer.write(_concat(buf))
+        except Exception as exc:
+            why = f"cannot write under {writer.run_dir!r} ({type(exc).__name__}: {_short(exc)})"
+            self.broken[key] = why
+            self.report.trajectories -= len(names)
+            self.report.spans -= sum(b.num_rows for b in buf)
+            self.report.refused.extend(f"{n}: {why}" for n in names)
+            del self.writers[key]
+            with contextlib.suppress(Exception):
+                writer.close()
+            return
+        buf.clear()
+        names.clear()
+
+    def close(self) -> None:
+        """Write what is held and close every writer; the files written go to the report."""
+        for key in list(self.writers):
+            self._write(key)
+            if key in self.writers:
+                writer = self.writers.pop(key)[0]
+                try:
+                    writer.close()
+                except Exception as exc:
+                    self.report.refused.append(f"{writer.run_dir}: not closed ({type(exc).__name__}: {_short(exc)})")
+                self.report.files.extend(writer.paths)
+
+    def _meta(self, key: tuple[str, str]) -> dict[str, str]:
+        return {
+            S.META_SCHEMA_VERSION: S.SCHEMA_VERSION,
+            S.META_CONFIG: json.dumps(
+                {
+                    "project_name": key[0],
+                    "experiment_name": key[1],
+                    "imported_from": self.tracking_uri,
+                    "mlflow_experiment": self.experiment,
+                }
+            ),
+            S.META_PROJECT: key[0],
+            S.META_EXPERIMENT: key[1],
+            S.META_HOST: socket.gethostname(),
+            S.META_PID: str(os.getpid()),
+            S.META_CREATED_NS: str(time.time_ns()),
+        }
 
 
 def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
