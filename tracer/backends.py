@@ -186,6 +186,12 @@ BACKENDS: dict[str, Backend] = {
                 ),
                 Option("headers", str, None, "request headers NAME=VALUE,... (e.g. x-mlflow-experiment-id=1)"),
                 Option("timeout_s", float, 30.0, "seconds per request"),
+                Option(
+                    "content",
+                    bool,
+                    False,
+                    "send content: gen_ai.input/output.messages, tool arguments and results, span inputs and outputs",
+                ),
             ),
         ),
         Backend(

@@ -3,22 +3,27 @@
 One trace per trajectory, with the trace and span ids of the files (so
 re-exporting sends the same ids: receivers that upsert, as MLflow's OTLP
 endpoint does, end up with one copy). Spans carry OpenTelemetry's GenAI
-semantic conventions:
+semantic conventions (names as in the conventions' registry):
 
 * the root: ``gen_ai.operation.name = "invoke_agent"``, ``gen_ai.agent.name``,
-  ``gen_ai.conversation.id`` and the trajectory's attributes
-  (``rollout_trace.step``, ``.sample_index``, ``.rollout_n``, ``.validate``,
-  ``.reward``, ``.status``);
-* llm spans: ``gen_ai.operation.name = "chat"``, ``gen_ai.input.messages``
-  and ``gen_ai.output.messages`` (JSON, the conventions' parts format),
-  ``gen_ai.usage.input_tokens``/``output_tokens``,
+  ``gen_ai.conversation.id``; the RL keys, which have no convention, under
+  this project's namespace (``rollout_trace.step``, ``.sample_index``,
+  ``.rollout_n``, ``.validate``, ``.advantage``, ``.reward``, ``.status``);
+  the reward and each numeric reward component as a
+  ``gen_ai.evaluation.result`` event (``gen_ai.evaluation.name``,
+  ``gen_ai.evaluation.score.value``);
+* llm spans: ``gen_ai.operation.name = "chat"``, ``gen_ai.request.model`` and
+  ``gen_ai.request.temperature`` when the span's inputs or attributes name
+  them, ``gen_ai.usage.input_tokens``/``output_tokens``,
   ``gen_ai.response.finish_reasons``;
 * tool spans: ``gen_ai.operation.name = "execute_tool"``,
-  ``gen_ai.tool.name``, ``gen_ai.tool.call.arguments``/``result``/``id``.
+  ``gen_ai.tool.name``, ``gen_ai.tool.call.id``.
 
-Every span also carries ``input.value``/``output.value`` (its recorded
-inputs and outputs) and ``rollout_trace.kind``. ``log_reward`` rows are not
-spans here: the reward is on the root. The wire is protobuf over HTTP POST
+Content (``gen_ai.input.messages``/``gen_ai.output.messages`` in the
+conventions' parts format, tool arguments and results, each span's
+``input.value``/``output.value``) is sent only with the ``content`` option,
+as the conventions ask of content. ``log_reward`` rows are not spans here:
+the reward is on the root. The wire is protobuf over HTTP POST
 (``/v1/traces``), built with ``opentelemetry-proto`` and sent with the
 standard library.
 """
@@ -67,6 +72,17 @@ GEN_AI_TOOL_NAME = "gen_ai.tool.name"
 GEN_AI_TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
 GEN_AI_TOOL_RESULT = "gen_ai.tool.call.result"
 GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_EVALUATION_EVENT = "gen_ai.evaluation.result"
+GEN_AI_EVALUATION_NAME = "gen_ai.evaluation.name"
+GEN_AI_EVALUATION_SCORE = "gen_ai.evaluation.score.value"
+#: Keys of an llm span's inputs or attributes (top level or one level down, e.g.
+#: ``sampling_params``) that give the request's model and temperature.
+MODEL_KEYS = ("model", "model_name", "model_path")
+TEMPERATURE_KEYS = ("temperature",)
+#: The reward component that is the RL advantage, not an evaluation.
+ADVANTAGE = "advantage"
 ATTR_PREFIX = "rollout_trace."
 ATTR_INPUT = "input.value"
 ATTR_OUTPUT = "output.value"
@@ -106,6 +122,28 @@ def _cut(text: str) -> str:
     return text if len(text) <= MAX_ATTRIBUTE_CHARS else text[:MAX_ATTRIBUTE_CHARS] + "...(cut)"
 
 
+def _lookup(keys: Sequence[str], *sources: Any) -> Any:
+    """The first value under one of ``keys`` in ``sources`` (JSON text or mappings), top level or one level down."""
+    for source in sources:
+        if isinstance(source, str):
+            try:
+                source = json.loads(source)
+            except ValueError:
+                continue
+        if not isinstance(source, Mapping):
+            continue
+        for level in (source, *(v for v in source.values() if isinstance(v, Mapping))):
+            for key in keys:
+                value = level.get(key)
+                if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+                    return value
+    return None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _parts_message(turn: Turn) -> dict[str, Any]:
     """A turn as a GenAI-conventions message (``role`` and ``parts``)."""
     parts: list[dict[str, Any]] = []
@@ -129,6 +167,15 @@ def _parts_message(turn: Turn) -> dict[str, Any]:
 def _span_rows(traj: Trajectory) -> list[dict[str, Any]]:
     """A trajectory's rows sent as spans: ``log_reward`` rows left out (the reward is on the root)."""
     return [r for r in traj.spans if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)]
+
+
+def _reward_info(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The trajectory's reward components (``reward_info``, JSON text) as a dict (empty when none or not an object)."""
+    try:
+        info = json.loads(summary.get(S.REWARD_INFO) or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 class OtlpSink(SinkBase):
@@ -180,43 +227,48 @@ class OtlpSink(SinkBase):
 
     def _span_attrs(self, row: Mapping[str, Any], summary: Mapping[str, Any], turns: list[Turn]) -> dict[str, Any]:
         kind = row[S.KIND]
+        content = bool(self.options.get("content"))
         attrs: dict[str, Any] = {ATTR_PREFIX + "kind": kind, GEN_AI_CONVERSATION: summary[S.TRACE_ID]}
-        if row.get(S.INPUTS) is not None:
-            attrs[ATTR_INPUT] = row[S.INPUTS]
-        if row.get(S.OUTPUTS) is not None:
-            attrs[ATTR_OUTPUT] = row[S.OUTPUTS]
+        if content:
+            attrs[ATTR_INPUT], attrs[ATTR_OUTPUT] = row.get(S.INPUTS), row.get(S.OUTPUTS)
         turn = span_turn(row)
         if kind == S.KIND_LLM and turn is not None:
-            pos = next((i for i, t in enumerate(turns) if t.span_id == row[S.SPAN_ID]), None)
-            before = turns[:pos] if pos is not None else []
-            if not before and turn.prompt_text is not None:
-                before = [Turn(role="user", text=turn.prompt_text, content=turn.prompt_text)]
-            shown = turns[pos] if pos is not None else turn
             attrs.update(
                 {
                     GEN_AI_OPERATION: "chat",
                     GEN_AI_PROVIDER: SERVICE_NAME,
-                    GEN_AI_INPUT_MESSAGES: json.dumps([_parts_message(t) for t in before], ensure_ascii=False),
-                    GEN_AI_OUTPUT_MESSAGES: json.dumps([_parts_message(shown)], ensure_ascii=False),
+                    GEN_AI_REQUEST_MODEL: _lookup(MODEL_KEYS, row.get(S.INPUTS), row.get(S.ATTRIBUTES)),
+                    GEN_AI_REQUEST_TEMPERATURE: _number(
+                        _lookup(TEMPERATURE_KEYS, row.get(S.INPUTS), row.get(S.ATTRIBUTES))
+                    ),
                     GEN_AI_INPUT_TOKENS: turn.prompt_token_count,
                     GEN_AI_OUTPUT_TOKENS: turn.token_count,
                     GEN_AI_FINISH_REASONS: [turn.finish_reason] if turn.finish_reason else None,
                 }
             )
+            if content:
+                pos = next((i for i, t in enumerate(turns) if t.span_id == row[S.SPAN_ID]), None)
+                before = turns[:pos] if pos is not None else []
+                if not before and turn.prompt_text is not None:
+                    before = [Turn(role="user", text=turn.prompt_text, content=turn.prompt_text)]
+                shown = turns[pos] if pos is not None else turn
+                attrs[GEN_AI_INPUT_MESSAGES] = json.dumps([_parts_message(t) for t in before], ensure_ascii=False)
+                attrs[GEN_AI_OUTPUT_MESSAGES] = json.dumps([_parts_message(shown)], ensure_ascii=False)
         elif kind == S.KIND_TOOL and turn is not None:
             shown = next((t for t in turns if t.span_id == row[S.SPAN_ID]), turn)
             attrs.update(
                 {
                     GEN_AI_OPERATION: "execute_tool",
                     GEN_AI_TOOL_NAME: shown.tool_name or row[S.NAME],
-                    GEN_AI_TOOL_ARGUMENTS: turn.arguments,
-                    GEN_AI_TOOL_RESULT: shown.text,
                     GEN_AI_TOOL_CALL_ID: shown.tool_call_id,
                 }
             )
+            if content:
+                attrs[GEN_AI_TOOL_ARGUMENTS], attrs[GEN_AI_TOOL_RESULT] = turn.arguments, shown.text
         return attrs
 
     def _root_attrs(self, summary: Mapping[str, Any]) -> dict[str, Any]:
+        info = _reward_info(summary)
         return {
             GEN_AI_OPERATION: "invoke_agent",
             GEN_AI_AGENT_NAME: summary[S.NAME],
@@ -224,10 +276,25 @@ class OtlpSink(SinkBase):
             ATTR_PREFIX + S.SAMPLE_INDEX: summary[S.SAMPLE_INDEX],
             ATTR_PREFIX + S.ROLLOUT_N: summary[S.ROLLOUT_N],
             ATTR_PREFIX + S.VALIDATE: bool(summary[S.VALIDATE]),
+            ATTR_PREFIX + ADVANTAGE: _number(info.get(ADVANTAGE)),
             ATTR_PREFIX + S.REWARD: summary[S.REWARD],
             ATTR_PREFIX + S.STATUS: summary[S.STATUS],
             ATTR_PREFIX + S.REWARD_INFO: summary[S.REWARD_INFO],
         }
+
+    def _evaluations(self, summary: Mapping[str, Any], at_ns: int) -> list[Any]:
+        """The reward and each numeric reward component (the advantage aside) as ``gen_ai.evaluation.result`` events."""
+        scores = {S.REWARD: _number(summary[S.REWARD])}
+        scores.update({str(k): _number(v) for k, v in _reward_info(summary).items() if k != ADVANTAGE})
+        return [
+            self.trace_pb.Span.Event(
+                time_unix_nano=at_ns,
+                name=GEN_AI_EVALUATION_EVENT,
+                attributes=self._attrs({GEN_AI_EVALUATION_NAME: name, GEN_AI_EVALUATION_SCORE: score}),
+            )
+            for name, score in scores.items()
+            if score is not None
+        ]
 
     def trajectory_spans(self, traj: Trajectory) -> list[Any]:
         """The OTLP spans of one trajectory (``log_reward`` rows left out: the reward is on the root)."""
@@ -241,6 +308,9 @@ class OtlpSink(SinkBase):
             is_root = r[S.PARENT_SPAN_ID] is None
             if is_root:
                 attrs.update(self._root_attrs(summary))
+                span_events = self._evaluations(summary, int(r[S.END_NS]))
+            else:
+                span_events = []
             span = tp.Span(
                 trace_id=bytes.fromhex(r[S.TRACE_ID]),
                 span_id=bytes.fromhex(r[S.SPAN_ID]),
@@ -249,6 +319,7 @@ class OtlpSink(SinkBase):
                 start_time_unix_nano=int(r[S.START_NS]),
                 end_time_unix_nano=int(r[S.END_NS]),
                 attributes=self._attrs(attrs),
+                events=span_events,
             )
             if not is_root:
                 span.parent_span_id = bytes.fromhex(r[S.PARENT_SPAN_ID])
