@@ -53,6 +53,7 @@ from tracer.exporters.tables import (
     open_run,
 )
 from tracer.read import TracePaths, list_trace_files, read_file_metadata
+from tracer.record.redact import Redactor
 from tracer.storage.history import expand_history
 from tracer.summary import step_metrics, summarize
 
@@ -126,6 +127,8 @@ class Target:
         log_val_generations: Validation trajectories per step to show in tables.
         run_config: Config to record on the backend's run.
         live: True when fed by :class:`LiveDriver` (a run of this process).
+        redact: Redact every payload (:func:`redacted`) before a sink sees it.
+        redact_patterns: Extra patterns for the redactor (the recording config's).
     """
 
     project: str | None
@@ -133,6 +136,45 @@ class Target:
     log_val_generations: int = 10
     run_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     live: bool = False
+    redact: bool = True
+    redact_patterns: tuple[str, ...] = ()
+
+    def redactor(self) -> Redactor | None:
+        """The redactor every payload of this run goes through (None when redaction is off)."""
+        return Redactor(self.redact_patterns) if self.redact else None
+
+
+def redacted(redactor: Redactor | None, summary: dict[str, Any], rows: list[dict[str, Any]]) -> Trajectory:
+    """A trajectory as sinks get it: every text of its summary and span rows through ``redactor``.
+
+    The one place every payload passes, live and post hoc: the JSON text of
+    inputs, outputs, attributes and errors, names, per-token texts. Ids,
+    token ids and numbers are left as they are.
+    """
+    if redactor is None:
+        return Trajectory(summary, rows)
+    return Trajectory(redact_rows(redactor, [summary])[0], redact_rows(redactor, rows))
+
+
+#: Columns never redacted: ids that join rows (a secret cannot be in them, and a change would break the joins).
+_ID_COLUMNS = frozenset((S.TRACE_ID, S.SPAN_ID, S.PARENT_SPAN_ID))
+
+
+def redact_rows(redactor: Redactor, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` (span or trajectory rows) with every string and list of strings redacted, ids aside."""
+    out = []
+    for row in rows:
+        clean = {}
+        for key, value in row.items():
+            if key in _ID_COLUMNS:
+                pass
+            elif type(value) is str:
+                value = redactor.text(value)
+            elif type(value) is list and value and all(type(v) is str for v in value):
+                value = redactor.pieces(value)  # per-token texts: a secret split over tokens is caught
+            clean[key] = value
+        out.append(clean)
+    return out
 
 
 @dataclasses.dataclass
@@ -521,6 +563,7 @@ class LiveDriver:
         self._lock = threading.Lock()
         self._stop = False
         self._deadline = Deadline(None)
+        self._redactor = target.redactor()
         self._flush_now = False
         self._failures: list[str] = []
         self._thread = threading.Thread(target=self._run, name=f"rollout-trace-{backend}", daemon=True)
@@ -666,10 +709,14 @@ class LiveDriver:
         summaries = summarize(spans).to_pylist()
         if not summaries:
             return
-        summary = summaries[0]
-        tid, step = summary[S.TRACE_ID], summary[S.STEP]
         rows = spans.to_pylist()
-        late = tid in self._written and not any(r[S.PARENT_SPAN_ID] is None for r in rows)
+        late = summaries[0][S.TRACE_ID] in self._written and not any(r[S.PARENT_SPAN_ID] is None for r in rows)
+        columns = self.sink.span_columns
+        if columns is not None:
+            rows = [{c: r.get(c) for c in columns} for r in rows] if columns else []
+        clean = redacted(self._redactor, summaries[0], rows)  # the payload every sink gets, redacted once
+        summary, rows = clean.summary, clean.spans
+        tid, step = summary[S.TRACE_ID], summary[S.STEP]
         if not tid or (summary[S.NUM_SPANS] == 0 and not late):
             # Rewards logged for a trajectory this process did not record: the
             # files join them (post-hoc export); live there is nothing to put them on.
@@ -682,9 +729,6 @@ class LiveDriver:
             summary = earlier
         else:
             seen[tid] = summary
-        columns = self.sink.span_columns
-        if columns is not None:
-            rows = [{c: r.get(c) for c in columns} for r in rows] if columns else []
         self._held.setdefault(step, []).append(Trajectory(summary, rows, LATE if late else NEW))
         self._due.add(step)
         if step is not None and (self._newest is None or step > self._newest):
@@ -822,6 +866,8 @@ def live_target(config: TraceConfig) -> Target:
         config.log_val_generations,
         _with_run_config(config.to_dict()),
         live=True,
+        redact=config.redact,
+        redact_patterns=tuple(config.redact_patterns),
     )
 
 
@@ -893,6 +939,7 @@ def _send_run(
     """Open ``sink``, write ``run`` step chunk by step chunk, close; return (ids there before, what was written, notes)."""
     existing: set[str] = set()
     total = Written()
+    redactor = target.redactor()
     bar = Progress(run.trajectories.num_rows, f"export {report.backend}", progress)
     try:
         existing = call(functools.partial(sink.open, target), "open")
@@ -900,8 +947,9 @@ def _send_run(
             by_step: dict[int | None, list[Trajectory]] = {}
             for summary in trajs.to_pylist():
                 tid = summary[S.TRACE_ID]
-                state = EXISTING if tid in existing else NEW
-                by_step.setdefault(summary[S.STEP], []).append(Trajectory(summary, spans.get(tid, []), state))
+                traj = redacted(redactor, summary, spans.get(tid, []))
+                traj.state = EXISTING if tid in existing else NEW
+                by_step.setdefault(summary[S.STEP], []).append(traj)
             for step in sorted(by_step, key=_step_order):
                 held = sorted(by_step[step], key=_sort_key)
                 batch = StepBatch(step, held, _metrics_of([t.summary for t in held]), [t.summary for t in held])

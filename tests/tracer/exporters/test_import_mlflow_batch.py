@@ -81,3 +81,25 @@ def test_a_trace_whose_folder_cannot_be_made_is_refused_alone(
     assert out.count("cannot write under") == bad, out
     imported = tracer.read_trajectories(str(root / "out")).to_pylist() if bad < len(lengths) else []
     assert sorted(r["step"] for r in imported) == [i for i, n in enumerate(lengths) if n <= 255]
+
+
+def test_import_writes_no_secret_of_a_foreign_trace(
+    tmp_path: Path, store_template: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A foreign trace holding an sk- key and an Authorization: Bearer header: neither reaches the written files."""
+    key = "sk-live-9fQ2mX7rT4vB1nC8kD3gH6jZ0pW5s"
+    token = "eyJhbGciOiJIUzI1NiJ9.aW1wb3J0ZWQtc2VjcmV0"
+    trace = {
+        "inputs": {"api_key": key, "headers": {"Authorization": f"Bearer {token}"}},
+        "outputs": {"echo": f"called with {key}"},
+        "attributes": {"http.request.header.authorization": f"Bearer {token}"},
+        "tags": {"step": "1"},
+    }
+    uri = _foreign_store(store_template, tmp_path, [trace])
+    code, out = _import(uri, tmp_path / "out", capsys)
+    assert code == 0, out
+    rows = tracer.read_spans(str(tmp_path / "out")).to_pylist()
+    assert len(rows) == 2
+    text = str(rows)
+    assert key not in text and token not in text
+    assert "<redacted>" in text

@@ -8,6 +8,9 @@ give the kinds (AGENT rollout, CHAT_MODEL/LLM llm, TOOL tool, EVALUATOR
 reward, others span), the root becomes the trajectory's rollout span, the
 non-MLflow span attributes become our attributes, an exception event becomes
 the error, and a ``reward`` trace tag becomes a ``log_reward`` row.
+Every text of every row goes through the recorder's redactor
+(:func:`tracer.exporters.base.redact_rows`) before it is written: a foreign
+trace holds whatever its application put there.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import orjson
 import pyarrow as pa
 
 from tracer import schema as S
+from tracer.exporters.base import redact_rows
 from tracer.exporters.mlflow.server import TrackingUriError, check_tracking_uri
 from tracer.exporters.mlflow.spans import (
     ATTR_ADDED,
@@ -59,6 +63,7 @@ from tracer.exporters.mlflow.spans import (
 )
 from tracer.exporters.tables import Progress
 from tracer.extras import import_backend
+from tracer.record.redact import Redactor
 from tracer.storage.writer import SpanWriter
 
 #: Experiment name of imported traces that do not name one.
@@ -313,6 +318,7 @@ def import_traces(
             f"no MLflow experiment named {experiment!r} at {tracking_uri}; experiments there: {', '.join(names) or 'none'}"
         )
     report = ImportReport()
+    redactor = Redactor()
     out = _Outputs(os.fspath(out_dir), tracking_uri, experiment, report)
     bar = Progress(0, f"import {experiment}", progress)
     token = None
@@ -328,7 +334,7 @@ def import_traces(
             for trace in page:
                 name = str(getattr(trace.info, "trace_id", "?"))
                 try:
-                    rows = trace_rows(trace)
+                    rows = redact_rows(redactor, trace_rows(trace))  # foreign traces hold what they hold
                     batch = pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA) if rows else None
                     key = _names(trace, experiment)
                 except Exception as exc:  # one trace we cannot map: skip it, say which, import the rest
