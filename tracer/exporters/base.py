@@ -605,7 +605,7 @@ class LiveDriver:
         if self._thread.is_alive():
             self._fail(
                 "shutdown",
-                f"gave up after {timeout} s with trajectories unwritten ({self.sink.destination or self.backend} "
+                f"gave up at the stop's deadline with trajectories unwritten ({self.sink.destination or self.backend} "
                 f"does not answer); the files hold them: rollout-trace export {self.run_dir} --to {self.backend}",
             )
 

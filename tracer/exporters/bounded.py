@@ -100,7 +100,12 @@ def flush_drivers(drivers: Sequence[Any], timeout: float | None) -> list[str]:
             problems.append(f"{type(driver).__qualname__}: {type(exc).__name__}: {exc}")
         problems.extend(driver.failures())
         if not done:
-            problems.append(f"{getattr(driver, 'backend', driver)} exporter: still writing after {timeout} s")
+            problems.append(
+                f"{getattr(driver, 'backend', driver)} exporter: still writing when flush gave up after {timeout:g} s "
+                "(its destination is slow or does not answer)"
+                if timeout is not None
+                else f"{getattr(driver, 'backend', driver)} exporter: its thread has stopped"
+            )
     return problems
 
 

@@ -131,11 +131,12 @@ def test_mlflow_api_failing_behind_a_healthy_proxy_is_said_and_bounded(
 def test_live_mlflow_on_a_hung_server_flush_says_so_and_exit_is_bounded(
     run: str, mlflow_server: str, tmp_path: Path
 ) -> None:
-    """A live MLflow exporter whose server hangs: flush() is not ok and names it; a normal exit takes one shutdown_timeout_s."""
+    """A live MLflow exporter whose server hangs: flush() is not ok and names it; a normal exit waits one shutdown_timeout_s."""
     proxy = FaultyProxy(mlflow_server, "hang", after=0)
     script = textwrap.dedent(
         f"""
-        import json, time, tracer
+        import atexit, json, time, tracer
+        atexit.register(lambda: print("EXITED", time.monotonic(), flush=True))  # registered first: runs last
         tracer.init(output_dir={str(tmp_path)!r}, project_name="hung", experiment_name="e", backend=["arrow", "mlflow"],
                     backend_options={{"mlflow_tracking_uri": {proxy.url!r}, "mlflow_timeout_s": 60}},
                     flush_interval_s=0.05, shutdown_timeout_s=3)
@@ -158,7 +159,10 @@ def test_live_mlflow_on_a_hung_server_flush_says_so_and_exit_is_bounded(
     result = json.loads(lines[0])
     assert not result["ok"] and "mlflow exporter" in result["message"], result
     assert proc.returncode == 0, proc.stderr
-    assert "gave up after" in proc.stderr and "rollout-trace export" in proc.stderr, proc.stderr
+    assert "gave up at the stop's deadline" in proc.stderr and "rollout-trace export" in proc.stderr, proc.stderr
+    times = {line.split()[0]: float(line.split()[1]) for line in lines[1:]}
+    # One deadline for the flush, the writer and every driver: one shutdown_timeout_s (3 s), not one per stage.
+    assert times["EXITED"] - times["EXITING"] < 2 * 3, times
 
 
 # -- SwanLab on a full disk ---------------------------------------------------------------
@@ -232,3 +236,24 @@ def test_live_wandb_closes_before_wandb_tears_down_at_exit(tmp_path: Path) -> No
     assert len(runs) == 1
     rows, _ = read_back(str(runs[0]))
     assert len(rows) == 6
+
+
+# -- the bound itself ----------------------------------------------------------------------
+
+
+def test_a_call_that_does_not_return_is_said_while_waiting_then_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """call_within: a line per report interval while waiting, then BackendTimeoutError naming the call; results pass."""
+    import threading
+
+    from tracer.exporters import bounded
+
+    monkeypatch.setattr(bounded, "REPORT_EVERY_S", 0.2)
+    said: list[str] = []
+    never = threading.Event()
+    with pytest.raises(bounded.BackendTimeoutError, match=r"mlflow at http://h: write of step 3: no answer within 1 s"):
+        bounded.call_within(never.wait, "mlflow at http://h: write of step 3", 1.0, said.append)
+    never.set()
+    assert said and all("still waiting for an answer after" in s and "gives up after 1 s" in s for s in said)
+    assert bounded.call_within(lambda: 42, "quick", 1.0, said.append) == 42
+    with pytest.raises(KeyError):
+        bounded.call_within(lambda: {}["x"], "raises", 1.0, said.append)
