@@ -448,6 +448,23 @@ class SinkBase:
         """Nothing is there before."""
         return set()
 
+    def payloads(self, trajectories: Sequence[Trajectory], build: Any) -> list[tuple[Trajectory, Any]]:
+        """``(trajectory, build(trajectory))`` for each; one whose payload cannot be built is refused alone.
+
+        The refused one is named in :attr:`refused` (count it as sent: the
+        drivers take it back out); the others go on.
+        """
+        out = []
+        for t in trajectories:
+            try:
+                out.append((t, build(t)))
+            except Exception as exc:
+                why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                self.refused.append(
+                    (str(t.summary.get(S.TRACE_ID)), len(t.spans), f"its payload cannot be built ({why})")
+                )
+        return out
+
     def write(self, batch: StepBatch) -> Written:
         """Write one step's trajectories: what every backend implements."""
         raise NotImplementedError

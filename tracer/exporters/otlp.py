@@ -332,8 +332,8 @@ class OtlpSink(SinkBase):
             out.append(span)
         return out
 
-    def request(self, trajectories: Sequence[Trajectory]) -> Any:
-        """The ``ExportTraceServiceRequest`` of some trajectories."""
+    def request(self, spans: Sequence[Any]) -> Any:
+        """The ``ExportTraceServiceRequest`` of some trajectories' spans."""
         tp = self.trace_pb
         resource_attrs = {
             "service.name": SERVICE_NAME,
@@ -346,8 +346,7 @@ class OtlpSink(SinkBase):
         rs.resource.attributes.extend(self._attrs(resource_attrs))
         scope = rs.scope_spans.add()
         scope.scope.name = "rollout_trace"
-        for t in trajectories:
-            scope.spans.extend(self.trajectory_spans(t))
+        scope.spans.extend(spans)
         return self.pb.ExportTraceServiceRequest(resource_spans=[rs])
 
     # -- the wire ----------------------------------------------------------------
@@ -390,9 +389,12 @@ class OtlpSink(SinkBase):
         """Send the batch's new trajectories (late rewards are not re-sent: the root went out already)."""
         written = Written()
         todo = [t for t in batch.trajectories if t.state == NEW and t.spans]
-        for i in range(0, len(todo), TRAJECTORIES_PER_REQUEST):
-            part = todo[i : i + TRAJECTORIES_PER_REQUEST]
-            req = self.request(part)
+        built = self.payloads(todo, self.trajectory_spans)  # a trajectory whose spans cannot be built: refused alone
+        written.sent += len(todo) - len(built)  # taken back out with the refusals
+        for i in range(0, len(built), TRAJECTORIES_PER_REQUEST):
+            chunk = built[i : i + TRAJECTORIES_PER_REQUEST]
+            part = [t for t, _ in chunk]
+            req = self.request([sp for _, spans in chunk for sp in spans])
             rejected, why = self.post(req.SerializeToString())
             spans = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
             written.spans += spans

@@ -257,3 +257,39 @@ def test_a_call_that_does_not_return_is_said_while_waiting_then_given_up(monkeyp
     assert bounded.call_within(lambda: 42, "quick", 1.0, said.append) == 42
     with pytest.raises(KeyError):
         bounded.call_within(lambda: {}["x"], "raises", 1.0, said.append)
+
+
+# -- one bad trajectory in a batch -------------------------------------------------------------
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(bad=st.integers(0, 7), span_id=st.sampled_from(["zz" * 8, "abc", "0x12345678901234", "é" * 16]))
+def test_a_trajectory_whose_spans_cannot_be_sent_is_refused_alone(
+    run: str, tmp_path_factory: pytest.TempPathFactory, bad: int, span_id: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file whose one trajectory has a span id OTLP cannot carry: that one is refused and named, the 7 others go, exit 1."""
+    import pyarrow as pa
+
+    from tracer import schema as S
+    from tracer.read import list_trace_files, read_file_metadata
+    from tracer.storage.writer import SpanWriter
+
+    rows = tracer.read_spans(run).to_pylist()
+    victim = sorted({r[S.TRACE_ID] for r in rows})[bad]
+    for r in rows:
+        if r[S.TRACE_ID] == victim and r[S.PARENT_SPAN_ID] is not None:
+            r[S.SPAN_ID] = span_id
+    out = tmp_path_factory.mktemp("bad-id")
+    meta = read_file_metadata(list_trace_files(run)[0])
+    writer = SpanWriter(str(out), {k: v for k, v in meta.items() if isinstance(k, str)})
+    writer.write(pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA))
+    writer.close()
+    receiver = OtlpReceiver()
+    try:
+        code, said = _cli(capsys, str(out), "--to", "otlp", "--endpoint", receiver.url)
+    finally:
+        receiver.close()
+    assert code == 1, said
+    assert "otlp: sent 7 trajectories" in said
+    assert f"refused by otlp, not sent: trajectory {victim}: its payload cannot be built" in said
+    assert {tid for tid, _ in receiver.spans} == {r[S.TRACE_ID] for r in rows} - {victim}
