@@ -293,3 +293,24 @@ def test_a_trajectory_whose_spans_cannot_be_sent_is_refused_alone(
     assert "otlp: sent 7 trajectories" in said
     assert f"refused by otlp, not sent: trajectory {victim}: its payload cannot be built" in said
     assert {tid for tid, _ in receiver.spans} == {r[S.TRACE_ID] for r in rows} - {victim}
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(fault=st.sampled_from(FAULTS), after=st.sampled_from((0, 1)))
+def test_import_from_a_failing_mlflow_api_is_bounded_and_said(
+    run: str, mlflow_server: str, tmp_path_factory: pytest.TempPathFactory, fault: str, after: int
+) -> None:
+    """import mlflow through a proxy whose API hangs, answers 500 or resets: BackendTimeoutError naming the server and what to do."""
+    from tracer.exporters.bounded import BackendTimeoutError
+    from tracer.exporters.mlflow import import_traces
+
+    export_files(run, "mlflow", tracking_uri=mlflow_server, experiment="to-import", progress=False)
+    proxy = FaultyProxy(mlflow_server, fault, after=after)
+    try:
+        with pytest.raises(BackendTimeoutError) as info:
+            import_traces(proxy.url, "to-import", tmp_path_factory.mktemp("imp"), progress=False, timeout_s=3)
+    finally:
+        proxy.close()
+    said = str(info.value)
+    assert f"mlflow at {proxy.url}" in said and "no answer within 3 s" in said and "import again" in said, said

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ import pyarrow as pa
 
 from tracer import schema as S
 from tracer.exporters.base import redact_rows
+from tracer.exporters.bounded import CALL_TIMEOUT_S, BackendTimeoutError, call_within
 from tracer.exporters.mlflow.server import TrackingUriError, check_tracking_uri
 from tracer.exporters.mlflow.spans import (
     ATTR_ADDED,
@@ -285,6 +287,7 @@ def import_traces(
     *,
     progress: bool = True,
     filter_string: str | None = None,
+    timeout_s: float = CALL_TIMEOUT_S,
 ) -> ImportReport:
     """Read an MLflow experiment's traces into trace files under ``out_dir``.
 
@@ -298,10 +301,12 @@ def import_traces(
         out_dir: Root folder of the written files.
         progress: Print a count on stderr.
         filter_string: MLflow trace filter (``"tags.step = '3'"``).
+        timeout_s: Seconds one call to MLflow may take (said while it waits, then given up).
 
     Raises:
         ValueError: the experiment does not exist.
         TrackingUriError: the URI is malformed, its server does not answer, or MLflow cannot open its store.
+        BackendTimeoutError: a call to MLflow got no answer within ``timeout_s`` (an OSError).
     """
     import_backend("mlflow", "mlflow")  # a missing mlflow fails here with the pip line that installs it
     from mlflow.tracking import MlflowClient
@@ -309,7 +314,13 @@ def import_traces(
     check_tracking_uri(tracking_uri)  # a server that is down: said in seconds, not after MLflow's retries
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
-        exp = client.get_experiment_by_name(experiment)
+        exp = call_within(
+            functools.partial(client.get_experiment_by_name, experiment),
+            f"mlflow at {tracking_uri}: experiment",
+            timeout_s,
+        )
+    except BackendTimeoutError as exc:
+        raise BackendTimeoutError(f"{exc}; check that the server answers its API, then import again") from None
     except Exception as exc:  # a store MLflow cannot open (bad path, unknown scheme, refused login)
         raise TrackingUriError(f"cannot read the MLflow tracking store at {tracking_uri}: {_short(exc)}") from None
     if exp is None:
@@ -324,13 +335,15 @@ def import_traces(
     token = None
     try:
         while True:
-            page = client.search_traces(
+            search = functools.partial(
+                client.search_traces,
                 locations=[exp.experiment_id],
                 filter_string=filter_string,
                 max_results=PAGE_SIZE,
                 page_token=token,
                 include_spans=True,
             )
+            page = call_within(search, f"mlflow at {tracking_uri}: search of traces", timeout_s)
             for trace in page:
                 name = str(getattr(trace.info, "trace_id", "?"))
                 try:
@@ -348,6 +361,11 @@ def import_traces(
             token = page.token
             if not token:
                 break
+    except BackendTimeoutError as exc:
+        raise BackendTimeoutError(
+            f"{exc}; {report.trajectories} traces read before it stopped answering are written under "
+            f"{os.fspath(out_dir)}; check that the server answers, then import again"
+        ) from None
     finally:
         bar.close()
         out.close()
