@@ -98,7 +98,7 @@ def flush_drivers(drivers: Sequence[Any], timeout: float | None) -> list[str]:
         except Exception as exc:
             done = False
             problems.append(f"{type(driver).__qualname__}: {type(exc).__name__}: {exc}")
-        problems.extend(driver.failures())
+        problems.extend(_few(driver.failures()))
         if not done:
             problems.append(
                 f"{getattr(driver, 'backend', driver)} exporter: still writing when flush gave up after {timeout:g} s "
@@ -117,5 +117,10 @@ def shutdown_drivers(drivers: Sequence[Any], timeout: float | None) -> list[str]
     problems: list[str] = []
     for driver in drivers:
         driver.shutdown(deadline.left())
-        problems.extend(driver.failures())
+        problems.extend(_few(driver.failures()))
     return problems
+
+
+def _few(lines: list[str], keep: int = 3) -> list[str]:
+    """The first ``keep`` lines and a count of the rest (a backend down fails every step alike)."""
+    return lines if len(lines) <= keep else [*lines[:keep], f"... and {len(lines) - keep} more like them"]
