@@ -188,7 +188,9 @@ def app_first_render(path: str, query: dict[str, str]) -> tuple[float, float | N
         runner.exec_func_with_error_handling = timed_exec
     try:
         st.cache_resource.clear()
-        app = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(D.__file__))), "app.py")  # viewer/data/__init__.py -> viewer/app.py
+        app = os.path.join(
+            os.path.dirname(os.path.dirname(os.path.abspath(D.__file__))), "app.py"
+        )  # viewer/data/__init__.py -> viewer/app.py
         at = AppTest.from_file(app, default_timeout=300)
         at.query_params["path"] = path
         for k, v in query.items():

@@ -101,6 +101,8 @@ class ExportOptionError(ValueError):
 
 _PROJECT = Option("project", str, None, "project on the backend (default: the recorded project name)")
 _EXPERIMENT = Option("experiment", str, None, "run name on the backend (default: the recorded experiment name)")
+#: How long one call into the backend (open, a step's write, close) is waited for before the export gives up.
+_TIMEOUT = Option("timeout_s", float, 120.0, "seconds one call to the backend (a step's write) may take")
 
 #: Backend name -> its entry, in the order help texts list them.
 BACKENDS: dict[str, Backend] = {
@@ -132,6 +134,7 @@ BACKENDS: dict[str, Backend] = {
                     "auto (fast path on checked mlflow versions), fast, or public (MLflow's span API)",
                     choices=("auto", "fast", "public"),
                 ),
+                _TIMEOUT,
             ),
         ),
         Backend(
@@ -154,6 +157,7 @@ BACKENDS: dict[str, Backend] = {
                 ),
                 Option("proxy", str, None, "HTTP(S) proxy for wandb's traffic (verl's wandb_proxy)"),
                 Option("max_rows", int, None, "rows per table increment (at most wandb.Table.MAX_ROWS)"),
+                _TIMEOUT,
             ),
         ),
         Backend(
@@ -167,6 +171,7 @@ BACKENDS: dict[str, Backend] = {
                 _EXPERIMENT,
                 Option("mode", str, "local", "swanlab mode", choices=("local", "offline", "online"), live_default=None),
                 Option("log_dir", str, None, "directory of the run's files (default ./swanlog)"),
+                _TIMEOUT,
             ),
         ),
         Backend(
@@ -189,6 +194,12 @@ BACKENDS: dict[str, Backend] = {
                 ),
                 Option("headers", str, None, "request headers NAME=VALUE,... (e.g. x-mlflow-experiment-id=1)"),
                 Option("timeout_s", float, 30.0, "seconds per request"),
+                Option(
+                    "content",
+                    bool,
+                    False,
+                    "send content: gen_ai.input/output.messages, tool arguments and results, span inputs and outputs",
+                ),
             ),
         ),
         Backend(

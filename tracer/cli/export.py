@@ -148,11 +148,12 @@ def run_export(args: argparse.Namespace) -> int:
         return _error(f"no readable trajectory under {args.path!r} (see the warnings above); nothing was exported")
     if report.verify is not None and not report.verify.ok:
         return EXIT_VERIFY_FAILED
+    for line in report.problems:
+        print(f"rollout-trace export: {line}", file=sys.stderr)
     if report.trajectories_refused:
         print(
             f"rollout-trace export: {report.trajectories_refused} trajectories refused by {target} (named above); "
             "the others were sent",
             file=sys.stderr,
         )
-        return EXIT_REFUSED
-    return 0
+    return 0 if report.complete else EXIT_REFUSED

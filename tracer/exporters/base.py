@@ -25,12 +25,16 @@ is the smallest example.
 
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,12 +46,14 @@ from tracer import schema as S  # noqa: N812 - the schema module, short as in tr
 from tracer.backends import load_sink, resolve_options
 from tracer.compare import read_run_config
 from tracer.exporters import lag
+from tracer.exporters.bounded import CALL_TIMEOUT_S, BackendTimeoutError, Deadline, call_within
 from tracer.exporters.tables import (
     Progress,
     iter_step_chunks,
     open_run,
 )
 from tracer.read import TracePaths, list_trace_files, read_file_metadata
+from tracer.record.redact import Redactor
 from tracer.storage.history import expand_history
 from tracer.summary import step_metrics, summarize
 
@@ -66,6 +72,8 @@ LATE = "late"  # spans arriving after their trajectory was written (a reward log
 KEEP_STEPS = 8
 #: Seconds before a live driver whose destination failed to open tries again.
 OPEN_RETRY_S = 30.0
+#: Free bytes below which a destination's disk counts as full (in messages about a destination that hangs).
+DISK_FULL_BYTES = 64 * 1024
 #: Trajectory ids a live driver remembers as written (to recognise late spans).
 WRITTEN_MEMORY = 1_000_000
 
@@ -119,6 +127,8 @@ class Target:
         log_val_generations: Validation trajectories per step to show in tables.
         run_config: Config to record on the backend's run.
         live: True when fed by :class:`LiveDriver` (a run of this process).
+        redact: Redact every payload (:func:`redacted`) before a sink sees it.
+        redact_patterns: Extra patterns for the redactor (the recording config's).
     """
 
     project: str | None
@@ -126,6 +136,45 @@ class Target:
     log_val_generations: int = 10
     run_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     live: bool = False
+    redact: bool = True
+    redact_patterns: tuple[str, ...] = ()
+
+    def redactor(self) -> Redactor | None:
+        """The redactor every payload of this run goes through (None when redaction is off)."""
+        return Redactor(self.redact_patterns) if self.redact else None
+
+
+def redacted(redactor: Redactor | None, summary: dict[str, Any], rows: list[dict[str, Any]]) -> Trajectory:
+    """A trajectory as sinks get it: every text of its summary and span rows through ``redactor``.
+
+    The one place every payload passes, live and post hoc: the JSON text of
+    inputs, outputs, attributes and errors, names, per-token texts. Ids,
+    token ids and numbers are left as they are.
+    """
+    if redactor is None:
+        return Trajectory(summary, rows)
+    return Trajectory(redact_rows(redactor, [summary])[0], redact_rows(redactor, rows))
+
+
+#: Columns never redacted: ids that join rows (a secret cannot be in them, and a change would break the joins).
+_ID_COLUMNS = frozenset((S.TRACE_ID, S.SPAN_ID, S.PARENT_SPAN_ID))
+
+
+def redact_rows(redactor: Redactor, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` (span or trajectory rows) with every string and list of strings redacted, ids aside."""
+    out = []
+    for row in rows:
+        clean = {}
+        for key, value in row.items():
+            if key in _ID_COLUMNS:
+                pass
+            elif type(value) is str:
+                value = redactor.text(value)
+            elif type(value) is list and value and all(type(v) is str for v in value):
+                value = redactor.pieces(value)  # per-token texts: a secret split over tokens is caught
+            clean[key] = value
+        out.append(clean)
+    return out
 
 
 @dataclasses.dataclass
@@ -139,6 +188,8 @@ class Written:
         rows: ``trace_id -> reward`` the destination should now hold.
         metrics: ``(step, key) -> value`` the destination should now hold.
         notes: Lines for the report.
+        problems: What the destination did not accept although it answered
+            (a receiver's partial success), one line each: the export is not complete.
     """
 
     sent: int = 0
@@ -147,6 +198,7 @@ class Written:
     rows: dict[str, float | None] = dataclasses.field(default_factory=dict)
     metrics: dict[tuple[Any, str], float] = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)
 
     def add(self, other: Written) -> None:
         """Accumulate ``other`` into this one."""
@@ -156,6 +208,7 @@ class Written:
         self.rows.update(other.rows)
         self.metrics.update(other.metrics)
         self.notes.extend(other.notes)
+        self.problems.extend(other.problems)
 
 
 @dataclasses.dataclass
@@ -303,6 +356,14 @@ class ExportReport:
     #: Trajectories the backend refused one by one (their content, e.g. a
     #: lone surrogate): not sent, named in :attr:`details`; the rest went.
     trajectories_refused: int = 0
+    #: What the destination did not accept or does not hold after the export
+    #: (one line each, with what to do); empty when it took everything sent.
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """The destination accepted every trajectory sent: nothing refused, no problem."""
+        return not (self.trajectories_refused or self.problems)
 
 
 # -- the interface a backend implements --------------------------------------------
@@ -324,6 +385,17 @@ class Sink(Protocol):
 
     span_columns: ClassVar[Sequence[str] | None]
     streams: ClassVar[bool]
+    #: ``(trace_id, spans, why)`` of trajectories :meth:`write` counted that the destination refused.
+    refused: list[tuple[str, int, str]]
+    #: Where the destination is (a URL, a directory), for messages.
+    destination: str
+
+    @property
+    def timeout_s(self) -> float:
+        """Seconds a driver waits for one call into the sink."""
+
+    def confirms(self) -> bool:
+        """True when :meth:`read_back` is local and cheap: the file driver then always counts what arrived."""
 
     def open(self, target: Target) -> set[str]:
         """Open the destination for a run; return the trace ids already there (skipped post hoc)."""
@@ -352,6 +424,17 @@ class SinkBase:
         #: ``(trace_id, spans, why)`` of trajectories the backend refused after
         #: :meth:`write` counted them as sent; the file driver takes them back out.
         self.refused: list[tuple[str, int, str]] = []
+        #: Where the destination is, for messages (a URL, a directory); set by :meth:`open`.
+        self.destination = ""
+
+    @property
+    def timeout_s(self) -> float:
+        """Seconds a driver waits for one call into this sink (its ``timeout_s`` option, else :data:`CALL_TIMEOUT_S`)."""
+        return float(self.options.get("timeout_s") or CALL_TIMEOUT_S)
+
+    def confirms(self) -> bool:
+        """True when :meth:`read_back` is cheap and local (files): the file driver then always counts what arrived."""
+        return False
 
     @classmethod
     def sources(cls, path: str, options: Mapping[str, Any]) -> Iterator[tuple[TracePaths, str | None, str | None]]:
@@ -364,6 +447,23 @@ class SinkBase:
     def open(self, target: Target) -> set[str]:
         """Nothing is there before."""
         return set()
+
+    def payloads(self, trajectories: Sequence[Trajectory], build: Any) -> list[tuple[Trajectory, Any]]:
+        """``(trajectory, build(trajectory))`` for each; one whose payload cannot be built is refused alone.
+
+        The refused one is named in :attr:`refused` (count it as sent: the
+        drivers take it back out); the others go on.
+        """
+        out = []
+        for t in trajectories:
+            try:
+                out.append((t, build(t)))
+            except Exception as exc:
+                why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                self.refused.append(
+                    (str(t.summary.get(S.TRACE_ID)), len(t.spans), f"its payload cannot be built ({why})")
+                )
+        return out
 
     def write(self, batch: StepBatch) -> Written:
         """Write one step's trajectories: what every backend implements."""
@@ -395,6 +495,12 @@ class Driver(Protocol):
 
     def shutdown(self, timeout: float | None) -> None:
         """Write everything queued (up to ``timeout`` seconds), close the sink, stop."""
+
+    def stop(self, deadline: Deadline) -> None:
+        """Begin :meth:`shutdown` without waiting: write what is queued until ``deadline``, then close."""
+
+    def failures(self) -> list[str]:
+        """What failed since the last call (one line each, with what to do); empty when all went."""
 
 
 def _sort_key(t: Trajectory) -> tuple[Any, ...]:
@@ -473,7 +579,10 @@ class LiveDriver:
         self._idle = threading.Event()
         self._lock = threading.Lock()
         self._stop = False
+        self._deadline = Deadline(None)
+        self._redactor = target.redactor()
         self._flush_now = False
+        self._failures: list[str] = []
         self._thread = threading.Thread(target=self._run, name=f"rollout-trace-{backend}", daemon=True)
         self._thread.start()
 
@@ -499,13 +608,29 @@ class LiveDriver:
         self._wake.set()
         return self._idle.wait(timeout)
 
-    def shutdown(self, timeout: float | None) -> None:
-        """Write everything queued (root seen or not), close the sink, stop the thread."""
+    def stop(self, deadline: Deadline) -> None:
+        """Begin stopping: write everything queued until ``deadline``, then close; do not wait."""
+        self._deadline = deadline
         self._stop = True
         self._wake.set()
+
+    def shutdown(self, timeout: float | None) -> None:
+        """Write everything queued (root seen or not), close the sink, stop the thread: ``timeout`` seconds at most."""
+        if not self._stop:
+            self.stop(Deadline(timeout))
         self._thread.join(timeout)
         if self._thread.is_alive():
-            self._warn_once("shutdown", f"gave up after {timeout} s with trajectories unwritten")
+            self._fail(
+                "shutdown",
+                f"gave up at the stop's deadline with trajectories unwritten ({self.sink.destination or self.backend} "
+                f"does not answer); the files hold them: rollout-trace export {self.run_dir} --to {self.backend}",
+            )
+
+    def failures(self) -> list[str]:
+        """What failed since the last call, one line each (and forget it)."""
+        with self._lock:
+            out, self._failures = self._failures, []
+        return out
 
     def progress(self) -> lag.DriverProgress:
         """What this driver has shipped and still holds, now (what :mod:`tracer.exporters.lag` writes).
@@ -601,10 +726,14 @@ class LiveDriver:
         summaries = summarize(spans).to_pylist()
         if not summaries:
             return
-        summary = summaries[0]
-        tid, step = summary[S.TRACE_ID], summary[S.STEP]
         rows = spans.to_pylist()
-        late = tid in self._written and not any(r[S.PARENT_SPAN_ID] is None for r in rows)
+        late = summaries[0][S.TRACE_ID] in self._written and not any(r[S.PARENT_SPAN_ID] is None for r in rows)
+        columns = self.sink.span_columns
+        if columns is not None:
+            rows = [{c: r.get(c) for c in columns} for r in rows] if columns else []
+        clean = redacted(self._redactor, summaries[0], rows)  # the payload every sink gets, redacted once
+        summary, rows = clean.summary, clean.spans
+        tid, step = summary[S.TRACE_ID], summary[S.STEP]
         if not tid or (summary[S.NUM_SPANS] == 0 and not late):
             # Rewards logged for a trajectory this process did not record: the
             # files join them (post-hoc export); live there is nothing to put them on.
@@ -617,9 +746,6 @@ class LiveDriver:
             summary = earlier
         else:
             seen[tid] = summary
-        columns = self.sink.span_columns
-        if columns is not None:
-            rows = [{c: r.get(c) for c in columns} for r in rows] if columns else []
         self._held.setdefault(step, []).append(Trajectory(summary, rows, LATE if late else NEW))
         self._due.add(step)
         if step is not None and (self._newest is None or step > self._newest):
@@ -640,61 +766,105 @@ class LiveDriver:
         if self._open_error is not None and time.monotonic() - self._open_failed_at < OPEN_RETRY_S:
             raise self._open_error
         try:
-            self.sink.open(self.target)
+            self._call(lambda: self.sink.open(self.target), "open")
         except Exception as exc:
             self._open_error, self._open_failed_at = exc, time.monotonic()
             raise
         self._opened = True
+        # The backend's library registered its own exit teardown while opening
+        # (wandb's closes its service connection); exit hooks run last-registered
+        # first, so the tracer's, registered again now, drains before it.
+        atexit.unregister(_shutdown_before_backends)
+        atexit.register(_shutdown_before_backends)
+
+    def _call(self, fn: Any, what: str) -> Any:
+        """``fn()`` bounded by the sink's ``timeout_s`` and, once stopping, by the stop's deadline."""
+        left = self._deadline.left()
+        bound = self.sink.timeout_s if left is None else min(self.sink.timeout_s, left)
+        where = f" at {self.sink.destination}" if self.sink.destination else ""
+        return call_within(fn, f"{self.backend} exporter{where}: {what}", bound)
 
     def _write(self, batches: list[StepBatch], stopping: bool) -> None:
         for batch in batches:
             n = sum(1 for t in batch.trajectories if t.state == NEW)
 
-            def send(batch: StepBatch = batch) -> None:
+            def send(batch: StepBatch = batch) -> Written:
                 self._open()
-                for note in self.sink.write(batch).notes:
-                    logger.info("rollout-trace %s exporter: %s", self.backend, note)
-                self.sink.flush()
+                written: Written = self._call(lambda: self.sink.write(batch), f"write of step {batch.step}")
+                self._call(self.sink.flush, "flush")
+                return written
 
-            if self._retry(send, stopping, f"{n} trajectories of step {batch.step}"):
-                self.trajectories_written += n
-            else:
+            what = f"{n} trajectories of step {batch.step}"
+            written = self._retry(send, stopping, what)
+            refused, self.sink.refused[:] = list(self.sink.refused), []
+            if written is None:
                 self.trajectories_failed += n
+                continue
+            for note in written.notes:
+                logger.info("rollout-trace %s exporter: %s", self.backend, note)
+            self.trajectories_written += n - len(refused)
+            self.trajectories_failed += len(refused)
+            for tid, _, why in refused[:3]:
+                self._fail("refused", f"trajectory {tid} refused: {why}")
+            for line in written.problems:
+                self._fail("not accepted", line)
             if len(self._written) > WRITTEN_MEMORY:
                 self._written.clear()  # bounded memory; later late spans then count as trajectories of their own
             self._written.update(t.summary[S.TRACE_ID] for t in batch.trajectories)
 
-    def _retry(self, fn: Any, stopping: bool, what: str) -> bool:
+    def _retry(self, fn: Any, stopping: bool, what: str) -> Any:
+        """``fn()``'s result, tried up to :attr:`retries` times with backoff; None when every attempt failed."""
         delay = 0.5
         for attempt in range(1, self.retries + 1):
             try:
-                fn()
-                return True
+                return fn()
             except Exception as exc:
-                if attempt == self.retries or (stopping and attempt >= 2):
-                    self._warn_once(
+                left = self._deadline.left()
+                hung = isinstance(exc, BackendTimeoutError)  # another attempt would wait on the same stuck call
+                if (
+                    attempt == self.retries
+                    or hung
+                    or (stopping and attempt >= 2)
+                    or (left is not None and left < delay)
+                ):
+                    self._fail(
                         "write failed",
                         f"{what} not written after {attempt} attempts ({type(exc).__name__}: {exc}); "
                         f"the files hold them: rollout-trace export {self.run_dir} --to {self.backend}",
                     )
-                    return False
+                    return None
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
-        return False
+        return None
 
     def _close(self) -> None:
         if not self._opened:
             return
         try:
-            for note in self.sink.close():
+            for note in self._call(self.sink.close, "close"):
                 logger.debug("rollout-trace %s exporter: %s", self.backend, note)
         except Exception as exc:
-            self._warn_once("close", f"could not close ({type(exc).__name__}: {exc})")
+            self._fail("close", f"could not close ({type(exc).__name__}: {exc})")
+
+    def _fail(self, kind: str, message: str) -> None:
+        """Keep ``message`` for the next :meth:`failures` and log it (once per ``kind``)."""
+        with self._lock:
+            self._failures.append(f"{self.backend} exporter: {message}")
+        self._warn_once(kind, message)
 
     def _warn_once(self, kind: str, message: str) -> None:
         if kind not in self._warned:
             self._warned.add(kind)
             logger.warning("rollout-trace %s exporter: %s (logged once)", self.backend, message)
+
+
+def _shutdown_before_backends() -> None:
+    """At exit, before the backends' own teardowns: drain and close the tracer (within its ``shutdown_timeout_s``)."""
+    import tracer
+
+    config = tracer.get_config()
+    if config is not None:
+        tracer.shutdown(config.shutdown_timeout_s)
 
 
 def _with_run_config(recorded: Mapping[str, Any]) -> dict[str, Any]:
@@ -713,6 +883,8 @@ def live_target(config: TraceConfig) -> Target:
         config.log_val_generations,
         _with_run_config(config.to_dict()),
         live=True,
+        redact=config.redact,
+        redact_patterns=tuple(config.redact_patterns),
     )
 
 
@@ -734,9 +906,12 @@ def drive_files(
     """Export a trace path through ``sink_class``, step chunk by step chunk.
 
     Options are already checked (see :func:`tracer.exporters.base.export_files`).
+    Every call into the sink is bounded by its ``timeout_s`` and said while it waits
+    (:func:`tracer.exporters.bounded.call_within`).
 
     Raises:
         FileNotFoundError: ``path`` holds no trace files.
+        BackendTimeoutError: the destination stopped answering; the message says what was sent and what to do.
     """
     report = ExportReport(backend)
     wanted = [steps] if isinstance(steps, int) else steps
@@ -751,33 +926,9 @@ def drive_files(
             {**read_run_config(read_path), "rollout_trace_source": os.path.abspath(p)},
         )
         sink = sink_class(options)
-        existing = sink.open(target)
-        total = Written()
-        bar = Progress(run.trajectories.num_rows, f"export {backend}", progress)
-        try:
-            columns = sink.span_columns
-            for trajs, spans in iter_step_chunks(run, columns):
-                by_step: dict[int | None, list[Trajectory]] = {}
-                for summary in trajs.to_pylist():
-                    tid = summary[S.TRACE_ID]
-                    state = EXISTING if tid in existing else NEW
-                    by_step.setdefault(summary[S.STEP], []).append(Trajectory(summary, spans.get(tid, []), state))
-                for step in sorted(by_step, key=_step_order):
-                    held = sorted(by_step[step], key=_sort_key)
-                    summaries = [t.summary for t in held]
-                    total.add(sink.write(StepBatch(step, held, _metrics_of(summaries), summaries)))
-                    bar.update(len(held))
-            sink.flush()
-        finally:
-            bar.close()
-            notes = sink.close()
-        for tid, spans, why in getattr(sink, "refused", ()):
-            total.sent -= 1
-            total.spans -= spans
-            total.rows.pop(tid, None)
-            report.trajectories_refused += 1
-            report.details.append(f"refused by {backend}, not sent: trajectory {tid}: {why}")
-        report.trajectories_sent += total.sent
+        call = functools.partial(_call, sink, backend)
+        existing, total, notes = _send_run(sink, call, run, target, report, progress)
+        _count(report, sink, total, backend)
         if total.sent and (existing or _recorded_live_to(read_path, backend)):
             report.caught_up += total.sent
             report.details.append(
@@ -785,16 +936,105 @@ def drive_files(
                 f"({len(existing)} were there already, e.g. shipped live)"
             )
         report.trajectories_skipped += total.skipped + run.not_selected
-        report.spans_sent += total.spans
-        report.details.extend(total.notes)
         report.details.extend(notes)
         if run.not_selected:
             report.details.append(f"{run.not_selected} trajectories outside the selected steps not exported")
-        if verify:
-            result = VerifyResult.compare(backend, total.rows, total.metrics, sink.read_back())
-            report.verify = result if report.verify is None else report.verify.merge(result)
-            report.details.extend(result.lines)
+        if verify or sink.confirms():
+            _confirm(report, sink, total, backend, verify, call)
     return report
+
+
+def _call(sink: SinkBase, backend: str, fn: Any, what: str) -> Any:
+    """``fn()`` bounded by the sink's ``timeout_s``, said while it waits (:func:`~tracer.exporters.bounded.call_within`)."""
+    where = f" at {sink.destination}" if sink.destination else ""
+    return call_within(fn, f"{backend}{where}: {what}", sink.timeout_s)
+
+
+def _send_run(
+    sink: SinkBase, call: Any, run: Any, target: Target, report: ExportReport, progress: bool
+) -> tuple[set[str], Written, list[str]]:
+    """Open ``sink``, write ``run`` step chunk by step chunk, close; return (ids there before, what was written, notes)."""
+    existing: set[str] = set()
+    total = Written()
+    redactor = target.redactor()
+    bar = Progress(run.trajectories.num_rows, f"export {report.backend}", progress)
+    try:
+        existing = call(functools.partial(sink.open, target), "open")
+        for trajs, spans in iter_step_chunks(run, sink.span_columns):
+            by_step: dict[int | None, list[Trajectory]] = {}
+            for summary in trajs.to_pylist():
+                tid = summary[S.TRACE_ID]
+                traj = redacted(redactor, summary, spans.get(tid, []))
+                traj.state = EXISTING if tid in existing else NEW
+                by_step.setdefault(summary[S.STEP], []).append(traj)
+            for step in sorted(by_step, key=_step_order):
+                held = sorted(by_step[step], key=_sort_key)
+                batch = StepBatch(step, held, _metrics_of([t.summary for t in held]), [t.summary for t in held])
+                total.add(
+                    call(functools.partial(sink.write, batch), f"write of step {step} ({len(held)} trajectories)")
+                )
+                bar.update(len(held))
+        call(sink.flush, "flush")
+        notes: list[str] = call(sink.close, "close")
+    except BackendTimeoutError as exc:
+        raise BackendTimeoutError(
+            f"{exc}{_disk_full(sink.destination)}; {report.trajectories_sent + total.sent} trajectories were "
+            "handed over before it stopped answering; check that it answers and run the export again"
+        ) from None  # its thread still waits inside the sink: closing would wait on it too
+    except BaseException:
+        with contextlib.suppress(Exception):  # the error that stopped the export is the one to say
+            call(sink.close, "close")
+        raise
+    finally:
+        bar.close()
+    return existing, total, notes
+
+
+def _disk_full(destination: str) -> str:
+    """``"; its disk is full"`` when ``destination`` is a local directory with no space left, else ``""``."""
+    try:
+        full = os.path.isdir(destination) and shutil.disk_usage(destination).free < DISK_FULL_BYTES
+    except OSError:
+        return ""
+    return f" (the disk of {destination} is full: free space)" if full else ""
+
+
+def _count(report: ExportReport, sink: SinkBase, total: Written, backend: str) -> None:
+    """Add what one destination accepted to ``report``: what the sink wrote, less what it refused."""
+    for tid, spans, why in sink.refused:
+        total.sent -= 1
+        total.spans -= spans
+        total.rows.pop(tid, None)
+        report.trajectories_refused += 1
+        report.details.append(f"refused by {backend}, not sent: trajectory {tid}: {why}")
+    report.trajectories_sent += total.sent
+    report.spans_sent += total.spans
+    report.details.extend(total.notes)
+    report.problems.extend(total.problems)
+
+
+def _confirm(report: ExportReport, sink: SinkBase, total: Written, backend: str, verify: bool, call: Any) -> None:
+    """Read the destination back: for ``--verify``, and always where it is local files (a full disk cuts them short)."""
+    try:
+        found = call(sink.read_back, "read-back")
+    except Exception as exc:
+        found, error = None, f"{type(exc).__name__}: {exc}"
+    if found is None:
+        report.problems.append(
+            f"{backend}: what was written cannot be read back from {sink.destination or 'the destination'} "
+            f"({error}); check its disk and export again"
+        )
+        return
+    result = VerifyResult.compare(backend, total.rows, total.metrics, found)
+    if verify:
+        report.verify = result if report.verify is None else report.verify.merge(result)
+        report.details.extend(result.lines)
+    elif not result.ok:
+        report.problems.append(
+            f"{backend}: {found.where or 'the destination'} holds {result.found} of the {result.expected} "
+            f"trajectories written ({len(result.missing)} missing, {len(result.metrics_missing)} step metric "
+            "values missing): its files stop early (a full disk?); free space and export again"
+        )
 
 
 def recorded_configs(path: TracePaths) -> Iterator[tuple[str, dict[str, Any]]]:

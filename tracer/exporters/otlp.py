@@ -3,28 +3,34 @@
 One trace per trajectory, with the trace and span ids of the files (so
 re-exporting sends the same ids: receivers that upsert, as MLflow's OTLP
 endpoint does, end up with one copy). Spans carry OpenTelemetry's GenAI
-semantic conventions:
+semantic conventions (names as in the conventions' registry):
 
 * the root: ``gen_ai.operation.name = "invoke_agent"``, ``gen_ai.agent.name``,
-  ``gen_ai.conversation.id`` and the trajectory's attributes
-  (``rollout_trace.step``, ``.sample_index``, ``.rollout_n``, ``.validate``,
-  ``.reward``, ``.status``);
-* llm spans: ``gen_ai.operation.name = "chat"``, ``gen_ai.input.messages``
-  and ``gen_ai.output.messages`` (JSON, the conventions' parts format),
-  ``gen_ai.usage.input_tokens``/``output_tokens``,
+  ``gen_ai.conversation.id``; the RL keys, which have no convention, under
+  this project's namespace (``rollout_trace.step``, ``.sample_index``,
+  ``.rollout_n``, ``.validate``, ``.advantage``, ``.reward``, ``.status``);
+  the reward and each numeric reward component as a
+  ``gen_ai.evaluation.result`` event (``gen_ai.evaluation.name``,
+  ``gen_ai.evaluation.score.value``);
+* llm spans: ``gen_ai.operation.name = "chat"``, ``gen_ai.request.model`` and
+  ``gen_ai.request.temperature`` when the span's inputs or attributes name
+  them, ``gen_ai.usage.input_tokens``/``output_tokens``,
   ``gen_ai.response.finish_reasons``;
 * tool spans: ``gen_ai.operation.name = "execute_tool"``,
-  ``gen_ai.tool.name``, ``gen_ai.tool.call.arguments``/``result``/``id``.
+  ``gen_ai.tool.name``, ``gen_ai.tool.call.id``.
 
-Every span also carries ``input.value``/``output.value`` (its recorded
-inputs and outputs) and ``rollout_trace.kind``. ``log_reward`` rows are not
-spans here: the reward is on the root. The wire is protobuf over HTTP POST
+Content (``gen_ai.input.messages``/``gen_ai.output.messages`` in the
+conventions' parts format, tool arguments and results, each span's
+``input.value``/``output.value``) is sent only with the ``content`` option,
+as the conventions ask of content. ``log_reward`` rows are not spans here:
+the reward is on the root. The wire is protobuf over HTTP POST
 (``/v1/traces``), built with ``opentelemetry-proto`` and sent with the
 standard library.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import urllib.error
@@ -35,6 +41,7 @@ from typing import Any, ClassVar
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.exporters.base import NEW, SinkBase, StepBatch, Target, Trajectory, Written
+from tracer.exporters.bounded import CALL_TIMEOUT_S
 from tracer.extras import import_backend
 from tracer.summary import ROLE_ASSISTANT, ROLE_TOOL, Turn, content_text, span_turn, trajectory_turns
 
@@ -65,6 +72,17 @@ GEN_AI_TOOL_NAME = "gen_ai.tool.name"
 GEN_AI_TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
 GEN_AI_TOOL_RESULT = "gen_ai.tool.call.result"
 GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_EVALUATION_EVENT = "gen_ai.evaluation.result"
+GEN_AI_EVALUATION_NAME = "gen_ai.evaluation.name"
+GEN_AI_EVALUATION_SCORE = "gen_ai.evaluation.score.value"
+#: Keys of an llm span's inputs or attributes (top level or one level down, e.g.
+#: ``sampling_params``) that give the request's model and temperature.
+MODEL_KEYS = ("model", "model_name", "model_path")
+TEMPERATURE_KEYS = ("temperature",)
+#: The reward component that is the RL advantage, not an evaluation.
+ADVANTAGE = "advantage"
 ATTR_PREFIX = "rollout_trace."
 ATTR_INPUT = "input.value"
 ATTR_OUTPUT = "output.value"
@@ -104,6 +122,28 @@ def _cut(text: str) -> str:
     return text if len(text) <= MAX_ATTRIBUTE_CHARS else text[:MAX_ATTRIBUTE_CHARS] + "...(cut)"
 
 
+def _lookup(keys: Sequence[str], *sources: Any) -> Any:
+    """The first value under one of ``keys`` in ``sources`` (JSON text or mappings), top level or one level down."""
+    for source in sources:
+        if isinstance(source, str):
+            try:
+                source = json.loads(source)
+            except ValueError:
+                continue
+        if not isinstance(source, Mapping):
+            continue
+        for level in (source, *(v for v in source.values() if isinstance(v, Mapping))):
+            for key in keys:
+                value = level.get(key)
+                if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+                    return value
+    return None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _parts_message(turn: Turn) -> dict[str, Any]:
     """A turn as a GenAI-conventions message (``role`` and ``parts``)."""
     parts: list[dict[str, Any]] = []
@@ -124,6 +164,20 @@ def _parts_message(turn: Turn) -> dict[str, Any]:
     return msg
 
 
+def _span_rows(traj: Trajectory) -> list[dict[str, Any]]:
+    """A trajectory's rows sent as spans: ``log_reward`` rows left out (the reward is on the root)."""
+    return [r for r in traj.spans if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)]
+
+
+def _reward_info(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The trajectory's reward components (``reward_info``, JSON text) as a dict (empty when none or not an object)."""
+    try:
+        info = json.loads(summary.get(S.REWARD_INFO) or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 class OtlpSink(SinkBase):
     """POSTs each trajectory as an OTLP trace to an OTLP/HTTP endpoint (protobuf)."""
 
@@ -138,8 +192,14 @@ class OtlpSink(SinkBase):
         self.url = traces_url(self.options.get("endpoint"))
         self.headers = parse_headers(self.options.get("headers"))
         self.timeout = float(self.options.get("timeout_s") or 30.0)
+        self.destination = self.url
         self.target: Target | None = None
         self.requests = 0
+
+    @property
+    def timeout_s(self) -> float:
+        """A call (a step's requests) waits :data:`CALL_TIMEOUT_S`; each request is bounded by ``timeout_s`` itself."""
+        return max(CALL_TIMEOUT_S, self.timeout)
 
     def open(self, target: Target) -> set[str]:
         """Remember the run's names (resource attributes); nothing is skipped: re-sending upserts."""
@@ -167,43 +227,48 @@ class OtlpSink(SinkBase):
 
     def _span_attrs(self, row: Mapping[str, Any], summary: Mapping[str, Any], turns: list[Turn]) -> dict[str, Any]:
         kind = row[S.KIND]
+        content = bool(self.options.get("content"))
         attrs: dict[str, Any] = {ATTR_PREFIX + "kind": kind, GEN_AI_CONVERSATION: summary[S.TRACE_ID]}
-        if row.get(S.INPUTS) is not None:
-            attrs[ATTR_INPUT] = row[S.INPUTS]
-        if row.get(S.OUTPUTS) is not None:
-            attrs[ATTR_OUTPUT] = row[S.OUTPUTS]
+        if content:
+            attrs[ATTR_INPUT], attrs[ATTR_OUTPUT] = row.get(S.INPUTS), row.get(S.OUTPUTS)
         turn = span_turn(row)
         if kind == S.KIND_LLM and turn is not None:
-            pos = next((i for i, t in enumerate(turns) if t.span_id == row[S.SPAN_ID]), None)
-            before = turns[:pos] if pos is not None else []
-            if not before and turn.prompt_text is not None:
-                before = [Turn(role="user", text=turn.prompt_text, content=turn.prompt_text)]
-            shown = turns[pos] if pos is not None else turn
             attrs.update(
                 {
                     GEN_AI_OPERATION: "chat",
                     GEN_AI_PROVIDER: SERVICE_NAME,
-                    GEN_AI_INPUT_MESSAGES: json.dumps([_parts_message(t) for t in before], ensure_ascii=False),
-                    GEN_AI_OUTPUT_MESSAGES: json.dumps([_parts_message(shown)], ensure_ascii=False),
+                    GEN_AI_REQUEST_MODEL: _lookup(MODEL_KEYS, row.get(S.INPUTS), row.get(S.ATTRIBUTES)),
+                    GEN_AI_REQUEST_TEMPERATURE: _number(
+                        _lookup(TEMPERATURE_KEYS, row.get(S.INPUTS), row.get(S.ATTRIBUTES))
+                    ),
                     GEN_AI_INPUT_TOKENS: turn.prompt_token_count,
                     GEN_AI_OUTPUT_TOKENS: turn.token_count,
                     GEN_AI_FINISH_REASONS: [turn.finish_reason] if turn.finish_reason else None,
                 }
             )
+            if content:
+                pos = next((i for i, t in enumerate(turns) if t.span_id == row[S.SPAN_ID]), None)
+                before = turns[:pos] if pos is not None else []
+                if not before and turn.prompt_text is not None:
+                    before = [Turn(role="user", text=turn.prompt_text, content=turn.prompt_text)]
+                shown = turns[pos] if pos is not None else turn
+                attrs[GEN_AI_INPUT_MESSAGES] = json.dumps([_parts_message(t) for t in before], ensure_ascii=False)
+                attrs[GEN_AI_OUTPUT_MESSAGES] = json.dumps([_parts_message(shown)], ensure_ascii=False)
         elif kind == S.KIND_TOOL and turn is not None:
             shown = next((t for t in turns if t.span_id == row[S.SPAN_ID]), turn)
             attrs.update(
                 {
                     GEN_AI_OPERATION: "execute_tool",
                     GEN_AI_TOOL_NAME: shown.tool_name or row[S.NAME],
-                    GEN_AI_TOOL_ARGUMENTS: turn.arguments,
-                    GEN_AI_TOOL_RESULT: shown.text,
                     GEN_AI_TOOL_CALL_ID: shown.tool_call_id,
                 }
             )
+            if content:
+                attrs[GEN_AI_TOOL_ARGUMENTS], attrs[GEN_AI_TOOL_RESULT] = turn.arguments, shown.text
         return attrs
 
     def _root_attrs(self, summary: Mapping[str, Any]) -> dict[str, Any]:
+        info = _reward_info(summary)
         return {
             GEN_AI_OPERATION: "invoke_agent",
             GEN_AI_AGENT_NAME: summary[S.NAME],
@@ -211,16 +276,31 @@ class OtlpSink(SinkBase):
             ATTR_PREFIX + S.SAMPLE_INDEX: summary[S.SAMPLE_INDEX],
             ATTR_PREFIX + S.ROLLOUT_N: summary[S.ROLLOUT_N],
             ATTR_PREFIX + S.VALIDATE: bool(summary[S.VALIDATE]),
+            ATTR_PREFIX + ADVANTAGE: _number(info.get(ADVANTAGE)),
             ATTR_PREFIX + S.REWARD: summary[S.REWARD],
             ATTR_PREFIX + S.STATUS: summary[S.STATUS],
             ATTR_PREFIX + S.REWARD_INFO: summary[S.REWARD_INFO],
         }
 
+    def _evaluations(self, summary: Mapping[str, Any], at_ns: int) -> list[Any]:
+        """The reward and each numeric reward component (the advantage aside) as ``gen_ai.evaluation.result`` events."""
+        scores = {S.REWARD: _number(summary[S.REWARD])}
+        scores.update({str(k): _number(v) for k, v in _reward_info(summary).items() if k != ADVANTAGE})
+        return [
+            self.trace_pb.Span.Event(
+                time_unix_nano=at_ns,
+                name=GEN_AI_EVALUATION_EVENT,
+                attributes=self._attrs({GEN_AI_EVALUATION_NAME: name, GEN_AI_EVALUATION_SCORE: score}),
+            )
+            for name, score in scores.items()
+            if score is not None
+        ]
+
     def trajectory_spans(self, traj: Trajectory) -> list[Any]:
         """The OTLP spans of one trajectory (``log_reward`` rows left out: the reward is on the root)."""
         tp = self.trace_pb
         summary = traj.summary
-        rows = [r for r in traj.spans if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)]
+        rows = _span_rows(traj)
         turns = trajectory_turns(rows).get(summary[S.TRACE_ID], [])
         out = []
         for r in rows:
@@ -228,6 +308,9 @@ class OtlpSink(SinkBase):
             is_root = r[S.PARENT_SPAN_ID] is None
             if is_root:
                 attrs.update(self._root_attrs(summary))
+                span_events = self._evaluations(summary, int(r[S.END_NS]))
+            else:
+                span_events = []
             span = tp.Span(
                 trace_id=bytes.fromhex(r[S.TRACE_ID]),
                 span_id=bytes.fromhex(r[S.SPAN_ID]),
@@ -236,6 +319,7 @@ class OtlpSink(SinkBase):
                 start_time_unix_nano=int(r[S.START_NS]),
                 end_time_unix_nano=int(r[S.END_NS]),
                 attributes=self._attrs(attrs),
+                events=span_events,
             )
             if not is_root:
                 span.parent_span_id = bytes.fromhex(r[S.PARENT_SPAN_ID])
@@ -248,8 +332,8 @@ class OtlpSink(SinkBase):
             out.append(span)
         return out
 
-    def request(self, trajectories: Sequence[Trajectory]) -> Any:
-        """The ``ExportTraceServiceRequest`` of some trajectories."""
+    def request(self, spans: Sequence[Any]) -> Any:
+        """The ``ExportTraceServiceRequest`` of some trajectories' spans."""
         tp = self.trace_pb
         resource_attrs = {
             "service.name": SERVICE_NAME,
@@ -262,14 +346,18 @@ class OtlpSink(SinkBase):
         rs.resource.attributes.extend(self._attrs(resource_attrs))
         scope = rs.scope_spans.add()
         scope.scope.name = "rollout_trace"
-        for t in trajectories:
-            scope.spans.extend(self.trajectory_spans(t))
+        scope.spans.extend(spans)
         return self.pb.ExportTraceServiceRequest(resource_spans=[rs])
 
     # -- the wire ----------------------------------------------------------------
 
-    def post(self, body: bytes) -> None:
-        """POST one protobuf request; raise with the receiver's answer when it is not a success."""
+    def post(self, body: bytes) -> tuple[int, str]:
+        """POST one protobuf request; return the receiver's ``partial_success`` (spans rejected, its message).
+
+        Raises:
+            RuntimeError: the receiver answered with an error status (its answer in the message).
+            ConnectionError: it cannot be reached.
+        """
         req = urllib.request.Request(
             self.url,
             data=body,
@@ -278,25 +366,51 @@ class OtlpSink(SinkBase):
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 - a user-given http(s) URL
-                resp.read()
+                answer = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode("utf-8", "replace")
             raise RuntimeError(f"OTLP receiver {self.url} answered {exc.code}: {detail}") from None
         except urllib.error.URLError as exc:
             raise ConnectionError(f"cannot reach the OTLP receiver at {self.url} ({exc.reason})") from None
+        except TimeoutError:
+            raise TimeoutError(f"the OTLP receiver at {self.url} gave no answer within {self.timeout:g} s") from None
+        except (OSError, http.client.HTTPException) as exc:  # a reset or a torn answer
+            raise ConnectionError(f"the OTLP receiver at {self.url} broke the connection ({exc!r})") from None
         self.requests += 1
+        response = self.pb.ExportTraceServiceResponse()
+        try:
+            response.ParseFromString(answer)
+        except Exception:  # not protobuf (a proxy's page): nothing said about rejected spans
+            return 0, ""
+        partial = response.partial_success
+        return int(partial.rejected_spans), str(partial.error_message)
 
     def write(self, batch: StepBatch) -> Written:
         """Send the batch's new trajectories (late rewards are not re-sent: the root went out already)."""
         written = Written()
         todo = [t for t in batch.trajectories if t.state == NEW and t.spans]
-        for i in range(0, len(todo), TRAJECTORIES_PER_REQUEST):
-            part = todo[i : i + TRAJECTORIES_PER_REQUEST]
-            req = self.request(part)
-            self.post(req.SerializeToString())
-            written.spans += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+        built = self.payloads(todo, self.trajectory_spans)  # a trajectory whose spans cannot be built: refused alone
+        written.sent += len(todo) - len(built)  # taken back out with the refusals
+        for i in range(0, len(built), TRAJECTORIES_PER_REQUEST):
+            chunk = built[i : i + TRAJECTORIES_PER_REQUEST]
+            part = [t for t, _ in chunk]
+            req = self.request([sp for _, spans in chunk for sp in spans])
+            rejected, why = self.post(req.SerializeToString())
+            spans = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+            written.spans += spans
             written.sent += len(part)
             written.rows.update({t.summary[S.TRACE_ID]: t.summary[S.REWARD] for t in part})
+            said = f": {why}" if why else ""
+            if rejected >= spans:  # every span of the request refused: none of its trajectories is there
+                self.refused.extend(
+                    (t.summary[S.TRACE_ID], len(_span_rows(t)), f"the receiver rejected all its spans{said}")
+                    for t in part
+                )
+            elif rejected:
+                written.problems.append(
+                    f"the OTLP receiver at {self.url} rejected {rejected} of {spans} spans of {len(part)} "
+                    f"trajectories (step {batch.step}){said}; see the receiver's log, then export again"
+                )
         written.skipped += len(batch.trajectories) - len(todo)
         return written
 

@@ -51,16 +51,14 @@ class TableSink(SinkBase):
             data.metrics.update({prefix + k: float(v) for k, v in values.items()})
             data.raw_metrics[validate] = dict(values)
         room = max(self.cap - self._val_written.get(batch.step, 0), 0)
-        for t in batch.trajectories:
-            if t.state != NEW:
-                continue  # late spans: the row is logged already; nothing was there before a table export
-            if t.summary[S.VALIDATE]:
-                if len(data.val_rows) < room:
-                    data.val_rows.append(trajectory_row(t.summary, t.spans))
-                else:
-                    data.val_dropped += 1
-            else:
-                data.rows.append(trajectory_row(t.summary, t.spans))
+        # Late spans (t.state LATE): the row is logged already; nothing was there before a table export.
+        new = [t for t in batch.trajectories if t.state == NEW]
+        validation = [t for t in new if t.summary[S.VALIDATE]]
+        data.val_dropped = max(len(validation) - room, 0)
+        shown = [t for t in new if not t.summary[S.VALIDATE]] + validation[:room]
+        refused_before = len(self.refused)
+        for t, row in self.payloads(shown, lambda t: trajectory_row(t.summary, t.spans)):
+            (data.val_rows if t.summary[S.VALIDATE] else data.rows).append(row)
         notes = list(self.log_step(data))
         self._val_written[batch.step] = self._val_written.get(batch.step, 0) + len(data.val_rows)
         if data.val_dropped:
@@ -68,7 +66,8 @@ class TableSink(SinkBase):
                 f"step {data.step}: {data.val_dropped} validation trajectories left out of the table "
                 f"(log_val_generations={self.cap})"
             )
-        written = Written(sent=len(data.rows) + len(data.val_rows), skipped=data.val_dropped, notes=notes)
+        refused = len(self.refused) - refused_before  # counted as sent: the drivers take them back out
+        written = Written(sent=len(data.rows) + len(data.val_rows) + refused, skipped=data.val_dropped, notes=notes)
         for row in (*data.rows, *data.val_rows):
             written.rows[row[COL[S.TRACE_ID]]] = row[COL[S.REWARD]]
         if data.step is not None:

@@ -178,6 +178,7 @@ class SwanlabSink(TableSink):
     def __init__(self, options: Mapping[str, Any]) -> None:
         super().__init__(options)
         self._sl: SwanlabRun | None = None
+        self.destination = self.options.get("log_dir") or ""
 
     def open(self, target: Target) -> set[str]:
         """Start (or, live, join) the run."""
@@ -192,7 +193,12 @@ class SwanlabSink(TableSink):
             config=target.run_config,
             use_current=target.live,
         )
+        self.destination = self._sl.directory
         return set()
+
+    def confirms(self) -> bool:
+        """A local or offline run is files here: read back after every export."""
+        return self.options["mode"] != "online"
 
     def log_step(self, data: StepData) -> list[str]:
         """Log the step's tables, conversation texts and metrics."""

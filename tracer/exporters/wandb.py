@@ -198,6 +198,7 @@ class WandbSink(TableSink):
     def __init__(self, options: Mapping[str, Any]) -> None:
         super().__init__(options)
         self._wb: WandbRun | None = None
+        self.destination = self.options.get("run_dir") or ""
 
     def open(self, target: Target) -> set[str]:
         """Start the run."""
@@ -213,7 +214,12 @@ class WandbSink(TableSink):
             proxy=o["proxy"],
             max_rows=o["max_rows"],
         )
+        self.destination = self._wb.directory
         return set()
+
+    def confirms(self) -> bool:
+        """An offline run is files here: read back after every export."""
+        return self.options["mode"] == "offline"
 
     def log_step(self, data: StepData) -> list[str]:
         """Log the step's new rows (split at ``max_rows``) and metrics."""

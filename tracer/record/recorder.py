@@ -873,16 +873,16 @@ class Recorder:
                 if left is not None and left <= 0:
                     return self.result(False, f"flush timed out after {timeout} s; the writer is still busy")
                 self._cond.wait(timeout=0.1 if left is None else min(left, 0.1))
-        for driver in self._drivers:
-            try:
-                driver.flush(timeout)
-            except Exception as exc:
-                self.problems.report("exporter flush failed", f"{type(driver).__qualname__}: {exc}", exc)
+        exported = []
+        if self._drivers:  # what each live backend failed to take, all within the same deadline
+            from tracer.exporters.bounded import flush_drivers
+
+            exported = flush_drivers(self._drivers, None if deadline is None else deadline - time.monotonic())
         first = self.problems.first_exception
         if self.strict and first is not None:
             self.problems.first_exception = None
             raise first
-        return self.result(self._flush_done >= target)
+        return self.result(self._flush_done >= target and not exported, "; ".join(exported))
 
     def result(self, done: bool, message: str = "") -> FlushResult:
         """The flush result: ok when nothing failed or was dropped since the previous result.
@@ -965,6 +965,7 @@ class Recorder:
         recorder active then, with their ids; with none active they are
         counted as dropped.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout  # one bound for every stage
         result = self.flush(timeout)
         self.fast_limit = 0  # every later span takes append(), which sees `closed`
         with self._cond:
@@ -972,17 +973,18 @@ class Recorder:
         self._wake_writer()
         thread = self._thread
         if thread is not None:
-            thread.join(timeout)
+            thread.join(None if deadline is None else max(deadline - time.monotonic(), 0.0))
         self.closed = True
         try:
             self.writer.close()
         except Exception as exc:
             self.problems.report("close failed", str(exc), exc)
-        for driver in self._drivers:
-            try:
-                driver.shutdown(timeout)
-            except Exception as exc:
-                self.problems.report("exporter shutdown failed", f"{type(driver).__qualname__}: {exc}", exc)
+        if self._drivers:
+            from tracer.exporters.bounded import shutdown_drivers
+
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            for line in shutdown_drivers(self._drivers, left):
+                self.problems.report("exporter shutdown failed", line)
         buf = self.buffer
         while buf:  # appended after the writer's last cycle
             self._forward(buf.popleft())

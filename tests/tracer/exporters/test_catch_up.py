@@ -56,7 +56,7 @@ def unshipped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_the_catch_up_ships_each_trajectory_once_to_where_the_recorder_meant(unshipped: dict[str, Any]) -> None:
     """Every trajectory of the run reaches the store named in its recorded options; a second pass sends none."""
     run = unshipped["runs"]["by-driver"]
-    assert live_backends(run) == {"mlflow": {"tracking_uri": unshipped["uri"], "method": "auto"}}
+    assert live_backends(run) == {"mlflow": {"tracking_uri": unshipped["uri"], "method": "auto", "timeout_s": 120.0}}
     done = catch_up(unshipped["root"], since=0.0, timeout_s=DEFAULT_DRAIN_S)
     assert [c.run_dir for c in done] == [run]
     assert [(c.backend, c.sent, c.present, c.problem) for c in done] == [("mlflow", trajectory_count(), 0, "")]

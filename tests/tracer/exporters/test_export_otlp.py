@@ -130,8 +130,8 @@ def test_root_carries_the_trajectory(otlp_run: str, receiver: Receiver) -> None:
 
 
 def test_llm_and_tool_spans_follow_the_genai_conventions(otlp_run: str, receiver: Receiver) -> None:
-    """llm spans: chat with messages and token usage; tool spans: execute_tool with name, arguments, result."""
-    export_files(otlp_run, "otlp", endpoint=receiver.url, progress=False)
+    """With content: llm spans are chat with messages and token usage; tool spans execute_tool with name, arguments, result."""
+    export_files(otlp_run, "otlp", endpoint=receiver.url, content=True, progress=False)
     llm = [sp for sp in receiver.spans.values() if sp["attrs"].get("rollout_trace.kind") == "llm"]
     tools = [sp for sp in receiver.spans.values() if sp["attrs"].get("rollout_trace.kind") == "tool"]
     assert llm and tools

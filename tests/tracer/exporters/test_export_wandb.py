@@ -170,7 +170,7 @@ def test_live_exporter_logs_steps_during_recording(tmp_path: Any, monkeypatch: p
 def test_failing_backend_costs_nothing_in_the_files(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A wandb backend that cannot start (online, no API key) leaves the rollout and the files complete, and says how to catch up."""
+    """A wandb backend that cannot start (online, no API key): the rollout and the files complete, shutdown not ok, saying how to catch up."""
     wandb_env(monkeypatch, tmp_path / "wandb")
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
     cfg = tracer.init(
@@ -183,7 +183,8 @@ def test_failing_backend_costs_nothing_in_the_files(
     )
     record_rollouts()
     result = tracer.shutdown()
-    assert result.ok
+    assert not result.ok and f"rollout-trace export {cfg.run_dir} --to wandb" in result.message, result
+    assert result.spans_failed == result.spans_dropped == 0
     table = tracer.read_trajectories(cfg.run_dir)
     assert table.num_rows == len(STEPS) * (TRAIN_PER_STEP + 3)
     assert set(table["status"].to_pylist()) == {"ok"}

@@ -109,7 +109,7 @@ def _wait_for_traces(url: str, want: set[str]) -> list[dict[str, Any]]:
 
 
 def _export(run: str, url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["export", run, "--to", "otlp", "--endpoint", f"{url}/v1/traces", "--no-progress"]
+    argv = ["export", run, "--to", "otlp", "--endpoint", f"{url}/v1/traces", "--content", "--no-progress"]
     assert rollout_trace_main(argv) == 0
     capsys.readouterr()
 

@@ -518,6 +518,7 @@ class MlflowSink(SinkBase):
         self._pending: list[TrajectoryData] = []
         self._response: dict[tuple[int | None, bool], list[int]] = {}
         self._sent = self._spans = self._skipped = self._metrics_logged = 0
+        self.destination = resolve_tracking_uri(self.options.get("tracking_uri"))
 
     @classmethod
     def sources(cls, path: str, options: Mapping[str, Any]) -> Iterator[tuple[TracePaths, str | None, str | None]]:

@@ -8,11 +8,16 @@ give the kinds (AGENT rollout, CHAT_MODEL/LLM llm, TOOL tool, EVALUATOR
 reward, others span), the root becomes the trajectory's rollout span, the
 non-MLflow span attributes become our attributes, an exception event becomes
 the error, and a ``reward`` trace tag becomes a ``log_reward`` row.
+Every text of every row goes through the recorder's redactor
+(:func:`tracer.exporters.base.redact_rows`) before it is written: a foreign
+trace holds whatever its application put there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -25,6 +30,8 @@ import orjson
 import pyarrow as pa
 
 from tracer import schema as S
+from tracer.exporters.base import redact_rows
+from tracer.exporters.bounded import CALL_TIMEOUT_S, BackendTimeoutError, call_within
 from tracer.exporters.mlflow.server import TrackingUriError, check_tracking_uri
 from tracer.exporters.mlflow.spans import (
     ATTR_ADDED,
@@ -58,6 +65,7 @@ from tracer.exporters.mlflow.spans import (
 )
 from tracer.exporters.tables import Progress
 from tracer.extras import import_backend
+from tracer.record.redact import Redactor
 from tracer.storage.writer import SpanWriter
 
 #: Experiment name of imported traces that do not name one.
@@ -279,6 +287,7 @@ def import_traces(
     *,
     progress: bool = True,
     filter_string: str | None = None,
+    timeout_s: float = CALL_TIMEOUT_S,
 ) -> ImportReport:
     """Read an MLflow experiment's traces into trace files under ``out_dir``.
 
@@ -292,10 +301,12 @@ def import_traces(
         out_dir: Root folder of the written files.
         progress: Print a count on stderr.
         filter_string: MLflow trace filter (``"tags.step = '3'"``).
+        timeout_s: Seconds one call to MLflow may take (said while it waits, then given up).
 
     Raises:
         ValueError: the experiment does not exist.
         TrackingUriError: the URI is malformed, its server does not answer, or MLflow cannot open its store.
+        BackendTimeoutError: a call to MLflow got no answer within ``timeout_s`` (an OSError).
     """
     import_backend("mlflow", "mlflow")  # a missing mlflow fails here with the pip line that installs it
     from mlflow.tracking import MlflowClient
@@ -303,7 +314,13 @@ def import_traces(
     check_tracking_uri(tracking_uri)  # a server that is down: said in seconds, not after MLflow's retries
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
-        exp = client.get_experiment_by_name(experiment)
+        exp = call_within(
+            functools.partial(client.get_experiment_by_name, experiment),
+            f"mlflow at {tracking_uri}: experiment",
+            timeout_s,
+        )
+    except BackendTimeoutError as exc:
+        raise BackendTimeoutError(f"{exc}; check that the server answers its API, then import again") from None
     except Exception as exc:  # a store MLflow cannot open (bad path, unknown scheme, refused login)
         raise TrackingUriError(f"cannot read the MLflow tracking store at {tracking_uri}: {_short(exc)}") from None
     if exp is None:
@@ -312,68 +329,46 @@ def import_traces(
             f"no MLflow experiment named {experiment!r} at {tracking_uri}; experiments there: {', '.join(names) or 'none'}"
         )
     report = ImportReport()
-    writers: dict[tuple[str, str], tuple[SpanWriter, list[pa.RecordBatch]]] = {}
+    redactor = Redactor()
+    out = _Outputs(os.fspath(out_dir), tracking_uri, experiment, report)
     bar = Progress(0, f"import {experiment}", progress)
     token = None
     try:
         while True:
-            page = client.search_traces(
+            search = functools.partial(
+                client.search_traces,
                 locations=[exp.experiment_id],
                 filter_string=filter_string,
                 max_results=PAGE_SIZE,
                 page_token=token,
                 include_spans=True,
             )
+            page = call_within(search, f"mlflow at {tracking_uri}: search of traces", timeout_s)
             for trace in page:
+                name = str(getattr(trace.info, "trace_id", "?"))
                 try:
-                    rows = trace_rows(trace)
+                    rows = redact_rows(redactor, trace_rows(trace))  # foreign traces hold what they hold
                     batch = pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA) if rows else None
                     key = _names(trace, experiment)
                 except Exception as exc:  # one trace we cannot map: skip it, say which, import the rest
-                    report.refused.append(
-                        f"{getattr(trace.info, 'trace_id', '?')}: {type(exc).__name__}: {_short(exc)}"
-                    )
+                    report.refused.append(f"{name}: {type(exc).__name__}: {_short(exc)}")
                     continue
                 if batch is None:
                     report.skipped += 1
                     continue
-                if key not in writers:
-                    meta = {
-                        S.META_SCHEMA_VERSION: S.SCHEMA_VERSION,
-                        S.META_CONFIG: json.dumps(
-                            {
-                                "project_name": key[0],
-                                "experiment_name": key[1],
-                                "imported_from": tracking_uri,
-                                "mlflow_experiment": experiment,
-                            }
-                        ),
-                        S.META_PROJECT: key[0],
-                        S.META_EXPERIMENT: key[1],
-                        S.META_HOST: socket.gethostname(),
-                        S.META_PID: str(os.getpid()),
-                        S.META_CREATED_NS: str(time.time_ns()),
-                    }
-                    run_dir = os.path.join(os.fspath(out_dir), _safe(key[0]), _safe(key[1]))
-                    writers[key] = (SpanWriter(run_dir, meta), [])
-                writer, buf = writers[key]
-                buf.append(batch)
-                report.trajectories += 1
-                report.spans += batch.num_rows
-                if sum(b.num_rows for b in buf) >= WRITE_BATCH_ROWS:
-                    writer.write(_concat(buf))
-                    buf.clear()
+                out.add(key, batch, name)
                 bar.update(1)
             token = page.token
             if not token:
                 break
+    except BackendTimeoutError as exc:
+        raise BackendTimeoutError(
+            f"{exc}; {report.trajectories} traces read before it stopped answering are written under "
+            f"{os.fspath(out_dir)}; check that the server answers, then import again"
+        ) from None
     finally:
         bar.close()
-        for writer, buf in writers.values():
-            if buf:
-                writer.write(_concat(buf))
-            writer.close()
-            report.files.extend(writer.paths)
+        out.close()
     report.details.append(
         f"imported {report.trajectories} trajectories ({report.spans} spans) from MLflow experiment {experiment!r} "
         f"at {tracking_uri} into {len(report.files)} file(s) under {os.fspath(out_dir)}"
@@ -381,8 +376,93 @@ def import_traces(
     if report.skipped:
         report.details.append(f"skipped {report.skipped} traces without spans")
     for line in report.refused:
-        report.details.append(f"not imported (could not be mapped to trace rows): {line}")
+        report.details.append(f"not imported: {line}")
     return report
+
+
+class _Outputs:
+    """One writer per (project, experiment) under the output folder; a folder that fails refuses its own traces alone.
+
+    A trace is counted as imported when it is handed over; when its folder's
+    writer then fails (a name the file system refuses, a full disk), the
+    traces it still held move to :attr:`ImportReport.refused`, named, and every
+    later trace of that folder is refused at once; the other folders go on.
+    """
+
+    def __init__(self, out_dir: str, tracking_uri: str, experiment: str, report: ImportReport) -> None:
+        self.out_dir, self.tracking_uri, self.experiment, self.report = out_dir, tracking_uri, experiment, report
+        self.writers: dict[tuple[str, str], tuple[SpanWriter, list[pa.RecordBatch], list[str]]] = {}
+        self.broken: dict[tuple[str, str], str] = {}
+
+    def add(self, key: tuple[str, str], batch: pa.RecordBatch, name: str) -> None:
+        """Hand one trace's rows to its folder's writer (written once :data:`WRITE_BATCH_ROWS` are held)."""
+        if key in self.broken:
+            self.report.refused.append(f"{name}: {self.broken[key]}")
+            return
+        if key not in self.writers:
+            self.writers[key] = (
+                SpanWriter(os.path.join(self.out_dir, _safe(key[0]), _safe(key[1])), self._meta(key)),
+                [],
+                [],
+            )
+        _, buf, names = self.writers[key]
+        buf.append(batch)
+        names.append(name)
+        self.report.trajectories += 1
+        self.report.spans += batch.num_rows
+        if (
+            sum(b.num_rows for b in buf) >= WRITE_BATCH_ROWS or len(names) == 1
+        ):  # the first at once: a bad folder shows early
+            self._write(key)
+
+    def _write(self, key: tuple[str, str]) -> None:
+        writer, buf, names = self.writers[key]
+        if not buf:
+            return
+        try:
+            writer.write(_concat(buf))
+        except Exception as exc:
+            why = f"cannot write under {writer.run_dir!r} ({type(exc).__name__}: {_short(exc)})"
+            self.broken[key] = why
+            self.report.trajectories -= len(names)
+            self.report.spans -= sum(b.num_rows for b in buf)
+            self.report.refused.extend(f"{n}: {why}" for n in names)
+            del self.writers[key]
+            with contextlib.suppress(Exception):
+                writer.close()
+            return
+        buf.clear()
+        names.clear()
+
+    def close(self) -> None:
+        """Write what is held and close every writer; the files written go to the report."""
+        for key in list(self.writers):
+            self._write(key)
+            if key in self.writers:
+                writer = self.writers.pop(key)[0]
+                try:
+                    writer.close()
+                except Exception as exc:
+                    self.report.refused.append(f"{writer.run_dir}: not closed ({type(exc).__name__}: {_short(exc)})")
+                self.report.files.extend(writer.paths)
+
+    def _meta(self, key: tuple[str, str]) -> dict[str, str]:
+        return {
+            S.META_SCHEMA_VERSION: S.SCHEMA_VERSION,
+            S.META_CONFIG: json.dumps(
+                {
+                    "project_name": key[0],
+                    "experiment_name": key[1],
+                    "imported_from": self.tracking_uri,
+                    "mlflow_experiment": self.experiment,
+                }
+            ),
+            S.META_PROJECT: key[0],
+            S.META_EXPERIMENT: key[1],
+            S.META_HOST: socket.gethostname(),
+            S.META_PID: str(os.getpid()),
+            S.META_CREATED_NS: str(time.time_ns()),
+        }
 
 
 def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
