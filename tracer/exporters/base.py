@@ -860,11 +860,11 @@ class LiveDriver:
 
 def _shutdown_before_backends() -> None:
     """At exit, before the backends' own teardowns: drain and close the tracer (within its ``shutdown_timeout_s``)."""
-    import tracer
+    from tracer.record import recorder
 
-    config = tracer.get_config()
-    if config is not None:
-        tracer.shutdown(config.shutdown_timeout_s)
+    rec, recorder.ACTIVE = recorder.ACTIVE, None
+    if rec is not None:
+        rec.shutdown(rec.config.shutdown_timeout_s)
 
 
 def _with_run_config(recorded: Mapping[str, Any]) -> dict[str, Any]:

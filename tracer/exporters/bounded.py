@@ -67,7 +67,7 @@ def call_within(fn: Callable[[], T], what: str, timeout_s: float | None, say: Ca
         try:
             box["value"] = fn()
         except BaseException as exc:  # handed to the waiting thread
-            box["error"] = exc
+            box["raised"] = exc
         finally:
             done.set()
 
@@ -83,8 +83,8 @@ def call_within(fn: Callable[[], T], what: str, timeout_s: float | None, say: Ca
             raise BackendTimeoutError(f"{what}: no answer within {timeout_s:g} s")
         bound = "" if timeout_s is None else f" (gives up after {timeout_s:g} s)"
         report(f"{what}: still waiting for an answer after {waited:.0f} s{bound}")
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
+    if "raised" in box:
+        raise box["raised"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
 
 
