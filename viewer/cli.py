@@ -8,12 +8,12 @@ works without the ``viewer`` extra.
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib.util
 import os
 import subprocess
 import sys
 
+from tracer.cli.errors import suggest_path
 from tracer.extras import install_command
 from viewer.hosts import ENV_ALLOW_HOSTS, ENV_BIND
 
@@ -86,31 +86,6 @@ def server_env(host: str, allow_hosts: list[str] | None = None) -> dict[str, str
     env[ENV_BIND] = host
     env[ENV_ALLOW_HOSTS] = ",".join(allow_hosts or [])
     return env
-
-
-def suggest_path(path: str) -> str | None:
-    """The existing path closest to a mistyped ``path``: its nearest existing folder's closest entry, one level at a time."""
-    parts = os.path.normpath(path).split(os.sep)
-    base = os.sep if path.startswith(os.sep) else ""
-    current = base
-    changed = False
-    for part in parts:
-        if part in ("", "."):
-            continue
-        candidate = os.path.join(current, part) if current else part
-        if not os.path.exists(candidate):
-            folder = current or "."
-            try:
-                entries = sorted(os.listdir(folder))
-            except OSError:
-                return None
-            close = difflib.get_close_matches(part, entries, n=1, cutoff=0.6)
-            if not close:
-                return None
-            candidate = os.path.join(current, close[0]) if current else close[0]
-            changed = True
-        current = candidate
-    return current if changed else None
 
 
 def _view(args: argparse.Namespace) -> int:
