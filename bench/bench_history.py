@@ -1,4 +1,4 @@
-"""Multi-turn history stored once (issue 13): bytes on disk and writer time of a 10-turn agent.
+"""Multi-turn history stored once: bytes on disk and writer time of a 10-turn agent.
 
 Each trajectory is an agent of ``--turns`` llm calls; turn k's ``prompt_ids``
 are turn k-1's prompt and response plus ``--new`` new ids (a tool result),
@@ -10,10 +10,9 @@ Recorded three ways, in one process, each from the first call until
 2. whole prompts, every turn stored whole (the writer's history step turned off);
 3. only the new ids passed as ``prompt_ids`` (the floor: nothing repeated).
 
-Each run starts after an untimed ``gc.collect()`` (since issue 13's session
-5), so that a full collection the runs before it made due does not land on it.
+Each run starts after an untimed ``gc.collect()``, so that a full collection the runs before it made due does not land on it.
 Besides the wall clock and the process's CPU seconds, each line gives the
-writer thread's own CPU seconds (since issue 13's second round; read from
+writer thread's own CPU seconds (read from
 its thread clock after the flush): the target is the writer's time, and the
 process figure also holds the caller's call-time copy of every prompt.
 An untimed warm-up run comes first (since the same round): the first run in
@@ -117,7 +116,7 @@ def main() -> None:
     # CPU seconds beside the wall clock: each turn waits for an fsync, whose time on a
     # disk shared with other work swings far more than the work itself.
     cpus: dict[str, list[float]] = {mode: [] for mode in times}
-    # The writer thread's own CPU seconds (since issue 13's second round): the target is the
+    # The writer thread's own CPU seconds: the target is the
     # writer's time, and the process figure also holds the caller's call-time copies.
     writers: dict[str, list[float]] = {mode: [] for mode in times}
     try:

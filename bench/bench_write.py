@@ -6,27 +6,25 @@ response), token2text on with a real Hugging Face tokenizer built locally.
 1. rollout-trace: decorated async ``generate(prompt_ids, sampling_params)``
    calls returning ``{"response_ids", "finish_reason"}``, timed from the
    first call until ``tracer.flush()`` returns (everything durable on disk).
-   The spans hold what the straight line writes. Until issue 13's session 5
-   the response was also passed in as a third argument (recorded in the
-   inputs: 128 more ids per span to capture, check and write, which the
-   straight line never wrote); ``--response-as-argument`` measures that
-   shape again, beside the figures of earlier sessions.
+   The spans hold what the straight line writes. ``--response-as-argument``
+   also passes the response in as a third argument (recorded in the inputs:
+   128 more ids per span to capture, check and write, which the straight
+   line never writes).
 2. straight-line: the same spans as Python data, then decode (the id ->
    bytes table, the fastest exact decode; and again with the Rust
    ``decode_batch``, as before the table) + per-token texts + JSON +
    building the Arrow table + zstd IPC write + fsync, one pass, no tracer.
    It writes the llm rows only; the tracer writes two rows per call here (the
    llm span and the root span of the ``rollout_trace_attr`` block around
-   it). Since issue 13's session 7 it also runs writing the same rows as the
+   it). It also runs writing the same rows as the
    tracer, and the program alone is timed (the same loop with no recorder:
    the tracer's time includes it, the straight line's did not); the ratio
    "tracer / (program alone + straight line, same rows)" compares two runs of
    the same program writing the same rows.
 
-Every timed run starts after an untimed ``gc.collect()`` (since issue 13's
-session 5), so that a full collection one run made due does not land on the
+Every timed run starts after an untimed ``gc.collect()``, so that a full collection one run made due does not land on the
 next one; a run that fills the old generation itself still pays for it.
-Since issue 13's second round an untimed warm-up of 200 spans (tracer and
+An untimed warm-up of 200 spans (tracer and
 straight line) comes first: the first tracer run in a process paid one-off
 imports (pyarrow's first array imports pandas, ~0.5 s) in round 0 only; and
 the CPU line is split into the writer thread's own CPU seconds (its thread
@@ -92,7 +90,7 @@ class Engine:
 
 
 class ArgumentEngine:
-    """The shape of the figures before issue 13's session 5: the response comes in as an argument too."""
+    """The response comes in as an argument too (``--response-as-argument``)."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -140,8 +138,7 @@ def run_straight(tok, data, path: str, table_decode: bool = True, roots: bool = 
 
     The tracer writes two rows per call of this workload: the llm span and
     the root span of the ``rollout_trace_attr`` block around it (``name``
-    ``rollout_trace``, kind ``rollout``, no inputs or outputs). Until issue
-    13's session 7 the straight line wrote the llm rows only.
+    ``rollout_trace``, kind ``rollout``, no inputs or outputs).
     """
     t0 = time.perf_counter()
     now = time.time_ns()
@@ -256,7 +253,7 @@ def main() -> None:
     ap.add_argument(
         "--response-as-argument",
         action="store_true",
-        help="pass each response to generate() as well, as the bench did before issue 13's session 5",
+        help="pass each response to generate() as well, recorded in the inputs too",
     )
     args = ap.parse_args()
     from tracer_fixtures import hf_tokenizer
@@ -266,7 +263,7 @@ def main() -> None:
     bench_pieces(tok, data)
     tmp = tempfile.mkdtemp(prefix="bench-write-")
     ours, plain, straight, straight_rust = [], [], [], []
-    # Since issue 13's session 7: the straight line writing the same rows as the tracer (the root
+    # The straight line writing the same rows as the tracer (the root
     # rows too), and the program alone (its loop with no recorder), so that both sides run it.
     straight_rows, untraced = [], []
     # CPU seconds of the process (both of the tracer's threads), beside the wall clock: on a
@@ -274,7 +271,7 @@ def main() -> None:
     cpu_ours, cpu_straight = [], []
     # The writer thread's own CPU seconds, and the caller's (the main thread's, less the straight line's none).
     cpu_writer = []
-    # Untimed warm-up (since issue 13's second round): the first tracer run in a process paid
+    # Untimed warm-up: the first tracer run in a process paid
     # one-off imports (pyarrow's first array imports pandas on the writer thread, ~0.5 s).
     run_tracer(tok, data[:200], os.path.join(tmp, "warm-up"), response_argument=args.response_as_argument)
     run_straight(tok, data[:200], os.path.join(tmp, "warm-up.arrow"))
@@ -319,7 +316,7 @@ def main() -> None:
     )
     print(
         f"  ratio rollout-trace / straight-line = {t_ours / t_straight:.2f}x with secret redaction (default), "
-        f"{t_plain / t_straight:.2f}x without (the straight line does none) (target <= 1.5x, issue 13)"
+        f"{t_plain / t_straight:.2f}x without (the straight line does none) (target <= 1.5x)"
     )
     t_rows, t_loop = statistics.median(straight_rows), statistics.median(untraced)
     print(
@@ -329,7 +326,7 @@ def main() -> None:
     print(
         f"  ratio rollout-trace / (program alone + straight line, same rows) = {t_ours / (t_loop + t_rows):.2f}x "
         f"with redaction, {t_plain / (t_loop + t_rows):.2f}x without (both sides run the program and write "
-        f"{2 * args.spans:,} rows; target <= 1.5x, issue 13)"
+        f"{2 * args.spans:,} rows; target <= 1.5x)"
     )
     # Each round's runs come seconds apart: the ratio within a round is less swayed by the
     # machine's drift than the ratio of medians (the rounds of one process swing +-20% here).

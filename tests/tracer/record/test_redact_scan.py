@@ -9,7 +9,7 @@ from tracer.record.redact import FOLDED_TRIGGERS, MAX_ANCHOR_HITS, REDACTED, Red
 from tracer.record.redact import TRIGGERS as EXACT
 
 #: Both trigger sets: the scan is the same for each (the folded ones search the lower-cased text); and
-#: triggers anchored on ``_`` and ``:``, which the redactor gates otherwise since session 8, so that the
+#: triggers anchored on ``_`` and ``:``, which the redactor gates otherwise, so that the
 #: scan's split search stays held to its promise for the anchors common in code and JSON.
 TRIGGERS = (*EXACT, *FOLDED_TRIGGERS, "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "://")
 SCAN = TriggerScan(TRIGGERS)
@@ -121,7 +121,7 @@ def test_every_text_a_pattern_would_change_is_scanned_and_redacted(parts: list[s
 
 
 def test_mixed_case_headers_and_parameters_are_redacted() -> None:
-    """The spellings the pre-scan once let through unscanned (issue 13, session 7) are redacted."""
+    """The spellings the pre-scan once once let through unscanned are redacted."""
     redactor = Redactor(environ={})
     for text, kept in (
         ("Authorization: BeArEr abcdefghijklmnop1234", "Authorization: "),
