@@ -614,7 +614,7 @@ def _layout() -> tuple[int, int, dict[str, tuple[int, int, np.dtype]]] | None:
         if counts is None:
             return None
         if pa.types.is_primitive(f.type) and not pa.types.is_boolean(f.type):
-            where[f.name] = (nodes, buffers, np.dtype(f.type.to_pandas_dtype()).newbyteorder("<"))
+            where[f.name] = (nodes, buffers, np.asarray(pa.array([], f.type)).dtype.newbyteorder("<"))
         nodes += counts[0]
         buffers += counts[1]
     return nodes, buffers, where
