@@ -13,7 +13,7 @@ read yet in that process; the OS page cache is warm):
    overview page reads, with its tiles and table computed): 1M against 1k spans (target: within 2x) and 10M spans
    (target: under 2 s); beside it the same numbers from every trajectory row
    (``load_trajectories``, what the page read before) and the page with the
-   runs' rollups (``tracer.storage.rollup``) moved aside; then, since the 1k run
+   runs' rollups (``tracer.index.rollup``) moved aside; then, since the 1k run
    is one writer over 10 steps and the 1M run 16 over 100, the 1M page
    against the smallest run of its own layout (the run's size alone), and
    the 1M run compacted to one file against the 1k run;
@@ -55,10 +55,10 @@ from bench_scale import SPANS_PER_TRAJECTORY, chunk  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer import schema as S  # noqa: E402
-from tracer.storage import rollup  # noqa: E402
+from tracer.index import rollup  # noqa: E402
+from tracer.index.rollup import ROLLUP_NAME  # noqa: E402
+from tracer.index.shard import INDEX_SUFFIX  # noqa: E402
 from tracer.storage.compact import compact  # noqa: E402
-from tracer.storage.rollup import ROLLUP_NAME  # noqa: E402
-from tracer.storage.shard_index import INDEX_SUFFIX  # noqa: E402
 from tracer.storage.writer import SpanWriter  # noqa: E402
 
 BATCH_ROWS = 8192

@@ -6,7 +6,7 @@ and leaves them as a killed writer does (every batch durable, no footer).
 Then, in this one process, taking turns each repetition on fresh copies:
 
 1. sealing every shard with its index (``seal_if_abandoned``) against sealing
-   it alone (``index=False``), and a second seal of the now closed files (what
+   it alone (``on_sealed=None``), and a second seal of the now closed files (what
    every read pays);
 2. ``rollout-trace compact`` of the run, each output file indexed, against the
    same compaction with the summary unregistered (no index written).
@@ -30,10 +30,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scale import chunk  # noqa: E402
 
 from tracer import schema as S  # noqa: E402
-from tracer.storage import shard_index  # noqa: E402
+from tracer.index import closed  # noqa: E402
+from tracer.index import shard as shard_index  # noqa: E402
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index  # noqa: E402
 from tracer.storage.compact import compact  # noqa: E402
-from tracer.storage.seal import ALREADY_CLOSED, SEALED, seal_if_abandoned  # noqa: E402
-from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index  # noqa: E402
+from tracer.storage.seal import ALREADY_CLOSED, SEALED, index_sealed, seal_if_abandoned  # noqa: E402
 from tracer.storage.writer import SpanWriter  # noqa: E402
 
 BATCH_ROWS = 8192
@@ -63,7 +64,7 @@ def shards_of(run: str) -> list[str]:
 def seal_all(run: str, index: bool) -> float:
     t0 = time.perf_counter()
     for shard in shards_of(run):
-        assert seal_if_abandoned(shard, index=index).action == SEALED
+        assert seal_if_abandoned(shard, on_sealed=index_sealed if index else None).action == SEALED
     return time.perf_counter() - t0
 
 
@@ -75,15 +76,18 @@ def reseal_all(run: str) -> float:
 
 
 def compact_run(run: str, index: bool) -> float:
-    saved = list(shard_index._summarizer)
-    if not index:
-        shard_index._summarizer[:] = []  # summarizer() is None: compaction writes no index
+    saved = closed.builder
+    if not index:  # a builder past its memory bound at the first batch: compaction writes no index
+        closed.builder = lambda bounded=True: saved(bounded=True)
+        shard_index.MAX_BUILD_BYTES, bound = 0, shard_index.MAX_BUILD_BYTES
     try:
         t0 = time.perf_counter()
         report = compact(run, target_bytes=64 * 1024 * 1024)
         took = time.perf_counter() - t0
     finally:
-        shard_index._summarizer[:] = saved
+        closed.builder = saved
+        if not index:
+            shard_index.MAX_BUILD_BYTES = bound
     indexed = [n for n in os.listdir(run) if n.endswith(INDEX_SUFFIX)]
     assert report.files_out and (len(indexed) == report.files_out if index else not indexed), (report, indexed)
     return took

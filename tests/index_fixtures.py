@@ -18,10 +18,10 @@ from storage_fixtures import copy_run
 
 import tracer
 from tracer import schema as S
-from tracer.storage import shard_index as _si
+from tracer.index import shard as _si
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index
 from tracer.storage.files import read_layout
 from tracer.storage.seal import seal_if_abandoned
-from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index
 from tracer.storage.writer import SpanWriter
 from tracer.summary import SUMMARY_SPAN_COLUMNS, summarize
 
@@ -71,7 +71,7 @@ def bare_copy(run: str, where: str) -> str:
     for root, _, names in os.walk(where):
         for name in names:
             if name.endswith(S.FILE_SUFFIX):
-                seal_if_abandoned(os.path.join(root, name), index=False)
+                seal_if_abandoned(os.path.join(root, name), on_sealed=None)
     return where
 
 

@@ -6,8 +6,8 @@ import os
 import shutil
 
 from tracer import schema as S
-from tracer.storage import rollup
-from tracer.storage.shard_index import INDEX_SUFFIX
+from tracer.index import rollup
+from tracer.index.shard import INDEX_SUFFIX
 
 #: How long the helpers below wait for the rollup thread: an update may itself wait its lock
 #: (``rollup.LOCK_WAIT_S``) and then rebuild, which takes longer than that on a loaded CI machine.

@@ -29,6 +29,7 @@ from tracer.config import ENV_BACKEND, ENV_CONFIG, ENV_TRACE_DIR, TraceConfig, T
 from tracer.data.dataset import to_dataset
 from tracer.data.rescore import read_rewards
 from tracer.exporters.attach import attach_exporters
+from tracer.index.readers import read_trajectories
 from tracer.read import (
     TraceFileWarning,
     dataset,
@@ -42,7 +43,7 @@ from tracer.record import recorder as _recorder
 from tracer.record.decorators import log_reward, propagate, rollout_trace_attr, rollout_trace_op
 from tracer.record.recorder import FlushResult
 from tracer.record.token_stats import log_token_stats
-from tracer.summary import read_trajectories, step_metrics, trajectory_messages
+from tracer.summary import step_metrics, trajectory_messages
 from tracer.token_stats import read_token_stats
 
 __version__ = "0.1.0"

@@ -22,8 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as elsewhere
+from tracer.index.readers import read_trajectories
 from tracer.read import TracePaths, list_trace_files, read_file_metadata, read_spans
-from tracer.summary import TURN_SPAN_COLUMNS, prompt_and_response, read_trajectories, trajectory_turns
+from tracer.summary import TURN_SPAN_COLUMNS, prompt_and_response, trajectory_turns
 
 #: Columns of :func:`compare_runs`' table (besides ``sample_index`` and ``validate``).
 PROMPT = "prompt"

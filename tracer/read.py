@@ -29,15 +29,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S
-from tracer.storage import rollup as _rollup
+from tracer.index import rollup as _rollup
+from tracer.index.rollup import Rollup
+from tracer.index.shard import ShardIndex, load_shard_index
 from tracer.storage import uri as _uri
 from tracer.storage.files import ends_closed, read_batches, read_schema
 from tracer.storage.history import HISTORY_COLUMNS, expand_history
 from tracer.storage.index import INDEX_NAME, batches_for_steps, listing, load_index, replaced_files
 from tracer.storage.locks import reading
-from tracer.storage.rollup import Rollup
 from tracer.storage.seal import seal_if_abandoned
-from tracer.storage.shard_index import ShardIndex, load_shard_index
 
 if TYPE_CHECKING:  # imported where a Dataset is built: 0.2 s of `import tracer` otherwise
     import pyarrow.dataset as pds
@@ -171,7 +171,7 @@ def indexed_files(path: TracePaths) -> list[tuple[str, ShardIndex | None]]:
     The files :func:`iter_batches` would read, shards of writers that are gone
     sealed first; an index (a shard's, or the one compaction wrote for its
     output) is returned only when it agrees with its file
-    (:mod:`tracer.storage.shard_index`); remote files get none.
+    (:mod:`tracer.index.shard`); remote files get none.
 
     Raises:
         FileNotFoundError: a path does not exist.
@@ -194,7 +194,7 @@ def _indexed_pairs(files: list[str], index: dict[str, Any]) -> list[tuple[str, S
 
 def run_rollup(path: TracePaths) -> Rollup | None:
     """The rollup of ``path`` when it is one local directory's (no trace files below it) covering all of
-    its files (:mod:`tracer.storage.rollup`); else None."""
+    its files (:mod:`tracer.index.rollup`); else None."""
     if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
         return None
     found = list(_rolled_up(path))

@@ -161,7 +161,7 @@ TRAJECTORY_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
 TRAJECTORY_COLUMNS: tuple[str, ...] = tuple(f[0] for f in TRAJECTORY_FIELDS)
 TRAJECTORY_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in TRAJECTORY_FIELDS])
 
-# The shard index (tracer/storage/shard_index.py, docs/format.md): a sidecar per closed shard.
+# The shard index (tracer/index/shard.py, docs/format.md): a sidecar per closed shard.
 #: Column of the shard index: the record batches of the shard holding the row's trace id.
 INDEX_BATCHES = "index_batches"
 #: Column of the shard index: every span of the trace id has the same step and validate flag.
@@ -225,7 +225,7 @@ STEP_PARTIALS_SCHEMA = pa.schema(
 #: stored beside merged aggregates by a run rollup (:data:`ROLLUP_SCHEMA`).
 VALUE_METRICS = ("reward/mean", "reward/std", "reward/min", "reward/max", "latency_s/p50", "latency_s/p95")
 
-#: A run rollup's table (``tracer.storage.rollup``): merged :data:`STEP_PARTIALS_SCHEMA` rows and, per row,
+#: A run rollup's table (``tracer.index.rollup``): merged :data:`STEP_PARTIALS_SCHEMA` rows and, per row,
 #: its :data:`VALUE_METRICS` as computed from its values.
 ROLLUP_SCHEMA = pa.schema([*STEP_PARTIALS_SCHEMA, *(pa.field(m, pa.float64()) for m in VALUE_METRICS)])
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as elsewhere
+from tracer.index.readers import read_trajectories
 from tracer.read import TracePaths, read_spans
 from tracer.record.token_stats import (
     TOKEN_STATS_ARRAYS_KEY,
@@ -33,7 +34,6 @@ from tracer.summary import (
     TOKEN_STATS_SOURCE,
     TURN,
     TURN_SPAN_COLUMNS,
-    read_trajectories,
     trajectory_turns,
 )
 

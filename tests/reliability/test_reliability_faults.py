@@ -21,7 +21,7 @@ from reliability_fixtures import FIGURES, read_quietly, start_fault_script
 from storage_fixtures import copy_run
 
 import tracer
-from tracer.storage import rollup
+from tracer.index import rollup
 
 pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("figures_report")]
 

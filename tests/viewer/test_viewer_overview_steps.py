@@ -10,7 +10,7 @@ from apptest_fixtures import open_app
 from viewer_fixtures import record_run
 
 import tracer
-from tracer.storage.shard_index import load_shard_index, stored_step_partials
+from tracer.index.shard import load_shard_index, stored_step_partials
 from viewer import data as D
 from viewer import state
 from viewer.format import metric_value

@@ -10,8 +10,8 @@ from typing import Any
 from tracer import schema as S
 from tracer.cli.errors import missing_run_path
 from tracer.exporters.lag import read_lag
+from tracer.index.readers import read_trajectories
 from tracer.read import TraceFileWarning, list_trace_files
-from tracer.summary import read_trajectories
 
 
 def register_info(subparsers: Any) -> None:

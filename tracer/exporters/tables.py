@@ -22,9 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+from tracer.index.readers import read_trajectories
 from tracer.read import TracePaths, list_trace_files, read_file_metadata, read_spans
 from tracer.read import parse_json_or_text as _loads
-from tracer.summary import Turn, prompt_and_response, read_trajectories, render_turns, trajectory_turns
+from tracer.summary import Turn, prompt_and_response, render_turns, trajectory_turns
 
 #: Columns of the per-step trajectory table, in order.
 #: Where a table column carries a trajectory column, it has that column's name.

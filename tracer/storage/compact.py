@@ -30,7 +30,7 @@ durable. The order of operations makes a crash at any point safe:
    the originals, then drop the ``replaces`` lists from the index.
 
 Each merged file also gets its shard index
-(:mod:`tracer.storage.shard_index`, ``_<name>.index``), built from the
+(:mod:`tracer.index.shard`, ``_<name>.index``), built from the
 batches as they are written: on a local filesystem written right after step 3
 (it must name the renamed file); on an object store uploaded with step 1
 beside the ``.tmp`` (staged in a local temporary directory, where the index
@@ -82,15 +82,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S
+from tracer.index import closed, rollup
+from tracer.index.shard import ShardIndexBuilder, sidecar_path, write_sidecar
 from tracer.read import iter_batches
-from tracer.storage import rollup
 from tracer.storage import uri as _uri
 from tracer.storage.decisions import file_decisions, metadata_value
 from tracer.storage.files import FileRead, read_batches
 from tracer.storage.index import INDEX_NAME, load_index, replaced_files, save_index
 from tracer.storage.locks import try_exclusive
-from tracer.storage.seal import LIVE, SEALED, seal_if_abandoned, warn_no_index
-from tracer.storage.shard_index import ShardIndexBuilder, sidecar_path, summarizer, write_sidecar
+from tracer.storage.seal import LIVE, SEALED, seal_if_abandoned
 from tracer.storage.upload import ATOMIC_PUT_FILESYSTEMS
 from tracer.storage.writer import fsync_dir
 
@@ -448,7 +448,7 @@ def plan_dir(
             report.set_aside.append((full, "not a regular file (a FIFO, device or directory): not opened"))
         else:
             # No index at the seal: the shard is merged now, and the merged file gets one.
-            sealing = seal_if_abandoned(full, seal_after_s, index=False)
+            sealing = seal_if_abandoned(full, seal_after_s, on_sealed=None)
             if sealing.action == SEALED:
                 report.sealed.append(full)
             elif sealing.action == LIVE:
@@ -524,12 +524,11 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
     table = table.sort_by(_SORT_KEYS)
     assert table.num_rows == out.rows
     d = run_dir_of(unit.run_dir)
-    how = summarizer()
     # No memory bound: ``table`` is held whole here and the builder keeps views of its batches, so
     # an output of any size gets its index (with the writer's bound, a 10M-span output got none).
-    builder = None if how is None else ShardIndexBuilder(*how, bounded=False)
+    builder = closed.builder(bounded=False)
     schema = S.SPAN_SCHEMA.with_metadata(meta)
-    if d.remote and builder is not None:
+    if d.remote:
         out.entry = _write_remote_indexed(d, unit.name, table, schema, builder)
     else:
         out.entry = _write_compacted(d, unit.name + ".tmp", table, schema, builder)
@@ -561,7 +560,7 @@ def commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: Co
         try:
             write_sidecar(d.full(name), result.index)
         except Exception as exc:  # the file is read whole instead
-            warn_no_index(d.full(name), exc)
+            closed.warn_no_index(d.full(name), exc)
     report.files_in += len(result.inputs)
     report.files_out += 1
     report.rows += result.rows
@@ -615,7 +614,7 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
                     d.remove(old)
                 except FileNotFoundError:
                     pass
-                if not d.remote:  # the shard's index (tracer.storage.shard_index) goes with it
+                if not d.remote:  # the shard's index (tracer.index.shard) goes with it
                     with contextlib.suppress(OSError):
                         os.remove(sidecar_path(d.full(old)))
             for g in group:
@@ -651,7 +650,7 @@ def _write_remote_indexed(
                 write_sidecar(local.full(name), builder)
                 indexed = True
             except Exception as exc:
-                warn_no_index(d.full(name), exc)
+                closed.warn_no_index(d.full(name), exc)
         _upload(d, local.full(name), name + ".tmp")
         if d.size(name + ".tmp") != entry["size"]:
             raise OSError(f"{d.full(name + '.tmp')}: {d.size(name + '.tmp')} bytes stored, {entry['size']} written")
@@ -659,7 +658,7 @@ def _write_remote_indexed(
             try:
                 _upload(d, sidecar_path(local.full(name)), _index_name(name))
             except Exception as exc:
-                warn_no_index(d.full(name), exc)
+                closed.warn_no_index(d.full(name), exc)
     return entry
 
 

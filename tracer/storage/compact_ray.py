@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tracer.extras import install_command
+from tracer.index.shard import sidecar_path
 from tracer.storage.compact import (
     DEFAULT_TARGET_BYTES,
     CompactReport,
@@ -55,7 +56,6 @@ from tracer.storage.compact import (
     run_dirs,
     write_parquet,
 )
-from tracer.storage.shard_index import sidecar_path
 from tracer.storage.uri import is_remote
 
 #: How many times Ray reruns a merge whose worker died before it counts as failed (Ray's own default).

@@ -682,7 +682,7 @@ class TraceFileBatches:
     def _walk_chosen(self, src: _Source, start: int, size: int) -> list[_Message] | None:
         """The schema and the chosen batches' headers only, the others where the footer puts them; None to walk.
 
-        For a file whose footer an index vouches for (:mod:`tracer.storage.shard_index`): the footer
+        For a file whose footer an index vouches for (:mod:`tracer.index.shard`): the footer
         is the one its writer wrote, so batches are where it says, and only those read are parsed.
         """
         try:

@@ -28,13 +28,14 @@ sealer and a writer) never interleave. A file torn inside a batch is not
 sealed (appending would hide the tear): ``rollout-trace check --repair``
 handles it.
 
-Once sealed, the shard gets the index its writer would have written at
-close (:mod:`tracer.storage.shard_index`, by :func:`write_index`: the same
-builder and the same sidecar, checked by readers against the sealed file's
-size and footer), so readers of a dead worker's shards read only the batches
-a question needs. Building it reads the shard's summary columns once; when it
-cannot be written (a full disk, a shard too large to summarise) the seal still
-stands, one warning is logged per process, and readers read the spans.
+Once sealed, the shard is handed to ``on_sealed``; the default writes the
+index its writer would have written at close
+(:func:`tracer.index.closed.shard_sealed`: the same function and the same
+sidecar, checked by readers against the sealed file's size and footer), so
+readers of a dead worker's shards read only the batches a question needs.
+When it cannot be written (a full disk, a shard too large to summarise) the
+seal still stands, one warning is logged per process, and readers read the
+spans.
 
 Readers call this before every read, so it is cheap when there is nothing to
 do: a file found closed is not opened again while its size, mtime and inode
@@ -49,7 +50,6 @@ import dataclasses
 import errno
 import fcntl
 import io
-import logging
 import os
 import re
 import stat
@@ -60,10 +60,9 @@ import time
 import pyarrow as pa
 
 from tracer import schema as S
-from tracer.storage.files import ARROW_FILE_MAGIC, EOS_MARKER, Layout, ends_closed, read_batches, read_layout
-from tracer.storage.shard_index import ShardIndexBuilder, summarizer, write_sidecar
+from tracer.storage.files import ARROW_FILE_MAGIC, EOS_MARKER, Layout, ends_closed, read_layout
 from tracer.storage.uri import is_remote
-from tracer.storage.writer import _rollup, host_label
+from tracer.storage.writer import OnClose, host_label
 
 #: Environment variable: seconds a shard of another host must stay unchanged before it is sealed.
 ENV_SEAL_AFTER_S = "ROLLOUT_TRACE_SEAL_AFTER_S"
@@ -91,51 +90,12 @@ _closed_lock = threading.Lock()
 CLOSED_CACHE_ENTRIES = 65536
 
 
-logger = logging.getLogger("rollout_trace")
-_index_warned = threading.Event()
+def index_sealed(path: str) -> None:
+    """The default ``on_sealed``: :func:`tracer.index.closed.shard_sealed` (the shard's index, the run's
+    rollup), imported at the first seal: it is the layer above storage."""
+    from tracer.index.closed import shard_sealed
 
-
-def write_index(shard: str) -> bool:
-    """Write the index of the closed local ``shard`` from its spans (what a writer writes at close).
-
-    Never raises: a shard that gets no index is read whole, as before. The
-    first failure in a process is logged (a warning), later ones are not.
-
-    Returns:
-        True when the sidecar was written.
-    """
-    how = summarizer()
-    if how is None:
-        return False
-    try:
-        builder = ShardIndexBuilder(*how)
-        wanted = list(dict.fromkeys([*builder.columns, S.STEP]))
-        reading = read_batches(shard, wanted)
-        for batch in reading:
-            builder.add(batch)
-        if not reading.result.complete:
-            raise ValueError(reading.result.describe() or "not read completely")
-        write_sidecar(shard, builder)
-    except Exception as exc:  # the seal stands without an index: readers read the spans
-        warn_no_index(shard, exc)
-        return False
-    if _rollup:  # the run's overview takes the sealed shard too (on the rollup thread: a read seals many at once)
-        _rollup[0].update_later(os.path.dirname(shard) or ".")
-    return True
-
-
-def warn_no_index(shard: str, exc: BaseException) -> None:
-    """Log, once per process, that ``shard`` got no index (sealing, compaction); later calls log nothing."""
-    if _index_warned.is_set():
-        return
-    _index_warned.set()
-    logger.warning(
-        "rollout-trace: no index written for %s (%s: %s); readers read its spans instead "
-        "(further failures to write an index are not logged)",
-        shard,
-        type(exc).__name__,
-        exc,
-    )
+    shard_sealed(path)
 
 
 @dataclasses.dataclass
@@ -239,7 +199,9 @@ def _remember_closed(file: str, stamp: tuple[int, int, int]) -> None:
             _closed.popitem(last=False)
 
 
-def seal_if_abandoned(path: str | os.PathLike[str], max_age_s: float | None = None, index: bool = True) -> SealResult:
+def seal_if_abandoned(
+    path: str | os.PathLike[str], max_age_s: float | None = None, on_sealed: OnClose | None = index_sealed
+) -> SealResult:
     """Close ``path`` as its writer would have if that writer is gone (see the module docstring).
 
     Never raises for the file's sake: what could not be done is in the result.
@@ -247,12 +209,16 @@ def seal_if_abandoned(path: str | os.PathLike[str], max_age_s: float | None = No
     Args:
         path: A local trace file.
         max_age_s: Override :func:`seal_after_s` (files of other hosts).
-        index: Write the sealed shard's index (:func:`write_index`); compaction,
-            which merges the shard at once and indexes what it writes, passes False.
+        on_sealed: Called with the path of a shard this call sealed (default: its index,
+            :func:`index_sealed`); compaction, which merges the shard at once and indexes what
+            it writes, passes None.
     """
     result = _seal(os.fspath(path), max_age_s)
-    if index and result.action == SEALED:
-        write_index(result.path)
+    if on_sealed is not None and result.action == SEALED:
+        try:
+            on_sealed(result.path)
+        except Exception:  # derived data only: the seal stands
+            pass
     return result
 
 
@@ -310,4 +276,4 @@ def _seal(file: str, max_age_s: float | None) -> SealResult:
         os.close(fd)  # releases the lock
 
 
-__all__ = ["ENV_SEAL_AFTER_S", "SEAL_AFTER_S", "SealResult", "seal_if_abandoned", "warn_no_index", "write_index"]
+__all__ = ["ENV_SEAL_AFTER_S", "SEAL_AFTER_S", "SealResult", "index_sealed", "seal_if_abandoned"]

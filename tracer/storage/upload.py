@@ -248,9 +248,6 @@ class UploadingSpanWriter(SpanWriter):
             It runs before pyarrow finalizes S3, which a handler registered earlier would not.
     """
 
-    #: Readers of object storage use no shard index (tracer.storage.shard_index is for local files).
-    writes_index = False
-
     def __init__(
         self,
         dest_uri: str,
@@ -263,7 +260,7 @@ class UploadingSpanWriter(SpanWriter):
         at_exit: Callable[[], object] | None = None,
     ) -> None:
         staging = staging or staging_dir_for(dest_uri)
-        super().__init__(staging, metadata, compression_level, max_file_bytes)
+        super().__init__(staging, metadata, compression_level, max_file_bytes, on_close=None)  # no index: remote
         self.dest_uri = dest_uri
         self._pid = os.getpid()
         self.upload_interval_s = float(upload_interval_s)
@@ -323,11 +320,8 @@ class UploadingSpanWriter(SpanWriter):
         if path is not None:
             self._pending.append((path, True, 0.0, 0))
 
-    def close(self, rollup_now: bool = True) -> None:
-        """Close the current file; from outside a write (shutdown), also upload everything now.
-
-        ``rollup_now`` is :class:`SpanWriter`'s: staged files get no index, so no rollup either.
-        """
+    def close(self) -> None:
+        """Close the current file; from outside a write (shutdown), also upload everything now."""
         with self._lock:
             self._rotate()
             if self._in_write:

@@ -14,11 +14,12 @@ kernel releases it when the process ends however it ends (SIGKILL,
 ``os._exit``, a Ray worker torn down), which is how
 :mod:`tracer.storage.seal` tells a dead writer's file from a live one.
 
-When it closes a file cleanly, the writer also writes its index beside it
-(:mod:`tracer.storage.shard_index`: the steps and trace ids of each batch and
-the trajectory summary rows of the file), so readers open only the batches a
-question needs. Building the index never fails a write: a file whose index
-could not be built or written simply has none, and readers read its spans.
+When it closes a file cleanly, the writer calls its ``on_close`` with the
+file's path; the default writes the file's index and updates the run's rollup
+(:func:`tracer.index.closed.shard_closed`), so readers open only the batches a
+question needs. The callback never fails a write: a file whose index could not
+be built or written simply has none, and readers read its spans. The writer
+keeps nothing of the file's spans in memory.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ import re
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 
 from tracer import schema as S
-from tracer.storage.shard_index import ShardIndexBuilder, Summarizer, summarizer, write_sidecar
+
+#: Called with a file's path once the file is closed cleanly (footer written, fsync'd).
+OnClose = Callable[[str], None]
 
 
 def host_label() -> str:
@@ -55,14 +59,12 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-_rollup: list[Any] = []
+def index_shard(path: str) -> None:
+    """The default ``on_close``: :func:`tracer.index.closed.shard_closed` (the shard's index and the run's
+    rollup), imported at the first close: it is the layer above storage."""
+    from tracer.index.closed import shard_closed
 
-
-def use_rollup(module: Any) -> None:
-    """Register what keeps the run's rollup (:mod:`tracer.storage.rollup` does, on import: it builds on
-    this module, so this module cannot import it): its ``update_quietly``, ``update_later`` and
-    ``wait_idle`` run after a file is closed and indexed."""
-    _rollup[:] = [module]
+    shard_closed(path)
 
 
 class SpanWriter:
@@ -73,13 +75,9 @@ class SpanWriter:
         metadata: Schema-level metadata written into every file.
         compression_level: zstd level.
         max_file_bytes: Start a new file once the current one is this big.
-        index: Write each closed file's index (:mod:`tracer.storage.shard_index`).
-        summarize: ``(span columns, summarize)`` for the index's summary rows; default: the
-            trajectory model's (:func:`tracer.summary.summarize`, registered when it is imported).
+        on_close: Called with each file's path once it is closed cleanly (its index, its run's
+            rollup: :func:`index_shard`); None: nothing.
     """
-
-    #: Subclasses whose files leave this host at close (the uploader) write no index.
-    writes_index = True
 
     def __init__(
         self,
@@ -87,13 +85,10 @@ class SpanWriter:
         metadata: dict[str, str],
         compression_level: int = 3,
         max_file_bytes: int = 256 * 1024 * 1024,
-        index: bool = True,
-        summarize: tuple[tuple[str, ...], Summarizer] | None = None,
+        on_close: OnClose | None = index_shard,
     ) -> None:
         self.run_dir = run_dir
-        self._summarize = summarize
-        self._index = index
-        self._builder: ShardIndexBuilder | None = None
+        self._on_close = on_close
         self.schema = S.SPAN_SCHEMA.with_metadata(metadata)
         self.options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
         self.max_file_bytes = max_file_bytes
@@ -111,7 +106,6 @@ class SpanWriter:
     def _open(self) -> None:
         self._batches = 0
         self.path = None
-        self._builder = None
         os.makedirs(self.run_dir, exist_ok=True)
         self.path = os.path.join(self.run_dir, f"{self._stem}_{self._seq:04d}{S.FILE_SUFFIX}")
         self._seq += 1
@@ -122,9 +116,6 @@ class SpanWriter:
         except OSError:
             pass  # no flock here: sealers fall back to the process id and the file's age
         self._stream = pa.ipc.new_file(self._file, self.schema, options=self.options)
-        how = (self._summarize or summarizer()) if self._index and self.writes_index else None
-        if how is not None:
-            self._builder = ShardIndexBuilder(*how)
         self._file.flush()
         os.fsync(self._file.fileno())
         fsync_dir(self.run_dir)
@@ -149,13 +140,8 @@ class SpanWriter:
             self._abandon()
             raise
         self._batches += 1
-        if self._builder is not None:
-            try:
-                self._builder.add(batch)
-            except Exception:  # the file goes without an index; its spans are all there
-                self._builder = None
         if self._file.tell() >= self.max_file_bytes:
-            self.close(rollup_now=False)
+            self.close()
 
     def _sealed_meanwhile(self) -> bool:
         """True when the file grew behind this writer's back (sealed after a long quiet spell)."""
@@ -172,7 +158,6 @@ class SpanWriter:
             pass
         self._file = None
         self._stream = None
-        self._builder = None
 
     def _abandon(self) -> None:
         try:
@@ -182,7 +167,6 @@ class SpanWriter:
             pass
         self._file = None
         self._stream = None
-        self._builder = None
         # A file with no complete batch (a full disk failed its header) holds
         # nothing; left behind, it would only make every reader warn.
         if self._batches == 0 and self.path is not None:
@@ -192,16 +176,9 @@ class SpanWriter:
             except (OSError, ValueError):
                 pass
 
-    def close(self, rollup_now: bool = True) -> None:
-        """End the current file cleanly (footer, fsync); its lock goes with the descriptor.
-
-        The run's rollup (:mod:`tracer.storage.rollup`) then takes the file: here, or with
-        ``rollup_now`` False (a rotation) on the process's rollup thread; a close with no file
-        open waits for that thread (a bounded wait), so the rollup takes the last file rotated.
-        """
+    def close(self) -> None:
+        """End the current file cleanly (footer, fsync; its lock goes with the descriptor), then ``on_close``."""
         if self._stream is None:
-            if rollup_now and self.paths and self.writes_index and _rollup:
-                _rollup[0].wait_idle()
             return
         try:
             self._stream.close()
@@ -211,11 +188,8 @@ class SpanWriter:
         finally:
             self._file = None
             self._stream = None
-        builder, self._builder = self._builder, None
-        if builder is not None and self.path is not None:
+        if self._on_close is not None and self.path is not None:
             try:
-                write_sidecar(self.path, builder)
-            except Exception:  # no index for this file: readers read its spans
-                return
-            if _rollup:  # the run's overview now covers this file too
-                (_rollup[0].update_quietly if rollup_now else _rollup[0].update_later)(self.run_dir)
+                self._on_close(self.path)
+            except Exception:  # derived data only: the file and its spans are whole
+                pass

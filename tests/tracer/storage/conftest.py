@@ -15,8 +15,8 @@ from storage_fixtures import span_rows
 
 import tracer
 from tracer import schema as S
-from tracer.storage import rollup
-from tracer.storage.shard_index import sidecar_path
+from tracer.index import rollup
+from tracer.index.shard import sidecar_path
 from tracer.storage.writer import SpanWriter
 
 
@@ -101,7 +101,7 @@ def bucket(s3: MotoServer, request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def shard_indexes_alone() -> Iterator[None]:
-    """Readers pass over every run rollup (:mod:`tracer.storage.rollup`): for the tests of the shard
+    """Readers pass over every run rollup (:mod:`tracer.index.rollup`): for the tests of the shard
     indexes' own answers, which a rollup covering every file would otherwise give in their place."""
     with pytest.MonkeyPatch.context() as m:
         m.setattr(rollup, "covering", lambda *_: None)

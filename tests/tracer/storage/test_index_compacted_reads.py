@@ -1,6 +1,6 @@
 """Readers use a compacted file's own index when it agrees with the file, and read the file when it does not.
 
-Compaction writes an index for each output (``_<name>.index``, :mod:`tracer.storage.shard_index`);
+Compaction writes an index for each output (``_<name>.index``, :mod:`tracer.index.shard`);
 ``tracer.read`` checks it as it checks a shard's (size, footer digest, name, version). Every read of a
 compacted run, its index valid, missing, torn or made stale by a rewrite of the file, returns what the
 same run returns read without any index.
@@ -27,12 +27,12 @@ from index_fixtures import bare_copy, write_shard
 
 import tracer
 from tracer import schema as S
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path
 from tracer.read import has_spans_named, indexed_files, read_steps
 from tracer.storage.compact import compact
 from tracer.storage.files import read_layout
 from tracer.storage.index import load_index
 from tracer.storage.seal import seal_if_abandoned
-from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_path
 from tracer.storage.writer import SpanWriter
 from tracer.summary import read_step_partials, read_trajectories, step_metrics
 

@@ -16,8 +16,8 @@ from index_fixtures import write_shard
 
 import tracer
 from tracer import schema as S
+from tracer.index.shard import INDEX_SUFFIX, MAX_INDEX_NAMES, load_shard_index, sidecar_path
 from tracer.read import has_spans_named
-from tracer.storage.shard_index import INDEX_SUFFIX, MAX_INDEX_NAMES, load_shard_index, sidecar_path
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
 

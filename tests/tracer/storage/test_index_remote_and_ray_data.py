@@ -14,12 +14,12 @@ from scale_fixtures import need
 
 import tracer
 from tracer import schema as S
+from tracer.index.shard import INDEX_SUFFIX, sidecar_path
 from tracer.storage import uri as _uri
 from tracer.storage.compact import compact, write_parquet
 from tracer.storage.compact_ray import compact_ray
 from tracer.storage.index import load_index
 from tracer.storage.seal import seal_if_abandoned
-from tracer.storage.shard_index import INDEX_SUFFIX, sidecar_path
 
 pytestmark = pytest.mark.slow
 

@@ -22,16 +22,16 @@ from storage_fixtures import temporaries
 
 import tracer
 from tracer import schema as S
+from tracer.index import closed as _closed
+from tracer.index import shard as _si
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path
 from tracer.read import read_steps
-from tracer.storage import seal as _seal
-from tracer.storage import shard_index as _si
 from tracer.storage.compact import compact
 from tracer.storage.files import read_layout
 from tracer.storage.index import load_index
 from tracer.storage.seal import ALREADY_CLOSED, SEALED, seal_if_abandoned
-from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_path
 from tracer.storage.writer import SpanWriter
-from tracer.summary import SUMMARY_SPAN_COLUMNS, read_trajectories, summarize
+from tracer.summary import SUMMARY_SPAN_COLUMNS, read_trajectories, step_partials, summarize
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
 
@@ -132,7 +132,7 @@ def test_an_index_that_cannot_be_written_never_fails_the_seal(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A sidecar path taken by a directory: the shard is sealed, read whole, and one warning is logged."""
-    monkeypatch.setattr(_seal, "_index_warned", threading.Event())
+    monkeypatch.setattr(_closed, "_index_warned", threading.Event())
     run = os.fspath(tmp_path / "run")
     shards = [_three_batches(run), write_shard(run, [[trace_span("d", 0, 4)]], close=False)]
     for shard in shards:
@@ -162,7 +162,7 @@ def _stale_index(shard: str) -> None:
     with open(shard + ".new", "wb") as f:
         f.write(data)
     os.replace(shard + ".new", shard)
-    assert seal_if_abandoned(shard, index=False).action == SEALED
+    assert seal_if_abandoned(shard, on_sealed=None).action == SEALED
 
 
 @pytest.mark.parametrize("lie", [_other_index, _stale_index])
@@ -250,8 +250,12 @@ def test_a_failing_index_never_fails_the_compaction(
     def broken(spans: pa.Table) -> pa.Table:
         raise RuntimeError("summary broke")
 
-    monkeypatch.setattr(_seal, "_index_warned", threading.Event())
-    monkeypatch.setattr(_si, "_summarizer", [(tuple(SUMMARY_SPAN_COLUMNS), broken)])
+    monkeypatch.setattr(_closed, "_index_warned", threading.Event())
+    monkeypatch.setattr(
+        _closed,
+        "builder",
+        lambda bounded=True: _si.ShardIndexBuilder(SUMMARY_SPAN_COLUMNS, broken, step_partials, bounded=bounded),
+    )
     run = os.fspath(tmp_path / "run")
     _run_with_dead_workers(run)
     with caplog.at_level(logging.WARNING, logger="rollout_trace"):

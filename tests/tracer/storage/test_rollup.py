@@ -1,4 +1,4 @@
-"""The run rollup (tracer.storage.rollup): one file answering the run overview for every closed shard.
+"""The run rollup (tracer.index.rollup): one file answering the run overview for every closed shard.
 
 Whatever the run (trajectories split over shards, rewards logged by key, killed writers, compaction),
 a reader gets the same steps, span count, span names and per-step aggregates with the rollup as
@@ -28,10 +28,10 @@ from storage_fixtures import temporaries
 import tracer
 import tracer.summary
 from tracer import schema as S
+from tracer.index import rollup as R
+from tracer.index.shard import sidecar_path
 from tracer.read import has_spans_named, read_steps, run_rollup
-from tracer.storage import rollup as R
 from tracer.storage.compact import compact
-from tracer.storage.shard_index import sidecar_path
 from tracer.storage.writer import SpanWriter
 from tracer.summary import partial_metrics, read_step_partials, read_trajectories, step_partials
 
@@ -134,7 +134,7 @@ def test_files_that_share_no_trajectory_are_merged_in_and_others_rebuild_it(tmp_
     assert before is not None and len(before.files) == 3
     built: list[int] = []
     real = R._built
-    monkeypatch.setattr(R, "_built", lambda files, of: built.append(len(files)) or real(files, of))
+    monkeypatch.setattr(R, "_built", lambda files: built.append(len(files)) or real(files))
     _clean_run(run, 1, step_of=lambda w, t: 9)  # trace ids w0t*: taken by the first shard already
     assert built == [4]  # shares trajectories with a covered file: rebuilt
     _same(_answers(run), _without_rollup(run))

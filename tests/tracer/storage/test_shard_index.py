@@ -19,12 +19,13 @@ from storage_fixtures import copy_run, temporaries
 
 import tracer
 from tracer import schema as S
+from tracer.index import closed
+from tracer.index.shard import INDEX_SUFFIX, ShardIndexBuilder, load_shard_index, sidecar_path
 from tracer.read import read_steps
 from tracer.storage.files import read_layout
 from tracer.storage.seal import seal_if_abandoned
-from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_path
 from tracer.storage.writer import SpanWriter
-from tracer.summary import SUMMARY_SPAN_COLUMNS, read_trajectories, summarize
+from tracer.summary import SUMMARY_SPAN_COLUMNS, read_trajectories, step_partials, summarize
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
 
@@ -290,20 +291,29 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def test_a_failing_index_never_fails_the_writer(tmp_path: Any) -> None:
-    """A summary that raises leaves the shard without an index; every batch is still written and read."""
+def test_a_failing_index_never_fails_the_writer(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A summary that raises, or an ``on_close`` that raises, leaves the shard without an index; every
+    batch is still written and read."""
 
     def broken(spans: pa.Table) -> pa.Table:
         raise RuntimeError("summary broke")
 
-    run = os.fspath(tmp_path)
-    writer = SpanWriter(run, META, summarize=(SUMMARY_SPAN_COLUMNS, broken))
-    writer.write(pa.RecordBatch.from_pylist([_span("a", 0, step=0, parent=False)], schema=S.SPAN_SCHEMA))
-    writer.close()
-    assert writer.path is not None
-    assert not os.path.exists(sidecar_path(writer.path))
-    assert not temporaries(run)
-    assert read_trajectories(run).column(S.TRACE_ID).to_pylist() == ["a"]
+    def on_close(path: str) -> None:
+        raise RuntimeError("on_close broke")
+
+    monkeypatch.setattr(
+        closed, "builder", lambda bounded=True: ShardIndexBuilder(SUMMARY_SPAN_COLUMNS, broken, step_partials, bounded)
+    )
+    for n, writer in enumerate(
+        [SpanWriter(os.fspath(tmp_path / "a"), META), SpanWriter(os.fspath(tmp_path / "b"), META, on_close=on_close)]
+    ):
+        run = writer.run_dir
+        writer.write(pa.RecordBatch.from_pylist([_span("a", n, step=0, parent=False)], schema=S.SPAN_SCHEMA))
+        writer.close()
+        assert writer.path is not None
+        assert not os.path.exists(sidecar_path(writer.path))
+        assert not temporaries(run)
+        assert read_trajectories(run).column(S.TRACE_ID).to_pylist() == ["a"]
 
 
 def test_a_closed_file_that_changes_is_looked_at_again(tmp_path: Any) -> None:

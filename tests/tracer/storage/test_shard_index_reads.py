@@ -1,7 +1,7 @@
 """The cheap reads behind one step of a run with many shards: what each shard costs must not change what is read.
 
 Readers check every listed shard's index against its shard before a step or
-trace-id read (``tracer.storage.shard_index``): the sidecar's metadata is read
+trace-id read (``tracer.index.shard``): the sidecar's metadata is read
 by hand from its first message, the shard's footer with two positional reads,
 and the trusted batch read reuses what its walk already parsed. Each is checked
 here against what pyarrow (or the plain, untrusted read) says of the same bytes.
@@ -24,9 +24,9 @@ from index_fixtures import trace_span, write_shard
 
 import tracer
 from tracer import schema as S
+from tracer.index.shard import load_shard_index, sidecar_path
 from tracer.storage import files as F
 from tracer.storage.files import closed_file_metadata, ends_closed, footer_bytes, read_batches
-from tracer.storage.shard_index import load_shard_index, sidecar_path
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -23,7 +23,7 @@ from storage_fixtures import copy_run
 import tracer
 import tracer.summary
 from tracer import schema as S
-from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_path, stored_step_partials
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path, stored_step_partials
 from tracer.summary import (
     SUMMARY_SPAN_COLUMNS,
     merge_step_partials,

@@ -15,7 +15,7 @@ from index_fixtures import trace_span, trajectory_table, write_shard
 
 import tracer.summary
 from tracer import schema as S
-from tracer.storage.shard_index import load_shard_index, sidecar_path, step_sources, trace_hashes
+from tracer.index.shard import load_shard_index, sidecar_path, step_sources, trace_hashes
 from tracer.summary import merge_step_partials, read_step_partials, read_trajectories, step_partials
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's

@@ -28,11 +28,12 @@ from index_fixtures import quiet_warnings as _quiet
 from storage_fixtures import copy_run
 
 import tracer
+import tracer.index.readers
 import tracer.summary
 from tracer import schema as S
-from tracer.storage import shard_index as _si
+from tracer.index import shard as _si
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path, step_sources
 from tracer.storage.compact import compact
-from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_path, step_sources
 from tracer.storage.writer import SpanWriter
 from tracer.summary import partial_metrics, read_step_partials, read_trajectories, step_partials
 
@@ -116,7 +117,7 @@ def test_groups_split_over_files_merge_once_and_as_the_general_merge(tmp_path: A
     _clean_run(run, [[0, 1, 1, 2, 5], [1, 2, 2, 0], [0, 5, 2, 1, 1, 1]], rewards)
     truth = step_partials(read_trajectories(run))
     general: list[pa.Table] = []
-    real_merge = tracer.summary._merge_presorted
+    real_merge = tracer.index.readers._merge_presorted
 
     def both(counts: pa.Table, values: Any) -> pa.Table:
         part = tracer.summary._partials_part(counts)
@@ -124,7 +125,7 @@ def test_groups_split_over_files_merge_once_and_as_the_general_merge(tmp_path: A
         general.append(tracer.summary._merge_parts([part]))
         return real_merge(counts, values)
 
-    monkeypatch.setattr(tracer.summary, "_merge_presorted", both)
+    monkeypatch.setattr(tracer.index.readers, "_merge_presorted", both)
     monkeypatch.setattr(tracer.summary, "read_trajectories", lambda *_: (_ for _ in ()).throw(AssertionError("rows")))
     got = read_step_partials(run)
     assert len(general) == 1

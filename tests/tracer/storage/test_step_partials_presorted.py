@@ -25,10 +25,11 @@ from index_fixtures import write_shard
 from storage_fixtures import copy_run
 
 import tracer
+import tracer.index.readers
 import tracer.summary
 from tracer import schema as S
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path, step_sources
 from tracer.storage.compact import compact
-from tracer.storage.shard_index import INDEX_SUFFIX, load_shard_index, sidecar_path, step_sources
 from tracer.summary import partial_metrics, read_step_partials, read_trajectories, step_metrics, step_partials
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
@@ -110,7 +111,7 @@ def test_one_compacted_file_answers_without_a_merge(tmp_path: Any, monkeypatch: 
     compact(run)
     assert len(tracer.list_trace_files(run)) == 1
     monkeypatch.setattr(tracer.summary, "read_trajectories", _refuse)
-    monkeypatch.setattr(tracer.summary, "_merge_parts", _refuse)
+    monkeypatch.setattr(tracer.index.readers, "_merge_parts", _refuse)
     assert read_step_partials(run).equals(truth)
 
 
@@ -120,7 +121,7 @@ def test_shards_whose_steps_do_not_meet_answer_without_a_merge(tmp_path: Any, mo
     _clean_run(run, [[4, 4, 5], [0, 1, 1], [2, 3]])
     truth = step_partials(read_trajectories(run))
     with monkeypatch.context() as m:
-        m.setattr(tracer.summary, "_merge_parts", _refuse)
+        m.setattr(tracer.index.readers, "_merge_parts", _refuse)
         assert read_step_partials(run).equals(truth)
     _clean_run(run, [[1, 6]])  # step 1 now in two files
     truth = step_partials(read_trajectories(run))

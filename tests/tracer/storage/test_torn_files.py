@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 import tracer
 from tracer import schema as S
+from tracer.index.rollup import ROLLUP_NAME
 from tracer.storage.check import check_path
 from tracer.storage.repair import DAMAGED_SUFFIX, REPAIRED, SOUND, repair_file
-from tracer.storage.rollup import ROLLUP_NAME
 
 
 def _reference_batches(data: bytes) -> int:

@@ -37,20 +37,18 @@ import atexit
 import collections
 import dataclasses
 import os
-import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 import orjson
 import pyarrow as pa
 
 from tracer import schema as S
-from tracer.storage import writer as _writer
+from tracer.index.shard import ShardIndex, load_shard_index, stored_step_partials
 from tracer.storage.files import write_replacing
 from tracer.storage.index import listing
 from tracer.storage.locks import exclusive_within
-from tracer.storage.shard_index import ShardIndex, load_shard_index, stored_step_partials
 from tracer.storage.writer import fsync_dir
 
 #: The rollup's file name in its run directory (not a trace file: readers list ``*.arrow`` only).
@@ -101,18 +99,6 @@ class Rollup:
             self.partials = _read_table(self.path)
             self.path = None
         return self.partials
-
-
-#: ``read_step_partials(files)``: the exact per-step aggregates of some files (``tracer.summary`` registers it).
-PartialsOfFiles = Callable[[list[str]], pa.Table]
-MergePartials = Callable[[Sequence[pa.Table]], pa.Table]
-_hooks: list[tuple[PartialsOfFiles, MergePartials, Callable[[pa.Table], pa.Table]]] = []
-
-
-def use_partials(of_files: PartialsOfFiles, merge: MergePartials, with_metrics: Callable[[pa.Table], pa.Table]) -> None:
-    """Register how aggregates are computed and merged, and how merged ones get their value metrics
-    (:data:`tracer.schema.ROLLUP_SCHEMA`); ``tracer.summary`` does, on import: one meaning."""
-    _hooks[:] = [(of_files, merge, with_metrics)]
 
 
 def stamp_of(st: os.stat_result) -> Stamp:
@@ -214,7 +200,9 @@ def _write(run_dir: str, r: Rollup) -> None:
     path = os.path.join(run_dir, ROLLUP_NAME)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     schema = S.ROLLUP_SCHEMA.with_metadata({META_ROLLUP: orjson.dumps(meta).decode()})
-    table = _hooks[0][2](_whole(r).select(S.STEP_PARTIALS_SCHEMA.names).cast(S.STEP_PARTIALS_SCHEMA))
+    from tracer.summary import with_value_metrics  # the model reads through tracer.read, which imports this module
+
+    table = with_value_metrics(_whole(r).select(S.STEP_PARTIALS_SCHEMA.names).cast(S.STEP_PARTIALS_SCHEMA))
 
     def write(f: BinaryIO) -> None:
         with pa.ipc.new_file(f, schema) as w:
@@ -275,12 +263,8 @@ def update(run_dir: str, wait_s: float = LOCK_WAIT_S) -> bool:
     Raises what the filesystem raises (callers that must not fail catch it: the rollup is optional).
 
     Returns:
-        False when no aggregates are registered, another update kept the lock past ``wait_s``, or
-        nothing is closed; else True.
+        False when another update kept the lock past ``wait_s``, or nothing is closed; else True.
     """
-    if not _hooks:
-        return False
-    of_files, merge, _ = _hooks[0]
     fd = _locked(run_dir, wait_s)
     if fd is None:
         return False
@@ -288,7 +272,7 @@ def update(run_dir: str, wait_s: float = LOCK_WAIT_S) -> bool:
         _remove_leftovers(run_dir)
         # Files other writers closed while this update ran are taken too (they may have given up waiting).
         for _ in range(MAX_ROUNDS):
-            wrote = _step(run_dir, of_files, merge)
+            wrote = _step(run_dir)
             if wrote is None:
                 return False
             if not wrote:
@@ -312,7 +296,7 @@ def _remove_leftovers(run_dir: str) -> None:
 MAX_ROUNDS = 4
 
 
-def _step(run_dir: str, of_files: PartialsOfFiles, merge: MergePartials) -> bool | None:
+def _step(run_dir: str) -> bool | None:
     """One round of :func:`update`: whether it wrote the rollup; None when no file is closed."""
     files = _closed_files(run_dir)
     if not files:
@@ -329,9 +313,9 @@ def _step(run_dir: str, of_files: PartialsOfFiles, merge: MergePartials) -> bool
             or any(_overlap(f.range, r) for f in new for r in current.ranges.values())
         )
         if not joins:  # nothing of the new files belongs to a covered trajectory: merge what they add
-            _write(run_dir, _grown(current, new, of_files, merge))
+            _write(run_dir, _grown(current, new))
             return True
-    _write(run_dir, _built(files, of_files))
+    _write(run_dir, _built(files))
     return True
 
 
@@ -352,16 +336,25 @@ def _described(files: Sequence[_File]) -> dict[str, Any]:
     }
 
 
-def _built(files: Sequence[_File], of_files: PartialsOfFiles) -> Rollup:
-    return Rollup(partials=of_files([f.path for f in files]), **_described(files))
+def _built(files: Sequence[_File]) -> Rollup:
+    return Rollup(partials=_of_files([f.path for f in files]), **_described(files))
 
 
-def _grown(current: Rollup, new: Sequence[_File], of_files: PartialsOfFiles, merge: MergePartials) -> Rollup:
+def _of_files(paths: list[str]) -> pa.Table:
+    """The exact per-step aggregates of ``paths`` (:func:`tracer.index.readers.read_step_partials`)."""
+    from tracer.index.readers import read_step_partials  # above tracer.read, which imports this module
+
+    return read_step_partials(paths)
+
+
+def _grown(current: Rollup, new: Sequence[_File]) -> Rollup:
+    from tracer.summary import merge_step_partials  # above tracer.read, which imports this module
+
     added = _described(new)
     names = None if current.names is None or added["names"] is None else current.names | added["names"]
     return Rollup(
         files={**current.files, **added["files"]},
-        partials=merge([_whole(current), of_files([f.path for f in new])]),
+        partials=merge_step_partials([_whole(current), _of_files([f.path for f in new])]),
         steps=sorted(set(current.steps) | set(added["steps"])),
         rows=current.rows + added["rows"],
         names=names,
@@ -442,8 +435,5 @@ __all__ = [
     "update",
     "update_later",
     "update_quietly",
-    "use_partials",
     "wait_idle",
 ]
-
-_writer.use_rollup(sys.modules[__name__])

@@ -1,7 +1,7 @@
 """Shard indexes: a sidecar per closed shard, so reading cost follows the question.
 
-When :class:`tracer.storage.writer.SpanWriter` closes a shard it writes
-``_{shard name}.index`` beside it: an uncompressed Arrow IPC file (nothing
+When a shard is closed (:mod:`tracer.index.closed`: a writer's close, a seal, a compaction),
+``_{shard name}.index`` is written beside it: an uncompressed Arrow IPC file (nothing
 to decode when read) whose rows are
 
 * one per trajectory of the shard: what :func:`tracer.summary.summarize`
@@ -21,8 +21,7 @@ the rewards and latencies of the stored per-step aggregates below, sorted
 per group, then nulls, so a run overview reads them without sorting.
 
 Its schema metadata holds the format version, the shard's name and size, a
-digest of the shard's footer, the rows and steps of every batch, and (when
-the trajectory model registered it, :func:`use_step_partials`) the shard's
+digest of the shard's footer, the rows and steps of every batch, and the shard's
 per-step counts and sums (:data:`tracer.schema.STEP_PARTIALS_SCHEMA`), which
 the run overview merges instead of reading every trajectory row. A
 sidecar is used only when all of these agree with the shard on disk (the
@@ -96,38 +95,10 @@ INDEX_SCHEMA = pa.schema(
 #: Columns of a sidecar not aligned with its rows: the values of the stored per-step aggregates, sorted.
 SORTED_COLUMNS = (S.INDEX_SORTED_REWARDS, S.INDEX_SORTED_LATENCIES)
 
+#: Span table to trajectory rows (:func:`tracer.summary.summarize`).
 Summarizer = Callable[[pa.Table], pa.Table]
-_summarizer: list[tuple[tuple[str, ...], Summarizer]] = []
-
-
-def use_summarizer(columns: Sequence[str], summarize: Summarizer) -> None:
-    """Register the trajectory summary writers put in their indexes (``tracer.summary`` does, on import).
-
-    Storage cannot import the trajectory model (it is built on the readers),
-    so the model hands itself over; one meaning stays in one place.
-    """
-    _summarizer[:] = [(tuple(columns), summarize)]
-
-
-def summarizer() -> tuple[tuple[str, ...], Summarizer] | None:
-    """The registered ``(span columns it needs, summarize)``, None when none is."""
-    return _summarizer[0] if _summarizer else None
-
-
+#: Trajectory rows to rows of :data:`tracer.schema.STEP_PARTIALS_SCHEMA` (:func:`tracer.summary.step_partials`).
 PartialsOf = Callable[[pa.Table], pa.Table]
-_step_partials: list[PartialsOf] = []
-
-
-def use_step_partials(step_partials: PartialsOf) -> None:
-    """Register the per-step aggregates writers put in their indexes (``tracer.summary.step_partials``, on import).
-
-    It turns trajectory rows into rows of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`.
-    The counts and sums are stored in the sidecar's metadata (the value lists
-    left empty there); the values, already sorted per group, in the columns
-    :data:`SORTED_COLUMNS`. The overview's numbers come from the same functions,
-    so stored and computed aggregates cannot disagree.
-    """
-    _step_partials[:] = [step_partials]
 
 
 def sidecar_path(shard: str) -> str:
@@ -164,14 +135,21 @@ class ShardIndexBuilder:
     Args:
         columns: Span columns the summary needs (kept per batch until the file closes).
         summarize: The trajectory summary, called once at close over the file's spans.
+        step_partials: The per-step aggregates of trajectory rows. The counts and sums are stored in
+            the sidecar's metadata (the value lists left empty there); the values, sorted per group,
+            in the columns :data:`SORTED_COLUMNS`. The overview's numbers come from the same
+            functions, so stored and computed aggregates cannot disagree.
         bounded: Keep at most :data:`MAX_BUILD_BYTES` of those columns (a writer, whose batches
             would otherwise die once written). False where the caller holds the whole file's table
             anyway and the kept columns are views of it (compaction): no bound.
     """
 
-    def __init__(self, columns: Sequence[str], summarize: Summarizer, bounded: bool = True) -> None:
+    def __init__(
+        self, columns: Sequence[str], summarize: Summarizer, step_partials: PartialsOf, bounded: bool = True
+    ) -> None:
         self.columns = list(columns)
         self.summarize = summarize
+        self.step_partials = step_partials
         self.bounded = bounded
         self.parts: list[pa.RecordBatch] = []
         self.batch_rows: list[int] = []
@@ -276,9 +254,8 @@ def write_sidecar(shard: str, builder: ShardIndexBuilder) -> None:
         S.META_INDEX_BATCH_STEPS: json.dumps(builder.batch_steps),
         S.META_INDEX_BUCKETS: str(INDEX_BUCKETS),
     }
-    steps = _steps_meta(table)
-    if steps is not None:
-        meta[S.META_INDEX_STEPS] = steps[0]
+    steps = _steps_meta(table, builder.step_partials)
+    meta[S.META_INDEX_STEPS] = steps[0]
     if builder.names is not None:
         meta[S.META_INDEX_NAMES] = json.dumps(sorted(builder.names))
     ids = table.column(S.TRACE_ID).to_pylist()
@@ -286,7 +263,7 @@ def write_sidecar(shard: str, builder: ShardIndexBuilder) -> None:
     order = np.argsort(place, kind="stable")
     counts = np.bincount(place, minlength=INDEX_BUCKETS + 1)
     table = table.take(pa.array(order)).combine_chunks()
-    for name, values in zip(SORTED_COLUMNS, steps[1] if steps is not None else (), strict=False):
+    for name, values in zip(SORTED_COLUMNS, steps[1], strict=True):
         padded = pa.concat_arrays([values, pa.nulls(table.num_rows - len(values), pa.float64())])
         table = table.set_column(table.schema.get_field_index(name), INDEX_SCHEMA.field(name), padded)
     whole = table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=INDEX_SCHEMA)
@@ -439,18 +416,16 @@ def _read_table(sidecar: str, batches: int, columns: Sequence[str] | None = None
         return None
 
 
-def _steps_meta(table: pa.Table) -> tuple[str, tuple[pa.Array, pa.Array]] | None:
-    """The registered per-step aggregates of an index table's trajectory rows, as stored; None when none is registered.
+def _steps_meta(table: pa.Table, step_partials: PartialsOf) -> tuple[str, tuple[pa.Array, pa.Array]]:
+    """The per-step aggregates of an index table's trajectory rows, as stored.
 
     Returns the counts and sums (values left empty) as the metadata text, and the rewards and the
     latencies, each sorted per group in row order (what :data:`SORTED_COLUMNS` hold before their nulls).
     A sidecar without them is still a valid index: readers then aggregate its trajectory rows.
     """
-    if not _step_partials:
-        return None
     tid = table.column(S.TRACE_ID)
     rows = table.filter(pc.fill_null(pc.not_equal(tid, ""), False)).select(list(S.TRAJECTORY_COLUMNS))
-    partials = _step_partials[0](rows)
+    partials = step_partials(rows)
     if partials.schema.remove_metadata() != S.STEP_PARTIALS_SCHEMA:
         raise ValueError(f"per-step aggregates of schema {partials.schema}, not {S.STEP_PARTIALS_SCHEMA}")
     lists = [partials.column(c).combine_chunks() for c in (S.PART_REWARDS, S.PART_LATENCIES)]
@@ -905,7 +880,5 @@ __all__ = [
     "step_sources",
     "stored_step_partials",
     "trace_hashes",
-    "use_step_partials",
-    "use_summarizer",
     "write_sidecar",
 ]
