@@ -18,13 +18,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import secrets
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
+from tracer.storage import side_files
 from tracer.storage import uri as _uri
 from tracer.storage.writer import host_label
 
@@ -223,10 +225,37 @@ def observe(driver: Observed, final: bool = False) -> None:
         )
 
 
+#: What each field of a lag file must be (a JSON ``true`` is not a number here).
+_LAG_FIELDS: dict[str, Any] = {
+    "backend": lambda v: type(v) is str,
+    "host": lambda v: type(v) is str,
+    "pid": side_files.is_int,
+    "written_at": lambda v: side_files.is_number(v) and math.isfinite(v),
+    "shipped": side_files.is_int,
+    "failed": side_files.is_int,
+    "waiting": side_files.is_int,
+    "oldest_waiting_s": lambda v: side_files.is_number(v) and math.isfinite(v),
+    "running": side_files.is_int,
+    "queued_spans": side_files.is_int,
+    "dropped_spans": side_files.is_int,
+    "final": lambda v: type(v) is bool,
+    "every_s": lambda v: side_files.is_number(v) and math.isfinite(v) and v >= 0,
+}
+_LAG_REQUIRED = ("backend", "host", "pid", "written_at")
+
+
+def valid_lag(data: Any) -> bool:
+    """Whether ``data`` (decoded JSON) is a lag record as :func:`observe` writes it."""
+    if not isinstance(data, dict) or not all(k in data for k in _LAG_REQUIRED):
+        return False
+    return all(check(data[k]) for k, check in _LAG_FIELDS.items() if k in data)
+
+
 def read_lag(path: str | os.PathLike[str]) -> list[LagRecord]:
     """The lag files under ``path`` (a run folder, searched recursively), by backend, host and pid.
 
-    Unreadable or foreign files are left out.
+    Files refused by :mod:`tracer.storage.side_files` (a FIFO, a link, too large, not a lag record)
+    are named in a warning and left out.
     """
     root = os.fspath(path)
     if _uri.is_remote(root) or not os.path.exists(root):
@@ -239,11 +268,7 @@ def read_lag(path: str | os.PathLike[str]) -> list[LagRecord]:
             if not (name.startswith(LAG_PREFIX) and name.endswith(LAG_SUFFIX)):
                 continue
             file = os.path.join(d, name)
-            try:
-                with open(file, encoding="utf-8") as f:
-                    data = json.load(f)
-                fields = {k.name for k in dataclasses.fields(LagRecord)} - {"path"}
-                found.append(LagRecord(**{k: v for k, v in data.items() if k in fields}, path=file))
-            except (OSError, ValueError, TypeError):
-                continue
+            data = side_files.read_json(file, side_files.MAX_LAG_BYTES, valid_lag, "a lag record")
+            if data is not None:
+                found.append(LagRecord(**{k: v for k, v in data.items() if k in _LAG_FIELDS}, path=file))
     return sorted(found, key=lambda r: (r.backend, r.host, r.pid, r.path))

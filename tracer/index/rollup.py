@@ -46,6 +46,7 @@ import pyarrow as pa
 
 from tracer import schema as S
 from tracer.index.shard import ShardIndex, load_shard_index, stored_step_partials
+from tracer.storage import side_files
 from tracer.storage.files import write_replacing
 from tracer.storage.index import listing
 from tracer.storage.locks import exclusive_within
@@ -115,10 +116,10 @@ def load_rollup(run_dir: str) -> Rollup | None:
     Whether it still covers the directory is the caller's question (:func:`covering`).
     """
     path = os.path.join(run_dir, ROLLUP_NAME)
-    try:
-        stamp = stamp_of(os.stat(path))
-    except OSError:
+    st = side_files.checked(path, side_files.MAX_ARROW_BYTES)  # no FIFO, link or device is opened below
+    if st is None:
         return None
+    stamp = stamp_of(st)
     with _cache_lock:
         hit = _cache.get(path)
         if hit is not None and hit[0] == stamp:

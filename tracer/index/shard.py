@@ -58,6 +58,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S
+from tracer.storage import side_files
 from tracer.storage.files import closed_file_metadata, footer_bytes, write_replacing
 
 #: Version of the sidecar layout; another value is ignored (the spans are read instead).
@@ -782,8 +783,11 @@ def load_shard_index(shard: str) -> ShardIndex | None:
     """
     side = sidecar_path(shard)
     try:
-        st, si = os.stat(shard), os.stat(side)
+        st = os.stat(shard)
     except OSError:
+        return None
+    si = side_files.checked(side, side_files.MAX_ARROW_BYTES)  # no FIFO, link or device is opened below
+    if si is None:
         return None
     stamp = (st.st_size, st.st_mtime_ns, st.st_ino, si.st_size, si.st_mtime_ns, si.st_ino)
     with _cache_lock:

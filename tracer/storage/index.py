@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 from tracer.schema import FILE_SUFFIX
+from tracer.storage import side_files
 from tracer.storage import uri as _uri
 from tracer.storage.files import write_replacing
 from tracer.storage.writer import fsync_dir
@@ -25,19 +26,33 @@ INDEX_VERSION = 1
 
 
 def load_index(run_dir: str) -> dict[str, Any]:
-    """The index of ``run_dir`` (empty when there is none or it is unreadable)."""
-    try:
-        if _uri.is_remote(run_dir):
-            with _uri.open_input(_uri.join_uri(run_dir, INDEX_NAME)) as f:
-                data = json.loads(f.read().decode("utf-8"))
-        else:
-            with open(os.path.join(run_dir, INDEX_NAME), encoding="utf-8") as f:
-                data = json.load(f)
-    except (OSError, ValueError):
-        return {"version": INDEX_VERSION, "files": {}}
+    """The index of ``run_dir`` (empty when there is none, or it is refused: :mod:`tracer.storage.side_files`)."""
+    path = _uri.join_uri(run_dir, INDEX_NAME) if _uri.is_remote(run_dir) else os.path.join(run_dir, INDEX_NAME)
+    data = side_files.read_json(path, side_files.MAX_JSON_BYTES, valid_index, "a compaction index")
+    return {"version": INDEX_VERSION, "files": {}} if data is None else data
+
+
+#: Types of the fields of an index entry readers use (absent ones are fine).
+_ENTRY_FIELDS = {
+    "size": side_files.is_int,
+    "rows": side_files.is_int,
+    "batch_steps": lambda v: isinstance(v, list) and all(s is None or side_files.is_int(s) for s in v),
+    "replaces": side_files.is_str_list,
+    "group": side_files.is_str_list,
+    "replaced_at": side_files.is_number,
+}
+
+
+def valid_index(data: Any) -> bool:
+    """Whether ``data`` (decoded JSON) is shaped as :func:`save_index` writes an index."""
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
-        return {"version": INDEX_VERSION, "files": {}}
-    return data
+        return False
+    for entry in data["files"].values():
+        if not isinstance(entry, dict):
+            return False
+        if not all(check(entry[k]) for k, check in _ENTRY_FIELDS.items() if k in entry):
+            return False
+    return True
 
 
 def save_index(run_dir: str, index: dict[str, Any]) -> None:

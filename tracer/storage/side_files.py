@@ -1,0 +1,171 @@
+"""The one way side files of a run directory are opened: ``_index.json``, ``_lag.*.json``, the rollup, sidecars.
+
+A side file is derived or advisory data beside the trace files; a reader can always do without
+it. Each is checked before it is read: ``lstat`` first, so a symbolic link (to ``/dev/zero``, to
+another tree), a FIFO, a device or a directory is refused without being opened (opening a FIFO
+blocks); a regular file over its kind's size cap is refused; the open itself does not follow links
+and does not block, and the descriptor is checked again. JSON side files are then decoded and
+checked against their expected shape. A file refused for any of these reasons is named in a
+:class:`SideFileWarning` and skipped; a file that does not exist is skipped without a word.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from tracer.storage import uri as _uri
+
+#: Size caps per kind of side file (a larger one is refused).
+MAX_JSON_BYTES = 64 * 1024 * 1024
+MAX_LAG_BYTES = 1024 * 1024
+MAX_ARROW_BYTES = 4 * 1024 * 1024 * 1024
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+class SideFileWarning(UserWarning):
+    """A side file of a run directory was refused (not a regular file, too large, not what it should hold)."""
+
+
+def refuse(path: str, why: str) -> None:
+    """Name ``path`` in a :class:`SideFileWarning`: it is skipped because ``why``."""
+    warnings.warn(SideFileWarning(f"{path}: {why}; ignored"), stacklevel=3)
+
+
+def checked(path: str, max_bytes: int) -> os.stat_result | None:
+    """``lstat`` of the local ``path`` when it is a regular file of at most ``max_bytes``; else None.
+
+    Nothing is opened. A missing file gives None quietly; any other refusal is named in a warning.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        refuse(path, f"cannot be looked at ({exc.strerror or exc})")
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        refuse(path, f"not a regular file ({_kind(st.st_mode)})")
+        return None
+    if st.st_size > max_bytes:
+        refuse(path, f"{st.st_size} bytes, over the {max_bytes} a side file may have")
+        return None
+    return st
+
+
+def read_bytes(path: str, max_bytes: int) -> bytes | None:
+    """The content of the side file ``path`` (local or a URI), checked as the module says; None when refused."""
+    if _uri.is_remote(path):
+        try:
+            with _uri.open_input(path) as f:
+                data: bytes = f.read(max_bytes + 1)
+        except OSError:
+            return None
+        if len(data) > max_bytes:
+            refuse(path, f"over the {max_bytes} bytes a side file may have")
+            return None
+        return data
+    if checked(path, max_bytes) is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        refuse(path, f"cannot be opened ({exc.strerror or exc})")
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:  # replaced since the lstat
+            refuse(path, "changed into something that is not a small regular file")
+            return None
+        chunks = []
+        left = max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        refuse(path, f"cannot be read ({exc.strerror or exc})")
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        refuse(path, f"grew past the {max_bytes} bytes a side file may have")
+        return None
+    return data
+
+
+def read_json(path: str, max_bytes: int, valid: Callable[[Any], bool], what: str) -> Any:
+    """The JSON value of the side file ``path`` when ``valid`` accepts it; None when missing or refused.
+
+    Args:
+        path: A local path or a URI.
+        max_bytes: The size cap of its kind.
+        valid: Whether a decoded value has the shape its readers expect.
+        what: What it should hold, for the warning (``"a compaction index"``).
+    """
+    data = read_bytes(path, max_bytes)
+    if data is None:
+        return None
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        refuse(path, f"not JSON ({exc})")
+        return None
+    if not valid(value):
+        refuse(path, f"not {what}")
+        return None
+    return value
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a plain file"
+
+
+def is_int(v: Any) -> bool:
+    """An integer as JSON gives one (a JSON ``true`` is a bool, not an int)."""
+    return type(v) is int
+
+
+def is_number(v: Any) -> bool:
+    """A finite or infinite JSON number (not a bool)."""
+    return type(v) in (int, float)
+
+
+def is_str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(type(s) is str for s in v)
+
+
+__all__ = [
+    "MAX_ARROW_BYTES",
+    "MAX_JSON_BYTES",
+    "MAX_LAG_BYTES",
+    "SideFileWarning",
+    "checked",
+    "is_int",
+    "is_number",
+    "is_str_list",
+    "read_bytes",
+    "read_json",
+    "refuse",
+]
