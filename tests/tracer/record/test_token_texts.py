@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tracer_fixtures import hf_tokenizer
 
 import tracer
-from tracer.record.pieces import PieceTable, batch_decode, piece_table, split_text, token_texts_of
+from tracer.record.pieces import NUMPY_DECODE_IDS, PieceTable, batch_decode, piece_table, split_text, token_texts_of
 from tracer.record.redact import REDACTED, Redactor
 from tracer.summary import span_turns, text_field_name, token_offsets_field_name, token_texts_field_name
 
@@ -289,3 +289,14 @@ def test_a_secret_over_several_tokens_is_masked_in_the_text_and_every_piece(case
 def test_a_secret_inside_one_token_is_masked_there(case: Any) -> None:
     """Property: a secret inside a single token is masked in that token and in the text."""
     check_masked(*case)
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=vocab_and_ids(), repeat=st.integers(min_value=1, max_value=40))
+def test_long_sequences_decode_as_the_joined_bytes(case: tuple[list[bytes], list[int]], repeat: int) -> None:
+    """Property: a sequence long enough for the numpy gather decodes to its joined bytes, as short ones do."""
+    vocab, ids = case
+    long_ids = (ids or [0]) * (NUMPY_DECODE_IDS // len(ids or [0]) + repeat)
+    assert len(long_ids) >= NUMPY_DECODE_IDS
+    table = table_of(vocab)
+    assert table.decode(long_ids) == b"".join(vocab[i] for i in long_ids).decode("utf-8", "replace")
