@@ -57,6 +57,7 @@ import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.read import parse_json_or_text as _loads
+from tracer.record.pieces import split_text
 
 #: Span columns :func:`summarize` needs.
 SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
@@ -107,12 +108,18 @@ def token_texts_field_name(ids_field: str) -> str:
     return stem + "_texts" if stem == "token" or stem.endswith("_token") else stem + "_token_texts"
 
 
+def token_offsets_field_name(ids_field: str) -> str:
+    """``response_ids`` -> ``response_token_offsets``: where each token's end in the decoded text goes."""
+    return token_texts_field_name(ids_field)[: -len("_texts")] + "_offsets"
+
+
 # Where the recognised shapes keep things (first match wins).
 #: Keys of a turn's response token ids (ours, verl's TokenOutput, vLLM's).
 RESPONSE_ID_KEYS = ("response_ids", "token_ids", "output_ids")
 _RESPONSE_TEXT_KEYS = (*(text_field_name(k) for k in RESPONSE_ID_KEYS), "text", "content")
 _LOGPROB_KEYS = ("logprobs", "log_probs", "response_logprobs")
 _TOKEN_TEXT_KEYS = (*(token_texts_field_name(k) for k in RESPONSE_ID_KEYS), "response_tokens", "tokens")
+_TOKEN_OFFSET_KEYS = tuple(token_offsets_field_name(k) for k in RESPONSE_ID_KEYS)
 _FINISH_KEYS = ("finish_reason", "stop_reason")
 _PROMPT_ID_KEYS = ("prompt_ids", "input_ids", "prompt_token_ids")
 _PROMPT_TEXT_KEYS = ("prompt_text", "input_text", "prompt")
@@ -609,6 +616,9 @@ def _reply(out: Any) -> _Reply:
     _, text = _first(out, _RESPONSE_TEXT_KEYS, (str, list))
     _, lps = _first(out, _LOGPROB_KEYS, (list, Mapping))
     _, texts = _first(out, _TOKEN_TEXT_KEYS, list)
+    if texts is None:
+        _, ends = _first(out, _TOKEN_OFFSET_KEYS, list)
+        texts = split_text(text, ends) if ends is not None and isinstance(text, str) else None
     _, finish = _first(out, _FINISH_KEYS, str)
     calls = _tool_calls(out.get("tool_calls"))
     if ids is None and text is None and lps is None and not calls:

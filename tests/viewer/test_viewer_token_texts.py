@@ -9,6 +9,7 @@ import os
 from tracer_fixtures import hf_tokenizer, tokenizer_dir
 
 import tracer
+from tracer.record.pieces import token_texts_of
 from viewer import data as D
 
 TEXT = "Natalia sold 48 clips. 中文 ok"
@@ -41,7 +42,10 @@ def record(trace_dir: str, tokenizer: object) -> tuple[str, list[int]]:
 
 def recorded_texts(run_dir: str) -> list[str]:
     llm = [r for r in tracer.read_spans(run_dir).to_pylist() if r[tracer.schema.KIND] == tracer.schema.KIND_LLM]
-    return json.loads(llm[0][tracer.schema.OUTPUTS])["response_token_texts"]
+    out = json.loads(llm[0][tracer.schema.OUTPUTS])
+    texts = token_texts_of(out, "response_token_texts", "response_token_offsets", out["response_text"])
+    assert texts is not None
+    return texts
 
 
 def test_the_grid_shows_recorded_token_texts_without_a_tokenizer(trace_dir: str) -> None:

@@ -22,15 +22,17 @@ import orjson
 
 from tracer.record.capture import NON_NEGATIVE_INTS, NOT_INTS, ObjectSnapshot, Placeholder, int_kind
 from tracer.record.pieces import PieceTable, batch_decode, piece_table
-from tracer.record.redact import REDACTED, is_secret_key
+from tracer.record.redact import REDACTED, Redactor, is_secret_key
 from tracer.schema import ATTR_TOKENS, ATTR_TRUNCATED
-from tracer.summary import text_field_name, token_texts_field_name
+from tracer.summary import text_field_name, token_offsets_field_name, token_texts_field_name
 
 #: Field names that hold token ids (verl's names plus common ones).
 DEFAULT_TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", "output_ids")
 
 #: Token fields of the prompt side: decoded whole only. Every other token field
-#: (the response side) also gets one text per token (``*_token_texts``).
+#: (the response side) also gets one text per token: where each token ends in
+#: the decoded text (``*_token_offsets``), or the texts themselves
+#: (``*_token_texts``) when they do not spell it (see tracer/record/pieces.py).
 PROMPT_TOKEN_FIELDS = frozenset({"prompt_ids", "input_ids"})
 
 #: Longest string kept for values the tracer does not know how to encode.
@@ -40,6 +42,7 @@ MAX_REPR_CHARS = 2000
 #: ints beyond 64 bits fall back to the json module in to_json).
 _FLAT_SCALARS = frozenset({int, str, bool, type(None)})
 _FLAT_NUMBERS = frozenset({int, bool, type(None)})
+_FLOATS = frozenset({float})
 
 _JSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
@@ -55,7 +58,7 @@ _stuck: list[threading.Thread] = []
 class DecodeJob:
     """One token id list waiting to be decoded into ``container[key]`` (and per token into ``pieces_key``)."""
 
-    __slots__ = ("ids", "container", "key", "tokenizer", "strings", "pieces_key", "record", "non_negative")
+    __slots__ = ("ids", "container", "key", "tokenizer", "strings", "pieces_key", "record", "non_negative", "ends_key")
 
     def __init__(
         self,
@@ -67,6 +70,7 @@ class DecodeJob:
         pieces_key: str | None = None,
         record: int = 0,
         non_negative: bool = False,
+        ends_key: str | None = None,
     ) -> None:
         self.ids = ids
         self.container = container
@@ -80,6 +84,8 @@ class DecodeJob:
         self.record = record
         #: No id is negative (a negative index would wrap in the tables).
         self.non_negative = non_negative
+        #: Where each token's end in the text goes (with ``pieces_key``).
+        self.ends_key = ends_key
 
 
 class Encoder:
@@ -170,6 +176,8 @@ class Encoder:
             if (cls is tuple or cls is list) and value and int_kind(value):
                 return value
             if _FLAT_NUMBERS.issuperset(map(type, value)):
+                return value if cls is list else list(value)
+            if _FLOATS.issuperset(map(type, value)) and _all_finite(value):  # logprobs
                 return value if cls is list else list(value)
             if _FLAT_SCALARS.issuperset(map(type, value)):
                 self._cur.extend(v for v in value if type(v) is str)
@@ -278,7 +286,7 @@ class Encoder:
             if names is None:
                 names = _field_names(key)
             record = len(self.strings) - 1
-            job = DecodeJob(ids, out, names[0], tokenizer, self._cur, names[1], record, non_negative)
+            job = DecodeJob(ids, out, names[0], tokenizer, self._cur, names[1], record, non_negative, names[2])
             self.jobs.append(job)
             if not self.store_full_token:
                 self._drop_ids.append((out, key))
@@ -321,15 +329,20 @@ class Encoder:
             for job, text, ok in zip(jobs, texts, valid):
                 job.container[job.key] = text
                 job.strings.append(text)
-                if job.pieces_key is None or table is None:
+                if job.pieces_key is None or job.ends_key is None or table is None:
                     continue
                 try:
-                    pieces = table.pieces(job.ids, tok, checked=ok)
+                    ends = table.ends(job.ids, tok, text, checked=ok)
+                    if ends is None:
+                        pieces = table.pieces(job.ids, tok, checked=ok)
                 except Exception:
                     errors += 1
                     continue
-                job.container[job.pieces_key] = pieces
                 self.piece_jobs.append(job)
+                if ends is not None:
+                    job.container[job.ends_key] = ends
+                    continue
+                job.container[job.pieces_key] = pieces
                 joined = "".join(pieces)
                 if joined != text:  # the secret scan sees what the pieces spell
                     job.strings.append(joined)
@@ -339,27 +352,57 @@ class Encoder:
         self._drop_ids = []
         return errors
 
-    def redact_pieces(self, redact: Callable[[list[str]], list[str]], flags: list[bool]) -> None:
-        """Redact per-token texts as one text (a secret split over tokens), for the records ``flags`` marks."""
+    def redact_pieces(self, redactor: Redactor, flags: list[bool]) -> set[int]:
+        """Redact each decoded text once with its per-token texts (a secret split over tokens), where ``flags`` says.
+
+        Offsets are moved with the text (:meth:`Redactor.text_and_ends`);
+        pieces stored as strings are redacted as the one text they spell.
+        Returns the ids of the texts redacted with their offsets (for
+        :meth:`Redactor.value`'s ``done``).
+        """
+        done: set[int] = set()
         for job in self.piece_jobs:
-            if flags[job.record]:
+            if not flags[job.record]:
+                continue
+            container = job.container
+            ends_key = job.ends_key
+            ends = container.get(ends_key) if ends_key is not None else None
+            if ends_key is not None and ends is not None:
+                text, container[ends_key] = redactor.text_and_ends(container[job.key], ends)
+                container[job.key] = text
+                done.add(id(text))
+            else:
                 key = job.pieces_key
                 assert key is not None
-                job.container[key] = redact(job.container[key])
+                container[key] = redactor.pieces(container[key])
+        return done
 
 
 #: Ints JSON readers take as they are (prepare() writes larger ones as text).
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
-#: Token field -> (where its text goes, where its per-token texts go or None); filled per field
-#: name the writer meets, so bounded by the configured token fields.
-_FIELD_NAMES: dict[str, tuple[str, str | None]] = {}
+#: Token field -> (where its text goes, where its per-token texts go or None, where their ends
+#: go or None); filled per field name the writer meets, so bounded by the configured token fields.
+_FIELD_NAMES: dict[str, tuple[str, str | None, str | None]] = {}
 
 
-def _field_names(key: str) -> tuple[str, str | None]:
-    names = (text_field_name(key), None if key in PROMPT_TOKEN_FIELDS else token_texts_field_name(key))
+def _field_names(key: str) -> tuple[str, str | None, str | None]:
+    prompt = key in PROMPT_TOKEN_FIELDS
+    names = (
+        text_field_name(key),
+        None if prompt else token_texts_field_name(key),
+        None if prompt else token_offsets_field_name(key),
+    )
     _FIELD_NAMES[key] = names
     return names
+
+
+def _all_finite(values: Sequence[float]) -> bool:
+    """No NaN or infinity among ``values`` (floats): their sum is finite (an overflow says False too)."""
+    try:
+        return math.isfinite(sum(values))
+    except OverflowError:
+        return False
 
 
 def _as_id_list(value: Any) -> tuple[Sequence[int] | None, int]:

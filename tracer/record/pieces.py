@@ -12,6 +12,11 @@ tokenizer decodes for that id alone; for a byte-level BPE, a character whose
 UTF-8 bytes are split across tokens shows in the token that holds its last
 byte, the tokens before it show ``""``, and bytes that never form a character
 show as U+FFFD. Joined, the pieces of a byte-level sequence are its decoded text.
+
+Layout: when the pieces join to the decoded text, a span stores only where
+each token ends in that text (``*_token_offsets``, :func:`token_ends`), so no
+string per token is built or written; otherwise it stores the pieces
+themselves (``*_token_texts``). :func:`token_texts_of` reads either back.
 """
 
 from __future__ import annotations
@@ -22,10 +27,16 @@ import random
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Largest vocabulary built eagerly into a table (ids past it are decoded on demand).
 MAX_TABLE_IDS = 1 << 20
+#: Sequences at least this long are decoded by one numpy gather of the table's bytes (3x a join of
+#: 2,048 ids' bytes, bench/bench_tokens.py); shorter ones by the join.
+NUMPY_DECODE_IDS = 256
 #: Random sequences decoded both ways to check the table reproduces the tokenizer's text.
 CHECK_SEQUENCES = 32
 #: Length of each check sequence.
@@ -98,6 +109,10 @@ class PieceTable:
         #: True when joining ``bytes`` reproduces the tokenizer's decoded text (checked on samples).
         self.exact_text = False
         self._extra: dict[int, str] = {}
+        #: id -> characters in its text, -1 where the text is None (built on first use).
+        self._lengths: np.ndarray | None = None
+        #: ``bytes`` joined, where each id's bytes start in it, their lengths (built on first use).
+        self._joined: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         backend = _backend(tokenizer)
         if backend is not None:
             self._build(tokenizer, backend)
@@ -166,7 +181,24 @@ class PieceTable:
         """
         if not checked and ids and min(ids) < 0:
             raise IndexError(f"negative token id {min(ids)}")
-        return b"".join(map(self.bytes.__getitem__, ids)).decode("utf-8", "replace")
+        if len(ids) < NUMPY_DECODE_IDS:
+            return b"".join(map(self.bytes.__getitem__, ids)).decode("utf-8", "replace")
+        import numpy as np
+
+        if self._joined is None:
+            lengths = np.fromiter(map(len, self.bytes), np.int64, len(self.bytes))
+            starts = np.zeros(len(lengths), np.int64)
+            np.cumsum(lengths[:-1], out=starts[1:])
+            self._joined = (np.frombuffer(b"".join(self.bytes), np.uint8), starts, lengths)
+        joined, starts, lengths = self._joined
+        arr = np.fromiter(ids, np.int64, len(ids))
+        if int(arr.max()) >= len(lengths):
+            raise IndexError(f"token id {int(arr.max())} outside the table")
+        n = lengths[arr]
+        ends = np.cumsum(n)
+        # Byte k of the output is byte (k - where its token starts in the output) of that token's bytes.
+        index = np.arange(int(ends[-1])) + np.repeat(starts[arr] - (ends - n), n)
+        return joined[index].tobytes().decode("utf-8", "replace")
 
     def pieces(self, ids: Sequence[int], tokenizer: Any, checked: bool = False) -> list[str]:
         """One text per token of ``ids`` (see the module docstring for split characters).
@@ -185,6 +217,42 @@ class PieceTable:
                 return _split_characters(self.bytes, ids, out)
             out = self._slow(ids, tokenizer)
         return out  # type: ignore[return-value]
+
+    def ends(self, ids: Sequence[int], tokenizer: Any, text: str, checked: bool = False) -> np.ndarray | None:
+        """Where each token of ``ids`` ends in ``text`` (characters), or None when its pieces do not spell ``text``.
+
+        With an exact byte table and ids whose texts are whole characters
+        this is one array lookup and a cumulative sum; otherwise the pieces
+        are built (:meth:`pieces`) and compared with ``text``.
+
+        Args:
+            ids: Token ids.
+            tokenizer: The tokenizer the table was built from.
+            text: The sequence's decoded text.
+            checked: The caller knows no id is negative.
+        """
+        import numpy as np
+
+        n = len(ids)
+        if n == 0:
+            return np.zeros(0, dtype=np.int64) if text == "" else None
+        if self.exact_text:
+            lengths = self._lengths
+            if lengths is None:
+                lengths = self._lengths = np.fromiter((-1 if t is None else len(t) for t in self.texts), np.int64)
+            try:
+                arr = np.fromiter(ids, np.int64, n)
+            except (OverflowError, TypeError, ValueError):
+                arr = None
+            if arr is not None and (checked or int(arr.min()) >= 0) and int(arr.max()) < len(lengths):
+                per = lengths[arr]
+                if int(per.min()) >= 0:
+                    out = np.cumsum(per)
+                    return out if int(out[-1]) == len(text) else None
+        pieces = self.pieces(ids, tokenizer, checked)
+        if "".join(pieces) != text:
+            return None
+        return np.cumsum(np.fromiter(map(len, pieces), np.int64, n))
 
     def _slow(self, ids: Sequence[int], tokenizer: Any) -> list[str | None]:
         texts, extra = self.texts, self._extra
@@ -247,3 +315,35 @@ def piece_table(tokenizer: Any) -> PieceTable:
                 _tables_by_id.clear()
             _tables_by_id[id(tokenizer)] = (tokenizer, table)  # kept alive with it: a few at most
     return table
+
+
+def split_text(text: str, ends: Sequence[int]) -> list[str] | None:
+    """The per-token texts ``ends`` cut ``text`` into, or None when they do not fit it."""
+    if not ends or type(ends[-1]) is not int or ends[-1] != len(text):
+        return [] if not ends and text == "" else None
+    out = []
+    start = 0
+    for end in ends:
+        if type(end) is not int or end < start:
+            return None
+        out.append(text[start:end])
+        start = end
+    return out
+
+
+def token_texts_of(outputs: Any, texts_key: str, ends_key: str, text: Any) -> list[str] | None:
+    """One text per token as a span stores them: the pieces (``texts_key``) or ``text`` cut at ``ends_key``.
+
+    Args:
+        outputs: The mapping holding the fields (a span's outputs).
+        texts_key: Where the pieces are, when stored as strings.
+        ends_key: Where each token's end in ``text`` is, when stored as offsets.
+        text: The decoded text the offsets refer to.
+    """
+    texts = outputs.get(texts_key)
+    if isinstance(texts, list) and all(type(x) is str for x in texts):
+        return texts
+    ends = outputs.get(ends_key)
+    if isinstance(ends, list) and isinstance(text, str):
+        return split_text(text, ends)
+    return None

@@ -788,18 +788,19 @@ class Recorder:
         failed = enc.decode_pending()
         if failed:
             self.problems.report("token2text", f"{failed} batch_decode call(s) failed; decoded one by one")
+        redactor = self.redactor
+        flags = redactor.records_to_scan(enc.strings, enc.opaque) if redactor is not None else None
+        done: set[int] = set()
+        if flags is not None and redactor is not None:
+            done = enc.redact_pieces(redactor, flags)  # each decoded text with its tokens, before verl moves it
         for j, rec in enumerate(chunk):
             if rec[R_SPEC].signature is not None:
                 _verl_texts(prepared[j][0], prepared[j][1])
-        redactor = self.redactor
-        if redactor is not None:
-            flags = redactor.records_to_scan(enc.strings, enc.opaque)
-            if flags is not None:
-                enc.redact_pieces(redactor.pieces, flags)
-                # Redact the strings themselves, before JSON escaping: a secret
-                # holding a quote or backslash is matched as it is.
-                clean = redactor.value
-                prepared = [(clean(p[0]), clean(p[1]), clean(p[2]), p[3]) if f else p for p, f in zip(prepared, flags)]
+        if redactor is not None and flags is not None:
+            # Redact the strings themselves, before JSON escaping: a secret
+            # holding a quote or backslash is matched as it is.
+            clean = functools.partial(redactor.value, done=done)
+            prepared = [(clean(p[0]), clean(p[1]), clean(p[2]), p[3]) if f else p for p, f in zip(prepared, flags)]
         self._store_history_once(chunk, prepared)
         return (
             [None if p[0] is None else to_json(p[0]) for p in prepared],

@@ -328,10 +328,22 @@ class Redactor:
         return pa.RecordBatch.from_arrays(columns, schema=batch.schema) if changed else batch
 
     def text(self, value: str) -> str:
-        """``value`` with every secret replaced by ``<redacted>``."""
-        if not self._may_match(value):
-            return value
-        return self.text_ungated(value)
+        """``value`` with every secret replaced by ``<redacted>``.
+
+        Each of the three rules runs only where its own triggers are in the
+        text (what :meth:`_may_match` checks for all three at once); the mask
+        holds none of them, so a rule's gate read after an earlier rule
+        masked something still sees every match it could have.
+        """
+        scan = self._scan
+        if scan is None:
+            return self.text_ungated(value)
+        value = redact_key_values(value)
+        if scan.found(value) or TOKEN_TAIL.search(value) is not None or self._folded.found(value.lower()):
+            value = self._pattern.sub(REDACTED, value)
+        if URL_GATE in value and URL_TRIGGER in value:
+            value = self._context.sub(_keep_prefix, value)
+        return value
 
     def text_ungated(self, value: str) -> str:
         """:meth:`text` without the pre-scan: every pattern searched (what the pre-scan must agree with)."""
@@ -344,46 +356,52 @@ class Redactor:
 
         The text from the first change to the last goes to the token where it
         starts; the other tokens of that stretch show ``""``; the tokens
-        around it keep their text.
+        around it keep their text (see :func:`moved_ends`).
         """
         joined = "".join(pieces)
         clean = self.text(joined)
         if clean == joined:
             return pieces
-        head = 0
-        limit = min(len(joined), len(clean))
-        while head < limit and joined[head] == clean[head]:
-            head += 1
-        tail = 0
-        while tail < limit - head and joined[-1 - tail] == clean[-1 - tail]:
-            tail += 1
-        i2, j2 = len(joined) - tail, len(clean) - tail
-        starts = list(itertools.accumulate((len(p) for p in pieces), initial=0))
-        first = min(max(0, bisect.bisect_right(starts, head) - 1), len(pieces) - 1)
-        last = max(first, bisect.bisect_left(starts, i2) - 1)
-        out = list(pieces)
-        for k in range(first, last + 1):
-            lo = starts[k]
-            keep_head = pieces[k][: head - lo] if k == first else ""
-            keep_tail = pieces[k][i2 - lo :] if k == last else ""
-            out[k] = keep_head + (clean[head:j2] if k == first else "") + keep_tail
-        return out
+        ends = moved_ends(list(itertools.accumulate(map(len, pieces))), joined, clean)
+        return [clean[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
-    def value(self, data: Any, depth: int = 0) -> Any:
-        """``data`` (JSON-ready: dicts, lists, strings, numbers) with every string redacted, keys too."""
+    def text_and_ends(self, text: str, ends: Any) -> tuple[str, Any]:
+        """``text`` redacted (one scan), with its tokens' ``ends`` moved to fit (see :func:`moved_ends`).
+
+        Args:
+            text: A decoded text.
+            ends: Where each of its tokens ends (a list or 1-D array of ints, last = ``len(text)``).
+        """
+        clean = self.text(text)
+        if clean == text:
+            return text, ends
+        return clean, moved_ends(ends.tolist() if hasattr(ends, "tolist") else list(ends), text, clean)
+
+    def value(self, data: Any, depth: int = 0, done: frozenset[int] | set[int] = frozenset()) -> Any:
+        """``data`` (JSON-ready: dicts, lists, strings, numbers) with every string redacted, keys too.
+
+        ``done``: ids of string objects already redacted (decoded texts, see
+        :meth:`text_and_ends`): passed as they are, not scanned twice.
+        """
         if type(data) is str:
-            return self.text(data)
+            return data if id(data) in done else self.text(data)
         if depth > 200:
             return data
         if isinstance(data, dict):
             out = {}
             for k, v in data.items():
                 key = self.text(k) if type(k) is str else k
-                out[key] = REDACTED if type(k) is str and is_secret_key(k) else self.value(v, depth + 1)
+                out[key] = REDACTED if type(k) is str and is_secret_key(k) else self.value(v, depth + 1, done)
             return out
         if isinstance(data, (list, tuple)):
-            return [self.value(v, depth + 1) for v in data]
+            if _NUMBERS.issuperset(map(type, data)):  # token ids, logprobs: nothing to redact
+                return data
+            return [self.value(v, depth + 1, done) for v in data]
         return data
+
+
+#: Element types of lists the redactor passes as they are.
+_NUMBERS = frozenset({int, float, bool, type(None)})
 
 
 #: Characters ranked from rarest to commonest in prompts and replies: a
@@ -495,6 +513,30 @@ class TriggerScan:
                 if any(pieces[k].endswith(b) and rest[k].startswith(a) for b, a in parts):
                     return True
         return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
+
+
+def moved_ends(ends: list[int], old: str, new: str) -> list[int]:
+    """Token ends in ``old`` moved to ``new``, which differs from it in one stretch (a redaction).
+
+    The changed stretch goes to the token where it starts, the other tokens
+    it covers end where it ends (their text is ``""``), and the tokens after
+    it keep their text: every token it touches shows the mask, none the secret.
+    """
+    n = len(ends)
+    if n == 0:
+        return ends
+    limit = min(len(old), len(new))
+    head = 0
+    while head < limit and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < limit - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    i2, j2 = len(old) - tail, len(new) - tail
+    first = min(bisect.bisect_right(ends, head), n - 1)
+    last = max(first, min(bisect.bisect_left(ends, i2), n - 1))
+    delta = j2 - i2
+    return [*ends[:first], *([j2] * (last - first)), *(int(e) + delta for e in ends[last:])]
 
 
 def _keep_prefix(match: re.Match[str]) -> str:

@@ -25,8 +25,17 @@ pytestmark = pytest.mark.slow
 #: Keys this project adds to verl's inputs/outputs (docs/verl.md lists why):
 #: the encoder's class name of a captured object, the chat view, and the
 #: prompt text kept in an llm call's inputs for the trajectory model, and
-#: token2text's per-token texts (the token grid without a tokenizer, issue 17).
-ADDED_KEYS = {"__type__", "messages", "choices", "prompt_text", "response_token_texts", "token_texts"}
+#: token2text's per-token texts or their offsets (the token grid without a tokenizer, issue 17).
+ADDED_KEYS = {
+    "__type__",
+    "messages",
+    "choices",
+    "prompt_text",
+    "response_token_texts",
+    "token_texts",
+    "response_token_offsets",
+    "token_offsets",
+}
 
 
 def _run(model: Path, work: Path, mode: str, steps: int = 1) -> None:
