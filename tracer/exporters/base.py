@@ -321,6 +321,12 @@ class VerifyResult:
         )
 
 
+def short_error(exc: BaseException, limit: int = 300) -> str:
+    """The error's message on one line, at most ``limit`` characters, printable whatever it held."""
+    text = " ".join(str(exc).split()).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def same_value(a: float | None, b: float | None) -> bool:
     """Equal rewards or metric values (None equals None, NaN equals NaN, floats within 1e-9)."""
     if a is None or b is None:
@@ -459,7 +465,7 @@ class SinkBase:
             try:
                 out.append((t, build(t)))
             except Exception as exc:
-                why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                why = f"{type(exc).__name__}: {short_error(exc)}"
                 self.refused.append(
                     (str(t.summary.get(S.TRACE_ID)), len(t.spans), f"its payload cannot be built ({why})")
                 )

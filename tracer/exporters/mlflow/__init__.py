@@ -49,6 +49,7 @@ from tracer.exporters.base import (
     Target,
     VerifyResult,
     Written,
+    short_error,
 )
 from tracer.exporters.base import export_files as _export_files
 from tracer.exporters.mlflow.importer import ImportReport, import_traces
@@ -110,8 +111,6 @@ LINK_BATCH = 100
 TRACE_META_SOURCE_RUN = "mlflow.sourceRun"
 #: Traces refused one after another, with none sent yet, before the destination is blamed.
 MAX_REFUSED_BEFORE_GIVING_UP = 3
-#: Characters of a backend's error kept in the report.
-ERROR_CHARS = 300
 #: Run tag naming the experiment a run holds.
 RUN_TAG_EXPERIMENT = "rollout_trace.experiment_name"
 #: Metric key prefixes for training and validation rollouts.
@@ -145,13 +144,6 @@ def fast_path_available() -> bool:
 
 
 # -- sending -----------------------------------------------------------------
-
-
-def _short(exc: BaseException) -> str:
-    """The error's message on one line, bounded, printable whatever the trajectory held."""
-    text = " ".join(str(exc).split())
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
 
 
 def _dumps(value: Any) -> str:
@@ -562,7 +554,7 @@ class MlflowSink(SinkBase):
                 data = trajectory_data(t.spans, dest.project, dest.experiment, reward=reward)
             except Exception as exc:  # this trajectory's content: refuse it alone, the rest go
                 written.sent += 1  # taken back out with the refusal
-                self.refused.append((tid, 0, f"{type(exc).__name__}: {_short(exc)}"))
+                self.refused.append((tid, 0, f"{type(exc).__name__}: {short_error(exc)}"))
                 continue
             self._response.setdefault(key, []).append(data.response_tokens)
             self._pending.append(data)
@@ -637,7 +629,7 @@ class MlflowSink(SinkBase):
             if t.partial:
                 logger.warning("rollout-trace mlflow exporter: late spans of %s not sent: %s", t.trace_id, error)
                 continue
-            self.refused.append((t.trace_id, len(t.spans), f"{type(error).__name__}: {_short(error)}"))
+            self.refused.append((t.trace_id, len(t.spans), f"{type(error).__name__}: {short_error(error)}"))
         return went
 
     def _log_metrics(self, batch: StepBatch) -> None:
