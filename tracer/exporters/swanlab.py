@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from tracer import schema as S
-from tracer.exporters.base import ExportReport, ReadBack, Target
+from tracer.exporters.base import ExportReport, Target
 from tracer.exporters.base import export_files as _export_files
-from tracer.exporters.steps import TableSink
+from tracer.exporters.steps import TableSink, backend_step
 from tracer.exporters.tables import (
     COL,
     TABLE_COLUMNS,
@@ -104,13 +104,8 @@ class SwanlabRun:
     def log_step(self, data: StepData) -> list[str]:
         """Log one step's tables, conversation texts and metrics at that step; return notes (none)."""
         swanlab = self._swanlab
-        if data.step is not None and data.step == self._last_step:
-            # A step published again (late trajectories): SwanLab keeps one value per step and key.
-            sl_step = self._last_swanlab_step + 1
-        elif data.step is not None and data.step > self._last_swanlab_step:
-            sl_step = data.step
-        else:
-            sl_step = self._last_swanlab_step + 1
+        # A step published again (late trajectories) goes one later: SwanLab keeps one value per step and key.
+        sl_step = backend_step(data.step, self._last_swanlab_step, self._last_step, same_again=False)
         payload: dict[str, Any] = dict(data.metrics)
         for key, rows in ((TABLE_KEY, data.rows), (VAL_TABLE_KEY, data.val_rows)):
             if rows:
@@ -175,16 +170,12 @@ class SwanlabSink(TableSink):
     told otherwise).
     """
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        super().__init__(options)
-        self._sl: SwanlabRun | None = None
-        self.destination = self.options.get("log_dir") or ""
+    read_files = staticmethod(read_back)
 
-    def open(self, target: Target) -> set[str]:
+    def start(self, target: Target) -> SwanlabRun:
         """Start (or, live, join) the run."""
-        super().open(target)
         o = self.options
-        self._sl = SwanlabRun(
+        return SwanlabRun(
             project=o["project"] or target.project or "rollout_trace",
             name=o["experiment"] or target.experiment,
             mode=o["mode"],
@@ -193,21 +184,14 @@ class SwanlabSink(TableSink):
             config=target.run_config,
             use_current=target.live,
         )
-        self.destination = self._sl.directory
-        return set()
 
     def confirms(self) -> bool:
         """A local or offline run is files here: read back after every export."""
         return self.options["mode"] != "online"
 
-    def log_step(self, data: StepData) -> list[str]:
-        """Log the step's tables, conversation texts and metrics."""
-        assert self._sl is not None, "open() first"
-        return self._sl.log_step(data)
-
     def close(self) -> list[str]:
         """Finish the run if this sink started it; say where its files are."""
-        sl = self._sl
+        sl = self.run
         if sl is None:
             return []
         sl.finish()
@@ -218,12 +202,6 @@ class SwanlabSink(TableSink):
         elif sl.mode == "local":
             notes.append(f"browse it with: swanlab watch {os.path.dirname(sl.directory)}")
         return notes
-
-    def read_back(self) -> ReadBack:
-        """The rows and metrics of the finished run's files."""
-        assert self._sl is not None, "open() first"
-        rows, metrics = read_back(self._sl.directory)
-        return ReadBack(rows, metrics, where=self._sl.directory)
 
 
 def export_files(path: str | os.PathLike[str], **options: Any) -> ExportReport:

@@ -26,9 +26,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tracer.exporters.base import ExportReport, ReadBack, Target
+from tracer.exporters.base import ExportReport, Target
 from tracer.exporters.base import export_files as _export_files
-from tracer.exporters.steps import TableSink
+from tracer.exporters.steps import TableSink, backend_step
 from tracer.exporters.tables import (
     METRIC_PREFIX,
     TABLE_COLUMNS,
@@ -108,12 +108,7 @@ class WandbRun:
 
     def log_step(self, data: StepData) -> list[str]:
         """Log one step's rows (split at ``max_rows``) and metrics; return notes on splits."""
-        if data.step is not None and data.step == self._last_step:
-            wandb_step = self._last_wandb_step
-        elif data.step is not None and data.step > self._last_wandb_step:
-            wandb_step = data.step
-        else:
-            wandb_step = self._last_wandb_step + 1
+        wandb_step = backend_step(data.step, self._last_wandb_step, self._last_step, same_again=True)
         notes = []
         parts: dict[str, list[list[list[Any]]]] = {}
         for key, rows in ((TABLE_KEY, data.rows), (VAL_TABLE_KEY, data.val_rows)):
@@ -195,16 +190,12 @@ class WandbSink(TableSink):
     new run (mode ``offline`` unless told otherwise).
     """
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        super().__init__(options)
-        self._wb: WandbRun | None = None
-        self.destination = self.options.get("run_dir") or ""
+    read_files = staticmethod(read_back)
 
-    def open(self, target: Target) -> set[str]:
+    def start(self, target: Target) -> WandbRun:
         """Start the run."""
-        super().open(target)
         o = self.options
-        self._wb = WandbRun(
+        return WandbRun(
             project=o["project"] or target.project or "rollout_trace",
             name=o["experiment"] or target.experiment,
             mode=o["mode"],
@@ -214,36 +205,23 @@ class WandbSink(TableSink):
             proxy=o["proxy"],
             max_rows=o["max_rows"],
         )
-        self.destination = self._wb.directory
-        return set()
 
     def confirms(self) -> bool:
         """An offline run is files here: read back after every export."""
         return self.options["mode"] == "offline"
 
-    def log_step(self, data: StepData) -> list[str]:
-        """Log the step's new rows (split at ``max_rows``) and metrics."""
-        assert self._wb is not None, "open() first"
-        return self._wb.log_step(data)
-
     def close(self) -> list[str]:
         """Finish the run; say where its files are."""
-        if self._wb is None:
+        if self.run is None:
             return []
-        self._wb.finish()
+        self.run.finish()
         wandb = _wandb()
         if wandb.run is None:
             wandb.teardown()
-        notes = [f"wandb run files: {self._wb.directory}"]
+        notes = [f"wandb run files: {self.run.directory}"]
         if self.options["mode"] == "offline":
-            notes.append(f"upload it with: wandb sync {self._wb.directory}")
+            notes.append(f"upload it with: wandb sync {self.run.directory}")
         return notes
-
-    def read_back(self) -> ReadBack:
-        """The rows and metrics of the finished run's files."""
-        assert self._wb is not None, "open() first"
-        rows, metrics = read_back(self._wb.directory)
-        return ReadBack(rows, metrics, where=self._wb.directory)
 
 
 def export_files(path: str | os.PathLike[str], **options: Any) -> ExportReport:
