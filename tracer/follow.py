@@ -1,23 +1,12 @@
 """Follow a run while it is written: read only the batches added since the last look.
 
-:class:`RunFollower` remembers, per trace file, how many complete record
-batches it has read and the file's size; each :meth:`RunFollower.poll` lists
-the run again and reads only the batches after those (an append-only file
-keeps its batches' numbers, so batch ``i`` of a shard still being written is
-batch ``i`` once it is closed, see :func:`tracer.storage.files.read_batches`).
-It also remembers where the last batch it read ends, so the message headers
-of a file are walked from there, not from the start (``resume`` of
-:func:`tracer.storage.files.read_batches`). The trajectory summaries are kept
-per step and only the trajectories that got new rows are summarised again,
-with :func:`tracer.summary.summarize` (one meaning in one place), so a
-refresh costs what is new, not the run.
-
-:meth:`RunFollower.trajectories` is then the same table as
-:func:`tracer.summary.read_trajectories` of the run (same rows, same order).
-When a file the follower read is gone or shorter (a compaction replaced it,
-a repair cut it), the next poll reads the run again from the start.
-
-Used by ``rollout-trace tail`` and by the viewer's ``--follow`` mode.
+:class:`RunFollower` remembers per trace file the complete batches read and where
+the last ends (an append-only file keeps its batches' numbers); each poll reads only
+what is new and summarises again only the trajectories that got rows, so
+:meth:`RunFollower.trajectories` equals :func:`tracer.summary.read_trajectories` of
+the run at the cost of what is new. A file gone or shorter (compaction, repair)
+makes the next poll read the run again. Used by ``rollout-trace tail`` and the
+viewer's ``--follow``.
 """
 
 from __future__ import annotations

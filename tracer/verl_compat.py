@@ -1,23 +1,16 @@
 """verl drop-in: verl's ``rollout_trace`` API, recorded by rollout-trace.
 
-verl's agent loops import three names from ``verl.utils.rollout_trace``:
-``RolloutTraceConfig``, ``rollout_trace_attr`` and ``rollout_trace_op``. This
-module has the same names with the same signatures. :func:`install` makes
-``import verl.utils.rollout_trace`` return them, so verl's own decorated
-methods (``LLMServerClient.generate``, ``BaseTool.execute``, the agent loops'
-``run``) record into rollout-trace's files. Install it in every Ray worker by
-configuration alone::
+The same three names and signatures as ``verl.utils.rollout_trace``
+(``RolloutTraceConfig``, ``rollout_trace_attr``, ``rollout_trace_op``);
+:func:`install` makes verl import these, in every Ray worker by configuration alone::
 
     python -m verl.trainer.main_ppo ... \\
         actor_rollout_ref.rollout.trace.backend=arrow \\
         +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracer.verl_compat.install \\
         +ray_kwargs.ray_init.runtime_env.env_vars.ROLLOUT_TRACE_DIR=/shared/traces
 
-``backend`` takes rollout-trace's names (``arrow``, ``mlflow``, ``wandb``,
-``swanlab``, ``trackio``, ``console``; see :func:`tracer.available_backends`):
-they record files and export from them; verl's own ``weave`` backend is
-handed to verl's original module unchanged; a name neither knows records
-nothing, with a warning. Importing this module does not import verl.
+verl's own ``weave`` backend goes to verl's original module; a name neither knows
+records nothing, with a warning. Importing this module does not import verl.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """``rollout-trace export PATH --to BACKEND``: post-hoc export of trace files.
 
-Registered through the ``rollout_trace.commands`` entry point
-(``export = "tracer.cli.export:register_export"``). The flags are built from
-the backends' options in :data:`tracer.backends.BACKENDS` (an
-option shared by several backends is one flag), plus ``--opt NAME=VALUE``
-for any option by its name; the work is
+Flags are built from the backends' options (:data:`tracer.backends.BACKENDS`; one flag
+per shared option), plus ``--opt NAME=VALUE``; the work is
 :func:`tracer.exporters.export_files`, whose report is printed.
 """
 

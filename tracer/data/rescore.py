@@ -1,23 +1,16 @@
 """Re-score a recorded run with another reward function; keep every reward with its source.
 
-:func:`rescore` (``rollout-trace rescore RUN --reward module:function``) calls
-the function on every trajectory's messages, final response and recorded
-reward info, and appends one ``log_reward`` row per trajectory to a new
-trace file of the run, with attribute :data:`tracer.summary.REWARD_SOURCE_KEY`
-naming the function; the recorded info (ground truth, ...) is carried over,
-except the advantage, which was computed from the old reward. Nothing already written changes: the readers report the
-latest reward (the new one), and :func:`read_rewards` lists every reward of
-every trajectory with its source.
-
-The reward function::
+:func:`rescore` (``rollout-trace rescore RUN --reward module:function``) appends one
+``log_reward`` row per trajectory to a new trace file of the run, its source under
+:data:`tracer.summary.REWARD_SOURCE_KEY`, the recorded info carried over (the
+advantage aside). Nothing written changes: readers report the latest reward, and
+:func:`read_rewards` lists every reward with its source. The function::
 
     def score(messages: list[dict], response: str, info: dict) -> float | dict | None
 
-``messages``: the conversation in OpenAI chat format; ``response``: the last
-assistant message's text (as the conversation shows it); ``info``: the attributes logged with the trajectory's
-current reward (``ground_truth``, ``advantage``, ...). It returns the new
-reward, or a dict with ``"reward"`` and extras to log with it, or None to
-leave the trajectory as it is.
+gets the OpenAI-format conversation, the last assistant text and the current
+reward's info, and returns the reward, a dict with ``"reward"`` and extras, or None
+(leave the trajectory as it is).
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Shipping, from the files, what the live exporters of processes that ended had not shipped.
 
-A live exporter ships a trajectory a little after its root span is durable
-(the grace period for late rewards, the wait for a complete step). A process
-that ends without running its shutdown, as every Ray actor does at
-``ray.shutdown()``, takes what was still waiting with it; its files hold it
-all. :func:`catch_up` is run by the process that outlives them (a Ray
-driver, see :mod:`tracer.verl_plugin`): it waits, within a bound, until the
-writers of the run folders written since a moment are gone, then, for each
-backend those files were recorded live to, sends what the destination lacks,
-exactly as ``rollout-trace export`` does (:func:`tracer.exporters.base.export_files`
-sends only trajectories the destination does not have, so nothing arrives twice).
+A process that ends without its shutdown (every Ray actor at ``ray.shutdown()``)
+takes its exporters' waiting trajectories with it; its files hold them.
+:func:`catch_up`, run by the process that outlives them, waits (bounded) until the
+writers of the run folders are gone, then sends each live backend what its
+destination lacks, as ``rollout-trace export`` does (nothing arrives twice).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """How far behind the trace files each live exporter is: a small JSON file per process, next to the shards.
 
-Every few seconds (:data:`WRITE_EVERY_S`) a :class:`~tracer.exporters.base.LiveDriver`
-rewrites ``{run_dir}/_lag.{backend}.{host}_{pid}_{nonce}.json`` atomically
-(temporary file, rename): trajectories shipped and failed, trajectories
-waiting (their root span was written to the files but the backend has not got
-them yet: the grace period for late rewards, or a step held until it is
-complete), the age of the oldest waiting one, spans queued or dropped. The
-last write, at shutdown, is marked ``final``. Readers list trace files
-(``*.arrow``) only, so these files are invisible to them.
-
-:func:`read_lag` reads them back for ``rollout-trace info`` and the viewer's
-sidebar. The driver calls :func:`observe`; nothing here raises into it.
+Every :data:`WRITE_EVERY_S` seconds a :class:`~tracer.exporters.base.LiveDriver`
+rewrites ``{run_dir}/_lag.{backend}.{host}_{pid}_{nonce}.json`` atomically: shipped,
+failed, waiting (durable but not sent: grace period, step held), the oldest wait,
+spans queued or dropped; the last write is ``final``. Readers of ``*.arrow`` never
+see it. :func:`read_lag` reads them for ``rollout-trace info`` and the viewer; the
+driver calls :func:`observe`, which never raises.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """SwanLab exporter: per-step trajectory tables, conversations and rollout metrics.
 
-Every step logs, at that step: a ``swanlab.echarts.Table`` of its training
-trajectories under ``rollout_trace/table`` and of its validation trajectories
-(at most ``log_val_generations``) under ``rollout_trace_val/table``, the first
-:data:`MAX_TEXTS` conversations as ``swanlab.Text`` under
-``rollout_trace/conversations``, and the step's metrics
-(``rollout_trace/reward/mean``, ...; ``rollout_trace_val/...``).
-
-Modes: ``local`` (files under ``log_dir``, browsed with ``swanlab watch``; it
-needs the ``swanboard`` package, and without it the run is written in
-``offline`` mode instead, which keeps the same files), ``offline`` (files, upload
-later with ``swanlab sync``), ``online``. ``swanlab`` is imported only when an
-export runs or a live run starts.
+Each step logs tables of its training and validation trajectories, the first
+:data:`MAX_TEXTS` conversations as ``swanlab.Text`` and its metrics. Modes:
+``local`` (browsed with ``swanlab watch``; needs ``swanboard``, else written as
+``offline``, the same files), ``offline`` (``swanlab sync`` later), ``online``.
 """
 
 from __future__ import annotations

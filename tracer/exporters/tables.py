@@ -1,11 +1,6 @@
-"""What the table-shaped backends (WandB, SwanLab, console) share.
-
-One row per trajectory (:data:`TABLE_COLUMNS`), built the same way from files
-(post-hoc export) and from live span batches; per-step metrics from
-:func:`tracer.summary.step_metrics`; reading trace files step chunk by step
-chunk; a plain stderr progress bar; a reader for the LevelDB-log framed run
-files both wandb (``.wandb``) and swanlab (``.swanlab``) write, used by
-``--verify``.
+"""What the table-shaped backends share: one row per trajectory (:data:`TABLE_COLUMNS`),
+reading trace files step chunk by step chunk, a stderr progress bar, and a reader of
+the LevelDB-log framed run files of wandb and swanlab (for ``--verify``).
 """
 
 from __future__ import annotations

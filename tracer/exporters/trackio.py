@@ -1,14 +1,8 @@
 """trackio exporter: per-step trajectory tables and rollout metrics in a trackio run.
 
-trackio (Hugging Face's local-first experiment tracker) keeps runs in a
-SQLite store under ``TRACKIO_DIR`` (default ``~/.cache/huggingface/trackio``),
-with no account and no network; ``trackio show`` opens its dashboard. Every
-step logs, at that step, a ``trackio.Table`` of its training trajectories
-under ``rollout_trace/table`` and of its validation trajectories (at most
-``log_val_generations``) under ``rollout_trace_val/table`` (the same rows as
-wandb's and SwanLab's tables), and the step's metrics
-(``rollout_trace/reward/mean``, ...). ``trackio`` is imported only when an
-export runs or a live run starts.
+trackio keeps runs in a local SQLite store under ``TRACKIO_DIR`` (no account, no
+network; ``trackio show`` opens it). Each step logs the same tables as wandb's and
+SwanLab's (``rollout_trace/table``, ``rollout_trace_val/table``) and its metrics.
 """
 
 from __future__ import annotations

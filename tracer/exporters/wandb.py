@@ -1,20 +1,10 @@
 """WandB exporter: per-step trajectory tables and rollout metrics.
 
-Every step logs, at that step, new rows of an incremental table
-(``wandb.Table(log_mode="INCREMENTAL")``: each log holds only the step's rows
-and the table's history is kept) under ``rollout_trace/table``
-(training) and ``rollout_trace_val/table`` (validation, at most
-``log_val_generations`` per step, verl's key), plus the step's metrics
-(``rollout_trace/reward/mean``, ...; ``rollout_trace_val/...`` for validation)
-plotted against ``rollout_trace/step``.
-
-Row limits: a logged table keeps at most ``wandb.Table.MAX_ROWS`` (10,000)
-rows in its media file and ``MAX_ARTIFACT_ROWS`` (200,000) in its artifact;
-rows past that would be silently cut by wandb. A step with more rows is split
-into several increments of at most ``MAX_ROWS`` rows, logged at the same
-step, and the export report says so.
-
-``wandb`` is imported only when an export runs or a live run starts.
+Each step logs an incremental table's new rows (``rollout_trace/table``;
+``rollout_trace_val/table``, at most ``log_val_generations``) and its metrics
+(``rollout_trace/...``) against ``rollout_trace/step``. A step with more rows than a
+logged table keeps (``wandb.Table.MAX_ROWS``) is split into several increments at the
+same step, and the report says so.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Read MLflow traces back into trace files (``rollout-trace import mlflow``).
 
-Traces written by :mod:`tracer.exporters.mlflow` come back as the rows they
-were made from: same ids, times, tree, kinds, statuses, errors, rewards,
-attributes, inputs and outputs (minus what the exporter added for MLflow's
-chat view). Any other MLflow trace with spans is mapped as well: span types
-give the kinds (AGENT rollout, CHAT_MODEL/LLM llm, TOOL tool, EVALUATOR
-reward, others span), the root becomes the trajectory's rollout span, the
-non-MLflow span attributes become our attributes, an exception event becomes
-the error, and a ``reward`` trace tag becomes a ``log_reward`` row.
-Every text of every row goes through the recorder's redactor
-(:func:`tracer.exporters.base.redact_rows`) before it is written: a foreign
-trace holds whatever its application put there.
+Traces this exporter wrote come back as the rows they were made from. Any other
+trace is mapped too: span types give kinds, the root is the rollout span, non-MLflow
+attributes are ours, an exception event is the error, a ``reward`` tag a
+``log_reward`` row. Every text goes through the redactor before it is written.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Trajectory (rows of SPAN_SCHEMA) <-> MLflow span data, without importing mlflow.
 
-One trajectory becomes one MLflow trace whose id is derived from ours and the
-MLflow experiment's name (:func:`mlflow_trace_id`), so re-sending it upserts
-instead of duplicating. Every
-span keeps its original start/end times, its parent, and what MLflow has no
-slot for (kind, status, error, reward, step, our attributes) under
-``rollout_trace.*`` span attributes, so :mod:`tracer.exporters.mlflow.importer`
-restores the rows exactly. For the MLflow UI's chat view, the rollout root and
-the llm spans get OpenAI-style ``messages`` inputs and ChatCompletion-shaped
-``choices`` outputs beside their own fields; ``rollout_trace.added`` lists what
-was added so the import strips it again.
+One trajectory is one MLflow trace (id from ours and the experiment:
+:func:`mlflow_trace_id`, so re-sending upserts). Spans keep their times and parents;
+what MLflow has no slot for is under ``rollout_trace.*`` attributes, so
+:mod:`tracer.exporters.mlflow.importer` restores the rows exactly. The root and llm
+spans get OpenAI-style ``messages`` and ``choices`` for MLflow's chat view, listed in
+``rollout_trace.added`` so the import strips them.
 """
 
 from __future__ import annotations
