@@ -8,7 +8,6 @@ per shared option), plus ``--opt NAME=VALUE``; the work is
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -114,9 +113,6 @@ def run_export(args: argparse.Namespace) -> int:
     """Run ``rollout-trace export``; return the exit status."""
     target = str(args.to).lower()
     try:
-        get_backend(target)
-        if not os.path.exists(args.path):
-            return _error(f"{args.path!r} does not exist; give a trace file (.arrow) or a directory of them")
         options = _options(args, target)
         report = export_files(
             args.path,

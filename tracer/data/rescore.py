@@ -73,25 +73,15 @@ class RescoreError(ValueError):
 
 @dataclasses.dataclass
 class RescoreReport:
-    """What a rescore did.
+    """What a rescore did: trajectories scored, changed, left (None), mean reward before and after (NaN: none)."""
 
-    Attributes:
-        source: The reward function's ``module:function``.
-        trajectories: Trajectories scored.
-        changed: Of those, how many got a different reward.
-        unscored: Trajectories the function returned None for (left as they were).
-        mean_before: Mean reward before (over trajectories that had one; NaN if none).
-        mean_after: Mean reward after (same trajectories plus the newly scored).
-        path: The trace file written (None when nothing was written).
-    """
-
-    source: str
+    source: str  # module:function
     trajectories: int = 0
     changed: int = 0
     unscored: int = 0
     mean_before: float = math.nan
     mean_after: float = math.nan
-    path: str | None = None
+    path: str | None = None  # the trace file written
 
 
 def load_reward_function(spec: str) -> RewardFunction:
@@ -241,15 +231,10 @@ def _write(folder: str, rows: list[dict[str, Any]], name: str) -> str:
 
 
 def read_rewards(path: str | os.PathLike[str], *, latest_only: bool = False) -> pa.Table:
-    """Every reward of every trajectory under ``path``, with its source, oldest first.
+    """Every reward (or only each trajectory's latest) under ``path``, with its source, oldest first.
 
-    Columns: ``trace_id``, ``reward``, ``source`` (``recorded``, ``reward_op``
-    or the ``module:function`` of a rescore), ``end_ns``, ``latest`` (the
-    reward :func:`tracer.read_trajectories` reports), ``reward_info``.
-
-    Args:
-        path: A trace file or a folder of them.
-        latest_only: Only each trajectory's latest reward.
+    Columns (:data:`REWARDS_SCHEMA`): ``source`` is ``recorded``, ``reward_op`` or a rescore's
+    ``module:function``; ``latest`` marks the reward :func:`tracer.read_trajectories` reports.
     """
     spans = read_spans(path, columns=[S.TRACE_ID, S.NAME, S.KIND, S.END_NS, S.REWARD, S.ATTRIBUTES])
     out: list[dict[str, Any]] = []

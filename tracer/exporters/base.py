@@ -775,55 +775,6 @@ def live_target(config: TraceConfig) -> Target:
 # -- the file driver ---------------------------------------------------------------
 
 
-def drive_files(
-    sink_class: type[SinkBase],
-    backend: str,
-    path: str | os.PathLike[str],
-    options: Mapping[str, Any],
-    *,
-    steps: int | Sequence[int] | None = None,
-    since_step: int | None = None,
-    progress: bool = True,
-    verify: bool = False,
-    log_val_generations: int | None = None,
-) -> ExportReport:
-    """Export a trace path through ``sink_class`` (options already checked), step chunk by step chunk.
-
-    Raises:
-        FileNotFoundError: ``path`` holds no trace files.
-        BackendTimeoutError: the destination stopped answering; the message says what was sent and what to do.
-    """
-    report = ExportReport(backend)
-    wanted = [steps] if isinstance(steps, int) else steps
-    p = os.fspath(path)
-    for read_path, project, experiment in sink_class.sources(p, options):
-        run = open_run(read_path, wanted, since_step)
-        cap = run.log_val_generations if log_val_generations is None else log_val_generations
-        target = Target(
-            project or run.project,
-            experiment or run.experiment,
-            cap,
-            {**read_run_config(read_path), "rollout_trace_source": os.path.abspath(p)},
-        )
-        sink = sink_class(options)
-        call = functools.partial(_call, sink, backend)
-        existing, total, notes = _send_run(sink, call, run, target, report, progress)
-        _count(report, sink, total, backend)
-        if total.sent and (existing or _recorded_live_to(read_path, backend)):
-            report.caught_up += total.sent
-            report.details.append(
-                f"caught up {total.sent} trajectories the destination did not have yet "
-                f"({len(existing)} were there already, e.g. shipped live)"
-            )
-        report.trajectories_skipped += total.skipped + run.not_selected
-        report.details.extend(notes)
-        if run.not_selected:
-            report.details.append(f"{run.not_selected} trajectories outside the selected steps not exported")
-        if verify or sink.confirms():
-            _confirm(report, sink, total, backend, verify, call)
-    return report
-
-
 def _call(sink: Sink, label: str, fn: Any, what: str, left: float | None = None) -> Any:
     """``fn()`` bounded by the sink's ``timeout_s`` (and ``left``), said while it waits (:func:`call_within`)."""
     where = f" at {sink.destination}" if sink.destination else ""
@@ -968,17 +919,36 @@ def export_files(
         ExportOptionError: unknown backend or option, or a bad option value.
         FileNotFoundError: ``path`` holds no trace files.
         ImportError: the backend's library is not installed (with the pip line).
+        BackendTimeoutError: the destination stopped answering; the message says what was sent and what to do.
     """
-    resolved = resolve_options(to, options)
-    sink_class = load_sink(to)
-    return drive_files(
-        sink_class,
-        to,
-        path,
-        resolved,
-        steps=steps,
-        since_step=since_step,
-        progress=progress,
-        verify=verify,
-        log_val_generations=log_val_generations,
-    )
+    options = resolve_options(to, options)
+    sink_class: type[SinkBase] = load_sink(to)
+    report = ExportReport(to)
+    wanted = [steps] if isinstance(steps, int) else steps
+    p = os.fspath(path)
+    for read_path, project, experiment in sink_class.sources(p, options):
+        run = open_run(read_path, wanted, since_step)
+        cap = run.log_val_generations if log_val_generations is None else log_val_generations
+        target = Target(
+            project or run.project,
+            experiment or run.experiment,
+            cap,
+            {**read_run_config(read_path), "rollout_trace_source": os.path.abspath(p)},
+        )
+        sink = sink_class(options)
+        call = functools.partial(_call, sink, to)
+        existing, total, notes = _send_run(sink, call, run, target, report, progress)
+        _count(report, sink, total, to)
+        if total.sent and (existing or _recorded_live_to(read_path, to)):
+            report.caught_up += total.sent
+            report.details.append(
+                f"caught up {total.sent} trajectories the destination did not have yet "
+                f"({len(existing)} were there already, e.g. shipped live)"
+            )
+        report.trajectories_skipped += total.skipped + run.not_selected
+        report.details.extend(notes)
+        if run.not_selected:
+            report.details.append(f"{run.not_selected} trajectories outside the selected steps not exported")
+        if verify or sink.confirms():
+            _confirm(report, sink, total, to, verify, call)
+    return report

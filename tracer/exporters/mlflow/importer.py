@@ -42,19 +42,11 @@ PAGE_SIZE = 100
 
 @dataclasses.dataclass
 class ImportReport:
-    """What an import read and wrote.
-
-    Attributes:
-        trajectories: Trajectories written.
-        spans: Span rows written.
-        skipped: Traces not imported (no spans).
-        files: Files written.
-        details: Human-readable notes.
-    """
+    """What an import read and wrote."""
 
     trajectories: int = 0
     spans: int = 0
-    skipped: int = 0
+    skipped: int = 0  # traces without spans
     #: Traces that could not be mapped (``"<mlflow id>: <why>"``); the others were imported.
     refused: list[str] = dataclasses.field(default_factory=list)
     files: list[str] = dataclasses.field(default_factory=list)
