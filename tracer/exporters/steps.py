@@ -48,6 +48,12 @@ class TableSink(SinkBase):
         """Start the backend's run for ``target``."""
         raise NotImplementedError
 
+    def run_names(self, target: Target) -> dict[str, Any]:
+        """The run's project, name, group and config: the options', else the target's."""
+        project = self.options.get("project") or target.project or "rollout_trace"
+        name = self.options.get("experiment") or target.experiment
+        return {"project": project, "name": name, "group": target.experiment, "config": target.run_config}
+
     def open(self, target: Target) -> set[str]:
         """Keep the run's validation cap and start the run."""
         self.cap = target.log_val_generations

@@ -166,14 +166,10 @@ class SwanlabSink(TableSink):
 
     def start(self, target: Target) -> SwanlabRun:
         """Start (or, live, join) the run."""
-        o = self.options
         return SwanlabRun(
-            project=o["project"] or target.project or "rollout_trace",
-            name=o["experiment"] or target.experiment,
-            mode=o["mode"],
-            log_dir=o["log_dir"],
-            group=target.experiment,
-            config=target.run_config,
+            **self.run_names(target),
+            mode=self.options["mode"],
+            log_dir=self.options["log_dir"],
             use_current=target.live,
         )
 

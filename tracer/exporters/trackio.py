@@ -40,8 +40,8 @@ class TrackioSink(TableSink):
 
     def start(self, target: Target) -> Any:
         """Start the run."""
-        self._project = self.options["project"] or target.project or "rollout_trace"
-        self._name = self.options["experiment"] or target.experiment
+        names = self.run_names(target)
+        self._project, self._name = names["project"], names["name"]
         run = _trackio().init(
             project=self._project,
             name=self._name,

@@ -186,14 +186,7 @@ class WandbSink(TableSink):
         """Start the run."""
         o = self.options
         return WandbRun(
-            project=o["project"] or target.project or "rollout_trace",
-            name=o["experiment"] or target.experiment,
-            mode=o["mode"],
-            run_dir=o["run_dir"],
-            group=target.experiment,
-            config=target.run_config,
-            proxy=o["proxy"],
-            max_rows=o["max_rows"],
+            **self.run_names(target), mode=o["mode"], run_dir=o["run_dir"], proxy=o["proxy"], max_rows=o["max_rows"]
         )
 
     def confirms(self) -> bool:
