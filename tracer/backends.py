@@ -1,17 +1,10 @@
 """Registry of backends: each one's name, sink class, extra and options, declared once.
 
-``arrow`` is the local file writer every other backend is fed from. Every
-other backend is one :class:`Backend` entry in :data:`BACKENDS`: its sink
-class as ``"module:Class"`` (imported only when used, so naming a backend
-never imports its heavy library), the library it needs and the extra that
-installs it, and its options (:class:`Option`: name, type, default, help).
-The CLI (``rollout-trace export PATH --to NAME``) and the Python API
-(:func:`tracer.exporters.export_files`) are built from these entries, and so is the reading of
-live options from ``TraceConfig.backend_options``.
-
-Adding a backend: write a module with a :class:`tracer.exporters.base.Sink`
-class and add one entry here. This module imports no other tracer module but
-:mod:`tracer.extras`, so the config can check backend names against it.
+``arrow`` is the local file writer the others are fed from. Each other backend is a
+:class:`Backend` in :data:`BACKENDS` (its sink as ``"module:Class"``, imported only
+when used; its library and extra; its :class:`Option` s); the CLI, the Python API
+and the live options are built from them. This module imports no tracer module but
+:mod:`tracer.extras`, so the config can check names against it.
 """
 
 from __future__ import annotations

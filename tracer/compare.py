@@ -1,13 +1,9 @@
 """Comparing two runs, or two steps of one run, prompt by prompt: :func:`compare_runs`.
 
-A prompt is a ``(validate, sample_index)`` pair: the same sample index names
-the same prompt in both runs when they read the same data set in the same
-order (the verl convention). Per prompt the comparison gives the rollouts,
-the reward mean and the pass rate of A and of B, and B minus A.
-
-:func:`read_run_config` and :func:`diff_configs` say which training settings
-differ between the runs (the ``run_config`` each run recorded with
-:func:`tracer.init`).
+A prompt is ``(validate, sample_index)`` (the same index names the same prompt when
+both runs read the same data in the same order, as verl does); per prompt: rollouts,
+reward mean and pass rate of A and B, and B minus A. :func:`read_run_config` and
+:func:`diff_configs` say which recorded training settings differ.
 """
 
 from __future__ import annotations

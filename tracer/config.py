@@ -69,70 +69,57 @@ class TraceConfig:
     """How and where this process records rollouts.
 
     Attributes:
-        project_name: Project; the first directory level under ``output_dir``
-            and the MLflow experiment / wandb project of exporters.
+        project_name: Project: the first directory under ``output_dir``; the
+            MLflow experiment / wandb project of exporters.
         experiment_name: Experiment (run) within the project.
-        backend: ``None`` turns tracing off (decorators call straight
-            through); ``"arrow"`` writes local files only; exporter names
-            (see :func:`tracer.available_backends`) or a list of them add live
-            exporters, with local files always written.
-        output_dir: Root directory of the trace files. Default from
-            ``ROLLOUT_TRACE_DIR``, else ``./rollout_traces``.
+        backend: ``None`` turns tracing off; ``"arrow"`` writes local files
+            only; exporter names (:func:`tracer.available_backends`), one or a
+            list, add live exporters beside the files.
+        output_dir: Root of the trace files (``ROLLOUT_TRACE_DIR``, else ``./rollout_traces``).
         token2text: Decode token id fields to text beside them.
-        tokenizer: An object with ``batch_decode`` or ``decode`` (a Hugging
-            Face tokenizer), or a path to a tokenizer folder or
-            ``tokenizer.json``. If ``None``, a decorated method's
-            ``self.tokenizer`` is used, as verl does.
-        token_fields: Extra field names holding token ids, beyond
-            ``prompt_ids, response_ids, token_ids, input_ids, output_ids``.
-        max_tokens: Keep at most this many tokens of every token id list and
-            its text; the original length is recorded. ``None``: no limit.
-        max_samples_per_step_per_worker: Record at most this many distinct
-            samples (prompts) per step in this process, each with all its
-            rollouts. ``None``: record all. Alias ``max_samples``.
+        tokenizer: A tokenizer object (``batch_decode``/``decode``) or a path to
+            its folder or ``tokenizer.json``; None: the decorated method's
+            ``self.tokenizer``, as verl does.
+        token_fields: Token id fields beyond ``prompt_ids, response_ids,
+            token_ids, input_ids, output_ids``.
+        max_tokens: Keep at most this many tokens of every token list and its
+            text (the length is recorded); None: no limit.
+        max_samples_per_step_per_worker: Record at most this many samples
+            (prompts) per step in this process, each with all its rollouts
+            (alias ``max_samples``); None: all.
         store_full_token: If False, keep decoded text and drop token id lists.
         seed: Seed of the sampling choice.
-        sample_strategy: Which groups of a step to keep when
-            ``max_samples_per_step_per_worker`` is set: ``"uniform"`` (a
-            seeded uniform choice, decided as rollouts start), ``"extremes"``
-            (the groups with the highest and the lowest mean reward, or
-            length), ``"variance"`` (groups whose rewards differ most first;
-            groups with all rewards equal last). The last two are decided
-            once the step's groups are complete; see ``tracer.record.sampling``.
-            verl key: ``actor_rollout_ref.rollout.trace.sample_strategy``.
-        sample_by: What ``extremes`` and ``variance`` rank a group by:
-            ``"reward"`` (its trajectories' rewards) or ``"length"`` (their
-            response tokens).
-        sample_candidates_per_step: Groups of one step held in memory (their
-            spans unwritten) until ``extremes``/``variance`` decide; later
-            groups of that step are not recorded (and counted). ``None``:
-            4 x ``max_samples_per_step_per_worker``.
-        flush_interval_s: The background writer makes what was recorded
-            durable at least this often; a kill -9 loses at most this much.
+        sample_strategy: Which groups of a step a sample cap keeps:
+            ``"uniform"`` (seeded, as rollouts start), ``"extremes"`` (highest
+            and lowest mean), ``"variance"`` (rewards that differ most first);
+            the last two decide once the step's groups are complete
+            (``tracer.record.sampling``).
+        sample_by: What ``extremes`` and ``variance`` rank by: ``"reward"`` or
+            ``"length"`` (response tokens).
+        sample_candidates_per_step: Groups of a step held unwritten until
+            ``extremes``/``variance`` decide (later ones are counted, not
+            recorded); None: 4 x the sample cap.
+        flush_interval_s: The writer makes records durable at least this often
+            (what a kill -9 can lose).
         max_file_bytes: Rotate to a new file after this many bytes.
         max_buffered_spans: Finished spans held in memory awaiting the writer.
-        on_buffer_full: ``"block"`` (the recording call waits for the writer;
-            nothing is lost) or ``"drop"`` (the span is dropped and counted).
+        on_buffer_full: ``"block"`` (wait for the writer, lose nothing) or
+            ``"drop"`` (drop the span and count it).
         compression_level: zstd level of the Arrow buffers.
-        log_val_generations: Validation trajectories per step put into
-            exporters' tables (verl's ``trainer.log_val_generations``).
-        backend_options: Extra per-backend options (exporters read them).
-        redact: Replace secrets (API keys, tokens, passwords) with
-            ``<redacted>`` before anything is written; see ``tracer.record.redact``.
+        log_val_generations: Validation trajectories per step in exporters'
+            tables (verl's ``trainer.log_val_generations``).
+        backend_options: Extra per-backend options.
+        redact: Replace secrets with ``<redacted>`` before anything is written
+            (``tracer.record.redact``).
         redact_patterns: Extra regular expressions to redact.
-        upload_interval_s: When ``output_dir`` is a URI (``s3://...``): a
-            staged file is closed and uploaded at least this often.
-        run_config: The training run's own configuration (hyperparameters,
-            model, data; the verl drop-in passes verl's whole config). Kept
-            in every trace file's metadata (secrets redacted), so a reader can
-            say which settings produced the rollouts
-            (:func:`tracer.read_run_config`); exporters log it as their run's
-            params/config.
-        shutdown_timeout_s: The longest a stop (SIGTERM, SIGINT, SIGHUP,
-            ``ray.shutdown()``, exit) waits to make the files durable and
-            drain the live exporters (see ``tracer.record.lifecycle``); what
-            is left is caught up by ``rollout-trace export``. verl key:
-            ``actor_rollout_ref.rollout.trace.shutdown_timeout_s``.
+        upload_interval_s: With a URI ``output_dir`` (``s3://...``): upload a
+            staged file at least this often.
+        run_config: The training run's own configuration, kept (redacted) in
+            every file's metadata (:func:`tracer.read_run_config`) and logged by
+            exporters as their run's params.
+        shutdown_timeout_s: The longest a stop (signal, ``ray.shutdown()``,
+            exit) waits to make files durable and drain live exporters; the
+            rest is caught up by ``rollout-trace export``.
     """
 
     project_name: str = "rollout_trace"
@@ -299,10 +286,8 @@ class TraceConfig:
     def check_resources(self) -> None:
         """Check what the config points at, so a mistake fails at :func:`tracer.init`, not at the first flush.
 
-        When recording is on: the run directory can be created under
-        ``output_dir`` (local paths; URIs are checked by their uploader), and
-        with ``token2text`` a ``tokenizer`` path loads and decodes (the loaded
-        tokenizer is kept for the writer, see :func:`tracer.record.tokenizer.load_tokenizer`).
+        When recording: the run directory can be created (local paths), and with
+        ``token2text`` the ``tokenizer`` loads and decodes.
 
         Raises:
             TraceConfigError: naming the key, the value and the fix.
@@ -351,11 +336,9 @@ class TraceConfig:
     def from_overrides(cls, overrides: Iterable[str], base: TraceConfig | None = None) -> TraceConfig:
         """Parse verl-style ``key=value`` overrides.
 
-        Accepted keys: ``actor_rollout_ref.rollout.trace.<field>``,
-        ``rollout.trace.<field>``, ``trace.<field>``,
-        ``trainer.project_name`` and ``trainer.experiment_name`` (used when
-        the trace keys do not name the project or experiment). Overrides with
-        other prefixes (the rest of a verl command line) are ignored.
+        Keys: ``actor_rollout_ref.rollout.trace.<field>``, ``rollout.trace.<field>``,
+        ``trace.<field>``, ``trainer.project_name``/``experiment_name``/``log_val_generations``
+        (the trace keys win); other keys (the rest of a verl command line) are ignored.
 
         Raises:
             TraceConfigError: naming the key, the bad value and what is allowed.
@@ -373,11 +356,7 @@ class TraceConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], base: TraceConfig | None = None) -> TraceConfig:
-        """Read the same keys as :meth:`from_overrides` from a YAML file.
-
-        The file may nest them (``actor_rollout_ref: {rollout: {trace: ...}}``)
-        or spell them dotted at the top level.
-        """
+        """Read the same keys as :meth:`from_overrides` from a YAML file, nested or dotted."""
         import yaml
 
         try:
@@ -494,10 +473,8 @@ def _as_number(key: str, value: Any, kind: type, low: float, high: float, option
 def dir_segment(key: str, name: Any) -> str:
     """The directory name a project or experiment name is stored under.
 
-    Any non-empty name without NUL or line breaks is accepted (verl and MLflow
-    take experiment paths such as ``/Shared/rl-team``): ``%``, ``/`` and ``\\``
-    are written ``%25``, ``%2F`` and ``%5C``, so that different names never
-    share a directory; the name itself is kept in the files' metadata.
+    Any non-empty name without NUL or line breaks (``/Shared/rl-team`` too): ``%``,
+    ``/`` and ``\\`` are written ``%25``, ``%2F``, ``%5C``, so names never share a directory.
 
     Raises:
         TraceConfigError: for a name no directory can be made from.
@@ -531,10 +508,7 @@ def _did_you_mean(unknown: Iterable[str], valid: Iterable[str], prefix: str = ""
 
 
 def _tokenizer_label(tokenizer: Any) -> str:
-    """How a tokenizer object is recorded: the local folder it was loaded from, else ``<ClassName>``.
-
-    A recorded path lets the viewer show token text without being told the tokenizer.
-    """
+    """How a tokenizer object is recorded: the local folder it was loaded from (the viewer decodes with it), else ``<ClassName>``."""
     path = getattr(tokenizer, "name_or_path", None)
     if isinstance(path, str) and path and os.path.exists(path):
         return os.path.abspath(path)

@@ -1,23 +1,12 @@
 """Follow a run while it is written: read only the batches added since the last look.
 
-:class:`RunFollower` remembers, per trace file, how many complete record
-batches it has read and the file's size; each :meth:`RunFollower.poll` lists
-the run again and reads only the batches after those (an append-only file
-keeps its batches' numbers, so batch ``i`` of a shard still being written is
-batch ``i`` once it is closed, see :func:`tracer.storage.files.read_batches`).
-It also remembers where the last batch it read ends, so the message headers
-of a file are walked from there, not from the start (``resume`` of
-:func:`tracer.storage.files.read_batches`). The trajectory summaries are kept
-per step and only the trajectories that got new rows are summarised again,
-with :func:`tracer.summary.summarize` (one meaning in one place), so a
-refresh costs what is new, not the run.
-
-:meth:`RunFollower.trajectories` is then the same table as
-:func:`tracer.summary.read_trajectories` of the run (same rows, same order).
-When a file the follower read is gone or shorter (a compaction replaced it,
-a repair cut it), the next poll reads the run again from the start.
-
-Used by ``rollout-trace tail`` and by the viewer's ``--follow`` mode.
+:class:`RunFollower` remembers per trace file the complete batches read and where
+the last ends (an append-only file keeps its batches' numbers); each poll reads only
+what is new and summarises again only the trajectories that got rows, so
+:meth:`RunFollower.trajectories` equals :func:`tracer.summary.read_trajectories` of
+the run at the cost of what is new. A file gone or shorter (compaction, repair)
+makes the next poll read the run again. Used by ``rollout-trace tail`` and the
+viewer's ``--follow``.
 """
 
 from __future__ import annotations
@@ -53,48 +42,28 @@ _SORT_KEYS = [
 
 @dataclasses.dataclass
 class FileProgress:
-    """What the follower has read of one trace file.
+    """What the follower has read of one trace file."""
 
-    Attributes:
-        size: Its size when last read.
-        mtime_ns: Its modification time then.
-        batches: Complete record batches read so far.
-        closed: It ended cleanly (footer or end-of-stream): its writer is done with it.
-        end: Where its last batch read ends (0: walk the file from the start next time).
-        max_step: The highest step of its rows read so far (None: none with a step).
-        changed_at: When a poll last found new batches in it (``time.monotonic()``).
-    """
-
-    size: int = -1
+    size: int = -1  # when last read
     mtime_ns: int = -1
-    batches: int = 0
-    closed: bool = False
-    end: int = 0
+    batches: int = 0  # complete record batches read
+    closed: bool = False  # ended cleanly: its writer is done with it
+    end: int = 0  # where the last batch read ends (0: walk the file from the start)
     max_step: int | None = None
-    changed_at: float = 0.0
+    changed_at: float = 0.0  # when a poll last found new batches in it (monotonic)
 
 
 @dataclasses.dataclass
 class Update:
-    """What one :meth:`RunFollower.poll` found.
-
-    Attributes:
-        rows: Span rows read by this poll.
-        batches: Record batches read by this poll.
-        files_read: Files that had new batches.
-        new_files: Files seen for the first time.
-        changed: Trace ids whose summary was (re)computed.
-        reset: The run was read again from the start (a file the follower had read was replaced or cut).
-        warnings: The readers' messages about damaged files (a batch still being written shows here too).
-    """
+    """What one :meth:`RunFollower.poll` found."""
 
     rows: int = 0
     batches: int = 0
-    files_read: int = 0
-    new_files: int = 0
-    changed: list[str] = dataclasses.field(default_factory=list)
-    reset: bool = False
-    warnings: list[str] = dataclasses.field(default_factory=list)
+    files_read: int = 0  # files with new batches
+    new_files: int = 0  # files seen for the first time
+    changed: list[str] = dataclasses.field(default_factory=list)  # trace ids summarised again
+    reset: bool = False  # read again from the start (a file read was replaced or cut)
+    warnings: list[str] = dataclasses.field(default_factory=list)  # about damaged files
 
 
 def _by_step(table: pa.Table) -> dict[int | None, pa.Table]:
@@ -111,6 +80,14 @@ def _by_step(table: pa.Table) -> dict[int | None, pa.Table]:
         out[value] = ordered.slice(offset, count)
         offset += count
     return out
+
+
+def _keyed_rewards(spans: pa.Table) -> Any:
+    """Mask of the ``log_reward`` rows without a trace id (they join their trajectory by key)."""
+    no_tid = pc.invert(pc.fill_null(pc.not_equal(spans.column(S.TRACE_ID), ""), False))
+    kind, name = spans.column(S.KIND), spans.column(S.NAME)
+    is_log = pc.and_(pc.equal(kind, S.KIND_REWARD), pc.equal(name, S.REWARD_SPAN_NAME))
+    return pc.and_(no_tid, pc.fill_null(is_log, False))
 
 
 class _ShrunkError(Exception):
@@ -267,12 +244,7 @@ class RunFollower:
                 affected.add(tid)
                 self._trace_steps.setdefault(tid, set()).add(step)
         # Rewards logged without a trace id join trajectories of their step by key: redo those steps.
-        no_tid = pc.invert(pc.fill_null(pc.not_equal(new.column(S.TRACE_ID), ""), False))
-        is_log = pc.fill_null(
-            pc.and_(pc.equal(new.column(S.KIND), S.KIND_REWARD), pc.equal(new.column(S.NAME), S.REWARD_SPAN_NAME)),
-            False,
-        )
-        keyed_steps = set(pc.unique(pc.filter(steps_col, pc.and_(no_tid, is_log))).to_pylist())
+        keyed_steps = set(pc.unique(pc.filter(steps_col, _keyed_rewards(new))).to_pylist())
         for step in keyed_steps:
             summary = self._summaries.get(step)
             if summary is not None:
@@ -290,17 +262,7 @@ class RunFollower:
             spans = pa.concat_tables(self._spans.get(step, []))
             tid = spans.column(S.TRACE_ID)
             own = pc.fill_null(pc.is_in(tid, value_set=ids_of[step]), False)
-            keyed = pc.and_(
-                pc.invert(pc.fill_null(pc.not_equal(tid, ""), False)),
-                pc.fill_null(
-                    pc.and_(
-                        pc.equal(spans.column(S.KIND), S.KIND_REWARD),
-                        pc.equal(spans.column(S.NAME), S.REWARD_SPAN_NAME),
-                    ),
-                    False,
-                ),
-            )
-            parts.append(spans.filter(pc.or_(own, keyed)))
+            parts.append(spans.filter(pc.or_(own, _keyed_rewards(spans))))
         fresh = _by_step(summarize(pa.concat_tables(parts)))
         empty = S.TRAJECTORY_SCHEMA.empty_table()
         for step in touched | set(fresh):
@@ -350,7 +312,7 @@ class RunFollower:
             spans = pa.concat_tables(self._spans[step])
             parts.append(spans.filter(pc.fill_null(pc.is_in(spans.column(S.TRACE_ID), value_set=ids), False)))
         if not parts:
-            return pa.schema([S.SPAN_SCHEMA.field(c) for c in self.columns]).empty_table()
+            return self._no_spans()
         return pa.concat_tables(parts).sort_by([(S.START_NS, "ascending")])
 
     def summary_spans(self, step: int | None) -> pa.Table:
@@ -361,11 +323,14 @@ class RunFollower:
         """
         summary = self._summaries.get(step)
         if summary is None:
-            return pa.schema([S.SPAN_SCHEMA.field(c) for c in self.columns]).empty_table()
+            return self._no_spans()
         ids = summary.column(S.TRACE_ID).to_pylist()
         if all(len(self._trace_steps.get(t, ())) <= 1 for t in ids):
             return pa.concat_tables(self._spans.get(step, []))
         return self.spans(ids)
+
+    def _no_spans(self) -> pa.Table:
+        return pa.schema([S.SPAN_SCHEMA.field(c) for c in self.columns]).empty_table()
 
     def files_of(self, trace_ids: Iterable[str]) -> list[str]:
         """The files holding rows of these trajectories."""

@@ -1,23 +1,16 @@
 """verl drop-in: verl's ``rollout_trace`` API, recorded by rollout-trace.
 
-verl's agent loops import three names from ``verl.utils.rollout_trace``:
-``RolloutTraceConfig``, ``rollout_trace_attr`` and ``rollout_trace_op``. This
-module has the same names with the same signatures. :func:`install` makes
-``import verl.utils.rollout_trace`` return them, so verl's own decorated
-methods (``LLMServerClient.generate``, ``BaseTool.execute``, the agent loops'
-``run``) record into rollout-trace's files. Install it in every Ray worker by
-configuration alone::
+The same three names and signatures as ``verl.utils.rollout_trace``
+(``RolloutTraceConfig``, ``rollout_trace_attr``, ``rollout_trace_op``);
+:func:`install` makes verl import these, in every Ray worker by configuration alone::
 
     python -m verl.trainer.main_ppo ... \\
         actor_rollout_ref.rollout.trace.backend=arrow \\
         +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracer.verl_compat.install \\
         +ray_kwargs.ray_init.runtime_env.env_vars.ROLLOUT_TRACE_DIR=/shared/traces
 
-``backend`` takes rollout-trace's names (``arrow``, ``mlflow``, ``wandb``,
-``swanlab``, ``trackio``, ``console``; see :func:`tracer.available_backends`):
-they record files and export from them; verl's own ``weave`` backend is
-handed to verl's original module unchanged; a name neither knows records
-nothing, with a warning. Importing this module does not import verl.
+verl's own ``weave`` backend goes to verl's original module; a name neither knows
+records nothing, with a warning. Importing this module does not import verl.
 """
 
 from __future__ import annotations
@@ -66,12 +59,7 @@ _delegate: types.ModuleType | None = None
 
 
 def span_kind(qualname: str) -> str | None:
-    """The span kind of a verl method, from its ``__qualname__``.
-
-    ``SomethingAgentLoop.run`` is a trajectory's root (``"rollout"``);
-    ``generate`` is an LLM call; ``execute`` is a tool call; anything else is
-    a plain span.
-    """
+    """The span kind of a verl method from its ``__qualname__``: ``*AgentLoop.run`` a root, then :data:`KIND_BY_METHOD`."""
     parts = qualname.split(".")
     method = parts[-1]
     owner = parts[-2] if len(parts) > 1 else ""
@@ -81,21 +69,11 @@ def span_kind(qualname: str) -> str | None:
 
 
 class RolloutTraceConfig:
-    """verl's per-process trace settings singleton, backed by :func:`tracer.init`.
+    """verl's per-process trace settings singleton (same attributes and class methods), backed by :func:`tracer.init`.
 
-    Same class attributes and class methods as verl's. ``init`` may be called
-    once per process (later calls are ignored, as in verl) until
-    :meth:`reset`.
-
-    Attributes:
-        backend: The backend name verl's config gave (None: off).
-        client: The ``tracer`` module for rollout-trace backends; verl's
-            client for ``weave``/``trackio``; None when off.
-        token2text: Decode token ids to text.
-        project_name: Project name.
-        experiment_name: Experiment name.
-        max_samples_per_step_per_worker: verl's agent loop worker reads this
-            and picks the samples to trace itself; it is not applied twice.
+    ``init`` counts once per process, as in verl, until :meth:`reset`. ``client`` is the ``tracer``
+    module (verl's client for its own backends; None when off); ``max_samples_per_step_per_worker``
+    is applied by verl's worker itself, not twice.
     """
 
     _instance: ClassVar[RolloutTraceConfig | None] = None
@@ -131,15 +109,9 @@ class RolloutTraceConfig:
     ) -> None:
         """Start tracing in this process with verl's trace settings.
 
-        Fields verl does not have (``output_dir``, ``max_tokens``, ...) come
-        from the environment (``ROLLOUT_TRACE_DIR``, ...) or from a config
-        already given to :func:`tracer.init` in this process. verl's whole
-        config, found in the caller (:func:`find_verl_config`), becomes
-        ``run_config`` unless one was given to :func:`tracer.init` already.
-
-        A ``backend`` neither rollout-trace nor verl knows (verl's tests use
-        ``"dummy"``) records nothing, as in verl, with one warning per name
-        naming the closest valid one.
+        Other fields come from the environment or a config given to :func:`tracer.init`; verl's whole
+        config (:func:`find_verl_config`) is the ``run_config`` unless one was given. A backend neither
+        knows records nothing, as in verl, with one warning per name.
         """
         global _delegate
         config = cls.get_instance()
@@ -208,13 +180,9 @@ class RolloutTraceConfig:
 def find_verl_config(frame: types.FrameType | None, depth: int = 4) -> dict[str, Any] | None:
     """verl's whole config as a plain dict, found in the caller of ``RolloutTraceConfig.init``; None if not there.
 
-    verl 0.9.1's ``RolloutTraceConfig.init`` gets only the trace settings, but
-    its caller, ``AgentLoopWorker.__init__``, holds verl's whole config (its
-    ``config`` argument and ``self.config``: an OmegaConf ``DictConfig`` with
-    ``actor_rollout_ref``). The first such config in ``frame`` or the
-    ``depth - 1`` frames above it is converted with
-    ``OmegaConf.to_container`` (interpolations resolved where they can be),
-    so the trace files keep it as ``run_config`` and exporters log it.
+    verl's ``AgentLoopWorker.__init__`` holds it as ``config`` or ``self.config`` (a ``DictConfig`` with
+    ``actor_rollout_ref``): the first in ``frame`` or ``depth - 1`` frames above it, interpolations
+    resolved where they can be.
     """
     for _ in range(depth):
         if frame is None:
@@ -254,11 +222,7 @@ def rollout_trace_attr(
     validate: bool = False,
     trace: bool = True,
 ) -> contextlib.AbstractContextManager[Any]:
-    """verl's ``rollout_trace_attr``: one trajectory's attributes for the block.
-
-    Returns :class:`tracer.rollout_trace_attr` (or verl's own context
-    manager when a verl-only backend is in force).
-    """
+    """verl's ``rollout_trace_attr``: :class:`tracer.rollout_trace_attr` (verl's own for a verl-only backend)."""
     if _delegate is not None:
         return _delegate.rollout_trace_attr(sample_index, step, rollout_n, name, validate, trace)
     # rollout_n=None is kept as null, as verl does.
@@ -273,12 +237,7 @@ def rollout_trace_attr(
 
 
 def rollout_trace_op(func: Callable[..., Any]) -> Callable[..., Any]:
-    """verl's ``rollout_trace_op`` (bare decorator, methods): record each call.
-
-    The span is named after ``func.__qualname__`` as in verl, with a kind from
-    :func:`span_kind`; ``self`` is not recorded, and with ``token2text`` the
-    token ids are decoded with ``self.tokenizer``.
-    """
+    """verl's ``rollout_trace_op``: each call a span named ``func.__qualname__``, kind :func:`span_kind`."""
     # Inputs bound as verl binds them, token2text's texts where verl puts them.
     with contextlib.suppress(AttributeError, TypeError):
         setattr(func, LAYOUT_ATTR, LAYOUT_VERL)
@@ -414,14 +373,10 @@ def installed() -> bool:
 
 
 def install() -> None:
-    """Make verl's ``rollout_trace`` names record with rollout-trace in this process.
+    """Make verl's ``rollout_trace`` names record with rollout-trace in this process (again: nothing).
 
-    Call it before verl's agent-loop modules are imported: in a Ray cluster,
-    give it as the runtime environment's ``worker_process_setup_hook``
-    (``"tracer.verl_compat.install"``), which Ray runs in every worker
-    before any task or actor. Calling it again does nothing. If verl's
-    module was already imported, its names are replaced in place and a
-    warning says that methods decorated before this call keep verl's tracing.
+    Call it before verl's agent loops are imported (Ray: ``worker_process_setup_hook``); after, the
+    names are replaced in place and a warning says methods decorated before keep verl's tracing.
     """
     if installed():
         return

@@ -1,31 +1,16 @@
 """verl plugin: warn when the drop-in is missing; in the Ray driver, ship what ended workers had not.
 
-verl 0.9.1 loads every ``verl.plugins`` entry point when it is imported
-(unless ``VERL_USE_EXTERNAL_PLUGINS=none``); rollout-trace registers this
-module there (``pyproject.toml``), so it is imported in every process that
-imports verl: the driver and each Ray worker. It records nothing and changes
-nothing verl does. It only watches verl's own ``verl.utils.rollout_trace``
-(the module :func:`tracer.verl_compat.install` replaces): when that module's
-``RolloutTraceConfig.init`` is called, which verl's ``AgentLoopWorker`` does
-with ``actor_rollout_ref.rollout.trace.backend``, and the backend is one
-only rollout-trace has (``arrow``, ``wandb``, ...), verl would record nothing
-without a word; this logs one warning per process with the line that fixes
-it. ``mlflow`` is a backend of both: verl's own MLflow tracing then records,
-so the warning is given only when a ``ROLLOUT_TRACE_*`` variable in the
-worker's environment says rollout-trace was meant.
+verl imports every ``verl.plugins`` entry point, so this module is imported in the
+driver and every Ray worker. It records nothing. When verl's own
+``RolloutTraceConfig.init`` is called with a backend only rollout-trace has, it
+logs once per process the line that installs the drop-in (for ``mlflow``, a backend
+of both, only when a ``ROLLOUT_TRACE_*`` variable says rollout-trace was meant).
 
-In the Ray driver (the process that called ``ray.init``; never in a Ray
-worker) it also wraps ``ray.shutdown``. ``ray.shutdown()`` ends the job's
-actors without running anything in them, so a live exporter's last
-trajectories (its grace period, the last step it held until complete) are
-only in the files. When the job's runtime environment installs the drop-in
-(``worker_process_setup_hook=tracer.verl_compat.install``) or names
-``ROLLOUT_TRACE_DIR``, the wrapped ``ray.shutdown()`` ends the actors as
-before, then waits for their files to be closed and ships what each live
-backend lacks (:func:`tracer.exporters.catch_up.catch_up`), within
-``ROLLOUT_TRACE_DRAIN_S`` seconds (:data:`tracer.config.DEFAULT_DRAIN_S`;
-``0``: off). A driver that exits without calling it gets the same at exit,
-just before Ray's own exit hook would shut Ray down.
+In the Ray driver it wraps ``ray.shutdown`` (and the exit): once the actors are
+gone, it waits for their files to be closed and ships what each live backend
+lacks (:func:`tracer.exporters.catch_up.catch_up`), within ``ROLLOUT_TRACE_DRAIN_S``
+seconds (``0``: off), when the job's runtime environment installs the drop-in or
+names ``ROLLOUT_TRACE_DIR``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The ``rollout-trace`` command line.
 
-Subcommands come from the packages that own them, through the entry-point
-group ``rollout_trace.commands`` (see pyproject.toml): each entry point is a
-function ``register(subparsers)`` that adds one parser and sets its
-``func(args) -> int``, and ``run_paths``, the names of its arguments that
-are run paths (a local path that does not exist is refused here, for every
-subcommand alike, naming the closest existing one). ``info``, ``check``,
-``compact``, ``diff`` and ``tail`` are tracer's own (one module each in this
-package), always present.
-
-Exit status, the same for every subcommand (the table in docs/cli.md):
-:data:`EXIT_OK` 0, :data:`EXIT_PROBLEM` 1 (the command ran and found or left
-a problem, named in its output), :data:`EXIT_USAGE` 2 (bad input or
-environment: the command could not do its work), 130 on Ctrl-C. An error
-nobody anticipated is printed as one line and exits 2; set
-``ROLLOUT_TRACE_DEBUG=1`` to see its traceback.
+Subcommands come from the entry-point group ``rollout_trace.commands``: each is a
+``register(subparsers)`` that adds a parser with ``func(args) -> int`` and
+``run_paths`` (its run-path arguments; a missing local one is refused here, naming
+the closest). Exit status for all (docs/cli.md): :data:`EXIT_OK` 0,
+:data:`EXIT_PROBLEM` 1 (a problem found or left, named), :data:`EXIT_USAGE` 2 (bad
+input or environment; also an unforeseen error, its traceback with
+``ROLLOUT_TRACE_DEBUG=1``), 130 on Ctrl-C.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
-"""``rollout-trace dataset RUN --out DIR``: a run's trajectories as a training dataset.
-
-Registered through the ``rollout_trace.commands`` entry point
-(``dataset = "tracer.cli.dataset:register_dataset"``); the work is
-:func:`tracer.data.dataset.to_dataset`.
-"""
+"""``rollout-trace dataset RUN --out DIR``: a run's trajectories as a training dataset (:mod:`tracer.data.dataset`)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
+from tracer.cli.errors import EXIT_USAGE
 from tracer.data.dataset import (
     FORMAT_CHOICES,
     FORMAT_PARQUET,
@@ -22,9 +17,6 @@ from tracer.data.dataset import (
     iter_dataset,
     write_dataset,
 )
-
-#: Exit status for bad input (as argparse uses).
-EXIT_USAGE = 2
 
 
 def register_dataset(subparsers: Any) -> None:
@@ -55,12 +47,6 @@ def register_dataset(subparsers: Any) -> None:
 
 def run_dataset(args: argparse.Namespace) -> int:
     """Run ``rollout-trace dataset``; return the exit status."""
-    if not os.path.exists(args.path):
-        print(
-            f"rollout-trace dataset: error: {args.path!r} does not exist; give a trace file or a run directory",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
     try:
         tables = iter_dataset(args.path, steps=args.steps, split=args.split, filters=args.filters, per=args.per)
         counts = write_dataset(tables, args.out, args.format)

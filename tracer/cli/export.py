@@ -1,17 +1,13 @@
 """``rollout-trace export PATH --to BACKEND``: post-hoc export of trace files.
 
-Registered through the ``rollout_trace.commands`` entry point
-(``export = "tracer.cli.export:register_export"``). The flags are built from
-the backends' options in :data:`tracer.backends.BACKENDS` (an
-option shared by several backends is one flag), plus ``--opt NAME=VALUE``
-for any option by its name; the work is
+Flags are built from the backends' options (:data:`tracer.backends.BACKENDS`; one flag
+per shared option), plus ``--opt NAME=VALUE``; the work is
 :func:`tracer.exporters.export_files`, whose report is printed.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -117,9 +113,6 @@ def run_export(args: argparse.Namespace) -> int:
     """Run ``rollout-trace export``; return the exit status."""
     target = str(args.to).lower()
     try:
-        get_backend(target)
-        if not os.path.exists(args.path):
-            return _error(f"{args.path!r} does not exist; give a trace file (.arrow) or a directory of them")
         options = _options(args, target)
         report = export_files(
             args.path,

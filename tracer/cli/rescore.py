@@ -1,22 +1,15 @@
-"""``rollout-trace rescore RUN --reward module:function``: re-score a run, keeping the original rewards.
-
-Registered through the ``rollout_trace.commands`` entry point
-(``rescore = "tracer.cli.rescore:register_rescore"``); the work is
-:func:`tracer.data.rescore.rescore`.
-"""
+"""``rollout-trace rescore RUN --reward module:function``: re-score a run, keeping the original rewards."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from typing import Any
 
+from tracer.cli.errors import EXIT_USAGE
 from tracer.data.rescore import RescoreError, rescore
 
-#: Exit status for bad input (as argparse uses).
-EXIT_USAGE = 2
 #: Exit status when the reward function itself raised (bad input, as for a bad path).
 EXIT_FAILED = EXIT_USAGE
 
@@ -42,9 +35,6 @@ def _fmt(x: float) -> str:
 
 def run_rescore(args: argparse.Namespace) -> int:
     """Run ``rollout-trace rescore``; return the exit status."""
-    if not os.path.exists(args.path):
-        print(f"rollout-trace rescore: error: {args.path!r} does not exist; give a run directory", file=sys.stderr)
-        return EXIT_USAGE
     try:
         report = rescore(args.path, args.reward, steps=args.steps)
     except (RescoreError, FileNotFoundError) as exc:

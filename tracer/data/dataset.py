@@ -1,16 +1,11 @@
 """Recorded trajectories as a training dataset: one row per trajectory or per model turn.
 
-:func:`to_dataset` (and ``rollout-trace dataset RUN --out DIR``) reads a run's
-trajectories through :mod:`tracer.summary` and returns a table of
-:data:`DATASET_SCHEMA`: the conversation in OpenAI chat format (``messages``,
-what TRL's conversational datasets and verl's multi-turn SFT dataset read),
-the token view an RL trainer uses (``prompt_ids``, ``response_ids``,
-``response_mask``, ``logprobs``), the reward, the advantage and the
-trajectory's keys. Written as Parquet, ``datasets.load_dataset("parquet",
-data_dir=DIR)`` loads it with its splits (``train``, ``validation``).
-
-Selection happens on the trajectory summaries before any span is read;
-spans are read a few steps at a time, so memory stays bounded.
+:func:`to_dataset` (``rollout-trace dataset RUN --out DIR``) gives a table of
+:data:`DATASET_SCHEMA`: OpenAI-format ``messages`` (TRL's conversational datasets,
+verl's multi-turn SFT), the RL token view (``prompt_ids``, ``response_ids``,
+``response_mask``, ``logprobs``), reward, advantage and keys; as Parquet,
+``datasets.load_dataset("parquet", data_dir=DIR)`` loads its splits. Selection is on
+the summaries; spans are read a few steps at a time.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """Re-score a recorded run with another reward function; keep every reward with its source.
 
-:func:`rescore` (``rollout-trace rescore RUN --reward module:function``) calls
-the function on every trajectory's messages, final response and recorded
-reward info, and appends one ``log_reward`` row per trajectory to a new
-trace file of the run, with attribute :data:`tracer.summary.REWARD_SOURCE_KEY`
-naming the function; the recorded info (ground truth, ...) is carried over,
-except the advantage, which was computed from the old reward. Nothing already written changes: the readers report the
-latest reward (the new one), and :func:`read_rewards` lists every reward of
-every trajectory with its source.
-
-The reward function::
+:func:`rescore` (``rollout-trace rescore RUN --reward module:function``) appends one
+``log_reward`` row per trajectory to a new trace file of the run, its source under
+:data:`tracer.summary.REWARD_SOURCE_KEY`, the recorded info carried over (the
+advantage aside). Nothing written changes: readers report the latest reward, and
+:func:`read_rewards` lists every reward with its source. The function::
 
     def score(messages: list[dict], response: str, info: dict) -> float | dict | None
 
-``messages``: the conversation in OpenAI chat format; ``response``: the last
-assistant message's text (as the conversation shows it); ``info``: the attributes logged with the trajectory's
-current reward (``ground_truth``, ``advantage``, ...). It returns the new
-reward, or a dict with ``"reward"`` and extras to log with it, or None to
-leave the trajectory as it is.
+gets the OpenAI-format conversation, the last assistant text and the current
+reward's info, and returns the reward, a dict with ``"reward"`` and extras, or None
+(leave the trajectory as it is).
 """
 
 from __future__ import annotations
@@ -80,25 +73,15 @@ class RescoreError(ValueError):
 
 @dataclasses.dataclass
 class RescoreReport:
-    """What a rescore did.
+    """What a rescore did: trajectories scored, changed, left (None), mean reward before and after (NaN: none)."""
 
-    Attributes:
-        source: The reward function's ``module:function``.
-        trajectories: Trajectories scored.
-        changed: Of those, how many got a different reward.
-        unscored: Trajectories the function returned None for (left as they were).
-        mean_before: Mean reward before (over trajectories that had one; NaN if none).
-        mean_after: Mean reward after (same trajectories plus the newly scored).
-        path: The trace file written (None when nothing was written).
-    """
-
-    source: str
+    source: str  # module:function
     trajectories: int = 0
     changed: int = 0
     unscored: int = 0
     mean_before: float = math.nan
     mean_after: float = math.nan
-    path: str | None = None
+    path: str | None = None  # the trace file written
 
 
 def load_reward_function(spec: str) -> RewardFunction:
@@ -248,15 +231,10 @@ def _write(folder: str, rows: list[dict[str, Any]], name: str) -> str:
 
 
 def read_rewards(path: str | os.PathLike[str], *, latest_only: bool = False) -> pa.Table:
-    """Every reward of every trajectory under ``path``, with its source, oldest first.
+    """Every reward (or only each trajectory's latest) under ``path``, with its source, oldest first.
 
-    Columns: ``trace_id``, ``reward``, ``source`` (``recorded``, ``reward_op``
-    or the ``module:function`` of a rescore), ``end_ns``, ``latest`` (the
-    reward :func:`tracer.read_trajectories` reports), ``reward_info``.
-
-    Args:
-        path: A trace file or a folder of them.
-        latest_only: Only each trajectory's latest reward.
+    Columns (:data:`REWARDS_SCHEMA`): ``source`` is ``recorded``, ``reward_op`` or a rescore's
+    ``module:function``; ``latest`` marks the reward :func:`tracer.read_trajectories` reports.
     """
     spans = read_spans(path, columns=[S.TRACE_ID, S.NAME, S.KIND, S.END_NS, S.REWARD, S.ATTRIBUTES])
     out: list[dict[str, Any]] = []

@@ -1,12 +1,8 @@
-"""Exporters: ship trace files (or live batches) to MLflow, WandB, SwanLab, the console.
+"""Exporters: ship trace files (or live batches) to MLflow, WandB, SwanLab, OTLP, the console.
 
-A backend is a :class:`~tracer.exporters.base.Sink` (the wire: open a run's
-destination, write one step's trajectories, close, read back) registered in
-:data:`tracer.backends.BACKENDS` with its options. Two drivers feed
-every sink: :class:`~tracer.exporters.base.LiveDriver` from the recorder
-(``tracer.init(backend=...)``) and :func:`export_files` from trace files
-(``rollout-trace export PATH --to NAME``).
-
+A backend is a :class:`~tracer.exporters.base.Sink` registered in
+:data:`tracer.backends.BACKENDS`, fed by :class:`~tracer.exporters.base.LiveDriver`
+(``tracer.init(backend=...)``) or :func:`export_files` (``rollout-trace export``).
 Importing this package imports no backend library.
 """
 

@@ -1,10 +1,4 @@
-"""Live exporters: attach the backends a config names to a recorder.
-
-The local Arrow files are written by the recorder itself; every other backend
-named in ``TraceConfig.backend`` gets a :class:`~tracer.exporters.base.LiveDriver`
-around its sink (see :mod:`tracer.backends`), fed with each batch
-after it is durable on disk.
-"""
+"""Live exporters: a :class:`~tracer.exporters.base.LiveDriver` per backend a config names, fed each durable batch."""
 
 from __future__ import annotations
 

@@ -1,26 +1,13 @@
-"""One exporter interface: a :class:`Sink` per backend, driven live or from files.
+"""One exporter interface: a :class:`Sink` per backend (the wire), driven two ways.
 
-On OpenTelemetry's split (``BatchSpanProcessor`` owns the queue and the
-thread, a ``SpanExporter`` owns only the wire), a backend here is a
-:class:`Sink`: it opens a destination for a run, writes one step's
-trajectories, closes, and reads back what it holds for ``--verify``. Two
-drivers feed the same sink code:
-
-- :class:`LiveDriver`, attached to the recorder by ``tracer.init(backend=...)``:
-  fed every durable span batch on the writer thread (it only queues), it
-  groups spans into finished trajectories and complete steps on a thread of
-  its own, retries a failing backend with backoff, and never blocks or raises
-  into the rollout: what it cannot ship is counted and logged once with the
-  command that catches up from the files.
-- :func:`export_files`, the post-hoc driver behind ``rollout-trace export``:
-  it reads a trace path step chunk by step chunk and feeds the same sink.
-
-"Step complete" is decided here, once: a step is complete when a trajectory
-of a later step arrived, or at ``flush()``/``shutdown()``/the end of the files.
-
-Adding a backend is one module with a sink class plus one entry in
-:data:`tracer.backends.BACKENDS`; :mod:`tracer.exporters.console`
-is the smallest example.
+:class:`LiveDriver` (``tracer.init(backend=...)``) is fed the recorder's durable
+span batches, groups them into finished trajectories and complete steps on a
+thread of its own, retries, and never blocks or raises into the rollout.
+:func:`export_files` (``rollout-trace export``) reads a trace path step chunk by
+step chunk into the same sink. A step is complete when a trajectory of a later
+step arrived, or at flush, shutdown or the end of the files. A backend is a
+module with a sink class plus one entry in :data:`tracer.backends.BACKENDS`
+(:mod:`tracer.exporters.console` is the smallest).
 """
 
 from __future__ import annotations
@@ -83,14 +70,8 @@ WRITTEN_MEMORY = 1_000_000
 
 @dataclasses.dataclass
 class Trajectory:
-    """One trajectory handed to a sink.
-
-    Attributes:
-        summary: Its row of :data:`tracer.schema.TRAJECTORY_SCHEMA` (a dict).
-        spans: Its span rows (dicts of :data:`tracer.schema.SPAN_SCHEMA` columns; only
-            the sink's :attr:`SinkBase.span_columns`, none when it needs none).
-        state: :data:`NEW`, :data:`EXISTING` or :data:`LATE`.
-    """
+    """One trajectory handed to a sink: its summary row, its span rows (the sink's
+    :attr:`SinkBase.span_columns`), and its state (:data:`NEW`, :data:`EXISTING`, :data:`LATE`)."""
 
     summary: dict[str, Any]
     spans: list[dict[str, Any]]
@@ -99,17 +80,10 @@ class Trajectory:
 
 @dataclasses.dataclass
 class StepBatch:
-    """One step's trajectories, as a driver hands them to :meth:`Sink.write`.
-
-    Attributes:
-        step: The training step (None for trajectories recorded without one).
-        trajectories: Trajectories not handed over before, ordered by sample
-            index and rollout.
-        metrics: ``{validate: step_metrics values}`` over every trajectory of
-            the step seen so far; None while the step is not complete (only
-            sinks with ``streams = True`` get such batches).
-        summaries: Summaries of every trajectory of the step seen so far.
-    """
+    """One step's trajectories not handed over before (by sample index and rollout), as
+    :meth:`Sink.write` gets them; ``metrics`` (``{validate: step_metrics values}``) and
+    ``summaries`` cover every trajectory of the step so far; ``metrics`` is None while the
+    step is not complete (only sinks that stream get such batches)."""
 
     step: int | None
     trajectories: list[Trajectory]
@@ -119,17 +93,9 @@ class StepBatch:
 
 @dataclasses.dataclass
 class Target:
-    """The run a sink opens its destination for.
-
-    Attributes:
-        project: Project name (recorded or configured; None when unknown).
-        experiment: Experiment name.
-        log_val_generations: Validation trajectories per step to show in tables.
-        run_config: Config to record on the backend's run.
-        live: True when fed by :class:`LiveDriver` (a run of this process).
-        redact: Redact every payload (:func:`redacted`) before a sink sees it.
-        redact_patterns: Extra patterns for the redactor (the recording config's).
-    """
+    """The run a sink opens its destination for: names (None when unknown), the validation
+    rows per step in tables, the config to record, whether a :class:`LiveDriver` feeds it,
+    and how every payload is redacted before a sink sees it (:func:`redacted`)."""
 
     project: str | None
     experiment: str | None
@@ -145,12 +111,7 @@ class Target:
 
 
 def redacted(redactor: Redactor | None, summary: dict[str, Any], rows: list[dict[str, Any]]) -> Trajectory:
-    """A trajectory as sinks get it: every text of its summary and span rows through ``redactor``.
-
-    The one place every payload passes, live and post hoc: the JSON text of
-    inputs, outputs, attributes and errors, names, per-token texts. Ids,
-    token ids and numbers are left as they are.
-    """
+    """A trajectory as sinks get it, live and post hoc: every text of its rows through ``redactor``."""
     if redactor is None:
         return Trajectory(summary, rows)
     return Trajectory(redact_rows(redactor, [summary])[0], redact_rows(redactor, rows))
@@ -179,18 +140,9 @@ def redact_rows(redactor: Redactor, rows: list[dict[str, Any]]) -> list[dict[str
 
 @dataclasses.dataclass
 class Written:
-    """What one :meth:`Sink.write` sent, for the report and for ``--verify``.
-
-    Attributes:
-        sent: Trajectories written.
-        skipped: Trajectories handed over but not written (a table's cap, already there).
-        spans: Spans written (backends that write spans).
-        rows: ``trace_id -> reward`` the destination should now hold.
-        metrics: ``(step, key) -> value`` the destination should now hold.
-        notes: Lines for the report.
-        problems: What the destination did not accept although it answered
-            (a receiver's partial success), one line each: the export is not complete.
-    """
+    """What one :meth:`Sink.write` sent: counts, the ``rows`` (``trace_id -> reward``) and
+    ``metrics`` (``(step, key) -> value``) the destination should now hold, report notes, and
+    ``problems``: what it did not accept although it answered (the export is then not complete)."""
 
     sent: int = 0
     skipped: int = 0
@@ -213,16 +165,8 @@ class Written:
 
 @dataclasses.dataclass
 class ReadBack:
-    """What a destination holds, as :meth:`Sink.read_back` reads it.
-
-    Attributes:
-        rows: ``trace_id -> reward`` of the rows found.
-        metrics: ``(step, key) -> value`` found; None when the backend's
-            metrics are not read back.
-        shared: The destination may hold rows of other exports (an MLflow
-            experiment): rows not sent are then not "unexpected".
-        where: Where it was read (for the lines).
-    """
+    """What :meth:`Sink.read_back` found: rows, metrics (None: not read back), whether the
+    destination is ``shared`` with other exports (rows not sent are then not unexpected), where."""
 
     rows: dict[str, float | None]
     metrics: dict[tuple[Any, str], float] | None = None
@@ -232,20 +176,10 @@ class ReadBack:
 
 @dataclasses.dataclass
 class VerifyResult:
-    """Whether a destination holds what was sent.
+    """Whether a destination holds what was sent (``ok``: nothing missing, unexpected or different).
 
-    Attributes:
-        backend: Backend name.
-        ok: Nothing missing, unexpected or different.
-        expected: Rows (trajectories) expected.
-        found: Rows read back (only expected ones when the destination is shared).
-        missing: Trace ids expected and not found.
-        unexpected: Trace ids found and not sent.
-        mismatched: Trace ids found with a different reward.
-        metrics_expected: Step metric values expected (0 when not checked).
-        metrics_missing: ``(step, key)`` expected and not found.
-        metrics_mismatched: ``(step, key)`` found with a different value.
-        lines: The result in words, one line for rows and one for metrics.
+    Rows are trace ids (``mismatched``: another reward), metrics ``(step, key)``;
+    ``metrics_expected`` is 0 when metrics are not checked; ``lines`` say it in words.
     """
 
     backend: str
@@ -306,19 +240,14 @@ class VerifyResult:
 
     def merge(self, other: VerifyResult) -> VerifyResult:
         """Both results as one (several destinations of one export)."""
-        return VerifyResult(
-            self.backend,
-            self.ok and other.ok,
-            self.expected + other.expected,
-            self.found + other.found,
-            self.missing + other.missing,
-            self.unexpected + other.unexpected,
-            self.mismatched + other.mismatched,
-            self.metrics_expected + other.metrics_expected,
-            self.metrics_missing + other.metrics_missing,
-            self.metrics_mismatched + other.metrics_mismatched,
-            self.lines + other.lines,
-        )
+        summed = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)[2:]}
+        return VerifyResult(self.backend, self.ok and other.ok, **summed)
+
+
+def short_error(exc: BaseException, limit: int = 300) -> str:
+    """The error's message on one line, at most ``limit`` characters, printable whatever it held."""
+    text = " ".join(str(exc).split()).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def same_value(a: float | None, b: float | None) -> bool:
@@ -332,16 +261,8 @@ def same_value(a: float | None, b: float | None) -> bool:
 
 @dataclasses.dataclass
 class ExportReport:
-    """What an export sent and skipped.
-
-    Attributes:
-        backend: Backend name.
-        trajectories_sent: Trajectories written to the backend.
-        trajectories_skipped: Trajectories not sent (already there, filtered, capped).
-        spans_sent: Spans written.
-        details: Human-readable notes (where to look, why things were skipped).
-        verify: The read-back check when one was asked for.
-    """
+    """What an export sent and skipped (already there, filtered, capped), with notes and the
+    read-back check when one was asked for."""
 
     backend: str
     trajectories_sent: int = 0
@@ -349,15 +270,11 @@ class ExportReport:
     spans_sent: int = 0
     details: list[str] = dataclasses.field(default_factory=list)
     verify: VerifyResult | None = None
-    #: Trajectories sent to a destination that already held others of the
-    #: run, or of a run recorded with this backend live: what a live export
-    #: (stopped, failed, cut off at shutdown) missed.
+    #: Trajectories a live export of the run missed, sent now.
     caught_up: int = 0
-    #: Trajectories the backend refused one by one (their content, e.g. a
-    #: lone surrogate): not sent, named in :attr:`details`; the rest went.
+    #: Trajectories the backend refused one by one (their content), named in :attr:`details`.
     trajectories_refused: int = 0
-    #: What the destination did not accept or does not hold after the export
-    #: (one line each, with what to do); empty when it took everything sent.
+    #: What the destination did not accept or does not hold (one line each, with what to do).
     problems: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -370,24 +287,14 @@ class ExportReport:
 
 
 class Sink(Protocol):
-    """The wire of one backend: what both drivers call.
+    """The wire of one backend, built as ``SinkClass(options)``; every method may raise.
 
-    A sink is built as ``SinkClass(options)`` with its options resolved by the
-    registry; every method may raise (the live driver retries and counts, the
-    file driver reports). :class:`SinkBase` has defaults for all but :meth:`write`.
-
-    Attributes:
-        span_columns: Span columns :attr:`Trajectory.spans` must carry (None:
-            all of them; empty: the sink needs no spans, the file driver reads none).
-        streams: Hand over finished trajectories before their step is complete
-            (then :attr:`StepBatch.metrics` is None until it is).
+    :class:`SinkBase` documents the attributes and has defaults for all but :meth:`write`.
     """
 
     span_columns: ClassVar[Sequence[str] | None]
     streams: ClassVar[bool]
-    #: ``(trace_id, spans, why)`` of trajectories :meth:`write` counted that the destination refused.
     refused: list[tuple[str, int, str]]
-    #: Where the destination is (a URL, a directory), for messages.
     destination: str
 
     @property
@@ -416,13 +323,14 @@ class Sink(Protocol):
 class SinkBase:
     """Defaults for a :class:`Sink`: all span columns, whole steps, nothing buffered or there before, no read-back."""
 
+    #: Span columns :attr:`Trajectory.spans` carries (None: all; empty: none, and the file driver reads none).
     span_columns: ClassVar[Sequence[str] | None] = None
+    #: Hand over finished trajectories before their step is complete (:attr:`StepBatch.metrics` None until it is).
     streams: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.options = dict(options)
-        #: ``(trace_id, spans, why)`` of trajectories the backend refused after
-        #: :meth:`write` counted them as sent; the file driver takes them back out.
+        #: ``(trace_id, spans, why)`` of trajectories refused after :meth:`write` counted them (drivers take them out).
         self.refused: list[tuple[str, int, str]] = []
         #: Where the destination is, for messages (a URL, a directory); set by :meth:`open`.
         self.destination = ""
@@ -438,10 +346,7 @@ class SinkBase:
 
     @classmethod
     def sources(cls, path: str, options: Mapping[str, Any]) -> Iterator[tuple[TracePaths, str | None, str | None]]:
-        """``(paths to read, project, experiment)`` per destination a trace path goes to (default: one).
-
-        None names come from the files' metadata.
-        """
+        """``(paths to read, project, experiment)`` per destination (default: one; None: the files' names)."""
         yield path, None, None
 
     def open(self, target: Target) -> set[str]:
@@ -449,17 +354,14 @@ class SinkBase:
         return set()
 
     def payloads(self, trajectories: Sequence[Trajectory], build: Any) -> list[tuple[Trajectory, Any]]:
-        """``(trajectory, build(trajectory))`` for each; one whose payload cannot be built is refused alone.
-
-        The refused one is named in :attr:`refused` (count it as sent: the
-        drivers take it back out); the others go on.
-        """
+        """``(trajectory, build(trajectory))`` for each; one whose payload cannot be built goes to
+        :attr:`refused` alone (count it as sent: the drivers take it back out)."""
         out = []
         for t in trajectories:
             try:
                 out.append((t, build(t)))
             except Exception as exc:
-                why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                why = f"{type(exc).__name__}: {short_error(exc)}"
                 self.refused.append(
                     (str(t.summary.get(S.TRACE_ID)), len(t.spans), f"its payload cannot be built ({why})")
                 )
@@ -522,24 +424,14 @@ def _metrics_of(summaries: Sequence[dict[str, Any]]) -> dict[bool, dict[str, flo
 class LiveDriver:
     """Feeds a sink from the recorder: queue, group into steps, retry, never raise.
 
-    :meth:`export` runs on the recorder's writer thread and only appends to a
-    queue. A thread of the driver's own groups spans by trajectory; once a
-    trajectory's root span has been seen for ``grace_s`` (so rewards logged
-    just after the rollout are included) it is finished, summarised and kept
-    by step; a step is written once a trajectory of a later step arrived, or
-    at :meth:`flush`/:meth:`shutdown`. A step written early and later joined
-    by more trajectories is written again with only the new ones (metrics
-    over all of them).
-
-    Args:
-        sink: The backend.
-        backend: Backend name (messages, the catch-up command).
-        target: The run to open the sink for (opened on the driver's thread, at the first write).
-        run_dir: The run's trace folder (the catch-up command).
-        grace_s: Wait this long after a root span before the trajectory is finished.
-        max_queued_spans: Beyond this, the oldest queued batches are dropped
-            (counted; the files still hold them).
-        retries: Attempts per write before it counts as failed.
+    :meth:`export` only queues (writer thread). The driver's thread groups spans
+    by trajectory; ``grace_s`` after its root span (so rewards logged just after
+    are in) a trajectory is finished and held by step, and a step is written once
+    a later step arrived or at :meth:`flush`/:meth:`shutdown` (again with only the
+    new ones when more join it). The sink opens on that thread at the first write.
+    Past ``max_queued_spans`` the oldest batches are dropped (counted; the files
+    hold them); a write is tried ``retries`` times. ``run_dir`` names the files in
+    the catch-up command.
     """
 
     def __init__(
@@ -633,12 +525,7 @@ class LiveDriver:
         return out
 
     def progress(self) -> lag.DriverProgress:
-        """What this driver has shipped and still holds, now (what :mod:`tracer.exporters.lag` writes).
-
-        The queue counters are read under the lock (:meth:`export` changes them on
-        the writer thread); the rest only changes on the driver's own thread, which
-        is where :func:`tracer.exporters.lag.observe` calls this, after each cycle.
-        """
+        """What this driver has shipped and still holds (for :mod:`tracer.exporters.lag`, on the driver's thread)."""
         with self._lock:
             queued, dropped = self._queued_spans, self.spans_dropped
         in_grace = dict(self._root_seen)
@@ -779,10 +666,7 @@ class LiveDriver:
 
     def _call(self, fn: Any, what: str) -> Any:
         """``fn()`` bounded by the sink's ``timeout_s`` and, once stopping, by the stop's deadline."""
-        left = self._deadline.left()
-        bound = self.sink.timeout_s if left is None else min(self.sink.timeout_s, left)
-        where = f" at {self.sink.destination}" if self.sink.destination else ""
-        return call_within(fn, f"{self.backend} exporter{where}: {what}", bound)
+        return _call(self.sink, f"{self.backend} exporter", fn, what, self._deadline.left())
 
     def _write(self, batches: list[StepBatch], stopping: bool) -> None:
         for batch in batches:
@@ -891,63 +775,10 @@ def live_target(config: TraceConfig) -> Target:
 # -- the file driver ---------------------------------------------------------------
 
 
-def drive_files(
-    sink_class: type[SinkBase],
-    backend: str,
-    path: str | os.PathLike[str],
-    options: Mapping[str, Any],
-    *,
-    steps: int | Sequence[int] | None = None,
-    since_step: int | None = None,
-    progress: bool = True,
-    verify: bool = False,
-    log_val_generations: int | None = None,
-) -> ExportReport:
-    """Export a trace path through ``sink_class``, step chunk by step chunk.
-
-    Options are already checked (see :func:`tracer.exporters.base.export_files`).
-    Every call into the sink is bounded by its ``timeout_s`` and said while it waits
-    (:func:`tracer.exporters.bounded.call_within`).
-
-    Raises:
-        FileNotFoundError: ``path`` holds no trace files.
-        BackendTimeoutError: the destination stopped answering; the message says what was sent and what to do.
-    """
-    report = ExportReport(backend)
-    wanted = [steps] if isinstance(steps, int) else steps
-    p = os.fspath(path)
-    for read_path, project, experiment in sink_class.sources(p, options):
-        run = open_run(read_path, wanted, since_step)
-        cap = run.log_val_generations if log_val_generations is None else log_val_generations
-        target = Target(
-            project or run.project,
-            experiment or run.experiment,
-            cap,
-            {**read_run_config(read_path), "rollout_trace_source": os.path.abspath(p)},
-        )
-        sink = sink_class(options)
-        call = functools.partial(_call, sink, backend)
-        existing, total, notes = _send_run(sink, call, run, target, report, progress)
-        _count(report, sink, total, backend)
-        if total.sent and (existing or _recorded_live_to(read_path, backend)):
-            report.caught_up += total.sent
-            report.details.append(
-                f"caught up {total.sent} trajectories the destination did not have yet "
-                f"({len(existing)} were there already, e.g. shipped live)"
-            )
-        report.trajectories_skipped += total.skipped + run.not_selected
-        report.details.extend(notes)
-        if run.not_selected:
-            report.details.append(f"{run.not_selected} trajectories outside the selected steps not exported")
-        if verify or sink.confirms():
-            _confirm(report, sink, total, backend, verify, call)
-    return report
-
-
-def _call(sink: SinkBase, backend: str, fn: Any, what: str) -> Any:
-    """``fn()`` bounded by the sink's ``timeout_s``, said while it waits (:func:`~tracer.exporters.bounded.call_within`)."""
+def _call(sink: Sink, label: str, fn: Any, what: str, left: float | None = None) -> Any:
+    """``fn()`` bounded by the sink's ``timeout_s`` (and ``left``), said while it waits (:func:`call_within`)."""
     where = f" at {sink.destination}" if sink.destination else ""
-    return call_within(fn, f"{backend}{where}: {what}", sink.timeout_s)
+    return call_within(fn, f"{label}{where}: {what}", sink.timeout_s if left is None else min(sink.timeout_s, left))
 
 
 def _send_run(
@@ -1088,17 +919,36 @@ def export_files(
         ExportOptionError: unknown backend or option, or a bad option value.
         FileNotFoundError: ``path`` holds no trace files.
         ImportError: the backend's library is not installed (with the pip line).
+        BackendTimeoutError: the destination stopped answering; the message says what was sent and what to do.
     """
-    resolved = resolve_options(to, options)
-    sink_class = load_sink(to)
-    return drive_files(
-        sink_class,
-        to,
-        path,
-        resolved,
-        steps=steps,
-        since_step=since_step,
-        progress=progress,
-        verify=verify,
-        log_val_generations=log_val_generations,
-    )
+    options = resolve_options(to, options)
+    sink_class: type[SinkBase] = load_sink(to)
+    report = ExportReport(to)
+    wanted = [steps] if isinstance(steps, int) else steps
+    p = os.fspath(path)
+    for read_path, project, experiment in sink_class.sources(p, options):
+        run = open_run(read_path, wanted, since_step)
+        cap = run.log_val_generations if log_val_generations is None else log_val_generations
+        target = Target(
+            project or run.project,
+            experiment or run.experiment,
+            cap,
+            {**read_run_config(read_path), "rollout_trace_source": os.path.abspath(p)},
+        )
+        sink = sink_class(options)
+        call = functools.partial(_call, sink, to)
+        existing, total, notes = _send_run(sink, call, run, target, report, progress)
+        _count(report, sink, total, to)
+        if total.sent and (existing or _recorded_live_to(read_path, to)):
+            report.caught_up += total.sent
+            report.details.append(
+                f"caught up {total.sent} trajectories the destination did not have yet "
+                f"({len(existing)} were there already, e.g. shipped live)"
+            )
+        report.trajectories_skipped += total.skipped + run.not_selected
+        report.details.extend(notes)
+        if run.not_selected:
+            report.details.append(f"{run.not_selected} trajectories outside the selected steps not exported")
+        if verify or sink.confirms():
+            _confirm(report, sink, total, to, verify, call)
+    return report

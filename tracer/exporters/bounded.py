@@ -1,18 +1,11 @@
 """Every wait on a backend bounded and said as it goes.
 
-A backend's library may wait far longer than a user would: MLflow's HTTP
-client retries a 5xx or a hung socket for minutes, a receiver may accept a
-connection and never answer. Each call a driver makes into a sink (open,
-one step's write, flush, close, read-back) goes through :func:`call_within`:
-the call runs on a daemon thread of its own, a line is logged every
-:data:`REPORT_EVERY_S` seconds while it has not returned, and at its bound
-the driver stops waiting with :class:`BackendTimeoutError`, naming what it waited
-for. The abandoned thread is a daemon: it never holds up the process's exit.
-
-:class:`Deadline` is the one budget a stop shares: the recorder's flush, its
-writer and every live driver take their waits from the same deadline, so a
-process exits within ``shutdown_timeout_s`` in total, however many backends
-hang.
+A backend's library may wait for minutes (MLflow retries a hung socket, a receiver
+never answers). :func:`call_within` runs each call a driver makes into a sink on a
+daemon thread, logs a line every :data:`REPORT_EVERY_S` seconds while it waits, and
+at its bound raises :class:`BackendTimeoutError` naming what it waited for.
+:class:`Deadline` is the one budget a stop shares, so a process exits within
+``shutdown_timeout_s`` however many backends hang.
 """
 
 from __future__ import annotations

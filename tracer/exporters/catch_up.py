@@ -1,15 +1,10 @@
 """Shipping, from the files, what the live exporters of processes that ended had not shipped.
 
-A live exporter ships a trajectory a little after its root span is durable
-(the grace period for late rewards, the wait for a complete step). A process
-that ends without running its shutdown, as every Ray actor does at
-``ray.shutdown()``, takes what was still waiting with it; its files hold it
-all. :func:`catch_up` is run by the process that outlives them (a Ray
-driver, see :mod:`tracer.verl_plugin`): it waits, within a bound, until the
-writers of the run folders written since a moment are gone, then, for each
-backend those files were recorded live to, sends what the destination lacks,
-exactly as ``rollout-trace export`` does (:func:`tracer.exporters.base.export_files`
-sends only trajectories the destination does not have, so nothing arrives twice).
+A process that ends without its shutdown (every Ray actor at ``ray.shutdown()``)
+takes its exporters' waiting trajectories with it; its files hold them.
+:func:`catch_up`, run by the process that outlives them, waits (bounded) until the
+writers of the run folders are gone, then sends each live backend what its
+destination lacks, as ``rollout-trace export`` does (nothing arrives twice).
 """
 
 from __future__ import annotations
@@ -43,21 +38,13 @@ OTHER_HOST_QUIET_S = 30.0
 
 @dataclasses.dataclass
 class CaughtUp:
-    """What :func:`catch_up` did for one run folder and one backend.
-
-    Attributes:
-        run_dir: The run folder.
-        backend: The backend its files were recorded live to.
-        sent: Trajectories the destination lacked, sent now.
-        present: Trajectories it had already (shipped live).
-        problem: Why nothing (or not everything) was sent; empty when all went.
-    """
+    """What :func:`catch_up` did for one run folder and one backend its files were recorded live to."""
 
     run_dir: str
     backend: str
-    sent: int = 0
-    present: int = 0
-    problem: str = ""
+    sent: int = 0  # trajectories the destination lacked
+    present: int = 0  # trajectories it had already (shipped live)
+    problem: str = ""  # why not everything was sent; empty when all went
 
     def describe(self) -> str:
         """One line for the log."""
@@ -96,12 +83,7 @@ def _own_file(file: str) -> bool:
 
 
 def writers_running(run_dir: str) -> list[str]:
-    """The trace files of ``run_dir`` whose writers (other processes) may still write them.
-
-    Each other file whose writer is gone is sealed on the way
-    (:func:`tracer.storage.seal.seal_if_abandoned`); a file of another host
-    counts as ended once unchanged for :data:`OTHER_HOST_QUIET_S`.
-    """
+    """The trace files of ``run_dir`` that other processes may still write (the others are sealed on the way)."""
     return [
         f
         for f in list_trace_files(run_dir)
@@ -117,11 +99,7 @@ def _without_redacted(value: Any) -> Any:
 
 
 def live_backends(run_dir: str) -> dict[str, dict[str, Any]]:
-    """Backend -> its options, for each backend the files of ``run_dir`` were recorded live to.
-
-    The options are those the recording process gave its live exporter
-    (``backend_options``), less any value the files hold redacted.
-    """
+    """Backend -> the options its live exporter had (less redacted values), for each backend ``run_dir`` was recorded live to."""
     out: dict[str, dict[str, Any]] = {}
     for _, config in recorded_configs(run_dir):
         for name in recorded_backends(config):
@@ -163,10 +141,8 @@ def catch_up_run(run_dir: str, deadline: float) -> list[CaughtUp]:
 def catch_up(root: str, since: float, timeout_s: float) -> list[CaughtUp]:
     """Catch up every run folder under ``root`` written since ``since`` (epoch seconds), within ``timeout_s``.
 
-    Never raises; logs one line per run and backend (info when all was sent,
-    a warning naming the ``rollout-trace export`` command otherwise). The
-    work runs on a thread of its own: past ``timeout_s`` this returns what is
-    done, and the rest is left to ``rollout-trace export``.
+    Never raises; logs one line per run and backend (a warning with the ``rollout-trace export``
+    command when not all went). Past ``timeout_s`` it returns what is done.
     """
     results: list[CaughtUp] = []
     runs: list[str] = []

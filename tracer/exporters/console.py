@@ -1,13 +1,11 @@
-"""Console backend: one readable summary line per step on the log.
+"""Console backend: one readable summary line per step on the log (logger ``rollout_trace``, INFO).
 
-Like verl's ``trainer.logger=console``: each line goes to the logger
-``rollout_trace`` at INFO and is printed to stderr (option ``print``; live:
-``backend_options={"console_print": False}``). A step's line is written once
-the step is complete; validation trajectories get their own line. Example::
+Printed to stderr too (option ``print``; live ``backend_options={"console_print": False}``),
+once the step is complete, validation on its own line::
 
     rollout-trace step 3: reward 0.625 ± 0.484 [0, 1] | turns 2.0 | tool calls 1.0, errors 25.0% | 8 trajectories, 0 failed | latency p50 1.20s p95 3.41s
 
-It is also the smallest backend: a sink class and one registry entry.
+The smallest backend: a sink class and one registry entry.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """How far behind the trace files each live exporter is: a small JSON file per process, next to the shards.
 
-Every few seconds (:data:`WRITE_EVERY_S`) a :class:`~tracer.exporters.base.LiveDriver`
-rewrites ``{run_dir}/_lag.{backend}.{host}_{pid}_{nonce}.json`` atomically
-(temporary file, rename): trajectories shipped and failed, trajectories
-waiting (their root span was written to the files but the backend has not got
-them yet: the grace period for late rewards, or a step held until it is
-complete), the age of the oldest waiting one, spans queued or dropped. The
-last write, at shutdown, is marked ``final``. Readers list trace files
-(``*.arrow``) only, so these files are invisible to them.
-
-:func:`read_lag` reads them back for ``rollout-trace info`` and the viewer's
-sidebar. The driver calls :func:`observe`; nothing here raises into it.
+Every :data:`WRITE_EVERY_S` seconds a :class:`~tracer.exporters.base.LiveDriver`
+rewrites ``{run_dir}/_lag.{backend}.{host}_{pid}_{nonce}.json`` atomically: shipped,
+failed, waiting (durable but not sent: grace period, step held), the oldest wait,
+spans queued or dropped; the last write is ``final``. Readers of ``*.arrow`` never
+see it. :func:`read_lag` reads them for ``rollout-trace info`` and the viewer; the
+driver calls :func:`observe`, which never raises.
 """
 
 from __future__ import annotations
@@ -45,38 +40,21 @@ STALE_AFTER_WRITES = 3
 
 @dataclasses.dataclass
 class LagRecord:
-    """One live exporter of one process, as its last lag file says.
-
-    Attributes:
-        backend: The backend's name (``mlflow``, ``wandb``, ...).
-        host: The host the process runs on.
-        pid: Its process id.
-        written_at: When the file was written (seconds since the epoch).
-        shipped: Trajectories the backend accepted.
-        failed: Trajectories it refused after every retry (the files still hold them).
-        waiting: Trajectories in the files that the backend has not got yet.
-        oldest_waiting_s: How long the oldest of them has waited (0 when none).
-        running: Trajectories with spans but no root yet (still in rollout; not lag).
-        queued_spans: Spans handed to the exporter and not yet looked at.
-        dropped_spans: Spans its full queue let go (``rollout-trace export`` catches up from the files).
-        final: Written at shutdown: nothing more will come.
-        every_s: How often its process rewrites it (:data:`WRITE_EVERY_S` there).
-        path: The lag file.
-    """
+    """One live exporter of one process, as its last lag file says (trajectory and span counts)."""
 
     backend: str
     host: str
     pid: int
-    written_at: float
-    shipped: int = 0
-    failed: int = 0
-    waiting: int = 0
+    written_at: float  # seconds since the epoch
+    shipped: int = 0  # accepted by the backend
+    failed: int = 0  # refused after every retry (the files hold them)
+    waiting: int = 0  # in the files, not at the backend yet
     oldest_waiting_s: float = 0.0
-    running: int = 0
-    queued_spans: int = 0
-    dropped_spans: int = 0
-    final: bool = False
-    every_s: float = WRITE_EVERY_S
+    running: int = 0  # spans but no root yet: still in rollout, not lag
+    queued_spans: int = 0  # handed over, not looked at yet
+    dropped_spans: int = 0  # let go by a full queue (export catches up from the files)
+    final: bool = False  # written at shutdown: nothing more will come
+    every_s: float = WRITE_EVERY_S  # how often its process rewrites it
     path: str = ""
 
     def stale(self, now: float | None = None) -> bool:
@@ -111,25 +89,12 @@ class LagRecord:
 
 @dataclasses.dataclass(frozen=True)
 class DriverProgress:
-    """What a live driver has shipped and still holds at one moment: everything a lag file is made of.
-
-    :meth:`tracer.exporters.base.LiveDriver.progress` takes it; :func:`observe` writes it.
-
-    Attributes:
-        shipped: Trajectories the backend accepted.
-        failed: Trajectories it refused after every retry.
-        in_grace: Trajectories whose root span arrived and that are not finished yet (the
-            grace period for late rewards), by id, with when the root came (``time.monotonic()``).
-        held: Ids of finished trajectories held until their step is complete.
-        running: Trajectories with spans but no root yet (still in rollout; not lag).
-        queued_spans: Spans handed to the driver and not yet looked at.
-        dropped_spans: Spans its full queue let go.
-    """
+    """What a live driver has shipped and still holds at one moment (:meth:`LiveDriver.progress`), as in :class:`LagRecord`."""
 
     shipped: int
     failed: int
-    in_grace: Mapping[str, float]
-    held: tuple[str, ...]
+    in_grace: Mapping[str, float]  # root arrived, grace period running: id -> when (monotonic)
+    held: tuple[str, ...]  # finished, held until their step is complete
     running: int
     queued_spans: int
     dropped_spans: int
@@ -201,8 +166,7 @@ _REPORTERS: weakref.WeakKeyDictionary[Observed, _Reporter] = weakref.WeakKeyDict
 def observe(driver: Observed, final: bool = False) -> None:
     """Look at a live driver's progress and, every :data:`WRITE_EVERY_S` (and when ``final``), rewrite its lag file.
 
-    Called on the driver's own thread after each cycle. Never raises: a lag
-    file that cannot be written is given up on with one log line.
+    Never raises: a lag file that cannot be written is given up on with one log line.
     """
     reporter = None
     try:

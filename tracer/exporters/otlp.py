@@ -1,31 +1,12 @@
 """OTLP/HTTP export: every trajectory as an OpenTelemetry trace, with the GenAI conventions.
 
-One trace per trajectory, with the trace and span ids of the files (so
-re-exporting sends the same ids: receivers that upsert, as MLflow's OTLP
-endpoint does, end up with one copy). Spans carry OpenTelemetry's GenAI
-semantic conventions (names as in the conventions' registry):
-
-* the root: ``gen_ai.operation.name = "invoke_agent"``, ``gen_ai.agent.name``,
-  ``gen_ai.conversation.id``; the RL keys, which have no convention, under
-  this project's namespace (``rollout_trace.step``, ``.sample_index``,
-  ``.rollout_n``, ``.validate``, ``.advantage``, ``.reward``, ``.status``);
-  the reward and each numeric reward component as a
-  ``gen_ai.evaluation.result`` event (``gen_ai.evaluation.name``,
-  ``gen_ai.evaluation.score.value``);
-* llm spans: ``gen_ai.operation.name = "chat"``, ``gen_ai.request.model`` and
-  ``gen_ai.request.temperature`` when the span's inputs or attributes name
-  them, ``gen_ai.usage.input_tokens``/``output_tokens``,
-  ``gen_ai.response.finish_reasons``;
-* tool spans: ``gen_ai.operation.name = "execute_tool"``,
-  ``gen_ai.tool.name``, ``gen_ai.tool.call.id``.
-
-Content (``gen_ai.input.messages``/``gen_ai.output.messages`` in the
-conventions' parts format, tool arguments and results, each span's
-``input.value``/``output.value``) is sent only with the ``content`` option,
-as the conventions ask of content. ``log_reward`` rows are not spans here:
-the reward is on the root. The wire is protobuf over HTTP POST
-(``/v1/traces``), built with ``opentelemetry-proto`` and sent with the
-standard library.
+Trace and span ids are the files' own, so a receiver that upserts keeps one copy.
+The root is ``invoke_agent`` with the RL keys under ``rollout_trace.*`` and the
+reward and each numeric reward component as ``gen_ai.evaluation.result`` events;
+llm spans are ``chat`` (model, temperature, token usage, finish reasons), tool spans
+``execute_tool``. Content (messages, tool arguments and results, inputs and outputs)
+is sent only with the ``content`` option. ``log_reward`` rows are not spans: the
+reward is on the root. Protobuf over HTTP POST, with the standard library.
 """
 
 from __future__ import annotations

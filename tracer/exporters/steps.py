@@ -1,11 +1,8 @@
-"""TableSink: what the table-shaped sinks (WandB, SwanLab) share.
+"""TableSink: what the table-shaped sinks (WandB, SwanLab, trackio) share.
 
-A :class:`~tracer.exporters.base.StepBatch` becomes a
-:class:`~tracer.exporters.tables.StepData`: one table row per new trajectory
-(:func:`~tracer.exporters.tables.trajectory_row`), validation rows capped at
-``log_val_generations`` per step (counting rows of the step written before),
+A :class:`~tracer.exporters.base.StepBatch` becomes a :class:`~tracer.exporters.tables.StepData`:
+one row per new trajectory, validation rows capped at ``log_val_generations`` per step,
 metrics under the ``rollout_trace/`` and ``rollout_trace_val/`` prefixes.
-A subclass opens its run and implements :meth:`TableSink.log_step`.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
-from tracer.exporters.base import NEW, SinkBase, StepBatch, Target, Written
+from tracer.exporters.base import NEW, ReadBack, SinkBase, StepBatch, Target, Written
 from tracer.exporters.tables import (
     COL,
     METRIC_PREFIX,
@@ -24,24 +21,57 @@ from tracer.exporters.tables import (
 )
 
 
+def backend_step(step: int | None, last_backend: int, last_step: int | None, same_again: bool) -> int:
+    """The backend's step to log rollout ``step`` at: the step itself while it rises, else one past the last
+    (``same_again``: a step published again is logged at the backend step it had)."""
+    if step is not None and step == last_step:
+        return last_backend if same_again else last_backend + 1
+    return step if step is not None and step > last_backend else last_backend + 1
+
+
 class TableSink(SinkBase):
-    """Base of sinks that log per-step tables and metrics; implement :meth:`log_step`."""
+    """Base of sinks that log per-step tables and metrics to a run that :meth:`start` returns."""
 
     span_columns: ClassVar[tuple[str, ...]] = ROW_SPAN_COLUMNS
+    #: Reads a finished run's files back: ``directory -> (rows, metrics)``.
+    read_files: ClassVar[Any] = None
 
     def __init__(self, options: Any) -> None:
         super().__init__(options)
         self.cap = 10
         self._val_written: dict[int | None, int] = {}
+        #: The backend's run (``directory``, ``log_step(data)``, ``finish()``); None before :meth:`open`.
+        self.run: Any = None
+        self.destination = self.options.get("run_dir") or self.options.get("log_dir") or ""
+
+    def start(self, target: Target) -> Any:
+        """Start the backend's run for ``target``."""
+        raise NotImplementedError
+
+    def run_names(self, target: Target) -> dict[str, Any]:
+        """The run's project, name, group and config: the options', else the target's."""
+        project = self.options.get("project") or target.project or "rollout_trace"
+        name = self.options.get("experiment") or target.experiment
+        return {"project": project, "name": name, "group": target.experiment, "config": target.run_config}
 
     def open(self, target: Target) -> set[str]:
-        """Keep the run's validation cap; a subclass starts its run and calls this."""
+        """Keep the run's validation cap and start the run."""
         self.cap = target.log_val_generations
+        self.run = self.start(target)
+        self.destination = getattr(self.run, "directory", self.destination)
         return set()
 
     def log_step(self, data: StepData) -> list[str]:
         """Send one step's new rows and its metrics; return notes for the report."""
-        raise NotImplementedError
+        assert self.run is not None, "open() first"
+        notes: list[str] = self.run.log_step(data)
+        return notes
+
+    def read_back(self) -> ReadBack:
+        """The rows and metrics of the finished run's files."""
+        assert self.run is not None, "open() first"
+        rows, metrics = type(self).read_files(self.run.directory)
+        return ReadBack(rows, metrics, where=self.run.directory)
 
     def write(self, batch: StepBatch) -> Written:
         """Build the step's rows and metrics and log them."""

@@ -1,17 +1,9 @@
 """SwanLab exporter: per-step trajectory tables, conversations and rollout metrics.
 
-Every step logs, at that step: a ``swanlab.echarts.Table`` of its training
-trajectories under ``rollout_trace/table`` and of its validation trajectories
-(at most ``log_val_generations``) under ``rollout_trace_val/table``, the first
-:data:`MAX_TEXTS` conversations as ``swanlab.Text`` under
-``rollout_trace/conversations``, and the step's metrics
-(``rollout_trace/reward/mean``, ...; ``rollout_trace_val/...``).
-
-Modes: ``local`` (files under ``log_dir``, browsed with ``swanlab watch``; it
-needs the ``swanboard`` package, and without it the run is written in
-``offline`` mode instead, which keeps the same files), ``offline`` (files, upload
-later with ``swanlab sync``), ``online``. ``swanlab`` is imported only when an
-export runs or a live run starts.
+Each step logs tables of its training and validation trajectories, the first
+:data:`MAX_TEXTS` conversations as ``swanlab.Text`` and its metrics. Modes:
+``local`` (browsed with ``swanlab watch``; needs ``swanboard``, else written as
+``offline``, the same files), ``offline`` (``swanlab sync`` later), ``online``.
 """
 
 from __future__ import annotations
@@ -24,9 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from tracer import schema as S
-from tracer.exporters.base import ExportReport, ReadBack, Target
+from tracer.exporters.base import ExportReport, Target
 from tracer.exporters.base import export_files as _export_files
-from tracer.exporters.steps import TableSink
+from tracer.exporters.steps import TableSink, backend_step
 from tracer.exporters.tables import (
     COL,
     TABLE_COLUMNS,
@@ -104,13 +96,8 @@ class SwanlabRun:
     def log_step(self, data: StepData) -> list[str]:
         """Log one step's tables, conversation texts and metrics at that step; return notes (none)."""
         swanlab = self._swanlab
-        if data.step is not None and data.step == self._last_step:
-            # A step published again (late trajectories): SwanLab keeps one value per step and key.
-            sl_step = self._last_swanlab_step + 1
-        elif data.step is not None and data.step > self._last_swanlab_step:
-            sl_step = data.step
-        else:
-            sl_step = self._last_swanlab_step + 1
+        # A step published again (late trajectories) goes one later: SwanLab keeps one value per step and key.
+        sl_step = backend_step(data.step, self._last_swanlab_step, self._last_step, same_again=False)
         payload: dict[str, Any] = dict(data.metrics)
         for key, rows in ((TABLE_KEY, data.rows), (VAL_TABLE_KEY, data.val_rows)):
             if rows:
@@ -175,39 +162,24 @@ class SwanlabSink(TableSink):
     told otherwise).
     """
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        super().__init__(options)
-        self._sl: SwanlabRun | None = None
-        self.destination = self.options.get("log_dir") or ""
+    read_files = staticmethod(read_back)
 
-    def open(self, target: Target) -> set[str]:
+    def start(self, target: Target) -> SwanlabRun:
         """Start (or, live, join) the run."""
-        super().open(target)
-        o = self.options
-        self._sl = SwanlabRun(
-            project=o["project"] or target.project or "rollout_trace",
-            name=o["experiment"] or target.experiment,
-            mode=o["mode"],
-            log_dir=o["log_dir"],
-            group=target.experiment,
-            config=target.run_config,
+        return SwanlabRun(
+            **self.run_names(target),
+            mode=self.options["mode"],
+            log_dir=self.options["log_dir"],
             use_current=target.live,
         )
-        self.destination = self._sl.directory
-        return set()
 
     def confirms(self) -> bool:
         """A local or offline run is files here: read back after every export."""
         return self.options["mode"] != "online"
 
-    def log_step(self, data: StepData) -> list[str]:
-        """Log the step's tables, conversation texts and metrics."""
-        assert self._sl is not None, "open() first"
-        return self._sl.log_step(data)
-
     def close(self) -> list[str]:
         """Finish the run if this sink started it; say where its files are."""
-        sl = self._sl
+        sl = self.run
         if sl is None:
             return []
         sl.finish()
@@ -218,12 +190,6 @@ class SwanlabSink(TableSink):
         elif sl.mode == "local":
             notes.append(f"browse it with: swanlab watch {os.path.dirname(sl.directory)}")
         return notes
-
-    def read_back(self) -> ReadBack:
-        """The rows and metrics of the finished run's files."""
-        assert self._sl is not None, "open() first"
-        rows, metrics = read_back(self._sl.directory)
-        return ReadBack(rows, metrics, where=self._sl.directory)
 
 
 def export_files(path: str | os.PathLike[str], **options: Any) -> ExportReport:

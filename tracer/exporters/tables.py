@@ -1,11 +1,6 @@
-"""What the table-shaped backends (WandB, SwanLab, console) share.
-
-One row per trajectory (:data:`TABLE_COLUMNS`), built the same way from files
-(post-hoc export) and from live span batches; per-step metrics from
-:func:`tracer.summary.step_metrics`; reading trace files step chunk by step
-chunk; a plain stderr progress bar; a reader for the LevelDB-log framed run
-files both wandb (``.wandb``) and swanlab (``.swanlab``) write, used by
-``--verify``.
+"""What the table-shaped backends share: one row per trajectory (:data:`TABLE_COLUMNS`),
+reading trace files step chunk by step chunk, a stderr progress bar, and a reader of
+the LevelDB-log framed run files of wandb and swanlab (for ``--verify``).
 """
 
 from __future__ import annotations
@@ -62,25 +57,8 @@ MAX_CELL_CHARS = 100_000
 #: Post-hoc export reads the spans of this many trajectories' steps at a time.
 SPANS_PER_CHUNK = 200_000
 
-#: Span columns needed to build table rows.
-ROW_SPAN_COLUMNS = (
-    S.TRACE_ID,
-    S.PARENT_SPAN_ID,
-    S.NAME,
-    S.KIND,
-    S.START_NS,
-    S.END_NS,
-    S.STATUS,
-    S.ERROR,
-    S.STEP,
-    S.SAMPLE_INDEX,
-    S.ROLLOUT_N,
-    S.VALIDATE,
-    S.REWARD,
-    S.INPUTS,
-    S.OUTPUTS,
-    S.ATTRIBUTES,
-)
+#: Span columns needed to build table rows: all but the span id.
+ROW_SPAN_COLUMNS = tuple(c for c in S.SPAN_COLUMNS if c != S.SPAN_ID)
 
 
 # -- rows ----------------------------------------------------------------------
@@ -133,16 +111,8 @@ def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] |
 
 @dataclasses.dataclass
 class StepData:
-    """Everything a table backend logs for one step.
-
-    Attributes:
-        step: The training step (None for trajectories recorded without one).
-        rows: Training trajectory rows (:data:`TABLE_COLUMNS`).
-        val_rows: Validation trajectory rows, at most ``log_val_generations``.
-        metrics: ``{"rollout_trace/reward/mean": ..., "rollout_trace_val/...": ...}``.
-        val_dropped: Validation trajectories left out of the table by the cap.
-        raw_metrics: ``{validate: step_metrics values}`` without prefixes.
-    """
+    """Everything a table backend logs for one step: rows (:data:`TABLE_COLUMNS`), validation rows up to
+    the cap (``val_dropped``: left out), metrics with their prefixes, and ``raw_metrics`` by validate."""
 
     step: int | None
     rows: list[list[Any]] = dataclasses.field(default_factory=list)
@@ -157,16 +127,8 @@ class StepData:
 
 @dataclasses.dataclass
 class RunFiles:
-    """What a post-hoc export reads from a trace path before sending anything.
-
-    Attributes:
-        path: The trace file or directory, or a list of them.
-        project: Project name recorded in the files (None when absent).
-        experiment: Experiment name recorded in the files.
-        log_val_generations: The recorded config's value (default 10).
-        trajectories: Selected trajectories (:data:`tracer.schema.TRAJECTORY_SCHEMA`).
-        not_selected: Trajectories outside ``steps``/``since_step``.
-    """
+    """What a post-hoc export reads from a trace path first: the recorded names and
+    ``log_val_generations``, the selected trajectory summaries, how many were not selected."""
 
     path: TracePaths
     project: str | None
@@ -310,11 +272,10 @@ _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
 def read_leveldb_log(path: str | os.PathLike[str], ident: bytes) -> list[bytes]:
-    """Records of a LevelDB-log framed file (wandb's ``.wandb``, swanlab's ``.swanlab``).
+    """Records of a LevelDB-log framed file (wandb's ``.wandb``, swanlab's ``.swanlab``), a torn tail ignored.
 
-    The file starts with a 7-byte header (``ident``, a 2-byte magic, a
-    version byte), then 32 KiB blocks of ``crc32c:u32 length:u16 type:u8
-    data`` fragments. A torn tail is ignored.
+    A 7-byte header (``ident``, magic, version), then 32 KiB blocks of
+    ``crc32c:u32 length:u16 type:u8 data`` fragments.
 
     Raises:
         ValueError: the file does not start with ``ident``.

@@ -1,14 +1,8 @@
 """trackio exporter: per-step trajectory tables and rollout metrics in a trackio run.
 
-trackio (Hugging Face's local-first experiment tracker) keeps runs in a
-SQLite store under ``TRACKIO_DIR`` (default ``~/.cache/huggingface/trackio``),
-with no account and no network; ``trackio show`` opens its dashboard. Every
-step logs, at that step, a ``trackio.Table`` of its training trajectories
-under ``rollout_trace/table`` and of its validation trajectories (at most
-``log_val_generations``) under ``rollout_trace_val/table`` (the same rows as
-wandb's and SwanLab's tables), and the step's metrics
-(``rollout_trace/reward/mean``, ...). ``trackio`` is imported only when an
-export runs or a live run starts.
+trackio keeps runs in a local SQLite store under ``TRACKIO_DIR`` (no account, no
+network; ``trackio show`` opens it). Each step logs the same tables as wandb's and
+SwanLab's (``rollout_trace/table``, ``rollout_trace_val/table``) and its metrics.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from typing import Any
 from tracer import schema as S
 from tracer.exporters.base import ExportReport, ReadBack, Target
 from tracer.exporters.base import export_files as _export_files
-from tracer.exporters.steps import TableSink
+from tracer.exporters.steps import TableSink, backend_step
 from tracer.exporters.tables import TABLE_COLUMNS, TABLE_KEY, VAL_TABLE_KEY, StepData
 from tracer.extras import import_backend
 
@@ -39,57 +33,51 @@ class TrackioSink(TableSink):
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         super().__init__(options)
-        self._run: Any = None
         self._project = ""
         self._name: str | None = None
         self._last_step = -1
         self._last_rollout_step: int | None = None
 
-    def open(self, target: Target) -> set[str]:
+    def start(self, target: Target) -> Any:
         """Start the run."""
-        super().open(target)
-        trackio = _trackio()
-        self._project = self.options["project"] or target.project or "rollout_trace"
-        self._name = self.options["experiment"] or target.experiment
-        self._run = trackio.init(
+        names = self.run_names(target)
+        self._project, self._name = names["project"], names["name"]
+        run = _trackio().init(
             project=self._project,
             name=self._name,
             config=dict(target.run_config or {}),
             auto_log_cpu=False,
             auto_log_gpu=False,
         )
-        self._name = getattr(self._run, "name", self._name)
-        return set()
+        self._name = getattr(run, "name", self._name)
+        return run
 
     def log_step(self, data: StepData) -> list[str]:
         """Log the step's tables and metrics at that step (a step published again goes one step later)."""
-        assert self._run is not None, "open() first"
-        if data.step is not None and data.step > self._last_step and data.step != self._last_rollout_step:
-            step = data.step
-        else:
-            step = self._last_step + 1  # trackio keeps one value per step and key
+        assert self.run is not None, "open() first"
+        step = backend_step(data.step, self._last_step, self._last_rollout_step, same_again=False)
         payload: dict[str, Any] = dict(data.metrics)
         for key, rows in ((TABLE_KEY, data.rows), (VAL_TABLE_KEY, data.val_rows)):
             if rows:
                 payload[key] = _trackio().Table(columns=list(TABLE_COLUMNS), data=[list(r) for r in rows])
         if data.step is not None:
             payload[STEP_KEY] = data.step
-        self._run.log(payload, step=step)
+        self.run.log(payload, step=step)
         self._last_step, self._last_rollout_step = step, data.step
         return []
 
     def close(self) -> list[str]:
         """Finish the run; say where its store is."""
-        if self._run is None:
+        if self.run is None:
             return []
-        self._run.finish()
+        self.run.finish()
         from trackio.utils import TRACKIO_DIR
 
         return [f"trackio run {self._project}/{self._name} in {TRACKIO_DIR}; browse it with: trackio show"]
 
     def read_back(self) -> ReadBack:
         """The rows and metrics the finished run holds in trackio's local store."""
-        assert self._run is not None, "open() first"
+        assert self.run is not None, "open() first"
         rows, metrics = read_back(self._project, str(self._name))
         return ReadBack(rows, metrics, where=f"trackio {self._project}/{self._name}")
 

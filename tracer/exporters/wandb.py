@@ -1,20 +1,10 @@
 """WandB exporter: per-step trajectory tables and rollout metrics.
 
-Every step logs, at that step, new rows of an incremental table
-(``wandb.Table(log_mode="INCREMENTAL")``: each log holds only the step's rows
-and the table's history is kept) under ``rollout_trace/table``
-(training) and ``rollout_trace_val/table`` (validation, at most
-``log_val_generations`` per step, verl's key), plus the step's metrics
-(``rollout_trace/reward/mean``, ...; ``rollout_trace_val/...`` for validation)
-plotted against ``rollout_trace/step``.
-
-Row limits: a logged table keeps at most ``wandb.Table.MAX_ROWS`` (10,000)
-rows in its media file and ``MAX_ARTIFACT_ROWS`` (200,000) in its artifact;
-rows past that would be silently cut by wandb. A step with more rows is split
-into several increments of at most ``MAX_ROWS`` rows, logged at the same
-step, and the export report says so.
-
-``wandb`` is imported only when an export runs or a live run starts.
+Each step logs an incremental table's new rows (``rollout_trace/table``;
+``rollout_trace_val/table``, at most ``log_val_generations``) and its metrics
+(``rollout_trace/...``) against ``rollout_trace/step``. A step with more rows than a
+logged table keeps (``wandb.Table.MAX_ROWS``) is split into several increments at the
+same step, and the report says so.
 """
 
 from __future__ import annotations
@@ -26,9 +16,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tracer.exporters.base import ExportReport, ReadBack, Target
+from tracer.exporters.base import ExportReport, Target
 from tracer.exporters.base import export_files as _export_files
-from tracer.exporters.steps import TableSink
+from tracer.exporters.steps import TableSink, backend_step
 from tracer.exporters.tables import (
     METRIC_PREFIX,
     TABLE_COLUMNS,
@@ -108,12 +98,7 @@ class WandbRun:
 
     def log_step(self, data: StepData) -> list[str]:
         """Log one step's rows (split at ``max_rows``) and metrics; return notes on splits."""
-        if data.step is not None and data.step == self._last_step:
-            wandb_step = self._last_wandb_step
-        elif data.step is not None and data.step > self._last_wandb_step:
-            wandb_step = data.step
-        else:
-            wandb_step = self._last_wandb_step + 1
+        wandb_step = backend_step(data.step, self._last_wandb_step, self._last_step, same_again=True)
         notes = []
         parts: dict[str, list[list[list[Any]]]] = {}
         for key, rows in ((TABLE_KEY, data.rows), (VAL_TABLE_KEY, data.val_rows)):
@@ -195,55 +180,31 @@ class WandbSink(TableSink):
     new run (mode ``offline`` unless told otherwise).
     """
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        super().__init__(options)
-        self._wb: WandbRun | None = None
-        self.destination = self.options.get("run_dir") or ""
+    read_files = staticmethod(read_back)
 
-    def open(self, target: Target) -> set[str]:
+    def start(self, target: Target) -> WandbRun:
         """Start the run."""
-        super().open(target)
         o = self.options
-        self._wb = WandbRun(
-            project=o["project"] or target.project or "rollout_trace",
-            name=o["experiment"] or target.experiment,
-            mode=o["mode"],
-            run_dir=o["run_dir"],
-            group=target.experiment,
-            config=target.run_config,
-            proxy=o["proxy"],
-            max_rows=o["max_rows"],
+        return WandbRun(
+            **self.run_names(target), mode=o["mode"], run_dir=o["run_dir"], proxy=o["proxy"], max_rows=o["max_rows"]
         )
-        self.destination = self._wb.directory
-        return set()
 
     def confirms(self) -> bool:
         """An offline run is files here: read back after every export."""
         return self.options["mode"] == "offline"
 
-    def log_step(self, data: StepData) -> list[str]:
-        """Log the step's new rows (split at ``max_rows``) and metrics."""
-        assert self._wb is not None, "open() first"
-        return self._wb.log_step(data)
-
     def close(self) -> list[str]:
         """Finish the run; say where its files are."""
-        if self._wb is None:
+        if self.run is None:
             return []
-        self._wb.finish()
+        self.run.finish()
         wandb = _wandb()
         if wandb.run is None:
             wandb.teardown()
-        notes = [f"wandb run files: {self._wb.directory}"]
+        notes = [f"wandb run files: {self.run.directory}"]
         if self.options["mode"] == "offline":
-            notes.append(f"upload it with: wandb sync {self._wb.directory}")
+            notes.append(f"upload it with: wandb sync {self.run.directory}")
         return notes
-
-    def read_back(self) -> ReadBack:
-        """The rows and metrics of the finished run's files."""
-        assert self._wb is not None, "open() first"
-        rows, metrics = read_back(self._wb.directory)
-        return ReadBack(rows, metrics, where=self._wb.directory)
 
 
 def export_files(path: str | os.PathLike[str], **options: Any) -> ExportReport:

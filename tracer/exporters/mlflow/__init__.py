@@ -1,26 +1,11 @@
 """MLflow exporter: one MLflow trace per trajectory, linked to a run with per-step metrics.
 
-Post-hoc: :func:`export_files` (``rollout-trace export PATH --to mlflow``).
-Live: the ``"mlflow"`` backend of ``tracer.init(backend=[..., "mlflow"])``
-(:class:`MlflowSink` under a :class:`~tracer.exporters.base.LiveDriver`)
-ships finished trajectories from a background thread; options
-``backend_options={"mlflow": {"tracking_uri": ...}}``.
-
-Where things land: the project name is the MLflow experiment, the experiment
-name is a run in it (found by the run tag ``rollout_trace.experiment_name``,
-created when missing), every trace is linked to that run, and per-step rollout
-metrics (:func:`tracer.step_metrics`) are logged on the run with ``step=``
-(``rollout/...`` for training, ``val/...`` for validation rollouts).
-
-Speed: MLflow's public span API commits every span end on its own (12-18
-traces/s into SQLite). On the MLflow versions in :data:`FAST_PATH_VERSIONS`
-the exporter builds the finished span entities itself and hands batches of
-:data:`BATCH_TRACES` traces to the tracking store's ``log_spans`` (one
-transaction per batch into SQL stores, one OTLP request per batch to an
-``mlflow server``). Trace ids are derived from ours and the experiment name
-(:func:`mlflow_trace_id`), so sending a trajectory twice upserts it. Other
-versions use the public API.
-
+The project is the MLflow experiment; the experiment is a run in it (tagged
+``rollout_trace.experiment_name``) that every trace links to and that holds the
+step metrics (``rollout/...``, ``val/...``) at ``step=``. Trace ids derive from
+ours and the experiment (:func:`mlflow_trace_id`): sending again upserts. On the
+MLflow versions in :data:`FAST_PATH_VERSIONS` whole traces go to the store's
+``log_spans`` in batches; other versions use the public span API (12-18 traces/s).
 :func:`import_traces` reads MLflow traces back into trace files.
 """
 
@@ -49,6 +34,7 @@ from tracer.exporters.base import (
     Target,
     VerifyResult,
     Written,
+    short_error,
 )
 from tracer.exporters.base import export_files as _export_files
 from tracer.exporters.mlflow.importer import ImportReport, import_traces
@@ -110,8 +96,6 @@ LINK_BATCH = 100
 TRACE_META_SOURCE_RUN = "mlflow.sourceRun"
 #: Traces refused one after another, with none sent yet, before the destination is blamed.
 MAX_REFUSED_BEFORE_GIVING_UP = 3
-#: Characters of a backend's error kept in the report.
-ERROR_CHARS = 300
 #: Run tag naming the experiment a run holds.
 RUN_TAG_EXPERIMENT = "rollout_trace.experiment_name"
 #: Metric key prefixes for training and validation rollouts.
@@ -147,13 +131,6 @@ def fast_path_available() -> bool:
 # -- sending -----------------------------------------------------------------
 
 
-def _short(exc: BaseException) -> str:
-    """The error's message on one line, bounded, printable whatever the trajectory held."""
-    text = " ".join(str(exc).split())
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
-
-
 def _dumps(value: Any) -> str:
     try:
         return orjson.dumps(value).decode()
@@ -168,11 +145,7 @@ MLFLOW_PARAMS_PER_BATCH = 100
 
 
 def _log_run_config(dest: _Destination, run_config: Mapping[str, Any]) -> None:
-    """Log the run's config as MLflow params (dotted keys), so the run says which settings produced its traces.
-
-    Params are immutable in MLflow: a key already logged with another value
-    is left as it is, and the conflict is logged once, never raised.
-    """
+    """Log the run's config as MLflow params (dotted keys); a param already logged with another value stays."""
     from mlflow.entities import Param
 
     params = [
@@ -252,21 +225,21 @@ class _Destination:
         )
         return str(run.info.run_id)
 
-    def existing_trace_ids(self) -> dict[str, str]:
-        """Our trace ids already in the experiment -> their MLflow trace ids."""
-        found: dict[str, str] = {}
+    def traces(self, **search: Any) -> Iterator[Any]:
+        """The experiment's traces (without spans), page by page; ``search``: more of ``search_traces``'s arguments."""
         token = None
         while True:
             page = self.client.search_traces(
-                locations=[self.experiment_id], include_spans=False, max_results=500, page_token=token
+                locations=[self.experiment_id], include_spans=False, max_results=500, page_token=token, **search
             )
-            for trace in page:
-                ours = trace.info.tags.get(TAG_TRACE_ID)
-                if ours:
-                    found[ours] = trace.info.trace_id
+            yield from page
             token = page.token
             if not token:
-                return found
+                return
+
+    def existing_trace_ids(self) -> dict[str, str]:
+        """Our trace ids already in the experiment -> their MLflow trace ids."""
+        return {t.info.tags[TAG_TRACE_ID]: t.info.trace_id for t in self.traces() if t.info.tags.get(TAG_TRACE_ID)}
 
     def send(self, trajectories: Sequence[TrajectoryData]) -> list[str]:
         """Write these traces and link them to the run; return their MLflow ids."""
@@ -480,33 +453,19 @@ def _step_timestamps(summaries: Sequence[dict[str, Any]]) -> dict[tuple[int | No
 def _read_back(dest: _Destination) -> ReadBack:
     """Our trace ids and reward tags of the traces linked to the destination's run."""
     found: dict[str, float | None] = {}
-    token = None
-    while True:
-        page = dest.client.search_traces(
-            locations=[dest.experiment_id],
-            include_spans=False,
-            max_results=500,
-            page_token=token,
-            run_id=dest.run_id,
-        )
-        for trace in page:
-            tags = trace.info.tags
-            if tags.get(TAG_EXPERIMENT) == dest.experiment and tags.get(TAG_TRACE_ID):
-                tagged = tags.get(TAG_REWARD)
-                found[tags[TAG_TRACE_ID]] = float(tagged) if tagged is not None else None
-        token = page.token
-        if not token:
-            return ReadBack(found, shared=True, where=f"MLflow run {dest.run_id}")
+    for trace in dest.traces(run_id=dest.run_id):
+        tags = trace.info.tags
+        if tags.get(TAG_EXPERIMENT) == dest.experiment and tags.get(TAG_TRACE_ID):
+            tagged = tags.get(TAG_REWARD)
+            found[tags[TAG_TRACE_ID]] = float(tagged) if tagged is not None else None
+    return ReadBack(found, shared=True, where=f"MLflow run {dest.run_id}")
 
 
 class MlflowSink(SinkBase):
-    """One MLflow trace per trajectory, linked to a run with per-step metrics.
+    """One MLflow trace per trajectory as soon as the driver has it, a step's metrics once it is complete.
 
-    Trajectories are written as soon as the live driver has them (``streams``),
-    a step's metrics once the step is complete. Post hoc, trajectories already
-    in the experiment (found by their ``rollout_trace.trace_id`` tag) are
-    skipped but counted in the metrics, so exporting the same files again
-    creates no duplicates and catches up what a live export missed.
+    Post hoc, trajectories already in the experiment are skipped but counted in the metrics:
+    exporting again creates no duplicates and catches up what a live export missed.
     """
 
     streams: ClassVar[bool] = True
@@ -562,7 +521,7 @@ class MlflowSink(SinkBase):
                 data = trajectory_data(t.spans, dest.project, dest.experiment, reward=reward)
             except Exception as exc:  # this trajectory's content: refuse it alone, the rest go
                 written.sent += 1  # taken back out with the refusal
-                self.refused.append((tid, 0, f"{type(exc).__name__}: {_short(exc)}"))
+                self.refused.append((tid, 0, f"{type(exc).__name__}: {short_error(exc)}"))
                 continue
             self._response.setdefault(key, []).append(data.response_tokens)
             self._pending.append(data)
@@ -637,7 +596,7 @@ class MlflowSink(SinkBase):
             if t.partial:
                 logger.warning("rollout-trace mlflow exporter: late spans of %s not sent: %s", t.trace_id, error)
                 continue
-            self.refused.append((t.trace_id, len(t.spans), f"{type(error).__name__}: {_short(error)}"))
+            self.refused.append((t.trace_id, len(t.spans), f"{type(error).__name__}: {short_error(error)}"))
         return went
 
     def _log_metrics(self, batch: StepBatch) -> None:
@@ -655,13 +614,7 @@ class MlflowSink(SinkBase):
 
 
 def export_files(path: str | os.PathLike[str], **options: Any) -> ExportReport:
-    """Export trace files to MLflow (:func:`tracer.exporters.export_files` with ``to="mlflow"``).
-
-    One trace per trajectory, linked to a run; options ``tracking_uri``
-    (default ``MLFLOW_TRACKING_URI``, else ``sqlite:///./mlflow.db``),
-    ``experiment`` (default the files' project name), ``method``, and the
-    common ``steps``, ``since_step``, ``progress``, ``verify``.
-    """
+    """Export trace files to MLflow (:func:`tracer.exporters.export_files` with ``to="mlflow"``)."""
     return _export_files(path, BACKEND, **options)
 
 

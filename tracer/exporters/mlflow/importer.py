@@ -1,16 +1,9 @@
 """Read MLflow traces back into trace files (``rollout-trace import mlflow``).
 
-Traces written by :mod:`tracer.exporters.mlflow` come back as the rows they
-were made from: same ids, times, tree, kinds, statuses, errors, rewards,
-attributes, inputs and outputs (minus what the exporter added for MLflow's
-chat view). Any other MLflow trace with spans is mapped as well: span types
-give the kinds (AGENT rollout, CHAT_MODEL/LLM llm, TOOL tool, EVALUATOR
-reward, others span), the root becomes the trajectory's rollout span, the
-non-MLflow span attributes become our attributes, an exception event becomes
-the error, and a ``reward`` trace tag becomes a ``log_reward`` row.
-Every text of every row goes through the recorder's redactor
-(:func:`tracer.exporters.base.redact_rows`) before it is written: a foreign
-trace holds whatever its application put there.
+Traces this exporter wrote come back as the rows they were made from. Any other
+trace is mapped too: span types give kinds, the root is the rollout span, non-MLflow
+attributes are ours, an exception event is the error, a ``reward`` tag a
+``log_reward`` row. Every text goes through the redactor before it is written.
 """
 
 from __future__ import annotations
@@ -29,40 +22,11 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+import tracer.exporters.mlflow.spans as M  # noqa: N812 - the span mapping, short
 from tracer import schema as S
-from tracer.exporters.base import redact_rows
+from tracer.exporters.base import redact_rows, short_error
 from tracer.exporters.bounded import CALL_TIMEOUT_S, BackendTimeoutError, call_within
 from tracer.exporters.mlflow.server import TrackingUriError, check_tracking_uri
-from tracer.exporters.mlflow.spans import (
-    ATTR_ADDED,
-    ATTR_ATTRIBUTES,
-    ATTR_ERROR,
-    ATTR_EXPERIMENT,
-    ATTR_KIND,
-    ATTR_PARENT,
-    ATTR_PROJECT,
-    ATTR_REWARD,
-    ATTR_ROLLOUT_N,
-    ATTR_SAMPLE,
-    ATTR_SPAN_ID,
-    ATTR_STATUS,
-    ATTR_STEP,
-    ATTR_SYNTHETIC,
-    ATTR_TRACE_ID,
-    ATTR_VALIDATE,
-    KIND_BY_SPAN_TYPE,
-    MLFLOW_TRACE_ID_PREFIX,
-    OUR_ATTR_KEYS,
-    TAG_EXPERIMENT,
-    TAG_PROJECT,
-    TAG_REWARD,
-    TAG_REWARD_PREFIX,
-    TAG_ROLLOUT_N,
-    TAG_SAMPLE,
-    TAG_STEP,
-    TAG_TRACE_ID,
-    TAG_VALIDATE,
-)
 from tracer.exporters.tables import Progress
 from tracer.extras import import_backend
 from tracer.record.redact import Redactor
@@ -74,25 +38,15 @@ DEFAULT_IMPORT_EXPERIMENT = "mlflow-import"
 WRITE_BATCH_ROWS = 4096
 #: Traces per MLflow search page.
 PAGE_SIZE = 100
-#: Characters of an error kept in the report.
-ERROR_CHARS = 300
 
 
 @dataclasses.dataclass
 class ImportReport:
-    """What an import read and wrote.
-
-    Attributes:
-        trajectories: Trajectories written.
-        spans: Span rows written.
-        skipped: Traces not imported (no spans).
-        files: Files written.
-        details: Human-readable notes.
-    """
+    """What an import read and wrote."""
 
     trajectories: int = 0
     spans: int = 0
-    skipped: int = 0
+    skipped: int = 0  # traces without spans
     #: Traces that could not be mapped (``"<mlflow id>: <why>"``); the others were imported.
     refused: list[str] = dataclasses.field(default_factory=list)
     files: list[str] = dataclasses.field(default_factory=list)
@@ -155,6 +109,59 @@ def _strip_added(value: Any, added: Any) -> Any:
     return value
 
 
+def _trace_id(trace: Any, tags: Mapping[str, str], root_attrs: Mapping[str, Any]) -> str:
+    """Our trace id of an MLflow trace: the one the exporter recorded, else its MLflow id's hex."""
+    mlflow_id = str(trace.info.trace_id)
+    hex_id = mlflow_id.removeprefix(M.MLFLOW_TRACE_ID_PREFIX)
+    return str(
+        tags.get(M.TAG_TRACE_ID)
+        or root_attrs.get(M.ATTR_TRACE_ID)
+        or (hex_id if len(hex_id) == 32 else _hex(mlflow_id, 32))
+    )
+
+
+def _error(s: Any, attrs: Mapping[str, Any], failed: bool) -> Any:
+    """A span's error: the one the exporter recorded, else its exception event's."""
+    error = attrs.get(M.ATTR_ERROR)
+    if error is None and failed:
+        exc = next((e for e in s.events if e.name == "exception"), None)
+        ea = exc.attributes if exc is not None else {}
+        error = {
+            "type": ea.get("exception.type", ""),
+            "message": ea.get("exception.message", s.status.description or ""),
+            "traceback": ea.get("exception.stacktrace", ""),
+        }
+    return error
+
+
+def _reward_row(tags: Mapping[str, str], rows: list[dict[str, Any]], trace_id: str) -> dict[str, Any] | None:
+    """A ``log_reward`` row for a ``reward`` trace tag (None when there is none, or a reward span already)."""
+    reward = _float(tags.get(M.TAG_REWARD))
+    if reward is None or any(r[S.KIND] == S.KIND_REWARD for r in rows):
+        return None
+    extras = {
+        k[len(M.TAG_REWARD_PREFIX) :]: _float(v) if _float(v) is not None else v
+        for k, v in tags.items()
+        if k.startswith(M.TAG_REWARD_PREFIX)
+    }
+    root_row = next((r for r in rows if r[S.PARENT_SPAN_ID] is None), rows[0])
+    return {
+        **{k: root_row[k] for k in (S.TRACE_ID, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)},
+        S.SPAN_ID: _hex(trace_id + ":reward", 16),
+        S.PARENT_SPAN_ID: root_row[S.SPAN_ID],
+        S.NAME: S.REWARD_SPAN_NAME,
+        S.KIND: S.KIND_REWARD,
+        S.START_NS: root_row[S.END_NS],
+        S.END_NS: root_row[S.END_NS],
+        S.STATUS: S.STATUS_OK,
+        S.ERROR: None,
+        S.REWARD: reward,
+        S.INPUTS: None,
+        S.OUTPUTS: None,
+        S.ATTRIBUTES: _json(extras or None),
+    }
+
+
 def trace_rows(trace: Any) -> list[dict[str, Any]]:
     """Rows of :data:`tracer.schema.SPAN_SCHEMA` for one MLflow trace (empty if it has no spans)."""
     spans = list(trace.data.spans) if trace.data is not None else []
@@ -163,60 +170,37 @@ def trace_rows(trace: Any) -> list[dict[str, Any]]:
     tags: Mapping[str, str] = trace.info.tags or {}
     root = next((s for s in spans if s.parent_id is None), spans[0])
     root_attrs = root.attributes or {}
-    mlflow_id = str(trace.info.trace_id)
-    hex_id = mlflow_id[len(MLFLOW_TRACE_ID_PREFIX) :] if mlflow_id.startswith(MLFLOW_TRACE_ID_PREFIX) else mlflow_id
-    trace_id = (
-        tags.get(TAG_TRACE_ID)
-        or root_attrs.get(ATTR_TRACE_ID)
-        or (hex_id if len(hex_id) == 32 else _hex(mlflow_id, 32))
-    )
-    ours = ATTR_KIND in root_attrs
-    ctx = {
-        S.STEP: _int(root_attrs.get(ATTR_STEP, tags.get(TAG_STEP))),
-        S.SAMPLE_INDEX: root_attrs.get(ATTR_SAMPLE, tags.get(TAG_SAMPLE)),
-        S.ROLLOUT_N: _int(root_attrs.get(ATTR_ROLLOUT_N, tags.get(TAG_ROLLOUT_N))),
-        S.VALIDATE: _bool(root_attrs.get(ATTR_VALIDATE, tags.get(TAG_VALIDATE))),
-    }
-    if ctx[S.SAMPLE_INDEX] is not None:
-        ctx[S.SAMPLE_INDEX] = str(ctx[S.SAMPLE_INDEX])
-    our_ids = {s.span_id: (s.attributes or {}).get(ATTR_SPAN_ID) or s.span_id for s in spans}
-    synthetic = {s.span_id for s in spans if (s.attributes or {}).get(ATTR_SYNTHETIC)}
+    trace_id = _trace_id(trace, tags, root_attrs)
+    ours = M.ATTR_KIND in root_attrs
+    ctx = {col: root_attrs.get(attr, tags.get(tag)) for col, attr, tag in M.CONTEXT_KEYS}
+    our_ids = {s.span_id: (s.attributes or {}).get(M.ATTR_SPAN_ID) or s.span_id for s in spans}
+    synthetic = {s.span_id for s in spans if (s.attributes or {}).get(M.ATTR_SYNTHETIC)}
     rows: list[dict[str, Any]] = []
     for s in spans:
         if s.span_id in synthetic:
             continue
         attrs = s.attributes or {}
-        if ATTR_PARENT in attrs:
-            parent = attrs[ATTR_PARENT]
+        if M.ATTR_PARENT in attrs:
+            parent = attrs[M.ATTR_PARENT]
         elif s.parent_id is None or s.parent_id in synthetic:
             parent = None
         else:
             parent = our_ids.get(s.parent_id, s.parent_id)
-        kind = attrs.get(ATTR_KIND) or KIND_BY_SPAN_TYPE.get(str(s.span_type), S.KIND_SPAN)
+        kind = attrs.get(M.ATTR_KIND) or M.KIND_BY_SPAN_TYPE.get(str(s.span_type), S.KIND_SPAN)
         if not ours and s is root:
             kind = S.KIND_ROLLOUT
         failed = str(getattr(s.status.status_code, "value", s.status.status_code)) == "ERROR"
-        status = attrs.get(ATTR_STATUS) or (S.STATUS_ERROR if failed else S.STATUS_OK)
-        error = attrs.get(ATTR_ERROR)
-        if error is None and failed:
-            exc = next((e for e in s.events if e.name == "exception"), None)
-            ea = exc.attributes if exc is not None else {}
-            error = {
-                "type": ea.get("exception.type", ""),
-                "message": ea.get("exception.message", s.status.description or ""),
-                "traceback": ea.get("exception.stacktrace", ""),
-            }
         if ours:
-            own = attrs.get(ATTR_ATTRIBUTES)
+            own = attrs.get(M.ATTR_ATTRIBUTES)
         else:
-            own = {k: v for k, v in attrs.items() if not k.startswith("mlflow.") and k not in OUR_ATTR_KEYS} or None
-        added = attrs.get(ATTR_ADDED) or {}
+            own = {k: v for k, v in attrs.items() if not k.startswith("mlflow.") and k not in M.OUR_ATTR_KEYS} or None
+        added = attrs.get(M.ATTR_ADDED) or {}
         inputs, outputs = s.inputs, s.outputs
         if "inputs" in added:
             inputs = _strip_added(inputs, added["inputs"])
         if "outputs" in added:
             outputs = _strip_added(outputs, added["outputs"])
-        sample = attrs.get(ATTR_SAMPLE, ctx[S.SAMPLE_INDEX])
+        context = {col: attrs.get(attr, ctx[col]) for col, attr, _ in M.CONTEXT_KEYS}
         rows.append(
             {
                 S.TRACE_ID: _str(trace_id),
@@ -226,52 +210,28 @@ def trace_rows(trace: Any) -> list[dict[str, Any]]:
                 S.KIND: _str(kind),
                 S.START_NS: int(s.start_time_ns),
                 S.END_NS: int(s.end_time_ns if s.end_time_ns is not None else s.start_time_ns),
-                S.STATUS: _str(status),
-                S.ERROR: _json(error),
-                S.STEP: _int(attrs.get(ATTR_STEP, ctx[S.STEP])),
-                S.SAMPLE_INDEX: None if sample is None else str(sample),
-                S.ROLLOUT_N: _int(attrs.get(ATTR_ROLLOUT_N, ctx[S.ROLLOUT_N])),
-                S.VALIDATE: _bool(attrs.get(ATTR_VALIDATE, ctx[S.VALIDATE])),
-                S.REWARD: _float(attrs.get(ATTR_REWARD)),
+                S.STATUS: _str(attrs.get(M.ATTR_STATUS) or (S.STATUS_ERROR if failed else S.STATUS_OK)),
+                S.ERROR: _json(_error(s, attrs, failed)),
+                S.STEP: _int(context[S.STEP]),
+                S.SAMPLE_INDEX: None if context[S.SAMPLE_INDEX] is None else str(context[S.SAMPLE_INDEX]),
+                S.ROLLOUT_N: _int(context[S.ROLLOUT_N]),
+                S.VALIDATE: _bool(context[S.VALIDATE]),
+                S.REWARD: _float(attrs.get(M.ATTR_REWARD)),
                 S.INPUTS: _json(inputs),
                 S.OUTPUTS: _json(outputs),
                 S.ATTRIBUTES: _json(own),
             }
         )
-    reward = _float(tags.get(TAG_REWARD))
-    if reward is not None and not any(r[S.KIND] == S.KIND_REWARD for r in rows):
-        extras = {
-            k[len(TAG_REWARD_PREFIX) :]: _float(v) if _float(v) is not None else v
-            for k, v in tags.items()
-            if k.startswith(TAG_REWARD_PREFIX)
-        }
-        root_row = next((r for r in rows if r[S.PARENT_SPAN_ID] is None), rows[0])
-        rows.append(
-            {
-                **{k: root_row[k] for k in (S.TRACE_ID, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)},
-                S.SPAN_ID: _hex(trace_id + ":reward", 16),
-                S.PARENT_SPAN_ID: root_row[S.SPAN_ID],
-                S.NAME: S.REWARD_SPAN_NAME,
-                S.KIND: S.KIND_REWARD,
-                S.START_NS: root_row[S.END_NS],
-                S.END_NS: root_row[S.END_NS],
-                S.STATUS: S.STATUS_OK,
-                S.ERROR: None,
-                S.REWARD: reward,
-                S.INPUTS: None,
-                S.OUTPUTS: None,
-                S.ATTRIBUTES: _json(extras or None),
-            }
-        )
-    return rows
+    reward_row = _reward_row(tags, rows, trace_id)
+    return rows if reward_row is None else [*rows, reward_row]
 
 
 def _names(trace: Any, experiment_name: str) -> tuple[str, str]:
     tags = trace.info.tags or {}
     root = next((s for s in trace.data.spans if s.parent_id is None), None)
     attrs = (root.attributes or {}) if root is not None else {}
-    project = attrs.get(ATTR_PROJECT) or tags.get(TAG_PROJECT) or experiment_name
-    exp = attrs.get(ATTR_EXPERIMENT) or tags.get(TAG_EXPERIMENT) or DEFAULT_IMPORT_EXPERIMENT
+    project = attrs.get(M.ATTR_PROJECT) or tags.get(M.TAG_PROJECT) or experiment_name
+    exp = attrs.get(M.ATTR_EXPERIMENT) or tags.get(M.TAG_EXPERIMENT) or DEFAULT_IMPORT_EXPERIMENT
     return str(project), str(exp)
 
 
@@ -322,7 +282,7 @@ def import_traces(
     except BackendTimeoutError as exc:
         raise BackendTimeoutError(f"{exc}; check that the server answers its API, then import again") from None
     except Exception as exc:  # a store MLflow cannot open (bad path, unknown scheme, refused login)
-        raise TrackingUriError(f"cannot read the MLflow tracking store at {tracking_uri}: {_short(exc)}") from None
+        raise TrackingUriError(f"cannot read the MLflow tracking store at {tracking_uri}: {short_error(exc)}") from None
     if exp is None:
         names = [e.name for e in client.search_experiments(max_results=50)]
         raise ValueError(
@@ -351,7 +311,7 @@ def import_traces(
                     batch = pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA) if rows else None
                     key = _names(trace, experiment)
                 except Exception as exc:  # one trace we cannot map: skip it, say which, import the rest
-                    report.refused.append(f"{name}: {type(exc).__name__}: {_short(exc)}")
+                    report.refused.append(f"{name}: {type(exc).__name__}: {short_error(exc)}")
                     continue
                 if batch is None:
                     report.skipped += 1
@@ -422,7 +382,7 @@ class _Outputs:
         try:
             writer.write(_concat(buf))
         except Exception as exc:
-            why = f"cannot write under {writer.run_dir!r} ({type(exc).__name__}: {_short(exc)})"
+            why = f"cannot write under {writer.run_dir!r} ({type(exc).__name__}: {short_error(exc)})"
             self.broken[key] = why
             self.report.trajectories -= len(names)
             self.report.spans -= sum(b.num_rows for b in buf)
@@ -443,7 +403,9 @@ class _Outputs:
                 try:
                     writer.close()
                 except Exception as exc:
-                    self.report.refused.append(f"{writer.run_dir}: not closed ({type(exc).__name__}: {_short(exc)})")
+                    self.report.refused.append(
+                        f"{writer.run_dir}: not closed ({type(exc).__name__}: {short_error(exc)})"
+                    )
                 self.report.files.extend(writer.paths)
 
     def _meta(self, key: tuple[str, str]) -> dict[str, str]:
@@ -468,9 +430,3 @@ class _Outputs:
 def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     """One record batch of several (same schema)."""
     return pa.Table.from_batches(batches, schema=S.SPAN_SCHEMA).combine_chunks().to_batches()[0]
-
-
-def _short(exc: BaseException) -> str:
-    """The error's message on one line, bounded, printable whatever the trace held."""
-    text = " ".join(str(exc).split()).encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."

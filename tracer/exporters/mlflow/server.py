@@ -1,10 +1,7 @@
 """Is the MLflow tracking destination there? Asked once, in seconds, before any MLflow call.
 
-MLflow's HTTP client retries a refused connection for minutes (7 retries with
-exponential backoff by default) and then raises a bare ``MlflowException``.
-Export and import ask the server's ``/health`` first, with a short timeout,
-so a server that is down or a URI that is not one is reported at once,
-naming the URI and what to do.
+MLflow's HTTP client retries a refused connection for minutes; export and import
+ask ``/health`` first with a short timeout and say at once what to do.
 """
 
 from __future__ import annotations

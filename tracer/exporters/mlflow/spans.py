@@ -1,15 +1,11 @@
 """Trajectory (rows of SPAN_SCHEMA) <-> MLflow span data, without importing mlflow.
 
-One trajectory becomes one MLflow trace whose id is derived from ours and the
-MLflow experiment's name (:func:`mlflow_trace_id`), so re-sending it upserts
-instead of duplicating. Every
-span keeps its original start/end times, its parent, and what MLflow has no
-slot for (kind, status, error, reward, step, our attributes) under
-``rollout_trace.*`` span attributes, so :mod:`tracer.exporters.mlflow.importer`
-restores the rows exactly. For the MLflow UI's chat view, the rollout root and
-the llm spans get OpenAI-style ``messages`` inputs and ChatCompletion-shaped
-``choices`` outputs beside their own fields; ``rollout_trace.added`` lists what
-was added so the import strips it again.
+One trajectory is one MLflow trace (id from ours and the experiment:
+:func:`mlflow_trace_id`, so re-sending upserts). Spans keep their times and parents;
+what MLflow has no slot for is under ``rollout_trace.*`` attributes, so
+:mod:`tracer.exporters.mlflow.importer` restores the rows exactly. The root and llm
+spans get OpenAI-style ``messages`` and ``choices`` for MLflow's chat view, listed in
+``rollout_trace.added`` so the import strips them.
 """
 
 from __future__ import annotations
@@ -74,26 +70,7 @@ ATTR_SYNTHETIC = "rollout_trace.synthetic"
 ATTR_PROJECT = "rollout_trace.project_name"
 ATTR_EXPERIMENT = "rollout_trace.experiment_name"
 #: Every span attribute key this exporter writes itself (an importer tells them from the user's own).
-OUR_ATTR_KEYS = frozenset(
-    {
-        ATTR_ADDED,
-        ATTR_ATTRIBUTES,
-        ATTR_ERROR,
-        ATTR_EXPERIMENT,
-        ATTR_KIND,
-        ATTR_PARENT,
-        ATTR_PROJECT,
-        ATTR_REWARD,
-        ATTR_ROLLOUT_N,
-        ATTR_SAMPLE,
-        ATTR_SPAN_ID,
-        ATTR_STATUS,
-        ATTR_STEP,
-        ATTR_SYNTHETIC,
-        ATTR_TRACE_ID,
-        ATTR_VALIDATE,
-    }
-)
+OUR_ATTR_KEYS: frozenset[str] = frozenset(v for k, v in list(globals().items()) if k.startswith("ATTR_"))
 
 # Trace tags.
 TAG_TRACE_ID = "rollout_trace.trace_id"
@@ -241,6 +218,136 @@ def _augment(value: Any, key: str, extra: Any, added: dict[str, Any], side: str)
     return value
 
 
+#: ``(column, span attribute, trace tag)`` of the context a trajectory's spans share.
+CONTEXT_KEYS = (
+    (S.STEP, ATTR_STEP, TAG_STEP),
+    (S.SAMPLE_INDEX, ATTR_SAMPLE, TAG_SAMPLE),
+    (S.ROLLOUT_N, ATTR_ROLLOUT_N, TAG_ROLLOUT_N),
+    (S.VALIDATE, ATTR_VALIDATE, TAG_VALIDATE),
+)
+
+
+class _Chat:
+    """A trajectory's conversation, and where each llm span's reply stands in it."""
+
+    def __init__(self, rows: list[dict[str, Any]], trace_id: str) -> None:
+        turns = trajectory_turns(rows).get(trace_id, [])
+        self.messages = [t.as_message() for t in turns]
+        self.assistant = [i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT]
+        self.reply_pos = {turns[i].span_id: i for i in self.assistant if turns[i].span_id is not None}
+
+    def llm_view(self, r: dict[str, Any], inputs: Any) -> tuple[list[Any], list[dict[str, Any]]]:
+        """An llm span's ``messages`` input (the conversation before its reply) and ``choices`` output."""
+        pos = self.reply_pos.get(r[S.SPAN_ID])
+        own = span_turn(r)
+        if pos is not None:
+            prompt_msgs: list[Any] = self.messages[:pos]
+            reply: Mapping[str, Any] = self.messages[pos]
+        else:
+            prompt = own.prompt_text if own is not None else None
+            prompt_msgs = [{"role": "user", "content": prompt if prompt is not None else json.dumps(inputs)}]
+            reply = own.as_message() if own is not None else {"role": "assistant", "content": ""}
+        finish = own.finish_reason if own is not None else None
+        return prompt_msgs, _chat_completion(reply, finish)
+
+
+def _llm_usage(attrs: dict[str, Any], own_attrs: Any) -> None:
+    """Put an llm span's token counts where MLflow's chat view reads them."""
+    tokens = own_attrs.get(S.ATTR_TOKENS) if isinstance(own_attrs, Mapping) else None
+    n_in, n_out = count_tokens(tokens, PROMPT_TOKEN_KEYS), count_tokens(tokens, RESPONSE_TOKEN_KEYS)
+    if n_in or n_out:
+        attrs[MLFLOW_CHAT_USAGE] = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
+
+
+#: ``(exception event attribute, key of our error JSON)``.
+_EXCEPTION_KEYS = (("type", "type"), ("message", "message"), ("stacktrace", "traceback"))
+
+
+def _span_data(
+    r: dict[str, Any], is_root: bool, parent_hex: str | None, orphan: bool, summary: dict[str, Any], chat: _Chat
+) -> SpanData:
+    """One span row as MLflow span data (what MLflow has no slot for under ``rollout_trace.*``)."""
+    kind = r[S.KIND]
+    attrs: dict[str, Any] = {ATTR_KIND: kind, ATTR_STATUS: r[S.STATUS]}
+    if not _HEX16.match(r[S.SPAN_ID]):
+        attrs[ATTR_SPAN_ID] = r[S.SPAN_ID]
+    if orphan:
+        attrs[ATTR_PARENT] = r[S.PARENT_SPAN_ID]
+    for col, key, _ in CONTEXT_KEYS:
+        if is_root or r[col] != summary[col]:
+            attrs[key] = r[col]
+    if r[S.REWARD] is not None:
+        attrs[ATTR_REWARD] = r[S.REWARD] if math.isfinite(r[S.REWARD]) else str(r[S.REWARD])
+    own_attrs, error = _loads(r[S.ATTRIBUTES]), _loads(r[S.ERROR])
+    if own_attrs is not None:
+        attrs[ATTR_ATTRIBUTES] = own_attrs
+    if error is not None:
+        attrs[ATTR_ERROR] = error
+    inputs, outputs = _loads(r[S.INPUTS]), _loads(r[S.OUTPUTS])
+    added: dict[str, Any] = {}
+    if kind == S.KIND_LLM:
+        attrs[MLFLOW_MESSAGE_FORMAT] = "openai"
+        _llm_usage(attrs, own_attrs)
+        prompt_msgs, choices = chat.llm_view(r, inputs)
+        inputs = _augment(inputs, "messages", prompt_msgs, added, "inputs")
+        outputs = _augment(outputs, "choices", choices, added, "outputs")
+    elif is_root and chat.messages:
+        attrs[MLFLOW_MESSAGE_FORMAT] = "openai"
+        last = chat.assistant[-1] if chat.assistant else len(chat.messages)
+        inputs = _augment(inputs, "messages", chat.messages[:last], added, "inputs")
+        if chat.assistant:
+            outputs = _augment(outputs, "choices", _chat_completion(chat.messages[last], None), added, "outputs")
+    if added:
+        attrs[ATTR_ADDED] = added
+    failed = r[S.STATUS] in (S.STATUS_ERROR, S.STATUS_CANCELLED)
+    events: list[tuple[str, int, dict[str, str]]] = []
+    if r[S.STATUS] == S.STATUS_ERROR and isinstance(error, Mapping):
+        exc = {f"exception.{k}": str(error.get(f, "")) for k, f in _EXCEPTION_KEYS}
+        events.append(("exception", r[S.END_NS], exc))
+    message = ""
+    if failed:
+        message = str(error.get("message", "")) if isinstance(error, Mapping) else r[S.STATUS]
+    return SpanData(
+        span_id=otel_span_hex(r[S.SPAN_ID]),
+        parent_id=parent_hex,
+        name=r[S.NAME],
+        span_type=SPAN_TYPE_BY_KIND.get(kind, "UNKNOWN"),
+        start_ns=r[S.START_NS],
+        end_ns=max(r[S.END_NS], r[S.START_NS]),
+        error=failed,
+        status_message=message,
+        inputs=inputs,
+        outputs=outputs,
+        attributes=attrs,
+        events=events,
+    )
+
+
+def _tags(
+    summary: dict[str, Any], root: SpanData | None, trace_id: str, project: str, experiment: str
+) -> dict[str, str]:
+    """The trace's tags (with no ``root``, a partial trajectory's: the reward alone)."""
+    tags: dict[str, str] = {}
+    if root is not None:
+        root.attributes.update({ATTR_PROJECT: project, ATTR_EXPERIMENT: experiment, ATTR_TRACE_ID: trace_id})
+        tags = {
+            TAG_TRACE_ID: trace_id,
+            TAG_PROJECT: project,
+            TAG_EXPERIMENT: experiment,
+            TAG_STATUS: summary[S.STATUS],
+            TAG_TRACE_NAME: root.name,
+        }
+        tags.update({tag: _tag_value(summary[col]) for col, _, tag in CONTEXT_KEYS if summary[col] is not None})
+    if summary[S.REWARD] is not None:
+        tags[TAG_REWARD] = _tag_value(summary[S.REWARD])
+    info = _loads(summary[S.REWARD_INFO])
+    if isinstance(info, Mapping):
+        for k, v in info.items():
+            if isinstance(v, (int, float, str, bool)):
+                tags[TAG_REWARD_PREFIX + str(k)] = _tag_value(v)
+    return tags
+
+
 def trajectory_data(
     rows: list[dict[str, Any]],
     project: str,
@@ -266,167 +373,42 @@ def trajectory_data(
     summary = _summarise(rows)
     if reward is not None and reward[0] is not None:
         summary[S.REWARD], summary[S.REWARD_INFO] = reward
-    ordered = _order(rows)
-    turns = trajectory_turns(rows).get(trace_id, [])
-    messages = [t.as_message() for t in turns]
-    assistant_pos = [i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT]
-    # The conversation position of each llm span's reply.
-    reply_pos = {turns[i].span_id: i for i in assistant_pos if turns[i].span_id is not None}
-
-    ctx = {
-        S.STEP: summary[S.STEP],
-        S.SAMPLE_INDEX: summary[S.SAMPLE_INDEX],
-        S.ROLLOUT_N: summary[S.ROLLOUT_N],
-        S.VALIDATE: summary[S.VALIDATE],
-    }
+    chat = _Chat(rows, trace_id)
+    spans: list[SpanData] = []
     root_hex = otel_span_hex(root_row[S.SPAN_ID]) if root_row is not None else None
-    synthetic: SpanData | None = None
     if root_row is None and not partial:
         # The root never ended (the writer was killed mid-rollout): MLflow needs one root.
         root_hex = otel_span_hex(trace_id + ":root")
-        synthetic = SpanData(
-            span_id=root_hex,
-            parent_id=None,
-            name="trajectory",
-            span_type="AGENT",
-            start_ns=summary[S.START_NS],
-            end_ns=summary[S.END_NS],
-            error=False,
-            status_message="",
-            inputs=None,
-            outputs=None,
-            events=[],
-            attributes={ATTR_SYNTHETIC: True, ATTR_KIND: S.KIND_ROLLOUT, ATTR_STATUS: S.STATUS_INCOMPLETE},
-        )
-    response_tokens = 0
-    spans: list[SpanData] = [synthetic] if synthetic else []
-    for r in ordered:
-        kind = r[S.KIND]
-        is_root = r is root_row
-        attrs: dict[str, Any] = {ATTR_KIND: kind, ATTR_STATUS: r[S.STATUS]}
-        if not _HEX16.match(r[S.SPAN_ID]):
-            attrs[ATTR_SPAN_ID] = r[S.SPAN_ID]
-        parent = r[S.PARENT_SPAN_ID]
-        if is_root:
-            parent_hex = None
-        elif parent is not None and (parent in ids or partial):
-            parent_hex = otel_span_hex(parent)
-        else:
-            parent_hex = root_hex  # a second root or an orphan: hang it under the root
-            attrs[ATTR_PARENT] = parent
-        for col, key in (
-            (S.STEP, ATTR_STEP),
-            (S.SAMPLE_INDEX, ATTR_SAMPLE),
-            (S.ROLLOUT_N, ATTR_ROLLOUT_N),
-            (S.VALIDATE, ATTR_VALIDATE),
-        ):
-            if is_root or r[col] != ctx[col]:
-                attrs[key] = r[col]
-        if r[S.REWARD] is not None:
-            attrs[ATTR_REWARD] = r[S.REWARD] if math.isfinite(r[S.REWARD]) else str(r[S.REWARD])
-        own_attrs = _loads(r[S.ATTRIBUTES])
-        if own_attrs is not None:
-            attrs[ATTR_ATTRIBUTES] = own_attrs
-        error = _loads(r[S.ERROR])
-        if error is not None:
-            attrs[ATTR_ERROR] = error
-        inputs, outputs = _loads(r[S.INPUTS]), _loads(r[S.OUTPUTS])
-        added: dict[str, Any] = {}
-        if kind == S.KIND_LLM:
-            attrs[MLFLOW_MESSAGE_FORMAT] = "openai"
-            tokens = own_attrs.get(S.ATTR_TOKENS) if isinstance(own_attrs, Mapping) else None
-            n_in, n_out = count_tokens(tokens, PROMPT_TOKEN_KEYS), count_tokens(tokens, RESPONSE_TOKEN_KEYS)
-            response_tokens += n_out
-            if n_in or n_out:
-                attrs[MLFLOW_CHAT_USAGE] = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
-            pos = reply_pos.get(r[S.SPAN_ID])
-            own = span_turn(r)
-            finish = own.finish_reason if own is not None else None
-            if pos is not None:
-                prompt_msgs: list[Any] = messages[:pos]
-                reply: Mapping[str, Any] = messages[pos]
-            else:
-                prompt = own.prompt_text if own is not None else None
-                prompt_msgs = [{"role": "user", "content": prompt if prompt is not None else json.dumps(inputs)}]
-                reply = own.as_message() if own is not None else {"role": "assistant", "content": ""}
-            inputs = _augment(inputs, "messages", prompt_msgs, added, "inputs")
-            outputs = _augment(outputs, "choices", _chat_completion(reply, finish), added, "outputs")
-        elif is_root and messages:
-            attrs[MLFLOW_MESSAGE_FORMAT] = "openai"
-            last = assistant_pos[-1] if assistant_pos else len(messages)
-            inputs = _augment(inputs, "messages", messages[:last], added, "inputs")
-            if assistant_pos:
-                outputs = _augment(outputs, "choices", _chat_completion(messages[last], None), added, "outputs")
-        if added:
-            attrs[ATTR_ADDED] = added
-        events: list[tuple[str, int, dict[str, str]]] = []
-        if r[S.STATUS] == S.STATUS_ERROR and isinstance(error, Mapping):
-            events.append(
-                (
-                    "exception",
-                    r[S.END_NS],
-                    {
-                        "exception.type": str(error.get("type", "")),
-                        "exception.message": str(error.get("message", "")),
-                        "exception.stacktrace": str(error.get("traceback", "")),
-                    },
-                )
-            )
-        failed = r[S.STATUS] in (S.STATUS_ERROR, S.STATUS_CANCELLED)
-        message = ""
-        if failed:
-            message = str(error.get("message", "")) if isinstance(error, Mapping) else r[S.STATUS]
+        attrs = {ATTR_SYNTHETIC: True, ATTR_KIND: S.KIND_ROLLOUT, ATTR_STATUS: S.STATUS_INCOMPLETE}
         spans.append(
             SpanData(
-                span_id=otel_span_hex(r[S.SPAN_ID]),
-                parent_id=parent_hex,
-                name=r[S.NAME],
-                span_type=SPAN_TYPE_BY_KIND.get(kind, "UNKNOWN"),
-                start_ns=r[S.START_NS],
-                end_ns=max(r[S.END_NS], r[S.START_NS]),
-                error=failed,
-                status_message=message,
-                inputs=inputs,
-                outputs=outputs,
-                attributes=attrs,
-                events=events,
+                root_hex,
+                None,
+                "trajectory",
+                "AGENT",
+                summary[S.START_NS],
+                summary[S.END_NS],
+                False,
+                "",
+                None,
+                None,
+                attrs,
+                [],
             )
         )
-    tags: dict[str, str] = {}
-    if not partial:
-        root = spans[0]
-        root.attributes[ATTR_PROJECT] = project
-        root.attributes[ATTR_EXPERIMENT] = experiment
-        root.attributes[ATTR_TRACE_ID] = trace_id
-        tags = {
-            TAG_TRACE_ID: trace_id,
-            TAG_PROJECT: project,
-            TAG_EXPERIMENT: experiment,
-            TAG_STATUS: summary[S.STATUS],
-            TAG_TRACE_NAME: root.name,
-        }
-        for col, tag in (
-            (S.STEP, TAG_STEP),
-            (S.SAMPLE_INDEX, TAG_SAMPLE),
-            (S.ROLLOUT_N, TAG_ROLLOUT_N),
-            (S.VALIDATE, TAG_VALIDATE),
-        ):
-            if summary[col] is not None:
-                tags[tag] = _tag_value(summary[col])
-    if summary[S.REWARD] is not None:
-        tags[TAG_REWARD] = _tag_value(summary[S.REWARD])
-    info = _loads(summary[S.REWARD_INFO])
-    if isinstance(info, Mapping):
-        for k, v in info.items():
-            if isinstance(v, (int, float, str, bool)):
-                tags[TAG_REWARD_PREFIX + str(k)] = _tag_value(v)
+    for r in _order(rows):
+        parent = r[S.PARENT_SPAN_ID]
+        # A second root or an orphan hangs under the root.
+        orphan = r is not root_row and (parent is None or not (parent in ids or partial))
+        parent_hex = None if r is root_row else root_hex if orphan else otel_span_hex(parent)
+        spans.append(_span_data(r, r is root_row, parent_hex, orphan, summary, chat))
     return TrajectoryData(
         trace_id=trace_id,
         mlflow_trace_id=mlflow_trace_id(trace_id, project),
         otel_trace_hex=namespaced_trace_hex(trace_id, project),
-        tags=tags,
+        tags=_tags(summary, None if partial else spans[0], trace_id, project, experiment),
         spans=spans,
         summary=summary,
-        response_tokens=response_tokens,
+        response_tokens=sum(s.attributes.get(MLFLOW_CHAT_USAGE, {}).get("output_tokens", 0) for s in spans),
         partial=partial,
     )
