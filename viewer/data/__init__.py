@@ -291,6 +291,9 @@ from viewer.data.tokens import (
     MISMATCH as MISMATCH,
 )
 from viewer.data.tokens import (
+    TOKEN_TABLE_COLUMNS as TOKEN_TABLE_COLUMNS,
+)
+from viewer.data.tokens import (
     TOKENS_PER_ROW as TOKENS_PER_ROW,
 )
 from viewer.data.tokens import (
@@ -306,7 +309,13 @@ from viewer.data.tokens import (
     load_token_stats as load_token_stats,
 )
 from viewer.data.tokens import (
+    paint as paint,
+)
+from viewer.data.tokens import (
     run_tokenizer_path as run_tokenizer_path,
+)
+from viewer.data.tokens import (
+    synthetic_sources as synthetic_sources,
 )
 from viewer.data.tokens import (
     token_turns as token_turns,

@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import tracer
-from tracer.questions import zero_std_fractions
 
 # Column names, kinds, statuses and attribute keys come from tracer's schema, never spelled here.
 from tracer.schema import (
@@ -308,9 +307,7 @@ def overview(trajectories: pa.Table, token_stats: pa.Table | None = None) -> lis
     With ``token_stats`` (:func:`tracer.read_token_stats`) the rows carry the
     train/inference mismatch too (``logprob_mismatch``, ``logprob_ratio/max``).
     """
-    rows = overview_of(partials_of(trajectories), token_stats)
-    with_zero_std(rows, zero_std_fractions(trajectories))
-    return rows
+    return overview_of(partials_of(trajectories), token_stats)
 
 
 #: The per-step fraction of groups whose rewards are all equal (:func:`tracer.step_metrics`'s name).

@@ -10,7 +10,7 @@ import streamlit as st
 
 from tracer import schema as S
 from tracer.questions import zero_std_fractions
-from viewer import cache, charts, state
+from viewer import cache, charts, safe, state
 from viewer import data as D
 from viewer.format import metric_value
 from viewer.views import live
@@ -69,13 +69,17 @@ def draw(path: str, sig: tuple) -> None:
         st.subheader("Latency (s)")
         _chart(charts.lines_chart(df, ["latency_s/p50", "latency_s/p95"], "seconds"), "ov_latency")
     if "logprob_mismatch" in df.columns and df["logprob_mismatch"].notna().any():
+        synthetic = D.synthetic_sources(stats.table) if stats is not None else []
+        tag = " (synthetic trainer stats)" if synthetic else ""
         c5, c6 = st.columns(2)
         with c5:
-            st.subheader("Train/inference logprob mismatch")
+            st.subheader("Train/inference logprob mismatch" + tag)
             st.caption("mean |rollout logprob - trainer logprob| over tokens in the loss mask")
+            if synthetic:
+                st.warning(safe.md("Not measured: the trainer logprobs are made up. Source: " + "; ".join(synthetic)))
             _chart(charts.lines_chart(df, ["logprob_mismatch"], "mean abs. difference"), "ov_mismatch")
         with c6:
-            st.subheader("Largest trainer/rollout probability ratio")
+            st.subheader("Largest trainer/rollout probability ratio" + tag)
             _chart(charts.lines_chart(df, ["logprob_ratio/max"], "max exp(trainer - rollout)"), "ov_ratio")
     if D.ZERO_STD_COL in df.columns and df[D.ZERO_STD_COL].notna().any():
         c7, _ = st.columns(2)
