@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from tracer import schema as S
 from tracer.cli.errors import EXIT_USAGE
+from tracer.cli.terminal import terminal_text
 from tracer.exporters.console import format_step_line
 from tracer.follow import RunFollower
 from tracer.summary import step_metrics
@@ -202,10 +203,14 @@ def run_tail(args: argparse.Namespace) -> int:
         for message in update.warnings:
             if message not in warned:
                 warned.add(message)
-                print(f"warning: {message}", file=sys.stderr, flush=True)
+                print(terminal_text(f"warning: {message}"), file=sys.stderr, flush=True)
         if not follower.files and not waiting_said:
-            print(f"rollout-trace tail: no trace files under {args.path} yet; waiting", file=sys.stderr, flush=True)
+            print(
+                terminal_text(f"rollout-trace tail: no trace files under {args.path} yet; waiting"),
+                file=sys.stderr,
+                flush=True,
+            )
             waiting_said = True
         for line in tail.lines():
-            print(line, flush=True)
+            print(terminal_text(line), flush=True)
         time.sleep(args.interval)
