@@ -15,6 +15,7 @@ from viewer_fixtures import record_run
 
 import tracer
 from rollout.agent_loop import FEW_SHOT_EXAMPLE
+from tracer.cli import main as cli_main
 from tracer.questions import describe_repeats, ground_truth, question_of, questions_and_answers, repeated_keys
 from tracer.summary import Turn
 from viewer.format import short_ids
@@ -181,3 +182,12 @@ def test_repeated_keys_are_named_and_kept_apart(twice_dir: str) -> None:
     at = open_app(twice_dir, step="1", sample_index="0", view="group", validate="false")
     assert any("rollout 0 recorded 2 times" in w.value for w in at.warning)
     assert len(frame_with(at, "rollout")) == 4
+
+
+@pytest.mark.parametrize("command", ["info", "check"])
+def test_info_and_check_name_repeated_keys(twice_dir: str, command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`info` and `check` of a run recorded twice under the same names say that keys repeat, and how often."""
+    assert cli_main([command, twice_dir]) == 0
+    out = capsys.readouterr().out
+    assert "keys are held by more than one trajectory" in out
+    assert "(step 1, sample 0, rollout 0) x2" in out

@@ -16,6 +16,7 @@ after the rollout).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -87,9 +88,15 @@ def register_tail(subparsers: Any) -> None:
 
 
 def _num(value: Any) -> str:
+    """A field's value: numbers short, text quoted (logfmt) when it holds a space, ``=`` or a quote."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = str(value)
+    if not text or any(c.isspace() or c in "=\"'\\" for c in text):
+        return json.dumps(text, ensure_ascii=False)
+    return text
 
 
 def trajectory_line(row: dict[str, Any]) -> str:
@@ -127,11 +134,12 @@ class Tail:
         self.root_seen: dict[str, float] = {}
 
     def lines(self, now: float | None = None) -> list[str]:
-        """The lines due now, in order."""
+        """The lines due now, in order, each one terminal line (:func:`tracer.cli.terminal.terminal_text`)."""
         now = time.monotonic() if now is None else now
         for step in self.follower.steps():
             self.step_seen.setdefault(step, now)
-        return self._trajectory_lines(now) if self.trajectories else self._step_lines(now)
+        due = self._trajectory_lines(now) if self.trajectories else self._step_lines(now)
+        return [terminal_text(line) for line in due]
 
     def _finished(self, step: int, now: float) -> bool:
         later = [t for s, t in self.step_seen.items() if s > step]
@@ -212,5 +220,5 @@ def run_tail(args: argparse.Namespace) -> int:
             )
             waiting_said = True
         for line in tail.lines():
-            print(terminal_text(line), flush=True)
+            print(line, flush=True)
         time.sleep(args.interval)

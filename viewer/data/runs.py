@@ -232,8 +232,14 @@ def load_trajectories(path: str, steps: Iterable[int] | None = None) -> Loaded:
 def with_derived(trajectories: pa.Table) -> pa.Table:
     """The summary rows with the viewer's derived columns: ``advantage`` (from reward_info) and ``latency_s``."""
     t = trajectories.append_column(ADVANTAGE_COL, advantages(trajectories.column(REWARD_INFO)))
-    lat = pc.divide(pc.cast(pc.subtract(t.column(END_NS), t.column(START_NS)), pa.float64()), 1e9)
-    return t.append_column(LATENCY_COL, lat)
+    return t.append_column(LATENCY_COL, seconds_between(t.column(START_NS), t.column(END_NS)))
+
+
+def seconds_between(start_ns: Any, end_ns: Any) -> Any:
+    """``(end_ns - start_ns) / 1e9`` per row, in float64 throughout: no int64 overflow, no cast error past 2**53 ns."""
+    start = pc.cast(start_ns, pa.float64(), safe=False)
+    end = pc.cast(end_ns, pa.float64(), safe=False)
+    return pc.divide(pc.subtract(end, start), 1e9)
 
 
 def list_steps(path: str) -> Loaded:

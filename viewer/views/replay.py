@@ -21,7 +21,9 @@ ROLE_AVATARS = {"system": ":material/settings:", "tool": ":material/build:"}
 
 def token_decoder(path: str) -> Any:
     """Per-token text for the token view: ?tokenizer=, --tokenizer, or the run's recorded tokenizer path."""
-    chosen = st.query_params.get(state.QP_TOKENIZER) or state.script_arg(sys.argv[1:], "tokenizer")
+    chosen = state.parse_param(st.query_params.get(state.QP_TOKENIZER), str) or state.script_arg(
+        sys.argv[1:], "tokenizer"
+    )
     chosen = chosen or D.run_tokenizer_path(path)
     if not chosen:
         return None
