@@ -191,3 +191,10 @@ def test_info_and_check_name_repeated_keys(twice_dir: str, command: str, capsys:
     out = capsys.readouterr().out
     assert "keys are held by more than one trajectory" in out
     assert "(step 1, sample 0, rollout 0) x2" in out
+
+
+def test_view_of_an_empty_directory_exits_2_with_the_reason(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rollout-trace view` of a directory without trace files exits 2 and says why, without starting a server."""
+    assert cli_main(["view", os.fspath(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no trace files" in err and "--follow" in err
