@@ -198,3 +198,16 @@ def test_view_of_an_empty_directory_exits_2_with_the_reason(tmp_path: Any, capsy
     assert cli_main(["view", os.fspath(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no trace files" in err and "--follow" in err
+
+
+def test_group_cards_come_a_page_at_a_time(tmp_path: Any) -> None:
+    """A group larger than a page draws the first cards and a "show more" that draws the next ones."""
+    from viewer.views.group import CARDS_PER_PAGE
+
+    run = record_run(tmp_path, steps=1, prompts=1, group=CARDS_PER_PAGE + 3)
+    at = open_app(run, step="1", sample_index="0", view="group", validate="false")
+    cards = [m for m in at.markdown if m.value.startswith("rollout ")]
+    assert len(cards) == CARDS_PER_PAGE
+    at.button(key="more_cards").click().run()
+    assert len([m for m in at.markdown if m.value.startswith("rollout ")]) == CARDS_PER_PAGE + 3
+    assert not [b for b in at.button if b.key == "more_cards"]

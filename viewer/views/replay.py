@@ -14,6 +14,10 @@ from viewer import data as D
 from viewer.format import metric_value, seconds
 
 MAX_WATERFALL_SPANS = 300
+#: Messages of the conversation drawn at first, and added by each "show more".
+MESSAGES_PER_PAGE = 40
+#: Session key prefix (then the trace id): how many messages the conversation shows.
+SS_MESSAGES_SHOWN = "messages_shown"
 #: Tokens the "worst tokens" table lists per turn.
 WORST_TOKENS = 10
 ROLE_AVATARS = {"system": ":material/settings:", "tool": ":material/build:"}
@@ -130,9 +134,17 @@ def draw(path: str, sig: tuple) -> None:
         msgs = D.messages(spans)
         if not msgs:
             st.info("This trajectory recorded no conversation (no messages on its root span and no llm spans).")
-        for i, msg in enumerate(msgs):
+        shown_key = f"{SS_MESSAGES_SHOWN}_{tid}"
+        shown = st.session_state.get(shown_key, MESSAGES_PER_PAGE)
+        for i, msg in enumerate(msgs[:shown]):
             with safe.isolated("message"):
                 render_message(msg, f"msg{i}")
+        if len(msgs) > shown:
+            st.button(
+                f"show more ({len(msgs) - shown} more messages)",
+                key="more_messages",
+                on_click=lambda: st.session_state.update({shown_key: shown + MESSAGES_PER_PAGE}),
+            )
     with tab_tools, safe.isolated("list of tool calls"):
         _tool_calls(spans)
     with tab_time, safe.isolated("timing chart"):
