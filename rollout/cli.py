@@ -243,6 +243,15 @@ def run_demo(args: argparse.Namespace) -> int:
         return _fail(error_text(exc, "demo"))
 
 
+#: Flags that say where and how the demo records, not what it trains: left out of the run config.
+_NOT_RUN_CONFIG = frozenset({"out", "project", "experiment", "quiet", "no_trace", "func", "command"})
+
+
+def demo_run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The demo's flags as the run config (what ``compare`` and ``diff`` set side by side)."""
+    return {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_RUN_CONFIG and not callable(v)}
+
+
 async def _run(args: argparse.Namespace) -> int:
     import tracer
     from rollout.agent_loop import AgentLoopConfig, ToolAgentLoop
@@ -260,6 +269,7 @@ async def _run(args: argparse.Namespace) -> int:
         output_dir=args.out,
         token2text=True,
         tokenizer=tokenizer,
+        run_config=demo_run_config(args),
     )
     loop = ToolAgentLoop(
         engine,

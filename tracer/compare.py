@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -19,11 +19,17 @@ import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as elsewhere
 from tracer.index.readers import read_trajectories
+from tracer.questions import questions_and_answers
 from tracer.read import TracePaths, list_trace_files, read_file_metadata, read_spans
 from tracer.summary import TURN_SPAN_COLUMNS, prompt_and_response, trajectory_turns
 
 #: Columns of :func:`compare_runs`' table (besides ``sample_index`` and ``validate``).
 PROMPT = "prompt"
+#: The prompt's question (:func:`tracer.questions.question_of`): what the tables name a prompt by.
+QUESTION = "question"
+#: The steps each side's rollouts of the prompt come from (``"4"``, or ``"1-4"`` over several steps).
+STEPS_A = "steps_a"
+STEPS_B = "steps_b"
 ROLLOUTS_A = "rollouts_a"
 ROLLOUTS_B = "rollouts_b"
 REWARD_A = "reward_a"
@@ -44,6 +50,9 @@ COMPARE_SCHEMA = pa.schema(
     [
         pa.field(S.VALIDATE, pa.bool_()),
         pa.field(S.SAMPLE_INDEX, pa.string()),
+        pa.field(QUESTION, pa.string()),
+        pa.field(STEPS_A, pa.string()),
+        pa.field(STEPS_B, pa.string()),
         pa.field(PROMPT, pa.string()),
         pa.field(ROLLOUTS_A, pa.int64()),
         pa.field(ROLLOUTS_B, pa.int64()),
@@ -70,23 +79,45 @@ def _per_prompt(trajectories: pa.Table, pass_threshold: float) -> dict[tuple[boo
             "r": reward,
             "p": pc.cast(pc.greater_equal(reward, pass_threshold), pa.float64()),
             "id": t.column(S.TRACE_ID),
+            "step": t.column(S.STEP),
         }
     )
     g = work.group_by(["v", "s"], use_threads=False).aggregate(
-        [("id", "count"), ("r", "mean"), ("p", "mean"), ("id", "min")]
+        [("id", "count"), ("r", "mean"), ("p", "mean"), ("id", "min"), ("step", "min"), ("step", "max")]
     )
     out = {}
     for r in g.to_pylist():
-        out[(bool(r["v"]), r["s"])] = {"n": r["id_count"], "r": r["r_mean"], "p": r["p_mean"], "id": r["id_min"]}
+        lo, hi = r["step_min"], r["step_max"]
+        steps = None if lo is None else str(lo) if lo == hi else f"{lo}-{hi}"
+        out[(bool(r["v"]), r["s"])] = {
+            "n": r["id_count"],
+            "r": r["r_mean"],
+            "p": r["p_mean"],
+            "id": r["id_min"],
+            "steps": steps,
+        }
     return out
 
 
-def _prompts(path: str | os.PathLike[str], trace_ids: list[str]) -> dict[str, str]:
-    """Each trajectory's prompt as text (:func:`tracer.summary.prompt_and_response`)."""
+def _prompts(path: str | os.PathLike[str], trace_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+    """Each trajectory's prompt as text (:func:`tracer.summary.prompt_and_response`) and its question."""
     if not trace_ids:
         return {}
     spans = read_spans(path, columns=TURN_SPAN_COLUMNS, trace_ids=trace_ids)
-    return {tid: prompt_and_response(turns)[0] for tid, turns in trajectory_turns(spans).items()}
+    questions = questions_and_answers(spans)
+    return {
+        tid: (prompt_and_response(turns)[0], questions.get(tid, (None, None))[0])
+        for tid, turns in trajectory_turns(spans).items()
+    }
+
+
+def default_steps(steps_a: Sequence[int], steps_b: Sequence[int]) -> tuple[int | None, int | None, str]:
+    """The steps two runs are compared at by default, and why: the last step both have, else each run's last."""
+    common = sorted(set(steps_a) & set(steps_b))
+    if common:
+        return common[-1], common[-1], f"step {common[-1]} of both runs (the last step both have)"
+    a, b = (max(steps_a) if steps_a else None), (max(steps_b) if steps_b else None)
+    return a, b, f"each run's last step (A: step {a}, B: step {b}; no step in common)"
 
 
 def _minus(b: float | None, a: float | None) -> float | None:
@@ -118,7 +149,8 @@ def compare_runs(
 
     Returns:
         A table of :data:`COMPARE_SCHEMA`: ``validate``, ``sample_index``,
-        ``prompt``, ``rollouts_a/b``, ``reward_a/b`` (mean reward; null without
+        ``question``, ``steps_a/b`` (the steps each side's rollouts of the
+        prompt come from), ``prompt``, ``rollouts_a/b``, ``reward_a/b`` (mean reward; null without
         one), ``delta`` (``reward_b - reward_a``), ``pass_rate_a/b``,
         ``pass_rate_delta`` and one trajectory of each (``trace_id_a/b``).
         Sorted by ``delta`` ascending (nulls last), then prompt.
@@ -132,11 +164,15 @@ def compare_runs(
     rows = []
     for k in keys:
         ra, rb = a.get(k, {}), b.get(k, {})
+        prompt, question = text_a.get(ra.get("id", "")) or text_b.get(rb.get("id", "")) or (None, None)
         rows.append(
             {
                 S.VALIDATE: k[0],
                 S.SAMPLE_INDEX: k[1],
-                PROMPT: text_a.get(ra.get("id", "")) or text_b.get(rb.get("id", "")),
+                QUESTION: question,
+                STEPS_A: ra.get("steps"),
+                STEPS_B: rb.get("steps"),
+                PROMPT: prompt,
                 ROLLOUTS_A: ra.get("n", 0),
                 ROLLOUTS_B: rb.get("n", 0),
                 REWARD_A: ra.get("r"),

@@ -1202,10 +1202,18 @@ def step_metrics(
     when no trajectory of the group has a reward; std is the population
     std), ``turns/mean`` (llm calls), ``tool_calls/mean``, ``tool_error_rate``
     (tool errors / tool calls), ``errors`` (trajectories whose status is not
-    ok), ``latency_s/p50|p95``. Grouped in Arrow: only the groups are looped
-    over in Python (125k trajectories in ~0.08 s, against ~1.1 s row by row).
+    ok), ``latency_s/p50|p95``, ``reward/zero_std_frac`` (the fraction of
+    prompts' groups of two or more rewards whose rewards are all equal, NaN
+    when none). Grouped in Arrow: only the groups are looped over in Python
+    (125k trajectories in ~0.08 s, against ~1.1 s row by row).
     """
-    return partial_metrics(step_partials(trajectories), token_stats)
+    from tracer.questions import zero_std_fractions  # noqa: PLC0415 (tracer.questions imports this module)
+
+    out = partial_metrics(step_partials(trajectories), token_stats)
+    zero_std = zero_std_fractions(trajectories)
+    for key, metrics in out.items():
+        metrics["reward/zero_std_frac"] = zero_std.get(key, math.nan)
+    return out
 
 
 #: Count columns of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`, summed when partials merge.

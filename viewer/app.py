@@ -55,7 +55,7 @@ def _choose_run(path: str, sig: tuple) -> tuple[str, tuple]:
     ss = st.session_state
     names = [os.path.relpath(d, path) for d in dirs]
     if ss.get(state.SS_RUN) not in [*names, state.ALL_RUNS]:
-        wanted = st.query_params.get(state.QP_RUN)
+        wanted = state.parse_param(st.query_params.get(state.QP_RUN), str)
         ss[state.SS_RUN] = wanted if wanted in names or wanted == state.ALL_RUNS else names[0]
     label = "Run A" if ss.get(state.SS_VIEW) == "Compare" else "Run"
     choice = st.sidebar.selectbox(
@@ -91,7 +91,7 @@ def main() -> None:
     state.init_state(state.script_arg(argv, "compare"), state.script_arg(argv, "follow"))
     ss = st.session_state
     cache.WARNINGS.clear()
-    url_path = st.query_params.get(state.QP_PATH)
+    url_path = state.parse_param(st.query_params.get(state.QP_PATH), str)
     arg_path = state.script_arg(argv, "path")
     path = D.resolve_path(url_path, [arg_path] if arg_path else [])
     roots = server_roots(argv)

@@ -12,6 +12,8 @@ from typing import Any
 
 import streamlit as st
 
+from tracer.questions import questions_and_answers
+from tracer.summary import TURN_SPAN_COLUMNS
 from viewer import data as D
 from viewer import state
 
@@ -146,6 +148,14 @@ def trajectory(path: str, sig: tuple, trace_id: str, step: int | None) -> D.Load
 def group_spans(path: str, sig: tuple, trace_ids: tuple[str, ...], step: int | None) -> dict[str, Any]:
     loaded = D.load_group_spans(path, trace_ids, step, files_for(path, sig, trace_ids))
     return {"by_trace": D.split_by_trace(loaded.table), "warnings": loaded.warnings}
+
+
+@st.cache_resource(max_entries=TRAJECTORY_CACHE_ENTRIES, show_spinner="Reading the questions and answers...")
+def questions(path: str, sig: tuple, trace_ids: tuple[str, ...], step: int | None) -> dict[str, tuple]:
+    """(question, final answer) of each trajectory, by trace id (:func:`tracer.questions.questions_and_answers`)."""
+    loaded = D.load_group_spans(path, trace_ids, step, files_for(path, sig, trace_ids), columns=TURN_SPAN_COLUMNS)
+    warn(loaded.warnings)
+    return questions_and_answers(loaded.table)
 
 
 @st.cache_resource(max_entries=RUN_CACHE_ENTRIES, show_spinner="Looking for token stats...")

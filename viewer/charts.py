@@ -30,7 +30,7 @@ from tracer.schema import (
     STEP,
     TRACE_ID,
 )
-from viewer.data import COLOR_LOGPROB, COLOR_MISMATCH, IN_LOSS, TOKENS_PER_ROW, TokenTurn
+from viewer.data import IN_LOSS, TOKENS_PER_ROW, TokenTurn
 
 #: Selection parameter of the overview charts: a click picks (step, split).
 PICK_STEP = "pick_step"
@@ -47,7 +47,9 @@ KIND_COLORS = {
     KIND_SPAN: "#bcbd22",
 }
 #: Height in pixels of one row of the waterfall and of the token grid.
-ROW_PX = 28
+ROW_PX = 30
+#: Pixels of a token's text in its cell (longer text is cut with an ellipsis; the tooltip has all of it).
+TOKEN_TEXT_PX = 84
 #: Token cells the browser is asked to draw at most.
 MAX_TOKEN_CELLS = 4096
 
@@ -175,20 +177,12 @@ def token_height(turn: TokenTurn) -> int:
     return ROW_PX * (max(1, -(-min(turn.kept, MAX_TOKEN_CELLS) // TOKENS_PER_ROW))) + 20
 
 
-def _token_color(field: str | None) -> dict[str, Any]:
-    if field is None:
-        return {"value": "#dde"}
-    if field == COLOR_LOGPROB:
-        scale: dict[str, Any] = {"scheme": "redyellowgreen", "domain": [-5, 0], "clamp": True}
-    elif field == COLOR_MISMATCH:
-        scale = {"scheme": "redblue", "domainMid": 0, "domain": [-1, 1], "clamp": True}
-    else:
-        scale = {"scheme": "viridis"}
-    return {"field": field, "type": "quantitative", "title": field, "scale": scale}
-
-
 def token_spec(turn: TokenTurn, color_by: str | None, extra_fields: list[str]) -> dict[str, Any]:
-    """The token grid: one cell per token, coloured by ``color_by``; masked tokens faded and struck."""
+    """The token grid: one cell per token, its background from ``color_by`` and its text in a colour legible on it.
+
+    The cells come through :func:`viewer.data.tokens.paint` (fields ``bg``
+    and ``ink``); tokens outside the loss mask are grey.
+    """
     tooltip = [
         {"field": "pos", "type": "quantitative"},
         {"field": "token", "type": "nominal"},
@@ -206,12 +200,15 @@ def token_spec(turn: TokenTurn, color_by: str | None, extra_fields: list[str]) -
         },
         "layer": [
             {
-                "mark": {"type": "rect", "stroke": "white"},
+                "mark": {"type": "rect", "stroke": "white", "strokeWidth": 2},
+                "encoding": {"color": {"field": "bg", "type": "nominal", "scale": None, "legend": None}},
+            },
+            {
+                "mark": {"type": "text", "fontSize": 13, "font": "monospace", "limit": TOKEN_TEXT_PX},
                 "encoding": {
-                    "color": _token_color(color_by),
-                    "opacity": {"condition": {"test": f"datum.{IN_LOSS}", "value": 1}, "value": 0.25},
+                    "text": {"field": "label", "type": "nominal"},
+                    "color": {"field": "ink", "type": "nominal", "scale": None, "legend": None},
                 },
             },
-            {"mark": {"type": "text", "fontSize": 10}, "encoding": {"text": {"field": "label", "type": "nominal"}}},
         ],
     }

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+from tracer import list_trace_files
 from tracer.cli.errors import suggest_path
 from tracer.extras import install_command
 from viewer.hosts import ENV_ALLOW_HOSTS, ENV_BIND
@@ -88,6 +89,14 @@ def server_env(host: str, allow_hosts: list[str] | None = None) -> dict[str, str
     return env
 
 
+def _has_trace_files(path: str) -> bool:
+    """Whether ``path`` is a trace file or a directory tree holding one (unreadable counts as none)."""
+    try:
+        return bool(list_trace_files(path))
+    except (OSError, ValueError):
+        return False
+
+
 def _view(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("streamlit") is None:
         print(
@@ -100,6 +109,14 @@ def _view(args: argparse.Namespace) -> int:
             hint = f" (did you mean {guess!r}?)" if guess else ""
             print(
                 f"error: trace path {given!r} does not exist{hint}; give a trace file or a directory of them",
+                file=sys.stderr,
+            )
+            return 2
+        if given is not None and not args.follow and not _has_trace_files(given):
+            print(
+                f"error: no trace files (*.arrow) under {given!r}; give a run directory "
+                f"(what tracer.init printed, e.g. rollout_traces/PROJECT/EXPERIMENT), "
+                f"or add --follow to wait for a run that is about to start there",
                 file=sys.stderr,
             )
             return 2

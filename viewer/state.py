@@ -73,23 +73,69 @@ def script_arg(argv: list[str], name: str) -> str | None:
     return None
 
 
-def int_or_none(text: Any) -> int | None:
-    """``text`` as an int, or None."""
+#: Characters of a URL parameter read at most: a longer value is treated as absent.
+MAX_PARAM_CHARS = 4096
+#: Integer parameters (steps) lie in int64, the step column's type; others are absent.
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def parse_param(
+    value: Any,
+    kind: type,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """One URL parameter (or any untrusted text) as ``kind``, or None: the one parser every parameter goes through.
+
+    ``kind`` is ``str`` (the text; one of ``choices`` when given, matched
+    case-insensitively), ``int`` (an integer within int64, then clamped to
+    ``[lo, hi]``), ``float`` (a finite number clamped to ``[lo, hi]``) or
+    ``bool`` (``1/true/yes/on`` or ``0/false/no/off``). A list (a repeated
+    parameter) gives its first item; text longer than
+    :data:`MAX_PARAM_CHARS`, non-finite numbers and anything unparsable give None.
+    """
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    if value is None or isinstance(value, bool) and kind is not bool:
+        return None
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > MAX_PARAM_CHARS:
+        return None
+    text = text.strip()
+    if kind is str:
+        if choices is None:
+            return text
+        return next((c for c in choices if c.lower() == text.lower()), None)
+    if kind is bool:
+        return True if text.lower() in _TRUE else False if text.lower() in _FALSE else None
     try:
-        return int(str(text))
+        number: float = int(text) if kind is int else float(text)
     except (TypeError, ValueError):
         return None
+    if kind is int and not INT_MIN <= number <= INT_MAX:
+        return None
+    if number != number or number in (float("inf"), float("-inf")):
+        return None
+    if lo is not None:
+        number = max(number, lo)
+    if hi is not None:
+        number = min(number, hi)
+    return int(number) if kind is int else float(number)
+
+
+def int_or_none(text: Any) -> int | None:
+    """``text`` as an int (:func:`parse_param`), or None."""
+    result: int | None = parse_param(text, int)
+    return result
 
 
 def follow_interval(text: Any) -> int | None:
     """``text`` as a follow interval in whole seconds, clamped to the sidebar's bounds; None when not a number."""
-    try:
-        value = float(str(text))
-    except (TypeError, ValueError):
-        return None
-    if value != value:  # NaN
-        return None
-    return int(min(max(round(value), FOLLOW_INTERVAL_MIN_S), FOLLOW_INTERVAL_MAX_S))
+    value = parse_param(text, float, lo=FOLLOW_INTERVAL_MIN_S, hi=FOLLOW_INTERVAL_MAX_S)
+    return None if value is None else int(round(value))
 
 
 def init_state(compare_arg: str | None, follow_arg: str | None = None) -> None:
@@ -102,21 +148,21 @@ def init_state(compare_arg: str | None, follow_arg: str | None = None) -> None:
         return
     qp = st.query_params
     ss["_init"] = True
-    follow = str(qp.get(QP_FOLLOW, "")).lower()
+    follow = parse_param(qp.get(QP_FOLLOW), bool)
     ss[SS_FOLLOW_DEFAULT] = follow_arg is not None
-    ss[SS_FOLLOW] = follow in ("1", "true") or (follow not in ("0", "false") and follow_arg is not None)
+    ss[SS_FOLLOW] = follow is True or (follow is None and follow_arg is not None)
     ss[SS_INTERVAL] = follow_interval(qp.get(QP_INTERVAL)) or follow_interval(follow_arg) or FOLLOW_INTERVAL_S
     step = int_or_none(qp.get(QP_STEP))
     ss[SS_STEP] = ALL_STEPS if step is None else step
-    ss[SS_TRACE] = qp.get(QP_TRACE_ID) or ""
-    ss[SS_SAMPLE] = qp.get(QP_SAMPLE)
-    ss[SS_COMPARE] = qp.get(QP_COMPARE) or compare_arg or ""
+    ss[SS_TRACE] = parse_param(qp.get(QP_TRACE_ID), str) or ""
+    ss[SS_SAMPLE] = parse_param(qp.get(QP_SAMPLE), str)
+    ss[SS_COMPARE] = parse_param(qp.get(QP_COMPARE), str) or compare_arg or ""
     ss[SS_STEP_A] = int_or_none(qp.get(QP_STEP_A))
     ss[SS_STEP_B] = int_or_none(qp.get(QP_STEP_B))
-    val = str(qp.get(QP_VALIDATE, "")).lower()
-    ss[SS_SPLIT] = "validation" if val in ("1", "true") else "train" if val in ("0", "false") else "both"
-    view = str(qp.get(QP_VIEW, "")).capitalize()
-    if view not in PAGES:
+    val = parse_param(qp.get(QP_VALIDATE), bool)
+    ss[SS_SPLIT] = "validation" if val is True else "train" if val is False else "both"
+    view = parse_param(qp.get(QP_VIEW), str, choices=PAGES)
+    if view is None:
         if ss[SS_TRACE]:
             view = "Replay"
         elif ss[SS_SAMPLE] is not None and step is not None:
@@ -148,8 +194,9 @@ def sync_query_params(path_from_url: str | None) -> None:
     qp: dict[str, str] = {QP_VIEW: view.lower()}
     if path_from_url:
         qp[QP_PATH] = path_from_url
-    if st.query_params.get(QP_TOKENIZER):
-        qp[QP_TOKENIZER] = st.query_params[QP_TOKENIZER]
+    tokenizer = parse_param(st.query_params.get(QP_TOKENIZER), str)
+    if tokenizer:
+        qp[QP_TOKENIZER] = tokenizer
     if ss.get(SS_RUN):
         qp[QP_RUN] = ss[SS_RUN]
     if step() is not None and view != "Compare":

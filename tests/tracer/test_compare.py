@@ -102,17 +102,30 @@ def test_run_config_must_be_a_mapping() -> None:
 
 
 def test_diff_cli_prints_the_same_numbers_as_compare_runs(runs: tuple[str, str]) -> None:
-    """`rollout-trace diff A B --json` carries compare_runs' rows and the config differences."""
+    """`rollout-trace diff A B --all-steps --json` carries compare_runs' rows and the config differences."""
     a, b = runs
-    out = subprocess.run([*CLI, "diff", a, b, "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run([*CLI, "diff", a, b, "--all-steps", "--json"], capture_output=True, text=True, check=True)
     data = json.loads(out.stdout)
     expected = tracer.compare_runs(a, b).to_pylist()
     assert [r["sample_index"] for r in data["prompts"]] == [r["sample_index"] for r in expected]
     assert [r["delta"] for r in data["prompts"]] == [r["delta"] for r in expected]
     assert {"key": "actor.lr", "a": 1e-6, "b": 3e-6} in data["config"]
-    text = subprocess.run([*CLI, "diff", a, b], capture_output=True, text=True, check=True)
+    text = subprocess.run([*CLI, "diff", a, b, "--all-steps"], capture_output=True, text=True, check=True)
     assert "actor.lr: 1e-06 -> 3e-06" in text.stdout
     assert text.stdout.index("\n         1 ") < text.stdout.index("\n         2 ")  # regression first
+
+
+def test_diff_cli_compares_the_last_step_both_runs_have(runs: tuple[str, str]) -> None:
+    """By default `diff` compares one step of each run, says which, and names each prompt's step on both sides."""
+    a, b = runs
+    last = max(set(tracer.read.read_steps(a)[0]) & set(tracer.read.read_steps(b)[0]))
+    out = subprocess.run([*CLI, "diff", a, b, "--json"], capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout)
+    assert data["steps_a"] == data["steps_b"] == [last]
+    assert "last step both have" in data["steps"]
+    expected = tracer.compare_runs(a, b, steps_a=[last], steps_b=[last]).to_pylist()
+    assert [r["delta"] for r in data["prompts"]] == [r["delta"] for r in expected]
+    assert all(r["steps_a"] == r["steps_b"] == str(last) for r in data["prompts"])
 
 
 def test_diff_cli_names_a_missing_run(tmp_path: os.PathLike[str], runs: tuple[str, str]) -> None:

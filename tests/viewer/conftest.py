@@ -19,3 +19,22 @@ def compare_runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     run_b = record_compare_run(root, "b", CONFIG_B, lambda s, p, n: 1.0 if p == 2 else 0.0)
     yield os.path.join(root, PROJECT), run_a, run_b
     tracer.shutdown()
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A demo run (scripted engine, few-shot prompts): 3 steps x 3 problems x 4 rollouts; its run directory."""
+    import contextlib
+    import io
+
+    from rollout.cli import main as demo_main
+
+    out = tmp_path_factory.mktemp("demo")
+    argv = [
+        "--steps", "3", "--batch", "3", "--n", "4", "--val-every", "0", "--few-shot", "--seed", "1",
+        "--scripted-latency", "0", "--out", os.fspath(out), "--experiment", "fs", "--cache", os.fspath(out / "cache"),
+        "--quiet",
+    ]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert demo_main(argv) == 0
+    return os.fspath(out / "rollout-demo" / "fs")

@@ -49,7 +49,7 @@ def test_overview_shows_run_totals(run_dir: str) -> None:
 def test_overview_draws_charts_and_step_table(run_dir: str) -> None:
     """The overview draws reward/turn/error/latency charts and a per-step table for both splits."""
     at = open_app(run_dir)
-    assert len(at.get("vega_lite_chart")) == 4
+    assert len(at.get("vega_lite_chart")) == 5
     table = frame_with(at, "reward/mean")
     assert sorted(set(table["split"])) == ["train", "validation"]
     assert list(table[table["split"] == "train"]["reward/mean"]) == [0.5, 0.5, 0.5]

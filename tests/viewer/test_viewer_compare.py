@@ -35,7 +35,9 @@ def test_compare_deep_link_lists_prompts_biggest_regression_first(compare_runs_d
     assert list(df["sample_index"]) == ["1", "0", "2"]
     first = df.iloc[0]
     assert (first["reward_a"], first["reward_b"], first["delta"]) == (1.0, 0.0, -1.0)
-    assert "What is 1 + 0?" in first["prompt"]
+    assert first["question"] == "What is 1 + 0?"
+    assert (first["steps_a"], first["steps_b"]) == ("2", "2")
+    assert "Compared at step 2 of both runs \\(the last step both have\\)" in all_text(at)
     assert at.query_params["compare"] == [b] or at.query_params["compare"] == b
 
 
@@ -57,7 +59,7 @@ def test_selecting_a_prompt_shows_both_sides_and_the_answer_diff(compare_runs_di
     at.run()
     assert not at.exception
     text = all_text(at)
-    assert "**A**: 4 rollout(s)" in text and "**B**: 4 rollout(s)" in text
+    assert "**A**: 2 rollout(s)" in text and "**B**: 2 rollout(s)" in text
     assert any(c.language == "diff" for c in at.code)
     assert "Replay (opens run B)" in [b.label for b in at.get("link_button")]
 

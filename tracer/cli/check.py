@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Any
 
 from tracer import schema as S
-from tracer.read import list_trace_files
+from tracer.cli.terminal import terminal_text
+from tracer.questions import describe_repeats, repeated_keys
+from tracer.read import TraceFileWarning, list_trace_files
 from tracer.storage.check import check_path, format_report, summary_dict
+from tracer.summary import read_trajectories
 
 
 def register_check(subparsers: Any) -> None:
@@ -27,6 +31,13 @@ def register_check(subparsers: Any) -> None:
     check.set_defaults(func=run_check, run_paths=("path",))
 
 
+def _readable_trajectories(path: str) -> Any:
+    """The trajectories under ``path`` as far as they can be read (the report names the damage)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceFileWarning)
+        return read_trajectories(path)
+
+
 def run_check(args: argparse.Namespace) -> int:
     """Check (and with ``--repair`` repair) ``args.path``; 0 when OK or repaired, 1 on damage, 2 on a bad path."""
     try:
@@ -34,8 +45,15 @@ def run_check(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(summary_dict(report), indent=2) if args.json else format_report(report, args.path))
-    if not list_trace_files(args.path):
+    files = list_trace_files(args.path)
+    repeats = describe_repeats(repeated_keys(_readable_trajectories(args.path))) if files else ""
+    if args.json:
+        print(json.dumps({**summary_dict(report), "repeated_keys": repeats}, indent=2))
+    else:
+        print("\n".join(terminal_text(line) for line in format_report(report, args.path).splitlines()))
+        if repeats:
+            print(terminal_text(f"note: {repeats}"))
+    if not files:
         print(
             f"error: no trace files (*{S.FILE_SUFFIX}) under {args.path!r}; give a trace file or a run directory",
             file=sys.stderr,

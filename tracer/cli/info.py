@@ -9,8 +9,10 @@ from typing import Any
 
 from tracer import schema as S
 from tracer.cli.errors import missing_run_path
+from tracer.cli.terminal import terminal_text
 from tracer.exporters.lag import read_lag
 from tracer.index.readers import read_trajectories
+from tracer.questions import describe_repeats, repeated_keys
 from tracer.read import TraceFileWarning, list_trace_files
 
 
@@ -20,7 +22,8 @@ def register_info(subparsers: Any) -> None:
         "info",
         help="summarise the trace files under PATH",
         description="Count the trace files, trajectories and steps under PATH, say how far behind the files each "
-        "live exporter is, and name every file that could not be read. Exit status 2 when nothing is readable.",
+        "live exporter is, name (step, sample, rollout) keys held by more than one trajectory, and name every file "
+        "that could not be read. Exit status 2 when nothing is readable.",
     )
     info.add_argument("path", help="a trace file or a directory of them (e.g. rollout_traces/PROJECT/EXPERIMENT)")
     info.set_defaults(func=run_info, run_paths=("path",))
@@ -38,14 +41,17 @@ def run_info(args: argparse.Namespace) -> int:
         table = read_trajectories(args.path)
     steps = sorted({s for s in table[S.STEP].to_pylist() if s is not None})
     span = f"steps {steps[0]}-{steps[-1]} ({len(steps)})" if steps else "no steps"
-    print(f"{args.path}: {len(files)} file(s), {table.num_rows} trajectories, {span}")
+    print(terminal_text(f"{args.path}: {len(files)} file(s), {table.num_rows} trajectories, {span}"))
+    repeats = describe_repeats(repeated_keys(table))
+    if repeats:
+        print(terminal_text(f"repeated keys: {repeats}"))
     lag = read_lag(args.path)
     if lag:
         print("live exporters (how far behind the files):")
         for record in lag:
-            print(f"  {record.describe()}")
+            print(terminal_text(f"  {record.describe()}"))
     for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
+        print(terminal_text(f"warning: {w.message}"), file=sys.stderr)
     if not files:
         print(
             f"error: no trace files (*{S.FILE_SUFFIX}) under {args.path!r}; give a trace file or a run directory",

@@ -16,6 +16,7 @@ after the rollout).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -27,6 +28,7 @@ import pyarrow.compute as pc
 
 from tracer import schema as S
 from tracer.cli.errors import EXIT_USAGE
+from tracer.cli.terminal import terminal_text
 from tracer.exporters.console import format_step_line
 from tracer.follow import RunFollower
 from tracer.summary import step_metrics
@@ -86,9 +88,15 @@ def register_tail(subparsers: Any) -> None:
 
 
 def _num(value: Any) -> str:
+    """A field's value: numbers short, text quoted (logfmt) when it holds a space, ``=`` or a quote."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = str(value)
+    if not text or any(c.isspace() or c in "=\"'\\" for c in text):
+        return json.dumps(text, ensure_ascii=False)
+    return text
 
 
 def trajectory_line(row: dict[str, Any]) -> str:
@@ -126,11 +134,12 @@ class Tail:
         self.root_seen: dict[str, float] = {}
 
     def lines(self, now: float | None = None) -> list[str]:
-        """The lines due now, in order."""
+        """The lines due now, in order, each one terminal line (:func:`tracer.cli.terminal.terminal_text`)."""
         now = time.monotonic() if now is None else now
         for step in self.follower.steps():
             self.step_seen.setdefault(step, now)
-        return self._trajectory_lines(now) if self.trajectories else self._step_lines(now)
+        due = self._trajectory_lines(now) if self.trajectories else self._step_lines(now)
+        return [terminal_text(line) for line in due]
 
     def _finished(self, step: int, now: float) -> bool:
         later = [t for s, t in self.step_seen.items() if s > step]
@@ -202,9 +211,13 @@ def run_tail(args: argparse.Namespace) -> int:
         for message in update.warnings:
             if message not in warned:
                 warned.add(message)
-                print(f"warning: {message}", file=sys.stderr, flush=True)
+                print(terminal_text(f"warning: {message}"), file=sys.stderr, flush=True)
         if not follower.files and not waiting_said:
-            print(f"rollout-trace tail: no trace files under {args.path} yet; waiting", file=sys.stderr, flush=True)
+            print(
+                terminal_text(f"rollout-trace tail: no trace files under {args.path} yet; waiting"),
+                file=sys.stderr,
+                flush=True,
+            )
             waiting_said = True
         for line in tail.lines():
             print(line, flush=True)

@@ -126,6 +126,12 @@ from viewer.data.runs import (
     ADVANTAGE_COL as ADVANTAGE_COL,
 )
 from viewer.data.runs import (
+    ANSWER_COL as ANSWER_COL,
+)
+from viewer.data.runs import (
+    CELL_TEXT_CHARS as CELL_TEXT_CHARS,
+)
+from viewer.data.runs import (
     ENV_VIEW_ALLOW as ENV_VIEW_ALLOW,
 )
 from viewer.data.runs import (
@@ -138,10 +144,19 @@ from viewer.data.runs import (
     LIGHT_SPAN_COLUMNS as LIGHT_SPAN_COLUMNS,
 )
 from viewer.data.runs import (
+    QUESTION_COL as QUESTION_COL,
+)
+from viewer.data.runs import (
+    SHORT_ID_COL as SHORT_ID_COL,
+)
+from viewer.data.runs import (
     SORT_COLUMNS as SORT_COLUMNS,
 )
 from viewer.data.runs import (
     TOOLS_COL as TOOLS_COL,
+)
+from viewer.data.runs import (
+    ZERO_STD_COL as ZERO_STD_COL,
 )
 from viewer.data.runs import (
     Filters as Filters,
@@ -207,6 +222,9 @@ from viewer.data.runs import (
     partials_of as partials_of,
 )
 from viewer.data.runs import (
+    repeated_rollouts as repeated_rollouts,
+)
+from viewer.data.runs import (
     resolve_path as resolve_path,
 )
 from viewer.data.runs import (
@@ -251,6 +269,9 @@ from viewer.data.runs import (
 from viewer.data.runs import (
     with_tools as with_tools,
 )
+from viewer.data.runs import (
+    with_zero_std as with_zero_std,
+)
 from viewer.data.tokens import (
     CELL_CHARS as CELL_CHARS,
 )
@@ -270,6 +291,9 @@ from viewer.data.tokens import (
     MISMATCH as MISMATCH,
 )
 from viewer.data.tokens import (
+    TOKEN_TABLE_COLUMNS as TOKEN_TABLE_COLUMNS,
+)
+from viewer.data.tokens import (
     TOKENS_PER_ROW as TOKENS_PER_ROW,
 )
 from viewer.data.tokens import (
@@ -285,7 +309,13 @@ from viewer.data.tokens import (
     load_token_stats as load_token_stats,
 )
 from viewer.data.tokens import (
+    paint as paint,
+)
+from viewer.data.tokens import (
     run_tokenizer_path as run_tokenizer_path,
+)
+from viewer.data.tokens import (
+    synthetic_sources as synthetic_sources,
 )
 from viewer.data.tokens import (
     token_turns as token_turns,

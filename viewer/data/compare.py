@@ -15,10 +15,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import tracer
-from tracer.compare import PROMPT, TRACE_ID_A, TRACE_ID_B
+from tracer.compare import PROMPT, QUESTION, TRACE_ID_A, TRACE_ID_B
 from tracer.schema import ROLLOUT_N, SAMPLE_INDEX, STEP, VALIDATE
 from tracer.summary import prompt_and_response, trajectory_turns
 from viewer.data.runs import Loaded, _reading
+from viewer.format import one_line
 
 #: Columns naming each side's example trajectory.
 COMPARE_TRACE_IDS = (TRACE_ID_A, TRACE_ID_B)
@@ -41,11 +42,11 @@ def load_comparison(
 
 
 def comparison_rows(table: pa.Table) -> list[dict[str, Any]]:
-    """The comparison as the table shows it: one row per prompt, the prompt shortened to one line."""
+    """The comparison as the table shows it: one row per prompt, its question (else prompt) on one line."""
     rows = []
     for r in table.to_pylist():
-        prompt = " ".join(str(r[PROMPT] or "").split())
-        r[PROMPT] = prompt[:PROMPT_CHARS] + ("…" if len(prompt) > PROMPT_CHARS else "")
+        r[QUESTION] = one_line(r[QUESTION] or r[PROMPT], PROMPT_CHARS)
+        r[PROMPT] = one_line(r[PROMPT], PROMPT_CHARS)
         rows.append(r)
     return rows
 

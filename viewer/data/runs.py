@@ -47,6 +47,7 @@ from tracer.schema import (
     VALIDATE,
 )
 from tracer.summary import partial_metrics, read_step_partials, step_partials
+from viewer.format import one_line, short_ids
 
 #: Key of the advantage in log_reward's extras (``reward_info``).
 ADVANTAGE = "advantage"
@@ -56,6 +57,12 @@ ADVANTAGE_COL = "advantage"
 LATENCY_COL = "latency_s"
 TOOLS_COL = "tools"
 FILE_COL = "file"
+#: Columns the tables add from a trajectory's conversation (:mod:`tracer.questions`) and the short id.
+QUESTION_COL = "question"
+ANSWER_COL = "answer"
+SHORT_ID_COL = "id"
+#: Characters of a question or answer in a table cell (the page shows the whole text).
+CELL_TEXT_CHARS = 160
 
 #: Columns of the span table used by the waterfall, without the heavy JSON ones.
 LIGHT_SPAN_COLUMNS = [TRACE_ID, SPAN_ID, PARENT_SPAN_ID, NAME, KIND, START_NS, END_NS, STATUS, STEP]
@@ -225,8 +232,14 @@ def load_trajectories(path: str, steps: Iterable[int] | None = None) -> Loaded:
 def with_derived(trajectories: pa.Table) -> pa.Table:
     """The summary rows with the viewer's derived columns: ``advantage`` (from reward_info) and ``latency_s``."""
     t = trajectories.append_column(ADVANTAGE_COL, advantages(trajectories.column(REWARD_INFO)))
-    lat = pc.divide(pc.cast(pc.subtract(t.column(END_NS), t.column(START_NS)), pa.float64()), 1e9)
-    return t.append_column(LATENCY_COL, lat)
+    return t.append_column(LATENCY_COL, seconds_between(t.column(START_NS), t.column(END_NS)))
+
+
+def seconds_between(start_ns: Any, end_ns: Any) -> Any:
+    """``(end_ns - start_ns) / 1e9`` per row, in float64 throughout: no int64 overflow, no cast error past 2**53 ns."""
+    start = pc.cast(start_ns, pa.float64(), safe=False)
+    end = pc.cast(end_ns, pa.float64(), safe=False)
+    return pc.divide(pc.subtract(end, start), 1e9)
 
 
 def list_steps(path: str) -> Loaded:
@@ -301,6 +314,16 @@ def overview(trajectories: pa.Table, token_stats: pa.Table | None = None) -> lis
     train/inference mismatch too (``logprob_mismatch``, ``logprob_ratio/max``).
     """
     return overview_of(partials_of(trajectories), token_stats)
+
+
+#: The per-step fraction of groups whose rewards are all equal (:func:`tracer.step_metrics`'s name).
+ZERO_STD_COL = "reward/zero_std_frac"
+
+
+def with_zero_std(rows: list[dict[str, Any]], fractions: Mapping[tuple[int | None, bool], float]) -> None:
+    """Add :data:`ZERO_STD_COL` to overview rows from :func:`tracer.questions.zero_std_fractions` (None where none)."""
+    for r in rows:
+        r[ZERO_STD_COL] = fractions.get((r[STEP], r["split"] == "validation"))
 
 
 def overview_of(partials: pa.Table, token_stats: pa.Table | None = None) -> list[dict[str, Any]]:
@@ -499,13 +522,26 @@ def _sort_indices(t: pa.Table, keys: list[tuple[str, str]]) -> pa.Array:
         return pc.sort_indices(t, sort_keys=keys, null_placement="at_end")
 
 
-def list_rows(page: pa.Table) -> list[dict[str, Any]]:
-    """The rows of one page as the list shows them."""
+def list_rows(
+    page: pa.Table, questions: Mapping[str, tuple[str | None, str | None]] | None = None
+) -> list[dict[str, Any]]:
+    """The rows of one page as the tables show them: short id, question and answer first, full trace id last.
+
+    ``questions`` maps trace ids to (question, final answer)
+    (:func:`tracer.questions.questions_and_answers`); without it the two
+    columns are empty.
+    """
     rows = []
-    for r in page.to_pylist():
+    records = page.to_pylist()
+    shorts = short_ids([r[TRACE_ID] for r in records])
+    qa = questions or {}
+    for r, short_id in zip(records, shorts, strict=True):
+        question, answer = qa.get(r[TRACE_ID], (None, None))
         rows.append(
             {
-                TRACE_ID: r[TRACE_ID],
+                SHORT_ID_COL: short_id,
+                QUESTION_COL: one_line(question, CELL_TEXT_CHARS),
+                ANSWER_COL: one_line(answer, CELL_TEXT_CHARS),
                 STEP: r[STEP],
                 "sample": r[SAMPLE_INDEX],
                 "rollout": r[ROLLOUT_N],
@@ -518,6 +554,7 @@ def list_rows(page: pa.Table) -> list[dict[str, Any]]:
                 "tool errors": r[NUM_TOOL_ERRORS],
                 "tools": ", ".join(r.get(TOOLS_COL) or []),
                 "latency_s": r.get(LATENCY_COL),
+                TRACE_ID: r[TRACE_ID],
             }
         )
     return rows
@@ -599,10 +636,15 @@ def sample_across_steps(
 
 
 def load_group_spans(
-    path: str, trace_ids: Sequence[str], step: int | None, files: Sequence[str] | None = None
+    path: str,
+    trace_ids: Sequence[str],
+    step: int | None,
+    files: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
 ) -> Loaded:
-    """All spans of several trajectories (one group), in one pass over the files (or only ``files``)."""
-    return _read_from(path, files, trace_ids=list(trace_ids), steps=None if step is None else [step])
+    """All spans of several trajectories (one group), in one pass over the files (or only ``files``); ``columns``: only those."""
+    kwargs: dict[str, Any] = {"columns": list(columns)} if columns is not None else {}
+    return _read_from(path, files, trace_ids=list(trace_ids), steps=None if step is None else [step], **kwargs)
 
 
 def split_by_trace(spans: pa.Table) -> dict[str, pa.Table]:
@@ -611,3 +653,11 @@ def split_by_trace(spans: pa.Table) -> dict[str, pa.Table]:
     for tid in pc.unique(spans.column(TRACE_ID)).to_pylist():
         out[tid] = spans.filter(pc.equal(spans.column(TRACE_ID), tid)).sort_by([(START_NS, "ascending")])
     return out
+
+
+def repeated_rollouts(group_table: pa.Table) -> dict[int, int]:
+    """In one group: rollout index -> how many trajectories hold it, for those held by more than one."""
+    counts: dict[int, int] = {}
+    for n in group_table.column(ROLLOUT_N).to_pylist():
+        counts[n] = counts.get(n, 0) + 1
+    return {n: k for n, k in counts.items() if k > 1}

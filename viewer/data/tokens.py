@@ -19,6 +19,8 @@ from tracer.record.pieces import piece_table
 from tracer.record.token_stats import TOKEN_STATS_SPAN_NAME
 from tracer.schema import META_CONFIG, ROLLOUT_N, SAMPLE_INDEX, STEP, TRACE_ID, VALIDATE
 from tracer.summary import (
+    ADVANTAGES,
+    ENTROPY,
     LOSS_MASK,
     ROLLOUT_LOGPROBS,
     TOKEN_STATS_KEY_COLUMNS,
@@ -30,9 +32,9 @@ from tracer.summary import (
 from viewer.data.runs import Loaded, _reading
 
 #: Tokens per row of the token grid.
-TOKENS_PER_ROW = 16
+TOKENS_PER_ROW = 12
 #: Characters of a token the grid cell shows (the tooltip shows all of it).
-CELL_CHARS = 8
+CELL_CHARS = 10
 
 #: The colourings the token view offers besides the recorded arrays: label -> cell field.
 COLOR_LOGPROB = "logprob"
@@ -111,6 +113,96 @@ class TokenTurn:
                     cell[name] = _at(values, i)
             cells.append(cell)
         return cells
+
+    @property
+    def synthetic(self) -> bool:
+        """The trainer stats were made up (``source`` says synthetic), not measured by a trainer."""
+        return bool(self.stats_source) and "synthetic" in str(self.stats_source).lower()
+
+    def token_rows(self, advantage: float | None = None) -> list[dict[str, Any]]:
+        """One row per token: the columns of :data:`TOKEN_TABLE_COLUMNS`.
+
+        ``advantage`` is the trajectory's, used where no per-token
+        ``advantages`` were logged. The ratio is ``exp(trainer - rollout)``,
+        its exponent clamped at :data:`MAX_LOG_RATIO`.
+        """
+        rows = []
+        for c in self.cells():
+            lp, old = c[COLOR_LOGPROB], c.get(TRAINER_LOGPROBS)
+            adv = c.get(ADVANTAGES, advantage)
+            rows.append(
+                {
+                    "pos": c["pos"],
+                    "token": c["token"],
+                    ROLLOUT_COL: lp,
+                    TRAINER_COL: old,
+                    DIFF_COL: c[MISMATCH],
+                    RATIO_COL: math.exp(min(old - lp, MAX_LOG_RATIO))
+                    if isinstance(lp, (int, float)) and isinstance(old, (int, float))
+                    else None,
+                    ENTROPY: c.get(ENTROPY),
+                    ADVANTAGES_COL: adv,
+                    LOSS_MASK: int(c[IN_LOSS]),
+                }
+            )
+        return rows
+
+    def mismatch(self) -> tuple[float | None, int]:
+        """Mean ``|rollout logprob - trainer logprob|`` over tokens in the loss mask, and how many were counted."""
+        diffs = [abs(c[MISMATCH]) for c in self.cells() if c[IN_LOSS] and isinstance(c[MISMATCH], (int, float))]
+        return (sum(diffs) / len(diffs) if diffs else None), len(diffs)
+
+
+#: Columns of the per-token table (besides ``pos`` and ``token``).
+ROLLOUT_COL = "rollout logprob"
+TRAINER_COL = "trainer logprob"
+DIFF_COL = "difference"
+RATIO_COL = "ratio"
+ADVANTAGES_COL = "advantage"
+TOKEN_TABLE_COLUMNS = (
+    "pos",
+    "token",
+    ROLLOUT_COL,
+    TRAINER_COL,
+    DIFF_COL,
+    RATIO_COL,
+    ENTROPY,
+    ADVANTAGES_COL,
+    LOSS_MASK,
+)
+#: exp() above this overflows a float: the ratio's exponent is clamped there.
+MAX_LOG_RATIO = 700.0
+#: Cell colours: light (good, or small) to dark (bad, or large); masked cells grey.
+_LIGHT, _DARK, _MASKED_BG, _MASKED_INK = (255, 247, 188), (153, 0, 13), "#eeeeee", "#8a8a8a"
+#: Where each colouring is darkest: a logprob this low, a |difference| this big (others: the turn's largest).
+_DARKEST = {COLOR_LOGPROB: 5.0, COLOR_MISMATCH: 1.0}
+
+
+def _ink(rgb: tuple[int, int, int]) -> str:
+    """Black or white text, whichever contrasts more with ``rgb`` (WCAG relative luminance)."""
+
+    def lin(c: int) -> float:
+        x = c / 255
+        return x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4
+
+    lum = 0.2126 * lin(rgb[0]) + 0.7152 * lin(rgb[1]) + 0.0722 * lin(rgb[2])
+    return "#000000" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#ffffff"
+
+
+def paint(cells: list[dict[str, Any]], color_by: str | None) -> list[dict[str, Any]]:
+    """Give each cell a background (``bg``) from its ``color_by`` value and a text colour (``ink``) legible on it."""
+    values = [c.get(color_by) if color_by else None for c in cells]
+    nums = [abs(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    darkest = _DARKEST.get(color_by or "", max(nums, default=0.0)) or 1.0
+    for c, v in zip(cells, values, strict=True):
+        if not c[IN_LOSS]:
+            c["bg"], c["ink"] = _MASKED_BG, _MASKED_INK
+            continue
+        t = min(1.0, abs(v) / darkest) if isinstance(v, (int, float)) and math.isfinite(v) else 0.0
+        r, g, b = (round(lo + (hi - lo) * t) for lo, hi in zip(_LIGHT, _DARK, strict=True))
+        c["bg"] = f"#{r:02x}{g:02x}{b:02x}"
+        c["ink"] = _ink((r, g, b))
+    return cells
 
 
 def _rollout_logprobs(recorded: Any, stats: dict[str, Any]) -> list[float | None] | None:
@@ -276,3 +368,11 @@ def load_token_stats(
         steps=None if steps is None else list(steps),
         rollout_logprobs=rollout_logprobs,
     )
+
+
+def synthetic_sources(token_stats: pa.Table) -> list[str]:
+    """The distinct ``source`` values of token stats that say they are synthetic (made up, not a trainer's)."""
+    if TOKEN_STATS_SOURCE not in token_stats.column_names:
+        return []
+    sources = {s for s in token_stats.column(TOKEN_STATS_SOURCE).to_pylist() if s}
+    return sorted(s for s in sources if "synthetic" in s.lower())

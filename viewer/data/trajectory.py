@@ -89,9 +89,12 @@ def reward_sources(spans: pa.Table) -> list[dict[str, Any]]:
     for i, rec in enumerate(records):
         when = None
         if rec.end_ns:
-            when = datetime.datetime.fromtimestamp(rec.end_ns / 1e9, datetime.timezone.utc).isoformat(
-                timespec="seconds"
-            )
+            try:
+                when = datetime.datetime.fromtimestamp(rec.end_ns / 1e9, datetime.timezone.utc).isoformat(
+                    timespec="seconds"
+                )
+            except (OverflowError, OSError, ValueError):  # a time outside the calendar: shown as nanoseconds
+                when = f"{rec.end_ns} ns"
         out.append(
             {
                 REWARD_SOURCE: rec.source,

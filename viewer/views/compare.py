@@ -13,13 +13,25 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
-from tracer.compare import DELTA, PASS_RATE_DELTA, PROMPT, TRACE_ID_A, TRACE_ID_B
+from tracer.compare import (
+    DELTA,
+    PASS_RATE_DELTA,
+    PROMPT,
+    QUESTION,
+    STEPS_A,
+    STEPS_B,
+    TRACE_ID_A,
+    TRACE_ID_B,
+    default_steps,
+)
 from viewer import cache, safe, state
 from viewer import data as D
 from viewer.format import short
 
 #: Rollouts of each side shown for the selected prompt.
 MAX_SIDE_ROLLOUTS = 8
+#: Session key: the default steps (the last step both runs have) were applied once.
+SS_DEFAULTED = "_compare_defaulted"
 
 
 def _step_choice(label: str, key: str, steps: list[int], col: Any) -> int | None:
@@ -70,13 +82,24 @@ def draw(path: str, sig: tuple, root: str, root_sig: tuple) -> None:
         return
     steps_a = cache.steps(path, sig).table.column(D.STEP).to_pylist()
     steps_b = cache.steps(path_b, sig_b).table.column(D.STEP).to_pylist()
+    default_a, default_b, default_how = default_steps(steps_a, steps_b)
+    if not ss.get(SS_DEFAULTED):
+        ss[SS_DEFAULTED] = True
+        if ss.get(state.SS_STEP_A) is None and ss.get(state.SS_STEP_B) is None:
+            ss[state.SS_STEP_A], ss[state.SS_STEP_B] = default_a, default_b
     c1, c2 = st.columns(2)
     step_a = _step_choice("Steps of A", state.SS_STEP_A, steps_a, c1)
     step_b = _step_choice("Steps of B", state.SS_STEP_B, steps_b, c2)
-    st.caption(
+    if (step_a, step_b) == (default_a, default_b):
+        how = default_how
+    elif step_a is None and step_b is None:
+        how = "every step of each run, pooled per prompt"
+    else:
+        how = "the steps chosen above"
+    st.markdown(
         D.escape_markdown(
-            f"A: {path}{'' if step_a is None else f' (step {step_a})'}  ·  "
-            f"B: {path_b}{'' if step_b is None else f' (step {step_b})'}"
+            f"Compared at {how}. A: {path}{' (all steps)' if step_a is None else f' (step {step_a})'}  ·  "
+            f"B: {path_b}{' (all steps)' if step_b is None else f' (step {step_b})'}"
         )
     )
     st.subheader("Configuration differences")
@@ -95,7 +118,7 @@ def draw(path: str, sig: tuple, root: str, root_sig: tuple) -> None:
     regressed = sum(1 for r in rows if r[DELTA] is not None and r[DELTA] < 0)
     improved = sum(1 for r in rows if r[DELTA] is not None and r[DELTA] > 0)
     st.caption(f"{len(rows):,} prompts · {regressed:,} worse in B · {improved:,} better in B. Select a row to compare.")
-    df = pd.DataFrame(rows).drop(columns=[TRACE_ID_A, TRACE_ID_B])
+    df = pd.DataFrame(rows).drop(columns=[TRACE_ID_A, TRACE_ID_B, PROMPT])
     st.dataframe(
         df,
         hide_index=True,
@@ -103,7 +126,9 @@ def draw(path: str, sig: tuple, root: str, root_sig: tuple) -> None:
         on_select=_on_select,
         selection_mode="single-row",
         column_config={
-            PROMPT: st.column_config.TextColumn(PROMPT, width="large"),
+            QUESTION: st.column_config.TextColumn(QUESTION, width="large", help="the prompt's last user message"),
+            STEPS_A: st.column_config.TextColumn("step A", width="small"),
+            STEPS_B: st.column_config.TextColumn("step B", width="small"),
             **{
                 c: st.column_config.NumberColumn(c, format="%.4g")
                 for c in df.columns
@@ -115,7 +140,8 @@ def draw(path: str, sig: tuple, root: str, root_sig: tuple) -> None:
     if pick is None or pick >= len(rows):
         return
     full_prompt = loaded.table.column(PROMPT)[pick].as_py()
-    _side_by_side(path, sig, path_b, sig_b, step_a, step_b, rows[pick], full_prompt)
+    picked = {**rows[pick], QUESTION: loaded.table.column(QUESTION)[pick].as_py()}
+    _side_by_side(path, sig, path_b, sig_b, step_a, step_b, picked, full_prompt)
 
 
 def _side(
@@ -168,9 +194,11 @@ def _side_by_side(
     r: dict[str, Any],
     prompt: str | None,
 ) -> None:
-    st.subheader(safe.md(f"Sample {r[D.SAMPLE_INDEX]}"))
-    st.caption("prompt")
-    safe.text(prompt or "", "cmp_prompt", "prompt")
+    st.subheader(safe.md(f"Sample {r[D.SAMPLE_INDEX]} · step A {r[STEPS_A] or '-'} · step B {r[STEPS_B] or '-'}"))
+    st.caption("question")
+    safe.text(r[QUESTION] or "(no user message found)", "cmp_question", "question")
+    with st.expander("the whole prompt"):
+        safe.text(prompt or "", "cmp_prompt", "prompt")
     a, b = st.columns(2)
     answers_a = _side(path, sig, step_a, r, a, "A", True)
     answers_b = _side(path_b, sig_b, step_b, r, b, "B", os.path.samefile(path, path_b))

@@ -9,7 +9,8 @@ import pandas as pd
 import streamlit as st
 
 from tracer import schema as S
-from viewer import cache, charts, state
+from tracer.questions import zero_std_fractions
+from viewer import cache, charts, safe, state
 from viewer import data as D
 from viewer.format import metric_value
 from viewer.views import live
@@ -48,6 +49,9 @@ def draw(path: str, sig: tuple) -> None:
     if not rows:
         st.info("No trajectories recorded yet.")
         return
+    zero_std = _zero_std(path, sig)
+    if zero_std is not None:
+        D.with_zero_std(rows, zero_std)
     df = pd.DataFrame(rows)
     st.caption("Click a point of a chart to list that step's trajectories.")
     c1, c2 = st.columns(2)
@@ -65,17 +69,39 @@ def draw(path: str, sig: tuple) -> None:
         st.subheader("Latency (s)")
         _chart(charts.lines_chart(df, ["latency_s/p50", "latency_s/p95"], "seconds"), "ov_latency")
     if "logprob_mismatch" in df.columns and df["logprob_mismatch"].notna().any():
+        synthetic = D.synthetic_sources(stats.table) if stats is not None else []
+        tag = " (synthetic trainer stats)" if synthetic else ""
         c5, c6 = st.columns(2)
         with c5:
-            st.subheader("Train/inference logprob mismatch")
+            st.subheader("Train/inference logprob mismatch" + tag)
             st.caption("mean |rollout logprob - trainer logprob| over tokens in the loss mask")
+            if synthetic:
+                st.warning(safe.md("Not measured: the trainer logprobs are made up. Source: " + "; ".join(synthetic)))
             _chart(charts.lines_chart(df, ["logprob_mismatch"], "mean abs. difference"), "ov_mismatch")
         with c6:
-            st.subheader("Largest trainer/rollout probability ratio")
+            st.subheader("Largest trainer/rollout probability ratio" + tag)
             _chart(charts.lines_chart(df, ["logprob_ratio/max"], "max exp(trainer - rollout)"), "ov_ratio")
+    if D.ZERO_STD_COL in df.columns and df[D.ZERO_STD_COL].notna().any():
+        c7, _ = st.columns(2)
+        with c7:
+            st.subheader("Groups with all rewards equal")
+            st.caption("fraction of prompts whose rollouts all got the same reward: no learning signal for GRPO")
+            _chart(charts.lines_chart(df, [D.ZERO_STD_COL], "fraction of groups", fmt="%"), "ov_zero_std")
     st.subheader("Per step")
     st.dataframe(df, hide_index=True, key="overview_table", column_config=_number_columns(df))
     _staleness(path, sig)
+
+
+#: Below this many bytes of trace files the overview counts zero-std groups by itself (it reads every trajectory).
+ZERO_STD_AUTO_BYTES = 64 * 1024 * 1024
+
+
+def _zero_std(path: str, sig: tuple) -> dict[tuple[int | None, bool], float] | None:
+    """Per (step, validate) the fraction of zero-std groups; None when the user left it off for a big run."""
+    small = sum(size for _, size, _ in sig) < ZERO_STD_AUTO_BYTES
+    if not small and not st.toggle("Count groups with all rewards equal (reads every trajectory)", key="zero_std_on"):
+        return None
+    return zero_std_fractions(cache.run_base(path, sig).table)
 
 
 @st.cache_data(show_spinner=False, max_entries=8)

@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import streamlit as st
 
 from viewer import cache, charts, safe, state
@@ -13,6 +14,10 @@ from viewer import data as D
 from viewer.format import metric_value, seconds
 
 MAX_WATERFALL_SPANS = 300
+#: Messages of the conversation drawn at first, and added by each "show more".
+MESSAGES_PER_PAGE = 40
+#: Session key prefix (then the trace id): how many messages the conversation shows.
+SS_MESSAGES_SHOWN = "messages_shown"
 #: Tokens the "worst tokens" table lists per turn.
 WORST_TOKENS = 10
 ROLE_AVATARS = {"system": ":material/settings:", "tool": ":material/build:"}
@@ -20,7 +25,9 @@ ROLE_AVATARS = {"system": ":material/settings:", "tool": ":material/build:"}
 
 def token_decoder(path: str) -> Any:
     """Per-token text for the token view: ?tokenizer=, --tokenizer, or the run's recorded tokenizer path."""
-    chosen = st.query_params.get(state.QP_TOKENIZER) or state.script_arg(sys.argv[1:], "tokenizer")
+    chosen = state.parse_param(st.query_params.get(state.QP_TOKENIZER), str) or state.script_arg(
+        sys.argv[1:], "tokenizer"
+    )
     chosen = chosen or D.run_tokenizer_path(path)
     if not chosen:
         return None
@@ -127,9 +134,17 @@ def draw(path: str, sig: tuple) -> None:
         msgs = D.messages(spans)
         if not msgs:
             st.info("This trajectory recorded no conversation (no messages on its root span and no llm spans).")
-        for i, msg in enumerate(msgs):
+        shown_key = f"{SS_MESSAGES_SHOWN}_{tid}"
+        shown = st.session_state.get(shown_key, MESSAGES_PER_PAGE)
+        for i, msg in enumerate(msgs[:shown]):
             with safe.isolated("message"):
                 render_message(msg, f"msg{i}")
+        if len(msgs) > shown:
+            st.button(
+                f"show more ({len(msgs) - shown} more messages)",
+                key="more_messages",
+                on_click=lambda: st.session_state.update({shown_key: shown + MESSAGES_PER_PAGE}),
+            )
     with tab_tools, safe.isolated("list of tool calls"):
         _tool_calls(spans)
     with tab_time, safe.isolated("timing chart"):
@@ -207,11 +222,19 @@ def _tokens(path: str, sig: tuple, tid: str, row: dict[str, Any], spans: Any) ->
         st.caption("No llm spans.")
     for turn in turns:
         with safe.isolated("turn"):
-            _draw_turn(turn)
+            _draw_turn(turn, _advantage(row))
 
 
-def _draw_turn(turn: Any) -> None:
-    """One turn of the token view: header, warnings, the token grid, worst tokens and its text."""
+def _advantage(row: dict[str, Any]) -> float | None:
+    """The trajectory's advantage: the list's column, else ``log_reward``'s extra."""
+    if row.get(D.ADVANTAGE_COL) is not None:
+        return float(row[D.ADVANTAGE_COL])
+    got = D.advantages(pa.chunked_array([[row.get(D.REWARD_INFO)]], pa.string())).to_pylist()
+    return got[0] if got else None
+
+
+def _draw_turn(turn: Any, advantage: float | None = None) -> None:
+    """One turn of the token view: header, warnings, the mismatch, the token grid and table, worst tokens, its text."""
     kept = turn.kept
     if turn.truncated:
         of = f" of {turn.recorded}" if turn.recorded is not None else ""
@@ -243,20 +266,35 @@ def _draw_turn(turn: Any) -> None:
             "Colour tokens by",
             options,
             key=f"color_by_{turn.index}",
-            help="mismatch = rollout logprob - trainer logprob; faded tokens are outside the loss mask",
+            help="mismatch = rollout logprob - trainer logprob; grey tokens are outside the loss mask (not counted)",
         )
     elif options:
         color_by = options[0]
+    if turn.stats:
+        mean, counted = turn.mismatch()
+        label = "synthetic trainer stats" if turn.synthetic else "trainer stats"
+        if mean is not None:
+            st.markdown(
+                safe.md(f"mean |rollout - trainer logprob| over the {counted} token(s) in the loss mask: {mean:.4g}")
+                + (" · :orange-badge[synthetic trainer stats]" if turn.synthetic else "")
+            )
+        st.caption(safe.md(f"From {label}: {turn.stats_source or 'source not given'}"))
     if cells:
-        df = pd.DataFrame(cells)
+        df = pd.DataFrame(D.paint(cells, color_by))
         extra = [f for f in options if f not in (D.COLOR_LOGPROB,)]
         if color_by is not None and not df[color_by].notna().any():
             color_by = None
         st.vega_lite_chart(
             df, charts.token_spec(turn, color_by, extra), width="stretch", height=charts.token_height(turn)
         )
-    if turn.stats_source:
-        st.caption(safe.md(f"Trainer stats of this turn: {turn.stats_source}"))
+    if turn.kept and st.toggle("table: one row per token", key=f"token_table_{turn.index}"):
+        rows = turn.token_rows(advantage)[: charts.MAX_TOKEN_CELLS]
+        st.dataframe(
+            pd.DataFrame(rows, columns=list(D.TOKEN_TABLE_COLUMNS)),
+            hide_index=True,
+            key=f"tokens_{turn.index}",
+            column_config={c: st.column_config.NumberColumn(format="%.4f") for c in D.TOKEN_TABLE_COLUMNS[2:-1]},
+        )
     if turn.stats:
         by = D.COLOR_MISMATCH if D.COLOR_MISMATCH in options else D.COLOR_LOGPROB
         worst = D.worst_tokens(turn, by, WORST_TOKENS)

@@ -45,8 +45,20 @@ def _keep_in_range(ss: Any, key: str, lo: Any, hi: Any) -> None:
 
 def _row_label(r: dict[str, Any]) -> str:
     return safe.clip(
-        f"step {r[D.STEP]} · sample {r['sample']} · rollout {r['rollout']} · reward {short(r[D.REWARD])} · {r[D.TRACE_ID]}"
+        f"{r[D.SHORT_ID_COL]} · step {r[D.STEP]} · sample {r['sample']} · rollout {r['rollout']} · "
+        f"reward {short(r[D.REWARD])} · {r[D.QUESTION_COL]}"
     )
+
+
+def question_columns() -> dict[str, Any]:
+    """Column settings of the short id, question and answer columns every trajectory table starts with."""
+    return {
+        D.SHORT_ID_COL: st.column_config.TextColumn("id", width="small", help="the trace id's distinct part"),
+        D.QUESTION_COL: st.column_config.TextColumn(
+            "question", width="large", help="the last user message before the model's first reply"
+        ),
+        D.ANSWER_COL: st.column_config.TextColumn("final answer", width="medium", help="the last assistant message"),
+    }
 
 
 def _open_picked() -> None:
@@ -80,7 +92,7 @@ def draw(path: str, sig: tuple) -> None:
         return
     c1, c2, c3 = st.columns([2, 1, 1])
     query = c1.text_input(
-        "Search the conversations", key="q", placeholder="text in any prompt, response, tool call or result"
+        "Search the conversations", key="q", placeholder="text in any question, answer, prompt, tool call or result"
     )
     statuses = sorted(s for s in pc.unique(base.column(D.STATUS)).to_pylist() if s)
     _keep_known(ss, "f_status", statuses)
@@ -119,7 +131,8 @@ def draw(path: str, sig: tuple) -> None:
     page = p2.number_input("Page", min_value=1, max_value=pages, step=1, key="page")
     p3.caption(f"{filtered.num_rows:,} of {base.num_rows:,} trajectories match; page {page} of {pages:,}")
     shown, _ = D.sort_and_page(filtered, sort, desc, int(page) - 1, page_size)
-    rows = D.list_rows(shown)
+    qa = cache.questions(path, sig, tuple(shown.column(D.TRACE_ID).to_pylist()), step) if shown.num_rows else {}
+    rows = D.list_rows(shown, qa)
     if followed is not None:
         running = {r[D.TRACE_ID] for r in followed.running_rows(step)}
         for r in rows:
@@ -136,6 +149,7 @@ def draw(path: str, sig: tuple) -> None:
         on_select=_on_list_select,
         selection_mode="single-row",
         column_config={
+            **question_columns(),
             D.TRACE_ID: st.column_config.TextColumn("trace id", width="medium"),
             D.REWARD: st.column_config.NumberColumn(format="%.4g"),
             "advantage": st.column_config.NumberColumn(format="%.4g"),

@@ -1,0 +1,25 @@
+"""Text from trace files, made safe to print on a terminal: one line, no control sequences.
+
+Every string a subcommand prints that came from a trace file (sample
+indices, names, questions, error messages, paths) goes through
+:func:`terminal_text`: a newline cannot forge an output line, an escape
+sequence cannot move the cursor, retitle the window or hide text.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: Characters shown escaped: C0 and C1 controls, DEL, line and paragraph separators, bidi controls.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _escaped(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def terminal_text(value: Any) -> str:
+    """``value`` as text with every control, separator and bidi character shown as ``\\xNN``/``\\uNNNN``."""
+    return _UNSAFE.sub(_escaped, value if isinstance(value, str) else str(value))

@@ -1,0 +1,183 @@
+"""A trajectory's question and final answer, and a group's ground truth: what the pages name a rollout by.
+
+The question is the last user message before the model's first reply: not
+the system prompt, not a few-shot example (an assistant message that no llm
+span produced is part of the prompt). A prompt recorded only as templated
+text (ChatML, Llama 3) gives its last user block. The answer is the last
+assistant turn's text. The ground truth is a ``log_reward`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracer.schema import REWARD, ROLLOUT_N, SAMPLE_INDEX, STEP, TRACE_ID, VALIDATE
+from tracer.summary import ROLE_ASSISTANT, ROLE_USER, TURN_SPAN_COLUMNS, Turn, span_turns, trajectory_turns
+
+#: ``log_reward`` extras read as the ground truth, first found wins (``answer`` is the rollout's parsed answer).
+GROUND_TRUTH_KEYS = ("ground_truth", "reference", "target", "expected", "gold", "solution", "label")
+
+# The user blocks of a templated prompt: ChatML (Qwen) and Llama 3.
+_USER_BLOCKS = (
+    re.compile(r"<\|im_start\|>user\s*\n(.*?)(?:<\|im_end\|>|$)", re.S),
+    re.compile(r"<\|start_header_id\|>user<\|end_header_id\|>\s*(.*?)(?:<\|eot_id\|>|$)", re.S),
+)
+
+
+def _untemplated(text: str) -> str:
+    """The last user block of a templated prompt, or ``text`` when it holds none."""
+    for pattern in _USER_BLOCKS:
+        blocks = pattern.findall(text)
+        if blocks:
+            return str(blocks[-1]).strip()
+    return text
+
+
+def _text(turn: Turn) -> str:
+    return turn.text if turn.text is not None else ""
+
+
+def question_of(turns: Sequence[Turn], generated: int | None = None) -> str | None:
+    """The question of a conversation: the last user turn before the model's first reply.
+
+    Args:
+        turns: The trajectory's turns (:func:`tracer.summary.trajectory_turns`).
+        generated: How many assistant turns the model produced (its llm spans);
+            the assistant turns before those are part of the prompt (few-shot
+            examples). None: every assistant turn was produced.
+    """
+    assistant = [i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT]
+    first = len(turns)
+    if assistant:
+        skip = len(assistant) - generated if generated and generated <= len(assistant) else 0
+        first = assistant[skip]
+    user = next((t for t in reversed(turns[:first]) if t.role == ROLE_USER), None)
+    if user is None:
+        return None
+    return _untemplated(_text(user))
+
+
+def answer_of(turns: Sequence[Turn]) -> str | None:
+    """The final answer: the last assistant turn's text (None when the model never replied)."""
+    last = next((t for t in reversed(turns) if t.role == ROLE_ASSISTANT), None)
+    if last is None:
+        return None
+    return _text(last) or (last.response_text or "")
+
+
+def questions_and_answers(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, tuple[str | None, str | None]]:
+    """(question, final answer) of every trajectory in ``spans``, by trace id."""
+    if isinstance(spans, pa.Table):
+        spans = spans.select([c for c in TURN_SPAN_COLUMNS if c in spans.column_names]).to_pylist()
+    by_trace: dict[str, list[Mapping[str, Any]]] = {}
+    for r in spans:
+        by_trace.setdefault(r.get(TRACE_ID), []).append(r)  # type: ignore[arg-type]
+    out: dict[str, tuple[str | None, str | None]] = {}
+    for tid, rows in by_trace.items():
+        turns = next(iter(trajectory_turns(rows).values()), [])
+        generated = sum(1 for t in span_turns(rows) if t.role == ROLE_ASSISTANT)
+        out[tid] = (question_of(turns, generated or None), answer_of(turns))
+    return out
+
+
+def ground_truth(reward_info: str | Mapping[str, Any] | None) -> str | None:
+    """The ground truth among ``log_reward``'s extras (JSON text or a mapping), None when not given."""
+    info: Any = reward_info
+    if isinstance(reward_info, str):
+        try:
+            info = json.loads(reward_info)
+        except ValueError:
+            return None
+    if not isinstance(info, Mapping):
+        return None
+    for key in GROUND_TRUTH_KEYS:
+        value = info.get(key)
+        if value is not None and value != "":
+            return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return None
+
+
+def zero_std_groups(trajectories: pa.Table) -> pa.Table:
+    """Per (step, validate, sample_index) group with rewards: how many, and whether they are all equal.
+
+    A group whose rewards are all equal gives GRPO no learning signal (every
+    advantage is zero). Columns: ``step``, ``validate``, ``sample_index``,
+    ``rollouts`` (rewards in the group) and ``zero_std`` (True when at least
+    two and all equal).
+    """
+    t = trajectories.select([STEP, VALIDATE, SAMPLE_INDEX, REWARD])
+    t = t.filter(pc.is_valid(t.column(REWARD)))
+    t = t.set_column(1, VALIDATE, pc.fill_null(t.column(VALIDATE), False))
+    g = t.group_by([STEP, VALIDATE, SAMPLE_INDEX], use_threads=False).aggregate(
+        [(REWARD, "min"), (REWARD, "max"), (REWARD, "count")]
+    )
+    count = g.column(f"{REWARD}_count")
+    same = pc.and_(pc.greater_equal(count, 2), pc.equal(g.column(f"{REWARD}_min"), g.column(f"{REWARD}_max")))
+    return pa.table(
+        {
+            STEP: g.column(STEP),
+            VALIDATE: g.column(VALIDATE),
+            SAMPLE_INDEX: g.column(SAMPLE_INDEX),
+            "rollouts": count,
+            "zero_std": same,
+        }
+    )
+
+
+def zero_std_fractions(trajectories: pa.Table) -> dict[tuple[int | None, bool], float]:
+    """Per (step, validate): the fraction of groups of two or more rewards whose rewards are all equal."""
+    g = zero_std_groups(trajectories).to_pylist()
+    seen: dict[tuple[int | None, bool], list[int]] = {}
+    for r in g:
+        if r["rollouts"] < 2:
+            continue
+        counts = seen.setdefault((r[STEP], bool(r[VALIDATE])), [0, 0])
+        counts[0] += 1
+        counts[1] += bool(r["zero_std"])
+    return {k: same / n for k, (n, same) in seen.items()}
+
+
+#: Hex digits of a trace id that name the process that wrote it (the recorder's ids: a process prefix, a counter).
+WRITER_ID_CHARS = 16
+
+
+def repeated_keys(trajectories: pa.Table) -> list[dict[str, Any]]:
+    """The (step, sample_index, rollout_n, validate) keys held by more than one trajectory.
+
+    A run recorded twice under the same names, or verl numbering
+    ``rollout_n`` per worker, repeats keys; each attempt keeps its own trace
+    id. Each row: the key, ``attempts`` (trajectories with it) and
+    ``writers`` (distinct trace id prefixes, :data:`WRITER_ID_CHARS`).
+    """
+    keys = [STEP, SAMPLE_INDEX, ROLLOUT_N, VALIDATE]
+    t = trajectories.select([*keys, TRACE_ID])
+    t = t.set_column(3, VALIDATE, pc.fill_null(t.column(VALIDATE), False))
+    t = t.append_column("writer", pc.utf8_slice_codeunits(t.column(TRACE_ID), 0, WRITER_ID_CHARS))
+    g = t.group_by(keys, use_threads=False).aggregate([(TRACE_ID, "count"), ("writer", "count_distinct")])
+    g = g.filter(pc.greater(g.column(f"{TRACE_ID}_count"), 1))
+    rows = [
+        {**{k: r[k] for k in keys}, "attempts": r[f"{TRACE_ID}_count"], "writers": r["writer_count_distinct"]}
+        for r in g.to_pylist()
+    ]
+    return sorted(rows, key=lambda r: (r[STEP] is None, r[STEP] or 0, str(r[SAMPLE_INDEX]), r[ROLLOUT_N] or 0))
+
+
+def describe_repeats(repeats: Sequence[Mapping[str, Any]]) -> str:
+    """One line saying how many keys repeat, with the first few (empty when none)."""
+    if not repeats:
+        return ""
+    first = ", ".join(
+        f"(step {r[STEP]}, sample {r[SAMPLE_INDEX]}, rollout {r[ROLLOUT_N]}) x{r['attempts']}" for r in repeats[:3]
+    )
+    more = f" and {len(repeats) - 3} more" if len(repeats) > 3 else ""
+    writers = max(r["writers"] for r in repeats)
+    return (
+        f"{len(repeats)} (step, sample, rollout) keys are held by more than one trajectory: {first}{more}; "
+        f"up to {writers} writers. Each attempt keeps its own trace id; nothing was merged."
+    )
