@@ -77,5 +77,7 @@ class VLLMEngine:
         return Generation(ids, logprobs, finish)
 
     async def close(self) -> None:
-        """Shut the engine and its workers down."""
-        self.engine.shutdown()
+        """Shut the engine and its workers down, and drop it (its ``__del__`` fails at interpreter exit)."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.shutdown()

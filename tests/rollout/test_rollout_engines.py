@@ -1,9 +1,8 @@
-"""The agent loop on real engines: HF transformers on a tiny random Qwen3, OpenAI-compatible HTTP, vLLM."""
+"""The agent loop on real engines: HF transformers on a tiny random Qwen3, OpenAI-compatible HTTP (vLLM: test_rollout_vllm.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -181,22 +180,3 @@ def test_unknown_engine_lists_the_valid_ones() -> None:
     """create_engine with a bad name says which names exist."""
     with pytest.raises(ValueError, match="scripted, hf, openai, vllm"):
         create_engine("tgi")
-
-
-VLLM_MISSING = importlib.util.find_spec("vllm") is None
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
-@pytest.mark.skipif(
-    VLLM_MISSING, reason="vllm is not installed here (it needs its own environment: see docs/rollout.md)"
-)
-def test_vllm_engine_runs_a_group(tiny_qwen3_dir: Path, qwen_tokenizer: Any, problems: list[dict[str, Any]]) -> None:  # noqa: F811
-    """The vllm engine generates turns with logprobs for a group of rollouts."""
-    engine = create_engine("vllm", model=str(tiny_qwen3_dir), tokenizer=qwen_tokenizer, max_model_len=2048)
-    try:
-        loop = _loop(engine, qwen_tokenizer, max_turns=2, max_new_tokens=8, max_response_tokens=64)
-        results = asyncio.run(run_group(loop, problems[0], 0, step=1, n=2, sampling=SamplingParams()))
-    finally:
-        asyncio.run(engine.close())
-    assert len(results) == 2 and all(r.output is not None for r in results)
