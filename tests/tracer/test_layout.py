@@ -172,8 +172,8 @@ def test_import_tracer_loads_no_heavy_backend() -> None:
 
 #: Literal keys that equal a column name but are not one: (file, key, why).
 NOT_COLUMNS = {
-    ("tracer/summary.py", "name"): "OpenAI message and tool-call keys",
-    ("tracer/summary.py", "outputs"): "verl's AgentLoopOutput field read from a recorded output",
+    ("tracer/summary/turns.py", "name"): "OpenAI message and tool-call keys",
+    ("tracer/summary/turns.py", "outputs"): "verl's AgentLoopOutput field read from a recorded output",
     ("tracer/exporters/mlflow/importer.py", "inputs"): "MLflow span fields listed in rollout_trace.added",
     ("tracer/exporters/mlflow/importer.py", "outputs"): "MLflow span fields listed in rollout_trace.added",
     ("tracer/data/dataset.py", "name"): "the tool name inside an OpenAI message struct",

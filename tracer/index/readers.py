@@ -17,21 +17,18 @@ import pyarrow.compute as pc
 from tracer import schema as S
 from tracer.index import shard as _shard_index
 from tracer.read import TracePaths, indexed_files, read_spans, run_rollup
-from tracer.summary import (  # the model's merge, shared so stored and computed aggregates agree
+from tracer.summary.metrics import (  # the model's merge, shared so stored and computed aggregates agree
     _PART_LISTS,
     _PART_SUMS,
-    SUMMARY_SPAN_COLUMNS,
     _groups,
-    _in_order,
-    _key,
     _keys,
     _merge_parts,
     _partials_part,
     _rows_part,
     _sorted_runs,
     step_partials,
-    summarize,
 )
+from tracer.summary.rows import SUMMARY_SPAN_COLUMNS, _in_order, _key, summarize
 
 
 def read_trajectories(

@@ -120,9 +120,9 @@ def test_groups_split_over_files_merge_once_and_as_the_general_merge(tmp_path: A
     real_merge = tracer.index.readers._merge_presorted
 
     def both(counts: pa.Table, values: Any) -> pa.Table:
-        part = tracer.summary._partials_part(counts)
+        part = tracer.summary.metrics._partials_part(counts)
         part.values = tuple((v, np.repeat(np.arange(counts.num_rows), n)) for v, n in values)
-        general.append(tracer.summary._merge_parts([part]))
+        general.append(tracer.summary.metrics._merge_parts([part]))
         return real_merge(counts, values)
 
     monkeypatch.setattr(tracer.index.readers, "_merge_presorted", both)

@@ -189,7 +189,7 @@ def test_moments_are_numpys_to_the_bit(groups: list[list[float]]) -> None:
     at = np.zeros(len(runs) + 1, dtype=np.int64)
     np.cumsum([len(r) for r in runs], out=at[1:])
     with np.errstate(all="ignore"):
-        got = tracer.summary._moments(np.concatenate(runs), at)
+        got = tracer.summary.metrics._moments(np.concatenate(runs), at)
         for i, r in enumerate(runs):
             want = [np.mean(r), np.std(r), np.min(r), np.max(r)] if len(r) else [math.nan] * 4
             for k, w in enumerate(want):

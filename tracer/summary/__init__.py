@@ -1,0 +1,176 @@
+"""The trajectory model: one summary row and one list of turns per trajectory.
+
+Every consumer (the viewer, each exporter, the console) reads trajectories
+through this module, so they cannot disagree:
+
+* :func:`summarize` turns span rows of many trajectories into rows of
+  :data:`tracer.schema.TRAJECTORY_SCHEMA`, in Arrow (no Python loop over spans);
+  :func:`read_trajectories` is the same over trace files.
+* :func:`trajectory_turns` turns span rows into each trajectory's
+  :class:`Turn` list (system/user prompt, assistant turns with their tokens
+  and logprobs, tool results and errors); :func:`trajectory_messages` is that
+  list in OpenAI chat format, and :func:`prompt_and_response` its first
+  prompt and final response as text.
+
+The definitions, once:
+
+* A **trajectory** is every trace id of the spans (log_reward rows with a
+  trace id included; one with only those has no spans and no root).
+* The **root** is a span without a parent (a ``kind="rollout"`` one first,
+  then the earliest; never a ``log_reward`` row). The **first row** is the
+  root, else the earliest span, else the earliest ``log_reward`` row (ties:
+  the earlier row); step, sample, rollout and validate come from it.
+* **Status** is the root's; ``"incomplete"`` when there is no root (spans
+  are written when they end, so a root that never ended is absent).
+* **Reward**: the latest ``log_reward`` row (by end time, ties: the later
+  row) with the trajectory's trace id; else the latest ``log_reward`` row
+  without a trace id whose ``(step, sample_index, rollout_n, validate)``
+  equals the trajectory's (a reward logged by another process; nulls equal
+  nulls, a null validate is False); else the last ``kind="reward"`` op with a
+  reward. ``reward_info`` is the chosen ``log_reward`` row's attributes.
+* Counts and times cover every span but ``log_reward`` rows (times: those
+  rows' when there is nothing else).
+
+The output shapes agent code returns are recognised in one place (the
+``_reply``, ``_prompt`` and ``_tool_result`` functions below): this
+project's rollout (a root returning ``{"messages": [...]}``, llm spans with
+``response_ids``/``response_text``/``logprobs``), verl's ``TokenOutput``
+(``token_ids``, ``log_probs``, ``stop_reason``, token2text's ``token_text``),
+verl's ``AgentLoopOutput`` and its tool ``execute`` result
+``(ToolResponse, reward, metrics)``, verl's ``extract_tool_calls`` span,
+OpenAI chat completions (``choices[0].message``) and message lists, a vLLM
+``RequestOutput`` as a dict (``outputs[0].text``/``token_ids``/``logprobs``),
+and plain strings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tracer.summary.metrics import (
+    ADVANTAGES,
+    ENTROPY,
+    LOSS_MASK,
+    REF_LOGPROBS,
+    ROLLOUT_LOGPROBS,
+    TOKEN_STATS_KEY_COLUMNS,
+    TOKEN_STATS_SOURCE,
+    TRAINER_LOGPROBS,
+    TURN,
+    VALUE_COLUMNS,
+    merge_step_partials,
+    partial_metrics,
+    step_counts,
+    step_metrics,
+    step_partials,
+    step_values,
+    token_stat_metrics,
+    with_value_metrics,
+)
+from tracer.summary.rewards import (
+    REWARD_SOURCE_KEY,
+    SOURCE_OP,
+    SOURCE_RECORDED,
+    RewardRecord,
+    reward_source,
+    trajectory_rewards,
+)
+from tracer.summary.rows import (
+    SMALL_SUMMARY_SPANS,
+    SUMMARY_SPAN_COLUMNS,
+    summarize,
+)
+from tracer.summary.tokens import (
+    MASK_ENV,
+    MASK_MODEL,
+    TrajectoryTokens,
+    trajectory_tokens,
+)
+from tracer.summary.turns import (
+    RESPONSE_ID_KEYS,
+    ROLE_ASSISTANT,
+    ROLE_SYSTEM,
+    ROLE_TOOL,
+    ROLE_USER,
+    TURN_SPAN_COLUMNS,
+    ToolCall,
+    Turn,
+    content_text,
+    is_log_reward,
+    prompt_and_response,
+    render_turns,
+    root_span,
+    span_turn,
+    span_turns,
+    text_field_name,
+    token_offsets_field_name,
+    token_texts_field_name,
+    trajectory_messages,
+    trajectory_turns,
+)
+
+
+def __getattr__(name: str) -> Any:
+    """``read_trajectories`` and ``read_step_partials`` (:mod:`tracer.index.readers`), importable from here too."""
+    if name in ("read_trajectories", "read_step_partials"):
+        from tracer.index import readers  # above the model: it reads the model's rows from the indexes
+
+        return getattr(readers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "ADVANTAGES",
+    "ENTROPY",
+    "LOSS_MASK",
+    "MASK_ENV",
+    "MASK_MODEL",
+    "REF_LOGPROBS",
+    "RESPONSE_ID_KEYS",
+    "REWARD_SOURCE_KEY",
+    "ROLE_ASSISTANT",
+    "ROLE_SYSTEM",
+    "ROLE_TOOL",
+    "ROLE_USER",
+    "ROLLOUT_LOGPROBS",
+    "RewardRecord",
+    "SMALL_SUMMARY_SPANS",
+    "SOURCE_OP",
+    "SOURCE_RECORDED",
+    "SUMMARY_SPAN_COLUMNS",
+    "TOKEN_STATS_KEY_COLUMNS",
+    "TOKEN_STATS_SOURCE",
+    "TRAINER_LOGPROBS",
+    "TURN",
+    "TURN_SPAN_COLUMNS",
+    "ToolCall",
+    "TrajectoryTokens",
+    "Turn",
+    "VALUE_COLUMNS",
+    "content_text",
+    "is_log_reward",
+    "merge_step_partials",
+    "partial_metrics",
+    "prompt_and_response",
+    "read_step_partials",
+    "read_trajectories",
+    "render_turns",
+    "reward_source",
+    "root_span",
+    "span_turn",
+    "span_turns",
+    "step_counts",
+    "step_metrics",
+    "step_partials",
+    "step_values",
+    "summarize",
+    "text_field_name",
+    "token_offsets_field_name",
+    "token_stat_metrics",
+    "token_texts_field_name",
+    "trajectory_messages",
+    "trajectory_rewards",
+    "trajectory_tokens",
+    "trajectory_turns",
+    "with_value_metrics",
+]

@@ -1,0 +1,70 @@
+"""Reward sources: where each of a trajectory's rewards came from."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+from tracer.read import parse_json_or_text as _loads
+from tracer.summary.turns import is_log_reward
+
+#: log_reward attribute naming where a reward came from (``rollout-trace rescore`` sets it).
+REWARD_SOURCE_KEY = "reward_source"
+#: Source of a reward recorded during the run (a log_reward row without :data:`REWARD_SOURCE_KEY`).
+SOURCE_RECORDED = "recorded"
+#: Source of a reward taken from a ``kind="reward"`` op's span.
+SOURCE_OP = "reward_op"
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardRecord:
+    """One reward a trajectory received.
+
+    Attributes:
+        reward: The value.
+        source: :data:`SOURCE_RECORDED`, :data:`SOURCE_OP`, or the
+            ``module:function`` a rescore ran.
+        end_ns: When it was logged (the latest one is the trajectory's reward).
+        info: The row's other attributes (``advantage``, ...).
+    """
+
+    reward: float | None
+    source: str
+    end_ns: int
+    info: Mapping[str, Any]
+
+
+def reward_source(attributes: Any) -> str:
+    """The source a log_reward row's attributes (JSON text or dict) name."""
+    attrs = _loads(attributes)
+    src = attrs.get(REWARD_SOURCE_KEY) if isinstance(attrs, Mapping) else None
+    return src if isinstance(src, str) and src else SOURCE_RECORDED
+
+
+def trajectory_rewards(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, list[RewardRecord]]:
+    """Every reward of every trajectory in ``spans``, oldest first, by trace id.
+
+    Reward ops come first, then log_reward rows by time, so the last record
+    is the reward :func:`summarize` reports. Only rows with the trajectory's
+    trace id are listed (a reward logged by another process, joined by key,
+    is in :func:`summarize`'s ``reward`` only).
+    """
+    rows = spans.to_pylist() if isinstance(spans, pa.Table) else list(spans)
+    out: dict[str, list[tuple[int, int, int, RewardRecord]]] = {}
+    for i, r in enumerate(rows):
+        tid = r.get(S.TRACE_ID)
+        if not tid or r.get(S.KIND) != S.KIND_REWARD:
+            continue
+        end = r.get(S.END_NS) or 0
+        if is_log_reward(r):
+            attrs = _loads(r.get(S.ATTRIBUTES))
+            info = {k: v for k, v in attrs.items() if k != REWARD_SOURCE_KEY} if isinstance(attrs, Mapping) else {}
+            rec = RewardRecord(r.get(S.REWARD), reward_source(attrs), end, info)
+            out.setdefault(tid, []).append((1, end, i, rec))
+        elif r.get(S.REWARD) is not None:
+            out.setdefault(tid, []).append((0, end, i, RewardRecord(r[S.REWARD], SOURCE_OP, end, {})))
+    return {tid: [rec for *_, rec in sorted(recs, key=lambda x: x[:3])] for tid, recs in out.items()}

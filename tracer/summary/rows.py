@@ -1,0 +1,282 @@
+"""One summary row per trajectory (:data:`tracer.schema.TRAJECTORY_SCHEMA`): Arrow for many spans, Python for few."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+
+#: Span columns :func:`summarize` needs.
+SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
+    S.TRACE_ID,
+    S.PARENT_SPAN_ID,
+    S.NAME,
+    S.KIND,
+    S.STATUS,
+    S.START_NS,
+    S.END_NS,
+    S.STEP,
+    S.SAMPLE_INDEX,
+    S.ROLLOUT_N,
+    S.VALIDATE,
+    S.REWARD,
+    S.ATTRIBUTES,
+)
+
+#: Span tables up to this many rows are summarised in Python (same definitions):
+#: Arrow's per-call cost dominates for one trajectory (bench/bench_summary.py).
+SMALL_SUMMARY_SPANS = 64
+
+
+def _flag(mask: Any) -> Any:
+    return pc.cast(pc.fill_null(mask, False), pa.int64())
+
+
+def _positions(n: int) -> pa.Array:
+    return pa.array(range(n), pa.int64())
+
+
+def _key(step: Any, sample: Any, rollout: Any, validate: Any) -> Any:
+    """One string per row naming (step, sample_index, rollout_n, validate); nulls equal nulls.
+
+    Sample comes last with a prefix, so no sample text can make two keys collide.
+    """
+    null = "\x00"
+    parts = [
+        pc.fill_null(pc.cast(step, pa.string()), null),
+        pc.fill_null(pc.cast(rollout, pa.string()), null),
+        pc.cast(pc.fill_null(validate, False), pa.string()),
+        pc.fill_null(pc.binary_join_element_wise("s", sample, ""), null),
+    ]
+    return pc.binary_join_element_wise(*parts, "\x1f")
+
+
+def _latest(rows: pa.Table, by: Any, value_pos: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """Per distinct ``by`` value, the largest position (rows come sorted by end time): (keys, positions)."""
+    grouped = pa.table({"k": by, "p": value_pos}).group_by("k", use_threads=False).aggregate([("p", "max")])
+    return grouped.column("k").combine_chunks(), grouped.column("p_max").combine_chunks()
+
+
+def _is_log_row(r: Mapping[str, Any]) -> bool:
+    return r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME
+
+
+def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
+    """:func:`summarize` of a few span rows, evaluated in Python (the same definitions).
+
+    Arrow's kernels cost ~5 ms a call for one trajectory (bench/bench_summary.py);
+    live exporters summarise trajectories one at a time as they finish.
+    """
+    by_trace: dict[str, list[int]] = {}
+    logs: list[int] = []
+    for i, r in enumerate(rows):
+        if r[S.TRACE_ID]:
+            by_trace.setdefault(r[S.TRACE_ID], []).append(i)
+        if _is_log_row(r):
+            logs.append(i)
+
+    def latest(idx: list[int]) -> dict[str, Any] | None:
+        return rows[max(idx, key=lambda i: (rows[i][S.END_NS], i))] if idx else None
+
+    def rank(i: int) -> tuple[int, int, int]:
+        r = rows[i]
+        if _is_log_row(r):
+            return (3, r[S.START_NS], i)
+        if r[S.PARENT_SPAN_ID] is None:
+            return (0 if r[S.KIND] == S.KIND_ROLLOUT else 1, r[S.START_NS], i)
+        return (2, r[S.START_NS], i)
+
+    def key(r: Mapping[str, Any]) -> tuple[Any, ...]:
+        return (r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE]))
+
+    out: list[dict[str, Any]] = []
+    for tid, idx in by_trace.items():
+        first_i = min(idx, key=rank)
+        first = rows[first_i]
+        root = rank(first_i)[0] <= 1
+        body = [rows[i] for i in idx if not _is_log_row(rows[i])]
+        chosen = latest([i for i in logs if rows[i][S.TRACE_ID] == tid])
+        if chosen is None:
+            k = key(first)
+            chosen = latest([i for i in logs if not rows[i][S.TRACE_ID] and key(rows[i]) == k])
+        reward, info = (chosen[S.REWARD], chosen[S.ATTRIBUTES]) if chosen is not None else (None, None)
+        if chosen is None:
+            ops = [i for i in idx if rows[i][S.KIND] == S.KIND_REWARD and not _is_log_row(rows[i])]
+            op = latest([i for i in ops if rows[i][S.REWARD] is not None])
+            reward = op[S.REWARD] if op is not None else None
+        timed = body or [rows[i] for i in idx]
+        tools = [r for r in body if r[S.KIND] == S.KIND_TOOL]
+        out.append(
+            {
+                S.TRACE_ID: tid,
+                S.NAME: first[S.NAME] if root else None,
+                S.STEP: first[S.STEP],
+                S.SAMPLE_INDEX: first[S.SAMPLE_INDEX],
+                S.ROLLOUT_N: first[S.ROLLOUT_N],
+                S.VALIDATE: first[S.VALIDATE],
+                S.REWARD: reward,
+                S.REWARD_INFO: info,
+                S.STATUS: first[S.STATUS] if root else S.STATUS_INCOMPLETE,
+                S.START_NS: min(r[S.START_NS] for r in timed),
+                S.END_NS: max(r[S.END_NS] for r in timed),
+                S.NUM_SPANS: len(body),
+                S.NUM_LLM_CALLS: sum(1 for r in body if r[S.KIND] == S.KIND_LLM),
+                S.NUM_TOOL_CALLS: len(tools),
+                S.NUM_TOOL_ERRORS: sum(1 for r in tools if r[S.STATUS] != S.STATUS_OK),
+                S.NUM_ERRORS: sum(1 for r in body if r[S.STATUS] == S.STATUS_ERROR),
+            }
+        )
+    out.sort(key=_order_key)
+    return pa.Table.from_pylist(out, schema=S.TRAJECTORY_SCHEMA)
+
+
+def _order_key(r: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Step, sample, rollout, start, trace id; nulls last (as Arrow's sort_by)."""
+    parts: list[Any] = []
+    for c in (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.START_NS, S.TRACE_ID):
+        v = r[c]
+        parts.extend((v is None, "" if v is None and c == S.SAMPLE_INDEX else (0 if v is None else v)))
+    return tuple(parts)
+
+
+def summarize(spans: pa.Table) -> pa.Table:
+    """One summary row per trajectory of ``spans`` (any number of trajectories, any order).
+
+    The definitions of root, first row, status and reward are in this
+    module's docstring. Spans without a trace id (rewards logged by another
+    process) are joined by key and get no row of their own.
+
+    Args:
+        spans: Rows of :data:`tracer.schema.SPAN_SCHEMA`; at least the columns
+            :data:`SUMMARY_SPAN_COLUMNS`.
+
+    Returns:
+        A table of :data:`tracer.schema.TRAJECTORY_SCHEMA`, by step, sample, rollout,
+        start time and trace id.
+
+    Raises:
+        ValueError: a needed column is missing (names them).
+    """
+    have = set(spans.schema.names)
+    missing = [c for c in SUMMARY_SPAN_COLUMNS if c not in have]
+    if missing:
+        raise ValueError(
+            f"summarize: the span table lacks the column(s) {', '.join(missing)}; "
+            f"read them too (tracer.read_spans(path, columns=tracer.summary.SUMMARY_SPAN_COLUMNS))"
+        )
+    if spans.num_rows <= SMALL_SUMMARY_SPANS:
+        return _summarize_rows(spans.select(list(SUMMARY_SPAN_COLUMNS)).to_pylist())
+    t = spans.select(list(SUMMARY_SPAN_COLUMNS))
+    t = t.append_column("_pos", _positions(t.num_rows))
+    is_log = pc.fill_null(pc.and_(pc.equal(t[S.KIND], S.KIND_REWARD), pc.equal(t[S.NAME], S.REWARD_SPAN_NAME)), False)
+    has_tid = pc.fill_null(pc.not_equal(t[S.TRACE_ID], ""), False)
+    logs = t.filter(is_log)
+    # Every span with a trace id belongs to a trajectory (log_reward rows too).
+    own = t.filter(has_tid)
+    if own.num_rows == 0:
+        return S.TRAJECTORY_SCHEMA.empty_table()
+    own_log = pc.fill_null(
+        pc.and_(pc.equal(own[S.KIND], S.KIND_REWARD), pc.equal(own[S.NAME], S.REWARD_SPAN_NAME)), False
+    )
+    is_body = pc.invert(own_log)
+
+    # The first row: the root (rollout roots first), else the earliest span, else the earliest reward.
+    is_root = pc.and_(pc.is_null(own[S.PARENT_SPAN_ID]), is_body)
+    rank = pc.if_else(is_root, pc.if_else(pc.equal(own[S.KIND], S.KIND_ROLLOUT), 0, 1), pc.if_else(is_body, 2, 3))
+    own = own.append_column("_rank", pc.cast(rank, pa.int8()))
+    own = own.append_column("_body", is_body)
+    order = pc.sort_indices(
+        own,
+        sort_keys=[(S.TRACE_ID, "ascending"), ("_rank", "ascending"), (S.START_NS, "ascending"), ("_pos", "ascending")],
+    )
+    own = own.take(order)
+    own = own.append_column("_spos", _positions(own.num_rows))
+    kind, status, body = own[S.KIND], own[S.STATUS], own["_body"]
+    no_int = pa.scalar(None, pa.int64())
+    derived = {
+        "_bstart": pc.if_else(body, own[S.START_NS], no_int),
+        "_bend": pc.if_else(body, own[S.END_NS], no_int),
+        "_n": _flag(body),
+        "_llm": _flag(pc.and_(body, pc.equal(kind, S.KIND_LLM))),
+        "_tool": _flag(pc.and_(body, pc.equal(kind, S.KIND_TOOL))),
+        "_tool_err": _flag(pc.and_(body, pc.and_(pc.equal(kind, S.KIND_TOOL), pc.not_equal(status, S.STATUS_OK)))),
+        "_err": _flag(pc.and_(body, pc.equal(status, S.STATUS_ERROR))),
+    }
+    for name, col in derived.items():
+        own = own.append_column(name, col)
+    sums = ("_n", "_llm", "_tool", "_tool_err", "_err")
+    grouped = own.group_by(S.TRACE_ID, use_threads=False).aggregate(
+        [
+            ("_spos", "min"),
+            ("_bstart", "min"),
+            ("_bend", "max"),
+            (S.START_NS, "min"),
+            (S.END_NS, "max"),
+            *((name, "sum") for name in sums),
+        ]
+    )
+    first = own.take(grouped["_spos_min"])
+    has_root = pc.less_equal(first["_rank"], 1)
+    trace_ids = first[S.TRACE_ID]
+
+    # Rewards: log_reward by trace id, else by key; else the last reward op.
+    logs = logs.take(pc.sort_indices(logs, sort_keys=[(S.END_NS, "ascending"), ("_pos", "ascending")]))
+    lpos = _positions(logs.num_rows)
+    log_tid = pc.fill_null(pc.not_equal(logs[S.TRACE_ID], ""), False)
+    tid_keys, tid_pos = _latest(logs.filter(log_tid), pc.filter(logs[S.TRACE_ID], log_tid), pc.filter(lpos, log_tid))
+    chosen = pc.take(tid_pos, pc.index_in(trace_ids, value_set=tid_keys))
+    no_tid = pc.invert(log_tid)
+    if pc.any(no_tid).as_py():
+        keyed = logs.filter(no_tid)
+        k_keys, k_pos = _latest(
+            keyed,
+            _key(keyed[S.STEP], keyed[S.SAMPLE_INDEX], keyed[S.ROLLOUT_N], keyed[S.VALIDATE]),
+            pc.filter(lpos, no_tid),
+        )
+        traj_keys = _key(first[S.STEP], first[S.SAMPLE_INDEX], first[S.ROLLOUT_N], first[S.VALIDATE])
+        chosen = pc.coalesce(chosen, pc.take(k_pos, pc.index_in(traj_keys, value_set=k_keys)))
+    log_reward = pc.take(logs[S.REWARD], chosen)
+    log_info = pc.take(logs[S.ATTRIBUTES], chosen)
+    ops = own.filter(pc.and_(body, pc.and_(pc.equal(kind, S.KIND_REWARD), pc.is_valid(own[S.REWARD]))))
+    ops = ops.take(pc.sort_indices(ops, sort_keys=[(S.END_NS, "ascending"), ("_pos", "ascending")]))
+    op_keys, op_pos = _latest(ops, ops[S.TRACE_ID], _positions(ops.num_rows))
+    op_reward = pc.take(ops[S.REWARD], pc.take(op_pos, pc.index_in(trace_ids, value_set=op_keys)))
+    found = pc.is_valid(chosen)
+
+    columns = {
+        S.TRACE_ID: trace_ids,
+        S.NAME: pc.if_else(has_root, first[S.NAME], pa.scalar(None, pa.string())),
+        S.STEP: first[S.STEP],
+        S.SAMPLE_INDEX: first[S.SAMPLE_INDEX],
+        S.ROLLOUT_N: first[S.ROLLOUT_N],
+        S.VALIDATE: first[S.VALIDATE],
+        S.REWARD: pc.if_else(found, log_reward, op_reward),
+        S.REWARD_INFO: pc.if_else(found, log_info, pa.scalar(None, pa.string())),
+        S.STATUS: pc.if_else(has_root, first[S.STATUS], S.STATUS_INCOMPLETE),
+        S.START_NS: pc.coalesce(grouped["_bstart_min"], grouped[f"{S.START_NS}_min"]),
+        S.END_NS: pc.coalesce(grouped["_bend_max"], grouped[f"{S.END_NS}_max"]),
+        S.NUM_SPANS: grouped["_n_sum"],
+        S.NUM_LLM_CALLS: grouped["_llm_sum"],
+        S.NUM_TOOL_CALLS: grouped["_tool_sum"],
+        S.NUM_TOOL_ERRORS: grouped["_tool_err_sum"],
+        S.NUM_ERRORS: grouped["_err_sum"],
+    }
+    table = pa.table([columns[c] for c in S.TRAJECTORY_COLUMNS], schema=S.TRAJECTORY_SCHEMA)
+    return _in_order(table)
+
+
+def _in_order(trajectories: pa.Table) -> pa.Table:
+    """Trajectory rows by step, sample, rollout, start time and trace id (nulls last), as :func:`summarize` returns them."""
+    return trajectories.sort_by(
+        [
+            (S.STEP, "ascending"),
+            (S.SAMPLE_INDEX, "ascending"),
+            (S.ROLLOUT_N, "ascending"),
+            (S.START_NS, "ascending"),
+            (S.TRACE_ID, "ascending"),
+        ]
+    )

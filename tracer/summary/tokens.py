@@ -1,0 +1,89 @@
+"""A trajectory's token sequence: its turns' ids, logprobs and response mask, end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from tracer.summary.turns import ROLE_ASSISTANT, Turn
+
+#: Response-mask value of a token the model produced.
+MASK_MODEL = 1
+#: Response-mask value of a token spliced in between model turns (tool results, chat template).
+MASK_ENV = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrajectoryTokens:
+    """A multi-turn trajectory as one token sequence, as an RL trainer sees it.
+
+    Attributes:
+        prompt_ids: The first model call's prompt ids (None when not recorded).
+        response_ids: Everything after the prompt: each model turn's tokens,
+            with the tokens spliced in between turns (tool results, template)
+            where the next call's prompt shows them.
+        response_mask: One per response id: :data:`MASK_MODEL` for a model
+            token, :data:`MASK_ENV` for a spliced-in one.
+        logprobs: One per response id: the model's logprob (None where unknown
+            and for spliced-in tokens).
+        exact: False when the sequence is known to be incomplete: a token list
+            was cut by the tracer's ``max_tokens``, or a call's prompt does not
+            extend the previous call's prompt and reply (re-templated history:
+            its spliced-in tokens are then left out). The tokens under mask 1
+            are every recorded model token, in order, either way.
+    """
+
+    prompt_ids: list[int] | None
+    response_ids: list[int]
+    response_mask: list[int]
+    logprobs: list[float | None]
+    exact: bool
+
+
+def trajectory_tokens(turns: Sequence[Turn]) -> TrajectoryTokens:
+    """The token sequence of a trajectory's assistant turns (those with token ids), in order.
+
+    Turn ``k+1``'s prompt is expected to start with turn ``k``'s prompt and
+    reply (how agent loops such as verl's and this project's build it); the
+    rest of that prompt is the spliced-in part, masked 0.
+
+    Args:
+        turns: A trajectory's turns, e.g. :func:`span_turns` of its spans
+            (every llm call) or its :func:`trajectory_turns`.
+    """
+    model = [t for t in turns if t.role == ROLE_ASSISTANT and t.token_ids is not None]
+    ids: list[int] = []
+    mask: list[int] = []
+    lps: list[float | None] = []
+    if not model:
+        return TrajectoryTokens(None, ids, mask, lps, True)
+    first = model[0].prompt_ids
+    prompt = list(first) if first is not None else None
+    seq: list[int] | None = list(prompt) if prompt is not None else None
+    exact = prompt is not None
+    for k, turn in enumerate(model):
+        if turn.truncated or (
+            turn.prompt_token_count is not None
+            and turn.prompt_ids is not None
+            and len(turn.prompt_ids) < turn.prompt_token_count
+        ):
+            exact = False
+        if k > 0:
+            p = list(turn.prompt_ids) if turn.prompt_ids is not None else None
+            if seq is not None and p is not None and p[: len(seq)] == seq:
+                env = p[len(seq) :]
+                ids.extend(env)
+                mask.extend([MASK_ENV] * len(env))
+                lps.extend([None] * len(env))
+                seq = p
+            else:
+                exact = False
+                seq = None
+        own = [int(x) for x in turn.token_ids or ()]
+        got = list(turn.logprobs) if turn.logprobs is not None else []
+        ids.extend(own)
+        mask.extend([MASK_MODEL] * len(own))
+        lps.extend(got[: len(own)] + [None] * (len(own) - len(got)))
+        if seq is not None:
+            seq = seq + own
+    return TrajectoryTokens(prompt, ids, mask, lps, exact)
