@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -152,18 +152,22 @@ def compare_runs(
     return pa.Table.from_pylist(rows, schema=COMPARE_SCHEMA)
 
 
-def read_run_config(path: TracePaths) -> dict[str, Any]:
-    """The training config a run recorded (``tracer.init(run_config=...)``); empty when none.
-
-    Read from the newest trace file's metadata that holds one.
-    """
-    files = list_trace_files(path)
-    for file in sorted(files, key=lambda f: os.path.getmtime(f) if os.path.exists(f) else 0, reverse=True):
+def recorded_configs(path: TracePaths) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each trace file under ``path`` with the tracer config it was recorded with (unreadable ones left out)."""
+    for file in list_trace_files(path):
         try:
-            config = json.loads(read_file_metadata(file).get(S.META_CONFIG, "{}"))
+            config = json.loads(read_file_metadata(file).get(S.META_CONFIG) or "{}")
         except (OSError, ValueError, pa.ArrowException):
             continue
-        run_config = config.get(RUN_CONFIG_KEY) if isinstance(config, Mapping) else None
+        if isinstance(config, dict):
+            yield file, config
+
+
+def read_run_config(path: TracePaths) -> dict[str, Any]:
+    """The training config a run recorded (``tracer.init(run_config=...)``), from the newest file holding one."""
+    configs = dict(recorded_configs(path))
+    for file in sorted(configs, key=lambda f: os.path.getmtime(f) if os.path.exists(f) else 0, reverse=True):
+        run_config = configs[file].get(RUN_CONFIG_KEY)
         if isinstance(run_config, Mapping) and run_config:
             return dict(run_config)
     return {}
