@@ -101,26 +101,20 @@ def compare_runs(
     pass_threshold: float = DEFAULT_PASS_THRESHOLD,
     prompts: bool = True,
 ) -> pa.Table:
-    """Per prompt, the rollouts of run A against run B, the biggest regression first.
+    """Per prompt, the rollouts of run A against run B (:data:`COMPARE_SCHEMA`), the biggest regression first.
 
-    Two steps of one run compare the same way: ``compare_runs(run, run,
-    steps_a=10, steps_b=200)``.
+    Two steps of one run compare the same way: ``compare_runs(run, run, steps_a=10, steps_b=200)``.
 
     Args:
-        run_a: Run A (a trace file or directory).
-        run_b: Run B.
-        steps_a: Steps of A to take (default all).
-        steps_b: Steps of B to take (default all).
+        run_a: Run A (a trace file or directory); ``run_b`` likewise.
+        steps_a: Steps of A to take (default all); ``steps_b`` likewise.
         validate: Only validation (True) or training (False) rollouts; None both.
         pass_threshold: A rollout passes when its reward is at least this.
         prompts: Add each prompt's text (reads one trajectory per prompt).
 
     Returns:
-        A table of :data:`COMPARE_SCHEMA`: ``validate``, ``sample_index``,
-        ``prompt``, ``rollouts_a/b``, ``reward_a/b`` (mean reward; null without
-        one), ``delta`` (``reward_b - reward_a``), ``pass_rate_a/b``,
-        ``pass_rate_delta`` and one trajectory of each (``trace_id_a/b``).
-        Sorted by ``delta`` ascending (nulls last), then prompt.
+        Mean rewards (null without one), pass rates, their B minus A (``delta``, ``pass_rate_delta``)
+        and one trajectory of each, sorted by ``delta`` ascending (nulls last).
     """
     a = _per_prompt(read_trajectories(run_a, steps=steps_a, validate=validate), pass_threshold)
     b = _per_prompt(read_trajectories(run_b, steps=steps_b, validate=validate), pass_threshold)
