@@ -27,29 +27,17 @@ _SAME: Any = object()
 
 @dataclasses.dataclass(frozen=True)
 class Option:
-    """One option of a backend.
-
-    Attributes:
-        name: Keyword of :func:`export_files` (``--name-with-dashes`` on the CLI).
-        type: ``str``, ``int``, ``float`` or ``bool``.
-        default: Value for post-hoc export when not given.
-        help: One line for ``--help``.
-        choices: Allowed values (None: any value of ``type``).
-        live_default: Value for live export when not configured (default: ``default``).
-        flag: CLI flag when not ``--name-with-dashes``.
-        live: Read from ``TraceConfig.backend_options`` for live export.
-        live_key: Its flat ``backend_options`` key (default ``<backend>_<name>``).
-    """
+    """One option of a backend: a keyword of :func:`export_files`, ``--name-with-dashes`` on the CLI."""
 
     name: str
-    type: type
-    default: Any = None
-    help: str = ""
-    choices: tuple[Any, ...] | None = None
-    live_default: Any = _SAME
-    flag: str | None = None
-    live: bool = True
-    live_key: str | None = None
+    type: type  # str, int, float or bool
+    default: Any = None  # post hoc, when not given
+    help: str = ""  # one line for --help
+    choices: tuple[Any, ...] | None = None  # None: any value of the type
+    live_default: Any = _SAME  # live, when not configured (default: default)
+    flag: str | None = None  # the CLI flag when not --name-with-dashes
+    live: bool = True  # read from TraceConfig.backend_options live
+    live_key: str | None = None  # its flat backend_options key (default <backend>_<name>)
 
     @property
     def cli_flag(self) -> str:
@@ -65,23 +53,14 @@ class Option:
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
-    """One backend's entry.
-
-    Attributes:
-        name: ``--to`` / ``backend=`` name.
-        sink: ``"module:Class"`` of its :class:`~tracer.exporters.base.Sink`.
-        requires: Library it imports (checked at ``tracer.init``), None for none.
-        extra: The ``pip install 'rollout-trace[extra]'`` extra that installs it.
-        options: Its options.
-        help: What it does, one line.
-    """
+    """One backend's entry: its ``--to``/``backend=`` name and ``"module:Class"`` sink."""
 
     name: str
     sink: str
-    requires: str | None = None
-    extra: str | None = None
+    requires: str | None = None  # the library it imports (checked at tracer.init)
+    extra: str | None = None  # the extra of pyproject.toml that installs it
     options: tuple[Option, ...] = ()
-    help: str = ""
+    help: str = ""  # what it does, one line
 
     def option(self, name: str) -> Option | None:
         """The option called ``name``, if this backend has one."""

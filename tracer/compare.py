@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -133,16 +133,13 @@ def compare_runs(
     pass_threshold: float = DEFAULT_PASS_THRESHOLD,
     prompts: bool = True,
 ) -> pa.Table:
-    """Per prompt, the rollouts of run A against run B, the biggest regression first.
+    """Per prompt, the rollouts of run A against run B (:data:`COMPARE_SCHEMA`), the biggest regression first.
 
-    Two steps of one run compare the same way: ``compare_runs(run, run,
-    steps_a=10, steps_b=200)``.
+    Two steps of one run compare the same way: ``compare_runs(run, run, steps_a=10, steps_b=200)``.
 
     Args:
-        run_a: Run A (a trace file or directory).
-        run_b: Run B.
-        steps_a: Steps of A to take (default all).
-        steps_b: Steps of B to take (default all).
+        run_a: Run A (a trace file or directory); ``run_b`` likewise.
+        steps_a: Steps of A to take (default all); ``steps_b`` likewise.
         validate: Only validation (True) or training (False) rollouts; None both.
         pass_threshold: A rollout passes when its reward is at least this.
         prompts: Add each prompt's text (reads one trajectory per prompt).
@@ -189,18 +186,22 @@ def compare_runs(
     return pa.Table.from_pylist(rows, schema=COMPARE_SCHEMA)
 
 
-def read_run_config(path: TracePaths) -> dict[str, Any]:
-    """The training config a run recorded (``tracer.init(run_config=...)``); empty when none.
-
-    Read from the newest trace file's metadata that holds one.
-    """
-    files = list_trace_files(path)
-    for file in sorted(files, key=lambda f: os.path.getmtime(f) if os.path.exists(f) else 0, reverse=True):
+def recorded_configs(path: TracePaths) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each trace file under ``path`` with the tracer config it was recorded with (unreadable ones left out)."""
+    for file in list_trace_files(path):
         try:
-            config = json.loads(read_file_metadata(file).get(S.META_CONFIG, "{}"))
+            config = json.loads(read_file_metadata(file).get(S.META_CONFIG) or "{}")
         except (OSError, ValueError, pa.ArrowException):
             continue
-        run_config = config.get(RUN_CONFIG_KEY) if isinstance(config, Mapping) else None
+        if isinstance(config, dict):
+            yield file, config
+
+
+def read_run_config(path: TracePaths) -> dict[str, Any]:
+    """The training config a run recorded (``tracer.init(run_config=...)``), from the newest file holding one."""
+    configs = dict(recorded_configs(path))
+    for file in sorted(configs, key=lambda f: os.path.getmtime(f) if os.path.exists(f) else 0, reverse=True):
+        run_config = configs[file].get(RUN_CONFIG_KEY)
         if isinstance(run_config, Mapping) and run_config:
             return dict(run_config)
     return {}

@@ -232,6 +232,7 @@ class TraceConfig:
         for key, value, choices in (
             ("sample_strategy", self.sample_strategy, SAMPLE_STRATEGIES),
             ("sample_by", self.sample_by, SAMPLE_BY_CHOICES),
+            ("on_buffer_full", self.on_buffer_full, ON_FULL_CHOICES),
         ):
             if value not in choices:
                 hint = _did_you_mean([str(value)], choices)
@@ -246,13 +247,9 @@ class TraceConfig:
             raise TraceConfigError(
                 f"output_dir: {self.output_dir!r} is not a usable path; give a directory path (without NUL)"
             )
-        if self.on_buffer_full not in ON_FULL_CHOICES:
-            raise TraceConfigError(
-                f"on_buffer_full: {self.on_buffer_full!r} is not one of {', '.join(ON_FULL_CHOICES)}"
-            )
-        if isinstance(self.redact_patterns, str):
-            self.redact_patterns = (self.redact_patterns,)
-        self.redact_patterns = tuple(self.redact_patterns)
+        for key in ("redact_patterns", "token_fields"):
+            value = getattr(self, key)
+            setattr(self, key, (value,) if isinstance(value, str) else tuple(value))
         for pattern in self.redact_patterns:
             try:
                 re.compile(pattern)
@@ -276,9 +273,6 @@ class TraceConfig:
                 f"decode_batch or decode); give a Hugging Face tokenizer, a path to its folder or tokenizer.json, "
                 f"or None to use the decorated method's self.tokenizer"
             )
-        if isinstance(self.token_fields, str):
-            self.token_fields = (self.token_fields,)
-        self.token_fields = tuple(self.token_fields)
         for name in self.token_fields:
             if not isinstance(name, str) or not name.endswith("_ids"):
                 raise TraceConfigError(f"token_fields: {name!r} must be a field name ending in '_ids'")

@@ -80,7 +80,7 @@ def register_diff(subparsers: Any) -> None:
     )
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help=f"prompts to print (default {DEFAULT_LIMIT})")
     p.add_argument("--json", action="store_true", help="print every prompt and the config differences as JSON")
-    p.set_defaults(func=run_diff)
+    p.set_defaults(func=run_diff, run_paths=("run_a", "run_b"))
 
 
 def _num(x: Any) -> Any:
@@ -94,12 +94,8 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
 def run_diff(args: argparse.Namespace) -> int:
     """Print the comparison of ``args.run_a`` and ``args.run_b``."""
     for path in (args.run_a, args.run_b):
-        try:
-            if not list_trace_files(path):
-                print(f"error: no trace files (*.arrow) under {path!r}; give a run directory", file=sys.stderr)
-                return 2
-        except FileNotFoundError as exc:
-            print(f"error: {exc}; give a trace file or a run directory", file=sys.stderr)
+        if not list_trace_files(path):
+            print(f"error: no trace files (*.arrow) under {path!r}; give a run directory", file=sys.stderr)
             return 2
     validate = {"both": None, "train": False, "validation": True}[args.split]
     with warnings.catch_warnings(record=True) as caught:

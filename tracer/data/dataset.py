@@ -346,25 +346,17 @@ def to_dataset(
     per: str = PER_TRAJECTORY,
     format: str = FORMAT_PARQUET,  # noqa: A002 - the CLI's --format
 ) -> pa.Table:
-    """A run's trajectories as a training dataset.
+    """A run's trajectories as a training dataset: a table of :data:`DATASET_SCHEMA`, by step, sample, rollout.
 
     Args:
         path: A trace file or a run's folder of them.
-        out: Also write the rows here, a folder: ``train.<format>`` and
-            ``validation.<format>`` (only the splits that have rows).
-        steps: Steps to include: an int, ints, or text (``"2-5"``, ``"4-"``,
-            ``"last:3"``, see :func:`parse_steps`).
-        split: ``"train"`` or ``"validation"`` only (default both; the
-            ``validate`` column tells them apart).
-        filters: Expressions that must all hold, e.g. ``"reward>=1"``,
-            ``"status==ok"``, ``"turns<=3"`` (fields: :data:`FILTER_FIELDS`).
-        per: ``"trajectory"`` (one row per trajectory, the whole token
-            sequence) or ``"turn"`` (one row per model turn: the conversation
-            up to that turn, that call's prompt and reply).
+        out: Also write the rows into this folder (``train.<format>``, ``validation.<format>``: the splits with rows).
+        steps: An int, ints, or text (``"2-5"``, ``"4-"``, ``"last:3"``, see :func:`parse_steps`).
+        split: ``"train"`` or ``"validation"`` only (default both).
+        filters: Expressions that must all hold, e.g. ``"reward>=1"``, ``"status==ok"`` (:data:`FILTER_FIELDS`).
+        per: ``"trajectory"`` (the whole token sequence) or ``"turn"`` (one row per model turn:
+            the conversation up to it, that call's prompt and reply).
         format: ``"parquet"`` or ``"jsonl"`` (for ``out``).
-
-    Returns:
-        A table of :data:`DATASET_SCHEMA`, by step, sample, rollout.
 
     Raises:
         DatasetOptionError: a bad option value (names it and the valid ones).

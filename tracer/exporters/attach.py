@@ -26,11 +26,8 @@ def attach_exporters(rec: Recorder) -> None:
 
 
 def live_options(name: str, config: TraceConfig) -> dict[str, Any]:
-    """Backend ``name``'s options from ``config.backend_options``.
-
-    Either nested (``{"mlflow": {"tracking_uri": ...}}``) or flat with the
-    backend's name as prefix (``{"wandb_mode": "offline"}``, verl's
-    ``wandb_proxy``); nested wins.
+    """Backend ``name``'s options from ``config.backend_options``: nested (``{"mlflow": {"tracking_uri": ...}}``,
+    which wins) or flat with the backend's name as prefix (``{"wandb_mode": "offline"}``, verl's ``wandb_proxy``).
 
     Raises:
         TraceConfigError: a value of the wrong type or not among its choices.

@@ -17,7 +17,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import math
 import os
@@ -31,7 +30,7 @@ import pyarrow as pa
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.backends import load_sink, resolve_options
-from tracer.compare import read_run_config
+from tracer.compare import read_run_config, recorded_configs
 from tracer.exporters import lag
 from tracer.exporters.bounded import CALL_TIMEOUT_S, BackendTimeoutError, Deadline, call_within
 from tracer.exporters.tables import (
@@ -39,7 +38,7 @@ from tracer.exporters.tables import (
     iter_step_chunks,
     open_run,
 )
-from tracer.read import TracePaths, list_trace_files, read_file_metadata
+from tracer.read import TracePaths
 from tracer.record.redact import Redactor
 from tracer.storage.history import expand_history
 from tracer.summary import step_metrics, summarize
@@ -866,17 +865,6 @@ def _confirm(report: ExportReport, sink: SinkBase, total: Written, backend: str,
             f"trajectories written ({len(result.missing)} missing, {len(result.metrics_missing)} step metric "
             "values missing): its files stop early (a full disk?); free space and export again"
         )
-
-
-def recorded_configs(path: TracePaths) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Each trace file under ``path`` with the tracer config it was recorded with (unreadable ones left out)."""
-    for file in list_trace_files(path):
-        try:
-            config = json.loads(read_file_metadata(file).get(S.META_CONFIG) or "{}")
-        except (OSError, ValueError, pa.ArrowException):
-            continue
-        if isinstance(config, dict):
-            yield file, config
 
 
 def recorded_backends(config: Mapping[str, Any]) -> list[str]:

@@ -40,10 +40,6 @@ class Deadline:
         """Seconds left (never below 0), None without a bound."""
         return None if self.at is None else max(self.at - time.monotonic(), 0.0)
 
-    def passed(self) -> bool:
-        """True once the deadline is reached."""
-        return self.at is not None and time.monotonic() >= self.at
-
 
 def call_within(fn: Callable[[], T], what: str, timeout_s: float | None, say: Callable[[str], None] | None = None) -> T:
     """``fn()``, waited for at most ``timeout_s`` seconds, with a line every :data:`REPORT_EVERY_S` while waiting.

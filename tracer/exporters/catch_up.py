@@ -19,9 +19,10 @@ from typing import Any
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.backends import BACKENDS, LOCAL_BACKEND
+from tracer.compare import recorded_configs
 from tracer.config import TraceConfig
 from tracer.exporters.attach import live_options
-from tracer.exporters.base import export_files, recorded_backends, recorded_configs
+from tracer.exporters.base import export_files, recorded_backends
 from tracer.read import list_trace_files
 from tracer.record.redact import REDACTED
 from tracer.storage import uri as _uri

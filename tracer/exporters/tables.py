@@ -20,7 +20,7 @@ from tracer import schema as S  # noqa: N812 - the schema module, short as in tr
 from tracer.index.readers import read_trajectories
 from tracer.read import TracePaths, list_trace_files, read_file_metadata, read_spans
 from tracer.read import parse_json_or_text as _loads
-from tracer.summary import Turn, prompt_and_response, render_turns, trajectory_turns
+from tracer.summary import prompt_and_response, render_turns, trajectory_turns
 
 #: Columns of the per-step trajectory table, in order.
 #: Where a table column carries a trajectory column, it has that column's name.
@@ -71,9 +71,8 @@ def cut(text: str, limit: int = MAX_CELL_CHARS) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters cut by rollout-trace]"
 
 
-def render_conversation(turns: Sequence[Turn]) -> str:
-    """A trajectory's turns as readable text (see :func:`tracer.summary.render_turns`)."""
-    return render_turns(turns)
+#: A trajectory's turns as readable text.
+render_conversation = render_turns
 
 
 def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] | pa.Table) -> list[Any]:

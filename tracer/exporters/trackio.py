@@ -40,8 +40,7 @@ class TrackioSink(TableSink):
 
     def start(self, target: Target) -> Any:
         """Start the run."""
-        names = self.run_names(target)
-        self._project, self._name = names["project"], names["name"]
+        self._project, self._name = (self.run_names(target)[k] for k in ("project", "name"))
         run = _trackio().init(
             project=self._project,
             name=self._name,

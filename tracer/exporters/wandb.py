@@ -43,18 +43,8 @@ def _wandb() -> Any:
 
 
 class WandbRun:
-    """One wandb run receiving per-step tables and metrics.
-
-    Args:
-        project: wandb project.
-        name: Run name.
-        mode: ``"offline"`` or ``"online"`` (None: wandb's own default / ``WANDB_MODE``).
-        run_dir: Parent directory of the run's files (wandb's ``dir``).
-        group: Run group.
-        config: Run config to record.
-        proxy: HTTPS/HTTP proxy for wandb's traffic (verl's ``wandb_proxy``).
-        max_rows: Rows per table increment (default ``wandb.Table.MAX_ROWS``).
-    """
+    """One wandb run receiving per-step tables and metrics (``mode`` None: ``WANDB_MODE`` or wandb's default;
+    ``run_dir``: wandb's ``dir``; ``proxy``: verl's ``wandb_proxy``; ``max_rows`` per table increment)."""
 
     def __init__(
         self,

@@ -121,9 +121,9 @@ def _trace_id(trace: Any, tags: Mapping[str, str], root_attrs: Mapping[str, Any]
 
 
 def _error(s: Any, attrs: Mapping[str, Any], failed: bool) -> Any:
-    """A span's error: the one the exporter recorded, else its exception event's."""
+    """A span's error: the one the exporter recorded (a span it wrote has none else), or its exception event's."""
     error = attrs.get(M.ATTR_ERROR)
-    if error is None and failed:
+    if error is None and failed and M.ATTR_STATUS not in attrs:
         exc = next((e for e in s.events if e.name == "exception"), None)
         ea = exc.attributes if exc is not None else {}
         error = {
