@@ -176,7 +176,6 @@ NOT_COLUMNS = {
     ("tracer/summary/turns.py", "outputs"): "verl's AgentLoopOutput field read from a recorded output",
     ("tracer/exporters/mlflow/importer.py", "inputs"): "MLflow span fields listed in rollout_trace.added",
     ("tracer/exporters/mlflow/importer.py", "outputs"): "MLflow span fields listed in rollout_trace.added",
-    ("tracer/exporters/trackio.py", "name"): "the run-name key of TableSink.run_names",
     ("tracer/data/dataset.py", "name"): "the tool name inside an OpenAI message struct",
     ("viewer/views/replay.py", "name"): "OpenAI message and tool-call keys",
     ("viewer/screenshots.py", "error"): "a key of a scripted engine's reply",
