@@ -183,7 +183,36 @@ def summarize(spans: pa.Table) -> pa.Table:
         pc.and_(pc.equal(own[S.KIND], S.KIND_REWARD), pc.equal(own[S.NAME], S.REWARD_SPAN_NAME)), False
     )
     is_body = pc.invert(own_log)
+    own, grouped = _by_trajectory(own, is_body)
+    first = own.take(grouped["_spos_min"])
+    has_root = pc.less_equal(first["_rank"], 1)
+    trace_ids = first[S.TRACE_ID]
+    reward, info = _rewards(logs, own, first)
 
+    columns = {
+        S.TRACE_ID: trace_ids,
+        S.NAME: pc.if_else(has_root, first[S.NAME], pa.scalar(None, pa.string())),
+        S.STEP: first[S.STEP],
+        S.SAMPLE_INDEX: first[S.SAMPLE_INDEX],
+        S.ROLLOUT_N: first[S.ROLLOUT_N],
+        S.VALIDATE: first[S.VALIDATE],
+        S.REWARD: reward,
+        S.REWARD_INFO: info,
+        S.STATUS: pc.if_else(has_root, first[S.STATUS], S.STATUS_INCOMPLETE),
+        S.START_NS: pc.coalesce(grouped["_bstart_min"], grouped[f"{S.START_NS}_min"]),
+        S.END_NS: pc.coalesce(grouped["_bend_max"], grouped[f"{S.END_NS}_max"]),
+        S.NUM_SPANS: grouped["_n_sum"],
+        S.NUM_LLM_CALLS: grouped["_llm_sum"],
+        S.NUM_TOOL_CALLS: grouped["_tool_sum"],
+        S.NUM_TOOL_ERRORS: grouped["_tool_err_sum"],
+        S.NUM_ERRORS: grouped["_err_sum"],
+    }
+    table = pa.table([columns[c] for c in S.TRAJECTORY_COLUMNS], schema=S.TRAJECTORY_SCHEMA)
+    return _in_order(table)
+
+
+def _by_trajectory(own: pa.Table, is_body: pa.ChunkedArray) -> tuple[pa.Table, pa.Table]:
+    """``own`` (spans with a trace id) with each trajectory's first row first, and its per-trajectory aggregates."""
     # The first row: the root (rollout roots first), else the earliest span, else the earliest reward.
     is_root = pc.and_(pc.is_null(own[S.PARENT_SPAN_ID]), is_body)
     rank = pc.if_else(is_root, pc.if_else(pc.equal(own[S.KIND], S.KIND_ROLLOUT), 0, 1), pc.if_else(is_body, 2, 3))
@@ -219,11 +248,15 @@ def summarize(spans: pa.Table) -> pa.Table:
             *((name, "sum") for name in sums),
         ]
     )
-    first = own.take(grouped["_spos_min"])
-    has_root = pc.less_equal(first["_rank"], 1)
-    trace_ids = first[S.TRACE_ID]
+    return own, grouped
 
-    # Rewards: log_reward by trace id, else by key; else the last reward op.
+
+def _rewards(logs: pa.Table, own: pa.Table, first: pa.Table) -> tuple[pa.Array, pa.Array]:
+    """Each trajectory's reward and reward info (``first``: its first rows, in trace id order)."""
+    trace_ids = first[S.TRACE_ID]
+    body = own["_body"]
+    kind = own[S.KIND]
+    # log_reward by trace id, else by key; else the last reward op.
     logs = logs.take(pc.sort_indices(logs, sort_keys=[(S.END_NS, "ascending"), ("_pos", "ascending")]))
     lpos = _positions(logs.num_rows)
     log_tid = pc.fill_null(pc.not_equal(logs[S.TRACE_ID], ""), False)
@@ -246,27 +279,7 @@ def summarize(spans: pa.Table) -> pa.Table:
     op_keys, op_pos = _latest(ops, ops[S.TRACE_ID], _positions(ops.num_rows))
     op_reward = pc.take(ops[S.REWARD], pc.take(op_pos, pc.index_in(trace_ids, value_set=op_keys)))
     found = pc.is_valid(chosen)
-
-    columns = {
-        S.TRACE_ID: trace_ids,
-        S.NAME: pc.if_else(has_root, first[S.NAME], pa.scalar(None, pa.string())),
-        S.STEP: first[S.STEP],
-        S.SAMPLE_INDEX: first[S.SAMPLE_INDEX],
-        S.ROLLOUT_N: first[S.ROLLOUT_N],
-        S.VALIDATE: first[S.VALIDATE],
-        S.REWARD: pc.if_else(found, log_reward, op_reward),
-        S.REWARD_INFO: pc.if_else(found, log_info, pa.scalar(None, pa.string())),
-        S.STATUS: pc.if_else(has_root, first[S.STATUS], S.STATUS_INCOMPLETE),
-        S.START_NS: pc.coalesce(grouped["_bstart_min"], grouped[f"{S.START_NS}_min"]),
-        S.END_NS: pc.coalesce(grouped["_bend_max"], grouped[f"{S.END_NS}_max"]),
-        S.NUM_SPANS: grouped["_n_sum"],
-        S.NUM_LLM_CALLS: grouped["_llm_sum"],
-        S.NUM_TOOL_CALLS: grouped["_tool_sum"],
-        S.NUM_TOOL_ERRORS: grouped["_tool_err_sum"],
-        S.NUM_ERRORS: grouped["_err_sum"],
-    }
-    table = pa.table([columns[c] for c in S.TRAJECTORY_COLUMNS], schema=S.TRAJECTORY_SCHEMA)
-    return _in_order(table)
+    return pc.if_else(found, log_reward, op_reward), pc.if_else(found, log_info, pa.scalar(None, pa.string()))
 
 
 def _in_order(trajectories: pa.Table) -> pa.Table:
