@@ -161,7 +161,7 @@ def draw(path: str, sig: tuple) -> None:
                 **question_columns(),
                 D.REWARD: st.column_config.NumberColumn(format="%.4g"),
                 "advantage": st.column_config.NumberColumn(format="%.4g"),
-                "tools": st.column_config.TextColumn(width="medium"),
+                "tools": st.column_config.TextColumn(width="small"),
                 "latency_s": st.column_config.NumberColumn("latency (s)", format="%.4g"),
             },
         )
