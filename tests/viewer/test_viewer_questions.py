@@ -211,3 +211,22 @@ def test_group_cards_come_a_page_at_a_time(tmp_path: Any) -> None:
     at.button(key="more_cards").click().run()
     assert len([m for m in at.markdown if m.value.startswith("rollout ")]) == CARDS_PER_PAGE + 3
     assert not [b for b in at.button if b.key == "more_cards"]
+
+
+def test_two_demo_runs_with_other_seeds_show_the_difference(tmp_path: Any) -> None:
+    """The demo records its flags as the run config: two seeds are a configuration difference on Compare."""
+    import contextlib
+    import io
+
+    from rollout.cli import main as demo_main
+
+    runs = []
+    for seed in ("1", "2"):
+        argv = ["--steps", "1", "--batch", "2", "--n", "2", "--val-every", "0", "--scripted-latency", "0"]
+        argv += ["--seed", seed, "--out", os.fspath(tmp_path), "--experiment", f"s{seed}", "--quiet"]
+        argv += ["--cache", os.fspath(tmp_path / "cache")]
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert demo_main(argv) == 0
+        runs.append(os.fspath(tmp_path / "rollout-demo" / f"s{seed}"))
+    diff = frame_with(open_app(runs[0], view="compare", compare=runs[1]), "setting")
+    assert {r["setting"]: (r["A"], r["B"]) for r in diff.to_dict("records")} == {"seed": ("1", "2")}
