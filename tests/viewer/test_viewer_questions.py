@@ -182,6 +182,8 @@ def test_repeated_keys_are_named_and_kept_apart(twice_dir: str) -> None:
     at = open_app(twice_dir, step="1", sample_index="0", view="group", validate="false")
     assert any("rollout 0 recorded 2 times" in w.value for w in at.warning)
     assert len(frame_with(at, "rollout")) == 4
+    listed = open_app(twice_dir, step="1")
+    assert any("held by more than one trajectory" in w.value for w in listed.warning)
 
 
 @pytest.mark.parametrize("command", ["info", "check"])
