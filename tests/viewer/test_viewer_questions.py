@@ -18,7 +18,7 @@ from rollout.agent_loop import FEW_SHOT_EXAMPLE
 from tracer.cli import main as cli_main
 from tracer.questions import describe_repeats, ground_truth, question_of, questions_and_answers, repeated_keys
 from tracer.summary import Turn
-from viewer.format import short_ids
+from viewer.format import one_line, short_ids
 
 PROBLEMS = os.path.join(os.path.dirname(__file__), "..", "..", "rollout", "data")
 
@@ -149,8 +149,11 @@ def test_zero_std_filter_keeps_only_those_groups(demo_dir: str) -> None:
         groups.setdefault(r["sample_index"], set()).add(r["reward"])
     at = open_app(demo_dir, step="1", view="group", validate="false")
     at.radio(key="group_filter").set_value("all rewards equal").run()
-    offered = set(at.selectbox(key="sample_index").options) if at.selectbox else set()
-    assert offered == {s for s, v in groups.items() if len(v) == 1}
+    labels = at.selectbox(key="sample_index").options if at.selectbox else []
+    assert {label.split(" · ")[0] for label in labels} == {s for s, v in groups.items() if len(v) == 1}
+    qa = questions_and_answers(tracer.read_spans(demo_dir, steps=[1]))
+    questions = {r["sample_index"]: qa[r["trace_id"]][0] for r in rows}
+    assert all(label.split(" · ", 1)[1] == one_line(questions[label.split(" · ")[0]], 90) for label in labels)
 
 
 def test_overview_plots_the_zero_std_fraction(demo_dir: str) -> None:
