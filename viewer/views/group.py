@@ -174,6 +174,7 @@ def draw(path: str, sig: tuple) -> None:
             key="group_table",
             column_config={
                 **question_columns(),
+                D.ANSWER_COL: st.column_config.TextColumn("final answer", width="large"),
                 D.REWARD: st.column_config.NumberColumn(format="%.4g"),
                 "advantage": st.column_config.NumberColumn(format="%.4g"),
                 "tools": st.column_config.TextColumn(width="small"),
