@@ -244,7 +244,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 #: Flags that say where and how the demo records, not what it trains: left out of the run config.
-_NOT_RUN_CONFIG = frozenset({"out", "project", "experiment", "quiet", "no_trace", "func", "command"})
+_NOT_RUN_CONFIG = frozenset({"out", "cache", "project", "experiment", "quiet", "no_trace", "func", "command"})
 
 
 def demo_run_config(args: argparse.Namespace) -> dict[str, Any]:

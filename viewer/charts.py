@@ -71,36 +71,65 @@ def _pick_step() -> Any:
     return alt.selection_point(name=PICK_STEP, fields=[STEP, "split"], on="click")
 
 
-def reward_chart(df: pd.DataFrame) -> alt.LayerChart:
-    """Reward per step (mean line, band clipped to min-max); a click on a point picks that step and split."""
-    data = reward_band(df)
-    base = alt.Chart(data).encode(x=step_axis(), color=alt.Color("split:N"))
-    band = base.mark_area(opacity=0.2).encode(y="reward/lo:Q", y2="reward/hi:Q")
-    line = base.mark_line(point={"size": 80}).encode(
-        y=alt.Y("reward/mean:Q", title="reward (mean ± std, within min-max)"),
-        tooltip=[STEP, "split", "reward/mean", "reward/std", "reward/min", "reward/max", "trajectories"],
+#: Column of the overview's rows: True for a step whose rollouts are still running (a followed run).
+PARTIAL = "partial"
+
+
+def _finished_and_partial(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The rows of finished steps, and those of steps still running (drawn apart: hollow, off the line)."""
+    if PARTIAL not in df.columns:
+        return df, df.iloc[0:0]
+    partial = df[PARTIAL].fillna(False).astype(bool)
+    return df[~partial], df[partial]
+
+
+def _partial_points(data: pd.DataFrame, y: str, color: str, tooltip: list[Any]) -> alt.Chart:
+    """Hollow points for steps still running: shown, but not joined to the finished steps' line."""
+    return (
+        alt.Chart(data.assign(**{PARTIAL: "still running"}))
+        .mark_point(size=110, filled=False, strokeDash=[2, 2], strokeWidth=2)
+        .encode(x=step_axis(), y=f"{y}:Q", color=f"{color}:N", tooltip=[*tooltip, PARTIAL])
     )
-    return (band + line.add_params(_pick_step())).properties(height=260)
+
+
+def reward_chart(df: pd.DataFrame) -> alt.LayerChart:
+    """Reward per step (mean line, band clipped to min-max); a click on a point picks that step and split.
+
+    A step still running is a hollow point off the line, so an unfinished step does not read as a dip.
+    """
+    finished, partial = _finished_and_partial(reward_band(df))
+    base = alt.Chart(finished).encode(x=step_axis(), color=alt.Color("split:N"))
+    band = base.mark_area(opacity=0.2).encode(y="reward/lo:Q", y2="reward/hi:Q")
+    tooltip = [STEP, "split", "reward/mean", "reward/std", "reward/min", "reward/max", "trajectories"]
+    line = base.mark_line(point={"size": 80}).encode(
+        y=alt.Y("reward/mean:Q", title="reward (mean ± std, within min-max)"), tooltip=tooltip
+    )
+    chart = band + line.add_params(_pick_step())
+    if not partial.empty:
+        chart = chart + _partial_points(partial, "reward/mean", "split", tooltip)
+    return chart.properties(height=260)
 
 
 def lines_chart(df: pd.DataFrame, columns: list[str], title: str, fmt: str | None = None) -> alt.Chart:
-    """Several per-step means as lines (one per metric, dashed per split); a click picks the step and split."""
+    """Several per-step means as lines (one per metric, dashed per split); a click picks the step and split.
+
+    A step still running is a hollow point off the lines.
+    """
     present = [c for c in columns if c in df.columns]
-    long = df.melt(id_vars=[STEP, "split"], value_vars=present, var_name="metric").dropna(subset=["value"])
+    ids = [STEP, "split", *([PARTIAL] if PARTIAL in df.columns else [])]
+    long = df.melt(id_vars=ids, value_vars=present, var_name="metric").dropna(subset=["value"])
+    finished, partial = _finished_and_partial(long)
     y = alt.Y("value:Q", title=title, axis=alt.Axis(format=fmt) if fmt else alt.Axis())
-    return (
-        alt.Chart(long)
+    tooltip = [STEP, "split", "metric", alt.Tooltip("value:Q", format=".4g")]
+    chart: Any = (
+        alt.Chart(finished)
         .mark_line(point={"size": 80})
-        .encode(
-            x=step_axis(),
-            y=y,
-            color="metric:N",
-            strokeDash="split:N",
-            tooltip=[STEP, "split", "metric", alt.Tooltip("value:Q", format=".4g")],
-        )
+        .encode(x=step_axis(), y=y, color="metric:N", strokeDash="split:N", tooltip=tooltip)
         .add_params(_pick_step())
-        .properties(height=260)
     )
+    if not partial.empty:
+        chart = chart + _partial_points(partial, "value", "metric", tooltip)
+    return chart.properties(height=260)
 
 
 def group_chart(df: pd.DataFrame) -> alt.Chart:

@@ -215,15 +215,14 @@ def chromium(user_data_dir: str) -> Iterator[Browser]:
 
 
 def record_demo_runs(out: str) -> tuple[str, str]:
-    """Two scripted demo runs under ``out`` (A: seed 0; B: seed 1, another temperature); their run directories."""
-    import tracer
+    """Two scripted demo runs under ``out`` (A: seed 0; B: seed 1, another temperature); their run directories.
+
+    The demo records its flags as the run config, so the Compare page shows the two differences.
+    """
     from tracer.cli import main
 
     runs = []
     for name, seed, temperature in (("run-a", "0", "1.0"), ("run-b", "1", "0.7")):
-        # The demo records no training config of its own: give it one through the environment.
-        run_config = {"trainer": {"seed": int(seed), "temperature": float(temperature)}, "data": {"batch": 3, "n": 4}}
-        os.environ[tracer.ENV_CONFIG] = json.dumps({"run_config": run_config})
         argv = [
             "demo", "--steps", "4", "--batch", "3", "--n", "4", "--val-every", "2", "--val-size", "2",
             "--out", out, "--experiment", name, "--scripted-latency", "0", "--seed", seed,
@@ -233,19 +232,20 @@ def record_demo_runs(out: str) -> tuple[str, str]:
             if main(argv) != 0:
                 raise RuntimeError(f"rollout-trace {' '.join(argv)} failed")
         runs.append(os.path.join(out, "rollout-demo", name))
-    os.environ.pop(tracer.ENV_CONFIG, None)
     return runs[0], runs[1]
 
 
 #: The pages shot: file name, query, text to wait for, tab to click.
-def pages(run_a: str, run_b: str, trace_id: str, step: int) -> list[tuple[str, dict[str, str], str, str | None]]:
-    """What :func:`main` shoots."""
+def pages(
+    run_a: str, run_b: str, trace_id: str, step: int, sample: str = "0"
+) -> list[tuple[str, dict[str, str], str, str | None]]:
+    """What :func:`main` shoots (the group page shows ``sample``)."""
     return [
         ("viewer-overview.png", {"view": "overview", "path": run_a}, "Reward per step", None),
         ("viewer-trajectories.png", {"path": run_a, "step": str(step)}, "Rows per page", None),
         ("viewer-replay.png", {"path": run_a, "trace_id": trace_id}, "Trajectory replay", None),
         ("viewer-tokens.png", {"path": run_a, "trace_id": trace_id}, "Trajectory replay", "Tokens"),
-        ("viewer-group.png", {"path": run_a, "step": str(step), "sample_index": "0"}, "Group", None),
+        ("viewer-group.png", {"path": run_a, "step": str(step), "sample_index": sample}, "Group", None),
         ("viewer-compare.png", {"view": "compare", "path": run_a, "compare": run_b}, "biggest regression", None),
     ]
 
@@ -277,9 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = os.path.abspath(args[0]) if args else DOCS_IMG
     with tempfile.TemporaryDirectory(prefix="viewer-shots-") as tmp:
         run_a, run_b = record_demo_runs(os.path.join(tmp, "traces"))
-        first = tracer.read_trajectories(run_a, steps=[1]).to_pylist()[0]
+        rows = [r for r in tracer.read_trajectories(run_a, steps=[1]).to_pylist() if not r["validate"]]
+        rewards: dict[str, set[float]] = {}
+        for r in rows:
+            rewards.setdefault(r["sample_index"], set()).add(r["reward"])
+        sample = next((s for s, v in rewards.items() if len(v) > 1), rows[0]["sample_index"])  # a group that learns
+        first = next(r for r in rows if r["sample_index"] == sample)
         with serve(os.path.dirname(run_a)) as base:
-            shots = pages(run_a, run_b, first[TRACE_ID], 1)
+            shots = pages(run_a, run_b, first[TRACE_ID], 1, sample)
             for file in shoot(base, shots, out_dir, os.path.join(tmp, "chromium")):
                 print(file)
     return 0

@@ -126,6 +126,7 @@ def test_diff_cli_compares_the_last_step_both_runs_have(runs: tuple[str, str]) -
     expected = tracer.compare_runs(a, b, steps_a=[last], steps_b=[last]).to_pylist()
     assert [r["delta"] for r in data["prompts"]] == [r["delta"] for r in expected]
     assert all(r["steps_a"] == r["steps_b"] == str(last) for r in data["prompts"])
+    assert {r["sample_index"]: r["question"] for r in data["prompts"]}["1"] == "What is 1 + 0?"
 
 
 def test_diff_cli_names_a_missing_run(tmp_path: os.PathLike[str], runs: tuple[str, str]) -> None:

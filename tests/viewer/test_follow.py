@@ -82,7 +82,11 @@ def test_a_running_trajectory_is_shown_in_progress_with_its_spans_so_far(writer:
     assert running[S.TRACE_ID].tolist() == ["w-s2-p9-r0"]
     assert running["spans so far"].tolist() == [1]
     assert [m.value for m in at.metric if m.label in ("rollouts finished", "still running")] == ["3", "1"]
-    assert frame_with(at, "reward/mean")[S.STEP].tolist() == [1, 2]
+    table = frame_with(at, "reward/mean")
+    assert table[S.STEP].tolist() == [1, 2]
+    assert table["partial"].tolist() == [False, True]  # step 2 still running: drawn apart, off the lines
+    charts = [c.proto.SerializeToString() for c in at.get("vega_lite_chart")]
+    assert charts and all(b"still running" in c for c in charts)
 
 
 def test_the_sidebar_shows_how_far_behind_each_live_exporter_is(

@@ -159,3 +159,12 @@ def test_tail_prints_a_hostile_sample_index_as_one_line(tmp_path: Any) -> None:
 @tracer.rollout_trace_op(kind="rollout", name="edge_root")
 def _root() -> str:
     return "done"
+
+
+def test_interval_1e309_draws_the_page(small_run: str) -> None:
+    """?follow=1&interval=1e309 (a float that overflows to inf) follows at the default interval instead of crashing."""
+    at = new_app(path=small_run, follow="1", interval="1e309")
+    at.run()
+    assert not at.exception
+    assert at.session_state[state.SS_INTERVAL] == state.FOLLOW_INTERVAL_S
+    assert state.follow_interval("1e308") == state.FOLLOW_INTERVAL_MAX_S

@@ -18,7 +18,7 @@ from rollout.agent_loop import FEW_SHOT_EXAMPLE
 from tracer.cli import main as cli_main
 from tracer.questions import describe_repeats, ground_truth, question_of, questions_and_answers, repeated_keys
 from tracer.summary import Turn
-from viewer.format import short_ids
+from viewer.format import one_line, short_ids
 
 PROBLEMS = os.path.join(os.path.dirname(__file__), "..", "..", "rollout", "data")
 
@@ -149,8 +149,11 @@ def test_zero_std_filter_keeps_only_those_groups(demo_dir: str) -> None:
         groups.setdefault(r["sample_index"], set()).add(r["reward"])
     at = open_app(demo_dir, step="1", view="group", validate="false")
     at.radio(key="group_filter").set_value("all rewards equal").run()
-    offered = set(at.selectbox(key="sample_index").options) if at.selectbox else set()
-    assert offered == {s for s, v in groups.items() if len(v) == 1}
+    labels = at.selectbox(key="sample_index").options if at.selectbox else []
+    assert {label.split(" · ")[0] for label in labels} == {s for s, v in groups.items() if len(v) == 1}
+    qa = questions_and_answers(tracer.read_spans(demo_dir, steps=[1]))
+    questions = {r["sample_index"]: qa[r["trace_id"]][0] for r in rows}
+    assert all(label.split(" · ", 1)[1] == one_line(questions[label.split(" · ")[0]], 90) for label in labels)
 
 
 def test_overview_plots_the_zero_std_fraction(demo_dir: str) -> None:
@@ -182,6 +185,8 @@ def test_repeated_keys_are_named_and_kept_apart(twice_dir: str) -> None:
     at = open_app(twice_dir, step="1", sample_index="0", view="group", validate="false")
     assert any("rollout 0 recorded 2 times" in w.value for w in at.warning)
     assert len(frame_with(at, "rollout")) == 4
+    listed = open_app(twice_dir, step="1")
+    assert any("held by more than one trajectory" in w.value for w in listed.warning)
 
 
 @pytest.mark.parametrize("command", ["info", "check"])
@@ -211,3 +216,22 @@ def test_group_cards_come_a_page_at_a_time(tmp_path: Any) -> None:
     at.button(key="more_cards").click().run()
     assert len([m for m in at.markdown if m.value.startswith("rollout ")]) == CARDS_PER_PAGE + 3
     assert not [b for b in at.button if b.key == "more_cards"]
+
+
+def test_two_demo_runs_with_other_seeds_show_the_difference(tmp_path: Any) -> None:
+    """The demo records its flags as the run config: two seeds are a configuration difference on Compare."""
+    import contextlib
+    import io
+
+    from rollout.cli import main as demo_main
+
+    runs = []
+    for seed in ("1", "2"):
+        argv = ["--steps", "1", "--batch", "2", "--n", "2", "--val-every", "0", "--scripted-latency", "0"]
+        argv += ["--seed", seed, "--out", os.fspath(tmp_path), "--experiment", f"s{seed}", "--quiet"]
+        argv += ["--cache", os.fspath(tmp_path / "cache")]
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert demo_main(argv) == 0
+        runs.append(os.fspath(tmp_path / "rollout-demo" / f"s{seed}"))
+    diff = frame_with(open_app(runs[0], view="compare", compare=runs[1]), "setting")
+    assert {r["setting"]: (r["A"], r["B"]) for r in diff.to_dict("records")} == {"seed": ("1", "2")}

@@ -15,7 +15,7 @@ import streamlit as st
 from tracer.questions import ground_truth, zero_std_groups
 from viewer import cache, charts, safe, state
 from viewer import data as D
-from viewer.format import short
+from viewer.format import one_line, short
 from viewer.views.trajectories import question_columns
 
 #: Below this many bytes of trace files the group view compares the sample across steps by itself.
@@ -26,6 +26,8 @@ GROUP_COLUMNS = 4
 CARDS_PER_PAGE = 8
 #: Messages of a conversation drawn at first, and added by each "show more".
 MESSAGES_PER_PAGE = 12
+#: Samples whose selector label carries their question (more: the index alone, no read).
+LABELLED_SAMPLES = 256
 #: Characters of the question, the ground truth and a card's final answer drawn in place.
 ANSWER_CHARS = 2000
 #: The group filter's choices.
@@ -76,6 +78,18 @@ def _samples(in_step: Any) -> tuple[list[str], set[str]]:
     return samples, {g[D.SAMPLE_INDEX] for g in groups if g["zero_std"]}
 
 
+def _sample_labels(path: str, sig: tuple, in_step: Any, samples: list[str], step: int) -> dict[str, str]:
+    """Each sample's label in the selector: its index and its question (for up to :data:`LABELLED_SAMPLES`)."""
+    if len(samples) > LABELLED_SAMPLES:
+        return {}
+    first: dict[str, str] = {}
+    for s, tid in zip(in_step.column(D.SAMPLE_INDEX).to_pylist(), in_step.column(D.TRACE_ID).to_pylist()):
+        if s in samples and s not in first:
+            first[s] = tid
+    qa = cache.questions(path, sig, tuple(first.values()), step) if first else {}
+    return {s: f"{s} · {one_line(qa.get(tid, (None, None))[0] or '', 90)}" for s, tid in first.items()}
+
+
 def _conversation(spans: Any, tid: str) -> None:
     msgs = D.messages(spans) if spans is not None else []
     key = f"msgs_{tid}"
@@ -122,7 +136,8 @@ def draw(path: str, sig: tuple) -> None:
         return
     if ss.get(state.SS_SAMPLE) not in offered:
         ss[state.SS_SAMPLE] = offered[0]
-    sample = f2.selectbox("Sample (prompt)", offered, key=state.SS_SAMPLE)
+    labels = _sample_labels(path, sig, in_step, offered, step)
+    sample = f2.selectbox("Sample (prompt)", offered, key=state.SS_SAMPLE, format_func=lambda s: labels.get(s, str(s)))
     g = D.group(traj, step, sample, state.split_value())
     trace_ids = tuple(g.column(D.TRACE_ID).to_pylist())
     loaded = cache.group_spans(path, sig, trace_ids, step)
@@ -159,9 +174,10 @@ def draw(path: str, sig: tuple) -> None:
             key="group_table",
             column_config={
                 **question_columns(),
+                D.ANSWER_COL: st.column_config.TextColumn("final answer", width="large"),
                 D.REWARD: st.column_config.NumberColumn(format="%.4g"),
                 "advantage": st.column_config.NumberColumn(format="%.4g"),
-                "tools": st.column_config.TextColumn(width="medium"),
+                "tools": st.column_config.TextColumn(width="small"),
                 "latency_s": st.column_config.NumberColumn("latency (s)", format="%.4g"),
             },
         )

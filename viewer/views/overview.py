@@ -52,6 +52,17 @@ def draw(path: str, sig: tuple) -> None:
     zero_std = _zero_std(path, sig)
     if zero_std is not None:
         D.with_zero_std(rows, zero_std)
+    if followed is not None:
+        running = {p[D.STEP] for p in followed.progress() if p["running"]}
+        for r in rows:
+            r[charts.PARTIAL] = r[D.STEP] in running
+        if running:
+            st.caption(
+                safe.md(
+                    f"Step(s) {', '.join(str(s) for s in sorted(running, key=str))} still running: drawn as hollow "
+                    "points, off the lines, until their rollouts finish."
+                )
+            )
     df = pd.DataFrame(rows)
     st.caption("Click a point of a chart to list that step's trajectories.")
     c1, c2 = st.columns(2)

@@ -265,6 +265,7 @@ def _draw_turn(turn: Any, advantage: float | None = None) -> None:
         color_by = st.selectbox(
             "Colour tokens by",
             options,
+            index=options.index(D.COLOR_MISMATCH) if D.COLOR_MISMATCH in options else 0,
             key=f"color_by_{turn.index}",
             help="mismatch = rollout logprob - trainer logprob; grey tokens are outside the loss mask (not counted)",
         )

@@ -8,6 +8,7 @@ import pandas as pd
 import pyarrow.compute as pc
 import streamlit as st
 
+from tracer.questions import describe_repeats, repeated_keys
 from viewer import cache, safe, state
 from viewer import data as D
 from viewer.format import short
@@ -90,6 +91,9 @@ def draw(path: str, sig: tuple) -> None:
     if base.num_rows == 0:
         st.info("No trajectories for this step and split.")
         return
+    repeats = describe_repeats(repeated_keys(base))
+    if repeats:
+        st.warning(safe.md(repeats, 1000))
     c1, c2, c3 = st.columns([2, 1, 1])
     query = c1.text_input(
         "Search the conversations", key="q", placeholder="text in any question, answer, prompt, tool call or result"
