@@ -13,7 +13,7 @@ with :func:`tracer.summary.summarize` (one meaning in one place), so a
 refresh costs what is new, not the run.
 
 :meth:`RunFollower.trajectories` is then the same table as
-:func:`tracer.summary.read_trajectories` of the run (same rows, same order).
+:func:`tracer.index.readers.read_trajectories` of the run (same rows, same order).
 When a file the follower read is gone or shorter (a compaction replaced it,
 a repair cut it), the next poll reads the run again from the start.
 
@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+from tracer.index.shard import write_index
 from tracer.read import TraceFileWarning, TracePaths, list_trace_files
 from tracer.storage import uri as _uri
 from tracer.storage.files import read_batches, read_layout
@@ -209,7 +210,7 @@ class RunFollower:
             if st.st_size == progress.size and st.st_mtime_ns == progress.mtime_ns:
                 # Unchanged. A file not closed whose writer is gone (killed, a Ray actor at
                 # ray.shutdown) is sealed here, so its last step counts as finished.
-                if progress.closed or seal_if_abandoned(file).action != SEALED:
+                if progress.closed or seal_if_abandoned(file, on_sealed=write_index).action != SEALED:
                     return None
                 try:
                     st = os.stat(file)

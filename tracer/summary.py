@@ -56,7 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
-from tracer.read import parse_json_or_text as _loads
+from tracer.schema import parse_json_or_text as _loads
 
 #: Span columns :func:`summarize` needs.
 SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
@@ -1544,12 +1544,3 @@ def partial_metrics(
         for k, metrics in out.items():
             metrics.update(mismatch.get(k, empty))
     return {k: out[k] for k in sorted(out, key=lambda k: (k[0] is None, k[0] or 0, k[1]))}
-
-
-def __getattr__(name: str) -> Any:
-    """``read_trajectories`` and ``read_step_partials`` (:mod:`tracer.index.readers`), importable from here too."""
-    if name in ("read_trajectories", "read_step_partials"):
-        from tracer.index import readers  # above the model: it reads the model's rows from the indexes
-
-        return getattr(readers, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

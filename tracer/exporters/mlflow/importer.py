@@ -65,6 +65,7 @@ from tracer.exporters.mlflow.spans import (
 )
 from tracer.exporters.tables import Progress
 from tracer.extras import import_backend
+from tracer.index.closed import shard_closed
 from tracer.record.redact import Redactor
 from tracer.storage.writer import SpanWriter
 
@@ -401,7 +402,9 @@ class _Outputs:
             return
         if key not in self.writers:
             self.writers[key] = (
-                SpanWriter(os.path.join(self.out_dir, _safe(key[0]), _safe(key[1])), self._meta(key)),
+                SpanWriter(
+                    os.path.join(self.out_dir, _safe(key[0]), _safe(key[1])), self._meta(key), on_close=shard_closed
+                ),
                 [],
                 [],
             )
