@@ -35,6 +35,7 @@ from bench_scale import SPANS_PER_TRAJECTORY  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer import schema as S  # noqa: E402
+from tracer.index.closed import shard_closed  # noqa: E402
 from tracer.storage.writer import SpanWriter  # noqa: E402
 from viewer import data as D  # noqa: E402
 
@@ -89,7 +90,10 @@ def main() -> None:
     run_dir = os.path.join(root, "run")
     shutil.rmtree(run_dir, ignore_errors=True)
     meta = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, S.META_PROJECT: "bench", S.META_EXPERIMENT: "follow"}
-    writers = [SpanWriter(run_dir, meta, max_file_bytes=args.max_file_mb * 1024 * 1024) for _ in range(args.workers)]
+    writers = [
+        SpanWriter(run_dir, meta, max_file_bytes=args.max_file_mb * 1024 * 1024, on_close=shard_closed)
+        for _ in range(args.workers)
+    ]
     per_worker = args.step_spans // args.workers // SPANS_PER_TRAJECTORY * SPANS_PER_TRAJECTORY
     steps = args.spans // (per_worker * args.workers)
     checkpoints = sorted({1, steps // 10, steps // 4, steps // 2, steps} - {0})

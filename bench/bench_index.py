@@ -56,6 +56,8 @@ from bench_scale import SPANS_PER_TRAJECTORY, chunk  # noqa: E402
 import tracer  # noqa: E402
 from tracer import schema as S  # noqa: E402
 from tracer.index import rollup  # noqa: E402
+from tracer.index.closed import shard_closed  # noqa: E402
+from tracer.index.readers import read_step_partials  # noqa: E402
 from tracer.index.rollup import ROLLUP_NAME  # noqa: E402
 from tracer.index.shard import INDEX_SUFFIX  # noqa: E402
 from tracer.storage.compact import compact  # noqa: E402
@@ -80,7 +82,7 @@ def generate(
     """
     t0 = time.perf_counter()
     meta = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, S.META_PROJECT: "bench", S.META_EXPERIMENT: "index"}
-    writers = [SpanWriter(run_dir, meta, max_file_bytes=max_file_bytes) for _ in range(workers)]
+    writers = [SpanWriter(run_dir, meta, max_file_bytes=max_file_bytes, on_close=shard_closed) for _ in range(workers)]
     unit = SPANS_PER_TRAJECTORY * workers
     per_step = max(unit, spans // steps // unit * unit)
     start = 0
@@ -268,14 +270,14 @@ def rollup_cost(run: str, repeat: int = 3) -> str:
         last = os.path.join(copy, os.path.basename(files[-1]))
         aside = os.path.dirname(copy) + "/last.arrow"
         os.rename(last, aside)  # a rename keeps size, mtime and inode: the rollup's stamp
-        rollup.update(copy)  # every file but the last
+        rollup.update(copy, read_step_partials)  # every file but the last
         os.rename(aside, last)
         t0 = time.perf_counter()
-        rollup.update(copy)  # the last file closes: merged in (its trace ids are its own)
+        rollup.update(copy, read_step_partials)  # the last file closes: merged in (its trace ids are its own)
         merged.append(time.perf_counter() - t0)
         os.remove(os.path.join(copy, ROLLUP_NAME))
         t0 = time.perf_counter()
-        rollup.update(copy)  # no rollup yet (or a trajectory shared): built from every file
+        rollup.update(copy, read_step_partials)  # no rollup yet (or a trajectory shared): built from every file
         built.append(time.perf_counter() - t0)
     shutil.rmtree(copy, ignore_errors=True)
     size = os.path.getsize(os.path.join(run, ROLLUP_NAME)) if os.path.exists(os.path.join(run, ROLLUP_NAME)) else 0

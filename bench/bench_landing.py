@@ -42,6 +42,7 @@ import pyarrow.compute as pc  # noqa: E402
 from tracer import schema as S  # noqa: E402
 from tracer.index import rollup  # noqa: E402
 from tracer.index import shard as _si  # noqa: E402
+from tracer.index.readers import read_step_partials  # noqa: E402
 from tracer.summary import step_partials  # noqa: E402
 
 STEPS = 100
@@ -118,7 +119,7 @@ def build_run(run: str, spans: int, shards: int) -> None:
                 w.write_batch(span)
         batch_rows = [per_shard // STEPS + (1 if s < per_shard % STEPS else 0) for s in range(STEPS)]
         _si.write_sidecar(path, _Rows(_trajectories(k, per_shard // SPANS_PER_TRAJECTORY, rng), batch_rows))  # type: ignore[arg-type]
-    assert rollup.update(run, wait_s=60.0)
+    assert rollup.update(run, read_step_partials, wait_s=60.0)
 
 
 def page(run: str, how: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import pyarrow.compute as pc  # noqa: E402
 
 import tracer  # noqa: E402
 from tracer import schema as S  # noqa: E402
+from tracer.index.closed import shard_closed  # noqa: E402
 from tracer.storage.compact import compact  # noqa: E402
 from tracer.storage.writer import SpanWriter  # noqa: E402
 
@@ -81,7 +82,10 @@ def chunk(start: int, n: int, step: int, now: int) -> pa.RecordBatch:
 def generate(run_dir: str, spans: int, steps: int) -> None:
     per_step = spans // steps
     meta = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, S.META_PROJECT: "bench", S.META_EXPERIMENT: "scale"}
-    writers = [SpanWriter(run_dir, meta, compression_level=3, max_file_bytes=32 * 1024 * 1024) for _ in range(WORKERS)]
+    writers = [
+        SpanWriter(run_dir, meta, compression_level=3, max_file_bytes=32 * 1024 * 1024, on_close=shard_closed)
+        for _ in range(WORKERS)
+    ]
     now = time.time_ns()
     start = 0
     for step in range(steps):

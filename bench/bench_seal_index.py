@@ -30,11 +30,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scale import chunk  # noqa: E402
 
 from tracer import schema as S  # noqa: E402
-from tracer.index import closed  # noqa: E402
 from tracer.index import shard as shard_index  # noqa: E402
-from tracer.index.shard import INDEX_SUFFIX, load_shard_index  # noqa: E402
+from tracer.index.closed import shard_closed  # noqa: E402
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index, write_index  # noqa: E402
 from tracer.storage.compact import compact  # noqa: E402
-from tracer.storage.seal import ALREADY_CLOSED, SEALED, index_sealed, seal_if_abandoned  # noqa: E402
+from tracer.storage.seal import ALREADY_CLOSED, SEALED, seal_if_abandoned  # noqa: E402
 from tracer.storage.writer import SpanWriter  # noqa: E402
 
 BATCH_ROWS = 8192
@@ -47,7 +47,7 @@ def killed_run(run: str, shards: int, spans: int) -> None:
     now = time.time_ns()
     start = 0
     for _ in range(shards):
-        writer = SpanWriter(run, meta, max_file_bytes=1 << 40)
+        writer = SpanWriter(run, meta, max_file_bytes=1 << 40, on_close=shard_closed)
         per_step = spans // STEPS
         for step in range(STEPS):
             for off in range(0, per_step, BATCH_ROWS):
@@ -64,7 +64,7 @@ def shards_of(run: str) -> list[str]:
 def seal_all(run: str, index: bool) -> float:
     t0 = time.perf_counter()
     for shard in shards_of(run):
-        assert seal_if_abandoned(shard, on_sealed=index_sealed if index else None).action == SEALED
+        assert seal_if_abandoned(shard, on_sealed=write_index if index else None).action == SEALED
     return time.perf_counter() - t0
 
 
@@ -76,16 +76,16 @@ def reseal_all(run: str) -> float:
 
 
 def compact_run(run: str, index: bool) -> float:
-    saved = closed.builder
+    saved = shard_index.builder
     if not index:  # a builder past its memory bound at the first batch: compaction writes no index
-        closed.builder = lambda bounded=True: saved(bounded=True)
+        shard_index.builder = lambda bounded=True: saved(bounded=True)
         shard_index.MAX_BUILD_BYTES, bound = 0, shard_index.MAX_BUILD_BYTES
     try:
         t0 = time.perf_counter()
         report = compact(run, target_bytes=64 * 1024 * 1024)
         took = time.perf_counter() - t0
     finally:
-        closed.builder = saved
+        shard_index.builder = saved
         if not index:
             shard_index.MAX_BUILD_BYTES = bound
     indexed = [n for n in os.listdir(run) if n.endswith(INDEX_SUFFIX)]

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from tracer import schema as S
+from tracer.index.closed import shard_closed
 from tracer.storage.writer import SpanWriter
 
 META = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION}
@@ -83,7 +84,7 @@ def batch_of(rows: list[dict[str, Any]]) -> pa.RecordBatch:
 
 def writer(run_dir: str | os.PathLike[str], **kwargs: Any) -> SpanWriter:
     """The storage writer, as a worker's recorder would open it."""
-    return SpanWriter(os.fspath(run_dir), META, **kwargs)
+    return SpanWriter(os.fspath(run_dir), META, on_close=shard_closed, **kwargs)
 
 
 def step_rows(step: int, rollouts: int, worker: str = "w") -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from storage_fixtures import copy_run
 import tracer
 from tracer import schema as S
 from tracer.index import shard as _si
+from tracer.index.closed import shard_closed
 from tracer.index.shard import INDEX_SUFFIX, load_shard_index
 from tracer.storage.files import read_layout
 from tracer.storage.seal import seal_if_abandoned
@@ -52,7 +53,7 @@ def write_shard(run: str, batches: list[list[dict[str, Any]]], close: bool = Tru
     Closed normally (footer and shard index), or with ``close=False`` a writer
     killed after its last flush: no footer, no index, lock gone (readers seal it).
     """
-    writer = SpanWriter(run, META)
+    writer = SpanWriter(run, META, on_close=shard_closed)
     for rows in batches:
         writer.write(pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA))
     path = writer.path

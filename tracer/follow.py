@@ -3,7 +3,7 @@
 :class:`RunFollower` remembers per trace file the complete batches read and where
 the last ends (an append-only file keeps its batches' numbers); each poll reads only
 what is new and summarises again only the trajectories that got rows, so
-:meth:`RunFollower.trajectories` equals :func:`tracer.summary.read_trajectories` of
+:meth:`RunFollower.trajectories` equals :func:`tracer.index.readers.read_trajectories` of
 the run at the cost of what is new. A file gone or shorter (compaction, repair)
 makes the next poll read the run again. Used by ``rollout-trace tail`` and the
 viewer's ``--follow``.
@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+from tracer.index.shard import write_index
 from tracer.read import TraceFileWarning, TracePaths, list_trace_files
 from tracer.storage import uri as _uri
 from tracer.storage.files import read_batches, read_layout
@@ -186,7 +187,7 @@ class RunFollower:
             if st.st_size == progress.size and st.st_mtime_ns == progress.mtime_ns:
                 # Unchanged. A file not closed whose writer is gone (killed, a Ray actor at
                 # ray.shutdown) is sealed here, so its last step counts as finished.
-                if progress.closed or seal_if_abandoned(file).action != SEALED:
+                if progress.closed or seal_if_abandoned(file, on_sealed=write_index).action != SEALED:
                     return None
                 try:
                     st = os.stat(file)

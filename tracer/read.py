@@ -24,20 +24,21 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S
 from tracer.index import rollup as _rollup
 from tracer.index.rollup import Rollup
-from tracer.index.shard import ShardIndex, load_shard_index
+from tracer.index.shard import ShardIndex, load_shard_index, write_index
+from tracer.schema import parse_json_or_text as parse_json_or_text
 from tracer.storage import uri as _uri
 from tracer.storage.files import ends_closed, read_batches, read_schema
 from tracer.storage.history import HISTORY_COLUMNS, expand_history
 from tracer.storage.index import INDEX_NAME, batches_for_steps, listing, load_index, replaced_files
 from tracer.storage.locks import reading
 from tracer.storage.seal import seal_if_abandoned
+from tracer.storage.writer import OnClose
 
 if TYPE_CHECKING:  # imported where a Dataset is built: 0.2 s of `import tracer` otherwise
     import pyarrow.dataset as pds
@@ -118,7 +119,7 @@ def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in (schema.metadata or {}).items()}
 
 
-def _shard_index(file: str, index: dict[str, Any]) -> ShardIndex | None:
+def _shard_index(file: str, index: dict[str, Any], on_sealed: OnClose = write_index) -> ShardIndex | None:
     """The index of ``file`` when one agrees with it (a shard is sealed first if its writer is gone); else None.
 
     Shards and compacted files alike: compaction writes each output's index
@@ -135,7 +136,7 @@ def _shard_index(file: str, index: dict[str, Any]) -> ShardIndex | None:
         return found
     if os.path.basename(file) in index["files"]:  # compacted files are closed by their writer
         return None
-    seal_if_abandoned(file)  # a shard whose writer is gone gets the footer it never wrote, and its index
+    seal_if_abandoned(file, on_sealed=on_sealed)  # a dead writer's shard: the footer it never wrote, its index
     return load_shard_index(file)
 
 
@@ -165,7 +166,7 @@ def _chosen(
     return sorted(chosen), shard.size
 
 
-def indexed_files(path: TracePaths) -> list[tuple[str, ShardIndex | None]]:
+def indexed_files(path: TracePaths, on_sealed: OnClose = write_index) -> list[tuple[str, ShardIndex | None]]:
     """Every trace file under ``path``, in reading order, with its index (None where it has none).
 
     The files :func:`iter_batches` would read, shards of writers that are gone
@@ -173,10 +174,16 @@ def indexed_files(path: TracePaths) -> list[tuple[str, ShardIndex | None]]:
     output) is returned only when it agrees with its file
     (:mod:`tracer.index.shard`); remote files get none.
 
+    Args:
+        path: Files, directories or URIs.
+        on_sealed: Called with each shard this call seals (default: its index,
+            :func:`tracer.index.shard.write_index`).
+
     Raises:
         FileNotFoundError: a path does not exist.
     """
-    return [(file, _shard_index(file, index)) for files, index in _snapshots(path, lock=True) for file in files]
+    pairs = _snapshots(path, lock=True)
+    return [(file, _shard_index(file, index, on_sealed)) for files, index in pairs for file in files]
 
 
 def _rolled_up(path: TracePaths) -> Iterator[tuple[Rollup | None, Callable[[], list[tuple[str, ShardIndex | None]]]]]:
@@ -381,7 +388,7 @@ def dataset(path: TracePaths) -> pds.Dataset:
         for file in files:
             remote = _uri.is_remote(file)
             if not remote and os.path.basename(file) not in index["files"]:
-                seal_if_abandoned(file)
+                seal_if_abandoned(file, on_sealed=write_index)
             if remote or not _opens_directly(file):
                 others.append(file)
             else:
@@ -413,13 +420,3 @@ def _opens_directly(file: str) -> bool:
 def parse_json(text: str | None) -> Any:
     """Parse one of the JSON columns (inputs, outputs, attributes, error); None stays None."""
     return None if text is None else json.loads(text)
-
-
-def parse_json_or_text(value: Any) -> Any:
-    """A JSON column's value parsed; a string that is not JSON, or a value that is not a string, as it is."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return value

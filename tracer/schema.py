@@ -9,6 +9,9 @@ no other module spells a column name as a string literal.
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
 import pyarrow as pa
 
 #: Version of the on-disk format. Bump the major on any change an older reader
@@ -250,3 +253,13 @@ STALENESS_SCHEMA = pa.schema(
         pa.field(MIXED_VERSIONS, pa.bool_()),
     ]
 )
+
+
+def parse_json_or_text(value: Any) -> Any:
+    """A JSON column's value parsed; a string that is not JSON, or a value that is not a string, as it is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return value

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from tracer import schema as S
 from tracer.follow import RunFollower, step_progress
+from tracer.index.readers import read_trajectories
 from tracer.storage.files import read_layout
-from tracer.summary import read_trajectories
 
 
 def _full(run_dir: str) -> pa.Table:

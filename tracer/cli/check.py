@@ -10,10 +10,10 @@ from typing import Any
 
 from tracer import schema as S
 from tracer.cli.terminal import terminal_text
+from tracer.index.readers import read_trajectories
 from tracer.questions import describe_repeats, repeated_keys
 from tracer.read import TraceFileWarning, list_trace_files
 from tracer.storage.check import check_path, format_report, summary_dict
-from tracer.summary import read_trajectories
 
 
 def register_check(subparsers: Any) -> None:

@@ -32,6 +32,7 @@ import pyarrow as pa
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.exporters.base import same_value
 from tracer.exporters.tables import iter_step_chunks, open_run
+from tracer.index.closed import shard_closed
 from tracer.read import list_trace_files, read_file_metadata, read_spans
 from tracer.storage.writer import SpanWriter
 from tracer.summary import (
@@ -221,7 +222,7 @@ def _write(folder: str, rows: list[dict[str, Any]], name: str) -> str:
             continue
     meta[META_RESCORE] = name
     meta[S.META_CREATED_NS] = str(time.time_ns())
-    writer = SpanWriter(folder, meta)
+    writer = SpanWriter(folder, meta, on_close=shard_closed)
     try:
         for i in range(0, len(rows), 4096):
             writer.write(pa.RecordBatch.from_pylist(rows[i : i + 4096], schema=S.SPAN_SCHEMA))

@@ -23,6 +23,7 @@ from tracer.compare import recorded_configs
 from tracer.config import TraceConfig
 from tracer.exporters.attach import live_options
 from tracer.exporters.base import export_files, recorded_backends
+from tracer.index.shard import write_index
 from tracer.read import list_trace_files
 from tracer.record.redact import REDACTED
 from tracer.storage import uri as _uri
@@ -88,7 +89,7 @@ def writers_running(run_dir: str) -> list[str]:
     return [
         f
         for f in list_trace_files(run_dir)
-        if not _own_file(f) and seal_if_abandoned(f, max_age_s=OTHER_HOST_QUIET_S).action == LIVE
+        if not _own_file(f) and seal_if_abandoned(f, OTHER_HOST_QUIET_S, on_sealed=write_index).action == LIVE
     ]
 
 

@@ -1,12 +1,15 @@
 """Index-aware readers: trajectory rows and per-step aggregates answered from shard indexes and the rollup.
 
 The same tables as the trajectory model computes from spans (:func:`tracer.summary.summarize`,
-:func:`tracer.summary.step_partials`), read from what :mod:`tracer.index.closed` stored when each
-file closed, wherever the stored rows are exact; spans elsewhere.
+:func:`tracer.summary.step_partials`), read from what was stored when each file closed
+(:mod:`tracer.index.shard`, :mod:`tracer.index.rollup`) wherever the stored rows are exact; spans
+elsewhere. Shards they seal (their writers are gone) get their index, and the run's rollup takes
+them on the rollup thread (:func:`tracer.index.rollup.update_later`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -15,7 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S
+from tracer.index import rollup
 from tracer.index import shard as _shard_index
+from tracer.index.shard import write_index
 from tracer.read import TracePaths, indexed_files, read_spans, run_rollup
 from tracer.summary.metrics import (  # the model's merge, shared so stored and computed aggregates agree
     _PART_LISTS,
@@ -72,7 +77,7 @@ def _as_list(steps: int | Iterable[int] | None) -> list[int] | None:
 
 def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | None) -> pa.Table:
     """:func:`read_trajectories` over stored summary rows where they are exact, spans elsewhere."""
-    files = indexed_files(path)
+    files = indexed_files(path, on_sealed=_sealed)
     tables: list[tuple[int, pa.Table]] = []
     plain: list[int] = []
     for n, (_, shard) in enumerate(files):
@@ -195,7 +200,7 @@ _SOURCE_COLUMNS = _shard_index.SORTED_COLUMNS
 
 
 def _partials_from_indexes(path: TracePaths) -> pa.Table:
-    files = indexed_files(path)
+    files = indexed_files(path, on_sealed=_sealed)
     stored: dict[int, _shard_index.StoredPartials] = {}
     read: dict[int, dict[str, _shard_index.Fixed] | None] = {}  # the value columns (and hashes) of each stored file
     ids: dict[int, pa.Array] = {}  # the trace ids of a file read whole
@@ -412,3 +417,9 @@ def _overlapping(ranges: list[tuple[str, str, int]]) -> list[int]:
             out.append(n)
         reach = hi if reach is None or hi > reach else reach
     return out
+
+
+def _sealed(shard: str) -> None:
+    """A shard this read sealed (its writer is gone): its index, and the run's rollup on the rollup thread."""
+    if write_index(shard):
+        rollup.update_later(os.path.dirname(shard) or ".", read_step_partials)

@@ -38,7 +38,7 @@ import collections
 import dataclasses
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
 import orjson
@@ -51,6 +51,7 @@ from tracer.storage.files import write_replacing
 from tracer.storage.index import listing
 from tracer.storage.locks import exclusive_within
 from tracer.storage.writer import fsync_dir
+from tracer.summary import merge_step_partials, with_value_metrics
 
 #: The rollup's file name in its run directory (not a trace file: readers list ``*.arrow`` only).
 ROLLUP_NAME = "_steps.rollup"
@@ -67,6 +68,9 @@ CACHE_ENTRIES = 64
 
 #: ``(size, mtime_ns, inode)`` of a file.
 Stamp = tuple[int, int, int]
+#: The exact per-step aggregates of some files (:func:`tracer.index.readers.read_step_partials`, which
+#: reads through :mod:`tracer.read`, which reads this module: its caller passes it in).
+PartialsOfFiles = Callable[[list[str]], pa.Table]
 
 
 @dataclasses.dataclass
@@ -201,8 +205,6 @@ def _write(run_dir: str, r: Rollup) -> None:
     path = os.path.join(run_dir, ROLLUP_NAME)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     schema = S.ROLLUP_SCHEMA.with_metadata({META_ROLLUP: orjson.dumps(meta).decode()})
-    from tracer.summary import with_value_metrics  # the model reads through tracer.read, which imports this module
-
     table = with_value_metrics(_whole(r).select(S.STEP_PARTIALS_SCHEMA.names).cast(S.STEP_PARTIALS_SCHEMA))
 
     def write(f: BinaryIO) -> None:
@@ -258,8 +260,9 @@ def _overlap(a: tuple[str, str] | None, b: tuple[str, str] | None) -> bool:
     return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 
 
-def update(run_dir: str, wait_s: float = LOCK_WAIT_S) -> bool:
-    """Bring the rollup of the local ``run_dir`` up to date with its closed, indexed files.
+def update(run_dir: str, of_files: PartialsOfFiles, wait_s: float = LOCK_WAIT_S) -> bool:
+    """Bring the rollup of the local ``run_dir`` up to date with its closed, indexed files (their
+    aggregates computed by ``of_files``).
 
     Raises what the filesystem raises (callers that must not fail catch it: the rollup is optional).
 
@@ -273,7 +276,7 @@ def update(run_dir: str, wait_s: float = LOCK_WAIT_S) -> bool:
         _remove_leftovers(run_dir)
         # Files other writers closed while this update ran are taken too (they may have given up waiting).
         for _ in range(MAX_ROUNDS):
-            wrote = _step(run_dir)
+            wrote = _step(run_dir, of_files)
             if wrote is None:
                 return False
             if not wrote:
@@ -297,7 +300,7 @@ def _remove_leftovers(run_dir: str) -> None:
 MAX_ROUNDS = 4
 
 
-def _step(run_dir: str) -> bool | None:
+def _step(run_dir: str, of_files: PartialsOfFiles) -> bool | None:
     """One round of :func:`update`: whether it wrote the rollup; None when no file is closed."""
     files = _closed_files(run_dir)
     if not files:
@@ -314,9 +317,9 @@ def _step(run_dir: str) -> bool | None:
             or any(_overlap(f.range, r) for f in new for r in current.ranges.values())
         )
         if not joins:  # nothing of the new files belongs to a covered trajectory: merge what they add
-            _write(run_dir, _grown(current, new))
+            _write(run_dir, _grown(current, new, of_files))
             return True
-    _write(run_dir, _built(files))
+    _write(run_dir, _built(files, of_files))
     return True
 
 
@@ -337,25 +340,16 @@ def _described(files: Sequence[_File]) -> dict[str, Any]:
     }
 
 
-def _built(files: Sequence[_File]) -> Rollup:
-    return Rollup(partials=_of_files([f.path for f in files]), **_described(files))
+def _built(files: Sequence[_File], of_files: PartialsOfFiles) -> Rollup:
+    return Rollup(partials=of_files([f.path for f in files]), **_described(files))
 
 
-def _of_files(paths: list[str]) -> pa.Table:
-    """The exact per-step aggregates of ``paths`` (:func:`tracer.index.readers.read_step_partials`)."""
-    from tracer.index.readers import read_step_partials  # above tracer.read, which imports this module
-
-    return read_step_partials(paths)
-
-
-def _grown(current: Rollup, new: Sequence[_File]) -> Rollup:
-    from tracer.summary import merge_step_partials  # above tracer.read, which imports this module
-
+def _grown(current: Rollup, new: Sequence[_File], of_files: PartialsOfFiles) -> Rollup:
     added = _described(new)
     names = None if current.names is None or added["names"] is None else current.names | added["names"]
     return Rollup(
         files={**current.files, **added["files"]},
-        partials=merge_step_partials([_whole(current), _of_files([f.path for f in new])]),
+        partials=merge_step_partials([_whole(current), of_files([f.path for f in new])]),
         steps=sorted(set(current.steps) | set(added["steps"])),
         rows=current.rows + added["rows"],
         names=names,
@@ -371,25 +365,25 @@ def _whole(r: Rollup) -> pa.Table:
     return got
 
 
-def update_quietly(run_dir: str) -> None:
+def update_quietly(run_dir: str, of_files: PartialsOfFiles) -> None:
     """:func:`update`, for writers, seals and compaction: any failure leaves the rollup as it was (readers
     then read the files' indexes), never reaching the caller."""
     try:
-        update(run_dir)
+        update(run_dir, of_files)
     except Exception:
         pass
 
 
-_pending: set[str] = set()
+_pending: dict[str, PartialsOfFiles] = {}
 _pending_lock = threading.Lock()
 _worker: list[threading.Thread] = []
 
 
-def update_later(run_dir: str) -> None:
+def update_later(run_dir: str, of_files: PartialsOfFiles) -> None:
     """:func:`update_quietly` on a thread of its own (one per process, taking requests in turn), for a
     writer rotating files: its thread goes on writing spans while the rollup waits for its lock."""
     with _pending_lock:
-        _pending.add(run_dir)
+        _pending[run_dir] = of_files
         if _worker and _worker[0].is_alive():
             return
         t = threading.Thread(target=_drain, name="rollout-trace-rollup", daemon=True)
@@ -411,8 +405,8 @@ def _drain() -> None:
             if not _pending:
                 _worker.clear()
                 return
-            run_dir = _pending.pop()
-        update_quietly(run_dir)
+            run_dir, of_files = _pending.popitem()
+        update_quietly(run_dir, of_files)
 
 
 def _after_fork() -> None:  # the child has no worker, and the lock may have been held by another thread

@@ -44,6 +44,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import logging
 import mmap
 import os
 import struct
@@ -58,8 +59,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S
+from tracer import summary as model
 from tracer.storage import side_files
-from tracer.storage.files import closed_file_metadata, footer_bytes, write_replacing
+from tracer.storage.files import closed_file_metadata, footer_bytes, read_batches, write_replacing
 
 #: Version of the sidecar layout; another value is ignored (the spans are read instead).
 INDEX_VERSION = "3"
@@ -279,6 +281,53 @@ def write_sidecar(shard: str, builder: ShardIndexBuilder) -> None:
 
     target = sidecar_path(shard)
     write_replacing(target, target + ".tmp", write)
+
+
+def builder(bounded: bool = True) -> ShardIndexBuilder:
+    """A builder with the trajectory model's summary and per-step aggregates (:mod:`tracer.summary`)."""
+    return ShardIndexBuilder(model.SUMMARY_SPAN_COLUMNS, model.summarize, model.step_partials, bounded=bounded)
+
+
+logger = logging.getLogger("rollout_trace")
+_index_warned = threading.Event()
+
+
+def write_index(shard: str) -> bool:
+    """Write the index of the closed local ``shard`` from its spans, read back from the file.
+
+    Only the summary's columns are read, batch by batch (at most :data:`MAX_BUILD_BYTES` of them
+    kept), so a writer keeps nothing of a shard in memory while it is open. Never raises: a shard
+    that gets no index is read whole. The first failure in a process is logged (a warning).
+
+    Returns:
+        True when the sidecar was written.
+    """
+    try:
+        b = builder()
+        reading = read_batches(shard, list(dict.fromkeys([*b.columns, S.STEP])))
+        for batch in reading:
+            b.add(batch)
+        if not reading.result.complete:
+            raise ValueError(reading.result.describe() or "not read completely")
+        write_sidecar(shard, b)
+    except Exception as exc:  # the shard stands without an index: readers read the spans
+        warn_no_index(shard, exc)
+        return False
+    return True
+
+
+def warn_no_index(shard: str, exc: BaseException) -> None:
+    """Log, once per process, that ``shard`` got no index; later calls log nothing."""
+    if _index_warned.is_set():
+        return
+    _index_warned.set()
+    logger.warning(
+        "rollout-trace: no index written for %s (%s: %s); readers read its spans instead "
+        "(further failures to write an index are not logged)",
+        shard,
+        type(exc).__name__,
+        exc,
+    )
 
 
 @dataclasses.dataclass
@@ -878,11 +927,14 @@ __all__ = [
     "ShardIndex",
     "ShardIndexBuilder",
     "StoredPartials",
+    "builder",
     "index_columns",
     "load_shard_index",
     "sidecar_path",
     "step_sources",
     "stored_step_partials",
     "trace_hashes",
+    "warn_no_index",
+    "write_index",
     "write_sidecar",
 ]

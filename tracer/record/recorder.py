@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from tracer import schema as S
 from tracer.config import ENV_STRICT, TraceConfig
+from tracer.index.closed import shard_closed
 from tracer.record import lifecycle
 from tracer.record.capture import capture
 from tracer.record.context import Trajectory
@@ -308,6 +309,7 @@ class Recorder:
                 self._file_metadata(),
                 compression_level=config.compression_level,
                 max_file_bytes=config.max_file_bytes,
+                on_close=shard_closed,
             )
         self._start_thread()
 

@@ -82,8 +82,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S
-from tracer.index import closed, rollup
-from tracer.index.shard import ShardIndexBuilder, sidecar_path, write_sidecar
+from tracer.index import closed
+from tracer.index import shard as _shard
+from tracer.index.shard import ShardIndexBuilder, sidecar_path, warn_no_index, write_sidecar
 from tracer.read import iter_batches
 from tracer.storage import uri as _uri
 from tracer.storage.decisions import file_decisions, metadata_value
@@ -526,13 +527,13 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
     d = run_dir_of(unit.run_dir)
     # No memory bound: ``table`` is held whole here and the builder keeps views of its batches, so
     # an output of any size gets its index (with the writer's bound, a 10M-span output got none).
-    builder = closed.builder(bounded=False)
+    sidecar = _shard.builder(bounded=False)
     schema = S.SPAN_SCHEMA.with_metadata(meta)
     if d.remote:
-        out.entry = _write_remote_indexed(d, unit.name, table, schema, builder)
+        out.entry = _write_remote_indexed(d, unit.name, table, schema, sidecar)
     else:
-        out.entry = _write_compacted(d, unit.name + ".tmp", table, schema, builder)
-        out.index = _complete(builder, out.entry)
+        out.entry = _write_compacted(d, unit.name + ".tmp", table, schema, sidecar)
+        out.index = _complete(sidecar, out.entry)
     d.sync()
     return out
 
@@ -560,7 +561,7 @@ def commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: Co
         try:
             write_sidecar(d.full(name), result.index)
         except Exception as exc:  # the file is read whole instead
-            closed.warn_no_index(d.full(name), exc)
+            warn_no_index(d.full(name), exc)
     report.files_in += len(result.inputs)
     report.files_out += 1
     report.rows += result.rows
@@ -572,7 +573,7 @@ def finish_dir(d: _Dir, index: dict[str, Any], report: CompactReport, delete_aft
     """Step 4 of the module docstring, once for every merge of the directory; then the run's rollup."""
     _finish_interrupted(d, index, report, _delete_after(delete_after_s))
     if not d.remote:
-        rollup.update_quietly(d.path)  # the files it covered are gone: it now covers the compacted ones
+        closed.update_rollup(d.path)  # the files it covered are gone: it now covers the compacted ones
 
 
 def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, delete_after_s: float) -> None:
@@ -650,7 +651,7 @@ def _write_remote_indexed(
                 write_sidecar(local.full(name), builder)
                 indexed = True
             except Exception as exc:
-                closed.warn_no_index(d.full(name), exc)
+                warn_no_index(d.full(name), exc)
         _upload(d, local.full(name), name + ".tmp")
         if d.size(name + ".tmp") != entry["size"]:
             raise OSError(f"{d.full(name + '.tmp')}: {d.size(name + '.tmp')} bytes stored, {entry['size']} written")
@@ -658,7 +659,7 @@ def _write_remote_indexed(
             try:
                 _upload(d, sidecar_path(local.full(name)), _index_name(name))
             except Exception as exc:
-                closed.warn_no_index(d.full(name), exc)
+                warn_no_index(d.full(name), exc)
     return entry
 
 

@@ -28,14 +28,13 @@ sealer and a writer) never interleave. A file torn inside a batch is not
 sealed (appending would hide the tear): ``rollout-trace check --repair``
 handles it.
 
-Once sealed, the shard is handed to ``on_sealed``; the default writes the
-index its writer would have written at close
-(:func:`tracer.index.closed.shard_sealed`: the same function and the same
-sidecar, checked by readers against the sealed file's size and footer), so
-readers of a dead worker's shards read only the batches a question needs.
-When it cannot be written (a full disk, a shard too large to summarise) the
-seal still stands, one warning is logged per process, and readers read the
-spans.
+Once sealed, the shard is handed to ``on_sealed``: readers pass
+:func:`tracer.index.shard.write_index`, which writes the index its writer would
+have written at close (the same function and the same sidecar, checked by
+readers against the sealed file's size and footer), so readers of a dead
+worker's shards read only the batches a question needs. When it cannot be
+written (a full disk, a shard too large to summarise) the seal still stands,
+one warning is logged per process, and readers read the spans.
 
 Readers call this before every read, so it is cheap when there is nothing to
 do: a file found closed is not opened again while its size, mtime and inode
@@ -88,14 +87,6 @@ _closed: collections.OrderedDict[str, tuple[int, int, int]] = collections.Ordere
 _closed_lock = threading.Lock()
 #: How many closed files :data:`_closed` remembers.
 CLOSED_CACHE_ENTRIES = 65536
-
-
-def index_sealed(path: str) -> None:
-    """The default ``on_sealed``: :func:`tracer.index.closed.shard_sealed` (the shard's index, the run's
-    rollup), imported at the first seal: it is the layer above storage."""
-    from tracer.index.closed import shard_sealed
-
-    shard_sealed(path)
 
 
 @dataclasses.dataclass
@@ -200,7 +191,7 @@ def _remember_closed(file: str, stamp: tuple[int, int, int]) -> None:
 
 
 def seal_if_abandoned(
-    path: str | os.PathLike[str], max_age_s: float | None = None, on_sealed: OnClose | None = index_sealed
+    path: str | os.PathLike[str], max_age_s: float | None = None, on_sealed: OnClose | None = None
 ) -> SealResult:
     """Close ``path`` as its writer would have if that writer is gone (see the module docstring).
 
@@ -209,9 +200,9 @@ def seal_if_abandoned(
     Args:
         path: A local trace file.
         max_age_s: Override :func:`seal_after_s` (files of other hosts).
-        on_sealed: Called with the path of a shard this call sealed (default: its index,
-            :func:`index_sealed`); compaction, which merges the shard at once and indexes what
-            it writes, passes None.
+        on_sealed: Called with the path of a shard this call sealed (readers: its index,
+            :func:`tracer.index.shard.write_index`); None: nothing (compaction, which merges
+            the shard at once and indexes what it writes).
     """
     result = _seal(os.fspath(path), max_age_s)
     if on_sealed is not None and result.action == SEALED:
@@ -276,4 +267,4 @@ def _seal(file: str, max_age_s: float | None) -> SealResult:
         os.close(fd)  # releases the lock
 
 
-__all__ = ["ENV_SEAL_AFTER_S", "SEAL_AFTER_S", "SealResult", "index_sealed", "seal_if_abandoned"]
+__all__ = ["ENV_SEAL_AFTER_S", "SEAL_AFTER_S", "SealResult", "seal_if_abandoned"]

@@ -15,11 +15,11 @@ kernel releases it when the process ends however it ends (SIGKILL,
 :mod:`tracer.storage.seal` tells a dead writer's file from a live one.
 
 When it closes a file cleanly, the writer calls its ``on_close`` with the
-file's path; the default writes the file's index and updates the run's rollup
-(:func:`tracer.index.closed.shard_closed`), so readers open only the batches a
-question needs. The callback never fails a write: a file whose index could not
-be built or written simply has none, and readers read its spans. The writer
-keeps nothing of the file's spans in memory.
+file's path: the recorder passes :func:`tracer.index.closed.shard_closed`,
+which writes the file's index and updates the run's rollup, so readers open
+only the batches a question needs. The callback never fails a write: a file
+whose index could not be built or written simply has none, and readers read
+its spans. The writer keeps nothing of the file's spans in memory.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import pyarrow as pa
 from tracer import schema as S
 
 #: Called with a file's path once the file is closed cleanly (footer written, fsync'd).
-OnClose = Callable[[str], None]
+OnClose = Callable[[str], object]
 
 
 def host_label() -> str:
@@ -59,14 +59,6 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def index_shard(path: str) -> None:
-    """The default ``on_close``: :func:`tracer.index.closed.shard_closed` (the shard's index and the run's
-    rollup), imported at the first close: it is the layer above storage."""
-    from tracer.index.closed import shard_closed
-
-    shard_closed(path)
-
-
 class SpanWriter:
     """Appends record batches of :data:`tracer.schema.SPAN_SCHEMA` to rotating files.
 
@@ -75,8 +67,8 @@ class SpanWriter:
         metadata: Schema-level metadata written into every file.
         compression_level: zstd level.
         max_file_bytes: Start a new file once the current one is this big.
-        on_close: Called with each file's path once it is closed cleanly (its index, its run's
-            rollup: :func:`index_shard`); None: nothing.
+        on_close: Called with each file's path once it is closed cleanly (its index and its run's
+            rollup: :func:`tracer.index.closed.shard_closed`); None: nothing.
     """
 
     def __init__(
@@ -85,7 +77,7 @@ class SpanWriter:
         metadata: dict[str, str],
         compression_level: int = 3,
         max_file_bytes: int = 256 * 1024 * 1024,
-        on_close: OnClose | None = index_shard,
+        on_close: OnClose | None = None,
     ) -> None:
         self.run_dir = run_dir
         self._on_close = on_close

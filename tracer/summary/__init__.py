@@ -45,8 +45,6 @@ and plain strings.
 
 from __future__ import annotations
 
-from typing import Any
-
 from tracer.summary.metrics import (
     ADVANTAGES,
     ENTROPY,
@@ -109,16 +107,6 @@ from tracer.summary.turns import (
     trajectory_turns,
 )
 
-
-def __getattr__(name: str) -> Any:
-    """``read_trajectories`` and ``read_step_partials`` (:mod:`tracer.index.readers`), importable from here too."""
-    if name in ("read_trajectories", "read_step_partials"):
-        from tracer.index import readers  # above the model: it reads the model's rows from the indexes
-
-        return getattr(readers, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "ADVANTAGES",
     "ENTROPY",
@@ -152,8 +140,6 @@ __all__ = [
     "merge_step_partials",
     "partial_metrics",
     "prompt_and_response",
-    "read_step_partials",
-    "read_trajectories",
     "render_turns",
     "reward_source",
     "root_span",

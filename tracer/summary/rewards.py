@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
-from tracer.read import parse_json_or_text as _loads
+from tracer.schema import parse_json_or_text as _loads
 from tracer.summary.turns import is_log_reward
 
 #: log_reward attribute naming where a reward came from (``rollout-trace rescore`` sets it).

@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
-from tracer.read import parse_json_or_text as _loads
 from tracer.record.pieces import split_text
+from tracer.schema import parse_json_or_text as _loads
 
 #: Span columns :func:`trajectory_turns` reads (missing ones count as null).
 TURN_SPAN_COLUMNS: tuple[str, ...] = (

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import tracer
+from tracer.index.readers import read_step_partials
 
 # Column names, kinds, statuses and attribute keys come from tracer's schema, never spelled here.
 from tracer.schema import (
@@ -46,7 +47,7 @@ from tracer.schema import (
     TRACE_ID,
     VALIDATE,
 )
-from tracer.summary import partial_metrics, read_step_partials, step_partials
+from tracer.summary import partial_metrics, step_partials
 from viewer.format import one_line, short_ids
 
 #: Key of the advantage in log_reward's extras (``reward_info``).
@@ -288,7 +289,7 @@ def steps_of(trajectories: pa.Table) -> list[int]:
 def load_step_partials(path: str) -> Loaded:
     """Per-(step, validate) aggregates of every trajectory of the run: all the overview page shows.
 
-    :func:`tracer.summary.read_step_partials`: closed shards' indexes answer
+    :func:`tracer.index.readers.read_step_partials`: closed shards' indexes answer
     with their stored aggregates, so the cost follows the steps, not the
     trajectories; other files are read as :func:`load_trajectories` reads them.
     """

@@ -16,6 +16,7 @@ from storage_fixtures import span_rows
 import tracer
 from tracer import schema as S
 from tracer.index import rollup
+from tracer.index.closed import shard_closed
 from tracer.index.shard import sidecar_path
 from tracer.storage.writer import SpanWriter
 
@@ -33,7 +34,7 @@ def write_trace_file(
     Span ids start with ``tag`` (default: the file's name), so files never share spans.
     """
     meta = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, **(metadata or {})}
-    writer = SpanWriter(os.path.dirname(path), meta)
+    writer = SpanWriter(os.path.dirname(path), meta, on_close=shard_closed)
     ids = []
     for b in range(batches):
         rows_of = span_rows(b, rows, os.path.basename(path) if tag is None else tag)

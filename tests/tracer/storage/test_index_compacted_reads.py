@@ -27,6 +27,7 @@ from index_fixtures import bare_copy, write_shard
 
 import tracer
 from tracer import schema as S
+from tracer.index.readers import read_step_partials, read_trajectories
 from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path
 from tracer.read import has_spans_named, indexed_files, read_steps
 from tracer.storage.compact import compact
@@ -34,7 +35,7 @@ from tracer.storage.files import read_layout
 from tracer.storage.index import load_index
 from tracer.storage.seal import seal_if_abandoned
 from tracer.storage.writer import SpanWriter
-from tracer.summary import read_step_partials, read_trajectories, step_metrics
+from tracer.summary import step_metrics
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
 

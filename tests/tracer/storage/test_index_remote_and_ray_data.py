@@ -14,7 +14,7 @@ from scale_fixtures import need
 
 import tracer
 from tracer import schema as S
-from tracer.index.shard import INDEX_SUFFIX, sidecar_path
+from tracer.index.shard import INDEX_SUFFIX, sidecar_path, write_index
 from tracer.storage import uri as _uri
 from tracer.storage.compact import compact, write_parquet
 from tracer.storage.compact_ray import compact_ray
@@ -30,7 +30,7 @@ def _run(run: str) -> None:
     dead = write_shard(
         run, [[trace_span("c", 0, 1)], [trace_span("d", 0, None), trace_span("d", 1, None)]], close=False
     )
-    seal_if_abandoned(dead)
+    seal_if_abandoned(dead, on_sealed=write_index)
 
 
 def test_compaction_on_s3_uploads_a_valid_index_of_each_output(bucket: str, tmp_path: Any) -> None:

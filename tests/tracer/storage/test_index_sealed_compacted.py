@@ -22,16 +22,17 @@ from storage_fixtures import temporaries
 
 import tracer
 from tracer import schema as S
-from tracer.index import closed as _closed
 from tracer.index import shard as _si
-from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path
+from tracer.index.closed import shard_closed
+from tracer.index.readers import read_trajectories
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path, write_index
 from tracer.read import read_steps
 from tracer.storage.compact import compact
 from tracer.storage.files import read_layout
 from tracer.storage.index import load_index
 from tracer.storage.seal import ALREADY_CLOSED, SEALED, seal_if_abandoned
 from tracer.storage.writer import SpanWriter
-from tracer.summary import SUMMARY_SPAN_COLUMNS, read_trajectories, step_partials, summarize
+from tracer.summary import SUMMARY_SPAN_COLUMNS, step_partials, summarize
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
 
@@ -90,7 +91,7 @@ def test_a_sealed_shard_gets_its_index_and_readers_use_it(tmp_path: Any) -> None
     shard = _three_batches(run)
     assert not os.path.exists(sidecar_path(shard))
     bare = bare_copy(run, os.path.join(os.path.dirname(run), "bare"))
-    assert seal_if_abandoned(shard).action == SEALED
+    assert seal_if_abandoned(shard, on_sealed=write_index).action == SEALED
     index = valid_index_of(shard)
     assert index.batch_rows == [2, 2, 1] and index.batch_steps == [[1], [2], [3]]
     assert index.batches_of_traces(pa.array(["b"])) == [1]
@@ -116,10 +117,10 @@ def test_sealing_a_closed_shard_again_writes_nothing(tmp_path: Any) -> None:
     run = os.fspath(tmp_path / "run")
     sealed = _three_batches(run)
     closed = write_shard(run, [[trace_span("d", 0, 1)]])
-    assert seal_if_abandoned(sealed).action == SEALED
+    assert seal_if_abandoned(sealed, on_sealed=write_index).action == SEALED
     before = {f: os.stat(sidecar_path(f)) for f in (sealed, closed)}
     for f in (sealed, closed):
-        assert seal_if_abandoned(f).action == ALREADY_CLOSED
+        assert seal_if_abandoned(f, on_sealed=write_index).action == ALREADY_CLOSED
         after = os.stat(sidecar_path(f))
         assert (after.st_ino, after.st_mtime_ns, after.st_size) == (
             before[f].st_ino,
@@ -132,13 +133,13 @@ def test_an_index_that_cannot_be_written_never_fails_the_seal(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A sidecar path taken by a directory: the shard is sealed, read whole, and one warning is logged."""
-    monkeypatch.setattr(_closed, "_index_warned", threading.Event())
+    monkeypatch.setattr(_si, "_index_warned", threading.Event())
     run = os.fspath(tmp_path / "run")
     shards = [_three_batches(run), write_shard(run, [[trace_span("d", 0, 4)]], close=False)]
     for shard in shards:
         os.makedirs(sidecar_path(shard))
     with caplog.at_level(logging.WARNING, logger="rollout_trace"):
-        assert [seal_if_abandoned(s).action for s in shards] == [SEALED, SEALED]
+        assert [seal_if_abandoned(s, on_sealed=write_index).action for s in shards] == [SEALED, SEALED]
     assert [r.getMessage().count("no index written") for r in caplog.records] == [1]
     assert all(load_shard_index(s) is None for s in shards)
     assert sorted(read_trajectories(run).column(S.TRACE_ID).to_pylist()) == ["a", "b", "c", "d"]
@@ -169,7 +170,7 @@ def _stale_index(shard: str) -> None:
 def test_a_wrong_index_beside_a_sealed_shard_is_ignored(tmp_path: Any, lie: Any) -> None:
     run = os.fspath(tmp_path / "run")
     shard = _three_batches(run)
-    assert seal_if_abandoned(shard).action == SEALED
+    assert seal_if_abandoned(shard, on_sealed=write_index).action == SEALED
     lie(shard)
     assert load_shard_index(shard) is None
     bare = bare_copy(run, os.path.join(os.path.dirname(run), "bare"))
@@ -220,7 +221,9 @@ def test_a_compacted_file_past_the_writers_bound_still_gets_its_index(
     assert report.files_out == 1
     (out,) = _outputs(run)
     assert load_shard_index(out) is not None
-    writer = SpanWriter(os.fspath(tmp_path / "writer"), META)  # the writer's builder keeps its bound
+    writer = SpanWriter(
+        os.fspath(tmp_path / "writer"), META, on_close=shard_closed
+    )  # the writer's builder keeps its bound
     writer.write(pa.RecordBatch.from_pylist([trace_span("z", 0, 1)], schema=S.SPAN_SCHEMA))
     writer.close()
     assert not [n for n in os.listdir(tmp_path / "writer") if n.endswith(INDEX_SUFFIX)]
@@ -250,9 +253,9 @@ def test_a_failing_index_never_fails_the_compaction(
     def broken(spans: pa.Table) -> pa.Table:
         raise RuntimeError("summary broke")
 
-    monkeypatch.setattr(_closed, "_index_warned", threading.Event())
+    monkeypatch.setattr(_si, "_index_warned", threading.Event())
     monkeypatch.setattr(
-        _closed,
+        _si,
         "builder",
         lambda bounded=True: _si.ShardIndexBuilder(SUMMARY_SPAN_COLUMNS, broken, step_partials, bounded=bounded),
     )
@@ -322,7 +325,10 @@ def test_random_runs_killed_anywhere_read_the_same_indexed(workers: list[dict[st
             _same_reads(run, bare, tids, [step])
             for name in os.listdir(run):
                 full = os.path.join(run, name)
-                if name.endswith(S.FILE_SUFFIX) and seal_if_abandoned(full).action == ALREADY_CLOSED:
+                if (
+                    name.endswith(S.FILE_SUFFIX)
+                    and seal_if_abandoned(full, on_sealed=write_index).action == ALREADY_CLOSED
+                ):
                     valid_index_of(full)
             compact(run, target_bytes=256)
             compact(bare, target_bytes=256)

@@ -10,6 +10,7 @@ import pyarrow as pa
 from index_fixtures import META, trace_span
 
 from tracer import schema as S
+from tracer.index.closed import shard_closed
 from tracer.index.shard import load_shard_index
 from tracer.read import read_spans
 from tracer.storage.writer import SpanWriter
@@ -27,7 +28,7 @@ def _batch(k: int) -> pa.RecordBatch:
 
 def test_an_open_shard_costs_no_memory_per_span_and_gets_its_index_at_close(tmp_path: Any) -> None:
     run = os.fspath(tmp_path)
-    writer = SpanWriter(run, META, max_file_bytes=1 << 40)
+    writer = SpanWriter(run, META, max_file_bytes=1 << 40, on_close=shard_closed)
     writer.write(_batch(-1))  # the file, its stream and the writer's buffers exist from here on
     gc.collect()
     before = pa.total_allocated_bytes()

@@ -29,11 +29,13 @@ import tracer
 import tracer.summary
 from tracer import schema as S
 from tracer.index import rollup as R
+from tracer.index.closed import shard_closed
+from tracer.index.readers import read_step_partials, read_trajectories
 from tracer.index.shard import sidecar_path
 from tracer.read import has_spans_named, read_steps, run_rollup
 from tracer.storage.compact import compact
 from tracer.storage.writer import SpanWriter
-from tracer.summary import partial_metrics, read_step_partials, read_trajectories, step_partials
+from tracer.summary import partial_metrics, step_partials
 
 
 def _answers(run: str) -> tuple[Any, ...]:
@@ -134,7 +136,7 @@ def test_files_that_share_no_trajectory_are_merged_in_and_others_rebuild_it(tmp_
     assert before is not None and len(before.files) == 3
     built: list[int] = []
     real = R._built
-    monkeypatch.setattr(R, "_built", lambda files: built.append(len(files)) or real(files))
+    monkeypatch.setattr(R, "_built", lambda files, of: built.append(len(files)) or real(files, of))
     _clean_run(run, 1, step_of=lambda w, t: 9)  # trace ids w0t*: taken by the first shard already
     assert built == [4]  # shares trajectories with a covered file: rebuilt
     _same(_answers(run), _without_rollup(run))
@@ -158,7 +160,7 @@ def test_a_rollup_that_does_not_cover_the_directory_is_not_used(tmp_path: Any) -
     run = os.path.join(os.fspath(tmp_path), "run")
     shards = _clean_run(run, 3)
     assert _covered(run)
-    live = SpanWriter(run, META)
+    live = SpanWriter(run, META, on_close=shard_closed)
     try:
         live.write(pa.RecordBatch.from_pylist([_span("live", 0, 1, False)], schema=S.SPAN_SCHEMA))
         assert not _covered(run)  # the open shard is not covered
@@ -252,7 +254,9 @@ def test_writers_closing_at_once_leave_one_rollup_of_every_file(tmp_path: Any) -
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
-    R.update(run)  # what a reader's seal or the next close would do, should an update have given up waiting
+    R.update(
+        run, read_step_partials
+    )  # what a reader's seal or the next close would do, should an update have given up waiting
     roll = run_rollup(run)
     assert roll is not None and len(roll.files) == 20
     equal_tables(read_step_partials(run), step_partials(read_trajectories(run)))
@@ -262,7 +266,7 @@ def test_writers_closing_at_once_leave_one_rollup_of_every_file(tmp_path: Any) -
 def test_a_rotating_writer_updates_the_rollup_off_its_thread(tmp_path: Any) -> None:
     """Rotation hands the update to the rollup thread; the writer's final close covers every file."""
     run = os.fspath(tmp_path)
-    writer = SpanWriter(run, META, max_file_bytes=1)  # a new file after every batch
+    writer = SpanWriter(run, META, max_file_bytes=1, on_close=shard_closed)  # a new file after every batch
     for t in range(5):
         rows = [_span(f"r{t}", 0, t, False), _reward(f"r{t}", 1, t, 1.0, False)]
         writer.write(pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA))

@@ -19,13 +19,15 @@ from storage_fixtures import copy_run, temporaries
 
 import tracer
 from tracer import schema as S
-from tracer.index import closed
+from tracer.index import shard as _si
+from tracer.index.closed import shard_closed
+from tracer.index.readers import read_trajectories
 from tracer.index.shard import INDEX_SUFFIX, ShardIndexBuilder, load_shard_index, sidecar_path
 from tracer.read import read_steps
 from tracer.storage.files import read_layout
 from tracer.storage.seal import seal_if_abandoned
 from tracer.storage.writer import SpanWriter
-from tracer.summary import SUMMARY_SPAN_COLUMNS, read_trajectories, step_partials, summarize
+from tracer.summary import SUMMARY_SPAN_COLUMNS, step_partials, summarize
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
 
@@ -140,7 +142,7 @@ def test_readers_open_only_the_batches_they_need(tmp_path: Any) -> None:
 def test_open_shard_has_no_index_and_reads_the_same(tmp_path: Any) -> None:
     """A shard still being written has no index; readers read its spans."""
     run = os.fspath(tmp_path)
-    writer = SpanWriter(run, META)
+    writer = SpanWriter(run, META, on_close=shard_closed)
     writer.write(pa.RecordBatch.from_pylist([_span("a", 0, step=0, parent=False)], schema=S.SPAN_SCHEMA))
     assert writer.path is not None and load_shard_index(writer.path) is None
     assert read_trajectories(run).num_rows == 1
@@ -302,10 +304,13 @@ def test_a_failing_index_never_fails_the_writer(tmp_path: Any, monkeypatch: pyte
         raise RuntimeError("on_close broke")
 
     monkeypatch.setattr(
-        closed, "builder", lambda bounded=True: ShardIndexBuilder(SUMMARY_SPAN_COLUMNS, broken, step_partials, bounded)
+        _si, "builder", lambda bounded=True: ShardIndexBuilder(SUMMARY_SPAN_COLUMNS, broken, step_partials, bounded)
     )
     for n, writer in enumerate(
-        [SpanWriter(os.fspath(tmp_path / "a"), META), SpanWriter(os.fspath(tmp_path / "b"), META, on_close=on_close)]
+        [
+            SpanWriter(os.fspath(tmp_path / "a"), META, on_close=shard_closed),
+            SpanWriter(os.fspath(tmp_path / "b"), META, on_close=on_close),
+        ]
     ):
         run = writer.run_dir
         writer.write(pa.RecordBatch.from_pylist([_span("a", n, step=0, parent=False)], schema=S.SPAN_SCHEMA))

@@ -184,3 +184,15 @@ def test_a_lag_file_of_the_wrong_shape_leaves_info_working(tmp_path: Any, record
     with pytest.warns(side_files.SideFileWarning, match=LAG_NAME), contextlib.redirect_stdout(out):
         assert run_info(argparse.Namespace(path=run)) == 0
     assert "2 trajectories" in out.getvalue()
+
+
+@pytest.mark.parametrize("which", ["index", "lag"])
+@pytest.mark.parametrize("kind", ["fifo", "link_to_dev_zero"])
+def test_info_and_the_readers_neither_hang_nor_grow_on_a_fifo_or_dev_zero(
+    truth: dict[str, Any], tmp_path: Any, which: str, kind: str
+) -> None:
+    """A FIFO named ``_index.json`` or ``_lag.*.json`` hung ``info``; a link to ``/dev/zero`` read without end."""
+    run = _run(os.fspath(tmp_path))
+    path, cap = _side_files(run)[which]
+    _plant(path, kind, cap, b"")
+    assert _answers(run) == truth

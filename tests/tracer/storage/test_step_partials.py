@@ -21,15 +21,15 @@ from index_fixtures import trajectory_table, write_shard
 from storage_fixtures import copy_run
 
 import tracer
+import tracer.index.readers
 import tracer.summary
 from tracer import schema as S
+from tracer.index.readers import read_step_partials, read_trajectories
 from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path, stored_step_partials
 from tracer.summary import (
     SUMMARY_SPAN_COLUMNS,
     merge_step_partials,
     partial_metrics,
-    read_step_partials,
-    read_trajectories,
     step_counts,
     step_metrics,
     step_partials,
@@ -175,7 +175,7 @@ def test_clean_shards_answer_without_their_trajectory_rows(tmp_path: Any, monkey
     def refuse(*_: Any, **__: Any) -> None:
         raise AssertionError("trajectory rows read")
 
-    monkeypatch.setattr(tracer.summary, "read_trajectories", refuse)
+    monkeypatch.setattr(tracer.index.readers, "read_trajectories", refuse)
     assert read_step_partials(run).equals(truth)
 
 

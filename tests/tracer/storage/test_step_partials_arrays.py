@@ -13,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from index_fixtures import trace_span, trajectory_table, write_shard
 
+import tracer.index.readers
 import tracer.summary
 from tracer import schema as S
+from tracer.index.readers import read_step_partials, read_trajectories
 from tracer.index.shard import load_shard_index, sidecar_path, step_sources, trace_hashes
-from tracer.summary import merge_step_partials, read_step_partials, read_trajectories, step_partials
+from tracer.summary import merge_step_partials, step_partials
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
 
@@ -125,5 +127,5 @@ def test_colliding_hashes_compare_the_trace_ids(
         def refuse(*_: Any, **__: Any) -> None:
             raise AssertionError("trajectory rows read")
 
-        monkeypatch.setattr(tracer.summary, "read_trajectories", refuse)
+        monkeypatch.setattr(tracer.index.readers, "read_trajectories", refuse)
     assert read_step_partials(run).equals(truth)

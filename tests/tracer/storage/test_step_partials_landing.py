@@ -32,10 +32,12 @@ import tracer.index.readers
 import tracer.summary
 from tracer import schema as S
 from tracer.index import shard as _si
+from tracer.index.closed import shard_closed
+from tracer.index.readers import read_step_partials, read_trajectories
 from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path, step_sources
 from tracer.storage.compact import compact
 from tracer.storage.writer import SpanWriter
-from tracer.summary import partial_metrics, read_step_partials, read_trajectories, step_partials
+from tracer.summary import partial_metrics, step_partials
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
 
@@ -126,7 +128,9 @@ def test_groups_split_over_files_merge_once_and_as_the_general_merge(tmp_path: A
         return real_merge(counts, values)
 
     monkeypatch.setattr(tracer.index.readers, "_merge_presorted", both)
-    monkeypatch.setattr(tracer.summary, "read_trajectories", lambda *_: (_ for _ in ()).throw(AssertionError("rows")))
+    monkeypatch.setattr(
+        tracer.index.readers, "read_trajectories", lambda *_: (_ for _ in ()).throw(AssertionError("rows"))
+    )
     got = read_step_partials(run)
     assert len(general) == 1
     _equal_tables(got, general[0])
@@ -177,7 +181,7 @@ def test_an_open_shard_is_read_with_the_indexed_ones(tmp_path: Any) -> None:
     """A writer still writing (its lock held, no footer, no index) beside closed shards: its rows count too."""
     run = os.fspath(tmp_path)
     _clean_run(run, [[0, 1, 1], [1, 2, 2]], [0.5, -0.0, None])
-    live = SpanWriter(run, META)
+    live = SpanWriter(run, META, on_close=shard_closed)
     try:
         rows = [_span("live0", 0, 1, False), _span("live0", 1, 1, False), _reward("live0", 2, 1, 4.0, False)]
         live.write(pa.RecordBatch.from_pylist(rows, schema=S.SPAN_SCHEMA))

@@ -28,9 +28,10 @@ import tracer
 import tracer.index.readers
 import tracer.summary
 from tracer import schema as S
+from tracer.index.readers import read_step_partials, read_trajectories
 from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path, step_sources
 from tracer.storage.compact import compact
-from tracer.summary import partial_metrics, read_step_partials, read_trajectories, step_metrics, step_partials
+from tracer.summary import partial_metrics, step_metrics, step_partials
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
 
@@ -110,7 +111,7 @@ def test_one_compacted_file_answers_without_a_merge(tmp_path: Any, monkeypatch: 
     truth = step_partials(read_trajectories(run))
     compact(run)
     assert len(tracer.list_trace_files(run)) == 1
-    monkeypatch.setattr(tracer.summary, "read_trajectories", _refuse)
+    monkeypatch.setattr(tracer.index.readers, "read_trajectories", _refuse)
     monkeypatch.setattr(tracer.index.readers, "_merge_parts", _refuse)
     assert read_step_partials(run).equals(truth)
 

@@ -29,6 +29,7 @@ from tracer.exporters.bounded import CALL_TIMEOUT_S, BackendTimeoutError, call_w
 from tracer.exporters.mlflow.server import TrackingUriError, check_tracking_uri
 from tracer.exporters.tables import Progress
 from tracer.extras import import_backend
+from tracer.index.closed import shard_closed
 from tracer.record.redact import Redactor
 from tracer.storage.writer import SpanWriter
 
@@ -361,7 +362,9 @@ class _Outputs:
             return
         if key not in self.writers:
             self.writers[key] = (
-                SpanWriter(os.path.join(self.out_dir, _safe(key[0]), _safe(key[1])), self._meta(key)),
+                SpanWriter(
+                    os.path.join(self.out_dir, _safe(key[0]), _safe(key[1])), self._meta(key), on_close=shard_closed
+                ),
                 [],
                 [],
             )
