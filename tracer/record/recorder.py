@@ -34,7 +34,6 @@ from tracer import schema as S
 from tracer.config import ENV_STRICT, TraceConfig
 from tracer.record import lifecycle
 from tracer.record.accounting import ATTR_REPLACED, Accounting, FlushResult, Marks
-from tracer.record.accounting import ProblemLog as _ProblemLog
 from tracer.record.fanout import Fanout
 from tracer.record.redact import Redactor
 from tracer.record.sampling import StepSampler, decisions_json
@@ -95,7 +94,6 @@ __all__ = [  # names other modules and tests import from here
     "OpSpec",
     "Recorder",
     "set_active",
-    "_ProblemLog",
 ]
 
 #: The configured recorder of this process, or None when tracing is off.
