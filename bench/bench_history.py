@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tracer  # noqa: E402
 from tracer.record import recorder as _recorder  # noqa: E402
+from tracer.record.span_encoder import SpanEncoder  # noqa: E402
 
 VOCAB = 151_643
 
@@ -110,7 +111,7 @@ def main() -> None:
     args = ap.parse_args()
     agents = make_agents(args.trajectories, args.turns, args.new, args.response, args.system)
     tmp = tempfile.mkdtemp(prefix="bench-history-")
-    store_once = _recorder.Recorder._store_history_once
+    store_once = SpanEncoder._store_history_once
     times: dict[str, list[float]] = {"stored once": [], "stored whole": [], "new only": []}
     sizes: dict[str, int] = {}
     # CPU seconds beside the wall clock: each turn waits for an fsync, whose time on a
@@ -126,12 +127,12 @@ def main() -> None:
         for r in range(args.rounds):
             for mode in times:
                 if mode == "stored whole":
-                    _recorder.Recorder._store_history_once = lambda self, records, prepared: None  # type: ignore[method-assign]
+                    SpanEncoder._store_history_once = lambda self, records, prepared: None  # type: ignore[method-assign]
                 gc.collect()  # untimed: a full collection earlier runs made due does not land on this one
                 try:
                     t, size, cpu, writer = run(agents, os.path.join(tmp, f"{mode}-{r}".replace(" ", "_")), mode)
                 finally:
-                    _recorder.Recorder._store_history_once = store_once  # type: ignore[method-assign]
+                    SpanEncoder._store_history_once = store_once  # type: ignore[method-assign]
                 times[mode].append(t)
                 cpus[mode].append(cpu)
                 writers[mode].append(writer)

@@ -324,11 +324,11 @@ def main() -> None:
         thread, process = gil["alone"] / gil["writer_thread"], gil["alone"] / gil["writer_process"]
         what += (
             f". GIL: a Python foreground loop ran {thread:.2f}x slower than alone while the writer thread "
-            f"encoded token2text spans, {process:.2f}x while a writer process did (records sent over a pipe); "
+            f"encoded token2text spans, {process:.2f}x while a writer process did (records sent over a pipe): "
             + (
-                "the writer stays a thread (a process is no cheaper to the caller here)"
-                if process >= thread * 0.8
-                else "a writer process is cheaper to the caller by this figure"
+                "a writer process would be cheaper to the caller"
+                if process < thread * 0.8
+                else "the writer stays a thread (a process is not clearly cheaper to the caller)"
             )
         )
     row = {

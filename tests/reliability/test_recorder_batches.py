@@ -21,6 +21,7 @@ from reliability_fixtures import FIGURES
 
 import tracer
 from tracer.record import recorder as _recorder
+from tracer.record import span_encoder
 
 pytestmark = pytest.mark.usefixtures("figures_report")
 
@@ -98,7 +99,7 @@ def test_one_bad_value_never_loses_the_batch(
 
 def test_batches_are_bounded_in_bytes(trace_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows holding more text than one batch takes are split over several batches; every span reads back."""
-    monkeypatch.setattr(_recorder, "BATCH_CHARS", 10_000)
+    monkeypatch.setattr(span_encoder, "BATCH_CHARS", 10_000)
     cfg = tracer.init(output_dir=trace_dir, flush_interval_s=60.0)
     with tracer.rollout_trace_attr(sample_index="0", step=1):
         for i in range(40):
@@ -113,7 +114,7 @@ def test_batches_are_bounded_in_bytes(trace_dir: str, monkeypatch: pytest.Monkey
 def test_a_value_over_the_column_limit_becomes_a_placeholder(trace_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """One input larger than a string column holds: a marked placeholder in that span, the others intact."""
     monkeypatch.setenv(tracer.config.ENV_STRICT, "0")
-    monkeypatch.setattr(_recorder, "MAX_VALUE_BYTES", 4000)
+    monkeypatch.setattr(span_encoder, "MAX_VALUE_BYTES", 4000)
     cfg = tracer.init(output_dir=trace_dir, flush_interval_s=60.0)
     with tracer.rollout_trace_attr(sample_index="0", step=1):
         plain("small")

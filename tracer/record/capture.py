@@ -513,7 +513,7 @@ def _capture_other(value: Any, cls: type, depth: int) -> Any:
     if kind == _BYTES:
         return memoryview(value).tobytes()  # the buffer itself: a subclass's __bytes__ is never called
     if kind == _ARRAY:
-        return array.array.tolist(value)
+        return array.array.__getitem__(value, slice(None))  # a copy in C; the writer converts it in bulk
     if kind == _OBJECT:
         attrs = _read_attributes(value, extra[0], extra[1])
         if attrs and len(attrs) <= MAX_SNAPSHOT_ATTRS:

@@ -499,7 +499,7 @@ def log_reward(
         attrs = capture(extra)
         if why is not None:
             attrs[ATTR_REPLACED] = {"reward": why}
-            rec.values_replaced += 1
+            rec.account.replaced += 1
             rec.problems.report("value replaced", f"reward: {why}")
         traj.spans += 1
         now = _time_ns()

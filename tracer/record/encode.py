@@ -9,6 +9,7 @@ and the texts are written in beside the ids before the JSON is produced.
 
 from __future__ import annotations
 
+import array
 import base64
 import dataclasses
 import math
@@ -238,6 +239,8 @@ class Encoder:
         return out
 
     def _prepare_other(self, value: Any, cls: type, tokenizer: Any, meta: dict[str, Any], path: str, depth: int) -> Any:
+        if cls is array.array:  # capture's copy of one
+            return self.prepare(value.tolist(), tokenizer, meta, path, depth + 1)
         module = cls.__module__
         if module == "numpy" or module.startswith("numpy.") or (module == "torch" and cls.__name__ == "Tensor"):
             try:
@@ -411,6 +414,10 @@ def _as_id_list(value: Any) -> tuple[Sequence[int] | None, int]:
     if cls is list or cls is tuple:
         kind = int_kind(value)
         return (value, kind) if kind != NOT_INTS else (None, NOT_INTS)
+    if cls is array.array:
+        out = value.tolist()
+        kind = int_kind(out)
+        return (out, kind) if kind != NOT_INTS else (None, NOT_INTS)
     module = cls.__module__
     if module == "numpy" or (module == "torch" and cls.__name__ == "Tensor"):
         try:

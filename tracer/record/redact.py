@@ -40,7 +40,7 @@ import operator
 import os
 import re
 import string
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 REDACTED = "<redacted>"
@@ -515,6 +515,18 @@ class TriggerScan:
         return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
 
 
+def _common_length(a: str, b: str, limit: int, part: Callable[[str, int], str]) -> int:
+    """The largest ``k <= limit`` with ``part(a, k) == part(b, k)`` (a common prefix or suffix), by bisection."""
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if part(a, mid) == part(b, mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def moved_ends(ends: list[int], old: str, new: str) -> list[int]:
     """Token ends in ``old`` moved to ``new``, which differs from it in one stretch (a redaction).
 
@@ -526,12 +538,8 @@ def moved_ends(ends: list[int], old: str, new: str) -> list[int]:
     if n == 0:
         return ends
     limit = min(len(old), len(new))
-    head = 0
-    while head < limit and old[head] == new[head]:
-        head += 1
-    tail = 0
-    while tail < limit - head and old[-1 - tail] == new[-1 - tail]:
-        tail += 1
+    head = _common_length(old, new, limit, lambda s, k: s[:k])
+    tail = _common_length(old, new, limit - head, lambda s, k: s[len(s) - k :])
     i2, j2 = len(old) - tail, len(new) - tail
     first = min(bisect.bisect_right(ends, head), n - 1)
     last = max(first, min(bisect.bisect_left(ends, i2), n - 1))

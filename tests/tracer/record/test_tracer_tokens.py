@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import json
 
@@ -52,12 +53,17 @@ def test_token2text_uses_self_tokenizer_like_verl(trace_dir: str) -> None:
     assert json.loads(row["attributes"])["tokens"] == {"prompt_ids": len(ids), "token_ids": 5}
 
 
-@pytest.mark.parametrize("as_type", ["numpy", "torch", "tuple"])
+@pytest.mark.parametrize("as_type", ["numpy", "torch", "tuple", "array"])
 def test_token2text_with_configured_tokenizer_path_and_array_ids(trace_dir: str, as_type: str) -> None:
-    """A tokenizer path in the config decodes ids given as numpy arrays, torch tensors or tuples."""
+    """A tokenizer path in the config decodes ids given as numpy arrays, torch tensors, tuples or array.array."""
     tok = hf_tokenizer()
     ids = tok.encode(TEXT)
-    given = {"numpy": np.array(ids, dtype=np.int64), "torch": torch.tensor(ids), "tuple": tuple(ids)}[as_type]
+    given = {
+        "numpy": np.array(ids, dtype=np.int64),
+        "torch": torch.tensor(ids),
+        "tuple": tuple(ids),
+        "array": array.array("q", ids),
+    }[as_type]
     tracer.init(output_dir=trace_dir, token2text=True, tokenizer=tokenizer_dir())
     row = record_one(None, given)
     inputs = json.loads(row["inputs"])

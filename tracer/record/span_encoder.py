@@ -1,0 +1,439 @@
+"""Span records to Arrow batches: a pure function of the records, run on the writer thread.
+
+:class:`SpanEncoder` turns the tuples the decorators append into batches of
+:data:`tracer.schema.SPAN_SCHEMA`: arguments bound to names, values walked
+into JSON (:mod:`tracer.record.encode`), token ids decoded, secrets
+redacted, multi-turn prompts stored once (:class:`HistoryTracker`), and
+values a column cannot hold replaced by a marked placeholder.
+:meth:`SpanEncoder.encode` returns them with the counts of values replaced
+and spans that could not be encoded (:class:`EncodedSpans`); it touches no
+thread, buffer or file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any
+
+import pyarrow as pa
+
+from tracer import schema as S
+from tracer.config import TraceConfig
+from tracer.record.accounting import ATTR_REPLACED, ProblemLog
+from tracer.record.context import Trajectory
+from tracer.record.encode import Encoder, error_fields, to_json
+from tracer.record.redact import Redactor
+from tracer.record.spec import OpSpec
+from tracer.storage.history import HistoryTracker
+
+# Positions in a span record tuple (built on the caller's path; SpanRecord's fields).
+R_SPAN, R_PARENT, R_TRACE, R_SPEC, R_TRAJ, R_START, R_END, R_EXC, R_ARGS, R_KWARGS, R_OUT, R_SELF = range(12)
+
+#: most 2 GiB, and a batch is built in memory at once).
+BATCH_CHARS = 64 * 1024 * 1024
+#: Records turned into JSON text at a time within a batch (see
+#: :meth:`SpanEncoder.encode_batches`): small enough that what one chunk builds
+#: dies young, large enough that the per-chunk work (one secret scan, one
+#: decode call per tokenizer) stays negligible.
+ENCODE_CHUNK = 128
+#: One value's UTF-8 bytes an Arrow string column can hold; larger ones
+#: become a marked placeholder.
+MAX_VALUE_BYTES = 2**31 - 2**20
+
+
+@dataclasses.dataclass
+class EncodedSpans:
+    """What :meth:`SpanEncoder.encode` made of some records.
+
+    Attributes:
+        batches: Arrow batches of :data:`tracer.schema.SPAN_SCHEMA`, in record order.
+        replaced: Values written as a marked placeholder (named in ``rollout_trace.replaced``).
+        failed: Records that could not be encoded at all (not in the batches).
+    """
+
+    batches: list[pa.RecordBatch]
+    replaced: int = 0
+    failed: int = 0
+
+
+class SpanEncoder:
+    """Encodes span records for one recorder's config and id prefixes.
+
+    Args:
+        config: The recorder's config (token2text, tokenizer, limits, redaction).
+        problems: Where the tracer's own problems are counted.
+        span_prefix: Prefix of this process's span ids.
+        trace_prefix: Prefix of this process's trace ids.
+        redactor: The secret redactor, or None when redaction is off.
+    """
+
+    def __init__(
+        self,
+        config: TraceConfig,
+        problems: ProblemLog,
+        span_prefix: str,
+        trace_prefix: str,
+        redactor: Redactor | None,
+    ) -> None:
+        self.config = config
+        self.problems = problems
+        self.span_prefix = span_prefix
+        self.trace_prefix = trace_prefix
+        self.redactor = redactor
+        #: Values replaced while encoding (read and reset by :meth:`encode`).
+        self.replaced = 0
+        self._tokenizer: Any = None
+        self._tokenizer_loaded = False
+        #: Multi-turn prompt_ids stored once (tracer/storage/history.py).
+        self.history = HistoryTracker()
+        self._history_file: str | None = None
+        #: The file the batches go to (history references stay within one file).
+        self.file: str | None = None
+
+    def encode(self, records: list[tuple[Any, ...]], file: str | None = None) -> EncodedSpans:
+        """Encode ``records``; a span the batch encoding fails on is retried alone, and counted if it fails again.
+
+        Args:
+            records: Span record tuples.
+            file: The file the batches will be written to (a new file starts a new history).
+        """
+        self.file = file
+        self.replaced = 0
+        failed = 0
+        try:
+            batches = self.encode_batches(records)
+        except Exception as exc:
+            # Something in one span the column fixes did not catch: encode
+            # them one by one so that only the bad ones are lost (and counted).
+            self.problems.report("internal error", f"encoding a batch: {type(exc).__name__}: {exc}", exc)
+            self.history.clear()  # it may hold spans of the failed pass: no reference to them, nor to itself
+            batches = []
+            for rec in records:
+                try:
+                    batches.extend(self.encode_batches([rec]))
+                except Exception as err:
+                    failed += 1
+                    self.problems.report(
+                        "span not encodable", f"{rec[R_SPEC].name!r}: {type(err).__name__}: {err}", err
+                    )
+        return EncodedSpans(batches, self.replaced, failed)
+
+    def tokenizer_for(self, self_obj: Any) -> Any:
+        """The tokenizer for token2text: the configured one (loaded once), else ``self_obj.tokenizer`` (verl's)."""
+        if not self.config.token2text:
+            return None
+        if not self._tokenizer_loaded:
+            self._tokenizer_loaded = True
+            tok = self.config.tokenizer
+            if isinstance(tok, (str, os.PathLike)):
+                from tracer.record.tokenizer import load_tokenizer
+
+                try:
+                    tok = load_tokenizer(os.fspath(tok))
+                except Exception as exc:
+                    self.problems.report("tokenizer", f"cannot load {tok!r}: {exc}", exc)
+                    tok = None
+            self._tokenizer = tok
+        if self._tokenizer is not None:
+            return self._tokenizer
+        return getattr(self_obj, "tokenizer", None) if self_obj is not None else None
+
+    def encode_batches(self, records: list[tuple[Any, ...]]) -> list[pa.RecordBatch]:
+        """Turn span records into Arrow batches of at most :data:`BATCH_CHARS` of text (writer thread).
+
+        A value a column cannot hold (a name that is not a string, a lone
+        surrogate, an int beyond int64, a value over 2 GiB) is replaced by a
+        marked placeholder, named in the span's ``rollout_trace.replaced``
+        attribute and counted; every other value and span is written.
+
+        Records are turned into JSON text :data:`ENCODE_CHUNK` at a time:
+        what a chunk builds on the way (prepared values, decode jobs,
+        per-token texts) is garbage before the next chunk starts, so the
+        garbage collector never sees a whole batch of it survive into its
+        old generation (which would cost full collections of the process).
+        """
+        n = len(records)
+        rewards: list[float | None] = [None] * n
+        statuses: list[str] = [S.STATUS_OK] * n
+        errors: list[Any] = [None] * n
+        names: list[Any] = [None] * n
+        steps: list[int | None] = [None] * n
+        samples: list[Any] = [None] * n
+        rollouts: list[int | None] = [None] * n
+        validates: list[bool | None] = [None] * n
+        inputs_col: list[str | None] = []
+        outputs_col: list[str | None] = []
+        attrs_col: list[str | None] = []
+        for lo in range(0, n, ENCODE_CHUNK):
+            texts = self._encode_chunk(records, lo, min(n, lo + ENCODE_CHUNK), rewards, statuses, errors, names)
+            inputs_col.extend(texts[0])
+            outputs_col.extend(texts[1])
+            attrs_col.extend(texts[2])
+        for i, rec in enumerate(records):
+            traj: Trajectory | None = rec[R_TRAJ]
+            if traj is not None:
+                steps[i] = traj.step
+                samples[i] = traj.sample_index
+                rollouts[i] = traj.rollout_n
+                validates[i] = traj.validate
+        redactor = self.redactor
+        if redactor is not None:
+            errors = [None if e is None else redactor.value(e) for e in errors]
+            names = redactor.texts(names)
+            samples = redactor.texts(samples)
+        errors_col = [None if e is None else to_json(e) for e in errors]
+        sp, tp = self.span_prefix, self.trace_prefix
+        cols: dict[str, list[Any]] = {
+            S.TRACE_ID: [f"{tp}{r[R_TRACE]:016x}" if r[R_TRACE] else "" for r in records],
+            S.SPAN_ID: [f"{sp}{r[R_SPAN]:08x}" for r in records],
+            S.PARENT_SPAN_ID: [None if r[R_PARENT] is None else f"{sp}{r[R_PARENT]:08x}" for r in records],
+            S.NAME: names,
+            S.KIND: [r[R_SPEC].kind for r in records],
+            S.START_NS: [r[R_START] for r in records],
+            S.END_NS: [r[R_END] for r in records],
+            S.STATUS: statuses,
+            S.ERROR: errors_col,
+            S.STEP: steps,
+            S.SAMPLE_INDEX: samples,
+            S.ROLLOUT_N: rollouts,
+            S.VALIDATE: validates,
+            S.REWARD: rewards,
+            S.INPUTS: inputs_col,
+            S.OUTPUTS: outputs_col,
+            S.ATTRIBUTES: attrs_col,
+        }
+        slices, big = _byte_bounded_slices(cols, n)
+        return [self._build_batch(cols, lo, hi, big) for lo, hi in slices]
+
+    def _encode_chunk(
+        self,
+        records: list[tuple[Any, ...]],
+        lo: int,
+        hi: int,
+        rewards: list[float | None],
+        statuses: list[str],
+        errors: list[Any],
+        names: list[Any],
+    ) -> tuple[list[str | None], list[str | None], list[str | None]]:
+        """JSON text of the inputs, outputs and attributes of ``records[lo:hi]``.
+
+        Also fills rows ``lo:hi`` of the reward, status, error and name columns.
+        """
+        cfg = self.config
+        enc = Encoder(cfg.token_fields, cfg.token2text, cfg.max_tokens, cfg.store_full_token, cfg.redact)
+        prepared: list[tuple[Any, Any, dict[str, Any], bool]] = []
+        tokenizer_for = self.tokenizer_for
+        prepare = enc.prepare_captured  # every value of a record was captured at call time
+        chunk = records[lo:hi]
+        for j, rec in enumerate(chunk):
+            i = lo + j
+            enc.begin_record()
+            spec: OpSpec = rec[R_SPEC]
+            traj: Trajectory | None = rec[R_TRAJ]
+            exc = rec[R_EXC]
+            special = spec.special
+            attrs: dict[str, Any] = {}
+            inputs: Any = None
+            outputs: Any = None
+            try:
+                if special == "reward":
+                    rewards[i] = rec[R_ARGS][0]
+                    attrs.update(prepare(rec[R_KWARGS] or {}, None, {}))
+                elif special is None:
+                    tok = tokenizer_for(rec[R_SELF])
+                    inputs = prepare(spec.bind(rec[R_ARGS], rec[R_KWARGS]), tok, attrs)
+                    if exc is None:
+                        out = rec[R_OUT]
+                        outputs = prepare(out, tok, attrs)
+                        if spec.kind == S.KIND_REWARD:
+                            rewards[i] = as_reward(out)
+                if traj is not None and rec[R_PARENT] is None and traj.extra:
+                    attrs.update(prepare(traj.extra, None, {}))
+            except Exception as err:
+                self.problems.report("internal error", f"encoding span {spec.name!r}: {type(err).__name__}: {err}", err)
+                inputs, outputs = f"<not recorded: {type(err).__name__}: {err}>", None
+                enc.opaque.add(j)
+            prepared.append((inputs, outputs, attrs, special is None and exc is None))
+            names[i] = traj.name if special == "root" and traj is not None else spec.name
+            if exc is not None:
+                if _is_cancel(exc):
+                    statuses[i] = S.STATUS_CANCELLED
+                else:
+                    statuses[i] = S.STATUS_ERROR
+                    errors[i] = error_fields(exc)
+        failed = enc.decode_pending()
+        if failed:
+            self.problems.report("token2text", f"{failed} batch_decode call(s) failed; decoded one by one")
+        redactor = self.redactor
+        flags = redactor.records_to_scan(enc.strings, enc.opaque) if redactor is not None else None
+        done: set[int] = set()
+        if flags is not None and redactor is not None:
+            done = enc.redact_pieces(redactor, flags)  # each decoded text with its tokens, before verl moves it
+        for j, rec in enumerate(chunk):
+            if rec[R_SPEC].signature is not None:
+                _verl_texts(prepared[j][0], prepared[j][1])
+        if redactor is not None and flags is not None:
+            # Redact the strings themselves, before JSON escaping: a secret
+            # holding a quote or backslash is matched as it is.
+            clean = functools.partial(redactor.value, done=done)
+            prepared = [(clean(p[0]), clean(p[1]), clean(p[2]), p[3]) if f else p for p, f in zip(prepared, flags)]
+        self._store_history_once(chunk, prepared)
+        return (
+            [None if p[0] is None else to_json(p[0]) for p in prepared],
+            [to_json(p[1]) if p[3] else None for p in prepared],
+            [to_json(p[2]) if p[2] else None for p in prepared],
+        )
+
+    def _store_history_once(self, records: list[tuple[Any, ...]], prepared: list[tuple[Any, Any, Any, bool]]) -> None:
+        """Turn each llm span's prompt_ids that extend its trajectory's last llm turn into a reference."""
+        path = self.file
+        if path != self._history_file:
+            if self._history_file is not None:
+                # The file was closed (rotated): references stay within one file,
+                # so that each file reads back on its own.
+                self.history.clear()
+            self._history_file = path
+        history, sp = self.history, self.span_prefix
+        for rec, (inputs, outputs, _, has_outputs) in zip(records, prepared):
+            trace = rec[R_TRACE]
+            if not trace:
+                continue
+            spec: OpSpec = rec[R_SPEC]
+            if spec.kind == S.KIND_LLM and spec.special is None:
+                history.encode(trace, f"{sp}{rec[R_SPAN]:08x}", inputs, outputs if has_outputs else None)
+            elif rec[R_PARENT] is None:
+                history.end(trace)
+
+    def _build_batch(self, cols: dict[str, list[Any]], lo: int, hi: int, big: bool = False) -> pa.RecordBatch:
+        """One batch of rows ``lo:hi``; values a column refuses become placeholders."""
+        arrays = []
+        notes: dict[int, dict[str, str]] = {}
+        for name, typ, _, _ in S.SPAN_FIELDS:
+            values = cols[name][lo:hi] if (lo, hi) != (0, len(cols[name])) else cols[name]
+            arr = None if big and name in _JSON_COLUMNS else _try_array(values, typ)
+            if arr is None:
+                values = _fit_column(name, values, typ, notes)
+                arr = pa.array(values, type=typ)
+            arrays.append(arr)
+        if notes:
+            self.replaced += sum(len(v) for v in notes.values())
+            attrs = arrays[S.SPAN_COLUMNS.index(S.ATTRIBUTES)].to_pylist()
+            for i, note in notes.items():
+                old = json.loads(attrs[i]) if attrs[i] else {}
+                old[ATTR_REPLACED] = note
+                attrs[i] = to_json(old)
+            arrays[S.SPAN_COLUMNS.index(S.ATTRIBUTES)] = pa.array(attrs, type=pa.string())
+            self.problems.report(
+                "value replaced",
+                "; ".join(f"{col}: {why}" for note in notes.values() for col, why in note.items())[:500],
+            )
+        return pa.RecordBatch.from_arrays(arrays, schema=S.SPAN_SCHEMA)
+
+    # -- flush and shutdown -------------------------------------------------
+
+
+def _try_array(values: list[Any], typ: pa.DataType) -> pa.Array | None:
+    try:
+        arr = pa.array(values, type=typ)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError, UnicodeError):
+        return None
+    # Over 2 GiB of text comes back chunked: not one batch column.
+    return arr if isinstance(arr, pa.Array) else None
+
+
+def _fit_column(name: str, values: list[Any], typ: pa.DataType, notes: dict[int, dict[str, str]]) -> list[Any]:
+    """``values`` with each one the column refuses replaced; note why per row."""
+    out = list(values)
+    is_text = pa.types.is_string(typ)
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        if is_text and type(v) is str:
+            if len(v) * 4 > MAX_VALUE_BYTES and len(v.encode("utf-8", "surrogatepass")) > MAX_VALUE_BYTES:
+                out[i] = f"<not recorded: {len(v)} characters, more than a column holds ({MAX_VALUE_BYTES} bytes)>"
+                notes.setdefault(i, {})[name] = f"{len(v)} characters, over {MAX_VALUE_BYTES} bytes"
+                continue
+            try:
+                v.encode("utf-8")
+                continue
+            except UnicodeEncodeError:
+                # Lone surrogates: written as \udXXX escapes (JSON columns never hold them).
+                out[i] = v.encode("utf-8", "backslashreplace").decode("utf-8")
+                notes.setdefault(i, {})[name] = "lone surrogates written as \\u escapes"
+                continue
+        if _try_array([v], typ) is not None:
+            continue
+        text = _describe(v)
+        out[i] = f"<{text}>" if is_text else None
+        notes.setdefault(i, {})[name] = text
+    return out
+
+
+def _describe(value: Any) -> str:
+    try:
+        text = repr(value) if type(value) in (int, float, bool, str, bytes) else f"a {type(value).__name__}"
+    except Exception:
+        text = f"a {type(value).__name__}"
+    if isinstance(value, int):
+        text = f"int {text[:40]} beyond int64"
+    return f"not storable here: {text[:200]}".encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_JSON_COLUMNS = frozenset({S.INPUTS, S.OUTPUTS, S.ATTRIBUTES, S.ERROR})
+
+
+def _byte_bounded_slices(cols: dict[str, list[Any]], n: int) -> tuple[list[tuple[int, int]], bool]:
+    """Row ranges whose JSON text stays under :data:`BATCH_CHARS` (a lone big row: its own batch).
+
+    Also says whether some row may hold a value over :data:`MAX_VALUE_BYTES`.
+    """
+    text_cols = [cols[name] for name in (S.INPUTS, S.OUTPUTS, S.ATTRIBUTES, S.ERROR)]
+    total = sum(sum(map(len, filter(None, c))) for c in text_cols)  # in C: the common case, one batch
+    if total <= BATCH_CHARS:
+        return [(0, n)], total * 4 > MAX_VALUE_BYTES
+    sizes = [sum(len(c[i]) for c in text_cols if c[i] is not None) for i in range(n)]
+    big = bool(sizes) and max(sizes) * 4 > MAX_VALUE_BYTES
+    if sum(sizes) <= BATCH_CHARS:
+        return [(0, n)], big
+    out: list[tuple[int, int]] = []
+    lo, acc = 0, 0
+    for i, size in enumerate(sizes):
+        if i > lo and acc + size > BATCH_CHARS:
+            out.append((lo, i))
+            lo, acc = i, 0
+        acc += size
+    out.append((lo, n))
+    return out, big
+
+
+def _verl_texts(inputs: Any, outputs: Any) -> None:
+    """Put token2text's texts in the outputs where verl puts them (``prompt_text``, ``response_text``)."""
+    if not isinstance(outputs, dict):
+        return
+    if "prompt_text" not in outputs and isinstance(inputs, dict) and isinstance(inputs.get("prompt_text"), str):
+        outputs["prompt_text"] = inputs["prompt_text"]
+    if "response_text" not in outputs and isinstance(outputs.get("token_text"), str):
+        outputs["response_text"] = outputs.pop("token_text")
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    import asyncio
+    import concurrent.futures
+
+    return isinstance(exc, (asyncio.CancelledError, concurrent.futures.CancelledError))
+
+
+def as_reward(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    try:
+        import numbers
+
+        if isinstance(value, numbers.Real):
+            return float(value)
+    except (TypeError, ValueError):
+        return None
+    return None

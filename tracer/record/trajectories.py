@@ -1,0 +1,156 @@
+"""Trajectory bookkeeping on the caller's path: ids, the sampling decision, and log_reward's lookup.
+
+:class:`Trajectories` opens each span's frame (a new trajectory at a
+rollout, a child span in its parent's), asks the sampler whether a new
+trajectory is recorded, writes a ``rollout_trace_attr`` block's root span,
+and remembers recent trajectories so that ``log_reward`` calls made after
+the rollout find theirs.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tracer import schema as S
+from tracer.record.context import Trajectory
+from tracer.record.sampling import OUT, StepSampler
+from tracer.record.spec import ROOT_SPEC, OpSpec
+
+#: Trajectories remembered for log_reward calls made after the rollout.
+MAX_REMEMBERED_TRAJECTORIES = 200_000
+
+#: Per thread: set while the caller holds a lock the writer also takes (the
+#: sampler's) or waits for room. A signal handler that records runs on the
+#: thread it interrupted; seeing this set, it never waits for the writer
+#: (which may be waiting for that very lock): a full buffer drops and counts.
+CALLER = threading.local()
+
+
+class Trajectories:
+    """Span and trace ids, sampling admission and the remembered trajectories of one recorder.
+
+    Args:
+        span_ids: Counter of span ids (shared with the recorder a re-init replaced).
+        trace_ids: Counter of trace ids (likewise).
+        sampler: The step sampler, or None when every trajectory is recorded.
+        append: Where a finished span record goes (the recorder's buffer).
+    """
+
+    def __init__(
+        self,
+        span_ids: itertools.count[int],
+        trace_ids: itertools.count[int],
+        sampler: StepSampler | None,
+        append: Callable[[tuple[Any, ...]], None],
+    ) -> None:
+        self.span_ids = span_ids
+        self.trace_ids = trace_ids
+        self.sampler = sampler
+        self.append = append
+        self._remembered: collections.OrderedDict[tuple[Any, ...], Trajectory] = collections.OrderedDict()
+        # Reentrant: a signal handler that records runs on the thread it interrupts, maybe while it holds it.
+        self._lock = threading.RLock()
+
+    def open_span(
+        self, spec: OpSpec, parent: tuple[int, int, Trajectory | None] | None
+    ) -> tuple[tuple[int, int, Trajectory | None], int | None] | None:
+        """Return (frame, parent span id) for a new span, or None to not record."""
+        if parent is None:
+            if spec.kind == S.KIND_ROLLOUT:
+                traj = self.new_trajectory(None, None, None, None, spec.name, None, True)
+                traj.root_claimed = True
+                traj.spans = 1
+                return (traj.root_span_id, traj.trace_id, traj), None
+            return (next(self.span_ids), next(self.trace_ids), None), None
+        ptraj = parent[2]
+        if ptraj is not None:
+            traj = ptraj
+            if not traj.recording:
+                return None
+            traj.spans += 1
+            if spec.kind == S.KIND_ROLLOUT:
+                if parent[0] == traj.root_span_id and not traj.root_claimed:
+                    traj.root_claimed = True
+                    return (traj.root_span_id, traj.trace_id, traj), None
+                # A rollout inside a trajectory starts a trajectory of its own.
+                child = self.new_trajectory(
+                    traj.step,
+                    traj.sample_index,
+                    traj.rollout_n,
+                    traj.validate,
+                    spec.name,
+                    traj.extra,
+                    True,
+                    remember=False,
+                )
+                child.root_claimed = True
+                child.spans = 1
+                child.sample = traj.sample
+                return (child.root_span_id, child.trace_id, child), None
+        return (next(self.span_ids), parent[1], ptraj), parent[0]
+
+    def new_trajectory(
+        self,
+        step: int | None,
+        sample_index: str | None,
+        rollout_n: int | None,
+        validate: bool | None,
+        name: str,
+        extra: dict[str, Any] | None,
+        trace: bool,
+        remember: bool = True,
+    ) -> Trajectory:
+        """Start a trajectory: ids, sampling decision, and log_reward lookup."""
+        traj = Trajectory(
+            step, sample_index, rollout_n, validate, name, extra, trace, next(self.span_ids), next(self.trace_ids)
+        )
+        if trace and self.sampler is not None and sample_index is not None:
+            busy = getattr(CALLER, "busy", False)
+            CALLER.busy = True
+            try:
+                sample = self.sampler.admit(step, validate, sample_index)
+            finally:
+                CALLER.busy = busy
+            if sample is None:
+                traj.recording = False
+            else:
+                traj.sample = sample
+                sample.trajectories.append(traj)
+                if sample.state == OUT:
+                    traj.recording = False
+        if remember and sample_index is not None:
+            key = (step, sample_index, rollout_n, bool(validate))
+            with self._lock:
+                self._remembered[key] = traj
+                if len(self._remembered) > MAX_REMEMBERED_TRAJECTORIES:
+                    self._remembered.popitem(last=False)
+        return traj
+
+    def end_trajectory(self, traj: Trajectory, start: int, exc: BaseException | None) -> None:
+        """Close a rollout_trace_attr block: write its root unless an op was the root."""
+        if traj.recording and not traj.root_claimed and traj.spans > 0:
+            self.append(
+                (
+                    traj.root_span_id,
+                    None,
+                    traj.trace_id,
+                    ROOT_SPEC,
+                    traj,
+                    start,
+                    time.time_ns(),
+                    exc,
+                    None,
+                    None,
+                    None,
+                    None,
+                )
+            )
+
+    def find_trajectory(self, step: Any, sample_index: str | None, rollout_n: Any, validate: Any) -> Trajectory | None:
+        with self._lock:
+            return self._remembered.get((step, sample_index, rollout_n, bool(validate)))
