@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import tracer
 from tracer.config import as_bool
 from tracer.record.context import CURRENT_SPAN
-from tracer.record.recorder import LAYOUT_ATTR, LAYOUT_VERL
+from tracer.record.spec import LAYOUT_ATTR, LAYOUT_VERL
 
 logger = logging.getLogger("rollout_trace")
 

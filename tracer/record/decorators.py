@@ -19,10 +19,11 @@ from typing import Any, TypeVar, overload
 
 from tracer import schema as S
 from tracer.record import recorder as _recorder
+from tracer.record.accounting import ATTR_REPLACED
 from tracer.record.capture import IMMUTABLE_TYPES as _IMMUTABLE
 from tracer.record.capture import Placeholder, as_text, capture, capture_args, capture_error, convert
 from tracer.record.context import CURRENT_SPAN, SpanRecord, Trajectory, named_trajectory
-from tracer.record.recorder import ATTR_REPLACED, REWARD_SPEC, OpSpec
+from tracer.record.spec import REWARD_SPEC, OpSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -34,68 +34,20 @@ from tracer import schema as S
 from tracer.config import ENV_STRICT, TraceConfig
 from tracer.index.closed import shard_closed
 from tracer.record import lifecycle
-from tracer.record.accounting import ATTR_REPLACED, Accounting, FlushResult, Marks
+from tracer.record.accounting import Accounting, Marks
+from tracer.record.accounting import FlushResult as FlushResult
 from tracer.record.fanout import Fanout
 from tracer.record.redact import Redactor
 from tracer.record.sampling import StepSampler, decisions_json
 from tracer.record.sampling_gate import SamplingGate
-from tracer.record.span_encoder import (
-    BATCH_CHARS,
-    ENCODE_CHUNK,
-    MAX_VALUE_BYTES,
-    R_ARGS,
-    R_END,
-    R_EXC,
-    R_KWARGS,
-    R_OUT,
-    R_PARENT,
-    R_SELF,
-    R_SPAN,
-    R_SPEC,
-    R_START,
-    R_TRACE,
-    R_TRAJ,
-    SpanEncoder,
-)
-from tracer.record.spec import LAYOUT_ATTR, LAYOUT_VERL, REWARD_SPEC, ROOT_SPEC, OpSpec
-from tracer.record.trajectories import CALLER, MAX_REMEMBERED_TRAJECTORIES, Trajectories
+from tracer.record.span_encoder import SpanEncoder
+from tracer.record.trajectories import CALLER, Trajectories
 from tracer.storage.upload import UploadingSpanWriter
 from tracer.storage.uri import is_remote, join_uri
 from tracer.storage.writer import SpanWriter
 
 if TYPE_CHECKING:
     from tracer.exporters.base import Driver
-
-__all__ = [  # names other modules and tests import from here
-    "ACTIVE",
-    "ATTR_REPLACED",
-    "BATCH_CHARS",
-    "BATCH_ROWS",
-    "ENCODE_CHUNK",
-    "LAYOUT_ATTR",
-    "LAYOUT_VERL",
-    "MAX_REMEMBERED_TRAJECTORIES",
-    "MAX_STALL_WAIT_S",
-    "MAX_VALUE_BYTES",
-    "REWARD_SPEC",
-    "ROOT_SPEC",
-    "R_ARGS",
-    "R_END",
-    "R_EXC",
-    "R_KWARGS",
-    "R_OUT",
-    "R_PARENT",
-    "R_SELF",
-    "R_SPAN",
-    "R_SPEC",
-    "R_START",
-    "R_TRACE",
-    "R_TRAJ",
-    "FlushResult",
-    "OpSpec",
-    "Recorder",
-    "set_active",
-]
 
 #: The configured recorder of this process, or None when tracing is off.
 ACTIVE: Recorder | None = None

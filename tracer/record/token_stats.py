@@ -18,7 +18,7 @@ from tracer import schema as S  # noqa: N812 - the schema module, short as elsew
 from tracer.record import recorder as _recorder
 from tracer.record.capture import capture
 from tracer.record.context import named_trajectory
-from tracer.record.recorder import OpSpec
+from tracer.record.spec import OpSpec
 from tracer.summary import TOKEN_STATS_KEY_COLUMNS
 
 #: Name of the span row one :func:`log_token_stats` call writes.

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import tracer
 from tracer import schema as S
-from tracer.record import recorder as R
+from tracer.record import spec as R
 from tracer.record.capture import NON_NEGATIVE_INTS, capture, int_kind
 from tracer.record.encode import Encoder, to_json
 from tracer.record.redact import Redactor

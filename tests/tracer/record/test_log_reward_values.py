@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import tracer
 from tracer import schema as S
-from tracer.record.recorder import ATTR_REPLACED
+from tracer.record.accounting import ATTR_REPLACED
 
 FLOAT_MAX = sys.float_info.max
 

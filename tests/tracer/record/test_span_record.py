@@ -6,18 +6,28 @@ import asyncio
 from typing import Any
 
 import tracer
-from tracer.record import recorder
+from tracer.record import recorder, span_encoder
 from tracer.record.context import SpanRecord
 
 
 def test_the_recorder_reads_the_fields_where_span_record_puts_them() -> None:
-    """The recorder's positions name the same fields as SpanRecord (a tripwire for either changing alone)."""
+    """The encoder's positions name the same fields as SpanRecord (a tripwire for either changing alone)."""
     fields = ("span_id", "parent_id", "trace_id", "spec", "trajectory", "start_ns", "end_ns", "error", "args")
-    positions = (recorder.R_SPAN, recorder.R_PARENT, recorder.R_TRACE, recorder.R_SPEC, recorder.R_TRAJ)
-    positions += (recorder.R_START, recorder.R_END, recorder.R_EXC, recorder.R_ARGS)
+    positions = (
+        span_encoder.R_SPAN,
+        span_encoder.R_PARENT,
+        span_encoder.R_TRACE,
+        span_encoder.R_SPEC,
+        span_encoder.R_TRAJ,
+    )
+    positions += (span_encoder.R_START, span_encoder.R_END, span_encoder.R_EXC, span_encoder.R_ARGS)
     assert [SpanRecord._fields.index(f) for f in fields] == list(positions)
     rest = ("kwargs", "output", "self_obj")
-    assert [SpanRecord._fields.index(f) for f in rest] == [recorder.R_KWARGS, recorder.R_OUT, recorder.R_SELF]
+    assert [SpanRecord._fields.index(f) for f in rest] == [
+        span_encoder.R_KWARGS,
+        span_encoder.R_OUT,
+        span_encoder.R_SELF,
+    ]
 
 
 def test_every_wrapper_appends_a_record_in_span_record_layout(trace_dir: str) -> None:
