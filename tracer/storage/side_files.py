@@ -45,7 +45,7 @@ def checked(path: str, max_bytes: int) -> os.stat_result | None:
     """
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         refuse(path, f"cannot be looked at ({exc.strerror or exc})")
