@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracer.schema import REWARD, ROLLOUT_N, SAMPLE_INDEX, STEP, TRACE_ID, VALIDATE
+from tracer.schema import ROLLOUT_N, SAMPLE_INDEX, STEP, TRACE_ID, VALIDATE
 from tracer.summary import ROLE_ASSISTANT, ROLE_USER, TURN_SPAN_COLUMNS, Turn, span_turns, trajectory_turns
 
 #: ``log_reward`` extras read as the ground truth, first found wins (``answer`` is the rollout's parsed answer).
@@ -101,46 +101,6 @@ def ground_truth(reward_info: str | Mapping[str, Any] | None) -> str | None:
         if value is not None and value != "":
             return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return None
-
-
-def zero_std_groups(trajectories: pa.Table) -> pa.Table:
-    """Per (step, validate, sample_index) group with rewards: how many, and whether they are all equal.
-
-    A group whose rewards are all equal gives GRPO no learning signal (every
-    advantage is zero). Columns: ``step``, ``validate``, ``sample_index``,
-    ``rollouts`` (rewards in the group) and ``zero_std`` (True when at least
-    two and all equal).
-    """
-    t = trajectories.select([STEP, VALIDATE, SAMPLE_INDEX, REWARD])
-    t = t.filter(pc.is_valid(t.column(REWARD)))
-    t = t.set_column(1, VALIDATE, pc.fill_null(t.column(VALIDATE), False))
-    g = t.group_by([STEP, VALIDATE, SAMPLE_INDEX], use_threads=False).aggregate(
-        [(REWARD, "min"), (REWARD, "max"), (REWARD, "count")]
-    )
-    count = g.column(f"{REWARD}_count")
-    same = pc.and_(pc.greater_equal(count, 2), pc.equal(g.column(f"{REWARD}_min"), g.column(f"{REWARD}_max")))
-    return pa.table(
-        {
-            STEP: g.column(STEP),
-            VALIDATE: g.column(VALIDATE),
-            SAMPLE_INDEX: g.column(SAMPLE_INDEX),
-            "rollouts": count,
-            "zero_std": same,
-        }
-    )
-
-
-def zero_std_fractions(trajectories: pa.Table) -> dict[tuple[int | None, bool], float]:
-    """Per (step, validate): the fraction of groups of two or more rewards whose rewards are all equal."""
-    g = zero_std_groups(trajectories).to_pylist()
-    seen: dict[tuple[int | None, bool], list[int]] = {}
-    for r in g:
-        if r["rollouts"] < 2:
-            continue
-        counts = seen.setdefault((r[STEP], bool(r[VALIDATE])), [0, 0])
-        counts[0] += 1
-        counts[1] += bool(r["zero_std"])
-    return {k: same / n for k, (n, same) in seen.items()}
 
 
 #: Hex digits of a trace id that name the process that wrote it (the recorder's ids: a process prefix, a counter).

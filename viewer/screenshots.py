@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
-from tracer.schema import TRACE_ID
+from tracer.schema import REWARD, SAMPLE_INDEX, TRACE_ID, VALIDATE
 from viewer.cli import streamlit_command
 
 CHROMIUM_FLAGS = [
@@ -277,12 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = os.path.abspath(args[0]) if args else DOCS_IMG
     with tempfile.TemporaryDirectory(prefix="viewer-shots-") as tmp:
         run_a, run_b = record_demo_runs(os.path.join(tmp, "traces"))
-        rows = [r for r in tracer.read_trajectories(run_a, steps=[1]).to_pylist() if not r["validate"]]
+        rows = [r for r in tracer.read_trajectories(run_a, steps=[1]).to_pylist() if not r[VALIDATE]]
         rewards: dict[str, set[float]] = {}
         for r in rows:
-            rewards.setdefault(r["sample_index"], set()).add(r["reward"])
-        sample = next((s for s, v in rewards.items() if len(v) > 1), rows[0]["sample_index"])  # a group that learns
-        first = next(r for r in rows if r["sample_index"] == sample)
+            rewards.setdefault(r[SAMPLE_INDEX], set()).add(r[REWARD])
+        sample = next((s for s, v in rewards.items() if len(v) > 1), rows[0][SAMPLE_INDEX])  # a group that learns
+        first = next(r for r in rows if r[SAMPLE_INDEX] == sample)
         with serve(os.path.dirname(run_a)) as base:
             shots = pages(run_a, run_b, first[TRACE_ID], 1, sample)
             for file in shoot(base, shots, out_dir, os.path.join(tmp, "chromium")):

@@ -93,6 +93,12 @@ CASES: dict[str, list[tuple[list[str], int]]] = {
         ),
         (["import", "mlflow", "--tracking-uri", "sqlite:///m2.db", "--experiment", "nope", "--out", "o"], EXIT_USAGE),
     ],
+    "bundle": [
+        (["bundle", "missing", "-o", "out.html"], EXIT_USAGE),
+        (["bundle", "empty", "-o", "out.html"], EXIT_USAGE),
+        (["bundle", "{run}", "--trace-id", "nope", "-o", "out.html"], EXIT_USAGE),
+        (["bundle", "{run}", "-o", "out.html", "--max-mb", "0.000001"], EXIT_USAGE),
+    ],
     "rescore": [
         (["rescore", "missing", "--reward", "a:b"], EXIT_USAGE),
         (["rescore", "{run}", "--reward", "nomodule:f"], EXIT_USAGE),

@@ -177,6 +177,7 @@ NOT_COLUMNS = {
     ("tracer/exporters/mlflow/importer.py", "inputs"): "MLflow span fields listed in rollout_trace.added",
     ("tracer/exporters/mlflow/importer.py", "outputs"): "MLflow span fields listed in rollout_trace.added",
     ("tracer/data/dataset.py", "name"): "the tool name inside an OpenAI message struct",
+    ("viewer/bundle.py", "name"): "OpenAI message and tool-call keys",
     ("viewer/views/replay.py", "name"): "OpenAI message and tool-call keys",
     ("viewer/screenshots.py", "error"): "a key of a scripted engine's reply",
     ("tracer/record/sampling.py", "outputs"): "vLLM's RequestOutput field in an llm span's return value",

@@ -11,7 +11,7 @@ from viewer_fixtures import record_run
 
 import tracer
 from tracer.index.shard import load_shard_index, stored_step_partials
-from tracer.questions import zero_std_fractions
+from tracer.summary import zero_std_fractions
 from viewer import data as D
 from viewer import state
 from viewer.format import metric_value

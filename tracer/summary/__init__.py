@@ -48,6 +48,7 @@ from __future__ import annotations
 from tracer.summary.metrics import (
     ADVANTAGES,
     ENTROPY,
+    GROUP_METRICS,
     LOSS_MASK,
     REF_LOGPROBS,
     ROLLOUT_LOGPROBS,
@@ -64,6 +65,8 @@ from tracer.summary.metrics import (
     step_values,
     token_stat_metrics,
     with_value_metrics,
+    zero_std_fractions,
+    zero_std_groups,
 )
 from tracer.summary.rewards import (
     REWARD_SOURCE_KEY,
@@ -108,6 +111,9 @@ from tracer.summary.turns import (
 )
 
 __all__ = [
+    "GROUP_METRICS",
+    "zero_std_fractions",
+    "zero_std_groups",
     "ADVANTAGES",
     "ENTROPY",
     "LOSS_MASK",

@@ -87,6 +87,51 @@ def token_stat_metrics(token_stats: pa.Table) -> dict[tuple[int | None, bool], d
 _MAX_LOG_RATIO = 700.0
 
 
+#: Metrics that need each prompt's group whole: :func:`step_metrics` gives them, step partials cannot
+#: (a group's rollouts may lie in several shards).
+GROUP_METRICS = ("reward/zero_std_frac",)
+
+
+def zero_std_groups(trajectories: pa.Table) -> pa.Table:
+    """Per (step, validate, sample_index) group with rewards: how many, and whether they are all equal.
+
+    A group whose rewards are all equal gives GRPO no learning signal (every
+    advantage is zero). Columns: ``step``, ``validate``, ``sample_index``,
+    ``rollouts`` (rewards in the group) and ``zero_std`` (True when at least
+    two and all equal).
+    """
+    t = trajectories.select([S.STEP, S.VALIDATE, S.SAMPLE_INDEX, S.REWARD])
+    t = t.filter(pc.is_valid(t.column(S.REWARD)))
+    t = t.set_column(1, S.VALIDATE, pc.fill_null(t.column(S.VALIDATE), False))
+    g = t.group_by([S.STEP, S.VALIDATE, S.SAMPLE_INDEX], use_threads=False).aggregate(
+        [(S.REWARD, "min"), (S.REWARD, "max"), (S.REWARD, "count")]
+    )
+    count = g.column(f"{S.REWARD}_count")
+    same = pc.and_(pc.greater_equal(count, 2), pc.equal(g.column(f"{S.REWARD}_min"), g.column(f"{S.REWARD}_max")))
+    return pa.table(
+        {
+            S.STEP: g.column(S.STEP),
+            S.VALIDATE: g.column(S.VALIDATE),
+            S.SAMPLE_INDEX: g.column(S.SAMPLE_INDEX),
+            "rollouts": count,
+            "zero_std": same,
+        }
+    )
+
+
+def zero_std_fractions(trajectories: pa.Table) -> dict[tuple[int | None, bool], float]:
+    """Per (step, validate): the fraction of groups of two or more rewards whose rewards are all equal."""
+    g = zero_std_groups(trajectories).to_pylist()
+    seen: dict[tuple[int | None, bool], list[int]] = {}
+    for r in g:
+        if r["rollouts"] < 2:
+            continue
+        counts = seen.setdefault((r[S.STEP], bool(r[S.VALIDATE])), [0, 0])
+        counts[0] += 1
+        counts[1] += bool(r["zero_std"])
+    return {k: same / n for k, (n, same) in seen.items()}
+
+
 def step_metrics(
     trajectories: pa.Table, token_stats: pa.Table | None = None
 ) -> dict[tuple[int | None, bool], dict[str, float]]:
@@ -105,8 +150,6 @@ def step_metrics(
     when none). Grouped in Arrow: only the groups are looped over in Python
     (125k trajectories in ~0.08 s, against ~1.1 s row by row).
     """
-    from tracer.questions import zero_std_fractions  # noqa: PLC0415 (tracer.questions imports this module)
-
     out = partial_metrics(step_partials(trajectories), token_stats)
     zero_std = zero_std_fractions(trajectories)
     for key, metrics in out.items():

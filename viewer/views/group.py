@@ -12,7 +12,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from tracer.questions import ground_truth, zero_std_groups
+from tracer.questions import ground_truth
+from tracer.summary import zero_std_groups
 from viewer import cache, charts, safe, state
 from viewer import data as D
 from viewer.format import one_line, short

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from tracer import schema as S
-from tracer.questions import zero_std_fractions
+from tracer.summary import zero_std_fractions
 from viewer import cache, charts, safe, state
 from viewer import data as D
 from viewer.format import metric_value
