@@ -122,7 +122,7 @@ def main() -> None:
     writers: dict[str, list[float]] = {mode: [] for mode in times}
     try:
         # Untimed: what the first run in a process pays once (pyarrow's first array imports
-        # pandas on the writer thread, ~0.5 s) fell on the first round's "stored once" only.
+        # pandas on the writer thread, ~0.5 s) would otherwise fall on the first timed "stored once" run only.
         run(agents[:4], os.path.join(tmp, "warm-up"), "stored once")
         for r in range(args.rounds):
             for mode in times:
