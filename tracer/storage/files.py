@@ -710,6 +710,13 @@ class TraceFileBatches:
             return None
 
     def _read(self, src: _Source) -> Iterator[tuple[pa.RecordBatch, Any]]:
+        head = self._head(src)
+        if head is not None:
+            yield from self._batches(src, *head)
+
+    def _head(self, src: _Source) -> tuple[list[_Message], list[_Message], int, str | None, int, pa.Schema] | None:
+        """The file's messages, its batches, how many are skipped, why it stops, where its stream starts
+        and its schema; None (with ``self.result`` saying why) when none of it can be read."""
         res = self.result
         size = res.size
         res.file_format = src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC
@@ -720,31 +727,31 @@ class TraceFileBatches:
         if not messages or messages[0].kind != _SCHEMA:
             res.skipped = "not a readable trace file: " + (stop or "it does not start with an Arrow schema")
             res.repairable = True
-            return
+            return None
         schema_msg = messages[0]
         try:
             self.schema = schema = self._first_schema or pa.ipc.read_schema(
                 pa.py_buffer(src.read_at(schema_msg.offset, schema_msg.end - schema_msg.offset))
             )
-            schema_names = schema.names  # field names in bytes that are not UTF-8 fail here
+            schema.names  # noqa: B018 - field names in bytes that are not UTF-8 fail here
         except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:
             res.skipped, res.repairable = f"not a readable trace file: {type(exc).__name__}: {exc}", True
-            return
+            return None
         meta = schema.metadata or {}
         res.schema_version = meta.get(S.META_SCHEMA_VERSION.encode(), b"").decode(errors="replace")
         if not res.schema_version:
             res.skipped = "not a rollout-trace file (no schema version)"
-            return
+            return None
         if major_version(res.schema_version) > major_version(S.SCHEMA_VERSION):
             res.skipped = (
                 f"written in format {res.schema_version}, newer than this reader's {S.SCHEMA_VERSION}; "
                 "upgrade rollout-trace"
             )
-            return
+            return None
         problem = _type_problem(schema)
         if problem:
             res.skipped = f"column types readers cannot use: {problem}"
-            return
+            return None
         # Batches before a resume point are not walked again: placeholders keep the numbering.
         batches = [_SKIPPED] * skipped + [m for m in messages if m.kind == _RECORD_BATCH]
         res.batches_in_file = len(batches)
@@ -760,6 +767,22 @@ class TraceFileBatches:
             # else: the file ends right after a complete batch: still being written (or its writer
             # is gone and nobody sealed it yet, see tracer.storage.seal), like a stream without
             # its end-of-stream marker. Not damage.
+        return messages, batches, skipped, stop, start, schema
+
+    def _batches(
+        self,
+        src: _Source,
+        messages: list[_Message],
+        batches: list[_Message],
+        skipped: int,
+        stop: str | None,
+        start: int,
+        schema: pa.Schema,
+    ) -> Iterator[tuple[pa.RecordBatch, Any]]:
+        """Decode the chosen batches within the file's budget; damage ends the read with its reason."""
+        res = self.result
+        size = res.size
+        schema_names = schema.names
         columns = self.columns
         names = list(S.SPAN_COLUMNS) if columns is None else columns
         # Only span columns are ever decoded, even "as written" (for repair): a column the readers

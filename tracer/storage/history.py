@@ -258,16 +258,22 @@ def expand_history(table: pa.Table) -> pa.Table:
         data = dict(data)
         data[PROMPT_FIELD] = full if isinstance(full, list) else {**ref, S.HISTORY_MISSING: full}
         new_values.append(_dumps(data))
-    # Chunk by chunk: one combined string array could pass Arrow's 2 GiB limit.
+    column = _replaced(inputs, marked, new_values)
+    return table.set_column(table.column_names.index(S.INPUTS), S.INPUTS, column)
+
+
+def _replaced(inputs: pa.ChunkedArray, marked: pa.ChunkedArray, values: list[str]) -> pa.ChunkedArray:
+    """``inputs`` with its ``marked`` rows replaced by ``values``, in order.
+
+    Chunk by chunk: one combined string array could pass Arrow's 2 GiB limit.
+    """
     chunks, start, used = [], 0, 0
     for chunk in inputs.chunks:
         mask = marked.slice(start, len(chunk)).combine_chunks()
         count = int(pc.sum(mask).as_py() or 0)
         if count:
-            values = pa.array(new_values[used : used + count], pa.string())
-            chunk = pc.replace_with_mask(chunk, mask, values)
+            chunk = pc.replace_with_mask(chunk, mask, pa.array(values[used : used + count], pa.string()))
         chunks.append(chunk)
         start += len(chunk)
         used += count
-    column = pa.chunked_array(chunks, pa.string())
-    return table.set_column(table.column_names.index(S.INPUTS), S.INPUTS, column)
+    return pa.chunked_array(chunks, pa.string())
