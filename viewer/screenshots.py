@@ -170,7 +170,11 @@ class Browser:
         return str(text)
 
     def screenshot(self) -> bytes:
-        """The whole page as PNG."""
+        """The whole page as PNG (transitions off: capturing beyond the viewport resizes the page)."""
+        self.evaluate(
+            "document.head.insertAdjacentHTML('beforeend', "
+            "'<style>*{transition:none!important;animation:none!important}</style>')"
+        )
         shot = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
         return base64.b64decode(shot["data"])
 
