@@ -1,8 +1,6 @@
 """Public recording API: rollout_trace_op, rollout_trace_attr, log_reward, propagate.
 
-Every traced call goes through one span opener (:func:`_open_call`) and one
-closer (:func:`_close`); the wrappers for plain, async, generator and async
-generator functions only differ in how they call the function.
+Every traced call goes through one span opener and one closer; the wrappers only differ in how they call.
 """
 
 from __future__ import annotations
@@ -36,16 +34,11 @@ _ROLLOUT = S.KIND_ROLLOUT
 #: An open span: (frame, parent span id, spec, captured args, captured kwargs, self, context token, start ns).
 Span = tuple[Any, ...]
 
-# The span opener and closer are written once, below, and compiled into the
-# functions that use them (structlog generates its fast paths the same way):
-# into the plain and async wrappers inline, where a call each would cost
-# ~7% of the per-span time (bench/bench_overhead.py), and into
-# _open_call/_close, which the generator wrappers call.
+# The opener and closer are compiled inline into the plain and async wrappers (a call each would cost ~7% of
+# the per-span time) and into _open_call/_close, which the generator wrappers call.
 
-#: Opens the span of one call of ``spec`` (with ``rec`` the active recorder;
-#: ``plain``: the span starts no trajectory; ``has_self``: a method):
-#: sets ``frame`` (None: not recorded), ``parent_sid``, the captured inputs
-#: ``a`` and ``k``, ``self_obj``, the context ``token`` and ``start``.
+#: Opens the span of one call of ``spec``: sets ``frame`` (None: not recorded), ``parent_sid``, the captured
+#: inputs ``a`` and ``k``, ``self_obj``, the context ``token`` and ``start``.
 _OPEN = """
 parent = _get()
 if plain and parent is not None and (parent[2] is None or parent[2].recording):
@@ -65,9 +58,7 @@ if frame is not None:
     start = _time_ns()
 """
 
-#: Closes it: restores the context, snapshots ``out`` (or the exception
-#: ``exc``) and appends the span's record, SpanRecord's fields in order as a
-#: plain tuple (the cheapest build; ``SpanRecord._make(record)`` names it).
+#: Closes it: restores the context, snapshots ``out`` (or ``exc``) and appends SpanRecord's fields as a tuple.
 _CLOSE = """
 if token is not None:
     _reset(token)
@@ -187,20 +178,12 @@ def rollout_trace_op(func: None = None, *, name: str | None = None, kind: str | 
 
 
 def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | None = None) -> Any:
-    """Record each call of the decorated function as a span.
+    """Record each call of the decorated function (sync, async, generator, method) as a span.
 
-    Works bare (``@rollout_trace_op``) or with options
-    (``@rollout_trace_op(name="generate", kind="llm")``), on sync and async
-    functions and methods; ``self``/``cls`` are not recorded. Inputs are
-    captured as they are at call time, outputs at return. Exceptions pass
-    through unchanged (the span records them); the tracer's own failures
-    never reach the caller.
-
-    Args:
-        func: The function (when used bare).
-        name: Span name; default the function's qualified name.
-        kind: ``"rollout"`` (a trajectory's root), ``"llm"``, ``"tool"``,
-            ``"reward"``, or None for a generic span.
+    Bare or with options (``@rollout_trace_op(name="generate", kind="llm")``); ``self``/``cls`` are not
+    recorded; inputs are captured at call time, outputs at return; exceptions pass through unchanged.
+    ``name`` defaults to the qualified name; ``kind``: ``"rollout"`` (a trajectory's root), ``"llm"``,
+    ``"tool"``, ``"reward"`` or None.
     """
     if kind is not None and kind not in S.KINDS:
         raise ValueError(f"rollout_trace_op: kind {kind!r} is not one of {', '.join(repr(k) for k in S.KINDS)} or None")
@@ -229,24 +212,12 @@ def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | N
 
 
 class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
-    """Set the trajectory attributes of everything recorded inside the block.
+    """Set the trajectory attributes of everything recorded inside the block (``with`` or ``async with``).
 
-    Mirrors verl's ``rollout_trace_attr``: a sync context manager that also
-    works as ``async with``. The block is one trajectory: a
-    ``kind="rollout"`` op called directly inside becomes its root span;
-    otherwise a root span named ``name`` covering the block is written when
-    anything was recorded in it.
-
-    Args:
-        sample_index: The prompt's id (int or str, e.g. a uuid).
-        step: Training step.
-        rollout_n: Index of this rollout in the prompt's group.
-        name: Name of the root span when no rollout op is the root.
-        validate: A validation rollout.
-        trace: False turns recording off inside the block.
-        **extra: More attributes, written on the trajectory's root span;
-            ``weight_version=`` is the policy version that generated it
-            (its staleness: ``tracer.integrations.staleness``).
+    The block is one trajectory: a ``kind="rollout"`` op called directly inside is its root span, else a root
+    named ``name`` is written when anything was recorded. ``trace=False`` turns recording off inside;
+    ``**extra`` goes on the root span (``weight_version=``: the policy version, see
+    ``tracer.integrations.staleness``).
     """
 
     __slots__ = (
@@ -273,8 +244,7 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
         trace: bool = True,
         **extra: Any,
     ) -> None:
-        # capture() never raises; the conversions below are guarded so that a
-        # value of the user's that misbehaves never reaches the user's code.
+        # Guarded conversions: a misbehaving value of the user's never reaches the user's code.
         self.sample_index = None if sample_index is None else as_text(sample_index)
         self.step = None if step is None else convert(int, step)
         self.rollout_n = None if rollout_n is None else convert(int, rollout_n)
@@ -476,14 +446,8 @@ def log_reward(
 ) -> None:
     """Attach a reward (and extras: advantage, ground truth, ...) to a trajectory.
 
-    Inside a trajectory (a ``rollout_trace_attr`` block or a rollout op) it
-    applies to that trajectory. Outside, ``step``, ``sample_index``,
-    ``rollout_n`` and ``validate`` name it, as a trainer computing rewards
-    after the rollout knows them; readers join such rewards to their
-    trajectory by those keys even when they come from another process.
-
-    Raises:
-        TypeError: ``reward`` is not a real number.
+    Inside a trajectory, to that one; outside, to the one ``step``, ``sample_index``, ``rollout_n`` and
+    ``validate`` name (readers join it by those keys, from any process). TypeError: not a real number.
     """
     value, why = _reward_value(reward)
     rec = _recorder.ACTIVE
@@ -518,14 +482,10 @@ def log_reward(
 def _reward_value(reward: Any) -> tuple[float, str | None]:
     """``reward`` as a float, and why the float is not its value (None when it is, NaN and infinities included).
 
-    An int, Decimal or Fraction beyond the float range is clamped to the
-    largest float of its sign; a value the conversion refuses (a signalling
-    NaN, a number type of the user's whose ``__float__`` raises or blocks) is
-    written as NaN. Either way the reason is written beside it.
-
-    Raises:
-        TypeError: ``reward`` is no real number (a bool, a complex, a string, ...).
+    Past the float range it is clamped to the largest float of its sign; a value the conversion refuses is NaN.
+    TypeError: no real number (a bool, a complex, a string, ...).
     """
+
     cls = type(reward)
     if cls is float:
         return reward, None
