@@ -1,10 +1,4 @@
-"""The writer's sampling gate: which finished spans are written now, held, or left out.
-
-:class:`SamplingGate` shows the sampler (:class:`StepSampler`) what each
-held group's spans say (rewards, lengths, ends), lets it decide, and then
-passes the spans of groups kept, holds those still undecided, and counts
-those left out. It runs on the writer thread only.
-"""
+"""The writer's sampling gate: which finished spans are written now, held, or left out (writer thread only)."""
 
 from __future__ import annotations
 
@@ -18,11 +12,7 @@ from tracer.record.spec import OpSpec
 
 
 class SamplingGate:
-    """Holds the spans of undecided groups between writer cycles.
-
-    Args:
-        sampler: The recorder's step sampler.
-    """
+    """Holds the spans of undecided groups between writer cycles."""
 
     def __init__(self, sampler: StepSampler) -> None:
         self.sampler = sampler
