@@ -85,8 +85,6 @@ class Accounting:
         self.failed = 0
         #: Values replaced by a placeholder because a column could not hold them.
         self.replaced = 0
-        #: Spans left out by sampling.
-        self.sampled_out = 0
         #: Totals of the recorders this one replaced.
         self.base = Totals()
         self._failed_at, self._dropped_at, self._replaced_at = 0, 0, 0

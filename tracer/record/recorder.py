@@ -27,7 +27,7 @@ from tracer import schema as S
 from tracer.config import ENV_STRICT, TraceConfig
 from tracer.index.closed import shard_closed
 from tracer.record import lifecycle
-from tracer.record.accounting import Accounting, Marks
+from tracer.record.accounting import Accounting
 from tracer.record.accounting import FlushResult as FlushResult
 from tracer.record.fanout import Fanout
 from tracer.record.redact import Redactor
@@ -260,7 +260,7 @@ class Recorder:
     def flush(self, timeout: float | None = 30.0) -> FlushResult:
         """Wait until everything recorded before this call is durable."""
         if self._thread is None and not self.buffer and not (self.gate is not None and self.gate.held):
-            return self.result(True)
+            return self.account.result(True)
         self._start_thread()
         with self._cond:
             self._flush_requested += 1
@@ -274,7 +274,7 @@ class Recorder:
                     break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    return self.result(False, f"flush timed out after {timeout} s; the writer is still busy")
+                    return self.account.result(False, f"flush timed out after {timeout} s; the writer is still busy")
                 self._cond.wait(timeout=0.1 if left is None else min(left, 0.1))
         # What each live backend failed to take, all within the same deadline.
         exported = self.fanout.flush(None if deadline is None else deadline - time.monotonic())
@@ -282,19 +282,7 @@ class Recorder:
         if self.strict and first is not None:
             self.problems.first_exception = None
             raise first
-        return self.result(self._flush_done >= target and not exported, "; ".join(exported))
-
-    def result(self, done: bool, message: str = "") -> FlushResult:
-        """The flush result (see :meth:`Accounting.result <tracer.record.accounting.Accounting.result>`)."""
-        return self.account.result(done, message)
-
-    def marks(self) -> Marks:
-        """What the last result had reported (pass to :meth:`adopt`)."""
-        return self.account.marks()
-
-    def adopt(self, old: Recorder, marks: Marks | None = None) -> None:
-        """Take over the counts of ``old``, which this recorder replaces (see :meth:`Accounting.adopt`)."""
-        self.account.adopt(old.account, marks)
+        return self.account.result(self._flush_done >= target and not exported, "; ".join(exported))
 
     def shutdown(self, timeout: float | None = 30.0) -> FlushResult:
         """Flush, stop the writer, close the file; later spans go to the recorder active then (or are dropped)."""
@@ -316,7 +304,7 @@ class Recorder:
         buf = self.buffer
         while buf:  # appended after the writer's last cycle
             self._forward(buf.popleft())
-        late = self.result(True)
+        late = self.account.result(True)
         if not late.ok or late.message:
             message = "; ".join(m for m in (result.message, late.message) if m)
             result = dataclasses.replace(late, ok=result.ok and late.ok, message=message)
@@ -368,10 +356,11 @@ def set_active(rec: Recorder | None) -> FlushResult | None:
         lifecycle.install(_drain_active, rec.config.shutdown_timeout_s)
     if old is None or old is rec:
         return None
-    marks = old.marks()
+    marks = old.account.marks()
     result = old.shutdown()
     if rec is not None:
-        rec.adopt(old, marks)
+        rec.account.adopt(old.account, marks)
+
     return result
 
 

@@ -231,8 +231,6 @@ class StepSampler:
         self._buckets: dict[tuple[Any, bool], _Bucket] = {}
         self._epoch = 0
         self._unwritten: dict[tuple[Any, bool], dict[str, Any]] = {}
-        #: Samples displaced after admission (their spans are discarded).
-        self.displaced = 0
 
     def parameters(self) -> dict[str, Any]:
         """The strategy and its parameters (written into every file's metadata)."""
@@ -283,7 +281,6 @@ class StepSampler:
                 worst.state = OUT
                 for traj in worst.trajectories:
                     traj.recording = False
-                self.displaced += 1
                 sample = Sample(sample_index, score, PENDING)
             bucket.admitted[sample_index] = sample
             bucket.last_admit = time.monotonic()

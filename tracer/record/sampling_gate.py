@@ -18,8 +18,6 @@ class SamplingGate:
         self.sampler = sampler
         #: Spans of groups not decided yet, in arrival order.
         self.held: list[tuple[Any, ...]] = []
-        #: Spans left out so far.
-        self.sampled_out = 0
 
     def admit(self, records: list[tuple[Any, ...]], force: bool) -> list[tuple[Any, ...]]:
         """The spans to write now, of the held ones and ``records`` (``force``: decide every group now)."""
@@ -36,8 +34,6 @@ class SamplingGate:
                 ready.append(rec)
             elif state == PENDING:
                 held.append(rec)
-            else:
-                self.sampled_out += 1
         self.held = held
         return ready
 
