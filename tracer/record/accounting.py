@@ -53,9 +53,7 @@ class ProblemLog:
             self.first_exception = exc
         if self.counts[kind] == 1:
             logger.warning(
-                "rollout-trace: %s: %s (logged once; later ones are counted, see tracer.flush())",
-                kind,
-                detail,
+                "rollout-trace: %s: %s (logged once; later ones are counted, see tracer.flush())", kind, detail
             )
 
 

@@ -47,12 +47,7 @@ class SpanEncoder:
     """Encodes span records for one recorder's config and this process's id prefixes (``redactor`` None: off)."""
 
     def __init__(
-        self,
-        config: TraceConfig,
-        problems: ProblemLog,
-        span_prefix: str,
-        trace_prefix: str,
-        redactor: Redactor | None,
+        self, config: TraceConfig, problems: ProblemLog, span_prefix: str, trace_prefix: str, redactor: Redactor | None
     ) -> None:
         self.config = config
         self.problems = problems
