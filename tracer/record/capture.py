@@ -121,8 +121,7 @@ class Placeholder:
     def __repr__(self) -> str:
         return self.text
 
-    def __str__(self) -> str:
-        return self.text
+    __str__ = __repr__
 
 
 class Deferred(Placeholder):

@@ -7,6 +7,7 @@ path); context copies (``create_task``, ``to_thread``, :func:`tracer.wrap_contex
 from __future__ import annotations
 
 import contextvars
+import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -95,3 +96,10 @@ def named_trajectory(
             "call it inside rollout_trace_attr(...) or pass step=, sample_index=, rollout_n="
         )
     return Trajectory(step, key_index, rollout_n, validate, "", None, True, 0, 0)
+
+
+def append_instant(rec: Any, traj: Trajectory, spec: Any, args: Any, kwargs: Any) -> None:
+    """Append a zero-length span of ``spec`` under ``traj``'s root (a logged reward, token stats) to ``rec``."""
+    traj.spans += 1
+    sid, parent, now = next(rec.span_ids), traj.root_span_id or None, time.time_ns()
+    rec.append(SpanRecord(sid, parent, traj.trace_id, spec, traj, now, now, None, args, kwargs, None, None))

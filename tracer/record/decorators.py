@@ -20,7 +20,7 @@ from tracer.record import recorder as _recorder
 from tracer.record.accounting import ATTR_REPLACED
 from tracer.record.capture import IMMUTABLE_TYPES as _IMMUTABLE
 from tracer.record.capture import Placeholder, as_text, capture, capture_args, capture_error, convert
-from tracer.record.context import CURRENT_SPAN, SpanRecord, Trajectory, named_trajectory
+from tracer.record.context import CURRENT_SPAN, Trajectory, append_instant, named_trajectory
 from tracer.record.spec import REWARD_SPEC, OpSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -466,13 +466,7 @@ def log_reward(
             attrs[ATTR_REPLACED] = {"reward": why}
             rec.account.replaced += 1
             rec.problems.report("value replaced", f"reward: {why}")
-        traj.spans += 1
-        now = _time_ns()
-        parent = traj.root_span_id or None
-        sid = next(rec.span_ids)
-        rec.append(
-            SpanRecord(sid, parent, traj.trace_id, REWARD_SPEC, traj, now, now, None, (value,), attrs, None, None)
-        )
+        append_instant(rec, traj, REWARD_SPEC, (value,), attrs)
     except ValueError:
         raise
     except Exception as exc:

@@ -361,26 +361,21 @@ def _all_finite(values: Sequence[float]) -> bool:
 def _as_id_list(value: Any) -> tuple[Sequence[int] | None, int]:
     """``value`` as a flat sequence of ints if it is a token id sequence (a list or tuple as it is), and its :func:`int_kind`."""
     cls = type(value)
-    if cls is list or cls is tuple:
-        kind = int_kind(value)
-        return (value, kind) if kind != NOT_INTS else (None, NOT_INTS)
+    out = value
     if cls is array.array:
         out = value.tolist()
-        kind = int_kind(out)
-        return (out, kind) if kind != NOT_INTS else (None, NOT_INTS)
-    module = cls.__module__
-    if module == "numpy" or (module == "torch" and cls.__name__ == "Tensor"):
+    elif cls is not list and cls is not tuple:
+        module = cls.__module__
+        if module != "numpy" and (module != "torch" or cls.__name__ != "Tensor"):
+            return None, NOT_INTS
         try:
-            if getattr(value, "ndim", 1) != 1:
-                return None, NOT_INTS
-            out = value.tolist()
+            out = value.tolist() if getattr(value, "ndim", 1) == 1 else None
         except Exception:
             return None, NOT_INTS
-        if type(out) is list:
-            kind = int_kind(out)
-            if kind != NOT_INTS:
-                return out, kind
-    return None, NOT_INTS
+        if type(out) is not list:
+            return None, NOT_INTS
+    kind = int_kind(out)
+    return (out, kind) if kind != NOT_INTS else (None, NOT_INTS)
 
 
 def _is_python_level(cls: type, method: str) -> bool:

@@ -413,25 +413,16 @@ class TriggerScan:
             rest = pieces[1:]
             # One side of every trigger empty (``key=``, ``hf_``): one C pass over the pieces decides.
             if not any(after):
-                if any(map(str.endswith, itertools.islice(pieces, len(rest)), itertools.repeat(before))):
-                    return True
-                return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
-            if not any(before):
-                if any(map(str.startswith, rest, itertools.repeat(after))):
-                    return True
-                return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
-            # Gaps between pieces where some trigger's start ends the piece and some trigger's end starts the next.
-            maybe = itertools.compress(
-                range(len(rest)),
-                map(
-                    operator.and_,
-                    map(str.endswith, pieces, itertools.repeat(before)),
-                    map(str.startswith, rest, itertools.repeat(after)),
-                ),
-            )
-            for k in maybe:
-                if any(pieces[k].endswith(b) and rest[k].startswith(a) for b, a in parts):
-                    return True
+                found = any(map(str.endswith, itertools.islice(pieces, len(rest)), itertools.repeat(before)))
+            elif not any(before):
+                found = any(map(str.startswith, rest, itertools.repeat(after)))
+            else:  # gaps where some trigger's start ends the piece and some trigger's end starts the next
+                ends = map(str.endswith, pieces, itertools.repeat(before))
+                starts = map(str.startswith, rest, itertools.repeat(after))
+                maybe = itertools.compress(range(len(rest)), map(operator.and_, ends, starts))
+                found = any(any(pieces[k].endswith(b) and rest[k].startswith(a) for b, a in parts) for k in maybe)
+            if found:
+                return True
         return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
 
 

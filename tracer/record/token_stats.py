@@ -6,13 +6,12 @@ One span row per call (:data:`TOKEN_STATS_SPAN_NAME`) in the trajectory's trace,
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as elsewhere
 from tracer.record import recorder as _recorder
 from tracer.record.capture import capture
-from tracer.record.context import named_trajectory
+from tracer.record.context import append_instant, named_trajectory
 from tracer.record.spec import OpSpec
 from tracer.summary import TOKEN_STATS_KEY_COLUMNS
 
@@ -75,13 +74,8 @@ def log_token_stats(
         traj = named_trajectory(rec, "log_token_stats", step, sample_index, rollout_n, validate)
         if not traj.recording:
             return
-        traj.spans += 1
-        now = time.time_ns()
         payload = {TOKEN_STATS_TURN_KEY: turn, TOKEN_STATS_SOURCE_KEY: source, TOKEN_STATS_ARRAYS_KEY: capture(arrays)}
-        rec.append(
-            (next(rec.span_ids), traj.root_span_id or None, traj.trace_id, TOKEN_STATS_SPEC, traj, now, now, None)
-            + (None, payload, None, None)
-        )
+        append_instant(rec, traj, TOKEN_STATS_SPEC, None, payload)
     except ValueError:
         raise
     except Exception as exc:
