@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -157,49 +157,43 @@ def _finite(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+@dataclass(slots=True, eq=False)
 class _Seen:
     """What the writer has seen of one trajectory of a held group."""
 
-    __slots__ = ("ended", "log_reward", "op_reward", "tokens")
-
-    def __init__(self) -> None:
-        self.ended = False
-        self.log_reward: float | None = None
-        self.op_reward: float | None = None
-        self.tokens: int | None = None
+    ended: bool = False
+    log_reward: float | None = None
+    op_reward: float | None = None
+    tokens: int | None = None
 
     @property
     def reward(self) -> float | None:
         return self.log_reward if self.log_reward is not None else self.op_reward
 
 
+@dataclass(slots=True, eq=False)
 class Sample:
     """One prompt's sampling state (a group), shared by its rollouts' trajectories."""
 
-    __slots__ = ("key", "score", "state", "trajectories", "seen")
-
-    def __init__(self, key: Any, score: float, state: str) -> None:
-        self.key = key
-        self.score = score
-        self.state = state
-        self.trajectories: list[Any] = []
-        #: Per trajectory (by root span id): what was seen (extremes/variance only).
-        self.seen: dict[int, _Seen] = {}
+    key: Any
+    score: float
+    state: str
+    trajectories: list[Any] = field(default_factory=list, init=False)
+    #: Per trajectory (by root span id): what was seen (extremes/variance only).
+    seen: dict[int, _Seen] = field(default_factory=dict, init=False)
 
 
+@dataclass(slots=True, eq=False)
 class _Bucket:
-    __slots__ = ("admitted", "excluded", "decided", "last_admit", "due_epoch", "over_bound", "record")
-
-    def __init__(self) -> None:
-        self.admitted: dict[Any, Sample] = {}
-        self.excluded: set[Any] = set()
-        self.decided = False
-        self.last_admit = time.monotonic()
-        #: Writer cycle at which a later step started (None: not yet).
-        self.due_epoch: int | None = None
-        self.over_bound = 0
-        #: The decision, once made (updated by late groups).
-        self.record: dict[str, Any] | None = None
+    admitted: dict[Any, Sample] = field(default_factory=dict)
+    excluded: set[Any] = field(default_factory=set)
+    decided: bool = False
+    last_admit: float = field(default_factory=time.monotonic)
+    #: Writer cycle at which a later step started (None: not yet).
+    due_epoch: int | None = None
+    over_bound: int = 0
+    #: The decision, once made (updated by late groups).
+    record: dict[str, Any] | None = None
 
 
 class StepSampler:
