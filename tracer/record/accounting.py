@@ -129,7 +129,6 @@ class Accounting:
 
     def adopt(self, old: Accounting, marks: Marks | None = None) -> None:
         """Take over the counts of ``old``; ``marks`` (taken before its shutdown): what was already reported."""
-
         ob = old.base
         self.base = Totals(
             ob.written + old.written, ob.dropped + old.dropped, ob.failed + old.failed, ob.replaced + old.replaced

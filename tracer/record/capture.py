@@ -500,7 +500,6 @@ def capture_error(exc: BaseException, depth: int = 0) -> BaseException:
     A builtin-like exception with plain scalar args and a chain of the same sort is kept; any other becomes a
     :class:`CapturedError` with the same class name, module, traceback and chain, its message a :class:`Deferred`.
     """
-
     if depth < MAX_ERROR_CHAIN and _plain_error(exc, depth):
         return exc
     cls = type(exc)

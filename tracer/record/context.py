@@ -82,7 +82,6 @@ def named_trajectory(
     An ended one gets a detached record that readers join by the same keys. ValueError (starting with
     ``who``): called outside a trajectory without naming one.
     """
-
     frame = CURRENT_SPAN.get()
     if frame is not None and frame[2] is not None and step is None and sample_index is None:
         return frame[2]

@@ -315,19 +315,9 @@ _close: Callable[[_recorder.Recorder, Span, BaseException | None, Any], Any]
 def _build() -> None:
     """Compile the opener and closer into the wrappers and into _open_call/_close."""
     global _trace_plain, _trace_async, _open_call, _close
-    for name, (async_, await_) in (("plain", ("", "")), ("async", ("async ", "await "))):
-        source = _WRAPPER.format(
-            async_=async_,
-            await_=await_,
-            open=_indent(_OPEN, 8),
-            close=_indent(_CLOSE, 8),
-            close_on_error=_indent(_CLOSE, 12),
-        )
-        wrap = _compile(source, f"{name} wrapper")["wrap"]
-        if name == "plain":
-            _trace_plain = wrap
-        else:
-            _trace_async = wrap
+    blocks = {"open": _indent(_OPEN, 8), "close": _indent(_CLOSE, 8), "close_on_error": _indent(_CLOSE, 12)}
+    _trace_plain = _compile(_WRAPPER.format(async_="", await_="", **blocks), "plain wrapper")["wrap"]
+    _trace_async = _compile(_WRAPPER.format(async_="async ", await_="await ", **blocks), "async wrapper")["wrap"]
     functions = _compile(_FUNCTIONS.format(open=_indent(_OPEN, 4), close=_indent(_CLOSE, 4)), "span opener")
     _open_call, _close = functions["_open_call"], functions["_close"]
 
@@ -479,7 +469,6 @@ def _reward_value(reward: Any) -> tuple[float, str | None]:
     Past the float range it is clamped to the largest float of its sign; a value the conversion refuses is NaN.
     TypeError: no real number (a bool, a complex, a string, ...).
     """
-
     cls = type(reward)
     if cls is float:
         return reward, None

@@ -384,7 +384,6 @@ def _is_python_level(cls: type, method: str) -> bool:
 
 def call_user_code(fn: Callable[[Any], str], value: Any) -> str:
     """``fn(value)`` on a helper thread; TimeoutError past :data:`USER_CALL_TIMEOUT_S` (or too many stuck)."""
-
     _stuck[:] = [t for t in _stuck if t.is_alive()]
     if len(_stuck) >= MAX_STUCK_USER_CALLS:
         raise TimeoutError(f"{len(_stuck)} earlier calls never returned")

@@ -59,7 +59,6 @@ def uninstall() -> None:
 
 def drain_now(reason: str) -> bool:
     """Run the installed drain with the configured bound; True when it finished in time; never raises."""
-
     with _lock:
         drain, timeout = _drain, _timeout_s
     if drain is None:

@@ -287,7 +287,6 @@ def split_text(text: str, ends: Sequence[int]) -> list[str] | None:
 
 def token_texts_of(outputs: Any, texts_key: str, ends_key: str, text: Any) -> list[str] | None:
     """One text per token as a span's ``outputs`` store them: the pieces or ``text`` cut at ``ends_key``."""
-
     texts = outputs.get(texts_key)
     if isinstance(texts, list) and all(type(x) is str for x in texts):
         return texts

@@ -70,18 +70,10 @@ class Recorder:
             self.span_ids, self.trace_ids = ids_from.span_ids, ids_from.trace_ids
             self.span_prefix, self.trace_prefix = ids_from.span_prefix, ids_from.trace_prefix
         c = config
-        self.sampler = (
-            StepSampler(
-                c.max_samples_per_step_per_worker,
-                c.seed,
-                c.flush_interval_s,
-                c.sample_strategy,
-                c.sample_by,
-                c.sample_candidates_per_step,
-            )
-            if c.max_samples_per_step_per_worker
-            else None
-        )
+        n = c.max_samples_per_step_per_worker
+        sampling = (n, c.seed, c.flush_interval_s, c.sample_strategy, c.sample_by, c.sample_candidates_per_step)
+        self.sampler = StepSampler(*sampling) if n else None
+
         self.gate = SamplingGate(self.sampler) if self.sampler is not None else None
         self.account = Accounting()
         self.problems = self.account.problems

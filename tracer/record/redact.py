@@ -26,37 +26,11 @@ REDACTED = "<redacted>"
 
 #: Endings of a mapping key (lower-cased, ``_``/``-``/``.``/spaces removed) that name a secret.
 SECRET_KEY_ENDINGS = (
-    "apikey",
-    "token",
-    "secret",
-    "secretkey",
-    "password",
-    "passwd",
-    "passphrase",
-    "pwd",
-    "authorization",
-    "credential",
-    "credentials",
-    "privatekey",
-    "accesskey",
-    "accesskeyid",
-    "accountkey",
-    "masterkey",
-    "signingkey",
-    "encryptionkey",
-    "clientkey",
-    "cookie",
-    "cookies",
-    "sessionid",
-    "sessionkey",
-    "connectionstring",
-    "sastoken",
-    "sig",
-    "signature",
-    "auth",
-    "secrets",
-    "passwords",
-)
+    "apikey", "token", "secret", "secretkey", "password", "passwd", "passphrase", "pwd", "authorization",
+    "credential", "credentials", "privatekey", "accesskey", "accesskeyid", "accountkey", "masterkey", "signingkey",
+    "encryptionkey", "clientkey", "cookie", "cookies", "sessionid", "sessionkey", "connectionstring", "sastoken",
+    "sig", "signature", "auth", "secrets", "passwords"
+)  # fmt: skip
 _KEY_STRIP = re.compile(r"[\s_.\-]+")
 _KEY_ENDING = re.compile("(?:" + "|".join(SECRET_KEY_ENDINGS) + ")$")
 
@@ -129,34 +103,11 @@ URL_GATE, URL_TRIGGER = "@", "://"
 FOLDED_TRIGGERS = ("earer", "asic")
 
 #: Parts of an environment variable name (split at ``_``) that make its value a secret.
-SECRET_ENV_PARTS = frozenset(
-    {
-        "KEY",
-        "APIKEY",
-        "TOKEN",
-        "SECRET",
-        "SECRETS",
-        "PASSWORD",
-        "PASSWD",
-        "PASS",
-        "PWD",
-        "PASSPHRASE",
-        "CREDENTIAL",
-        "CREDENTIALS",
-        "CRED",
-        "CREDS",
-        "AUTH",
-        "COOKIE",
-        "SESSION",
-        "PRIVATE",
-        "SIGNATURE",
-        "SIG",
-        "SK",
-        "DSN",
-        "WEBHOOK",
-        "CONNECTION",
-    }
-)
+SECRET_ENV_PARTS = frozenset({
+    "KEY", "APIKEY", "TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASS", "PWD", "PASSPHRASE", "CREDENTIAL",
+    "CREDENTIALS", "CRED", "CREDS", "AUTH", "COOKIE", "SESSION", "PRIVATE", "SIGNATURE", "SIG", "SK", "DSN",
+    "WEBHOOK", "CONNECTION"
+})  # fmt: skip
 #: Environment names that look secret by the rule above but hold ordinary values.
 NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD", "SSH_AUTH_SOCK", "KEYTIMEOUT"})
 
@@ -524,7 +475,6 @@ _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 def _value_span(text: str, at: int, key_quote: str | None, join: str) -> tuple[int, int, str]:
     """Where the value written at ``text[at]`` starts and ends, and the quote its replacement takes."""
-
     j = at
     while j < len(text) and text[j] == "\\":
         j += 1

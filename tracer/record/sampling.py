@@ -443,7 +443,6 @@ def read_sampling(path: TracePaths) -> list[dict[str, Any]]:
 
     Sorted by ``file``, ``source_file`` (the deciding shard), step and validate.
     """
-
     out: list[dict[str, Any]] = []
     for file in list_trace_files(path):
         batches = read_batches(file, [S.TRACE_ID])

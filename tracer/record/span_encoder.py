@@ -117,10 +117,6 @@ class SpanEncoder:
         statuses: list[str] = [S.STATUS_OK] * n
         errors: list[Any] = [None] * n
         names: list[Any] = [None] * n
-        steps: list[int | None] = [None] * n
-        samples: list[Any] = [None] * n
-        rollouts: list[int | None] = [None] * n
-        validates: list[bool | None] = [None] * n
         inputs_col: list[str | None] = []
         outputs_col: list[str | None] = []
         attrs_col: list[str | None] = []
@@ -129,13 +125,11 @@ class SpanEncoder:
             inputs_col.extend(texts[0])
             outputs_col.extend(texts[1])
             attrs_col.extend(texts[2])
-        for i, rec in enumerate(records):
-            traj: Trajectory | None = rec[R_TRAJ]
-            if traj is not None:
-                steps[i] = traj.step
-                samples[i] = traj.sample_index
-                rollouts[i] = traj.rollout_n
-                validates[i] = traj.validate
+        trajs: list[Trajectory | None] = [r[R_TRAJ] for r in records]
+        steps = [None if t is None else t.step for t in trajs]
+        samples: list[Any] = [None if t is None else t.sample_index for t in trajs]
+        rollouts = [None if t is None else t.rollout_n for t in trajs]
+        validates = [None if t is None else t.validate for t in trajs]
         redactor = self.redactor
         if redactor is not None:
             errors = [None if e is None else redactor.value(e) for e in errors]
@@ -336,7 +330,6 @@ _JSON_COLUMNS = frozenset({S.INPUTS, S.OUTPUTS, S.ATTRIBUTES, S.ERROR})
 
 def _byte_bounded_slices(cols: dict[str, list[Any]], n: int) -> tuple[list[tuple[int, int]], bool]:
     """Row ranges whose JSON text stays under :data:`BATCH_CHARS`, and whether a row may pass MAX_VALUE_BYTES."""
-
     text_cols = [cols[name] for name in (S.INPUTS, S.OUTPUTS, S.ATTRIBUTES, S.ERROR)]
     total = sum(sum(map(len, filter(None, c))) for c in text_cols)  # in C: the common case, one batch
     if total <= BATCH_CHARS:

@@ -61,7 +61,6 @@ def log_token_stats(
     ``source`` says where the numbers came from. TypeError: ``turn`` not an int, an array not a sequence;
     ValueError: no arrays, one not 1-D, or no trajectory named outside one.
     """
-
     if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
         raise TypeError(f"log_token_stats: turn must be the 0-based index of the llm call, got {turn!r}")
     if source is not None and not isinstance(source, str):

@@ -46,7 +46,6 @@ def check_decodes(tokenizer: Any, loaded_from_path: bool) -> None:
 
     TypeError when it returned something other than one string.
     """
-
     out = batch_decode(tokenizer, [[0] if loaded_from_path else []])
     if len(out) != 1 or not isinstance(out[0], str):
         raise TypeError(f"decoding one sequence returned {out!r}, not one string")
