@@ -99,6 +99,57 @@ def wrap(fn, spec):
     return traced
 """
 
+#: A generator's span covers its whole iteration: first ``next`` to exhaustion, error or close.
+_GENERATOR = """
+def wrap(fn, spec):
+    @functools.wraps(fn)
+    {async_}def traced(*args, **kwargs):
+        rec = _recorder.ACTIVE
+        gen = fn(*args, **kwargs)
+        span = None if rec is None else _open_call(rec, spec, args, kwargs)
+        if span is None:
+            {passthrough}
+        run = _Yields(rec, span)
+        method, arg = gen.{send}, None
+        while True:
+            token = _set(run.frame)
+            try:
+                item = {await_}method(arg)
+            except {stop} as stop:
+                run.close(None, {value})
+                return {value}
+            except BaseException as exc:
+                run.close(exc)
+                raise
+            finally:
+                _reset(token)
+            try:
+                arg, method = (yield run.add(item)), gen.{send}
+            except GeneratorExit:
+                {await_}gen.{close}()
+                run.close(None)
+                raise
+            except BaseException as exc:
+                method, arg = gen.{throw}, exc
+
+    return traced
+"""
+
+#: What differs between the generator and the async generator wrapper: placeholder -> (generator, async generator).
+_GENERATOR_FORMS = {
+    "async_": ("", "async "),
+    "await_": ("", "await "),
+    "passthrough": (
+        "return (yield from gen)",
+        "async for item in gen:\n                yield item\n            return",
+    ),
+    "send": ("send", "asend"),
+    "stop": ("StopIteration", "StopAsyncIteration"),
+    "value": ("stop.value", ""),
+    "close": ("close", "aclose"),
+    "throw": ("throw", "athrow"),
+}
+
 _FUNCTIONS = """
 def _open_call(rec, spec, args, kwargs):
     plain, has_self = spec.kind != _ROLLOUT, spec.has_self
@@ -306,6 +357,8 @@ MAX_YIELDED_RECORDED = 1000
 
 _trace_plain: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
 _trace_async: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
+_trace_generator: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
+_trace_async_generator: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
 #: Opens a span (see _OPEN): the open span, or None when the call is not recorded.
 _open_call: Callable[[_recorder.Recorder, OpSpec, tuple[Any, ...], dict[str, Any]], Span | None]
 #: Closes an open span (see _CLOSE); returns ``out``.
@@ -314,12 +367,14 @@ _close: Callable[[_recorder.Recorder, Span, BaseException | None, Any], Any]
 
 def _build() -> None:
     """Compile the opener and closer into the wrappers and into _open_call/_close."""
-    global _trace_plain, _trace_async, _open_call, _close
+    global _trace_plain, _trace_async, _trace_generator, _trace_async_generator, _open_call, _close
     blocks = {"open": _indent(_OPEN, 8), "close": _indent(_CLOSE, 8), "close_on_error": _indent(_CLOSE, 12)}
     _trace_plain = _compile(_WRAPPER.format(async_="", await_="", **blocks), "plain wrapper")["wrap"]
     _trace_async = _compile(_WRAPPER.format(async_="async ", await_="await ", **blocks), "async wrapper")["wrap"]
     functions = _compile(_FUNCTIONS.format(open=_indent(_OPEN, 4), close=_indent(_CLOSE, 4)), "span opener")
     _open_call, _close = functions["_open_call"], functions["_close"]
+    forms = [{key: pair[i] for key, pair in _GENERATOR_FORMS.items()} for i in (0, 1)]
+    _trace_generator, _trace_async_generator = (_compile(_GENERATOR.format(**f), "generator")["wrap"] for f in forms)
 
 
 class _Yields:
@@ -349,80 +404,6 @@ class _Yields:
             if value is not None:
                 out["returned"] = value
         _close(self.rec, self.span, exc, out)
-
-
-def _trace_generator(fn: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
-    """A generator's span covers its whole iteration: first ``next`` to exhaustion, error or close."""
-
-    @functools.wraps(fn)
-    def traced_gen(*args: Any, **kwargs: Any) -> Any:
-        rec = _recorder.ACTIVE
-        gen = fn(*args, **kwargs)
-        span = None if rec is None else _open_call(rec, spec, args, kwargs)
-        if span is None:
-            return (yield from gen)
-        run = _Yields(rec, span)  # type: ignore[arg-type]
-        method, arg = gen.send, None
-        while True:
-            token = _set(run.frame)
-            try:
-                item = method(arg)
-            except StopIteration as stop:
-                run.close(None, stop.value)
-                return stop.value
-            except BaseException as exc:
-                run.close(exc)
-                raise
-            finally:
-                _reset(token)
-            try:
-                arg, method = (yield run.add(item)), gen.send
-            except GeneratorExit:
-                gen.close()
-                run.close(None)
-                raise
-            except BaseException as exc:
-                method, arg = gen.throw, exc
-
-    return traced_gen
-
-
-def _trace_async_generator(fn: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
-    """An async generator's span covers its whole iteration, as for generators."""
-
-    @functools.wraps(fn)
-    async def traced_agen(*args: Any, **kwargs: Any) -> Any:
-        rec = _recorder.ACTIVE
-        agen = fn(*args, **kwargs)
-        span = None if rec is None else _open_call(rec, spec, args, kwargs)
-        if span is None:
-            async for item in agen:
-                yield item
-            return
-        run = _Yields(rec, span)  # type: ignore[arg-type]
-        method, arg = agen.asend, None
-        while True:
-            token = _set(run.frame)
-            try:
-                item = await method(arg)
-            except StopAsyncIteration:
-                run.close(None)
-                return
-            except BaseException as exc:
-                run.close(exc)
-                raise
-            finally:
-                _reset(token)
-            try:
-                arg, method = (yield run.add(item)), agen.asend
-            except GeneratorExit:
-                await agen.aclose()
-                run.close(None)
-                raise
-            except BaseException as exc:
-                method, arg = agen.athrow, exc
-
-    return traced_agen
 
 
 def log_reward(

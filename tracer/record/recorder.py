@@ -71,8 +71,8 @@ class Recorder:
             self.span_prefix, self.trace_prefix = ids_from.span_prefix, ids_from.trace_prefix
         c = config
         n = c.max_samples_per_step_per_worker
-        sampling = (n, c.seed, c.flush_interval_s, c.sample_strategy, c.sample_by, c.sample_candidates_per_step)
-        self.sampler = StepSampler(*sampling) if n else None
+        sampling = (c.seed, c.flush_interval_s, c.sample_strategy, c.sample_by, c.sample_candidates_per_step)
+        self.sampler = StepSampler(n, *sampling) if n else None
 
         self.gate = SamplingGate(self.sampler) if self.sampler is not None else None
         self.account = Accounting()
