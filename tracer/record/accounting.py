@@ -14,24 +14,21 @@ ATTR_REPLACED = "rollout_trace.replaced"
 
 @dataclasses.dataclass
 class FlushResult:
-    """What :func:`tracer.flush` achieved. Truthy when nothing failed.
+    """What :func:`tracer.flush` achieved. Truthy when nothing failed."""
 
-    Attributes:
-        ok: Everything recorded before the call is durable on disk.
-        spans_written: Spans written by this process so far.
-        spans_dropped: Spans dropped because the buffer was full (``on_buffer_full="drop"``).
-        spans_failed: Spans that could not be written (storage errors).
-        internal_errors: Tracer errors counted (encoding, decoding, ...).
-        message: What happened since the previous result (losses, values replaced, problems), or "".
-        values_replaced: Values written as a marked placeholder (named in ``rollout_trace.replaced``).
-    """
-
+    #: Everything recorded before the call is durable on disk.
     ok: bool
+    #: Spans written by this process so far.
     spans_written: int = 0
+    #: Spans dropped because the buffer was full (``on_buffer_full="drop"``).
     spans_dropped: int = 0
+    #: Spans that could not be written (storage errors).
     spans_failed: int = 0
+    #: Tracer errors counted (encoding, decoding, ...).
     internal_errors: int = 0
+    #: What happened since the previous result (losses, values replaced, problems), or "".
     message: str = ""
+    #: Values written as a marked placeholder (named in ``rollout_trace.replaced``).
     values_replaced: int = 0
 
     def __bool__(self) -> bool:

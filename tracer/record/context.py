@@ -13,8 +13,7 @@ from typing import Any, NamedTuple
 
 from tracer.record.capture import as_text
 
-#: ``(span_id, trace_id, Trajectory | None)`` of the innermost open span or
-#: trajectory context, or None outside any.
+#: ``(span_id, trace_id, Trajectory | None)`` of the innermost open span or trajectory context, or None outside any.
 CURRENT_SPAN: contextvars.ContextVar[tuple[int, int, Trajectory | None] | None] = contextvars.ContextVar(
     "rollout_trace_current_span", default=None
 )

@@ -97,8 +97,6 @@ class Encoder:
         #: Set while walking a captured value (see prepare_captured).
         self._captured = False
 
-    # -- structure -------------------------------------------------------
-
     def begin_record(self) -> None:
         """Start collecting the strings of the next record."""
         self._cur = []
@@ -253,8 +251,6 @@ class Encoder:
             self.jobs.append(job)
             if not self.store_full_token:
                 self._drop_ids.append((out, key))
-
-    # -- tokens ------------------------------------------------------------
 
     def decode_pending(self) -> int:
         """Decode every queued token list per tokenizer (piece table where exact, else batch_decode); return errors."""

@@ -134,11 +134,7 @@ def _wrap_ray() -> None:
     ray: Any = sys.modules.get("ray")
     if ray is None:
         return
-    shutdown = getattr(ray, "shutdown", None)
-    if callable(shutdown) and not getattr(shutdown, _MARK, False):
-        ray.shutdown = _draining(shutdown, "ray.shutdown()")
-    actor = sys.modules.get("ray.actor")
-    exit_actor = getattr(actor, "exit_actor", None)
-    if callable(exit_actor) and not getattr(exit_actor, _MARK, False):
-        wrapped = _draining(exit_actor, "ray.actor.exit_actor()")
-        actor.exit_actor = wrapped  # type: ignore[union-attr]
+    for module, label, name in ((ray, "ray", "shutdown"), (sys.modules.get("ray.actor"), "ray.actor", "exit_actor")):
+        fn = getattr(module, name, None)
+        if callable(fn) and not getattr(fn, _MARK, False):
+            setattr(module, name, _draining(fn, f"{label}.{name}()"))

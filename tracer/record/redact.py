@@ -81,8 +81,7 @@ _KEY_VALUE = {
 }
 #: Characters of a key name written in a text (scanned back from its tail).
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
-#: Words that are key names in a mapping but ordinary words in prose (``each token: ...``): written
-#: unquoted before ``:``, they are not taken as a key.
+#: Key names that are ordinary words in prose (``each token: ...``): unquoted before ``:``, not taken as a key.
 _PROSE_KEYS = frozenset({"token", "sig", "signature"})
 #: An unquoted value: an optional auth scheme (``Bearer``), then up to a space, quote, bracket or separator.
 _BARE_VALUE = re.compile(r"(?ai:(?:bearer|basic|token|digest|negotiate)[ \t]+)?[^\s,;&\"'<>(){}\[\]]+")
