@@ -1,12 +1,4 @@
-"""Flush accounting: what was written, dropped, failed and replaced, and what the last flush reported.
-
-One :class:`Accounting` per recorder holds the running counts and the
-tracer's own problems (:class:`ProblemLog`); :meth:`Accounting.result`
-turns them into the :class:`FlushResult` a flush returns, reporting what
-happened since the previous result. A re-init's new recorder
-(:meth:`~Accounting.adopt`) takes over the old one's counts, so a process's totals
-survive it.
-"""
+"""Flush accounting: what was written, dropped, failed and replaced, and what the last flush reported."""
 
 from __future__ import annotations
 
@@ -22,27 +14,21 @@ ATTR_REPLACED = "rollout_trace.replaced"
 
 @dataclasses.dataclass
 class FlushResult:
-    """What :func:`tracer.flush` achieved. Truthy when nothing failed.
+    """What :func:`tracer.flush` achieved. Truthy when nothing failed."""
 
-    Attributes:
-        ok: Everything recorded before the call is durable on disk.
-        spans_written: Spans written by this process so far.
-        spans_dropped: Spans dropped because the buffer was full (``on_buffer_full="drop"``).
-        spans_failed: Spans that could not be written (storage errors).
-        internal_errors: Tracer errors counted (encoding, decoding, ...).
-        message: What happened since the previous result: losses, values
-            replaced, the tracer's problems. Empty when there were none.
-        values_replaced: Values written as a marked placeholder because their
-            column could not hold them (a name that is not a string, an int
-            beyond int64, ...); named in the span's ``rollout_trace.replaced``.
-    """
-
+    #: Everything recorded before the call is durable on disk.
     ok: bool
+    #: Spans written by this process so far.
     spans_written: int = 0
+    #: Spans dropped because the buffer was full (``on_buffer_full="drop"``).
     spans_dropped: int = 0
+    #: Spans that could not be written (storage errors).
     spans_failed: int = 0
+    #: Tracer errors counted (encoding, decoding, ...).
     internal_errors: int = 0
+    #: What happened since the previous result (losses, values replaced, problems), or "".
     message: str = ""
+    #: Values written as a marked placeholder (named in ``rollout_trace.replaced``).
     values_replaced: int = 0
 
     def __bool__(self) -> bool:
@@ -64,9 +50,7 @@ class ProblemLog:
             self.first_exception = exc
         if self.counts[kind] == 1:
             logger.warning(
-                "rollout-trace: %s: %s (logged once; later ones are counted, see tracer.flush())",
-                kind,
-                detail,
+                "rollout-trace: %s: %s (logged once; later ones are counted, see tracer.flush())", kind, detail
             )
 
 
@@ -96,8 +80,6 @@ class Accounting:
         self.failed = 0
         #: Values replaced by a placeholder because a column could not hold them.
         self.replaced = 0
-        #: Spans left out by sampling.
-        self.sampled_out = 0
         #: Totals of the recorders this one replaced.
         self.base = Totals()
         self._failed_at, self._dropped_at, self._replaced_at = 0, 0, 0
@@ -112,14 +94,7 @@ class Accounting:
         return self.base.dropped + self.dropped
 
     def result(self, done: bool, message: str = "") -> FlushResult:
-        """The flush result: ok when nothing failed or was dropped since the previous result.
-
-        The counts in it are running totals of this process (recorders a
-        re-init replaced included); ``ok`` looks only at what happened since
-        the last result, so recording is reported healthy again once a storage
-        failure is over. ``message`` says what happened since then: losses,
-        values replaced by placeholders, and every kind of tracer problem.
-        """
+        """The flush result: ok when nothing failed or was dropped since the previous one; counts are process totals."""
         base = self.base
         failed = base.failed + self.failed
         dropped = base.dropped + self.dropped
@@ -150,11 +125,7 @@ class Accounting:
         return (self._failed_at, self._dropped_at, self._replaced_at, collections.Counter(self._problems_at))
 
     def adopt(self, old: Accounting, marks: Marks | None = None) -> None:
-        """Take over the counts of ``old``, the accounting of the recorder this one replaces.
-
-        ``marks`` (``old.marks()`` taken before its shutdown) say what the
-        user last saw reported: this recorder's next flush reports the rest.
-        """
+        """Take over the counts of ``old``; ``marks`` (taken before its shutdown): what was already reported."""
         ob = old.base
         self.base = Totals(
             ob.written + old.written, ob.dropped + old.dropped, ob.failed + old.failed, ob.replaced + old.replaced

@@ -1,24 +1,10 @@
 """Call-time snapshots of arguments and return values, and the one guard on user objects.
 
-A traced call's inputs are recorded as they were when the call started, and
-its output as it was at return, even if the caller mutates them later. Taking
-that snapshot is the only per-value work on the rollout's path, so it copies
-containers and arrays and leaves everything else (encoding, token decoding)
-to the background writer.
-
-Every touch of a user object by the tracer passes through this module, and
-none runs the user's code on the caller's or the writer's thread. A snapshot
-copies builtin containers (subclasses included, read through the builtin's
-own methods), numpy arrays, torch tensors and the plain attributes of
-objects whose attribute access is the default one: none of that calls code
-of the user's. Anything else (a custom ``__repr__``, ``__iter__``,
-``__getattr__``, ``__hash__``, an exception's message) becomes a
-:class:`Deferred`: its text is computed by one daemon worker thread, and
-whoever needs it waits at most :data:`USER_CALL_TIMEOUT_S` from the moment
-the worker started it. A call that does not return in time is abandoned
-(its thread left behind, a fresh worker started), counted, and written as a
-placeholder; past :data:`MAX_STUCK_CALLS` abandoned calls still running, new
-ones are not started until one returns.
+A snapshot copies builtin containers (subclasses through the builtin's methods), arrays, tensors and the
+plain attributes of objects with default attribute access: no user code runs on the caller's or the writer's
+thread. Anything else becomes a :class:`Deferred`, computed by one daemon worker and waited for at most
+:data:`USER_CALL_TIMEOUT_S`; a call past it is abandoned, counted and written as a placeholder, and past
+:data:`MAX_STUCK_CALLS` abandoned calls still running no new one starts until one returns.
 """
 
 from __future__ import annotations
@@ -46,20 +32,16 @@ IMMUTABLE_TYPES = frozenset({str, int, float, bool, type(None), bytes, complex, 
 #: Containers nested deeper than this are replaced by a placeholder.
 MAX_DEPTH = 32
 
-#: Objects with at most this many instance attributes are snapshotted at call
-#: time (their attributes copied); larger ones (engines, tokenizers) are
-#: written as their repr, computed off the caller's path (:class:`Deferred`).
+#: Objects with at most this many instance attributes have them copied; larger ones are written as their repr.
 MAX_SNAPSHOT_ATTRS = 64
 
-#: Longest a user's method (``__repr__``, ``__str__``, ...) may run for the
-#: tracer before the value is written as a placeholder.
+#: Longest a user's method (``__repr__``, ...) may run for the tracer before a placeholder is written, seconds.
 USER_CALL_TIMEOUT_S = 2.0
 #: Abandoned user calls (still running) past which no new one is started.
 MAX_STUCK_CALLS = 4
 #: Longest text kept of a user object's repr or str.
 MAX_TEXT_CHARS = 2000
-#: Problem kind under which placeholders for user objects are counted
-#: (``tracer.flush()``'s message and the run's warnings).
+#: Problem kind under which placeholders for user objects are counted.
 PROBLEM_KIND = "user object not formatted"
 
 
@@ -67,22 +49,15 @@ PROBLEM_KIND = "user object not formatted"
 NOT_INTS, INTS, NON_NEGATIVE_INTS = 0, 1, 2
 #: What orjson writes for a flat list of non-negative ints, besides its brackets.
 _DIGITS = b"0123456789,"
-#: No subclass of int (bool is written as true/false), no dataclass or
-#: datetime is written by orjson itself: they raise, and the list is not one of ints.
+#: orjson raises on int subclasses, dataclasses and datetimes: such a list is not one of ints.
 _INT_CHECK_OPTS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
 
 def int_kind(value: list[Any] | tuple[Any, ...]) -> int:
     """Whether ``value`` (a list or tuple) holds only plain ints of at most 64 bits (token ids), and their sign.
 
-    Returns :data:`NON_NEGATIVE_INTS` (an empty sequence too), :data:`INTS`
-    (some are negative) or :data:`NOT_INTS`. One pass in C and no user code:
-    orjson writes the sequence, and the text must hold nothing but digits,
-    commas and minus signs. That rules out bools, floats, None, strings, int
-    subclasses, numpy scalars, nested containers, ints beyond 64 bits
-    (orjson refuses them) and every other object, except enum members
-    whose value is such an int: orjson writes their value, and so they
-    count as that int (and are written as it).
+    :data:`NON_NEGATIVE_INTS` (empty too), :data:`INTS` or :data:`NOT_INTS`, in one C pass: orjson's text must
+    hold only digits, commas and minus signs. Enum members whose value is such an int count as that int.
     """
     if not value:
         return NON_NEGATIVE_INTS
@@ -102,14 +77,8 @@ def int_kind(value: list[Any] | tuple[Any, ...]) -> int:
 def _gc_untrack() -> Callable[[Any], None] | None:
     """CPython's ``PyObject_GC_UnTrack``, checked to work on a fresh tuple; None where it is not there.
 
-    A tuple holding only ints can never be part of a reference cycle, and
-    CPython's collector stops tracking it at the first collection that meets
-    it, after reading each of its items three times. A captured id tuple
-    (512 items a span in ``bench/bench_write.py``) costs that while it waits
-    in the buffer: ~3.7 us a span of the caller's time (the collector on
-    against off, writer idle), against ~0.2 us for this call. Untracking it
-    at once is what the collector would do, done before it pays for it.
-    ``ctypes.pythonapi`` calls hold the GIL, as the C API requires.
+    A flat capture of scalars can be in no cycle; untracking it at once spares the collector reading its
+    items while the span waits in the buffer (~3.7 us a span of 512 ids, against ~0.2 us for this call).
     """
     if sys.implementation.name != "cpython":
         return None
@@ -135,15 +104,7 @@ _Flat = TypeVar("_Flat", list[Any], tuple[Any, ...])
 
 
 def _untracked(flat: _Flat) -> _Flat:
-    """``flat`` (a captured sequence of immutable scalars) untracked by the collector (see :func:`_gc_untrack`).
-
-    It holds only values that hold nothing, so it can be in no cycle. A
-    tuple of them the collector would untrack itself, after reading it; a
-    list, never: it reads every item at each collection of its generation
-    while the span waits (a logprob list of every llm span, in verl's agent
-    loop). Nothing adds to a captured list: the copy is the tracer's own,
-    and the writer reads it and builds new values from it.
-    """
+    """``flat`` (a captured sequence of immutable scalars, the tracer's own copy) untracked by the collector."""
     if GC_UNTRACK is not None:
         GC_UNTRACK(flat)
     return flat
@@ -160,18 +121,11 @@ class Placeholder:
     def __repr__(self) -> str:
         return self.text
 
-    def __str__(self) -> str:
-        return self.text
+    __str__ = __repr__
 
 
 class Deferred(Placeholder):
-    """A user object's text, computed by the guard's worker (see the module docstring).
-
-    Created on the caller's thread at no cost beyond a queue put; reading
-    :attr:`text` (the writer, when it encodes the span) waits for the
-    worker at most :data:`USER_CALL_TIMEOUT_S` from when it started the call.
-    Written wherever a :class:`Placeholder` is: as its text, also as a dict key.
-    """
+    """A user object's text, computed by the guard's worker; reading :attr:`text` waits a bounded time."""
 
     __slots__ = ("_fn", "_value", "_result", "_started")
 
@@ -327,14 +281,6 @@ def call_bounded(fn: Callable[[Any], str], value: Any) -> str:
     return deferred(fn, value).text
 
 
-def safe_repr(value: Any) -> str:
-    """A user object's repr, computed by the guard (bounded; a placeholder when it fails or blocks).
-
-    The writer's fallback for values it does not know (``encode._safe_repr``) can call this.
-    """
-    return call_bounded(repr, value)
-
-
 class ObjectSnapshot:
     """An object's attributes as they were at call time (written as a dict with ``"__type__"``)."""
 
@@ -351,25 +297,11 @@ def capture_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def capture(value: Any, depth: int = 0) -> Any:
-    """Return a copy of ``value`` that later mutation of ``value`` cannot change; never runs the user's code.
+    """A copy of ``value`` that later mutation cannot change; never runs the user's code, never raises.
 
-    Lists, tuples, dicts and sets, and their subclasses, are copied
-    recursively through the builtin's own iteration (a list or tuple of
-    non-negative ids becomes a tuple, every other sequence a list: see
-    :func:`int_kind` and the last paragraph); numpy arrays and torch tensors
-    are copied; objects whose attribute access is the default one
-    (dataclasses and pydantic models among them) have their attributes
-    copied (:class:`ObjectSnapshot`); bytearrays, deques and arrays are
-    copied. Anything else is written as its repr, computed off the caller's
-    thread (:class:`Deferred`); so are dict keys other than plain scalars.
-    Never raises: what cannot be copied becomes a :class:`Placeholder`
-    naming why.
-
-    The writer relies on this: in a captured value, an object whose type is
-    exactly ``tuple`` is an id sequence :func:`int_kind` found
-    :data:`NON_NEGATIVE_INTS` at call time, so it takes such tuples as
-    checked token ids without reading their items again
-    (:meth:`tracer.record.encode.Encoder.prepare_captured`).
+    What cannot be copied becomes its repr off this thread (:class:`Deferred`) or a :class:`Placeholder`.
+    In a captured value, an exact ``tuple`` is an id sequence :func:`int_kind` found
+    :data:`NON_NEGATIVE_INTS`: the writer takes it as checked token ids (``Encoder.prepare_captured``).
     """
     cls = type(value)
     if cls in IMMUTABLE_TYPES:
@@ -377,9 +309,7 @@ def capture(value: Any, depth: int = 0) -> Any:
     if depth >= MAX_DEPTH:
         return Placeholder(f"<nested deeper than {MAX_DEPTH} levels>")
     if cls is list:
-        # Token id lists are long and flat: checked and copied in C, as a
-        # tuple, untracked at once (_untracked): the collector never walks
-        # its items, and the buffered spans cost no full collection.
+        # Token id lists: checked and copied in C, untracked at once.
         if value:
             kind = int_kind(value)
             if kind == NON_NEGATIVE_INTS:
@@ -390,8 +320,7 @@ def capture(value: Any, depth: int = 0) -> Any:
             return _untracked(value.copy())  # logprobs, texts: flat, and no one else holds the copy
         return [capture(v, depth + 1) for v in value]
     if cls is tuple:
-        # Only a checked id sequence stays a tuple (the writer counts on it,
-        # see the docstring); JSON writes both as arrays, so it reads back the same.
+        # Only a checked id sequence stays a tuple (see the docstring).
         if not value:
             return value
         kind = int_kind(value)
@@ -412,8 +341,7 @@ def _capture_dict(value: dict[Any, Any], depth: int) -> dict[Any, Any]:
     items = dict.items(value)  # the builtin's own: a subclass's items() is never called
     if IMMUTABLE_TYPES.issuperset(map(type, dict.keys(value))):
         return {k: capture(v, depth + 1) for k, v in items}
-    # A key of the user's type: hashing it into the copy would call its __hash__
-    # (and __eq__); its text is computed off this thread instead.
+    # A key of the user's type would run its __hash__: its text is computed off this thread instead.
     return {(k if type(k) in IMMUTABLE_TYPES else deferred(str, k)): capture(v, depth + 1) for k, v in items}
 
 
@@ -522,12 +450,7 @@ def _capture_other(value: Any, cls: type, depth: int) -> Any:
 
 
 def instance_attribute(value: Any, name: str) -> Any:
-    """``value``'s own attribute ``name`` (its ``__dict__`` or a slot), else None; never runs the user's code.
-
-    For the writer's lookups on user objects (the ``tokenizer`` of a traced
-    method's ``self``): a property or a ``__getattr__`` of the user's is not
-    called, so a slow or blocking one cannot stall the writer.
-    """
+    """``value``'s own attribute ``name`` (its ``__dict__`` or a slot), else None; never runs the user's code."""
     kind, extra = _kind_of(type(value))
     if kind != _OBJECT:
         return None
@@ -568,24 +491,14 @@ _CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
 
 
 class CapturedError(Exception):
-    """Stands for an exception whose formatting would run the user's code (see :func:`capture_error`).
-
-    It has the original's class name and module, traceback, cause and
-    context; its message is a :class:`Deferred` of the original's ``str()``.
-    """
+    """Stands for an exception whose formatting would run the user's code (see :func:`capture_error`)."""
 
 
 def capture_error(exc: BaseException, depth: int = 0) -> BaseException:
-    """``exc``, or a stand-in for it whose formatting runs no code of the user's.
+    """``exc``, or for the record only a stand-in whose formatting runs no code of the user's.
 
-    An exception of a builtin-like class (its ``__str__`` and attribute
-    lookup are the builtin ones) holding only plain scalars in its args,
-    with a cause and context of the same sort, is kept as it is. Any other
-    is replaced, for the record only, by a :class:`CapturedError` carrying
-    the same class name, traceback and chain, and a message computed by the
-    guard: the writer formats it (``str``, ``traceback.format_exception``)
-    without ever calling the user's code. The user's exception itself is
-    what the caller sees, unchanged.
+    A builtin-like exception with plain scalar args and a chain of the same sort is kept; any other becomes a
+    :class:`CapturedError` with the same class name, module, traceback and chain, its message a :class:`Deferred`.
     """
     if depth < MAX_ERROR_CHAIN and _plain_error(exc, depth):
         return exc

@@ -1,34 +1,29 @@
 """The tracer's only ContextVar and the per-trajectory state it carries.
 
-``CURRENT_SPAN`` holds a ``(span_id, trace_id, trajectory)`` tuple for the span
-(or trajectory context) the running code is inside. A tuple, not an object:
-the decorator builds one per call, and that cost is on the rollout's path.
-Copies of the context made by ``asyncio.create_task``, ``asyncio.to_thread``
-and :func:`tracer.wrap_context` carry it to children.
+``CURRENT_SPAN`` holds a ``(span_id, trace_id, trajectory)`` tuple (cheaper than an object on the rollout's
+path); context copies (``create_task``, ``to_thread``, :func:`tracer.wrap_context`) carry it to children.
 """
 
 from __future__ import annotations
 
 import contextvars
+import time
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tracer.record.capture import as_text
 
-#: ``(span_id, trace_id, Trajectory | None)`` of the innermost open span or
-#: trajectory context, or None outside any.
+#: ``(span_id, trace_id, Trajectory | None)`` of the innermost open span or trajectory context, or None outside any.
 CURRENT_SPAN: contextvars.ContextVar[tuple[int, int, Trajectory | None] | None] = contextvars.ContextVar(
     "rollout_trace_current_span", default=None
 )
 
 
 class SpanRecord(NamedTuple):
-    """One finished span as the decorators hand it to the recorder's buffer.
+    """One finished span as the decorators hand it to the recorder's buffer (the one layout of a span record).
 
-    The one layout of a span record: the decorators build it, the recorder
-    and the encoder read it (by these names, or by position: it is a tuple).
-    On the rollout's path the decorators build it as a plain tuple of these
-    fields in this order (the NamedTuple's own constructor, a Python
-    function, costs about 5x a tuple); ``SpanRecord._make(record)`` names one.
+    On the rollout's path it is built as a plain tuple of these fields in this order (the NamedTuple's
+    constructor costs about 5x); ``SpanRecord._make(record)`` names one.
     """
 
     #: The span's id (an int; the writer prefixes it per process).
@@ -56,74 +51,35 @@ class SpanRecord(NamedTuple):
     self_obj: Any
 
 
+@dataclass(slots=True, eq=False)
 class Trajectory:
-    """Attributes shared by every span of one trajectory (one rollout).
+    """Attributes shared by every span of one trajectory (one rollout); the writer turns them into columns."""
 
-    Created by :func:`tracer.rollout_trace_attr` or by a ``kind="rollout"``
-    op outside one. Spans hold a reference; the background writer turns it
-    into columns.
-    """
-
-    __slots__ = (
-        "step",
-        "sample_index",
-        "rollout_n",
-        "validate",
-        "name",
-        "extra",
-        "recording",
-        "root_span_id",
-        "trace_id",
-        "root_claimed",
-        "spans",
-        "sample",
-    )
-
-    def __init__(
-        self,
-        step: int | None,
-        sample_index: str | None,
-        rollout_n: int | None,
-        validate: bool | None,
-        name: str,
-        extra: dict[str, Any] | None,
-        recording: bool,
-        root_span_id: int,
-        trace_id: int,
-    ) -> None:
-        self.step = step
-        self.sample_index = sample_index
-        self.rollout_n = rollout_n
-        self.validate = validate
-        self.name = name
-        self.extra = extra
-        #: False when tracing is off for this trajectory (trace=False, or the
-        #: sampler left it out): decorators call straight through.
-        self.recording = recording
-        self.root_span_id = root_span_id
-        self.trace_id = trace_id
-        #: True once a kind="rollout" op became the root span.
-        self.root_claimed = False
-        #: Spans recorded so far (the context's synthetic root is written
-        #: only when something was recorded inside it).
-        self.spans = 0
-        #: The sampler's record of this trajectory's sample, or None.
-        self.sample: Any = None
+    step: int | None
+    sample_index: str | None
+    rollout_n: int | None
+    validate: bool | None
+    name: str
+    extra: dict[str, Any] | None
+    #: False when tracing is off for this trajectory (trace=False, or the sampler left it out).
+    recording: bool
+    root_span_id: int
+    trace_id: int
+    #: True once a kind="rollout" op became the root span.
+    root_claimed: bool = field(default=False, init=False)
+    #: Spans recorded so far (the context's synthetic root is written only when there are some).
+    spans: int = field(default=0, init=False)
+    #: The sampler's record of this trajectory's sample, or None.
+    sample: Any = field(default=None, init=False)
 
 
 def named_trajectory(
     rec: Any, who: str, step: int | None, sample_index: int | str | None, rollout_n: int | None, validate: bool | None
 ) -> Trajectory:
-    """The trajectory a ``log_reward``-style call applies to.
+    """The trajectory a ``log_reward``-style call applies to: the current one, else the one the keys name.
 
-    Inside a trajectory with no ``step``/``sample_index`` given: that one.
-    Otherwise the open trajectory the recorder ``rec`` knows by those keys,
-    or, for one that has ended (a trainer scoring after the rollout), a
-    detached record that readers join to it by the same keys.
-
-    Raises:
-        ValueError: called outside a trajectory without naming one; the
-            message starts with ``who``, the public function's name.
+    An ended one gets a detached record that readers join by the same keys. ValueError (starting with
+    ``who``): called outside a trajectory without naming one.
     """
     frame = CURRENT_SPAN.get()
     if frame is not None and frame[2] is not None and step is None and sample_index is None:
@@ -138,3 +94,10 @@ def named_trajectory(
             "call it inside rollout_trace_attr(...) or pass step=, sample_index=, rollout_n="
         )
     return Trajectory(step, key_index, rollout_n, validate, "", None, True, 0, 0)
+
+
+def append_instant(rec: Any, traj: Trajectory, spec: Any, args: Any, kwargs: Any) -> None:
+    """Append a zero-length span of ``spec`` under ``traj``'s root (a logged reward, token stats) to ``rec``."""
+    traj.spans += 1
+    sid, parent, now = next(rec.span_ids), traj.root_span_id or None, time.time_ns()
+    rec.append(SpanRecord(sid, parent, traj.trace_id, spec, traj, now, now, None, args, kwargs, None, None))

@@ -1,8 +1,6 @@
 """Public recording API: rollout_trace_op, rollout_trace_attr, log_reward, propagate.
 
-Every traced call goes through one span opener (:func:`_open_call`) and one
-closer (:func:`_close`); the wrappers for plain, async, generator and async
-generator functions only differ in how they call the function.
+Every traced call goes through one span opener and one closer; the wrappers only differ in how they call.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from tracer.record import recorder as _recorder
 from tracer.record.accounting import ATTR_REPLACED
 from tracer.record.capture import IMMUTABLE_TYPES as _IMMUTABLE
 from tracer.record.capture import Placeholder, as_text, capture, capture_args, capture_error, convert
-from tracer.record.context import CURRENT_SPAN, SpanRecord, Trajectory, named_trajectory
+from tracer.record.context import CURRENT_SPAN, Trajectory, append_instant, named_trajectory
 from tracer.record.spec import REWARD_SPEC, OpSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,16 +34,11 @@ _ROLLOUT = S.KIND_ROLLOUT
 #: An open span: (frame, parent span id, spec, captured args, captured kwargs, self, context token, start ns).
 Span = tuple[Any, ...]
 
-# The span opener and closer are written once, below, and compiled into the
-# functions that use them (structlog generates its fast paths the same way):
-# into the plain and async wrappers inline, where a call each would cost
-# ~7% of the per-span time (bench/bench_overhead.py), and into
-# _open_call/_close, which the generator wrappers call.
+# The opener and closer are compiled inline into the plain and async wrappers (a call each would cost ~7% of
+# the per-span time) and into _open_call/_close, which the generator wrappers call.
 
-#: Opens the span of one call of ``spec`` (with ``rec`` the active recorder;
-#: ``plain``: the span starts no trajectory; ``has_self``: a method):
-#: sets ``frame`` (None: not recorded), ``parent_sid``, the captured inputs
-#: ``a`` and ``k``, ``self_obj``, the context ``token`` and ``start``.
+#: Opens the span of one call of ``spec``: sets ``frame`` (None: not recorded), ``parent_sid``, the captured
+#: inputs ``a`` and ``k``, ``self_obj``, the context ``token`` and ``start``.
 _OPEN = """
 parent = _get()
 if plain and parent is not None and (parent[2] is None or parent[2].recording):
@@ -65,9 +58,7 @@ if frame is not None:
     start = _time_ns()
 """
 
-#: Closes it: restores the context, snapshots ``out`` (or the exception
-#: ``exc``) and appends the span's record, SpanRecord's fields in order as a
-#: plain tuple (the cheapest build; ``SpanRecord._make(record)`` names it).
+#: Closes it: restores the context, snapshots ``out`` (or ``exc``) and appends SpanRecord's fields as a tuple.
 _CLOSE = """
 if token is not None:
     _reset(token)
@@ -107,6 +98,57 @@ def wrap(fn, spec):
 
     return traced
 """
+
+#: A generator's span covers its whole iteration: first ``next`` to exhaustion, error or close.
+_GENERATOR = """
+def wrap(fn, spec):
+    @functools.wraps(fn)
+    {async_}def traced(*args, **kwargs):
+        rec = _recorder.ACTIVE
+        gen = fn(*args, **kwargs)
+        span = None if rec is None else _open_call(rec, spec, args, kwargs)
+        if span is None:
+            {passthrough}
+        run = _Yields(rec, span)
+        method, arg = gen.{send}, None
+        while True:
+            token = _set(run.frame)
+            try:
+                item = {await_}method(arg)
+            except {stop} as stop:
+                run.close(None, {value})
+                return {value}
+            except BaseException as exc:
+                run.close(exc)
+                raise
+            finally:
+                _reset(token)
+            try:
+                arg, method = (yield run.add(item)), gen.{send}
+            except GeneratorExit:
+                {await_}gen.{close}()
+                run.close(None)
+                raise
+            except BaseException as exc:
+                method, arg = gen.{throw}, exc
+
+    return traced
+"""
+
+#: What differs between the generator and the async generator wrapper: placeholder -> (generator, async generator).
+_GENERATOR_FORMS = {
+    "async_": ("", "async "),
+    "await_": ("", "await "),
+    "passthrough": (
+        "return (yield from gen)",
+        "async for item in gen:\n                yield item\n            return",
+    ),
+    "send": ("send", "asend"),
+    "stop": ("StopIteration", "StopAsyncIteration"),
+    "value": ("stop.value", ""),
+    "close": ("close", "aclose"),
+    "throw": ("throw", "athrow"),
+}
 
 _FUNCTIONS = """
 def _open_call(rec, spec, args, kwargs):
@@ -187,20 +229,12 @@ def rollout_trace_op(func: None = None, *, name: str | None = None, kind: str | 
 
 
 def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | None = None) -> Any:
-    """Record each call of the decorated function as a span.
+    """Record each call of the decorated function (sync, async, generator, method) as a span.
 
-    Works bare (``@rollout_trace_op``) or with options
-    (``@rollout_trace_op(name="generate", kind="llm")``), on sync and async
-    functions and methods; ``self``/``cls`` are not recorded. Inputs are
-    captured as they are at call time, outputs at return. Exceptions pass
-    through unchanged (the span records them); the tracer's own failures
-    never reach the caller.
-
-    Args:
-        func: The function (when used bare).
-        name: Span name; default the function's qualified name.
-        kind: ``"rollout"`` (a trajectory's root), ``"llm"``, ``"tool"``,
-            ``"reward"``, or None for a generic span.
+    Bare or with options (``@rollout_trace_op(name="generate", kind="llm")``); ``self``/``cls`` are not
+    recorded; inputs are captured at call time, outputs at return; exceptions pass through unchanged.
+    ``name`` defaults to the qualified name; ``kind``: ``"rollout"`` (a trajectory's root), ``"llm"``,
+    ``"tool"``, ``"reward"`` or None.
     """
     if kind is not None and kind not in S.KINDS:
         raise ValueError(f"rollout_trace_op: kind {kind!r} is not one of {', '.join(repr(k) for k in S.KINDS)} or None")
@@ -229,24 +263,12 @@ def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | N
 
 
 class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
-    """Set the trajectory attributes of everything recorded inside the block.
+    """Set the trajectory attributes of everything recorded inside the block (``with`` or ``async with``).
 
-    Mirrors verl's ``rollout_trace_attr``: a sync context manager that also
-    works as ``async with``. The block is one trajectory: a
-    ``kind="rollout"`` op called directly inside becomes its root span;
-    otherwise a root span named ``name`` covering the block is written when
-    anything was recorded in it.
-
-    Args:
-        sample_index: The prompt's id (int or str, e.g. a uuid).
-        step: Training step.
-        rollout_n: Index of this rollout in the prompt's group.
-        name: Name of the root span when no rollout op is the root.
-        validate: A validation rollout.
-        trace: False turns recording off inside the block.
-        **extra: More attributes, written on the trajectory's root span;
-            ``weight_version=`` is the policy version that generated it
-            (its staleness: ``tracer.integrations.staleness``).
+    The block is one trajectory: a ``kind="rollout"`` op called directly inside is its root span, else a root
+    named ``name`` is written when anything was recorded. ``trace=False`` turns recording off inside;
+    ``**extra`` goes on the root span (``weight_version=``: the policy version, see
+    ``tracer.integrations.staleness``).
     """
 
     __slots__ = (
@@ -273,8 +295,7 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
         trace: bool = True,
         **extra: Any,
     ) -> None:
-        # capture() never raises; the conversions below are guarded so that a
-        # value of the user's that misbehaves never reaches the user's code.
+        # Guarded conversions: a misbehaving value of the user's never reaches the user's code.
         self.sample_index = None if sample_index is None else as_text(sample_index)
         self.step = None if step is None else convert(int, step)
         self.rollout_n = None if rollout_n is None else convert(int, rollout_n)
@@ -336,6 +357,8 @@ MAX_YIELDED_RECORDED = 1000
 
 _trace_plain: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
 _trace_async: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
+_trace_generator: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
+_trace_async_generator: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
 #: Opens a span (see _OPEN): the open span, or None when the call is not recorded.
 _open_call: Callable[[_recorder.Recorder, OpSpec, tuple[Any, ...], dict[str, Any]], Span | None]
 #: Closes an open span (see _CLOSE); returns ``out``.
@@ -344,22 +367,14 @@ _close: Callable[[_recorder.Recorder, Span, BaseException | None, Any], Any]
 
 def _build() -> None:
     """Compile the opener and closer into the wrappers and into _open_call/_close."""
-    global _trace_plain, _trace_async, _open_call, _close
-    for name, (async_, await_) in (("plain", ("", "")), ("async", ("async ", "await "))):
-        source = _WRAPPER.format(
-            async_=async_,
-            await_=await_,
-            open=_indent(_OPEN, 8),
-            close=_indent(_CLOSE, 8),
-            close_on_error=_indent(_CLOSE, 12),
-        )
-        wrap = _compile(source, f"{name} wrapper")["wrap"]
-        if name == "plain":
-            _trace_plain = wrap
-        else:
-            _trace_async = wrap
+    global _trace_plain, _trace_async, _trace_generator, _trace_async_generator, _open_call, _close
+    blocks = {"open": _indent(_OPEN, 8), "close": _indent(_CLOSE, 8), "close_on_error": _indent(_CLOSE, 12)}
+    _trace_plain = _compile(_WRAPPER.format(async_="", await_="", **blocks), "plain wrapper")["wrap"]
+    _trace_async = _compile(_WRAPPER.format(async_="async ", await_="await ", **blocks), "async wrapper")["wrap"]
     functions = _compile(_FUNCTIONS.format(open=_indent(_OPEN, 4), close=_indent(_CLOSE, 4)), "span opener")
     _open_call, _close = functions["_open_call"], functions["_close"]
+    forms = [{key: pair[i] for key, pair in _GENERATOR_FORMS.items()} for i in (0, 1)]
+    _trace_generator, _trace_async_generator = (_compile(_GENERATOR.format(**f), "generator")["wrap"] for f in forms)
 
 
 class _Yields:
@@ -391,80 +406,6 @@ class _Yields:
         _close(self.rec, self.span, exc, out)
 
 
-def _trace_generator(fn: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
-    """A generator's span covers its whole iteration: first ``next`` to exhaustion, error or close."""
-
-    @functools.wraps(fn)
-    def traced_gen(*args: Any, **kwargs: Any) -> Any:
-        rec = _recorder.ACTIVE
-        gen = fn(*args, **kwargs)
-        span = None if rec is None else _open_call(rec, spec, args, kwargs)
-        if span is None:
-            return (yield from gen)
-        run = _Yields(rec, span)  # type: ignore[arg-type]
-        method, arg = gen.send, None
-        while True:
-            token = _set(run.frame)
-            try:
-                item = method(arg)
-            except StopIteration as stop:
-                run.close(None, stop.value)
-                return stop.value
-            except BaseException as exc:
-                run.close(exc)
-                raise
-            finally:
-                _reset(token)
-            try:
-                arg, method = (yield run.add(item)), gen.send
-            except GeneratorExit:
-                gen.close()
-                run.close(None)
-                raise
-            except BaseException as exc:
-                method, arg = gen.throw, exc
-
-    return traced_gen
-
-
-def _trace_async_generator(fn: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
-    """An async generator's span covers its whole iteration, as for generators."""
-
-    @functools.wraps(fn)
-    async def traced_agen(*args: Any, **kwargs: Any) -> Any:
-        rec = _recorder.ACTIVE
-        agen = fn(*args, **kwargs)
-        span = None if rec is None else _open_call(rec, spec, args, kwargs)
-        if span is None:
-            async for item in agen:
-                yield item
-            return
-        run = _Yields(rec, span)  # type: ignore[arg-type]
-        method, arg = agen.asend, None
-        while True:
-            token = _set(run.frame)
-            try:
-                item = await method(arg)
-            except StopAsyncIteration:
-                run.close(None)
-                return
-            except BaseException as exc:
-                run.close(exc)
-                raise
-            finally:
-                _reset(token)
-            try:
-                arg, method = (yield run.add(item)), agen.asend
-            except GeneratorExit:
-                await agen.aclose()
-                run.close(None)
-                raise
-            except BaseException as exc:
-                method, arg = agen.athrow, exc
-
-    return traced_agen
-
-
 def log_reward(
     reward: float,
     *,
@@ -476,14 +417,8 @@ def log_reward(
 ) -> None:
     """Attach a reward (and extras: advantage, ground truth, ...) to a trajectory.
 
-    Inside a trajectory (a ``rollout_trace_attr`` block or a rollout op) it
-    applies to that trajectory. Outside, ``step``, ``sample_index``,
-    ``rollout_n`` and ``validate`` name it, as a trainer computing rewards
-    after the rollout knows them; readers join such rewards to their
-    trajectory by those keys even when they come from another process.
-
-    Raises:
-        TypeError: ``reward`` is not a real number.
+    Inside a trajectory, to that one; outside, to the one ``step``, ``sample_index``, ``rollout_n`` and
+    ``validate`` name (readers join it by those keys, from any process). TypeError: not a real number.
     """
     value, why = _reward_value(reward)
     rec = _recorder.ACTIVE
@@ -502,13 +437,7 @@ def log_reward(
             attrs[ATTR_REPLACED] = {"reward": why}
             rec.account.replaced += 1
             rec.problems.report("value replaced", f"reward: {why}")
-        traj.spans += 1
-        now = _time_ns()
-        parent = traj.root_span_id or None
-        sid = next(rec.span_ids)
-        rec.append(
-            SpanRecord(sid, parent, traj.trace_id, REWARD_SPEC, traj, now, now, None, (value,), attrs, None, None)
-        )
+        append_instant(rec, traj, REWARD_SPEC, (value,), attrs)
     except ValueError:
         raise
     except Exception as exc:
@@ -518,13 +447,8 @@ def log_reward(
 def _reward_value(reward: Any) -> tuple[float, str | None]:
     """``reward`` as a float, and why the float is not its value (None when it is, NaN and infinities included).
 
-    An int, Decimal or Fraction beyond the float range is clamped to the
-    largest float of its sign; a value the conversion refuses (a signalling
-    NaN, a number type of the user's whose ``__float__`` raises or blocks) is
-    written as NaN. Either way the reason is written beside it.
-
-    Raises:
-        TypeError: ``reward`` is no real number (a bool, a complex, a string, ...).
+    Past the float range it is clamped to the largest float of its sign; a value the conversion refuses is NaN.
+    TypeError: no real number (a bool, a complex, a string, ...).
     """
     cls = type(reward)
     if cls is float:

@@ -1,10 +1,7 @@
-"""Background encoding: captured values -> JSON text, with token2text and truncation.
+"""Background encoding (writer thread only): captured values -> JSON text, with token2text and truncation.
 
-Runs on the writer thread only. :class:`Encoder` walks a record's inputs and
-outputs once, turning them into JSON-ready structures; token id fields found
-on the way are truncated to ``max_tokens`` and queued for decoding; the whole
-batch's token lists are decoded in one ``batch_decode`` call per tokenizer,
-and the texts are written in beside the ids before the JSON is produced.
+:class:`Encoder` walks each record once; token id fields are truncated to ``max_tokens`` and queued, then
+decoded per tokenizer in one batch, and the texts written beside the ids before the JSON is produced.
 """
 
 from __future__ import annotations
@@ -30,74 +27,49 @@ from tracer.summary import text_field_name, token_offsets_field_name, token_text
 #: Field names that hold token ids (verl's names plus common ones).
 DEFAULT_TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", "output_ids")
 
-#: Token fields of the prompt side: decoded whole only. Every other token field
-#: (the response side) also gets one text per token: where each token ends in
-#: the decoded text (``*_token_offsets``), or the texts themselves
-#: (``*_token_texts``) when they do not spell it (see tracer/record/pieces.py).
+#: Token fields of the prompt side: decoded whole only. Every other field also gets per-token texts
+#: (``*_token_offsets``, or ``*_token_texts`` when they do not spell the text; see tracer/record/pieces.py).
 PROMPT_TOKEN_FIELDS = frozenset({"prompt_ids", "input_ids"})
 
 #: Longest string kept for values the tracer does not know how to encode.
 MAX_REPR_CHARS = 2000
 
-#: Element types of lists copied to JSON as they are (orjson writes them all;
-#: ints beyond 64 bits fall back to the json module in to_json).
+#: Element types of lists copied to JSON as they are (ints beyond 64 bits: the json module in to_json).
 _FLAT_SCALARS = frozenset({int, str, bool, type(None)})
 _FLAT_NUMBERS = frozenset({int, bool, type(None)})
 _FLOATS = frozenset({float})
 
 _JSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
-#: Longest the writer waits for a user's ``__repr__``/``__str__`` (one that
-#: blocks would otherwise stall every later span; issue 12, item 3).
+#: Longest the writer waits for a user's ``__repr__``/``__str__``, seconds.
 USER_CALL_TIMEOUT_S = 2.0
-#: User calls that never returned; past this many, Python-level reprs are no
-#: longer called at all (each stuck one holds a thread).
+#: User calls that never returned past which Python-level reprs are no longer called (each holds a thread).
 MAX_STUCK_USER_CALLS = 4
 _stuck: list[threading.Thread] = []
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class DecodeJob:
     """One token id list waiting to be decoded into ``container[key]`` (and per token into ``pieces_key``)."""
 
-    __slots__ = ("ids", "container", "key", "tokenizer", "strings", "pieces_key", "record", "non_negative", "ends_key")
-
-    def __init__(
-        self,
-        ids: Sequence[int],
-        container: dict[str, Any],
-        key: str,
-        tokenizer: Any,
-        strings: list[str],
-        pieces_key: str | None = None,
-        record: int = 0,
-        non_negative: bool = False,
-        ends_key: str | None = None,
-    ) -> None:
-        self.ids = ids
-        self.container = container
-        self.key = key
-        self.tokenizer = tokenizer
-        #: The record's string list: the decoded text joins it (secret scan).
-        self.strings = strings
-        #: Where each token's own text goes (response-side fields only), or None.
-        self.pieces_key = pieces_key
-        #: Index of the job's record in the batch.
-        self.record = record
-        #: No id is negative (a negative index would wrap in the tables).
-        self.non_negative = non_negative
-        #: Where each token's end in the text goes (with ``pieces_key``).
-        self.ends_key = ends_key
+    ids: Sequence[int]
+    container: dict[str, Any]
+    key: str
+    tokenizer: Any
+    #: The record's string list: the decoded text joins it (secret scan).
+    strings: list[str]
+    #: Where each token's own text goes (response-side fields only), or None.
+    pieces_key: str | None = None
+    #: Index of the job's record in the batch.
+    record: int = 0
+    #: No id is negative (a negative index would wrap in the tables).
+    non_negative: bool = False
+    #: Where each token's end in the text goes (with ``pieces_key``).
+    ends_key: str | None = None
 
 
 class Encoder:
-    """Turns captured values into JSON-ready data, collecting token work.
-
-    Args:
-        token_fields: Names of fields holding token ids.
-        token2text: Queue decoding of token fields.
-        max_tokens: Cut token lists (and so their text) to this length.
-        store_full_token: Keep the id lists (False: text only).
-    """
+    """Turns captured values into JSON-ready data, queueing token work (``max_tokens`` cuts id lists)."""
 
     def __init__(
         self,
@@ -115,11 +87,9 @@ class Encoder:
         self.jobs: list[DecodeJob] = []
         #: Jobs whose per-token texts were written (see redact_pieces).
         self.piece_jobs: list[DecodeJob] = []
-        #: Per record (see begin_record): every string value and key that ends
-        #: up in its JSON, so the secret scan need not read the JSON text.
+        #: Per record: every string value and key in its JSON (the secret scan reads these, not the JSON).
         self.strings: list[list[str]] = []
-        #: Records holding text the encoder did not see as a string value
-        #: (reprs of unknown objects): their JSON is always scanned whole.
+        #: Records holding text not seen as a string value (reprs): their JSON is always scanned whole.
         self.opaque: set[int] = set()
         self._cur: list[str] = []
         #: Containers whose id lists are dropped after decoding.
@@ -127,22 +97,13 @@ class Encoder:
         #: Set while walking a captured value (see prepare_captured).
         self._captured = False
 
-    # -- structure -------------------------------------------------------
-
     def begin_record(self) -> None:
         """Start collecting the strings of the next record."""
         self._cur = []
         self.strings.append(self._cur)
 
     def prepare_captured(self, value: Any, tokenizer: Any, meta: dict[str, Any]) -> Any:
-        """:meth:`prepare` for a value :func:`tracer.record.capture.capture` returned.
-
-        Its exact tuples are id sequences checked at call time (see
-        ``capture``): they are taken as they are, with no second look at
-        their items. Values reached through something capture did not copy
-        (a numpy array's ``tolist()``, a dataclass's fields) are walked as
-        :meth:`prepare` walks them.
-        """
+        """:meth:`prepare` for a value ``capture`` returned: its exact tuples are taken as checked ids."""
         self._captured = True
         try:
             if type(value) is dict:  # a call's bound arguments, most outputs: what prepare() does for a dict
@@ -171,9 +132,7 @@ class Encoder:
         if cls is list or cls is tuple or isinstance(value, (list, tuple, set, frozenset)):
             if cls is tuple and self._captured:
                 return value  # checked ids (see prepare_captured); orjson writes a tuple as a list
-            # Flat lists of plain scalars (token ids, logprobs...) need no walk.
-            # Captured lists and tuples are already private copies: no need to
-            # copy again (orjson writes a tuple as a list).
+            # Flat lists of plain scalars (token ids, logprobs...) need no walk and no copy.
             if (cls is tuple or cls is list) and value and int_kind(value):
                 return value
             if _FLAT_NUMBERS.issuperset(map(type, value)):
@@ -207,8 +166,7 @@ class Encoder:
                 out[key] = REDACTED
                 continue
             vcls = type(v)
-            # The shapes of an llm span's values, without a call each
-            # (what prepare() returns for them as they are).
+            # An llm span's common value shapes, without a call each.
             if vcls is str:
                 cur.append(v)
                 out[key] = v
@@ -294,16 +252,8 @@ class Encoder:
             if not self.store_full_token:
                 self._drop_ids.append((out, key))
 
-    # -- tokens ------------------------------------------------------------
-
     def decode_pending(self) -> int:
-        """Decode every queued token list, batched per tokenizer; return errors.
-
-        Whole texts come from the tokenizer's table (:mod:`tracer.record.pieces`)
-        when it reproduces the tokenizer's decoding, else from one
-        ``batch_decode`` call per tokenizer; response-side lists also get
-        one text per token.
-        """
+        """Decode every queued token list per tokenizer (piece table where exact, else batch_decode); return errors."""
         errors = 0
         by_tok: dict[int, list[DecodeJob]] = {}
         for job in self.jobs:
@@ -356,12 +306,9 @@ class Encoder:
         return errors
 
     def redact_pieces(self, redactor: Redactor, flags: list[bool]) -> set[int]:
-        """Redact each decoded text once with its per-token texts (a secret split over tokens), where ``flags`` says.
+        """Redact each decoded text once with its per-token texts, where ``flags`` says.
 
-        Offsets are moved with the text (:meth:`Redactor.text_and_ends`);
-        pieces stored as strings are redacted as the one text they spell.
-        Returns the ids of the texts redacted with their offsets (for
-        :meth:`Redactor.value`'s ``done``).
+        Returns the ids of the texts redacted with their offsets (for :meth:`Redactor.value`'s ``done``).
         """
         done: set[int] = set()
         for job in self.piece_jobs:
@@ -384,8 +331,7 @@ class Encoder:
 #: Ints JSON readers take as they are (prepare() writes larger ones as text).
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
-#: Token field -> (where its text goes, where its per-token texts go or None, where their ends
-#: go or None); filled per field name the writer meets, so bounded by the configured token fields.
+#: Token field -> (its text's field, its per-token texts' field or None, their ends' field or None).
 _FIELD_NAMES: dict[str, tuple[str, str | None, str | None]] = {}
 
 
@@ -411,26 +357,21 @@ def _all_finite(values: Sequence[float]) -> bool:
 def _as_id_list(value: Any) -> tuple[Sequence[int] | None, int]:
     """``value`` as a flat sequence of ints if it is a token id sequence (a list or tuple as it is), and its :func:`int_kind`."""
     cls = type(value)
-    if cls is list or cls is tuple:
-        kind = int_kind(value)
-        return (value, kind) if kind != NOT_INTS else (None, NOT_INTS)
+    out = value
     if cls is array.array:
         out = value.tolist()
-        kind = int_kind(out)
-        return (out, kind) if kind != NOT_INTS else (None, NOT_INTS)
-    module = cls.__module__
-    if module == "numpy" or (module == "torch" and cls.__name__ == "Tensor"):
+    elif cls is not list and cls is not tuple:
+        module = cls.__module__
+        if module != "numpy" and (module != "torch" or cls.__name__ != "Tensor"):
+            return None, NOT_INTS
         try:
-            if getattr(value, "ndim", 1) != 1:
-                return None, NOT_INTS
-            out = value.tolist()
+            out = value.tolist() if getattr(value, "ndim", 1) == 1 else None
         except Exception:
             return None, NOT_INTS
-        if type(out) is list:
-            kind = int_kind(out)
-            if kind != NOT_INTS:
-                return out, kind
-    return None, NOT_INTS
+        if type(out) is not list:
+            return None, NOT_INTS
+    kind = int_kind(out)
+    return (out, kind) if kind != NOT_INTS else (None, NOT_INTS)
 
 
 def _is_python_level(cls: type, method: str) -> bool:
@@ -438,11 +379,7 @@ def _is_python_level(cls: type, method: str) -> bool:
 
 
 def call_user_code(fn: Callable[[Any], str], value: Any) -> str:
-    """``fn(value)`` on a helper thread, given up after :data:`USER_CALL_TIMEOUT_S`.
-
-    Raises:
-        TimeoutError: it did not return in time (or too many earlier ones never did).
-    """
+    """``fn(value)`` on a helper thread; TimeoutError past :data:`USER_CALL_TIMEOUT_S` (or too many stuck)."""
     _stuck[:] = [t for t in _stuck if t.is_alive()]
     if len(_stuck) >= MAX_STUCK_USER_CALLS:
         raise TimeoutError(f"{len(_stuck)} earlier calls never returned")

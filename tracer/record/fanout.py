@@ -13,11 +13,7 @@ if TYPE_CHECKING:
 
 
 class Fanout:
-    """The live drivers of one recorder (one per backend).
-
-    Args:
-        problems: Where a driver's failure is counted (it never reaches the recorder).
-    """
+    """The live drivers of one recorder (one per backend); a driver's failure is counted in ``problems``."""
 
     def __init__(self, problems: ProblemLog) -> None:
         self.drivers: list[Driver] = []

@@ -1,26 +1,10 @@
 """Process exit hooks: make the files durable and drain live exporters before the process goes.
 
-``atexit`` does not run when a process is ended by SIGTERM (how Ray,
-Kubernetes and Slurm stop jobs), SIGHUP, or by Ray tearing down its workers
-at ``ray.shutdown()`` (measured: /work/shared/FACTS.md, 2026-12-01). So
-:func:`install` also hooks SIGTERM, SIGINT and SIGHUP, chaining to whatever
-handler the application (or Ray) had installed, and wraps ``ray.shutdown``
-and ``ray.actor.exit_actor`` when Ray is already imported (this module never
-imports Ray itself).
-
-Every hook calls the same ``drain(timeout)`` and waits for it at most
-``timeout`` seconds, on a helper thread: a signal can arrive while the
-interrupted thread holds one of the recorder's locks, so the signal handler
-never does the work itself and can never deadlock; past the bound the
-process goes on exiting and what was not shipped live is caught up from the
-files by the next ``rollout-trace export``. ``os._exit`` and SIGKILL cannot be
-hooked: they lose what was recorded in about the last flush interval (at most
-one interval plus one write cycle: RELIABILITY.md). Neither can a Ray job's
-``ray.shutdown()`` as seen from its actors: it ends them from outside, with no
-signal, ``atexit`` or ``__ray_shutdown__`` run in them (Ray 2.60), so there the
-files and the next export are what keeps the trajectories
-(``tests/tracer/integrations/test_verl_ray.py``); the wrapper here drains only
-the process that calls ``ray.shutdown()``.
+``atexit`` does not run on SIGTERM, SIGHUP or Ray's teardown, so :func:`install` also hooks SIGTERM, SIGINT
+and SIGHUP (chaining to the handlers already there) and wraps ``ray.shutdown`` and ``ray.actor.exit_actor``
+when Ray is imported. Each hook runs ``drain(timeout)`` on a helper thread and waits at most ``timeout``
+(a signal may interrupt a holder of the recorder's locks). ``os._exit``, SIGKILL and actors that Ray ends
+from outside cannot be hooked: the files and the next ``rollout-trace export`` keep what they recorded.
 """
 
 from __future__ import annotations
@@ -49,14 +33,9 @@ _previous: dict[int, Any] = {}
 
 
 def install(drain: Callable[[float], object], timeout_s: float) -> None:
-    """Run ``drain(timeout_s)`` when this process is told to stop; chain to the hooks already there.
+    """Run ``drain(timeout_s)`` (which must honour its timeout) when this process is told to stop.
 
-    Calling it again replaces ``drain`` and the bound (one recorder per
-    process); the signal handlers and Ray wrappers are installed once.
-
-    Args:
-        drain: Makes everything recorded durable and ships it live; must honour its timeout.
-        timeout_s: The longest a stop waits for ``drain``.
+    Calling it again replaces ``drain`` and the bound; the signal handlers and Ray wrappers are installed once.
     """
     global _drain, _timeout_s
     with _lock:
@@ -79,11 +58,7 @@ def uninstall() -> None:
 
 
 def drain_now(reason: str) -> bool:
-    """Run the installed drain with the configured bound; True when it finished in time.
-
-    Never raises: a drain that fails or hangs is logged, and the caller
-    (an exit path) goes on.
-    """
+    """Run the installed drain with the configured bound; True when it finished in time; never raises."""
     with _lock:
         drain, timeout = _drain, _timeout_s
     if drain is None:
@@ -159,11 +134,7 @@ def _wrap_ray() -> None:
     ray: Any = sys.modules.get("ray")
     if ray is None:
         return
-    shutdown = getattr(ray, "shutdown", None)
-    if callable(shutdown) and not getattr(shutdown, _MARK, False):
-        ray.shutdown = _draining(shutdown, "ray.shutdown()")
-    actor = sys.modules.get("ray.actor")
-    exit_actor = getattr(actor, "exit_actor", None)
-    if callable(exit_actor) and not getattr(exit_actor, _MARK, False):
-        wrapped = _draining(exit_actor, "ray.actor.exit_actor()")
-        actor.exit_actor = wrapped  # type: ignore[union-attr]
+    for module, label, name in ((ray, "ray", "shutdown"), (sys.modules.get("ray.actor"), "ray.actor", "exit_actor")):
+        fn = getattr(module, name, None)
+        if callable(fn) and not getattr(fn, _MARK, False):
+            setattr(module, name, _draining(fn, f"{label}.{name}()"))

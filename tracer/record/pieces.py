@@ -1,22 +1,10 @@
-"""Per-token text for token2text: a table from token id to its bytes, built once per tokenizer.
+"""Per-token text for token2text: a table from token id to its text and bytes, built once per tokenizer.
 
-The writer decodes whole sequences (``*_text``) and, for the response side,
-each token's own text (``*_token_texts``). Decoding every token through the
-tokenizer would cost a call per token; instead :class:`PieceTable` holds each
-id's text (and, for byte-level BPE, its exact bytes), so a sequence's pieces
-are a list lookup and its text a join of bytes decoded once (FACTS.md: ~27 M
-tokens/s against ~11.6 M for ``decode_batch``).
-
-Rendering (documented in ``docs/format.md``): a token's text is what the
-tokenizer decodes for that id alone; for a byte-level BPE, a character whose
-UTF-8 bytes are split across tokens shows in the token that holds its last
-byte, the tokens before it show ``""``, and bytes that never form a character
-show as U+FFFD. Joined, the pieces of a byte-level sequence are its decoded text.
-
-Layout: when the pieces join to the decoded text, a span stores only where
-each token ends in that text (``*_token_offsets``, :func:`token_ends`), so no
-string per token is built or written; otherwise it stores the pieces
-themselves (``*_token_texts``). :func:`token_texts_of` reads either back.
+A sequence's pieces are a list lookup and its text a join of bytes decoded once (~27 M tokens/s against
+~11.6 M for ``decode_batch``). Rendering is documented in ``docs/format.md``: a character split over
+byte-level tokens shows in the token holding its last byte, the ones before show ``""``. A span stores
+each token's end in the text (``*_token_offsets``) when the pieces spell it, else the pieces
+(``*_token_texts``); :func:`token_texts_of` reads either back.
 """
 
 from __future__ import annotations
@@ -34,8 +22,7 @@ if TYPE_CHECKING:
 
 #: Largest vocabulary built eagerly into a table (ids past it are decoded on demand).
 MAX_TABLE_IDS = 1 << 20
-#: Sequences at least this long are decoded by one numpy gather of the table's bytes (3x a join of
-#: 2,048 ids' bytes, bench/bench_tokens.py); shorter ones by the join.
+#: Sequences at least this long are decoded by one numpy gather of the table's bytes (3x a join at 2,048 ids).
 NUMPY_DECODE_IDS = 256
 #: Random sequences decoded both ways to check the table reproduces the tokenizer's text.
 CHECK_SEQUENCES = 32
@@ -64,13 +51,7 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def batch_decode(tokenizer: Any, sequences: list[list[int]]) -> list[str]:
-    """Decode many id lists with whatever decode API ``tokenizer`` has.
-
-    A transformers fast tokenizer that does no clean-up of spaces decodes
-    exactly as its Rust backend does; the backend's ``decode_batch`` skips
-    transformers' per-sequence Python work (4x faster, measured in
-    bench/bench_write.py).
-    """
+    """Decode many id lists with whatever decode API ``tokenizer`` has (a fast one's Rust backend when exact)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return list(backend.decode_batch(sequences, skip_special_tokens=False))
@@ -94,12 +75,7 @@ def _backend(tokenizer: Any) -> Any:
 
 
 class PieceTable:
-    """Each token id's text (and bytes, for byte-level BPE) for one tokenizer.
-
-    Args:
-        tokenizer: Anything :func:`batch_decode` accepts. The table keeps no
-            reference to it (the cache is keyed by it weakly).
-    """
+    """Each token id's text (and bytes, for byte-level BPE) for one tokenizer (no reference to it is kept)."""
 
     def __init__(self, tokenizer: Any) -> None:
         #: id -> text of that token alone; None where it is part of a character (byte-level).
@@ -170,14 +146,9 @@ class PieceTable:
             return False
 
     def decode(self, ids: Sequence[int], checked: bool = False) -> str:
-        """The whole sequence's text from the byte table (only when :attr:`exact_text`).
+        """The whole sequence's text from the byte table (only when :attr:`exact_text`); IndexError outside it.
 
-        Args:
-            ids: Token ids.
-            checked: The caller knows no id is negative (skips the check).
-
-        Raises:
-            IndexError: an id outside the table.
+        ``checked``: the caller knows no id is negative (skips the check).
         """
         if not checked and ids and min(ids) < 0:
             raise IndexError(f"negative token id {min(ids)}")
@@ -219,18 +190,7 @@ class PieceTable:
         return out  # type: ignore[return-value]
 
     def ends(self, ids: Sequence[int], tokenizer: Any, text: str, checked: bool = False) -> np.ndarray | None:
-        """Where each token of ``ids`` ends in ``text`` (characters), or None when its pieces do not spell ``text``.
-
-        With an exact byte table and ids whose texts are whole characters
-        this is one array lookup and a cumulative sum; otherwise the pieces
-        are built (:meth:`pieces`) and compared with ``text``.
-
-        Args:
-            ids: Token ids.
-            tokenizer: The tokenizer the table was built from.
-            text: The sequence's decoded text.
-            checked: The caller knows no id is negative.
-        """
+        """Where each token of ``ids`` ends in ``text`` (characters), or None when its pieces do not spell ``text``."""
         import numpy as np
 
         n = len(ids)
@@ -269,13 +229,7 @@ class PieceTable:
 
 
 def _split_characters(table: list[bytes], ids: Sequence[int], out: list[str | None]) -> list[str]:
-    """Fill the byte-level pieces ``out`` lacks (None): each split character goes to its last byte's token.
-
-    Only the stretches around tokens that are not whole characters go
-    through an incremental UTF-8 decoder; it starts clean at each stretch
-    (the tokens before it were whole characters) and stops once it holds no
-    pending bytes and the next token is whole again.
-    """
+    """Fill the byte-level pieces ``out`` lacks (None): each split character goes to its last byte's token."""
     n = len(table)
     total = len(ids)
     k = 0
@@ -332,14 +286,7 @@ def split_text(text: str, ends: Sequence[int]) -> list[str] | None:
 
 
 def token_texts_of(outputs: Any, texts_key: str, ends_key: str, text: Any) -> list[str] | None:
-    """One text per token as a span stores them: the pieces (``texts_key``) or ``text`` cut at ``ends_key``.
-
-    Args:
-        outputs: The mapping holding the fields (a span's outputs).
-        texts_key: Where the pieces are, when stored as strings.
-        ends_key: Where each token's end in ``text`` is, when stored as offsets.
-        text: The decoded text the offsets refer to.
-    """
+    """One text per token as a span's ``outputs`` store them: the pieces or ``text`` cut at ``ends_key``."""
     texts = outputs.get(texts_key)
     if isinstance(texts, list) and all(type(x) is str for x in texts):
         return texts

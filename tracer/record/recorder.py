@@ -1,15 +1,8 @@
-"""The process's recorder: the buffer decorators append to, and the writer thread.
+"""The process's recorder (``ACTIVE``, set by :func:`tracer.init`): the buffer decorators append to, and the writer.
 
-``ACTIVE`` is the one configured recorder of this process (None when tracing
-is off); :func:`tracer.init` replaces it. Decorators append one tuple per
-finished span to :attr:`Recorder.buffer` and return; the writer thread drains
-the buffer every ``flush_interval_s`` (sooner when it fills or on
-:func:`tracer.flush`), passes it through the sampling gate
-(:mod:`tracer.record.sampling_gate`), encodes it (:mod:`tracer.record.span_encoder`),
-and writes a zstd Arrow batch with ``fsync``, then feeds the live exporters
-(:mod:`tracer.record.fanout`). Counts and problems live in one
-:class:`~tracer.record.accounting.Accounting`; trajectories and their ids in
-:class:`~tracer.record.trajectories.Trajectories`.
+The writer thread drains the buffer every ``flush_interval_s`` (sooner when it fills or on :func:`tracer.flush`)
+through the sampling gate and the span encoder, writes a zstd Arrow batch with ``fsync``, then feeds the live
+exporters (:mod:`tracer.record.fanout`).
 """
 
 from __future__ import annotations
@@ -34,7 +27,7 @@ from tracer import schema as S
 from tracer.config import ENV_STRICT, TraceConfig
 from tracer.index.closed import shard_closed
 from tracer.record import lifecycle
-from tracer.record.accounting import Accounting, Marks
+from tracer.record.accounting import Accounting
 from tracer.record.accounting import FlushResult as FlushResult
 from tracer.record.fanout import Fanout
 from tracer.record.redact import Redactor
@@ -54,9 +47,7 @@ ACTIVE: Recorder | None = None
 
 #: Rows per Arrow batch written.
 BATCH_ROWS = 8192
-#: How long a recording call in ``on_buffer_full="block"`` mode waits for a
-#: writer that makes no progress at all before it drops the span (and counts
-#: it): the rollout never hangs on the tracer's own stall.
+#: Seconds a call in ``on_buffer_full="block"`` mode waits for a writer making no progress before it drops the span.
 MAX_STALL_WAIT_S = 10.0
 
 
@@ -67,13 +58,11 @@ class Recorder:
         self.config = config
         self.buffer: collections.deque[tuple[Any, ...]] = collections.deque()
         self.limit = config.max_buffered_spans
-        #: Below this many buffered spans, decorators append directly; at or
-        #: above it they go through append() (wake the writer, enforce limit).
+        #: Below this many buffered spans decorators append directly; from it on, through append().
         self.fast_limit = min(BATCH_ROWS, self.limit)
         self.block_when_full = config.on_buffer_full == "block"
         self.strict = os.environ.get(ENV_STRICT, "") not in ("", "0")
-        # A re-init in the same process keeps one id space, so spans opened under
-        # the old recorder and finished under this one keep their links.
+        # A re-init keeps one id space: spans opened under the old recorder keep their links.
         self.span_ids: itertools.count[int] = itertools.count(1)
         self.trace_ids: itertools.count[int] = itertools.count(1)
         self.span_prefix, self.trace_prefix = secrets.token_hex(4), secrets.token_hex(8)
@@ -81,18 +70,10 @@ class Recorder:
             self.span_ids, self.trace_ids = ids_from.span_ids, ids_from.trace_ids
             self.span_prefix, self.trace_prefix = ids_from.span_prefix, ids_from.trace_prefix
         c = config
-        self.sampler = (
-            StepSampler(
-                c.max_samples_per_step_per_worker,
-                c.seed,
-                c.flush_interval_s,
-                c.sample_strategy,
-                c.sample_by,
-                c.sample_candidates_per_step,
-            )
-            if c.max_samples_per_step_per_worker
-            else None
-        )
+        n = c.max_samples_per_step_per_worker
+        sampling = (c.seed, c.flush_interval_s, c.sample_strategy, c.sample_by, c.sample_candidates_per_step)
+        self.sampler = StepSampler(n, *sampling) if n else None
+
         self.gate = SamplingGate(self.sampler) if self.sampler is not None else None
         self.account = Accounting()
         self.problems = self.account.problems
@@ -105,9 +86,7 @@ class Recorder:
         self.end_trajectory = self.trajectories.end_trajectory
         self.find_trajectory = self.trajectories.find_trajectory
         self._wake = threading.Event()
-        # Event.set takes a lock that is not reentrant: a signal handler that
-        # interrupted a set() and calls set() again would deadlock. Setters
-        # take this guard without blocking; whoever holds it is setting anyway.
+        # Event.set's lock is not reentrant (a signal handler inside set() would deadlock): setters try this first.
         self._wake_guard = threading.Lock()
         # Reentrant: a signal handler that records runs on the thread it interrupts.
         self._cond = threading.Condition(threading.RLock())
@@ -156,12 +135,7 @@ class Recorder:
             self.account.dropped += 1
 
     def _make_room(self) -> bool:
-        """The buffer is full: wait for the writer (block mode) or give up (drop).
-
-        The wait is bounded by the writer's progress: when it finishes no
-        cycle for :data:`MAX_STALL_WAIT_S` (stuck in a user's ``__repr__``, a
-        hung file system), the span is dropped and counted instead.
-        """
+        """The buffer is full: wait for the writer (block mode, while it progresses within MAX_STALL_WAIT_S) or drop."""
         if not self.block_when_full or self._stopping or getattr(CALLER, "busy", False):
             return False
         self._start_thread()
@@ -278,7 +252,7 @@ class Recorder:
     def flush(self, timeout: float | None = 30.0) -> FlushResult:
         """Wait until everything recorded before this call is durable."""
         if self._thread is None and not self.buffer and not (self.gate is not None and self.gate.held):
-            return self.result(True)
+            return self.account.result(True)
         self._start_thread()
         with self._cond:
             self._flush_requested += 1
@@ -292,7 +266,7 @@ class Recorder:
                     break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    return self.result(False, f"flush timed out after {timeout} s; the writer is still busy")
+                    return self.account.result(False, f"flush timed out after {timeout} s; the writer is still busy")
                 self._cond.wait(timeout=0.1 if left is None else min(left, 0.1))
         # What each live backend failed to take, all within the same deadline.
         exported = self.fanout.flush(None if deadline is None else deadline - time.monotonic())
@@ -300,27 +274,10 @@ class Recorder:
         if self.strict and first is not None:
             self.problems.first_exception = None
             raise first
-        return self.result(self._flush_done >= target and not exported, "; ".join(exported))
-
-    def result(self, done: bool, message: str = "") -> FlushResult:
-        """The flush result (see :meth:`Accounting.result <tracer.record.accounting.Accounting.result>`)."""
-        return self.account.result(done, message)
-
-    def marks(self) -> Marks:
-        """What the last result had reported (pass to :meth:`adopt`)."""
-        return self.account.marks()
-
-    def adopt(self, old: Recorder, marks: Marks | None = None) -> None:
-        """Take over the counts of ``old``, which this recorder replaces (see :meth:`Accounting.adopt`)."""
-        self.account.adopt(old.account, marks)
+        return self.account.result(self._flush_done >= target and not exported, "; ".join(exported))
 
     def shutdown(self, timeout: float | None = 30.0) -> FlushResult:
-        """Flush, stop the writer thread, close the file.
-
-        Spans that finish later (calls in flight during a re-init) go to the
-        recorder active then, with their ids; with none active they are
-        counted as dropped.
-        """
+        """Flush, stop the writer, close the file; later spans go to the recorder active then (or are dropped)."""
         deadline = None if timeout is None else time.monotonic() + timeout  # one bound for every stage
         result = self.flush(timeout)
         self.fast_limit = 0  # every later span takes append(), which sees `closed`
@@ -339,7 +296,7 @@ class Recorder:
         buf = self.buffer
         while buf:  # appended after the writer's last cycle
             self._forward(buf.popleft())
-        late = self.result(True)
+        late = self.account.result(True)
         if not late.ok or late.message:
             message = "; ".join(m for m in (result.message, late.message) if m)
             result = dataclasses.replace(late, ok=result.ok and late.ok, message=message)
@@ -380,10 +337,8 @@ def _open_writer(rec: Recorder) -> SpanWriter:
 
 
 def set_active(rec: Recorder | None) -> FlushResult | None:
-    """Install ``rec`` as this process's recorder, shutting the previous one down.
+    """Install ``rec`` as this process's recorder, taking over the previous one's counts and late spans.
 
-    ``rec`` takes over the previous recorder's counts, and spans it writes
-    after the switch, so its next flush reports what the old one lost.
     Returns the previous recorder's shutdown result (None without one).
     """
     global ACTIVE
@@ -393,25 +348,21 @@ def set_active(rec: Recorder | None) -> FlushResult | None:
         lifecycle.install(_drain_active, rec.config.shutdown_timeout_s)
     if old is None or old is rec:
         return None
-    marks = old.marks()
+    marks = old.account.marks()
     result = old.shutdown()
     if rec is not None:
-        rec.adopt(old, marks)
+        rec.account.adopt(old.account, marks)
+
     return result
 
 
 _FORK_HELD: list[Recorder] = []
-# Imported now, not by the writer's first batch (pandas imports it) during a
-# fork's wait below: its fork hooks would be registered between "before"
-# and "after" and its after-hook would release a lock it never took.
+# Imported now: imported during a fork's wait, its after-fork hook would release a lock it never took.
 import concurrent.futures.thread  # noqa: E402,F401
 
 
 def _before_fork() -> None:
-    # A fork while the writer thread holds a lock (an import: its first batch
-    # imports pandas through pa.array; a tokenizer load) leaves that lock held
-    # forever in the child, whose own writer then hangs and loses every span.
-    # Wait (bounded) for the writer to finish its cycle.
+    # A lock the writer holds at fork() stays held forever in the child: wait (bounded) for its cycle to end.
     rec = ACTIVE
     if rec is not None and rec._fork_lock.acquire(timeout=30.0):
         _FORK_HELD.append(rec)
@@ -423,16 +374,12 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The writer thread does not survive fork(); give the child a recorder
-    # of its own (own file name, own ids). Spans buffered in the parent stay
-    # the parent's.
+    # The writer thread does not survive fork(): the child gets a recorder (file, ids) of its own.
     global ACTIVE
     _after_fork_in_parent()
     if ACTIVE is not None:
         ACTIVE = Recorder(ACTIVE.config)  # fresh ids: the parent's continue in the parent
-        # A multiprocessing child ends with os._exit(), which skips atexit:
-        # flush through multiprocessing's own exit hook instead. Its registry
-        # is cleared after this hook runs, so register from its after-fork list.
+        # A multiprocessing child skips atexit: flush through its exit hook, registered after its registry clears.
         mp_util = sys.modules.get("multiprocessing.util")
         if mp_util is not None:
             mp_util.register_after_fork(ACTIVE, _flush_at_multiprocessing_exit)
@@ -444,8 +391,7 @@ def _flush_at_multiprocessing_exit(rec: Recorder) -> None:
 
 
 def _shutdown_at_exit(rec: Recorder) -> None:
-    # The uploading writer's exit hook: flush and close the recorder that owns it,
-    # and make sure the module's own exit hook does not do it a second time.
+    # The uploading writer's exit hook: shut its recorder down once (the module's exit hook then skips it).
     global ACTIVE
     if ACTIVE is not rec:
         rec.writer.close()  # shut down already (or replaced): upload what is left
@@ -455,8 +401,8 @@ def _shutdown_at_exit(rec: Recorder) -> None:
 
 
 def _drain_active(timeout: float) -> None:
-    # lifecycle's stop hooks: the files durable and live exporters drained; the
-    # recorder stays open (a SIGINT the application catches goes on recording).
+    # lifecycle's stop hooks: flush only (a SIGINT the application catches goes on recording).
+
     rec = ACTIVE
     if rec is not None:
         rec.flush(timeout)

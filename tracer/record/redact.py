@@ -1,33 +1,12 @@
-"""Secret redaction: API keys and tokens never reach the files or a backend.
+"""Secret redaction on the writer thread, by one :class:`Redactor` shared by recorder, importers and exporters.
 
-Three rules, applied on the writer thread before anything is written, by one
-:class:`Redactor` that the recorder, importers (:meth:`Redactor.batch`) and
-exporters' payloads (:meth:`Redactor.value`, :meth:`Redactor.text`) share:
-
-- **By name.** A mapping key that names a secret (``api_key``, ``*_TOKEN``,
-  ``*_SECRET``, ``password``, ``pass``, ``auth``, ``secrets``,
-  ``Authorization``, ``SecretAccessKey``, ``Cookie``, ``session_id``, ...) has
-  its value replaced by ``"<redacted>"``, in inputs, outputs, attributes and
-  the recorded config.
-- **By name, written as text.** The same key names written with their value
-  inside any string (:func:`redact_key_values`): JSON, also nested in a JSON
-  string (an OpenAI tool call's ``arguments``), reprs
-  (``Client(api_key='...')``, ``{'password': ...}`` in an exception message),
-  ``auth=('user', 'pw')``, headers, YAML lines, URLs and command lines.
-- **By shape and by value.** Strings that look like a credential (``sk-...``
-  OpenAI-style keys, ``hf_...`` Hugging Face tokens, GitHub and AWS keys,
-  ``Bearer ...`` and ``Basic ...`` headers, ``user:password@`` in URLs), the
-  values of environment variables present when the recorder started that are
-  secrets by name (``WANDB_API_KEY``, ``DB_PASS``, ``SESSION_COOKIE``, ...) or
-  by shape (long random-looking values, whatever the name), and any extra
-  patterns the config names are replaced wherever they appear: span names,
-  sample ids, inputs, outputs, attributes, error messages and tracebacks.
-
-Every string is redacted as the final text it is (a JSON string's content, a
-repr, a message), before JSON encoding, so a secret holding a quote,
-backslash or tab is found as it is; key-value forms are also found in their
-escaped form (JSON text inside JSON text). A text holding none of the
-triggers (:class:`TriggerScan`, :func:`key_values`) is not searched further.
+Three rules, each replacing with ``"<redacted>"``: the value of a mapping key that names a secret
+(``api_key``, ``*_TOKEN``, ``Authorization``, ...); the same keys written with a value inside any text
+(JSON, nested JSON, reprs, headers, YAML, URLs, command lines: :func:`redact_key_values`); and credential
+shapes (``sk-...``, ``hf_...``, GitHub/AWS keys, ``Bearer``/``Basic`` headers, ``user:password@``), the
+values of secret environment variables and the config's extra patterns, wherever they appear. Strings are
+redacted as the final text they are, before JSON encoding; a text holding none of the triggers
+(:class:`TriggerScan`, :func:`key_values`) is not searched further.
 """
 
 from __future__ import annotations
@@ -47,41 +26,15 @@ REDACTED = "<redacted>"
 
 #: Endings of a mapping key (lower-cased, ``_``/``-``/``.``/spaces removed) that name a secret.
 SECRET_KEY_ENDINGS = (
-    "apikey",
-    "token",
-    "secret",
-    "secretkey",
-    "password",
-    "passwd",
-    "passphrase",
-    "pwd",
-    "authorization",
-    "credential",
-    "credentials",
-    "privatekey",
-    "accesskey",
-    "accesskeyid",
-    "accountkey",
-    "masterkey",
-    "signingkey",
-    "encryptionkey",
-    "clientkey",
-    "cookie",
-    "cookies",
-    "sessionid",
-    "sessionkey",
-    "connectionstring",
-    "sastoken",
-    "sig",
-    "signature",
-    "auth",
-    "secrets",
-    "passwords",
-)
+    "apikey", "token", "secret", "secretkey", "password", "passwd", "passphrase", "pwd", "authorization",
+    "credential", "credentials", "privatekey", "accesskey", "accesskeyid", "accountkey", "masterkey", "signingkey",
+    "encryptionkey", "clientkey", "cookie", "cookies", "sessionid", "sessionkey", "connectionstring", "sastoken",
+    "sig", "signature", "auth", "secrets", "passwords"
+)  # fmt: skip
 _KEY_STRIP = re.compile(r"[\s_.\-]+")
 _KEY_ENDING = re.compile("(?:" + "|".join(SECRET_KEY_ENDINGS) + ")$")
 
-#: Kept for callers of the old name: a key matching this is a secret (see :func:`is_secret_key`).
+#: A key matching this is a secret (one of the rules of :func:`is_secret_key`).
 SECRET_KEY_PATTERN = re.compile(
     r"(?i)^(.*[_-])?(api[_-]?key|apikey|token|access[_-]?token|secret|secret[_-]?key|password|passwd|"
     r"authorization|auth[_-]?token|private[_-]?key|credentials?)$"
@@ -103,11 +56,9 @@ SECRET_CONTEXT_PATTERNS = (
     r"([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@:\"'<>]*:[^\s/@\"'<>]+(?=@)",
 )
 
-#: How every key name :func:`is_secret_key` accepts ends, as written in a text (lower-cased), by the
-#: word it starts with. A key written with its value in a text (``"api_key": "..."``,
-#: ``api_key='...'``, ``token=...``, ``Authorization: ...``) is found at an occurrence of one of these
-#: words (one C search of the text each), followed by the rest of its ending, a closing quote (escaped
-#: or not, in JSON nested in a JSON string), at most one space, and ``:`` or ``=``.
+#: How every key name :func:`is_secret_key` accepts ends, as written in a text (lower-cased), by the word it
+#: starts with: a key with its value is found at each occurrence of the word, then the rest of its ending, a
+#: closing quote (escaped or not), at most one space, and ``:`` or ``=``.
 KEY_TAILS = {
     "key": ("key", "keyid", "key_id", "key-id"),
     "token": ("token",),
@@ -130,8 +81,7 @@ _KEY_VALUE = {
 }
 #: Characters of a key name written in a text (scanned back from its tail).
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
-#: Words that are key names in a mapping but ordinary words in prose (``each token: ...``): written
-#: unquoted before ``:``, they are not taken as a key.
+#: Key names that are ordinary words in prose (``each token: ...``): unquoted before ``:``, not taken as a key.
 _PROSE_KEYS = frozenset({"token", "sig", "signature"})
 #: An unquoted value: an optional auth scheme (``Bearer``), then up to a space, quote, bracket or separator.
 _BARE_VALUE = re.compile(r"(?ai:(?:bearer|basic|token|digest|negotiate)[ \t]+)?[^\s,;&\"'<>(){}\[\]]+")
@@ -141,55 +91,26 @@ _LINE_VALUE = re.compile(r"[^\r\n,;}\]]*[^\s,;}\]]")
 _EMPTY_VALUES = frozenset({"none", "null", "true", "false", "nil", "undefined"})
 _CLOSE = {"(": ")", "[": "]", "{": "}"}
 
-#: Substrings every match of the OpenAI/Anthropic and AWS patterns above contains (see :data:`FOLDED_TRIGGERS`).
+#: Substrings every match of the OpenAI/Anthropic and AWS patterns above contains.
 TRIGGERS = ("sk-", "AKIA")
-#: What every match of the Hugging Face and GitHub token patterns contains: an underscore and 20
-#: letters or digits after it. One regex search (~0.4 ns a character) instead of searching for
-#: ``hf_``, ``ghp_`` and the others at each of the text's underscores (common in code and tool calls).
+#: What every Hugging Face and GitHub token match contains (one regex search, not one per ``_``).
 TOKEN_TAIL = re.compile(r"_[A-Za-z0-9]{20}")
-#: A ``scheme://user:password@host`` match is followed by this character, and holds :data:`URL_TRIGGER`:
-#: ``@`` is rare in prose and found by one C ``memchr``; ``://`` (common: every URL) is searched only then.
+#: A ``scheme://user:password@host`` match is followed by the first and holds the second (searched only then).
 URL_GATE, URL_TRIGGER = "@", "://"
-#: Substrings every match of the patterns that take any ASCII letter case (``(?ai:...)``) contains once
-#: lower-cased: they are searched for in the lower-cased text. A string holding none of these, none of
-#: :data:`TRIGGERS`, no :data:`TOKEN_TAIL` and not both :data:`URL_GATE` and :data:`URL_TRIGGER` cannot
-#: match a built-in pattern and is not searched unless :func:`key_values` finds a key written with a
-#: value (``tests/tracer/record/test_redact_scan.py`` holds it to that, for every letter case).
+#: What every match of the any-case patterns contains, lower-cased. A string holding none of these triggers
+#: cannot match a built-in pattern (``tests/tracer/record/test_redact_scan.py`` holds it to that).
 FOLDED_TRIGGERS = ("earer", "asic")
 
 #: Parts of an environment variable name (split at ``_``) that make its value a secret.
-SECRET_ENV_PARTS = frozenset(
-    {
-        "KEY",
-        "APIKEY",
-        "TOKEN",
-        "SECRET",
-        "SECRETS",
-        "PASSWORD",
-        "PASSWD",
-        "PASS",
-        "PWD",
-        "PASSPHRASE",
-        "CREDENTIAL",
-        "CREDENTIALS",
-        "CRED",
-        "CREDS",
-        "AUTH",
-        "COOKIE",
-        "SESSION",
-        "PRIVATE",
-        "SIGNATURE",
-        "SIG",
-        "SK",
-        "DSN",
-        "WEBHOOK",
-        "CONNECTION",
-    }
-)
+SECRET_ENV_PARTS = frozenset({
+    "KEY", "APIKEY", "TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASS", "PWD", "PASSPHRASE", "CREDENTIAL",
+    "CREDENTIALS", "CRED", "CREDS", "AUTH", "COOKIE", "SESSION", "PRIVATE", "SIGNATURE", "SIG", "SK", "DSN",
+    "WEBHOOK", "CONNECTION"
+})  # fmt: skip
 #: Environment names that look secret by the rule above but hold ordinary values.
 NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD", "SSH_AUTH_SOCK", "KEYTIMEOUT"})
 
-#: Kept for callers of the old name: environment variable names ending like a secret.
+#: Environment variable names ending like a secret.
 SECRET_ENV_PATTERN = re.compile(r"(?i)(api_?key|token|secret|password|passwd|credentials?)$")
 
 #: Shortest environment value treated as a secret (shorter ones match too much).
@@ -208,11 +129,7 @@ def is_secret_env_name(name: str) -> bool:
 
 
 def looks_random(value: str) -> bool:
-    """True for a value shaped like a generated credential: long, no spaces, high entropy.
-
-    Paths and URLs are left out (they appear in tracebacks and logs; a URL's
-    credentials are caught by :data:`SECRET_CONTEXT_PATTERNS`).
-    """
+    """True for a value shaped like a generated credential: long, no spaces, high entropy; not a path or URL."""
     if len(value) < MIN_RANDOM_LEN or any(c.isspace() for c in value):
         return False
     if value[0] in "/~." or "://" in value or os.sep in value or os.pathsep in value:
@@ -254,10 +171,7 @@ class Redactor:
         parts.extend(extra)
         self._pattern = re.compile("|".join(f"(?:{p})" for p in parts))
         self._context = re.compile("|".join(SECRET_CONTEXT_PATTERNS))
-        # A string holding none of these substrings cannot match the built-in
-        # patterns or the secret values: skip the regex (C-speed scans instead
-        # of a regex alternation tried at every position). Configured patterns
-        # have no known prefix, so they always run the regex.
+        # Text holding no trigger skips the regex; configured patterns have no known trigger.
         self._scan = None if extra else TriggerScan((*TRIGGERS, *values))
         self._folded = TriggerScan(FOLDED_TRIGGERS)
 
@@ -274,13 +188,9 @@ class Redactor:
         )
 
     def records_to_scan(self, strings: list[list[str]], opaque: set[int]) -> list[bool] | None:
-        """Which records may hold a secret, from the strings that went into them.
+        """Which records may hold a secret, from record i's strings ``strings[i]``; None: no record.
 
-        ``strings[i]`` are record i's string values and keys (everything in
-        its JSON that is not a number); ``opaque`` are records with text the
-        encoder could not list, always scanned. None: no record.
-        One scan of all strings joined decides the common case (no secret
-        anywhere); token id lists, the bulk of llm spans, are never scanned.
+        ``opaque`` records (text the encoder could not list) are always scanned.
         """
         n = len(strings)
         if self._scan is None:
@@ -296,11 +206,7 @@ class Redactor:
         return flags
 
     def texts(self, values: list[Any]) -> list[Any]:
-        """Redact a column of values at once (non-strings pass unchanged).
-
-        One scan of the joined column decides whether any value can hold a
-        secret; only then is each value searched (most batches hold none).
-        """
+        """Redact a column of values (non-strings pass unchanged); one scan of the joined column first."""
         if self._scan is not None:
             blob = "\x00".join(v for v in values if type(v) is str)
             if not self._may_match(blob):
@@ -308,12 +214,7 @@ class Redactor:
         return [self.text(v) if type(v) is str else v for v in values]
 
     def batch(self, batch: Any) -> Any:
-        """A ``pyarrow.RecordBatch`` with every string column redacted (spans read from elsewhere, before writing).
-
-        The JSON columns are redacted as the text they hold: a secret-named key
-        with its value (``"api_key":"..."``, ``"Authorization":"Bearer ..."``)
-        and credential shapes. The batch itself comes back when nothing changed.
-        """
+        """A ``pyarrow.RecordBatch`` with every string column redacted (JSON too, as text); itself if unchanged."""
         import pyarrow as pa
 
         columns = list(batch.columns)
@@ -328,13 +229,7 @@ class Redactor:
         return pa.RecordBatch.from_arrays(columns, schema=batch.schema) if changed else batch
 
     def text(self, value: str) -> str:
-        """``value`` with every secret replaced by ``<redacted>``.
-
-        Each of the three rules runs only where its own triggers are in the
-        text (what :meth:`_may_match` checks for all three at once); the mask
-        holds none of them, so a rule's gate read after an earlier rule
-        masked something still sees every match it could have.
-        """
+        """``value`` with every secret replaced by ``<redacted>``; each rule runs only where its triggers are."""
         scan = self._scan
         if scan is None:
             return self.text_ungated(value)
@@ -352,12 +247,7 @@ class Redactor:
         return self._context.sub(_keep_prefix, value)
 
     def pieces(self, pieces: list[str]) -> list[str]:
-        """Per-token texts redacted as the one text they spell, so a secret split over tokens is caught.
-
-        The text from the first change to the last goes to the token where it
-        starts; the other tokens of that stretch show ``""``; the tokens
-        around it keep their text (see :func:`moved_ends`).
-        """
+        """Per-token texts redacted as the one text they spell (see :func:`moved_ends`)."""
         joined = "".join(pieces)
         clean = self.text(joined)
         if clean == joined:
@@ -366,23 +256,14 @@ class Redactor:
         return [clean[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
     def text_and_ends(self, text: str, ends: Any) -> tuple[str, Any]:
-        """``text`` redacted (one scan), with its tokens' ``ends`` moved to fit (see :func:`moved_ends`).
-
-        Args:
-            text: A decoded text.
-            ends: Where each of its tokens ends (a list or 1-D array of ints, last = ``len(text)``).
-        """
+        """``text`` redacted, with its tokens' ``ends`` (list or 1-D array, last = ``len(text)``) moved to fit."""
         clean = self.text(text)
         if clean == text:
             return text, ends
         return clean, moved_ends(ends.tolist() if hasattr(ends, "tolist") else list(ends), text, clean)
 
     def value(self, data: Any, depth: int = 0, done: frozenset[int] | set[int] = frozenset()) -> Any:
-        """``data`` (JSON-ready: dicts, lists, strings, numbers) with every string redacted, keys too.
-
-        ``done``: ids of string objects already redacted (decoded texts, see
-        :meth:`text_and_ends`): passed as they are, not scanned twice.
-        """
+        """``data`` (JSON-ready) with every string redacted, keys too; ``done``: ids of strings already redacted."""
         if type(data) is str:
             return data if id(data) in done else self.text(data)
         if depth > 200:
@@ -404,12 +285,9 @@ class Redactor:
 _NUMBERS = frozenset({int, float, bool, type(None)})
 
 
-#: Characters ranked from rarest to commonest in prompts and replies: a
-#: trigger is searched for at its rarest character (one C-speed ``find`` of a
-#: single character), so that most triggers cost no scan of their own.
+#: Characters ranked from rarest to commonest in prompts and replies: a trigger is searched for at its rarest.
 _RARE_FIRST = "=_-:/@#$%&|~^`\\KQJZXVWYUFGBHPRMDCLNOISTAEqjzxkvwyfgbpumcldhrsnioate"
-#: Occurrences of one anchor character checked one by one before the text is
-#: split at that character instead (it is common in this text; see TriggerScan).
+#: Occurrences of one anchor character checked one by one before the text is split at it instead.
 MAX_ANCHOR_HITS = 16
 #: A common anchor with at most this many triggers has them searched for whole instead of splitting the text.
 MAX_WHOLE_WHEN_COMMON = 2
@@ -420,16 +298,9 @@ _ANCHOR_RANK_LIMIT = _RARE_FIRST.index("T")
 class TriggerScan:
     """``any(t in text for t in triggers)``, with one pass per anchor character instead of one per trigger.
 
-    Each trigger is found through its rarest character (see
-    :data:`_RARE_FIRST`): the text is searched for that character and only
-    there compared with the triggers anchored on it. Triggers made of common
-    letters only, and secret values, are searched for whole. Where the
-    anchor turns out common in a text (``_`` in code, ``:`` in JSON), an
-    anchor of one or two triggers has them searched for whole; for the
-    others the text is split at it once and each piece's end (and, unless
-    every trigger ends at the anchor, the next one's start) is compared with
-    the triggers' parts before and after the anchor, in C, instead of one
-    search of the whole text per trigger.
+    Each trigger is found through its rarest character; triggers of common letters only are searched for
+    whole. Where the anchor is common in a text, the text is split at it once and the pieces' ends and
+    starts are compared with the triggers' parts before and after it, in C.
     """
 
     def __init__(self, triggers: Iterable[str]) -> None:
@@ -437,8 +308,7 @@ class TriggerScan:
         self.anchored: dict[str, dict[tuple[int, int], set[str]]] = {}
         #: anchor -> (text before it, text after it) of each trigger holding it once
         self.split_parts: dict[str, list[tuple[str, str]]] = {}
-        #: anchor -> triggers searched for whole when it is common: those holding it more than
-        #: once, and all of an anchor's when it has at most MAX_WHOLE_WHEN_COMMON
+        #: anchor -> triggers searched for whole when it is common
         self.split_whole: dict[str, list[str]] = {}
         self.whole: list[str] = []
         for t in dict.fromkeys(triggers):
@@ -493,25 +363,16 @@ class TriggerScan:
             rest = pieces[1:]
             # One side of every trigger empty (``key=``, ``hf_``): one C pass over the pieces decides.
             if not any(after):
-                if any(map(str.endswith, itertools.islice(pieces, len(rest)), itertools.repeat(before))):
-                    return True
-                return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
-            if not any(before):
-                if any(map(str.startswith, rest, itertools.repeat(after))):
-                    return True
-                return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
-            # Gaps between pieces where some trigger's start ends the piece and some trigger's end starts the next.
-            maybe = itertools.compress(
-                range(len(rest)),
-                map(
-                    operator.and_,
-                    map(str.endswith, pieces, itertools.repeat(before)),
-                    map(str.startswith, rest, itertools.repeat(after)),
-                ),
-            )
-            for k in maybe:
-                if any(pieces[k].endswith(b) and rest[k].startswith(a) for b, a in parts):
-                    return True
+                found = any(map(str.endswith, itertools.islice(pieces, len(rest)), itertools.repeat(before)))
+            elif not any(before):
+                found = any(map(str.startswith, rest, itertools.repeat(after)))
+            else:  # gaps where some trigger's start ends the piece and some trigger's end starts the next
+                ends = map(str.endswith, pieces, itertools.repeat(before))
+                starts = map(str.startswith, rest, itertools.repeat(after))
+                maybe = itertools.compress(range(len(rest)), map(operator.and_, ends, starts))
+                found = any(any(pieces[k].endswith(b) and rest[k].startswith(a) for b, a in parts) for k in maybe)
+            if found:
+                return True
         return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
 
 
@@ -530,9 +391,8 @@ def _common_length(a: str, b: str, limit: int, part: Callable[[str, int], str]) 
 def moved_ends(ends: list[int], old: str, new: str) -> list[int]:
     """Token ends in ``old`` moved to ``new``, which differs from it in one stretch (a redaction).
 
-    The changed stretch goes to the token where it starts, the other tokens
-    it covers end where it ends (their text is ``""``), and the tokens after
-    it keep their text: every token it touches shows the mask, none the secret.
+    The stretch goes to the token where it starts, the other tokens it covers show ``""``, later ones keep
+    their text: every token it touches shows the mask, none the secret.
     """
     n = len(ends)
     if n == 0:
@@ -553,13 +413,9 @@ def _keep_prefix(match: re.Match[str]) -> str:
 
 
 def redact_key_values(text: str) -> str:
-    """``text`` with the value of every secret-named key written in it replaced.
+    """``text`` with the value of every secret-named key written in it (JSON, reprs, forms, headers) replaced.
 
-    Finds ``"api_key": "..."`` (JSON, also nested in a JSON string with its
-    quotes escaped), ``'token': '...'`` and ``api_key='...'`` (reprs),
-    ``password=...`` (URLs, forms, command lines) and ``Authorization: ...``
-    (headers, YAML). A quoted value is replaced inside its quotes; a
-    bracketed one (``auth=('user', 'pw')``, ``"secrets": {...}``) whole.
+    A quoted value is replaced inside its quotes; a bracketed one (``auth=('user', 'pw')``) whole.
     """
     out: list[str] = []
     done = 0
@@ -617,10 +473,7 @@ _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 
 def _value_span(text: str, at: int, key_quote: str | None, join: str) -> tuple[int, int, str]:
-    """Where the value written at ``text[at]`` starts and ends, and the quote its replacement takes.
-
-    An unquoted value after an unquoted key and ``:`` (a header, YAML) runs to the end of its line.
-    """
+    """Where the value written at ``text[at]`` starts and ends, and the quote its replacement takes."""
     j = at
     while j < len(text) and text[j] == "\\":
         j += 1

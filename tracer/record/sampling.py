@@ -1,48 +1,9 @@
-"""Per-step sampling of prompts: N groups per step per process, groups kept whole.
+"""Per-step sampling of prompts: N groups per step per process, groups kept whole (docs/data.md, "Sampling strategies").
 
-A **group** is one prompt of one step: every rollout (``rollout_n``) of the
-same ``(step, validate, sample_index)``. Sampling keeps or drops whole groups.
-Each group gets a score ``u`` from a seeded hash of ``(seed, step, validate,
-sample_index)``; it breaks every tie below, so a choice never depends on
-arrival order and is reproducible from the seed. Three strategies
-(``TraceConfig.sample_strategy``):
-
-* ``uniform``: the N groups with the smallest scores among those seen. It is
-  decided as rollouts start: while a step is still admitting groups, an
-  arriving group with a smaller score displaces the largest (the displaced
-  group's spans are still held in memory and are discarded). Groups that are
-  not chosen cost one hash: their decorated calls pass straight through.
-* ``extremes``: the ``ceil(N/2)`` groups with the highest value, then the
-  ``floor(N/2)`` lowest of the rest. A group's value is the mean over its
-  trajectories of their reward (``sample_by="reward"``: the latest
-  ``log_reward``, else the last ``kind="reward"`` op, as in
-  ``tracer.summary``) or of their response tokens (``sample_by="length"``: the
-  token ids the trajectory's llm spans returned). Groups without a value
-  (no reward logged) come after every group with one.
-* ``variance``: groups whose values differ first, by population variance,
-  largest first; then groups whose values are all equal (GRPO learns nothing
-  from them); then groups without a value.
-
-A reward that is not a finite number counts as missing.
-
-``extremes`` and ``variance`` need the rewards, which arrive after the
-rollout (``log_reward`` from the trainer): every group of a step is recorded
-and its spans held, unwritten, until the step is **decided**, at most
-``sample_candidates_per_step`` groups per step (default 4 x N). A group that
-arrives when that many are held is not recorded at all (its calls pass
-through) and is counted as ``dropped_over_bound``. A step is decided when
-every held trajectory has ended and has its value and no new group came for
-``decide_after_s`` seconds; or when a later step starts (one writer cycle
-later, so that the rewards logged before it are seen); or on
-:func:`tracer.flush` and shutdown; or when more than :data:`MAX_BUCKETS`
-steps are open. Whatever is known then decides. After a decision, late
-groups of that step are kept only while fewer than N are.
-
-Each decision (and each later change of its counts) is written, as JSON,
-into the custom metadata of the next record batch under
-:data:`tracer.schema.BATCH_META_SAMPLING`; the strategy and its parameters
-are in every file's metadata under :data:`tracer.schema.META_SAMPLING`.
-:func:`read_sampling` reads the decisions back.
+A group is every rollout of one ``(step, validate, sample_index)``. A seeded hash of those keys scores each
+group and breaks every tie, so a choice is reproducible from the seed. ``uniform`` decides as rollouts start;
+``extremes`` and ``variance`` hold the spans of at most ``sample_candidates_per_step`` groups until the step
+is decided. Each decision is written into the next batch's metadata (:data:`tracer.schema.BATCH_META_SAMPLING`).
 """
 
 from __future__ import annotations
@@ -52,7 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -97,13 +58,7 @@ def sample_score(seed: int, step: Any, validate: Any, sample_index: Any) -> floa
 
 @dataclass(frozen=True)
 class Group:
-    """What a strategy knows of one group when it decides.
-
-    Attributes:
-        key: The group's ``sample_index``.
-        score: Its seeded score (ties are broken by it, smaller first).
-        values: One finite value (reward or length) per trajectory that has one.
-    """
+    """What a strategy knows of one group: ``sample_index``, seeded score, one finite value per trajectory."""
 
     key: Any
     score: float
@@ -154,12 +109,7 @@ def variance_rank(group: Group) -> tuple[int, Fraction, float]:
 
 
 def choose_groups(strategy: str, groups: Sequence[Group], limit: int) -> list[tuple[Group, str | None]]:
-    """The groups ``strategy`` keeps out of ``groups``, at most ``limit``, with their rank.
-
-    The rank is :data:`RANK_HIGH`/:data:`RANK_LOW` for ``extremes`` (None for a
-    group kept without a value), None otherwise. Pure: the same groups give
-    the same answer in any order.
-    """
+    """The groups ``strategy`` keeps, at most ``limit``, in any order the same, with their ``extremes`` rank or None."""
     if limit <= 0:
         return []
     if strategy == UNIFORM:
@@ -207,62 +157,50 @@ def _finite(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+@dataclass(slots=True, eq=False)
 class _Seen:
     """What the writer has seen of one trajectory of a held group."""
 
-    __slots__ = ("ended", "log_reward", "op_reward", "tokens")
-
-    def __init__(self) -> None:
-        self.ended = False
-        self.log_reward: float | None = None
-        self.op_reward: float | None = None
-        self.tokens: int | None = None
+    ended: bool = False
+    log_reward: float | None = None
+    op_reward: float | None = None
+    tokens: int | None = None
 
     @property
     def reward(self) -> float | None:
         return self.log_reward if self.log_reward is not None else self.op_reward
 
 
+@dataclass(slots=True, eq=False)
 class Sample:
     """One prompt's sampling state (a group), shared by its rollouts' trajectories."""
 
-    __slots__ = ("key", "score", "state", "trajectories", "seen")
-
-    def __init__(self, key: Any, score: float, state: str) -> None:
-        self.key = key
-        self.score = score
-        self.state = state
-        self.trajectories: list[Any] = []
-        #: Per trajectory (by root span id): what was seen (extremes/variance only).
-        self.seen: dict[int, _Seen] = {}
+    key: Any
+    score: float
+    state: str
+    trajectories: list[Any] = field(default_factory=list, init=False)
+    #: Per trajectory (by root span id): what was seen (extremes/variance only).
+    seen: dict[int, _Seen] = field(default_factory=dict, init=False)
 
 
+@dataclass(slots=True, eq=False)
 class _Bucket:
-    __slots__ = ("admitted", "excluded", "decided", "last_admit", "due_epoch", "over_bound", "record")
-
-    def __init__(self) -> None:
-        self.admitted: dict[Any, Sample] = {}
-        self.excluded: set[Any] = set()
-        self.decided = False
-        self.last_admit = time.monotonic()
-        #: Writer cycle at which a later step started (None: not yet).
-        self.due_epoch: int | None = None
-        self.over_bound = 0
-        #: The decision, once made (updated by late groups).
-        self.record: dict[str, Any] | None = None
+    admitted: dict[Any, Sample] = field(default_factory=dict)
+    excluded: set[Any] = field(default_factory=set)
+    decided: bool = False
+    last_admit: float = field(default_factory=time.monotonic)
+    #: Writer cycle at which a later step started (None: not yet).
+    due_epoch: int | None = None
+    over_bound: int = 0
+    #: The decision, once made (updated by late groups).
+    record: dict[str, Any] | None = None
 
 
 class StepSampler:
-    """Chooses which groups of each step are recorded.
+    """Chooses which ``limit`` groups of each (step, validate) are recorded.
 
-    Args:
-        limit: Groups per (step, validate) to record.
-        seed: Seed of the scores.
-        decide_after_s: Quiet time after which a step's choice is final.
-        strategy: ``uniform``, ``extremes`` or ``variance``.
-        by: ``reward`` or ``length`` (extremes and variance).
-        candidates: Groups per step held until extremes/variance decide
-            (None: :data:`CANDIDATE_FACTOR` x ``limit``).
+    ``decide_after_s``: quiet time after which a step's choice is final; ``candidates``: groups per step held
+    until extremes/variance decide (None: :data:`CANDIDATE_FACTOR` x ``limit``).
     """
 
     def __init__(
@@ -282,14 +220,11 @@ class StepSampler:
         self.candidates = candidates if candidates is not None else CANDIDATE_FACTOR * limit
         #: True when spans must be watched for rewards and lengths before deciding.
         self.watches = strategy != UNIFORM
-        # Reentrant: a signal handler that starts a trajectory runs on the
-        # thread it interrupted, which may hold this lock.
+        # Reentrant: a signal handler that starts a trajectory may interrupt a holder of this lock.
         self._lock = threading.RLock()
         self._buckets: dict[tuple[Any, bool], _Bucket] = {}
         self._epoch = 0
         self._unwritten: dict[tuple[Any, bool], dict[str, Any]] = {}
-        #: Samples displaced after admission (their spans are discarded).
-        self.displaced = 0
 
     def parameters(self) -> dict[str, Any]:
         """The strategy and its parameters (written into every file's metadata)."""
@@ -340,7 +275,6 @@ class StepSampler:
                 worst.state = OUT
                 for traj in worst.trajectories:
                     traj.recording = False
-                self.displaced += 1
                 sample = Sample(sample_index, score, PENDING)
             bucket.admitted[sample_index] = sample
             bucket.last_admit = time.monotonic()
@@ -349,9 +283,7 @@ class StepSampler:
     def _new_bucket(self, bkey: tuple[Any, bool]) -> _Bucket:
         bucket = _Bucket()
         step = bkey[0]
-        # A later step starting means the earlier ones are done (RL steps run
-        # in order). uniform decides them now; extremes and variance one
-        # writer cycle later, after the rewards logged before now are seen.
+        # A later step starting ends the earlier ones: uniform decides them now, the others a writer cycle later.
         if isinstance(step, int):
             for okey, other in self._buckets.items():
                 if isinstance(okey[0], int) and okey[0] < step and not other.decided:
@@ -373,12 +305,8 @@ class StepSampler:
     def observe(self, traj: Any, ended: bool, log_reward: Any, op_reward: Any, reply: Any) -> None:
         """Note what one span of a held trajectory says (writer thread, spans in recording order).
 
-        Args:
-            traj: The span's trajectory (its ``sample`` is a held group).
-            ended: The span is the trajectory's root: the rollout is over.
-            log_reward: The reward of a ``log_reward`` span, else None.
-            op_reward: The reward a ``kind="reward"`` op returned, else None.
-            reply: What an llm span returned (for its response tokens), else None.
+        ``ended``: the span is the root; ``log_reward``/``op_reward``: a ``log_reward`` span's reward or a
+        ``kind="reward"`` op's return; ``reply``: an llm span's return; each None where absent.
         """
         sample = traj.sample
         with self._lock:
@@ -511,14 +439,9 @@ def decisions_json(decisions: Iterable[Mapping[str, Any]]) -> str:
 
 
 def read_sampling(path: TracePaths) -> list[dict[str, Any]]:
-    """Every sampling decision written under ``path``: the last version of each, per shard that decided it.
+    """Every sampling decision written under ``path`` (docs/data.md): the last version of each, per shard.
 
-    Each is a dict with ``step``, ``validate``, ``strategy`` and its
-    parameters, ``decided_by``, ``kept`` (``sample_index``, ``trajectories``,
-    ``value`` and for ``extremes`` ``rank``), ``dropped_groups``,
-    ``dropped_over_bound``, ``late_kept``, ``file`` (the trace file it was
-    read from) and ``source_file`` (the shard, one per process, that decided
-    it; compaction keeps it). Sorted by file, source, step and validate.
+    Sorted by ``file``, ``source_file`` (the deciding shard), step and validate.
     """
     out: list[dict[str, Any]] = []
     for file in list_trace_files(path):

@@ -1,10 +1,4 @@
-"""The writer's sampling gate: which finished spans are written now, held, or left out.
-
-:class:`SamplingGate` shows the sampler (:class:`StepSampler`) what each
-held group's spans say (rewards, lengths, ends), lets it decide, and then
-passes the spans of groups kept, holds those still undecided, and counts
-those left out. It runs on the writer thread only.
-"""
+"""The writer's sampling gate: which finished spans are written now, held, or left out (writer thread only)."""
 
 from __future__ import annotations
 
@@ -18,18 +12,12 @@ from tracer.record.spec import OpSpec
 
 
 class SamplingGate:
-    """Holds the spans of undecided groups between writer cycles.
-
-    Args:
-        sampler: The recorder's step sampler.
-    """
+    """Holds the spans of undecided groups between writer cycles."""
 
     def __init__(self, sampler: StepSampler) -> None:
         self.sampler = sampler
         #: Spans of groups not decided yet, in arrival order.
         self.held: list[tuple[Any, ...]] = []
-        #: Spans left out so far.
-        self.sampled_out = 0
 
     def admit(self, records: list[tuple[Any, ...]], force: bool) -> list[tuple[Any, ...]]:
         """The spans to write now, of the held ones and ``records`` (``force``: decide every group now)."""
@@ -46,8 +34,6 @@ class SamplingGate:
                 ready.append(rec)
             elif state == PENDING:
                 held.append(rec)
-            else:
-                self.sampled_out += 1
         self.held = held
         return ready
 

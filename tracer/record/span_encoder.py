@@ -1,13 +1,7 @@
-"""Span records to Arrow batches: a pure function of the records, run on the writer thread.
+"""Span records to Arrow batches of :data:`tracer.schema.SPAN_SCHEMA`: a pure function run on the writer thread.
 
-:class:`SpanEncoder` turns the tuples the decorators append into batches of
-:data:`tracer.schema.SPAN_SCHEMA`: arguments bound to names, values walked
-into JSON (:mod:`tracer.record.encode`), token ids decoded, secrets
-redacted, multi-turn prompts stored once (:class:`HistoryTracker`), and
-values a column cannot hold replaced by a marked placeholder.
-:meth:`SpanEncoder.encode` returns them with the counts of values replaced
-and spans that could not be encoded (:class:`EncodedSpans`); it touches no
-thread, buffer or file.
+Arguments are bound to names, values walked into JSON, token ids decoded, secrets redacted, multi-turn
+prompts stored once (:class:`HistoryTracker`) and values a column cannot hold replaced by a marked placeholder.
 """
 
 from __future__ import annotations
@@ -32,27 +26,17 @@ from tracer.storage.history import HistoryTracker
 # Positions in a span record tuple (built on the caller's path; SpanRecord's fields).
 R_SPAN, R_PARENT, R_TRACE, R_SPEC, R_TRAJ, R_START, R_END, R_EXC, R_ARGS, R_KWARGS, R_OUT, R_SELF = range(12)
 
-#: most 2 GiB, and a batch is built in memory at once).
+#: Characters of JSON text in one batch (an Arrow string column holds at most 2 GiB; a batch is built in memory).
 BATCH_CHARS = 64 * 1024 * 1024
-#: Records turned into JSON text at a time within a batch (see
-#: :meth:`SpanEncoder.encode_batches`): small enough that what one chunk builds
-#: dies young, large enough that the per-chunk work (one secret scan, one
-#: decode call per tokenizer) stays negligible.
+#: Records turned into JSON text at a time: what one chunk builds dies young; per-chunk work stays negligible.
 ENCODE_CHUNK = 128
-#: One value's UTF-8 bytes an Arrow string column can hold; larger ones
-#: become a marked placeholder.
+#: One value's UTF-8 bytes an Arrow string column can hold; larger ones become a marked placeholder.
 MAX_VALUE_BYTES = 2**31 - 2**20
 
 
 @dataclasses.dataclass
 class EncodedSpans:
-    """What :meth:`SpanEncoder.encode` made of some records.
-
-    Attributes:
-        batches: Arrow batches of :data:`tracer.schema.SPAN_SCHEMA`, in record order.
-        replaced: Values written as a marked placeholder (named in ``rollout_trace.replaced``).
-        failed: Records that could not be encoded at all (not in the batches).
-    """
+    """Batches in record order, values written as a marked placeholder, records not encodable at all."""
 
     batches: list[pa.RecordBatch]
     replaced: int = 0
@@ -60,23 +44,10 @@ class EncodedSpans:
 
 
 class SpanEncoder:
-    """Encodes span records for one recorder's config and id prefixes.
-
-    Args:
-        config: The recorder's config (token2text, tokenizer, limits, redaction).
-        problems: Where the tracer's own problems are counted.
-        span_prefix: Prefix of this process's span ids.
-        trace_prefix: Prefix of this process's trace ids.
-        redactor: The secret redactor, or None when redaction is off.
-    """
+    """Encodes span records for one recorder's config and this process's id prefixes (``redactor`` None: off)."""
 
     def __init__(
-        self,
-        config: TraceConfig,
-        problems: ProblemLog,
-        span_prefix: str,
-        trace_prefix: str,
-        redactor: Redactor | None,
+        self, config: TraceConfig, problems: ProblemLog, span_prefix: str, trace_prefix: str, redactor: Redactor | None
     ) -> None:
         self.config = config
         self.problems = problems
@@ -94,20 +65,14 @@ class SpanEncoder:
         self.file: str | None = None
 
     def encode(self, records: list[tuple[Any, ...]], file: str | None = None) -> EncodedSpans:
-        """Encode ``records``; a span the batch encoding fails on is retried alone, and counted if it fails again.
-
-        Args:
-            records: Span record tuples.
-            file: The file the batches will be written to (a new file starts a new history).
-        """
+        """Encode ``records`` for ``file`` (a new file starts a new history); a failing span is retried alone."""
         self.file = file
         self.replaced = 0
         failed = 0
         try:
             batches = self.encode_batches(records)
         except Exception as exc:
-            # Something in one span the column fixes did not catch: encode
-            # them one by one so that only the bad ones are lost (and counted).
+            # Encode them one by one so that only the bad ones are lost (and counted).
             self.problems.report("internal error", f"encoding a batch: {type(exc).__name__}: {exc}", exc)
             self.history.clear()  # it may hold spans of the failed pass: no reference to them, nor to itself
             batches = []
@@ -142,28 +107,16 @@ class SpanEncoder:
         return getattr(self_obj, "tokenizer", None) if self_obj is not None else None
 
     def encode_batches(self, records: list[tuple[Any, ...]]) -> list[pa.RecordBatch]:
-        """Turn span records into Arrow batches of at most :data:`BATCH_CHARS` of text (writer thread).
+        """Turn span records into Arrow batches of at most :data:`BATCH_CHARS` of text.
 
-        A value a column cannot hold (a name that is not a string, a lone
-        surrogate, an int beyond int64, a value over 2 GiB) is replaced by a
-        marked placeholder, named in the span's ``rollout_trace.replaced``
-        attribute and counted; every other value and span is written.
-
-        Records are turned into JSON text :data:`ENCODE_CHUNK` at a time:
-        what a chunk builds on the way (prepared values, decode jobs,
-        per-token texts) is garbage before the next chunk starts, so the
-        garbage collector never sees a whole batch of it survive into its
-        old generation (which would cost full collections of the process).
+        A value a column cannot hold (a non-string name, a lone surrogate, an int beyond int64, over 2 GiB)
+        becomes a marked placeholder, named in the span's ``rollout_trace.replaced`` attribute and counted.
         """
         n = len(records)
         rewards: list[float | None] = [None] * n
         statuses: list[str] = [S.STATUS_OK] * n
         errors: list[Any] = [None] * n
         names: list[Any] = [None] * n
-        steps: list[int | None] = [None] * n
-        samples: list[Any] = [None] * n
-        rollouts: list[int | None] = [None] * n
-        validates: list[bool | None] = [None] * n
         inputs_col: list[str | None] = []
         outputs_col: list[str | None] = []
         attrs_col: list[str | None] = []
@@ -172,13 +125,11 @@ class SpanEncoder:
             inputs_col.extend(texts[0])
             outputs_col.extend(texts[1])
             attrs_col.extend(texts[2])
-        for i, rec in enumerate(records):
-            traj: Trajectory | None = rec[R_TRAJ]
-            if traj is not None:
-                steps[i] = traj.step
-                samples[i] = traj.sample_index
-                rollouts[i] = traj.rollout_n
-                validates[i] = traj.validate
+        trajs: list[Trajectory | None] = [r[R_TRAJ] for r in records]
+        steps = [None if t is None else t.step for t in trajs]
+        samples: list[Any] = [None if t is None else t.sample_index for t in trajs]
+        rollouts = [None if t is None else t.rollout_n for t in trajs]
+        validates = [None if t is None else t.validate for t in trajs]
         redactor = self.redactor
         if redactor is not None:
             errors = [None if e is None else redactor.value(e) for e in errors]
@@ -218,10 +169,7 @@ class SpanEncoder:
         errors: list[Any],
         names: list[Any],
     ) -> tuple[list[str | None], list[str | None], list[str | None]]:
-        """JSON text of the inputs, outputs and attributes of ``records[lo:hi]``.
-
-        Also fills rows ``lo:hi`` of the reward, status, error and name columns.
-        """
+        """JSON text of the inputs, outputs and attributes of ``records[lo:hi]``; fills those rows of the rest."""
         cfg = self.config
         enc = Encoder(cfg.token_fields, cfg.token2text, cfg.max_tokens, cfg.store_full_token, cfg.redact)
         prepared: list[tuple[Any, Any, dict[str, Any], bool]] = []
@@ -276,8 +224,7 @@ class SpanEncoder:
             if rec[R_SPEC].signature is not None:
                 _verl_texts(prepared[j][0], prepared[j][1])
         if redactor is not None and flags is not None:
-            # Redact the strings themselves, before JSON escaping: a secret
-            # holding a quote or backslash is matched as it is.
+            # Redact the strings themselves, before JSON escaping.
             clean = functools.partial(redactor.value, done=done)
             prepared = [(clean(p[0]), clean(p[1]), clean(p[2]), p[3]) if f else p for p, f in zip(prepared, flags)]
         self._store_history_once(chunk, prepared)
@@ -292,9 +239,7 @@ class SpanEncoder:
         path = self.file
         if path != self._history_file:
             if self._history_file is not None:
-                # The file was closed (rotated): references stay within one file,
-                # so that each file reads back on its own.
-                self.history.clear()
+                self.history.clear()  # references stay within one file
             self._history_file = path
         history, sp = self.history, self.span_prefix
         for rec, (inputs, outputs, _, has_outputs) in zip(records, prepared):
@@ -331,8 +276,6 @@ class SpanEncoder:
                 "; ".join(f"{col}: {why}" for note in notes.values() for col, why in note.items())[:500],
             )
         return pa.RecordBatch.from_arrays(arrays, schema=S.SPAN_SCHEMA)
-
-    # -- flush and shutdown -------------------------------------------------
 
 
 def _try_array(values: list[Any], typ: pa.DataType) -> pa.Array | None:
@@ -386,10 +329,7 @@ _JSON_COLUMNS = frozenset({S.INPUTS, S.OUTPUTS, S.ATTRIBUTES, S.ERROR})
 
 
 def _byte_bounded_slices(cols: dict[str, list[Any]], n: int) -> tuple[list[tuple[int, int]], bool]:
-    """Row ranges whose JSON text stays under :data:`BATCH_CHARS` (a lone big row: its own batch).
-
-    Also says whether some row may hold a value over :data:`MAX_VALUE_BYTES`.
-    """
+    """Row ranges whose JSON text stays under :data:`BATCH_CHARS`, and whether a row may pass MAX_VALUE_BYTES."""
     text_cols = [cols[name] for name in (S.INPUTS, S.OUTPUTS, S.ATTRIBUTES, S.ERROR)]
     total = sum(sum(map(len, filter(None, c))) for c in text_cols)  # in C: the common case, one batch
     if total <= BATCH_CHARS:

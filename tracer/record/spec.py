@@ -9,12 +9,10 @@ from typing import Any
 from tracer import schema as S
 from tracer.record.capture import capture
 
-#: Function attribute asking for another inputs/outputs layout; the verl
-#: drop-in sets it to :data:`LAYOUT_VERL` on the methods verl decorates.
+#: Function attribute asking for another inputs/outputs layout (the verl drop-in sets :data:`LAYOUT_VERL`).
 LAYOUT_ATTR = "__rollout_trace_layout__"
-#: verl's own layout: inputs bound with defaults applied and ``**kwargs`` kept
-#: as one ``kwargs`` entry; token2text's ``prompt_text``/``response_text`` also
-#: in the outputs (verl's ``rollout_trace_op``).
+#: verl's layout: inputs bound with defaults, ``**kwargs`` as one entry, ``prompt_text``/``response_text`` in outputs.
+
 LAYOUT_VERL = "verl"
 
 

@@ -1,23 +1,17 @@
 """Recording per-token arrays a trainer computes for a turn: :func:`log_token_stats`.
 
-A trainer knows, per response token, things the rollout does not: its own
-logprob of the token (``old_logprobs``), the reference model's
-(``ref_logprobs``), the entropy, the advantage, the loss mask. Logged here,
-they are written as one span row per call (name :data:`TOKEN_STATS_SPAN_NAME`,
-kind ``span``) in the trajectory's trace, its ``inputs`` holding
-``{"turn": i, "arrays": {name: [...]}}``; :func:`tracer.read_token_stats`
-reads them back, one row per (trajectory, turn).
+One span row per call (:data:`TOKEN_STATS_SPAN_NAME`) in the trajectory's trace, its ``inputs`` holding
+``{"turn": i, "arrays": {name: [...]}}``; :func:`tracer.read_token_stats` reads them back.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as elsewhere
 from tracer.record import recorder as _recorder
 from tracer.record.capture import capture
-from tracer.record.context import named_trajectory
+from tracer.record.context import append_instant, named_trajectory
 from tracer.record.spec import OpSpec
 from tracer.summary import TOKEN_STATS_KEY_COLUMNS
 
@@ -60,22 +54,12 @@ def log_token_stats(
     source: str | None = None,
     **arrays: Any,
 ) -> None:
-    """Attach per-token arrays to turn ``turn`` (0-based llm call) of a trajectory.
+    """Attach per-token arrays to turn ``turn`` (0-based llm call) of a trajectory, named as for ``log_reward``.
 
-    Inside a trajectory (a ``rollout_trace_attr`` block) they apply to it;
-    outside, ``step``, ``sample_index``, ``rollout_n`` and ``validate`` name
-    the trajectory, as for :func:`tracer.log_reward`. Conventional names:
-    ``old_logprobs`` (the trainer's logprob of each token),
-    ``rollout_logprobs`` (the inference engine's; default: the logprobs the
-    turn recorded), ``ref_logprobs``, ``entropy``, ``advantages``,
-    ``loss_mask`` (1 where the token is trained on). Any other name is kept too.
-    ``source`` says where the numbers came from (e.g. ``"synthetic"`` in a
-    demo), shown beside them.
-
-    Raises:
-        TypeError: ``turn`` is not an int, or an array is not a sequence.
-        ValueError: no arrays, an array is not one-dimensional, or no
-            trajectory is named outside one.
+    Conventional names: ``old_logprobs`` (the trainer's), ``rollout_logprobs`` (default: the turn's recorded
+    ones), ``ref_logprobs``, ``entropy``, ``advantages``, ``loss_mask`` (1: trained on); any other is kept.
+    ``source`` says where the numbers came from. TypeError: ``turn`` not an int, an array not a sequence;
+    ValueError: no arrays, one not 1-D, or no trajectory named outside one.
     """
     if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
         raise TypeError(f"log_token_stats: turn must be the 0-based index of the llm call, got {turn!r}")
@@ -89,13 +73,8 @@ def log_token_stats(
         traj = named_trajectory(rec, "log_token_stats", step, sample_index, rollout_n, validate)
         if not traj.recording:
             return
-        traj.spans += 1
-        now = time.time_ns()
         payload = {TOKEN_STATS_TURN_KEY: turn, TOKEN_STATS_SOURCE_KEY: source, TOKEN_STATS_ARRAYS_KEY: capture(arrays)}
-        rec.append(
-            (next(rec.span_ids), traj.root_span_id or None, traj.trace_id, TOKEN_STATS_SPEC, traj, now, now, None)
-            + (None, payload, None, None)
-        )
+        append_instant(rec, traj, TOKEN_STATS_SPEC, None, payload)
     except ValueError:
         raise
     except Exception as exc:

@@ -1,9 +1,4 @@
-"""Loading a tokenizer named by path, and checking that a tokenizer decodes, for token2text.
-
-:func:`load_tokenizer` remembers the tokenizers it loaded (by path and file
-modification time), so the check at :func:`tracer.init` and the writer's
-first decode share one load.
-"""
+"""Loading a tokenizer named by path, and checking that a tokenizer decodes, for token2text."""
 
 from __future__ import annotations
 
@@ -23,17 +18,10 @@ _loaded_lock = threading.Lock()
 
 
 def load_tokenizer(path: str) -> Any:
-    """Load a Hugging Face tokenizer from a folder or a ``tokenizer.json``.
+    """Load a Hugging Face tokenizer from a folder or a ``tokenizer.json`` (local files only; cached while unchanged).
 
-    Uses the light ``tokenizers`` package when a ``tokenizer.json`` is there,
-    else ``transformers.AutoTokenizer`` (local files only: never a hub). The
-    last few tokenizers loaded are kept and returned again while their file
-    is unchanged.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ImportError: neither package is installed; names the pip line.
-        Exception: whatever the library raises for a file it cannot read.
+    ``tokenizers`` reads a ``tokenizer.json``, else ``transformers.AutoTokenizer``. Raises FileNotFoundError,
+    ImportError naming the pip line, or whatever the library raises.
     """
     if not os.path.exists(path):
         raise FileNotFoundError(
@@ -54,15 +42,9 @@ def load_tokenizer(path: str) -> Any:
 
 
 def check_decodes(tokenizer: Any, loaded_from_path: bool) -> None:
-    """Decode a tiny sequence with ``tokenizer`` the way the writer will.
+    """Decode ``[0]`` (a tokenizer loaded from a path) or ``[]`` the way the writer will; raises what it raised.
 
-    A tokenizer loaded from a path decodes token id 0; an object passed in
-    decodes an empty sequence (its vocabulary is not ours to guess), which
-    still catches a wrong object or a ``decode`` with another signature.
-
-    Raises:
-        Exception: whatever the decode call raised; TypeError when it returned
-            something other than one string.
+    TypeError when it returned something other than one string.
     """
     out = batch_decode(tokenizer, [[0] if loaded_from_path else []])
     if len(out) != 1 or not isinstance(out[0], str):

@@ -1,11 +1,4 @@
-"""Trajectory bookkeeping on the caller's path: ids, the sampling decision, and log_reward's lookup.
-
-:class:`Trajectories` opens each span's frame (a new trajectory at a
-rollout, a child span in its parent's), asks the sampler whether a new
-trajectory is recorded, writes a ``rollout_trace_attr`` block's root span,
-and remembers recent trajectories so that ``log_reward`` calls made after
-the rollout find theirs.
-"""
+"""Trajectory bookkeeping on the caller's path: ids, the sampling decision, and log_reward's lookup."""
 
 from __future__ import annotations
 
@@ -24,22 +17,13 @@ from tracer.record.spec import ROOT_SPEC, OpSpec
 #: Trajectories remembered for log_reward calls made after the rollout.
 MAX_REMEMBERED_TRAJECTORIES = 200_000
 
-#: Per thread: set while the caller holds a lock the writer also takes (the
-#: sampler's) or waits for room. A signal handler that records runs on the
-#: thread it interrupted; seeing this set, it never waits for the writer
-#: (which may be waiting for that very lock): a full buffer drops and counts.
+#: Per thread: ``busy`` while the caller holds a lock the writer also takes or waits for room; a signal
+#: handler recording on that thread then never waits for the writer (a full buffer drops and counts).
 CALLER = threading.local()
 
 
 class Trajectories:
-    """Span and trace ids, sampling admission and the remembered trajectories of one recorder.
-
-    Args:
-        span_ids: Counter of span ids (shared with the recorder a re-init replaced).
-        trace_ids: Counter of trace ids (likewise).
-        sampler: The step sampler, or None when every trajectory is recorded.
-        append: Where a finished span record goes (the recorder's buffer).
-    """
+    """Span and trace ids, sampling admission (``sampler`` None: all) and the remembered trajectories."""
 
     def __init__(
         self,
@@ -134,22 +118,8 @@ class Trajectories:
     def end_trajectory(self, traj: Trajectory, start: int, exc: BaseException | None) -> None:
         """Close a rollout_trace_attr block: write its root unless an op was the root."""
         if traj.recording and not traj.root_claimed and traj.spans > 0:
-            self.append(
-                (
-                    traj.root_span_id,
-                    None,
-                    traj.trace_id,
-                    ROOT_SPEC,
-                    traj,
-                    start,
-                    time.time_ns(),
-                    exc,
-                    None,
-                    None,
-                    None,
-                    None,
-                )
-            )
+            head = (traj.root_span_id, None, traj.trace_id, ROOT_SPEC, traj, start, time.time_ns(), exc)
+            self.append(head + (None, None, None, None))
 
     def find_trajectory(self, step: Any, sample_index: str | None, rollout_n: Any, validate: Any) -> Trajectory | None:
         with self._lock:
