@@ -17,6 +17,7 @@ import pyarrow as pa
 from tracer import schema as S
 from tracer.config import TraceConfig
 from tracer.record.accounting import ATTR_REPLACED, ProblemLog
+from tracer.record.capture import instance_attribute
 from tracer.record.context import Trajectory
 from tracer.record.encode import Encoder, error_fields, to_json
 from tracer.record.redact import Redactor
@@ -104,7 +105,7 @@ class SpanEncoder:
             self._tokenizer = tok
         if self._tokenizer is not None:
             return self._tokenizer
-        return getattr(self_obj, "tokenizer", None) if self_obj is not None else None
+        return instance_attribute(self_obj, "tokenizer") if self_obj is not None else None
 
     def encode_batches(self, records: list[tuple[Any, ...]]) -> list[pa.RecordBatch]:
         """Turn span records into Arrow batches of at most :data:`BATCH_CHARS` of text.
