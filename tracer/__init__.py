@@ -28,6 +28,7 @@ from tracer.compare import compare_runs, read_run_config
 from tracer.config import ENV_BACKEND, ENV_CONFIG, ENV_TRACE_DIR, TraceConfig, TraceConfigError
 from tracer.data.dataset import to_dataset
 from tracer.data.rescore import read_rewards
+from tracer.data.token_stats_reader import read_token_stats
 from tracer.exporters.attach import attach_exporters
 from tracer.index.readers import read_trajectories
 from tracer.read import (
@@ -44,7 +45,6 @@ from tracer.record.decorators import log_reward, propagate, rollout_trace_attr, 
 from tracer.record.recorder import FlushResult
 from tracer.record.token_stats import log_token_stats
 from tracer.summary import step_metrics, trajectory_messages
-from tracer.token_stats import read_token_stats
 
 __version__ = "0.1.0"
 
