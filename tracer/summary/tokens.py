@@ -41,15 +41,9 @@ class TrajectoryTokens:
 
 
 def trajectory_tokens(turns: Sequence[Turn]) -> TrajectoryTokens:
-    """The token sequence of a trajectory's assistant turns (those with token ids), in order.
+    """The token sequence of a trajectory's assistant turns with token ids (:func:`span_turns` or turns).
 
-    Turn ``k+1``'s prompt is expected to start with turn ``k``'s prompt and
-    reply (how agent loops such as verl's and this project's build it); the
-    rest of that prompt is the spliced-in part, masked 0.
-
-    Args:
-        turns: A trajectory's turns, e.g. :func:`span_turns` of its spans
-            (every llm call) or its :func:`trajectory_turns`.
+    Turn ``k+1``'s prompt is expected to extend turn ``k``'s prompt and reply; the rest is spliced in, masked 0.
     """
     model = [t for t in turns if t.role == ROLE_ASSISTANT and t.token_ids is not None]
     ids: list[int] = []
