@@ -1,10 +1,8 @@
 """Registry of backends: each one's name, sink class, extra and options, declared once.
 
-``arrow`` is the local file writer the others are fed from. Each other backend is a
-:class:`Backend` in :data:`BACKENDS` (its sink as ``"module:Class"``, imported only
-when used; its library and extra; its :class:`Option` s); the CLI, the Python API
-and the live options are built from them. This module imports no tracer module but
-:mod:`tracer.extras`, so the config can check names against it.
+``arrow`` is the local file writer the others are fed from; each other backend is a :class:`Backend` in
+:data:`BACKENDS` (sink ``"module:Class"``, imported when used). The CLI, the Python API and the live options
+are built from them.
 """
 
 from __future__ import annotations

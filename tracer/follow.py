@@ -1,12 +1,9 @@
 """Follow a run while it is written: read only the batches added since the last look.
 
-:class:`RunFollower` remembers per trace file the complete batches read and where
-the last ends (an append-only file keeps its batches' numbers); each poll reads only
-what is new and summarises again only the trajectories that got rows, so
-:meth:`RunFollower.trajectories` equals :func:`tracer.index.readers.read_trajectories` of
-the run at the cost of what is new. A file gone or shorter (compaction, repair)
-makes the next poll read the run again. Used by ``rollout-trace tail`` and the
-viewer's ``--follow``.
+:class:`RunFollower` remembers per file the complete batches read; each poll summarises again only the
+trajectories that got rows, so :meth:`RunFollower.trajectories` equals
+:func:`tracer.index.readers.read_trajectories` of the run. A file gone or shorter (compaction, repair) makes
+the next poll read the run again.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """verl plugin: warn when the drop-in is missing; in the Ray driver, ship what ended workers had not.
 
-verl imports every ``verl.plugins`` entry point, so this module is imported in the
-driver and every Ray worker. It records nothing. When verl's own
-``RolloutTraceConfig.init`` is called with a backend only rollout-trace has, it
-logs once per process the line that installs the drop-in (for ``mlflow``, a backend
-of both, only when a ``ROLLOUT_TRACE_*`` variable says rollout-trace was meant).
-
-In the Ray driver it wraps ``ray.shutdown`` (and the exit): once the actors are
-gone, it waits for their files to be closed and ships what each live backend
-lacks (:func:`tracer.exporters.catch_up.catch_up`), within ``ROLLOUT_TRACE_DRAIN_S``
-seconds (``0``: off), when the job's runtime environment installs the drop-in or
-names ``ROLLOUT_TRACE_DIR``.
+Imported by verl in the driver and every Ray worker; records nothing. verl's ``RolloutTraceConfig.init`` with a
+backend only rollout-trace has logs, once per process, the line that installs the drop-in (for ``mlflow`` only
+when a ``ROLLOUT_TRACE_*`` variable is set). In a Ray driver whose job installs the drop-in or names
+``ROLLOUT_TRACE_DIR``, ``ray.shutdown`` (and the exit) ships what the ended workers' live backends lack
+(:func:`tracer.exporters.catch_up.catch_up`) within ``ROLLOUT_TRACE_DRAIN_S`` seconds (``0``: off).
 """
 
 from __future__ import annotations

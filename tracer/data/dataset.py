@@ -1,11 +1,8 @@
 """Recorded trajectories as a training dataset: one row per trajectory or per model turn.
 
-:func:`to_dataset` (``rollout-trace dataset RUN --out DIR``) gives a table of
-:data:`DATASET_SCHEMA`: OpenAI-format ``messages`` (TRL's conversational datasets,
-verl's multi-turn SFT), the RL token view (``prompt_ids``, ``response_ids``,
-``response_mask``, ``logprobs``), reward, advantage and keys; as Parquet,
-``datasets.load_dataset("parquet", data_dir=DIR)`` loads its splits. Selection is on
-the summaries; spans are read a few steps at a time.
+:func:`to_dataset` (``rollout-trace dataset RUN --out DIR``) gives a table of :data:`DATASET_SCHEMA`: OpenAI
+``messages``, the RL token view, reward, advantage and keys; ``datasets.load_dataset("parquet", data_dir=DIR)``
+loads its Parquet splits.
 """
 
 from __future__ import annotations

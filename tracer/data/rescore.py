@@ -1,16 +1,12 @@
 """Re-score a recorded run with another reward function; keep every reward with its source.
 
-:func:`rescore` (``rollout-trace rescore RUN --reward module:function``) appends one
-``log_reward`` row per trajectory to a new trace file of the run, its source under
-:data:`tracer.summary.REWARD_SOURCE_KEY`, the recorded info carried over (the
-advantage aside). Nothing written changes: readers report the latest reward, and
-:func:`read_rewards` lists every reward with its source. The function::
+:func:`rescore` (``rollout-trace rescore RUN --reward module:function``) appends a ``log_reward`` row per
+trajectory in a new file, its source under :data:`tracer.summary.REWARD_SOURCE_KEY`, the recorded info (but the
+advantage) carried over; readers report the latest reward, :func:`read_rewards` all of them. The function::
 
     def score(messages: list[dict], response: str, info: dict) -> float | dict | None
 
-gets the OpenAI-format conversation, the last assistant text and the current
-reward's info, and returns the reward, a dict with ``"reward"`` and extras, or None
-(leave the trajectory as it is).
+returns the reward, a dict with ``"reward"`` and extras, or None (leave the trajectory as it is).
 """
 
 from __future__ import annotations

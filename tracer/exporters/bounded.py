@@ -1,11 +1,7 @@
 """Every wait on a backend bounded and said as it goes.
 
-A backend's library may wait for minutes (MLflow retries a hung socket, a receiver
-never answers). :func:`call_within` runs each call a driver makes into a sink on a
-daemon thread, logs a line every :data:`REPORT_EVERY_S` seconds while it waits, and
-at its bound raises :class:`BackendTimeoutError` naming what it waited for.
-:class:`Deadline` is the one budget a stop shares, so a process exits within
-``shutdown_timeout_s`` however many backends hang.
+:func:`call_within` runs a call into a sink on a daemon thread, logs every :data:`REPORT_EVERY_S` seconds while
+it waits, and at its bound raises :class:`BackendTimeoutError`; :class:`Deadline` is the budget a stop shares.
 """
 
 from __future__ import annotations

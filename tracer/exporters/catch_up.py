@@ -1,10 +1,8 @@
 """Shipping, from the files, what the live exporters of processes that ended had not shipped.
 
-A process that ends without its shutdown (every Ray actor at ``ray.shutdown()``)
-takes its exporters' waiting trajectories with it; its files hold them.
-:func:`catch_up`, run by the process that outlives them, waits (bounded) until the
-writers of the run folders are gone, then sends each live backend what its
-destination lacks, as ``rollout-trace export`` does (nothing arrives twice).
+A process that ends without its shutdown (a Ray actor at ``ray.shutdown()``) leaves its waiting trajectories in
+its files; :func:`catch_up`, in the process that outlives it, waits (bounded) for the writers to be gone and sends
+each live backend what it lacks, as ``rollout-trace export`` does.
 """
 
 from __future__ import annotations

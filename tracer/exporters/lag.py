@@ -1,11 +1,8 @@
 """How far behind the trace files each live exporter is: a small JSON file per process, next to the shards.
 
-Every :data:`WRITE_EVERY_S` seconds a :class:`~tracer.exporters.base.LiveDriver`
-rewrites ``{run_dir}/_lag.{backend}.{host}_{pid}_{nonce}.json`` atomically: shipped,
-failed, waiting (durable but not sent: grace period, step held), the oldest wait,
-spans queued or dropped; the last write is ``final``. Readers of ``*.arrow`` never
-see it. :func:`read_lag` reads them for ``rollout-trace info`` and the viewer; the
-driver calls :func:`observe`, which never raises.
+A :class:`~tracer.exporters.base.LiveDriver` rewrites ``{run_dir}/_lag.{backend}.{host}_{pid}_{nonce}.json``
+every :data:`WRITE_EVERY_S` seconds (through :func:`observe`, which never raises; the last write is ``final``);
+:func:`read_lag` reads them for ``rollout-trace info`` and the viewer.
 """
 
 from __future__ import annotations
