@@ -88,12 +88,9 @@ _config: TraceConfig | None = None
 def init(config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
     """Configure tracing for this process and return the config in force.
 
-    Calling it again replaces the configuration: the previous recorder is
-    flushed and closed; calls still running then are written by the new
-    recorder when they finish, and the new recorder's first :func:`flush`
-    reports anything the old one lost. ``fields`` override ``config``; unset fields
-    come from the environment (``ROLLOUT_TRACE_DIR``, ``ROLLOUT_TRACE_BACKEND``)
-    and defaults.
+    ``fields`` override ``config``, then the environment, then defaults. Calling it again flushes and closes
+    the previous recorder; calls still running are written by the new one, whose first :func:`flush` reports
+    what the old one lost.
 
     Raises:
         TraceConfigError: a field is unknown or has a bad value.

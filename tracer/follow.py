@@ -101,9 +101,7 @@ class RunFollower:
 
     Not thread-safe: callers sharing one follower hold a lock around :meth:`poll`.
 
-    Args:
-        path: A run directory (searched recursively), a trace file, or a list of them.
-        columns: Extra span columns to keep besides :data:`FOLLOW_SPAN_COLUMNS`.
+    ``columns``: span columns to keep besides :data:`FOLLOW_SPAN_COLUMNS`.
     """
 
     def __init__(self, path: TracePaths, columns: Iterable[str] = ()) -> None:
@@ -363,12 +361,7 @@ RUNNING_S = "running_s"
 
 
 def step_progress(trajectories: pa.Table, running: pa.Table) -> list[dict[str, Any]]:
-    """Per step: trajectories finished (a root span), running, and abandoned (no root, writer done).
-
-    Args:
-        trajectories: Summary rows (:meth:`RunFollower.trajectories`).
-        running: :meth:`RunFollower.running`.
-    """
+    """Per step of :meth:`RunFollower.trajectories`: finished (a root span), running, abandoned (writer done)."""
     running_ids = set(running.column(S.TRACE_ID).to_pylist())
     out: dict[int | None, dict[str, Any]] = {}
     for tid, step, status in zip(

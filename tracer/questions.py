@@ -46,11 +46,8 @@ def _text(turn: Turn) -> str:
 def question_of(turns: Sequence[Turn], generated: int | None = None) -> str | None:
     """The question of a conversation: the last user turn before the model's first reply.
 
-    Args:
-        turns: The trajectory's turns (:func:`tracer.summary.trajectory_turns`).
-        generated: How many assistant turns the model produced (its llm spans);
-            the assistant turns before those are part of the prompt (few-shot
-            examples). None: every assistant turn was produced.
+    ``generated``: how many assistant turns the model produced (its llm spans); those before are part of the
+    prompt (few-shot examples). None: every assistant turn was produced.
     """
     assistant = [i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT]
     first = len(turns)

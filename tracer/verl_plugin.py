@@ -151,10 +151,8 @@ def register() -> None:
 class DrainPlan:
     """What the driver's catch-up needs, read from Ray while it is still connected.
 
-    Attributes:
-        root: Where the workers' files land (``ROLLOUT_TRACE_DIR`` of the job, else of the driver).
-        env: The job's variables the backends read (``MLFLOW_TRACKING_URI``, ...).
-        timeout_s: The bound (``ROLLOUT_TRACE_DRAIN_S``).
+    ``root``: ``ROLLOUT_TRACE_DIR`` of the job, else of the driver; ``env``: the job's variables the backends read;
+    ``timeout_s``: ``ROLLOUT_TRACE_DRAIN_S``.
     """
 
     root: str

@@ -346,14 +346,11 @@ def to_dataset(
     """A run's trajectories as a training dataset: a table of :data:`DATASET_SCHEMA`, by step, sample, rollout.
 
     Args:
-        path: A trace file or a run's folder of them.
-        out: Also write the rows into this folder (``train.<format>``, ``validation.<format>``: the splits with rows).
-        steps: An int, ints, or text (``"2-5"``, ``"4-"``, ``"last:3"``, see :func:`parse_steps`).
-        split: ``"train"`` or ``"validation"`` only (default both).
+        out: Also write the splits with rows into this folder (``train.<format>``, ``validation.<format>``).
+        steps: See :func:`parse_steps`. ``split``: ``"train"`` or ``"validation"`` only (default both).
         filters: Expressions that must all hold, e.g. ``"reward>=1"``, ``"status==ok"`` (:data:`FILTER_FIELDS`).
-        per: ``"trajectory"`` (the whole token sequence) or ``"turn"`` (one row per model turn:
-            the conversation up to it, that call's prompt and reply).
-        format: ``"parquet"`` or ``"jsonl"`` (for ``out``).
+        per: ``"trajectory"`` (the whole token sequence) or ``"turn"`` (one row per model turn).
+        format: ``"parquet"`` or ``"jsonl"``.
 
     Raises:
         DatasetOptionError: a bad option value (names it and the valid ones).

@@ -135,11 +135,8 @@ def rescore(
 ) -> RescoreReport:
     """Recompute every trajectory's reward with ``reward`` and record the new ones.
 
-    Args:
-        path: A run's folder of trace files (the new file is written into it).
-        reward: ``"module:function"`` or the function itself.
-        steps: Rescore only these steps.
-        source: Name recorded as the rewards' source (default: ``module:function``).
+    ``path`` is a run's folder (the new file is written into it); ``reward`` is ``"module:function"`` or the
+    function; ``source`` is recorded as the rewards' source (default: ``module:function``).
 
     Raises:
         RescoreError: the function cannot be loaded or returns something else than a reward.

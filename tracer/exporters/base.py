@@ -423,14 +423,10 @@ def _metrics_of(summaries: Sequence[dict[str, Any]]) -> dict[bool, dict[str, flo
 class LiveDriver:
     """Feeds a sink from the recorder: queue, group into steps, retry, never raise.
 
-    :meth:`export` only queues (writer thread). The driver's thread groups spans
-    by trajectory; ``grace_s`` after its root span (so rewards logged just after
-    are in) a trajectory is finished and held by step, and a step is written once
-    a later step arrived or at :meth:`flush`/:meth:`shutdown` (again with only the
-    new ones when more join it). The sink opens on that thread at the first write.
-    Past ``max_queued_spans`` the oldest batches are dropped (counted; the files
-    hold them); a write is tried ``retries`` times. ``run_dir`` names the files in
-    the catch-up command.
+    :meth:`export` only queues. The driver's thread finishes a trajectory ``grace_s`` after its root span (so
+    rewards logged just after are in) and writes a step once a later step arrived or at :meth:`flush`/
+    :meth:`shutdown`. Past ``max_queued_spans`` the oldest batches are dropped (counted; the files hold them); a
+    write is tried ``retries`` times.
     """
 
     def __init__(
@@ -890,18 +886,10 @@ def export_files(
     log_val_generations: int | None = None,
     **options: Any,
 ) -> ExportReport:
-    """Export trace files to backend ``to``.
+    """Export the trace files under ``path`` (``steps``, or those >= ``since_step``) to backend ``to``.
 
-    Args:
-        path: A trace file or a folder of them.
-        to: Backend name (:data:`BACKENDS`).
-        steps: Export only this step or these steps.
-        since_step: Export only steps >= this.
-        progress: Draw a progress bar on stderr.
-        verify: Read the backend back and compare rows, rewards and metrics;
-            the result is ``report.verify``.
-        log_val_generations: Validation rows per step in tables (default: the recorded config's).
-        **options: The backend's options (:attr:`Backend.options`).
+    ``verify`` reads the backend back and compares rows, rewards and metrics (``report.verify``);
+    ``log_val_generations`` defaults to the recorded config's; ``options`` are :attr:`Backend.options`.
 
     Raises:
         ExportOptionError: unknown backend or option, or a bad option value.

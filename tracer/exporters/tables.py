@@ -76,12 +76,7 @@ render_conversation = render_turns
 
 
 def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] | pa.Table) -> list[Any]:
-    """One table row (:data:`TABLE_COLUMNS`) from a trajectory summary and its spans.
-
-    Args:
-        traj: A row of :func:`tracer.summary.summarize` (or :func:`tracer.read_trajectories`).
-        spans: The trajectory's span rows (dicts or a table), any order.
-    """
+    """One table row (:data:`TABLE_COLUMNS`) from a summary row and the trajectory's span rows (any order)."""
     turns = trajectory_turns(spans).get(traj[S.TRACE_ID], [])
     prompt, response = prompt_and_response(turns)
     info = _loads(traj.get(S.REWARD_INFO))

@@ -357,15 +357,9 @@ def trajectory_data(
 ) -> TrajectoryData:
     """Convert the span rows of one trajectory to what an MLflow trace holds.
 
-    Args:
-        rows: Rows of :data:`tracer.schema.SPAN_SCHEMA` (dicts), all of one trace_id.
-        project: Project name (tag; the MLflow experiment).
-        experiment: Experiment name (tag; the MLflow run).
-        reward: ``(reward, reward_info JSON)`` to tag when known from outside
-            these rows (a reward logged by another process).
-        partial: The rows are late spans of a trajectory already sent (no
-            root among them): keep their parents as recorded, add no root,
-            and tag only the reward.
+    ``reward``: ``(reward, reward_info JSON)`` known from outside the rows (logged by another process).
+    ``partial``: the rows are late spans of a trajectory already sent: parents kept, no root added, only the
+    reward tagged.
     """
     trace_id = rows[0][S.TRACE_ID]
     ids = {r[S.SPAN_ID] for r in rows}
