@@ -90,10 +90,7 @@ def init(config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
 
     ``fields`` override ``config``, then the environment, then defaults. Calling it again flushes and closes
     the previous recorder; calls still running are written by the new one, whose first :func:`flush` reports
-    what the old one lost.
-
-    Raises:
-        TraceConfigError: a field is unknown or has a bad value.
+    what the old one lost. Raises TraceConfigError for an unknown field or a bad value.
     """
     global _config
     cfg = TraceConfig.resolve(config, **fields)
@@ -119,9 +116,8 @@ def get_config() -> TraceConfig | None:
 def flush(timeout: float | None = 30.0) -> FlushResult:
     """Return when everything recorded so far is durable on disk.
 
-    Never raises for a storage failure: the result says what could not be
-    written (``result.ok`` is False when spans failed or were dropped since
-    the previous flush; ``result.message`` says why; the counts are totals).
+    Never raises for a storage failure: ``result.ok`` is False when spans failed or were dropped since the
+    previous flush, ``result.message`` says why; the counts are totals.
     """
     rec = _recorder.ACTIVE
     if rec is None:

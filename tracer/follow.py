@@ -99,9 +99,8 @@ def _step_key(step: int | None) -> tuple[bool, int]:
 class RunFollower:
     """Reads a run again and again, each time only what was written since.
 
-    Not thread-safe: callers sharing one follower hold a lock around :meth:`poll`.
-
-    ``columns``: span columns to keep besides :data:`FOLLOW_SPAN_COLUMNS`.
+    Not thread-safe: callers sharing one follower hold a lock around :meth:`poll`. ``columns``: span columns to
+    keep besides :data:`FOLLOW_SPAN_COLUMNS`.
     """
 
     def __init__(self, path: TracePaths, columns: Iterable[str] = ()) -> None:
@@ -128,11 +127,7 @@ class RunFollower:
     # -- reading ------------------------------------------------------------
 
     def poll(self) -> Update:
-        """Read the batches written since the last poll and bring the summaries up to date.
-
-        Raises:
-            FileNotFoundError: the path does not exist.
-        """
+        """Read the batches written since the last poll and update the summaries (FileNotFoundError: no path)."""
         files = list_trace_files(self.path)
         listed = set(files)
         # A file read before is gone (compacted, removed) or remote (no cheap look at its batches): start over.
@@ -281,11 +276,7 @@ class RunFollower:
     # -- what was read ---------------------------------------------------------
 
     def trajectories(self, steps: Iterable[int | None] | None = None) -> pa.Table:
-        """One summary row per trajectory read so far (:data:`tracer.schema.TRAJECTORY_SCHEMA`), as ``read_trajectories``.
-
-        Args:
-            steps: Only these steps (None: all).
-        """
+        """One summary row per trajectory read so far, of ``steps`` (None: all), as ``read_trajectories``."""
         if steps is None:
             if self._table is None:
                 tables = [self._summaries[s] for s in sorted(self._summaries, key=_step_key)]

@@ -107,10 +107,8 @@ WRITER_ID_CHARS = 16
 def repeated_keys(trajectories: pa.Table) -> list[dict[str, Any]]:
     """The (step, sample_index, rollout_n, validate) keys held by more than one trajectory.
 
-    A run recorded twice under the same names, or verl numbering
-    ``rollout_n`` per worker, repeats keys; each attempt keeps its own trace
-    id. Each row: the key, ``attempts`` (trajectories with it) and
-    ``writers`` (distinct trace id prefixes, :data:`WRITER_ID_CHARS`).
+    (A run recorded twice under one name, or verl numbering ``rollout_n`` per worker.) Each row: the key,
+    ``attempts`` (trajectories with it) and ``writers`` (distinct trace id prefixes, :data:`WRITER_ID_CHARS`).
     """
     keys = [STEP, SAMPLE_INDEX, ROLLOUT_N, VALIDATE]
     t = trajectories.select([*keys, TRACE_ID])

@@ -50,9 +50,7 @@ TAKEN_VARIABLES = ("ROLLOUT_TRACE_", "MLFLOW_", "WANDB_", "SWANLAB_", "TRACKIO_"
 def misconfiguration(backend: object) -> str | None:
     """The warning for verl tracing configured with ``backend`` in a process without the drop-in, or None.
 
-    None when the drop-in is installed, when tracing is off, for verl's own
-    ``weave``/``trackio``, and for ``mlflow`` unless a ``ROLLOUT_TRACE_*``
-    variable is set.
+    None also for verl's own ``weave``/``trackio``, and for ``mlflow`` unless a ``ROLLOUT_TRACE_*`` variable is set.
     """
     if verl_compat.installed() or backend is None:
         return None
@@ -174,9 +172,8 @@ def _is_ray_driver() -> bool:
 def drain_plan(runtime_env: Any, environ: Any = os.environ) -> DrainPlan | None:
     """The catch-up a driver whose job has ``runtime_env`` owes its workers, or None.
 
-    None unless the runtime environment installs the drop-in or names
-    ``ROLLOUT_TRACE_DIR`` (or the driver's environment does); None when
-    ``ROLLOUT_TRACE_DRAIN_S`` is 0 or the folder is unknown.
+    None unless the runtime environment (or the driver's) installs the drop-in or names ``ROLLOUT_TRACE_DIR``;
+    None when ``ROLLOUT_TRACE_DRAIN_S`` is 0 or the folder is unknown.
     """
     env_vars = dict(runtime_env.get("env_vars") or {}) if hasattr(runtime_env, "get") else {}
     hook = runtime_env.get("worker_process_setup_hook") if hasattr(runtime_env, "get") else None

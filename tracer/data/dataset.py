@@ -130,12 +130,8 @@ class DatasetOptionError(ValueError):
 def parse_steps(spec: str | int | Iterable[int] | None, available: Sequence[int]) -> list[int] | None:
     """The steps ``spec`` selects among ``available`` (None: all).
 
-    ``spec``: an int, a list of ints, or text: ``"3"``, ``"1,4"``, ``"2-5"``,
-    ``"4-"`` (4 and later), ``"last:3"`` (the 3 latest steps recorded);
-    comma-separated parts combine.
-
-    Raises:
-        DatasetOptionError: text that is none of these.
+    ``spec``: an int, ints, or text: ``"3"``, ``"1,4"``, ``"2-5"``, ``"4-"`` (4 and later), ``"last:3"`` (the 3
+    latest steps recorded), parts combined; DatasetOptionError for other text.
     """
     if spec is None:
         return None
@@ -175,12 +171,9 @@ def _filter_value(field: str, text: str) -> Any:
 def filter_mask(trajectories: pa.Table, filters: str | Sequence[str] | None) -> pa.Array:
     """Which trajectory summaries every ``filters`` expression keeps (``FIELD OP VALUE``, all must hold).
 
-    Fields: :data:`FILTER_FIELDS`; operators ``== != >= <= > <`` (``=`` is
-    ``==``). A trajectory without the field's value (no reward) is dropped.
-
-    Raises:
-        DatasetOptionError: an expression that does not parse, names an
-            unknown field, or compares a number field with text.
+    Fields: :data:`FILTER_FIELDS`; operators ``== != >= <= > <`` (``=`` is ``==``). A trajectory without the
+    field's value is dropped. DatasetOptionError for an expression that does not parse, an unknown field, or a
+    number field compared with text.
     """
     keep = pa.array([True] * trajectories.num_rows, pa.bool_())
     exprs = [filters] if isinstance(filters, str) else list(filters or ())
@@ -372,10 +365,7 @@ def split_of(table: pa.Table, split: str) -> pa.Table:
 def write_dataset(
     tables: Iterable[pa.Table], out: str | os.PathLike[str], format: str = FORMAT_PARQUET
 ) -> dict[str, int]:  # noqa: A002
-    """Write dataset tables into folder ``out``, one file per split that has rows; return rows per file.
-
-    Files already there of the same names are replaced.
-    """
+    """Write dataset tables into folder ``out`` (replacing), one file per split with rows; return rows per file."""
     _check(PER_TRAJECTORY, format)
     folder = os.fspath(out)
     os.makedirs(folder, exist_ok=True)

@@ -82,11 +82,7 @@ class RescoreReport:
 
 
 def load_reward_function(spec: str) -> RewardFunction:
-    """Import ``module:function`` (a module on ``sys.path``, or ``path/to/file.py:function``).
-
-    Raises:
-        RescoreError: not ``module:function``, the module or function is missing, or it is not callable.
-    """
+    """Import ``module:function`` (a module on ``sys.path``, or ``path/to/file.py:function``), else RescoreError."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise RescoreError(f"--reward {spec!r} is not module:function; e.g. --reward my_rewards:exact_match")

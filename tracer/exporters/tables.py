@@ -133,11 +133,7 @@ class RunFiles:
 
 
 def open_run(path: TracePaths, steps: Iterable[int] | None = None, since_step: int | None = None) -> RunFiles:
-    """Read a trace path's names, config and (selected) trajectory summaries.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist or holds no trace files.
-    """
+    """A trace path's names, config and (selected) trajectory summaries; FileNotFoundError without trace files."""
     p: TracePaths = os.fspath(path) if isinstance(path, (str, os.PathLike)) else list(path)
     files = list_trace_files(p)
     if not files:
@@ -172,9 +168,8 @@ def iter_step_chunks(
 ) -> Iterator[tuple[pa.Table, dict[str, list[dict[str, Any]]]]]:
     """Yield ``(trajectories, spans_by_trace)`` for groups of whole steps, in step order.
 
-    Each group holds about :data:`SPANS_PER_CHUNK` spans, so memory stays
-    bounded while the files are read only a few times. ``columns``: the span
-    columns to read (None: all; empty: none, ``spans_by_trace`` is then empty).
+    Each group holds about :data:`SPANS_PER_CHUNK` spans. ``columns``: the span columns to read (None: all;
+    empty: none, ``spans_by_trace`` is then empty).
     """
     table = run.trajectories
     if table.num_rows == 0:
@@ -269,10 +264,7 @@ def read_leveldb_log(path: str | os.PathLike[str], ident: bytes) -> list[bytes]:
     """Records of a LevelDB-log framed file (wandb's ``.wandb``, swanlab's ``.swanlab``), a torn tail ignored.
 
     A 7-byte header (``ident``, magic, version), then 32 KiB blocks of
-    ``crc32c:u32 length:u16 type:u8 data`` fragments.
-
-    Raises:
-        ValueError: the file does not start with ``ident``.
+    ``crc32c:u32 length:u16 type:u8 data`` fragments. ValueError when the file does not start with ``ident``.
     """
     with open(path, "rb") as f:
         data = f.read()

@@ -626,11 +626,7 @@ def verify_export(
     steps: int | Iterable[int] | None = None,
     since_step: int | None = None,
 ) -> tuple[bool, list[str]]:
-    """Check, without sending anything, that every trajectory of the files is in MLflow with the same reward.
-
-    Returns:
-        ``(ok, lines)``: whether all matched, and a line per destination.
-    """
+    """``(ok, a line per destination)``: whether every trajectory of the files is in MLflow with the same reward."""
     uri = resolve_tracking_uri(tracking_uri)
     wanted = [steps] if isinstance(steps, int) else steps
     result: VerifyResult | None = None

@@ -104,9 +104,7 @@ def otel_span_hex(span_id: str) -> str:
 def namespaced_trace_hex(trace_id: str, experiment: str) -> str:
     """32 hex chars for ``trace_id`` exported into the MLflow experiment ``experiment``.
 
-    MLflow trace ids are unique across a whole store, so the same trajectory
-    exported into two experiments needs two ids; within one experiment the id
-    is always the same, which makes re-sending an upsert.
+    MLflow trace ids are unique across a store; within one experiment the id is stable, so re-sending upserts.
     """
     return hashlib.sha256(f"{experiment}\x00{trace_id}".encode()).hexdigest()[:32]
 
