@@ -23,9 +23,8 @@ def attach_exporters(rec: Recorder) -> None:
 
 def live_options(name: str, config: TraceConfig) -> dict[str, Any]:
     """Backend ``name``'s options from ``config.backend_options``: nested (``{"mlflow": {"tracking_uri": ...}}``,
-    which wins) or flat with the backend's name as prefix (``{"wandb_mode": "offline"}``, verl's ``wandb_proxy``).
-    Raises TraceConfigError for a value of the wrong type or not among its choices.
-    """
+    which wins) or flat with the backend's name as prefix (``{"wandb_mode": "offline"}``, verl's ``wandb_proxy``);
+    TraceConfigError for a value of the wrong type or choice."""
     entry = get_backend(name)
     given = config.backend_options or {}
     nested = given.get(name)
