@@ -175,8 +175,7 @@ class RunFollower:
             except OSError:
                 return None
             if st.st_size == progress.size and st.st_mtime_ns == progress.mtime_ns:
-                # Unchanged. A file not closed whose writer is gone (killed, a Ray actor at
-                # ray.shutdown) is sealed here, so its last step counts as finished.
+                # Unchanged: an open file whose writer is gone is sealed, so its last step counts as finished.
                 if progress.closed or seal_if_abandoned(file, on_sealed=write_index).action != SEALED:
                     return None
                 try:

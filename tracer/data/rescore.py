@@ -169,8 +169,7 @@ def rescore(
             report.trajectories += 1
             report.changed += 0 if same_value(old, new) else 1
             root = root_span(own)
-            # The recorded info goes forward (ground truth, ...), but not an advantage
-            # computed from the old reward: it would be wrong for the new one.
+            # The recorded info goes forward, but not an advantage computed from the old reward.
             kept = {k: v for k, v in info.items() if k not in (ADVANTAGE_KEY, PREVIOUS_REWARD_KEY)}
             attrs = {**kept, **extras, REWARD_SOURCE_KEY: name, PREVIOUS_REWARD_KEY: old}
             rows.append(

@@ -53,8 +53,7 @@ NEW = "new"  # to be written
 EXISTING = "existing"  # already at the destination (post-hoc re-export): count it, do not write it
 LATE = "late"  # spans arriving after their trajectory was written (a reward logged afterwards)
 
-#: Steps this far behind the newest one forget their trajectories (a late
-#: trajectory of such a step is written with metrics over the late ones only).
+#: Steps this far behind the newest forget their trajectories (later ones get metrics over the late ones only).
 KEEP_STEPS = 8
 #: Seconds before a live driver whose destination failed to open tries again.
 OPEN_RETRY_S = 30.0
@@ -617,8 +616,7 @@ class LiveDriver:
         summary, rows = clean.summary, clean.spans
         tid, step = summary[S.TRACE_ID], summary[S.STEP]
         if not tid or (summary[S.NUM_SPANS] == 0 and not late):
-            # Rewards logged for a trajectory this process did not record: the
-            # files join them (post-hoc export); live there is nothing to put them on.
+            # Rewards for a trajectory this process did not record: only a post-hoc export can join them.
             return
         seen = self._seen.setdefault(step, {})
         if late and tid in seen:
@@ -643,8 +641,7 @@ class LiveDriver:
     def _open(self) -> None:
         if self._opened:
             return
-        # A destination that failed to open is not retried for a while, so a
-        # flush does not wait on it again and again.
+        # A destination that failed to open is not retried for a while: flushes do not wait on it each time.
         if self._open_error is not None and time.monotonic() - self._open_failed_at < OPEN_RETRY_S:
             raise self._open_error
         try:
@@ -653,9 +650,7 @@ class LiveDriver:
             self._open_error, self._open_failed_at = exc, time.monotonic()
             raise
         self._opened = True
-        # The backend's library registered its own exit teardown while opening
-        # (wandb's closes its service connection); exit hooks run last-registered
-        # first, so the tracer's, registered again now, drains before it.
+        # The backend registered its exit teardown while opening; the tracer's, registered again, runs first.
         atexit.unregister(_shutdown_before_backends)
         atexit.register(_shutdown_before_backends)
 

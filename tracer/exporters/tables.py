@@ -22,8 +22,7 @@ from tracer.read import TracePaths, list_trace_files, read_file_metadata, read_s
 from tracer.read import parse_json_or_text as _loads
 from tracer.summary import prompt_and_response, render_turns, trajectory_turns
 
-#: Columns of the per-step trajectory table, in order.
-#: Where a table column carries a trajectory column, it has that column's name.
+#: Columns of the per-step trajectory table, in order (a trajectory column keeps its name).
 TABLE_COLUMNS = (
     S.STEP,
     S.SAMPLE_INDEX,
@@ -51,8 +50,7 @@ VAL_METRIC_PREFIX = "rollout_trace_val/"
 TABLE_KEY = "rollout_trace/table"
 VAL_TABLE_KEY = "rollout_trace_val/table"
 
-#: Longest text kept in one table cell (conversation, prompt, response);
-#: longer text is cut with a note saying how much was cut.
+#: Longest text kept in one table cell; longer text is cut with a note saying how much.
 MAX_CELL_CHARS = 100_000
 #: Post-hoc export reads the spans of this many trajectories' steps at a time.
 SPANS_PER_CHUNK = 200_000

@@ -27,8 +27,7 @@ SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
     S.ATTRIBUTES,
 )
 
-#: Span tables up to this many rows are summarised in Python (same definitions):
-#: Arrow's per-call cost dominates for one trajectory (bench/bench_summary.py).
+#: Span tables up to this many rows are summarised in Python: Arrow's per-call cost dominates there.
 SMALL_SUMMARY_SPANS = 64
 
 

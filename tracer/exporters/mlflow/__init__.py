@@ -79,8 +79,7 @@ __all__ = [
 BACKEND = "mlflow"
 #: Environment variable giving the tracking URI (MLflow's own, as verl uses it).
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
-#: SQLite file used when no tracking URI is given: ``./mlflow.db``, where
-#: ``mlflow ui`` / ``mlflow server`` started in the same folder look by default.
+#: SQLite file used when no tracking URI is given (where ``mlflow ui`` in the same folder looks).
 DEFAULT_DB_FILE = "mlflow.db"
 #: MLflow versions the fast path (``log_spans`` with our span entities) was checked on.
 FAST_PATH_VERSIONS = ("3.17.",)
@@ -196,8 +195,7 @@ class _Destination:
             self._tracing = TracingClient(tracking_uri)
             from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-            # SQL stores: tags and the run link are written in one statement per batch
-            # (MLflow merges root-span tag attributes row by row: ~11 queries a trace).
+            # SQL stores: tags and the run link in one statement per batch (MLflow: ~11 queries a trace).
             self._sql_store = self._tracing.store if isinstance(self._tracing.store, SqlAlchemyStore) else None
         else:
             mlflow.set_tracking_uri(tracking_uri)
@@ -322,8 +320,7 @@ def _write_sql_tags(store: Any, trajectories: Sequence[TrajectoryData], run_id: 
     with store.ManagedSessionMaker(read_only=False) as session:
         for model, rows in ((SqlTraceTag, tags), (SqlTraceMetadata, meta)):
             if session.bind.dialect.name in ("sqlite", "postgresql"):
-                # One statement run executemany-style: compiled once, unlike MLflow's
-                # multi-VALUES upsert, which compiles anew for every 100 rows.
+                # executemany-style: compiled once, unlike MLflow's multi-VALUES upsert (anew every 100 rows).
                 dialect: Any = importlib.import_module(f"sqlalchemy.dialects.{session.bind.dialect.name}")
                 ins = dialect.insert(model.__table__)
                 stmt = ins.on_conflict_do_update(

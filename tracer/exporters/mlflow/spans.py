@@ -169,8 +169,7 @@ def count_tokens(tokens: Any, keys: Sequence[str]) -> int:
 
 
 def _tag_value(value: Any) -> str:
-    # str() of the Python value, as verl's own MLflow backend writes its tags
-    # ('False', '3'), so a search written for verl's traces finds ours.
+    # str() of the value, as verl's MLflow backend writes tags ('False', '3'): its searches find ours.
     if isinstance(value, bool):
         return str(value)
     if isinstance(value, float) and value.is_integer():
