@@ -62,57 +62,40 @@ class TraceConfig:
     """How and where this process records rollouts.
 
     Attributes:
-        project_name: Project: the first directory under ``output_dir``; the
-            MLflow experiment / wandb project of exporters.
+        project_name: The first directory under ``output_dir``; the MLflow experiment / wandb project.
         experiment_name: Experiment (run) within the project.
-        backend: ``None`` turns tracing off; ``"arrow"`` writes local files
-            only; exporter names (:func:`tracer.available_backends`), one or a
-            list, add live exporters beside the files.
+        backend: ``None`` turns tracing off; ``"arrow"`` writes local files only; exporter names
+            (:func:`tracer.available_backends`), one or a list, add live exporters beside the files.
         output_dir: Root of the trace files (``ROLLOUT_TRACE_DIR``, else ``./rollout_traces``).
         token2text: Decode token id fields to text beside them.
-        tokenizer: A tokenizer object (``batch_decode``/``decode``) or a path to
-            its folder or ``tokenizer.json``; None: the decorated method's
-            ``self.tokenizer``, as verl does.
-        token_fields: Token id fields beyond ``prompt_ids, response_ids,
-            token_ids, input_ids, output_ids``.
-        max_tokens: Keep at most this many tokens of every token list and its
-            text (the length is recorded); None: no limit.
-        max_samples_per_step_per_worker: Record at most this many samples
-            (prompts) per step in this process, each with all its rollouts
-            (alias ``max_samples``); None: all.
+        tokenizer: A tokenizer object (``batch_decode``/``decode``) or a path to its folder or
+            ``tokenizer.json``; None: the decorated method's ``self.tokenizer``, as verl does.
+        token_fields: Token id fields beyond ``prompt_ids, response_ids, token_ids, input_ids, output_ids``.
+        max_tokens: Keep at most this many tokens of every token list and its text (the length is recorded).
+        max_samples_per_step_per_worker: Record at most this many samples (prompts) per step in this process,
+            each with all its rollouts (alias ``max_samples``); None: all.
         store_full_token: If False, keep decoded text and drop token id lists.
         seed: Seed of the sampling choice.
-        sample_strategy: Which groups of a step a sample cap keeps:
-            ``"uniform"`` (seeded, as rollouts start), ``"extremes"`` (highest
-            and lowest mean), ``"variance"`` (rewards that differ most first);
-            the last two decide once the step's groups are complete
-            (``tracer.record.sampling``).
-        sample_by: What ``extremes`` and ``variance`` rank by: ``"reward"`` or
-            ``"length"`` (response tokens).
-        sample_candidates_per_step: Groups of a step held unwritten until
-            ``extremes``/``variance`` decide (later ones are counted, not
-            recorded); None: 4 x the sample cap.
-        flush_interval_s: The writer makes records durable at least this often
-            (what a kill -9 can lose).
+        sample_strategy: Which groups of a step a sample cap keeps: ``"uniform"`` (seeded, as rollouts start),
+            ``"extremes"`` (highest and lowest mean), ``"variance"`` (rewards that differ most first); the last
+            two decide once the step's groups are complete (``tracer.record.sampling``).
+        sample_by: What ``extremes`` and ``variance`` rank by: ``"reward"`` or ``"length"`` (response tokens).
+        sample_candidates_per_step: Groups of a step held unwritten until ``extremes``/``variance`` decide
+            (later ones are counted, not recorded); None: 4 x the sample cap.
+        flush_interval_s: The writer makes records durable at least this often (what a kill -9 can lose).
         max_file_bytes: Rotate to a new file after this many bytes.
         max_buffered_spans: Finished spans held in memory awaiting the writer.
-        on_buffer_full: ``"block"`` (wait for the writer, lose nothing) or
-            ``"drop"`` (drop the span and count it).
+        on_buffer_full: ``"block"`` (wait for the writer, lose nothing) or ``"drop"`` (drop and count the span).
         compression_level: zstd level of the Arrow buffers.
-        log_val_generations: Validation trajectories per step in exporters'
-            tables (verl's ``trainer.log_val_generations``).
+        log_val_generations: Validation trajectories per step in exporters' tables (verl's name).
         backend_options: Extra per-backend options.
-        redact: Replace secrets with ``<redacted>`` before anything is written
-            (``tracer.record.redact``).
+        redact: Replace secrets with ``<redacted>`` before anything is written (``tracer.record.redact``).
         redact_patterns: Extra regular expressions to redact.
-        upload_interval_s: With a URI ``output_dir`` (``s3://...``): upload a
-            staged file at least this often.
-        run_config: The training run's own configuration, kept (redacted) in
-            every file's metadata (:func:`tracer.read_run_config`) and logged by
-            exporters as their run's params.
-        shutdown_timeout_s: The longest a stop (signal, ``ray.shutdown()``,
-            exit) waits to make files durable and drain live exporters; the
-            rest is caught up by ``rollout-trace export``.
+        upload_interval_s: With a URI ``output_dir`` (``s3://...``): upload a staged file at least this often.
+        run_config: The training run's own configuration, kept (redacted) in every file's metadata
+            (:func:`tracer.read_run_config`) and logged by exporters as their run's params.
+        shutdown_timeout_s: The longest a stop (signal, ``ray.shutdown()``, exit) waits to make files durable
+            and drain live exporters; ``rollout-trace export`` catches up the rest.
     """
 
     project_name: str = "rollout_trace"

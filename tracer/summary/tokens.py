@@ -19,18 +19,12 @@ class TrajectoryTokens:
 
     Attributes:
         prompt_ids: The first model call's prompt ids (None when not recorded).
-        response_ids: Everything after the prompt: each model turn's tokens,
-            with the tokens spliced in between turns (tool results, template)
-            where the next call's prompt shows them.
-        response_mask: One per response id: :data:`MASK_MODEL` for a model
-            token, :data:`MASK_ENV` for a spliced-in one.
-        logprobs: One per response id: the model's logprob (None where unknown
-            and for spliced-in tokens).
-        exact: False when the sequence is known to be incomplete: a token list
-            was cut by the tracer's ``max_tokens``, or a call's prompt does not
-            extend the previous call's prompt and reply (re-templated history:
-            its spliced-in tokens are then left out). The tokens under mask 1
-            are every recorded model token, in order, either way.
+        response_ids: Each model turn's tokens, with the tokens spliced in between turns (tool results,
+            template) where the next call's prompt shows them.
+        response_mask: Per response id: :data:`MASK_MODEL` for a model token, :data:`MASK_ENV` spliced in.
+        logprobs: Per response id: the model's logprob (None where unknown and for spliced-in tokens).
+        exact: False when a token list was cut by ``max_tokens`` or a call's prompt does not extend the previous
+            prompt and reply (its spliced-in tokens are then left out); mask 1 tokens are all recorded either way.
     """
 
     prompt_ids: list[int] | None
