@@ -11,7 +11,6 @@ MLflow versions in :data:`FAST_PATH_VERSIONS` whole traces go to the store's
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -407,14 +406,8 @@ def _send_public(t: TrajectoryData, experiment_id: str, run_id: str) -> str:
 # -- reading the files ---------------------------------------------------------
 
 
-@dataclasses.dataclass
-class _Group:
-    project: str
-    experiment: str
-    files: list[str]
-
-
-def _groups(path: str, experiment: str | None) -> list[_Group]:
+def _groups(path: str, experiment: str | None) -> dict[tuple[str, str], list[str]]:
+    """The trace files under ``path`` by recorded (project, experiment); ``experiment`` (MLflow's) overrides the project."""
     groups: dict[tuple[str, str], list[str]] = {}
     for file in list_trace_files(path):
         try:
@@ -424,7 +417,7 @@ def _groups(path: str, experiment: str | None) -> list[_Group]:
         project = experiment or meta.get(S.META_PROJECT) or "rollout_trace"
         exp = meta.get(S.META_EXPERIMENT) or "default"
         groups.setdefault((project, exp), []).append(file)
-    return [_Group(p, e, f) for (p, e), f in groups.items()]
+    return groups
 
 
 def _span_response_tokens(spans: Sequence[dict[str, Any]]) -> int:
@@ -482,8 +475,8 @@ class MlflowSink(SinkBase):
         groups = _groups(path, options.get("experiment"))
         if not groups:
             raise FileNotFoundError(f"no trace files (*{S.FILE_SUFFIX}) under {path!r}")
-        for group in groups:
-            yield (path if len(groups) == 1 else group.files), group.project, group.experiment
+        for (project, experiment), files in groups.items():
+            yield (path if len(groups) == 1 else files), project, experiment
 
     def open(self, target: Target) -> set[str]:
         """Find or create the experiment and run; return our trace ids already there (post hoc)."""
