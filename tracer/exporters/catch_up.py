@@ -119,10 +119,8 @@ def catch_up_run(run_dir: str, deadline: float) -> list[CaughtUp]:
     backends = live_backends(run_dir)
     if not backends:
         return []
-    running = writers_running(run_dir)
-    while running and time.monotonic() < deadline:
+    while (running := writers_running(run_dir)) and time.monotonic() < deadline:
         time.sleep(POLL_S)
-        running = writers_running(run_dir)
     if running:
         why = f"{len(running)} of its files are still being written (e.g. {os.path.basename(running[0])})"
         return [CaughtUp(run_dir, name, problem=why) for name in backends]
@@ -133,8 +131,7 @@ def catch_up_run(run_dir: str, deadline: float) -> list[CaughtUp]:
         except Exception as exc:  # the backend down, not installed, ...: the files keep everything
             done.append(CaughtUp(run_dir, name, problem=f"{type(exc).__name__}: {exc}"))
             continue
-        present = report.trajectories_skipped
-        done.append(CaughtUp(run_dir, name, sent=report.trajectories_sent, present=present))
+        done.append(CaughtUp(run_dir, name, sent=report.trajectories_sent, present=report.trajectories_skipped))
     return done
 
 
