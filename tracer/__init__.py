@@ -28,6 +28,7 @@ from tracer.compare import compare_runs, read_run_config
 from tracer.config import ENV_BACKEND, ENV_CONFIG, ENV_TRACE_DIR, TraceConfig, TraceConfigError
 from tracer.data.dataset import to_dataset
 from tracer.data.rescore import read_rewards
+from tracer.data.token_stats_reader import read_token_stats
 from tracer.exporters.attach import attach_exporters
 from tracer.index.readers import read_trajectories
 from tracer.read import (
@@ -44,7 +45,6 @@ from tracer.record.decorators import log_reward, propagate, rollout_trace_attr, 
 from tracer.record.recorder import FlushResult
 from tracer.record.token_stats import log_token_stats
 from tracer.summary import step_metrics, trajectory_messages
-from tracer.token_stats import read_token_stats
 
 __version__ = "0.1.0"
 
@@ -88,15 +88,9 @@ _config: TraceConfig | None = None
 def init(config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
     """Configure tracing for this process and return the config in force.
 
-    Calling it again replaces the configuration: the previous recorder is
-    flushed and closed; calls still running then are written by the new
-    recorder when they finish, and the new recorder's first :func:`flush`
-    reports anything the old one lost. ``fields`` override ``config``; unset fields
-    come from the environment (``ROLLOUT_TRACE_DIR``, ``ROLLOUT_TRACE_BACKEND``)
-    and defaults.
-
-    Raises:
-        TraceConfigError: a field is unknown or has a bad value.
+    ``fields`` override ``config``, then the environment, then defaults. Calling it again flushes and closes
+    the previous recorder; calls still running are written by the new one, whose first :func:`flush` reports
+    what the old one lost. Raises TraceConfigError for an unknown field or a bad value.
     """
     global _config
     cfg = TraceConfig.resolve(config, **fields)
@@ -122,9 +116,8 @@ def get_config() -> TraceConfig | None:
 def flush(timeout: float | None = 30.0) -> FlushResult:
     """Return when everything recorded so far is durable on disk.
 
-    Never raises for a storage failure: the result says what could not be
-    written (``result.ok`` is False when spans failed or were dropped since
-    the previous flush; ``result.message`` says why; the counts are totals).
+    Never raises for a storage failure: ``result.ok`` is False when spans failed or were dropped since the
+    previous flush, ``result.message`` says why; the counts are totals.
     """
     rec = _recorder.ACTIVE
     if rec is None:

@@ -1,10 +1,8 @@
 """Registry of backends: each one's name, sink class, extra and options, declared once.
 
-``arrow`` is the local file writer the others are fed from. Each other backend is a
-:class:`Backend` in :data:`BACKENDS` (its sink as ``"module:Class"``, imported only
-when used; its library and extra; its :class:`Option` s); the CLI, the Python API
-and the live options are built from them. This module imports no tracer module but
-:mod:`tracer.extras`, so the config can check names against it.
+``arrow`` is the local file writer the others are fed from; each other backend is a :class:`Backend` in
+:data:`BACKENDS` (sink ``"module:Class"``, imported when used). The CLI, the Python API and the live options
+are built from them.
 """
 
 from __future__ import annotations
@@ -204,11 +202,7 @@ def _suggest(name: str, valid: Sequence[str]) -> str:
 
 
 def get_backend(name: str) -> Backend:
-    """The entry of backend ``name``.
-
-    Raises:
-        ExportOptionError: no such backend; names the valid ones and the closest.
-    """
+    """The entry of backend ``name``; ExportOptionError naming the valid ones and the closest if none."""
     entry = BACKENDS.get(name)
     if entry is None:
         raise ExportOptionError(
@@ -218,12 +212,7 @@ def get_backend(name: str) -> Backend:
 
 
 def load_sink(name: str) -> Any:
-    """Import and return the sink class of backend ``name``.
-
-    Raises:
-        ExportOptionError: no such backend.
-        ImportError: its library is not installed (the message has the pip line).
-    """
+    """The sink class of backend ``name``, imported (ImportError with the pip line when its library is missing)."""
     entry = get_backend(name)
     if entry.requires and entry.extra:
         require_backend(entry.requires, entry.extra)
@@ -259,9 +248,7 @@ def _coerce(backend: str, option: Option, value: Any) -> Any:
 def resolve_options(name: str, options: Mapping[str, Any], live: bool = False) -> dict[str, Any]:
     """Every option of backend ``name``: the given ones checked, the rest at their defaults.
 
-    Raises:
-        ExportOptionError: an unknown option (naming the valid ones and the
-            closest) or a value of the wrong type or not among its choices.
+    Raises ExportOptionError for an unknown option (naming the closest) or a value of the wrong type or choice.
     """
     entry = get_backend(name)
     known = [o.name for o in entry.options]

@@ -137,20 +137,10 @@ def compare_runs(
 
     Two steps of one run compare the same way: ``compare_runs(run, run, steps_a=10, steps_b=200)``.
 
-    Args:
-        run_a: Run A (a trace file or directory); ``run_b`` likewise.
-        steps_a: Steps of A to take (default all); ``steps_b`` likewise.
-        validate: Only validation (True) or training (False) rollouts; None both.
-        pass_threshold: A rollout passes when its reward is at least this.
-        prompts: Add each prompt's text (reads one trajectory per prompt).
-
-    Returns:
-        A table of :data:`COMPARE_SCHEMA`: ``validate``, ``sample_index``,
-        ``question``, ``steps_a/b`` (the steps each side's rollouts of the
-        prompt come from), ``prompt``, ``rollouts_a/b``, ``reward_a/b`` (mean reward; null without
-        one), ``delta`` (``reward_b - reward_a``), ``pass_rate_a/b``,
-        ``pass_rate_delta`` and one trajectory of each (``trace_id_a/b``).
-        Sorted by ``delta`` ascending (nulls last), then prompt.
+    ``steps_a``/``steps_b``: steps of each side (default all); ``validate``: only validation (True) or training
+    (False) rollouts; a rollout passes when its reward is at least ``pass_threshold``; ``prompts`` adds each
+    prompt's text (one trajectory read per prompt). ``reward_a/b`` is the mean reward (null without one),
+    ``delta`` is ``reward_b - reward_a``; rows sorted by ``delta`` ascending (nulls last), then prompt.
     """
     a = _per_prompt(read_trajectories(run_a, steps=steps_a, validate=validate), pass_threshold)
     b = _per_prompt(read_trajectories(run_b, steps=steps_b, validate=validate), pass_threshold)

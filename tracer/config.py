@@ -1,10 +1,7 @@
-"""Configuration: the :class:`TraceConfig` dataclass and its parsers.
+"""Configuration: :class:`TraceConfig`, resolved from keyword arguments, then the environment, then defaults.
 
-Precedence, resolved in :meth:`TraceConfig.resolve`: explicit keyword
-arguments, then environment variables, then defaults. verl-style dotted
-overrides (``actor_rollout_ref.rollout.trace.backend=arrow``) and the same keys
-in YAML are parsed by :meth:`TraceConfig.from_overrides` and
-:meth:`TraceConfig.from_yaml`.
+verl-style dotted overrides (``actor_rollout_ref.rollout.trace.backend=arrow``) and the same keys in YAML are
+parsed by :meth:`TraceConfig.from_overrides` and :meth:`TraceConfig.from_yaml`.
 """
 
 from __future__ import annotations
@@ -23,19 +20,15 @@ from tracer.record.tokenizer import check_decodes, has_decode, load_tokenizer
 
 #: Environment variable: default ``output_dir``.
 ENV_TRACE_DIR = "ROLLOUT_TRACE_DIR"
-#: Environment variable: default ``backend`` (``arrow``, ``none``, or a
-#: comma-separated list).
+#: Environment variable: default ``backend`` (``arrow``, ``none``, or a comma-separated list).
 ENV_BACKEND = "ROLLOUT_TRACE_BACKEND"
-#: Environment variable: set to ``1`` to make the tracer's own errors raise
-#: instead of being counted and logged (tests set it).
+#: Environment variable: ``1`` makes the tracer's own errors raise instead of being counted and logged (tests).
 ENV_STRICT = "ROLLOUT_TRACE_STRICT"
-#: Environment variable: a JSON object of config fields, the base that
-#: ``ROLLOUT_TRACE_DIR``/``ROLLOUT_TRACE_BACKEND`` and keyword arguments
-#: override (hands a whole config to Ray workers through ``runtime_env``).
+#: Environment variable: a JSON object of config fields, under ``ROLLOUT_TRACE_DIR``/``ROLLOUT_TRACE_BACKEND`` and
+#: keyword arguments (hands a whole config to Ray workers through ``runtime_env``).
 ENV_CONFIG = "ROLLOUT_TRACE_CONFIG"
-#: Environment variable: the longest a Ray driver's ``ray.shutdown()`` (or its
-#: exit) spends shipping, from the files, what its workers' live exporters had
-#: not shipped (:mod:`tracer.verl_plugin`); ``0`` switches that off.
+#: Environment variable: seconds a Ray driver's ``ray.shutdown()`` (or exit) may spend shipping what its workers'
+#: live exporters had not (:mod:`tracer.verl_plugin`); ``0``: off.
 ENV_DRAIN_S = "ROLLOUT_TRACE_DRAIN_S"
 #: Default for :data:`ENV_DRAIN_S`, in seconds.
 DEFAULT_DRAIN_S = 120.0
@@ -69,57 +62,40 @@ class TraceConfig:
     """How and where this process records rollouts.
 
     Attributes:
-        project_name: Project: the first directory under ``output_dir``; the
-            MLflow experiment / wandb project of exporters.
+        project_name: The first directory under ``output_dir``; the MLflow experiment / wandb project.
         experiment_name: Experiment (run) within the project.
-        backend: ``None`` turns tracing off; ``"arrow"`` writes local files
-            only; exporter names (:func:`tracer.available_backends`), one or a
-            list, add live exporters beside the files.
+        backend: ``None`` turns tracing off; ``"arrow"`` writes local files only; exporter names
+            (:func:`tracer.available_backends`), one or a list, add live exporters beside the files.
         output_dir: Root of the trace files (``ROLLOUT_TRACE_DIR``, else ``./rollout_traces``).
         token2text: Decode token id fields to text beside them.
-        tokenizer: A tokenizer object (``batch_decode``/``decode``) or a path to
-            its folder or ``tokenizer.json``; None: the decorated method's
-            ``self.tokenizer``, as verl does.
-        token_fields: Token id fields beyond ``prompt_ids, response_ids,
-            token_ids, input_ids, output_ids``.
-        max_tokens: Keep at most this many tokens of every token list and its
-            text (the length is recorded); None: no limit.
-        max_samples_per_step_per_worker: Record at most this many samples
-            (prompts) per step in this process, each with all its rollouts
-            (alias ``max_samples``); None: all.
+        tokenizer: A tokenizer object (``batch_decode``/``decode``) or a path to its folder or
+            ``tokenizer.json``; None: the decorated method's ``self.tokenizer``, as verl does.
+        token_fields: Token id fields beyond ``prompt_ids, response_ids, token_ids, input_ids, output_ids``.
+        max_tokens: Keep at most this many tokens of every token list and its text (the length is recorded).
+        max_samples_per_step_per_worker: Record at most this many samples (prompts) per step in this process,
+            each with all its rollouts (alias ``max_samples``); None: all.
         store_full_token: If False, keep decoded text and drop token id lists.
         seed: Seed of the sampling choice.
-        sample_strategy: Which groups of a step a sample cap keeps:
-            ``"uniform"`` (seeded, as rollouts start), ``"extremes"`` (highest
-            and lowest mean), ``"variance"`` (rewards that differ most first);
-            the last two decide once the step's groups are complete
-            (``tracer.record.sampling``).
-        sample_by: What ``extremes`` and ``variance`` rank by: ``"reward"`` or
-            ``"length"`` (response tokens).
-        sample_candidates_per_step: Groups of a step held unwritten until
-            ``extremes``/``variance`` decide (later ones are counted, not
-            recorded); None: 4 x the sample cap.
-        flush_interval_s: The writer makes records durable at least this often
-            (what a kill -9 can lose).
+        sample_strategy: Which groups of a step a sample cap keeps: ``"uniform"`` (seeded, as rollouts start),
+            ``"extremes"`` (highest and lowest mean), ``"variance"`` (rewards that differ most first); the last
+            two decide once the step's groups are complete (``tracer.record.sampling``).
+        sample_by: What ``extremes`` and ``variance`` rank by: ``"reward"`` or ``"length"`` (response tokens).
+        sample_candidates_per_step: Groups of a step held unwritten until ``extremes``/``variance`` decide
+            (later ones are counted, not recorded); None: 4 x the sample cap.
+        flush_interval_s: The writer makes records durable at least this often (what a kill -9 can lose).
         max_file_bytes: Rotate to a new file after this many bytes.
         max_buffered_spans: Finished spans held in memory awaiting the writer.
-        on_buffer_full: ``"block"`` (wait for the writer, lose nothing) or
-            ``"drop"`` (drop the span and count it).
+        on_buffer_full: ``"block"`` (wait for the writer, lose nothing) or ``"drop"`` (drop and count the span).
         compression_level: zstd level of the Arrow buffers.
-        log_val_generations: Validation trajectories per step in exporters'
-            tables (verl's ``trainer.log_val_generations``).
+        log_val_generations: Validation trajectories per step in exporters' tables (verl's name).
         backend_options: Extra per-backend options.
-        redact: Replace secrets with ``<redacted>`` before anything is written
-            (``tracer.record.redact``).
+        redact: Replace secrets with ``<redacted>`` before anything is written (``tracer.record.redact``).
         redact_patterns: Extra regular expressions to redact.
-        upload_interval_s: With a URI ``output_dir`` (``s3://...``): upload a
-            staged file at least this often.
-        run_config: The training run's own configuration, kept (redacted) in
-            every file's metadata (:func:`tracer.read_run_config`) and logged by
-            exporters as their run's params.
-        shutdown_timeout_s: The longest a stop (signal, ``ray.shutdown()``,
-            exit) waits to make files durable and drain live exporters; the
-            rest is caught up by ``rollout-trace export``.
+        upload_interval_s: With a URI ``output_dir`` (``s3://...``): upload a staged file at least this often.
+        run_config: The training run's own configuration, kept (redacted) in every file's metadata
+            (:func:`tracer.read_run_config`) and logged by exporters as their run's params.
+        shutdown_timeout_s: The longest a stop (signal, ``ray.shutdown()``, exit) waits to make files durable
+            and drain live exporters; ``rollout-trace export`` catches up the rest.
     """
 
     project_name: str = "rollout_trace"
@@ -278,14 +254,8 @@ class TraceConfig:
                 raise TraceConfigError(f"token_fields: {name!r} must be a field name ending in '_ids'")
 
     def check_resources(self) -> None:
-        """Check what the config points at, so a mistake fails at :func:`tracer.init`, not at the first flush.
-
-        When recording: the run directory can be created (local paths), and with
-        ``token2text`` the ``tokenizer`` loads and decodes.
-
-        Raises:
-            TraceConfigError: naming the key, the value and the fix.
-        """
+        """Raise :class:`TraceConfigError` at :func:`tracer.init`, not at the first flush, when recording and the
+        run directory cannot be created (local paths) or, with ``token2text``, the ``tokenizer`` does not decode."""
         if not self.enabled:
             return
         if not _URI_SCHEME.match(self.output_dir):
@@ -315,7 +285,7 @@ class TraceConfig:
                 base["output_dir"] = env_dir
             env_backend = os.environ.get(ENV_BACKEND)
             if env_backend is not None:
-                base["backend"] = _parse_backend(env_backend, ENV_BACKEND)
+                base["backend"] = _parse_backend(env_backend)
             from_env = set(base) - set(fields)
             base.update(fields)
             try:
@@ -328,14 +298,10 @@ class TraceConfig:
 
     @classmethod
     def from_overrides(cls, overrides: Iterable[str], base: TraceConfig | None = None) -> TraceConfig:
-        """Parse verl-style ``key=value`` overrides.
+        """Parse verl-style ``key=value`` overrides; raise :class:`TraceConfigError` naming a bad key or value.
 
-        Keys: ``actor_rollout_ref.rollout.trace.<field>``, ``rollout.trace.<field>``,
-        ``trace.<field>``, ``trainer.project_name``/``experiment_name``/``log_val_generations``
-        (the trace keys win); other keys (the rest of a verl command line) are ignored.
-
-        Raises:
-            TraceConfigError: naming the key, the bad value and what is allowed.
+        Keys: ``actor_rollout_ref.rollout.trace.<field>``, ``rollout.trace.<field>``, ``trace.<field>``,
+        ``trainer.project_name``/``experiment_name``/``log_val_generations`` (the trace keys win); others are ignored.
         """
         pairs: list[tuple[str, str]] = []
         for item in overrides:
@@ -346,7 +312,7 @@ class TraceConfig:
                     f"actor_rollout_ref.rollout.trace.backend=arrow"
                 )
             pairs.append((key.strip(), value.strip()))
-        return cls._from_pairs(pairs, base, parse_text=True)
+        return cls._from_pairs(pairs, base)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], base: TraceConfig | None = None) -> TraceConfig:
@@ -366,17 +332,17 @@ class TraceConfig:
             raise TraceConfigError(
                 f"config file {os.fspath(path)!r} must hold a mapping of keys, not {type(data).__name__}"
             )
-        return cls._from_pairs(list(_flatten(data)), base, parse_text=False)
+        return cls._from_pairs(list(_flatten(data)), base)
 
     @classmethod
-    def _from_pairs(cls, pairs: list[tuple[str, Any]], base: TraceConfig | None, parse_text: bool) -> TraceConfig:
+    def _from_pairs(cls, pairs: list[tuple[str, Any]], base: TraceConfig | None) -> TraceConfig:
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         trace_fields: dict[str, Any] = {}
         trainer_fields: dict[str, Any] = {}
         for key, raw in pairs:
             if key in _TRAINER_KEYS:
                 field = _TRAINER_KEYS[key]
-                trainer_fields[field] = _parse_value(key, raw, str(types[field]), parse_text)
+                trainer_fields[field] = _parse_value(key, raw, str(types[field]))
                 continue
             prefix = next((p for p in _TRACE_PREFIXES if key.startswith(p)), None)
             if prefix is None:
@@ -390,7 +356,7 @@ class TraceConfig:
                     f"{key}: unknown trace setting {name!r}{hint}; valid settings are "
                     f"{', '.join(prefix + v for v in valid)}"
                 )
-            trace_fields[name] = _parse_value(key, raw, str(types[name]), parse_text)
+            trace_fields[name] = _parse_value(key, raw, str(types[name]))
         fields = {**trainer_fields, **trace_fields}
         try:
             return cls.resolve(base, **fields)
@@ -465,13 +431,9 @@ def _as_number(key: str, value: Any, kind: type, low: float, high: float, option
 
 
 def dir_segment(key: str, name: Any) -> str:
-    """The directory name a project or experiment name is stored under.
+    """The directory name of a project or experiment name (``%``, ``/``, ``\\`` as ``%25``, ``%2F``, ``%5C``).
 
-    Any non-empty name without NUL or line breaks (``/Shared/rl-team`` too): ``%``,
-    ``/`` and ``\\`` are written ``%25``, ``%2F``, ``%5C``, so names never share a directory.
-
-    Raises:
-        TraceConfigError: for a name no directory can be made from.
+    Raises TraceConfigError for a name no directory can be made from (empty, NUL, line breaks, too long).
     """
     if not isinstance(name, str) or not name.strip():
         raise TraceConfigError(f"{key}: {name!r} is not a usable name; give a non-empty string")
@@ -623,7 +585,7 @@ def _backend_list(backend: str | list[str] | tuple[str, ...] | None) -> list[str
     return out
 
 
-def _parse_backend(raw: Any, key: str) -> str | list[str] | None:
+def _parse_backend(raw: Any) -> str | list[str] | None:
     if raw is None:
         return None
     if isinstance(raw, (list, tuple)):
@@ -638,10 +600,10 @@ def _parse_backend(raw: Any, key: str) -> str | list[str] | None:
     return names[0] if len(names) == 1 else names
 
 
-def _parse_value(key: str, raw: Any, type_name: str, parse_text: bool) -> Any:
+def _parse_value(key: str, raw: Any, type_name: str) -> Any:
     """Parse ``raw`` to the field's type; ``type_name`` is the annotation text."""
     if key.endswith("backend"):
-        return _parse_backend(raw, key)
+        return _parse_backend(raw)
     text = raw.strip() if isinstance(raw, str) else None
     optional = "None" in type_name
     if text is not None and text.lower() in _NONE_WORDS and optional:
@@ -668,12 +630,5 @@ def _parse_value(key: str, raw: Any, type_name: str, parse_text: bool) -> Any:
             return str(raw)
         return raw if text is None else text
     except (ValueError, TypeError, json.JSONDecodeError):
-        allowed = {
-            "bool": "true or false",
-            "int": "an integer",
-            "float": "a number",
-            "dict[str, Any]": "a JSON object",
-        }.get(base, base)
-        if optional:
-            allowed += " (or null)"
+        allowed = ("a JSON object" if base.startswith("dict") else base) + (" (or null)" if optional else "")
         raise TraceConfigError(f"{key}: cannot read {raw!r}; give {allowed}") from None

@@ -1,12 +1,9 @@
 """Follow a run while it is written: read only the batches added since the last look.
 
-:class:`RunFollower` remembers per trace file the complete batches read and where
-the last ends (an append-only file keeps its batches' numbers); each poll reads only
-what is new and summarises again only the trajectories that got rows, so
-:meth:`RunFollower.trajectories` equals :func:`tracer.index.readers.read_trajectories` of
-the run at the cost of what is new. A file gone or shorter (compaction, repair)
-makes the next poll read the run again. Used by ``rollout-trace tail`` and the
-viewer's ``--follow``.
+:class:`RunFollower` remembers per file the complete batches read; each poll summarises again only the
+trajectories that got rows, so :meth:`RunFollower.trajectories` equals
+:func:`tracer.index.readers.read_trajectories` of the run. A file gone or shorter (compaction, repair) makes
+the next poll read the run again.
 """
 
 from __future__ import annotations
@@ -102,11 +99,8 @@ def _step_key(step: int | None) -> tuple[bool, int]:
 class RunFollower:
     """Reads a run again and again, each time only what was written since.
 
-    Not thread-safe: callers sharing one follower hold a lock around :meth:`poll`.
-
-    Args:
-        path: A run directory (searched recursively), a trace file, or a list of them.
-        columns: Extra span columns to keep besides :data:`FOLLOW_SPAN_COLUMNS`.
+    Not thread-safe: callers sharing one follower hold a lock around :meth:`poll`. ``columns``: span columns to
+    keep besides :data:`FOLLOW_SPAN_COLUMNS`.
     """
 
     def __init__(self, path: TracePaths, columns: Iterable[str] = ()) -> None:
@@ -133,11 +127,7 @@ class RunFollower:
     # -- reading ------------------------------------------------------------
 
     def poll(self) -> Update:
-        """Read the batches written since the last poll and bring the summaries up to date.
-
-        Raises:
-            FileNotFoundError: the path does not exist.
-        """
+        """Read the batches written since the last poll and update the summaries (FileNotFoundError: no path)."""
         files = list_trace_files(self.path)
         listed = set(files)
         # A file read before is gone (compacted, removed) or remote (no cheap look at its batches): start over.
@@ -185,8 +175,7 @@ class RunFollower:
             except OSError:
                 return None
             if st.st_size == progress.size and st.st_mtime_ns == progress.mtime_ns:
-                # Unchanged. A file not closed whose writer is gone (killed, a Ray actor at
-                # ray.shutdown) is sealed here, so its last step counts as finished.
+                # Unchanged: an open file whose writer is gone is sealed, so its last step counts as finished.
                 if progress.closed or seal_if_abandoned(file, on_sealed=write_index).action != SEALED:
                     return None
                 try:
@@ -286,11 +275,7 @@ class RunFollower:
     # -- what was read ---------------------------------------------------------
 
     def trajectories(self, steps: Iterable[int | None] | None = None) -> pa.Table:
-        """One summary row per trajectory read so far (:data:`tracer.schema.TRAJECTORY_SCHEMA`), as ``read_trajectories``.
-
-        Args:
-            steps: Only these steps (None: all).
-        """
+        """One summary row per trajectory read so far, of ``steps`` (None: all), as ``read_trajectories``."""
         if steps is None:
             if self._table is None:
                 tables = [self._summaries[s] for s in sorted(self._summaries, key=_step_key)]
@@ -366,12 +351,7 @@ RUNNING_S = "running_s"
 
 
 def step_progress(trajectories: pa.Table, running: pa.Table) -> list[dict[str, Any]]:
-    """Per step: trajectories finished (a root span), running, and abandoned (no root, writer done).
-
-    Args:
-        trajectories: Summary rows (:meth:`RunFollower.trajectories`).
-        running: :meth:`RunFollower.running`.
-    """
+    """Per step of :meth:`RunFollower.trajectories`: finished (a root span), running, abandoned (writer done)."""
     running_ids = set(running.column(S.TRACE_ID).to_pylist())
     out: dict[int | None, dict[str, Any]] = {}
     for tid, step, status in zip(

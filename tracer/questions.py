@@ -46,11 +46,8 @@ def _text(turn: Turn) -> str:
 def question_of(turns: Sequence[Turn], generated: int | None = None) -> str | None:
     """The question of a conversation: the last user turn before the model's first reply.
 
-    Args:
-        turns: The trajectory's turns (:func:`tracer.summary.trajectory_turns`).
-        generated: How many assistant turns the model produced (its llm spans);
-            the assistant turns before those are part of the prompt (few-shot
-            examples). None: every assistant turn was produced.
+    ``generated``: how many assistant turns the model produced (its llm spans); those before are part of the
+    prompt (few-shot examples). None: every assistant turn was produced.
     """
     assistant = [i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT]
     first = len(turns)
@@ -110,10 +107,8 @@ WRITER_ID_CHARS = 16
 def repeated_keys(trajectories: pa.Table) -> list[dict[str, Any]]:
     """The (step, sample_index, rollout_n, validate) keys held by more than one trajectory.
 
-    A run recorded twice under the same names, or verl numbering
-    ``rollout_n`` per worker, repeats keys; each attempt keeps its own trace
-    id. Each row: the key, ``attempts`` (trajectories with it) and
-    ``writers`` (distinct trace id prefixes, :data:`WRITER_ID_CHARS`).
+    (A run recorded twice under one name, or verl numbering ``rollout_n`` per worker.) Each row: the key,
+    ``attempts`` (trajectories with it) and ``writers`` (distinct trace id prefixes, :data:`WRITER_ID_CHARS`).
     """
     keys = [STEP, SAMPLE_INDEX, ROLLOUT_N, VALIDATE]
     t = trajectories.select([*keys, TRACE_ID])

@@ -1,17 +1,7 @@
-"""Readers: spans and trajectories back from trace files, tolerant of damage.
+"""Readers of trace files: a path or a list of paths (``.arrow`` files, directories searched recursively, URIs).
 
-A trace file a killed writer left behind is read up to its last complete
-batch with a :class:`TraceFileWarning` that says how much was recovered;
-empty, foreign or corrupt files are skipped with a warning, and batches
-whose declared size would blow memory up are refused with a warning that
-says what was refused. Readers never raise for a damaged file, only for a
-path that does not exist. The reading itself is
-:func:`tracer.storage.files.read_batches`; this module finds the files.
-
-Every reader takes a path or a list of paths: each a ``.arrow`` file, a
-directory searched recursively, or a URI. A directory is read as one
-consistent snapshot even while ``rollout-trace compact`` works on it: every
-span exactly once.
+Damaged, empty or foreign files give a :class:`TraceFileWarning` saying what was kept, never an error; only a
+missing path raises. A directory is read as one snapshot while ``rollout-trace compact`` works on it.
 """
 
 from __future__ import annotations
@@ -102,13 +92,9 @@ def _snapshots(paths: TracePaths, lock: bool) -> Iterator[tuple[list[str], dict[
 
 
 def list_trace_files(path: TracePaths) -> list[str]:
-    """Trace files under ``path`` (files, directories searched recursively, URIs), sorted per directory.
+    """Trace files under ``path``, sorted per directory, once each, without those a compaction replaced.
 
-    Files that a finished compaction replaced (see ``tracer.storage.index``)
-    are left out; a file named twice is listed once.
-
-    Raises:
-        FileNotFoundError: a path does not exist.
+    Raises FileNotFoundError for a path that does not exist.
     """
     return [f for files, _ in _snapshots(path, lock=False) for f in files]
 
@@ -120,14 +106,9 @@ def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
 
 
 def _shard_index(file: str, index: dict[str, Any], on_sealed: OnClose = write_index) -> ShardIndex | None:
-    """The index of ``file`` when one agrees with it (a shard is sealed first if its writer is gone); else None.
+    """The index of ``file`` (shard or compacted) when one agrees with it, a dead writer's shard sealed first.
 
-    Shards and compacted files alike: compaction writes each output's index
-    (:mod:`tracer.storage.compact`), checked here as a shard's is (size,
-    footer digest, name, version), so a missing, stale or torn one means the
-    file is read. None for remote files: the check stats the file and reads
-    its footer and the sidecar's, three more requests per object, and there
-    is no mtime to cache the answer on.
+    None for remote files: the check would cost three more requests per object.
     """
     if _uri.is_remote(file):
         return None
@@ -143,11 +124,8 @@ def _shard_index(file: str, index: dict[str, Any], on_sealed: OnClose = write_in
 def _chosen(
     shard: ShardIndex | None, entry: dict[str, Any], steps: set[int] | None, trace_ids: pa.Array | None
 ) -> tuple[list[int] | None, int | None]:
-    """(batch numbers to read, the file size they are valid for); (None, None) to read every batch.
-
-    A file's own index (``shard``, checked against the file) answers first;
-    a compacted file without a valid one still has its ``_index.json`` entry for steps.
-    """
+    """(batch numbers to read, the file size they are valid for) from ``shard``, else the ``_index.json`` entry;
+    (None, None) to read every batch."""
     if shard is None:
         size = entry.get("size")
         if isinstance(size, int):
@@ -167,20 +145,10 @@ def _chosen(
 
 
 def indexed_files(path: TracePaths, on_sealed: OnClose = write_index) -> list[tuple[str, ShardIndex | None]]:
-    """Every trace file under ``path``, in reading order, with its index (None where it has none).
+    """The files :func:`iter_batches` would read, each with its index when one agrees with it (else None).
 
-    The files :func:`iter_batches` would read, shards of writers that are gone
-    sealed first; an index (a shard's, or the one compaction wrote for its
-    output) is returned only when it agrees with its file
-    (:mod:`tracer.index.shard`); remote files get none.
-
-    Args:
-        path: Files, directories or URIs.
-        on_sealed: Called with each shard this call seals (default: its index,
-            :func:`tracer.index.shard.write_index`).
-
-    Raises:
-        FileNotFoundError: a path does not exist.
+    ``on_sealed`` is called with each shard of a dead writer this call seals. Raises FileNotFoundError for a
+    path that does not exist.
     """
     pairs = _snapshots(path, lock=True)
     return [(file, _shard_index(file, index, on_sealed)) for files, index in pairs for file in files]
@@ -209,11 +177,9 @@ def run_rollup(path: TracePaths) -> Rollup | None:
 
 
 def read_steps(path: TracePaths) -> tuple[list[int], int]:
-    """The distinct steps of the spans under ``path`` (ascending, spans without a step left out) and their row count.
+    """The distinct steps of the spans under ``path`` (ascending, None left out) and their row count.
 
-    A directory's rollup answers for all its files when it covers them; else files with an index
-    (shards, compacted files) answer from it without being opened, and other files give their step
-    column (what ``read_spans(path, columns=[step])`` reads).
+    Rollups and indexes answer where they can; other files give their step column.
     """
     steps: set[int] = set()
     rows = 0
@@ -237,11 +203,7 @@ def read_steps(path: TracePaths) -> tuple[list[int], int]:
 
 
 def has_spans_named(path: TracePaths, name: str) -> bool:
-    """Whether any span under ``path`` is named ``name``.
-
-    Files whose index lists their span names answer without being opened;
-    other files give their name column, and the search stops at the first one found.
-    """
+    """Whether any span under ``path`` is named ``name`` (indexes answer where they list names)."""
     plain: list[str] = []
     for roll, pairs in _rolled_up(path):
         if roll is not None and roll.names is not None:
@@ -268,12 +230,8 @@ def iter_batches(
 ) -> Iterator[tuple[str, pa.RecordBatch]]:
     """Yield ``(file, batch)`` for every readable batch under ``path``.
 
-    Only ``columns`` are decompressed (all when None). Columns a file lacks
-    (an older format) come back as nulls. With ``steps`` or ``trace_ids``,
-    batches that an index (a file's own, shard or compacted, checked against
-    it; else a compacted file's ``_index.json`` entry) says hold none of them
-    are not read at all; the batches
-    returned still need filtering by the caller.
+    Only ``columns`` are decompressed (all when None); columns a file lacks come back as nulls. With ``steps``
+    or ``trace_ids``, batches an index says hold none of them are skipped; the rest still need filtering.
     """
     wanted = list(S.SPAN_COLUMNS if columns is None else columns)
     unknown = [c for c in wanted if c not in S.SPAN_COLUMNS]
@@ -317,19 +275,10 @@ def read_spans(
     validate: bool | None = None,
     trace_ids: str | Iterable[str] | None = None,
 ) -> pa.Table:
-    """Read spans from trace files.
+    """The spans under ``path`` with ``columns`` (default all) of :data:`tracer.schema.SPAN_SCHEMA`.
 
-    Args:
-        path: A ``.arrow`` file, a directory searched recursively, a URI, or a
-            list of any of these (each file read once).
-        columns: Columns to return (default all); only these (and the
-            filter columns) are decompressed.
-        steps: Keep spans of this step or these steps.
-        validate: Keep only validation (True) or training (False) spans.
-        trace_ids: Keep spans of these trajectories.
-
-    Returns:
-        A table with the requested columns of :data:`tracer.schema.SPAN_SCHEMA`.
+    Only those columns and the filters' are decompressed. ``steps``, ``trace_ids``: keep these;
+    ``validate``: keep only validation (True) or training (False) spans.
     """
     out_cols = list(S.SPAN_COLUMNS if columns is None else columns)
     step_set = _as_set(steps)
@@ -360,25 +309,10 @@ def read_spans(
 
 
 def dataset(path: TracePaths) -> pds.Dataset:
-    """The spans of a run as a :class:`pyarrow.dataset.Dataset`, for DuckDB, Polars or pyarrow.
+    """The spans of a run as a :class:`pyarrow.dataset.Dataset` (DuckDB, Polars): the rows of :func:`read_spans`.
 
-    The same rows as :func:`read_spans` of the same path: one snapshot of the
-    files (compacted ones instead of those they replace), shards of writers
-    that are gone sealed first. Closed files in today's schema are handed to
-    pyarrow as files (it reads them lazily, by column and by row group);
-    anything else (a shard still being written, a version-1 stream, an older
-    schema, a damaged file) is read here, through the same tolerant reader as
-    :func:`read_spans`, with the same warnings.
-
-    Example:
-        ``duckdb.sql("select step, count(*) from ds group by step")`` with
-        ``ds = tracer.dataset(run_dir)``.
-
-    Args:
-        path: A ``.arrow`` file, a directory searched recursively, a URI, or a list of them.
-
-    Raises:
-        FileNotFoundError: a path does not exist.
+    Closed files in today's schema are read lazily by pyarrow; anything else (open, older or damaged) is read
+    here with the same warnings. Raises FileNotFoundError for a path that does not exist.
     """
     import pyarrow.dataset as pds  # heavy (BENCHMARKS.md, `import tracer`): loaded by the first dataset() call
 

@@ -1,10 +1,7 @@
 """The span record and its Arrow schema: the one place that names the columns.
 
-Every file written by :mod:`tracer` is a zstd-compressed Arrow IPC *file*
-(``.arrow``, format version 2; version 1 wrote IPC *streams*) holding rows of
-:data:`SPAN_SCHEMA`; ``docs/format.md`` describes the layout and what changed.
-Writers, readers, exporters and the viewer import the column constants below;
-no other module spells a column name as a string literal.
+Every trace file is a zstd-compressed Arrow IPC file (``.arrow``) of :data:`SPAN_SCHEMA` rows (``docs/format.md``).
+No other module spells a column name as a string literal.
 """
 
 from __future__ import annotations
@@ -14,10 +11,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-#: Version of the on-disk format. Bump the major on any change an older reader
-#: would misread; readers refuse files whose major version is newer than theirs
-#: and read every older one. 2.0: shards are IPC files (a footer at close),
-#: not streams; a version-1 reader would take an open v2 shard for damage.
+#: Version of the on-disk format: the major changes with anything an older reader would misread; readers refuse
+#: a newer major and read every older one (1.x wrote IPC streams, 2.0 IPC files).
 SCHEMA_VERSION = "2.0"
 
 #: File suffix of trace files.
@@ -31,18 +26,15 @@ META_EXPERIMENT = "rollout_trace.experiment_name"
 META_HOST = "rollout_trace.host"
 META_PID = "rollout_trace.pid"
 META_CREATED_NS = "rollout_trace.created_ns"
-#: JSON of the sampling strategy and its parameters (``strategy``, ``limit``,
-#: ``seed``; ``by``, ``candidates_per_step``, ``decide_after_s`` for
-#: extremes/variance); absent when nothing is sampled. See ``tracer.record.sampling``.
+#: JSON of the sampling strategy and its parameters (``tracer.record.sampling``); absent when nothing is sampled.
 META_SAMPLING = "rollout_trace.sampling"
 
 # Keys of the per-batch metadata: running totals of this writer's process.
 BATCH_META_SPANS_WRITTEN = "rollout_trace.spans_written"
 BATCH_META_SPANS_DROPPED = "rollout_trace.spans_dropped"
 BATCH_META_INTERNAL_ERRORS = "rollout_trace.internal_errors"
-#: JSON list of the sampling decisions made or changed since the previous
-#: batch (one per step and validate: what was kept, the dropped counts); read
-#: them with ``tracer.record.sampling.read_sampling``.
+#: JSON list of the sampling decisions made or changed since the previous batch (one per step and validate);
+#: ``tracer.record.sampling.read_sampling`` reads them.
 BATCH_META_SAMPLING = "rollout_trace.sampling_decisions"
 
 # Column names.
@@ -87,9 +79,7 @@ ATTR_TRUNCATED = "rollout_trace.truncated"
 #: Attribute key holding the length of every token id list found in a span.
 ATTR_TOKENS = "tokens"
 
-# Multi-turn history stored once (tracer/storage/history.py, docs/format.md):
-# an llm span's ``prompt_ids`` in ``inputs`` may be an object with these keys
-# instead of a list.
+# Multi-turn history stored once (tracer/storage/history.py): ``prompt_ids`` may be an object with these keys.
 #: The span id of the earlier llm span (same trajectory) whose context the prompt extends.
 HISTORY_EXTENDS = "rollout_trace.extends"
 #: How many ids of that context (its full prompt_ids, then its response ids) come first.
@@ -101,8 +91,7 @@ HISTORY_IDS = "ids"
 #: Set by readers when the earlier span was not found: why the list could not be rebuilt.
 HISTORY_MISSING = "rollout_trace.missing"
 
-#: One entry per column: (name, type, nullable, description). The docstring of
-#: each column; the column table of ``docs/format.md`` is generated from it.
+#: One entry per column: (name, type, nullable, description); ``docs/format.md``'s column table comes from it.
 SPAN_FIELDS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
     (TRACE_ID, pa.string(), False, "Trajectory id (32 hex chars); one per rollout."),
     (SPAN_ID, pa.string(), False, "Span id (16 hex chars), unique within its trajectory."),

@@ -38,23 +38,19 @@ logger = logging.getLogger("rollout_trace")
 
 #: The verl module this one stands in for.
 VERL_MODULE = "verl.utils.rollout_trace"
-#: Name verl's original module is loaded under when a backend only it has
-#: (``weave``, ``trackio``) is asked for.
+#: Name verl's original module is loaded under for a backend only it has (``weave``, ``trackio``).
 ORIGINAL_ALIAS = "verl.utils._rollout_trace_original"
 #: Names :func:`install` provides in ``verl.utils.rollout_trace``.
 PROVIDED = ("RolloutTraceConfig", "rollout_trace_attr", "rollout_trace_op")
 
-#: Method names whose spans get a kind, so the viewer and exporters can tell
-#: LLM calls and tool calls apart (verl's decorator has no kind argument).
-#: Keys are the last part of the function's ``__qualname__``.
+#: Span kinds by the last part of a method's ``__qualname__`` (verl's decorator has no kind argument).
 KIND_BY_METHOD = {
     "generate": "llm",
     "chat_completion": "llm",
     "execute": "tool",
 }
 
-# Set when RolloutTraceConfig.init chose a backend only verl's original
-# module has; every call is then handed to that module.
+# verl's original module when RolloutTraceConfig.init chose a backend only it has: every call goes there.
 _delegate: types.ModuleType | None = None
 
 
@@ -244,10 +240,8 @@ def rollout_trace_op(func: Callable[..., Any]) -> Callable[..., Any]:
     kind = span_kind(func.__qualname__)
     ours = tracer.rollout_trace_op(name=func.__qualname__, kind=kind)(func)
     if kind == "rollout":
-        # Inside verl's rollout_trace_attr block the block is the root (named
-        # "agent_loop", timed over run *and* the post-processing after it), as
-        # in verl's MLflow traces; run is then its child. Outside any block run
-        # still starts a trajectory of its own.
+        # Inside verl's rollout_trace_attr block the block ("agent_loop") is the root and run its child, as in
+        # verl's MLflow traces; outside any block run starts a trajectory of its own.
         in_block = tracer.rollout_trace_op(name=func.__qualname__)(func)
         rooted = ours
 
@@ -384,9 +378,7 @@ def install() -> None:
     current = sys.modules.get(VERL_MODULE)
     if current is None or getattr(current, "__rollout_trace_stand_in__", False):
         return
-    # Imported before install(): swap its names (weave/trackio then load a
-    # fresh copy of it); modules that already did `from ... import` keep
-    # theirs, so say so.
+    # Imported before install(): swap its names; modules that already did `from ... import` keep theirs.
     for name in PROVIDED:
         setattr(current, name, globals()[name])
     current.__rollout_trace_stand_in__ = True  # type: ignore[attr-defined]

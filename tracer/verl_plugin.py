@@ -1,16 +1,10 @@
 """verl plugin: warn when the drop-in is missing; in the Ray driver, ship what ended workers had not.
 
-verl imports every ``verl.plugins`` entry point, so this module is imported in the
-driver and every Ray worker. It records nothing. When verl's own
-``RolloutTraceConfig.init`` is called with a backend only rollout-trace has, it
-logs once per process the line that installs the drop-in (for ``mlflow``, a backend
-of both, only when a ``ROLLOUT_TRACE_*`` variable says rollout-trace was meant).
-
-In the Ray driver it wraps ``ray.shutdown`` (and the exit): once the actors are
-gone, it waits for their files to be closed and ships what each live backend
-lacks (:func:`tracer.exporters.catch_up.catch_up`), within ``ROLLOUT_TRACE_DRAIN_S``
-seconds (``0``: off), when the job's runtime environment installs the drop-in or
-names ``ROLLOUT_TRACE_DIR``.
+Imported by verl in the driver and every Ray worker; records nothing. verl's ``RolloutTraceConfig.init`` with a
+backend only rollout-trace has logs, once per process, the line that installs the drop-in (for ``mlflow`` only
+when a ``ROLLOUT_TRACE_*`` variable is set). In a Ray driver whose job installs the drop-in or names
+``ROLLOUT_TRACE_DIR``, ``ray.shutdown`` (and the exit) ships what the ended workers' live backends lack
+(:func:`tracer.exporters.catch_up.catch_up`) within ``ROLLOUT_TRACE_DRAIN_S`` seconds (``0``: off).
 """
 
 from __future__ import annotations
@@ -56,9 +50,7 @@ TAKEN_VARIABLES = ("ROLLOUT_TRACE_", "MLFLOW_", "WANDB_", "SWANLAB_", "TRACKIO_"
 def misconfiguration(backend: object) -> str | None:
     """The warning for verl tracing configured with ``backend`` in a process without the drop-in, or None.
 
-    None when the drop-in is installed, when tracing is off, for verl's own
-    ``weave``/``trackio``, and for ``mlflow`` unless a ``ROLLOUT_TRACE_*``
-    variable is set.
+    None also for verl's own ``weave``/``trackio``, and for ``mlflow`` unless a ``ROLLOUT_TRACE_*`` variable is set.
     """
     if verl_compat.installed() or backend is None:
         return None
@@ -157,10 +149,8 @@ def register() -> None:
 class DrainPlan:
     """What the driver's catch-up needs, read from Ray while it is still connected.
 
-    Attributes:
-        root: Where the workers' files land (``ROLLOUT_TRACE_DIR`` of the job, else of the driver).
-        env: The job's variables the backends read (``MLFLOW_TRACKING_URI``, ...).
-        timeout_s: The bound (``ROLLOUT_TRACE_DRAIN_S``).
+    ``root``: ``ROLLOUT_TRACE_DIR`` of the job, else of the driver; ``env``: the job's variables the backends read;
+    ``timeout_s``: ``ROLLOUT_TRACE_DRAIN_S``.
     """
 
     root: str
@@ -182,9 +172,8 @@ def _is_ray_driver() -> bool:
 def drain_plan(runtime_env: Any, environ: Any = os.environ) -> DrainPlan | None:
     """The catch-up a driver whose job has ``runtime_env`` owes its workers, or None.
 
-    None unless the runtime environment installs the drop-in or names
-    ``ROLLOUT_TRACE_DIR`` (or the driver's environment does); None when
-    ``ROLLOUT_TRACE_DRAIN_S`` is 0 or the folder is unknown.
+    None unless the runtime environment (or the driver's) installs the drop-in or names ``ROLLOUT_TRACE_DIR``;
+    None when ``ROLLOUT_TRACE_DRAIN_S`` is 0 or the folder is unknown.
     """
     env_vars = dict(runtime_env.get("env_vars") or {}) if hasattr(runtime_env, "get") else {}
     hook = runtime_env.get("worker_process_setup_hook") if hasattr(runtime_env, "get") else None

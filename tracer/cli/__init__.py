@@ -1,11 +1,8 @@
 """The ``rollout-trace`` command line.
 
-Subcommands come from the entry-point group ``rollout_trace.commands``: each is a
-``register(subparsers)`` that adds a parser with ``func(args) -> int`` and
-``run_paths`` (its run-path arguments; a missing local one is refused here, naming
-the closest). Exit status for all (docs/cli.md): :data:`EXIT_OK` 0,
-:data:`EXIT_PROBLEM` 1 (a problem found or left, named), :data:`EXIT_USAGE` 2 (bad
-input or environment; also an unforeseen error, its traceback with
+Subcommands are ``register(subparsers)`` entry points of ``rollout_trace.commands``, adding parsers with
+``func(args) -> int`` and ``run_paths`` (missing local ones are refused here). Exit status (docs/cli.md):
+:data:`EXIT_OK` 0, :data:`EXIT_PROBLEM` 1, :data:`EXIT_USAGE` 2 (also an unforeseen error, its traceback with
 ``ROLLOUT_TRACE_DEBUG=1``), 130 on Ctrl-C.
 """
 

@@ -1,8 +1,7 @@
 """``rollout-trace export PATH --to BACKEND``: post-hoc export of trace files.
 
-Flags are built from the backends' options (:data:`tracer.backends.BACKENDS`; one flag
-per shared option), plus ``--opt NAME=VALUE``; the work is
-:func:`tracer.exporters.export_files`, whose report is printed.
+Flags are built from the backends' options (:data:`tracer.backends.BACKENDS`), plus ``--opt NAME=VALUE``;
+:func:`tracer.exporters.export_files` does the work.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""``rollout-trace import mlflow --tracking-uri URI --experiment NAME --out DIR``.
-
-Registered through the ``rollout_trace.commands`` entry point group.
-"""
+"""``rollout-trace import mlflow --tracking-uri URI --experiment NAME --out DIR``."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """``rollout-trace tail RUN``: follow a run while it trains, one line per finished step (or trajectory).
 
-The run is read with :class:`tracer.follow.RunFollower` (only new batches,
-new files and new shards of every worker), every ``--interval`` seconds,
-until Ctrl-C (exit status 130). A step's line is the console backend's
-(:func:`tracer.exporters.console.format_step_line`), printed once, in step
-order, when the step is finished: a later step has been in the files for
-``--grace`` seconds, and every shard still being written has moved past the
-step or has not grown for ``--grace`` seconds (its writer's last buffered
-spans reach the file within its flush interval); once every shard is closed,
-the last step too. With ``--trajectories``, one line per trajectory, printed
-``--grace`` seconds after its root span arrived (rewards are logged just
-after the rollout).
+Polls with :class:`tracer.follow.RunFollower` every ``--interval`` seconds until Ctrl-C (exit 130). A step's
+line (:func:`tracer.exporters.console.format_step_line`) is printed once, in order, when a later step has been in
+the files for ``--grace`` seconds and every open shard has moved past the step or stood still that long (all
+shards closed: the last step too). ``--trajectories``: a line per trajectory, ``--grace`` seconds after its root.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Text from trace files, made safe to print on a terminal: one line, no control sequences.
 
-Every string a subcommand prints that came from a trace file (sample
-indices, names, questions, error messages, paths) goes through
-:func:`terminal_text`: a newline cannot forge an output line, an escape
-sequence cannot move the cursor, retitle the window or hide text.
+Every string from a trace file a subcommand prints goes through :func:`terminal_text`: a newline cannot forge
+an output line, an escape sequence cannot move the cursor, retitle the window or hide text.
 """
 
 from __future__ import annotations

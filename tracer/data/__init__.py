@@ -1,6 +1,6 @@
-"""Traces as data: training datasets (:mod:`tracer.data.dataset`) and re-scoring (:mod:`tracer.data.rescore`).
+"""Traces as data: training datasets (`dataset`), re-scoring (`rescore`), per-token stats (`token_stats_reader`).
 
-Both read trajectories through :mod:`tracer.summary`, the one trajectory model.
+They read trajectories through :mod:`tracer.summary`, the one trajectory model.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Recorded trajectories as a training dataset: one row per trajectory or per model turn.
 
-:func:`to_dataset` (``rollout-trace dataset RUN --out DIR``) gives a table of
-:data:`DATASET_SCHEMA`: OpenAI-format ``messages`` (TRL's conversational datasets,
-verl's multi-turn SFT), the RL token view (``prompt_ids``, ``response_ids``,
-``response_mask``, ``logprobs``), reward, advantage and keys; as Parquet,
-``datasets.load_dataset("parquet", data_dir=DIR)`` loads its splits. Selection is on
-the summaries; spans are read a few steps at a time.
+:func:`to_dataset` (``rollout-trace dataset RUN --out DIR``) gives a table of :data:`DATASET_SCHEMA`: OpenAI
+``messages``, the RL token view, reward, advantage and keys; ``datasets.load_dataset("parquet", data_dir=DIR)``
+loads its Parquet splits.
 """
 
 from __future__ import annotations
@@ -133,12 +130,8 @@ class DatasetOptionError(ValueError):
 def parse_steps(spec: str | int | Iterable[int] | None, available: Sequence[int]) -> list[int] | None:
     """The steps ``spec`` selects among ``available`` (None: all).
 
-    ``spec``: an int, a list of ints, or text: ``"3"``, ``"1,4"``, ``"2-5"``,
-    ``"4-"`` (4 and later), ``"last:3"`` (the 3 latest steps recorded);
-    comma-separated parts combine.
-
-    Raises:
-        DatasetOptionError: text that is none of these.
+    ``spec``: an int, ints, or text: ``"3"``, ``"1,4"``, ``"2-5"``, ``"4-"`` (4 and later), ``"last:3"`` (the 3
+    latest steps recorded), parts combined; DatasetOptionError for other text.
     """
     if spec is None:
         return None
@@ -178,12 +171,9 @@ def _filter_value(field: str, text: str) -> Any:
 def filter_mask(trajectories: pa.Table, filters: str | Sequence[str] | None) -> pa.Array:
     """Which trajectory summaries every ``filters`` expression keeps (``FIELD OP VALUE``, all must hold).
 
-    Fields: :data:`FILTER_FIELDS`; operators ``== != >= <= > <`` (``=`` is
-    ``==``). A trajectory without the field's value (no reward) is dropped.
-
-    Raises:
-        DatasetOptionError: an expression that does not parse, names an
-            unknown field, or compares a number field with text.
+    Fields: :data:`FILTER_FIELDS`; operators ``== != >= <= > <`` (``=`` is ``==``). A trajectory without the
+    field's value is dropped. DatasetOptionError for an expression that does not parse, an unknown field, or a
+    number field compared with text.
     """
     keep = pa.array([True] * trajectories.num_rows, pa.bool_())
     exprs = [filters] if isinstance(filters, str) else list(filters or ())
@@ -349,14 +339,11 @@ def to_dataset(
     """A run's trajectories as a training dataset: a table of :data:`DATASET_SCHEMA`, by step, sample, rollout.
 
     Args:
-        path: A trace file or a run's folder of them.
-        out: Also write the rows into this folder (``train.<format>``, ``validation.<format>``: the splits with rows).
-        steps: An int, ints, or text (``"2-5"``, ``"4-"``, ``"last:3"``, see :func:`parse_steps`).
-        split: ``"train"`` or ``"validation"`` only (default both).
+        out: Also write the splits with rows into this folder (``train.<format>``, ``validation.<format>``).
+        steps: See :func:`parse_steps`. ``split``: ``"train"`` or ``"validation"`` only (default both).
         filters: Expressions that must all hold, e.g. ``"reward>=1"``, ``"status==ok"`` (:data:`FILTER_FIELDS`).
-        per: ``"trajectory"`` (the whole token sequence) or ``"turn"`` (one row per model turn:
-            the conversation up to it, that call's prompt and reply).
-        format: ``"parquet"`` or ``"jsonl"`` (for ``out``).
+        per: ``"trajectory"`` (the whole token sequence) or ``"turn"`` (one row per model turn).
+        format: ``"parquet"`` or ``"jsonl"``.
 
     Raises:
         DatasetOptionError: a bad option value (names it and the valid ones).
@@ -378,10 +365,7 @@ def split_of(table: pa.Table, split: str) -> pa.Table:
 def write_dataset(
     tables: Iterable[pa.Table], out: str | os.PathLike[str], format: str = FORMAT_PARQUET
 ) -> dict[str, int]:  # noqa: A002
-    """Write dataset tables into folder ``out``, one file per split that has rows; return rows per file.
-
-    Files already there of the same names are replaced.
-    """
+    """Write dataset tables into folder ``out`` (replacing), one file per split with rows; return rows per file."""
     _check(PER_TRAJECTORY, format)
     folder = os.fspath(out)
     os.makedirs(folder, exist_ok=True)

@@ -1,16 +1,12 @@
 """Re-score a recorded run with another reward function; keep every reward with its source.
 
-:func:`rescore` (``rollout-trace rescore RUN --reward module:function``) appends one
-``log_reward`` row per trajectory to a new trace file of the run, its source under
-:data:`tracer.summary.REWARD_SOURCE_KEY`, the recorded info carried over (the
-advantage aside). Nothing written changes: readers report the latest reward, and
-:func:`read_rewards` lists every reward with its source. The function::
+:func:`rescore` (``rollout-trace rescore RUN --reward module:function``) appends a ``log_reward`` row per
+trajectory in a new file, its source under :data:`tracer.summary.REWARD_SOURCE_KEY`, the recorded info (but the
+advantage) carried over; readers report the latest reward, :func:`read_rewards` all of them. The function::
 
     def score(messages: list[dict], response: str, info: dict) -> float | dict | None
 
-gets the OpenAI-format conversation, the last assistant text and the current
-reward's info, and returns the reward, a dict with ``"reward"`` and extras, or None
-(leave the trajectory as it is).
+returns the reward, a dict with ``"reward"`` and extras, or None (leave the trajectory as it is).
 """
 
 from __future__ import annotations
@@ -86,11 +82,7 @@ class RescoreReport:
 
 
 def load_reward_function(spec: str) -> RewardFunction:
-    """Import ``module:function`` (a module on ``sys.path``, or ``path/to/file.py:function``).
-
-    Raises:
-        RescoreError: not ``module:function``, the module or function is missing, or it is not callable.
-    """
+    """Import ``module:function`` (a module on ``sys.path``, or ``path/to/file.py:function``), else RescoreError."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise RescoreError(f"--reward {spec!r} is not module:function; e.g. --reward my_rewards:exact_match")
@@ -139,11 +131,8 @@ def rescore(
 ) -> RescoreReport:
     """Recompute every trajectory's reward with ``reward`` and record the new ones.
 
-    Args:
-        path: A run's folder of trace files (the new file is written into it).
-        reward: ``"module:function"`` or the function itself.
-        steps: Rescore only these steps.
-        source: Name recorded as the rewards' source (default: ``module:function``).
+    ``path`` is a run's folder (the new file is written into it); ``reward`` is ``"module:function"`` or the
+    function; ``source`` is recorded as the rewards' source (default: ``module:function``).
 
     Raises:
         RescoreError: the function cannot be loaded or returns something else than a reward.
@@ -180,8 +169,7 @@ def rescore(
             report.trajectories += 1
             report.changed += 0 if same_value(old, new) else 1
             root = root_span(own)
-            # The recorded info goes forward (ground truth, ...), but not an advantage
-            # computed from the old reward: it would be wrong for the new one.
+            # The recorded info goes forward, but not an advantage computed from the old reward.
             kept = {k: v for k, v in info.items() if k not in (ADVANTAGE_KEY, PREVIOUS_REWARD_KEY)}
             attrs = {**kept, **extras, REWARD_SOURCE_KEY: name, PREVIOUS_REWARD_KEY: old}
             rows.append(

@@ -14,11 +14,7 @@ if TYPE_CHECKING:
 
 
 def attach_exporters(rec: Recorder) -> None:
-    """Create a live driver per backend of ``rec.config`` and add it to the recorder.
-
-    Raises:
-        ImportError: a backend's library is not installed (the message has the pip line).
-    """
+    """Add a live driver per backend of ``rec.config`` to the recorder (ImportError with the pip line)."""
     for name in rec.config.backends:
         if name == LOCAL_BACKEND or name not in BACKENDS:
             continue
@@ -27,11 +23,8 @@ def attach_exporters(rec: Recorder) -> None:
 
 def live_options(name: str, config: TraceConfig) -> dict[str, Any]:
     """Backend ``name``'s options from ``config.backend_options``: nested (``{"mlflow": {"tracking_uri": ...}}``,
-    which wins) or flat with the backend's name as prefix (``{"wandb_mode": "offline"}``, verl's ``wandb_proxy``).
-
-    Raises:
-        TraceConfigError: a value of the wrong type or not among its choices.
-    """
+    which wins) or flat with the backend's name as prefix (``{"wandb_mode": "offline"}``, verl's ``wandb_proxy``);
+    TraceConfigError for a value of the wrong type or choice."""
     entry = get_backend(name)
     given = config.backend_options or {}
     nested = given.get(name)
@@ -51,10 +44,6 @@ def live_options(name: str, config: TraceConfig) -> dict[str, Any]:
 
 
 def attach_backend(name: str, config: TraceConfig) -> LiveDriver:
-    """A live driver feeding backend ``name``'s sink, for a recorder of ``config``.
-
-    Raises:
-        ImportError: the backend's library is not installed (with the pip line).
-    """
+    """A live driver feeding backend ``name``'s sink, for a recorder of ``config`` (ImportError with the pip line)."""
     sink = load_sink(name)(live_options(name, config))
     return LiveDriver(sink, name, live_target(config), config.run_dir, grace_s=2 * config.flush_interval_s)

@@ -53,8 +53,7 @@ NEW = "new"  # to be written
 EXISTING = "existing"  # already at the destination (post-hoc re-export): count it, do not write it
 LATE = "late"  # spans arriving after their trajectory was written (a reward logged afterwards)
 
-#: Steps this far behind the newest one forget their trajectories (a late
-#: trajectory of such a step is written with metrics over the late ones only).
+#: Steps this far behind the newest forget their trajectories (later ones get metrics over the late ones only).
 KEEP_STEPS = 8
 #: Seconds before a live driver whose destination failed to open tries again.
 OPEN_RETRY_S = 30.0
@@ -423,14 +422,10 @@ def _metrics_of(summaries: Sequence[dict[str, Any]]) -> dict[bool, dict[str, flo
 class LiveDriver:
     """Feeds a sink from the recorder: queue, group into steps, retry, never raise.
 
-    :meth:`export` only queues (writer thread). The driver's thread groups spans
-    by trajectory; ``grace_s`` after its root span (so rewards logged just after
-    are in) a trajectory is finished and held by step, and a step is written once
-    a later step arrived or at :meth:`flush`/:meth:`shutdown` (again with only the
-    new ones when more join it). The sink opens on that thread at the first write.
-    Past ``max_queued_spans`` the oldest batches are dropped (counted; the files
-    hold them); a write is tried ``retries`` times. ``run_dir`` names the files in
-    the catch-up command.
+    :meth:`export` only queues. The driver's thread finishes a trajectory ``grace_s`` after its root span (so
+    rewards logged just after are in) and writes a step once a later step arrived or at :meth:`flush`/
+    :meth:`shutdown`. Past ``max_queued_spans`` the oldest batches are dropped (counted; the files hold them); a
+    write is tried ``retries`` times.
     """
 
     def __init__(
@@ -621,8 +616,7 @@ class LiveDriver:
         summary, rows = clean.summary, clean.spans
         tid, step = summary[S.TRACE_ID], summary[S.STEP]
         if not tid or (summary[S.NUM_SPANS] == 0 and not late):
-            # Rewards logged for a trajectory this process did not record: the
-            # files join them (post-hoc export); live there is nothing to put them on.
+            # Rewards for a trajectory this process did not record: only a post-hoc export can join them.
             return
         seen = self._seen.setdefault(step, {})
         if late and tid in seen:
@@ -647,8 +641,7 @@ class LiveDriver:
     def _open(self) -> None:
         if self._opened:
             return
-        # A destination that failed to open is not retried for a while, so a
-        # flush does not wait on it again and again.
+        # A destination that failed to open is not retried for a while: flushes do not wait on it each time.
         if self._open_error is not None and time.monotonic() - self._open_failed_at < OPEN_RETRY_S:
             raise self._open_error
         try:
@@ -657,9 +650,7 @@ class LiveDriver:
             self._open_error, self._open_failed_at = exc, time.monotonic()
             raise
         self._opened = True
-        # The backend's library registered its own exit teardown while opening
-        # (wandb's closes its service connection); exit hooks run last-registered
-        # first, so the tracer's, registered again now, drains before it.
+        # The backend registered its exit teardown while opening; the tracer's, registered again, runs first.
         atexit.unregister(_shutdown_before_backends)
         atexit.register(_shutdown_before_backends)
 
@@ -890,18 +881,10 @@ def export_files(
     log_val_generations: int | None = None,
     **options: Any,
 ) -> ExportReport:
-    """Export trace files to backend ``to``.
+    """Export the trace files under ``path`` (``steps``, or those >= ``since_step``) to backend ``to``.
 
-    Args:
-        path: A trace file or a folder of them.
-        to: Backend name (:data:`BACKENDS`).
-        steps: Export only this step or these steps.
-        since_step: Export only steps >= this.
-        progress: Draw a progress bar on stderr.
-        verify: Read the backend back and compare rows, rewards and metrics;
-            the result is ``report.verify``.
-        log_val_generations: Validation rows per step in tables (default: the recorded config's).
-        **options: The backend's options (:attr:`Backend.options`).
+    ``verify`` reads the backend back and compares rows, rewards and metrics (``report.verify``);
+    ``log_val_generations`` defaults to the recorded config's; ``options`` are :attr:`Backend.options`.
 
     Raises:
         ExportOptionError: unknown backend or option, or a bad option value.

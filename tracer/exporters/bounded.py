@@ -1,11 +1,7 @@
 """Every wait on a backend bounded and said as it goes.
 
-A backend's library may wait for minutes (MLflow retries a hung socket, a receiver
-never answers). :func:`call_within` runs each call a driver makes into a sink on a
-daemon thread, logs a line every :data:`REPORT_EVERY_S` seconds while it waits, and
-at its bound raises :class:`BackendTimeoutError` naming what it waited for.
-:class:`Deadline` is the one budget a stop shares, so a process exits within
-``shutdown_timeout_s`` however many backends hang.
+:func:`call_within` runs a call into a sink on a daemon thread, logs every :data:`REPORT_EVERY_S` seconds while
+it waits, and at its bound raises :class:`BackendTimeoutError`; :class:`Deadline` is the budget a stop shares.
 """
 
 from __future__ import annotations
@@ -44,10 +40,7 @@ class Deadline:
 def call_within(fn: Callable[[], T], what: str, timeout_s: float | None, say: Callable[[str], None] | None = None) -> T:
     """``fn()``, waited for at most ``timeout_s`` seconds, with a line every :data:`REPORT_EVERY_S` while waiting.
 
-    ``fn``'s exception is raised as is.
-
-    Raises:
-        BackendTimeoutError: ``fn`` did not return in time; its message names ``what`` and the time waited.
+    ``fn``'s exception is raised as is; BackendTimeoutError (naming ``what``) when it did not return in time.
     """
     box: dict[str, object] = {}
     done = threading.Event()

@@ -1,10 +1,8 @@
 """Shipping, from the files, what the live exporters of processes that ended had not shipped.
 
-A process that ends without its shutdown (every Ray actor at ``ray.shutdown()``)
-takes its exporters' waiting trajectories with it; its files hold them.
-:func:`catch_up`, run by the process that outlives them, waits (bounded) until the
-writers of the run folders are gone, then sends each live backend what its
-destination lacks, as ``rollout-trace export`` does (nothing arrives twice).
+A process that ends without its shutdown (a Ray actor at ``ray.shutdown()``) leaves its waiting trajectories in
+its files; :func:`catch_up`, in the process that outlives it, waits (bounded) for the writers to be gone and sends
+each live backend what it lacks, as ``rollout-trace export`` does.
 """
 
 from __future__ import annotations
@@ -121,10 +119,8 @@ def catch_up_run(run_dir: str, deadline: float) -> list[CaughtUp]:
     backends = live_backends(run_dir)
     if not backends:
         return []
-    running = writers_running(run_dir)
-    while running and time.monotonic() < deadline:
+    while (running := writers_running(run_dir)) and time.monotonic() < deadline:
         time.sleep(POLL_S)
-        running = writers_running(run_dir)
     if running:
         why = f"{len(running)} of its files are still being written (e.g. {os.path.basename(running[0])})"
         return [CaughtUp(run_dir, name, problem=why) for name in backends]
@@ -135,8 +131,7 @@ def catch_up_run(run_dir: str, deadline: float) -> list[CaughtUp]:
         except Exception as exc:  # the backend down, not installed, ...: the files keep everything
             done.append(CaughtUp(run_dir, name, problem=f"{type(exc).__name__}: {exc}"))
             continue
-        present = report.trajectories_skipped
-        done.append(CaughtUp(run_dir, name, sent=report.trajectories_sent, present=present))
+        done.append(CaughtUp(run_dir, name, sent=report.trajectories_sent, present=report.trajectories_skipped))
     return done
 
 

@@ -1,11 +1,8 @@
 """How far behind the trace files each live exporter is: a small JSON file per process, next to the shards.
 
-Every :data:`WRITE_EVERY_S` seconds a :class:`~tracer.exporters.base.LiveDriver`
-rewrites ``{run_dir}/_lag.{backend}.{host}_{pid}_{nonce}.json`` atomically: shipped,
-failed, waiting (durable but not sent: grace period, step held), the oldest wait,
-spans queued or dropped; the last write is ``final``. Readers of ``*.arrow`` never
-see it. :func:`read_lag` reads them for ``rollout-trace info`` and the viewer; the
-driver calls :func:`observe`, which never raises.
+A :class:`~tracer.exporters.base.LiveDriver` rewrites ``{run_dir}/_lag.{backend}.{host}_{pid}_{nonce}.json``
+every :data:`WRITE_EVERY_S` seconds (through :func:`observe`, which never raises; the last write is ``final``);
+:func:`read_lag` reads them for ``rollout-trace info`` and the viewer.
 """
 
 from __future__ import annotations
@@ -189,22 +186,16 @@ def observe(driver: Observed, final: bool = False) -> None:
         )
 
 
-#: What each field of a lag file must be (a JSON ``true`` is not a number here).
-_LAG_FIELDS: dict[str, Any] = {
-    "backend": lambda v: type(v) is str,
-    "host": lambda v: type(v) is str,
-    "pid": side_files.is_int,
-    "written_at": lambda v: side_files.is_number(v) and math.isfinite(v),
-    "shipped": side_files.is_int,
-    "failed": side_files.is_int,
-    "waiting": side_files.is_int,
-    "oldest_waiting_s": lambda v: side_files.is_number(v) and math.isfinite(v),
-    "running": side_files.is_int,
-    "queued_spans": side_files.is_int,
-    "dropped_spans": side_files.is_int,
-    "final": lambda v: type(v) is bool,
-    "every_s": lambda v: side_files.is_number(v) and math.isfinite(v) and v >= 0,
+#: What a value of each annotated type must be in a lag file (a JSON ``true`` is not a number here).
+_CHECKS: dict[str, Any] = {
+    "str": lambda v: type(v) is str,
+    "int": side_files.is_int,
+    "float": lambda v: side_files.is_number(v) and math.isfinite(v),
+    "bool": lambda v: type(v) is bool,
 }
+#: What each field of a lag file must be: its :class:`LagRecord` type (``every_s`` also not negative).
+_LAG_FIELDS: dict[str, Any] = {f.name: _CHECKS[str(f.type)] for f in dataclasses.fields(LagRecord) if f.name != "path"}
+_LAG_FIELDS["every_s"] = lambda v: _CHECKS["float"](v) and v >= 0
 _LAG_REQUIRED = ("backend", "host", "pid", "written_at")
 
 

@@ -58,8 +58,7 @@ GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
 GEN_AI_EVALUATION_EVENT = "gen_ai.evaluation.result"
 GEN_AI_EVALUATION_NAME = "gen_ai.evaluation.name"
 GEN_AI_EVALUATION_SCORE = "gen_ai.evaluation.score.value"
-#: Keys of an llm span's inputs or attributes (top level or one level down, e.g.
-#: ``sampling_params``) that give the request's model and temperature.
+#: Keys of an llm span's inputs or attributes (or one level down) giving the request's model and temperature.
 MODEL_KEYS = ("model", "model_name", "model_path")
 TEMPERATURE_KEYS = ("temperature",)
 #: The reward component that is the RL advantage, not an evaluation.
@@ -334,10 +333,7 @@ class OtlpSink(SinkBase):
 
     def post(self, body: bytes) -> tuple[int, str]:
         """POST one protobuf request; return the receiver's ``partial_success`` (spans rejected, its message).
-
-        Raises:
-            RuntimeError: the receiver answered with an error status (its answer in the message).
-            ConnectionError: it cannot be reached.
+        RuntimeError when the receiver answers with an error status, ConnectionError when it cannot be reached.
         """
         req = urllib.request.Request(
             self.url,

@@ -52,11 +52,8 @@ def effective_mode(mode: str) -> tuple[str, str | None]:
 
 
 class SwanlabRun:
-    """A SwanLab run receiving per-step tables and metrics.
-
-    If this process already has a SwanLab run (``swanlab.get_run()``), it is
-    used and left running at :meth:`finish`.
-    """
+    """A SwanLab run receiving per-step tables and metrics; the process's own (``swanlab.get_run()``) when it has
+    one, left running at :meth:`finish`."""
 
     def __init__(
         self,
@@ -156,10 +153,8 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
 class SwanlabSink(TableSink):
     """Per-step tables, conversations and metrics into one SwanLab run.
 
-    Live, the process's SwanLab run is used when one is active, else one is
-    started, named after the experiment, on the driver's thread at the first
-    write. Post hoc, every export is a run of its own (mode ``local`` unless
-    told otherwise).
+    Live, the process's active run, else one named after the experiment started at the first write. Post hoc,
+    every export is a run of its own (mode ``local`` by default).
     """
 
     read_files = staticmethod(read_back)

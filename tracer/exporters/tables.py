@@ -22,8 +22,7 @@ from tracer.read import TracePaths, list_trace_files, read_file_metadata, read_s
 from tracer.read import parse_json_or_text as _loads
 from tracer.summary import prompt_and_response, render_turns, trajectory_turns
 
-#: Columns of the per-step trajectory table, in order.
-#: Where a table column carries a trajectory column, it has that column's name.
+#: Columns of the per-step trajectory table, in order (a trajectory column keeps its name).
 TABLE_COLUMNS = (
     S.STEP,
     S.SAMPLE_INDEX,
@@ -51,8 +50,7 @@ VAL_METRIC_PREFIX = "rollout_trace_val/"
 TABLE_KEY = "rollout_trace/table"
 VAL_TABLE_KEY = "rollout_trace_val/table"
 
-#: Longest text kept in one table cell (conversation, prompt, response);
-#: longer text is cut with a note saying how much was cut.
+#: Longest text kept in one table cell; longer text is cut with a note saying how much.
 MAX_CELL_CHARS = 100_000
 #: Post-hoc export reads the spans of this many trajectories' steps at a time.
 SPANS_PER_CHUNK = 200_000
@@ -76,12 +74,7 @@ render_conversation = render_turns
 
 
 def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] | pa.Table) -> list[Any]:
-    """One table row (:data:`TABLE_COLUMNS`) from a trajectory summary and its spans.
-
-    Args:
-        traj: A row of :func:`tracer.summary.summarize` (or :func:`tracer.read_trajectories`).
-        spans: The trajectory's span rows (dicts or a table), any order.
-    """
+    """One table row (:data:`TABLE_COLUMNS`) from a summary row and the trajectory's span rows (any order)."""
     turns = trajectory_turns(spans).get(traj[S.TRACE_ID], [])
     prompt, response = prompt_and_response(turns)
     info = _loads(traj.get(S.REWARD_INFO))
@@ -138,11 +131,7 @@ class RunFiles:
 
 
 def open_run(path: TracePaths, steps: Iterable[int] | None = None, since_step: int | None = None) -> RunFiles:
-    """Read a trace path's names, config and (selected) trajectory summaries.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist or holds no trace files.
-    """
+    """A trace path's names, config and (selected) trajectory summaries; FileNotFoundError without trace files."""
     p: TracePaths = os.fspath(path) if isinstance(path, (str, os.PathLike)) else list(path)
     files = list_trace_files(p)
     if not files:
@@ -177,9 +166,8 @@ def iter_step_chunks(
 ) -> Iterator[tuple[pa.Table, dict[str, list[dict[str, Any]]]]]:
     """Yield ``(trajectories, spans_by_trace)`` for groups of whole steps, in step order.
 
-    Each group holds about :data:`SPANS_PER_CHUNK` spans, so memory stays
-    bounded while the files are read only a few times. ``columns``: the span
-    columns to read (None: all; empty: none, ``spans_by_trace`` is then empty).
+    Each group holds about :data:`SPANS_PER_CHUNK` spans. ``columns``: the span columns to read (None: all;
+    empty: none, ``spans_by_trace`` is then empty).
     """
     table = run.trajectories
     if table.num_rows == 0:
@@ -274,10 +262,7 @@ def read_leveldb_log(path: str | os.PathLike[str], ident: bytes) -> list[bytes]:
     """Records of a LevelDB-log framed file (wandb's ``.wandb``, swanlab's ``.swanlab``), a torn tail ignored.
 
     A 7-byte header (``ident``, magic, version), then 32 KiB blocks of
-    ``crc32c:u32 length:u16 type:u8 data`` fragments.
-
-    Raises:
-        ValueError: the file does not start with ``ident``.
+    ``crc32c:u32 length:u16 type:u8 data`` fragments. ValueError when the file does not start with ``ident``.
     """
     with open(path, "rb") as f:
         data = f.read()

@@ -1,8 +1,7 @@
 """trackio exporter: per-step trajectory tables and rollout metrics in a trackio run.
 
-trackio keeps runs in a local SQLite store under ``TRACKIO_DIR`` (no account, no
-network; ``trackio show`` opens it). Each step logs the same tables as wandb's and
-SwanLab's (``rollout_trace/table``, ``rollout_trace_val/table``) and its metrics.
+Runs live in a local SQLite store under ``TRACKIO_DIR`` (``trackio show`` opens it); each step logs the same
+tables as wandb's and its metrics.
 """
 
 from __future__ import annotations

@@ -124,8 +124,7 @@ class WandbRun:
 def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, str], float]]:
     """Rows (``trace_id -> reward``) and step metrics a finished wandb run holds.
 
-    Reads the table increments under ``files/media/table`` and the history
-    records of the ``.wandb`` file.
+    Reads the table increments under ``files/media/table`` and the history records of the ``.wandb`` file.
     """
     rows: dict[str, float | None] = {}
     for key in (TABLE_KEY, VAL_TABLE_KEY):
@@ -164,10 +163,8 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
 class WandbSink(TableSink):
     """Per-step tables and metrics into one wandb run.
 
-    Live, the run is named after the experiment, grouped by it, and started
-    on the driver's thread at the first write (never on the rollout's path);
-    its mode defaults to ``WANDB_MODE``/wandb's. Post hoc, every export is a
-    new run (mode ``offline`` unless told otherwise).
+    Live, the run is named after the experiment, grouped by it, started on the driver's thread at the first
+    write, in ``WANDB_MODE``/wandb's mode. Post hoc, every export is a new run (mode ``offline`` by default).
     """
 
     read_files = staticmethod(read_back)

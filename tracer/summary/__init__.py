@@ -1,16 +1,8 @@
 """The trajectory model: one summary row and one list of turns per trajectory.
 
-Every consumer (the viewer, each exporter, the console) reads trajectories
-through this module, so they cannot disagree:
-
-* :func:`summarize` turns span rows of many trajectories into rows of
-  :data:`tracer.schema.TRAJECTORY_SCHEMA`, in Arrow (no Python loop over spans);
-  :func:`read_trajectories` is the same over trace files.
-* :func:`trajectory_turns` turns span rows into each trajectory's
-  :class:`Turn` list (system/user prompt, assistant turns with their tokens
-  and logprobs, tool results and errors); :func:`trajectory_messages` is that
-  list in OpenAI chat format, and :func:`prompt_and_response` its first
-  prompt and final response as text.
+Every consumer (the viewer, each exporter, the console) reads trajectories through this module:
+:func:`summarize` gives rows of :data:`tracer.schema.TRAJECTORY_SCHEMA`, :func:`trajectory_turns` each
+trajectory's :class:`Turn` list (:func:`trajectory_messages` in OpenAI chat format).
 
 The definitions, once:
 
@@ -31,16 +23,9 @@ The definitions, once:
 * Counts and times cover every span but ``log_reward`` rows (times: those
   rows' when there is nothing else).
 
-The output shapes agent code returns are recognised in one place (the
-``_reply``, ``_prompt`` and ``_tool_result`` functions below): this
-project's rollout (a root returning ``{"messages": [...]}``, llm spans with
-``response_ids``/``response_text``/``logprobs``), verl's ``TokenOutput``
-(``token_ids``, ``log_probs``, ``stop_reason``, token2text's ``token_text``),
-verl's ``AgentLoopOutput`` and its tool ``execute`` result
-``(ToolResponse, reward, metrics)``, verl's ``extract_tool_calls`` span,
-OpenAI chat completions (``choices[0].message``) and message lists, a vLLM
-``RequestOutput`` as a dict (``outputs[0].text``/``token_ids``/``logprobs``),
-and plain strings.
+The output shapes agent code returns (this project's rollout, verl's ``TokenOutput``, ``AgentLoopOutput`` and
+tool results, OpenAI chat completions, vLLM ``RequestOutput`` dicts, strings) are recognised in
+:mod:`tracer.summary.turns` only.
 """
 
 from __future__ import annotations

@@ -22,14 +22,9 @@ SOURCE_OP = "reward_op"
 
 @dataclasses.dataclass(frozen=True)
 class RewardRecord:
-    """One reward a trajectory received.
+    """One reward a trajectory received, logged at ``end_ns``, with the row's other attributes as ``info``.
 
-    Attributes:
-        reward: The value.
-        source: :data:`SOURCE_RECORDED`, :data:`SOURCE_OP`, or the
-            ``module:function`` a rescore ran.
-        end_ns: When it was logged (the latest one is the trajectory's reward).
-        info: The row's other attributes (``advantage``, ...).
+    ``source``: :data:`SOURCE_RECORDED`, :data:`SOURCE_OP`, or the ``module:function`` a rescore ran.
     """
 
     reward: float | None
@@ -48,10 +43,8 @@ def reward_source(attributes: Any) -> str:
 def trajectory_rewards(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, list[RewardRecord]]:
     """Every reward of every trajectory in ``spans``, oldest first, by trace id.
 
-    Reward ops come first, then log_reward rows by time, so the last record
-    is the reward :func:`summarize` reports. Only rows with the trajectory's
-    trace id are listed (a reward logged by another process, joined by key,
-    is in :func:`summarize`'s ``reward`` only).
+    Reward ops first, then log_reward rows by time: the last is :func:`summarize`'s reward. Rows without the
+    trace id (joined by key) are left out.
     """
     rows = spans.to_pylist() if isinstance(spans, pa.Table) else list(spans)
     out: dict[str, list[tuple[int, int, int, RewardRecord]]] = {}

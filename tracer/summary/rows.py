@@ -27,8 +27,7 @@ SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
     S.ATTRIBUTES,
 )
 
-#: Span tables up to this many rows are summarised in Python (same definitions):
-#: Arrow's per-call cost dominates for one trajectory (bench/bench_summary.py).
+#: Span tables up to this many rows are summarised in Python: Arrow's per-call cost dominates there.
 SMALL_SUMMARY_SPANS = 64
 
 
@@ -144,22 +143,11 @@ def _order_key(r: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def summarize(spans: pa.Table) -> pa.Table:
-    """One summary row per trajectory of ``spans`` (any number of trajectories, any order).
+    """One :data:`tracer.schema.TRAJECTORY_SCHEMA` row per trajectory of ``spans``, by step, sample, rollout,
+    start time and trace id (definitions: :mod:`tracer.summary`).
 
-    The definitions of root, first row, status and reward are in this
-    module's docstring. Spans without a trace id (rewards logged by another
-    process) are joined by key and get no row of their own.
-
-    Args:
-        spans: Rows of :data:`tracer.schema.SPAN_SCHEMA`; at least the columns
-            :data:`SUMMARY_SPAN_COLUMNS`.
-
-    Returns:
-        A table of :data:`tracer.schema.TRAJECTORY_SCHEMA`, by step, sample, rollout,
-        start time and trace id.
-
-    Raises:
-        ValueError: a needed column is missing (names them).
+    ``spans`` needs :data:`SUMMARY_SPAN_COLUMNS` (else ValueError naming them). Spans without a trace id
+    (rewards logged by another process) are joined by key and get no row of their own.
     """
     have = set(spans.schema.names)
     missing = [c for c in SUMMARY_SPAN_COLUMNS if c not in have]

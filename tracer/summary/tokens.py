@@ -19,18 +19,12 @@ class TrajectoryTokens:
 
     Attributes:
         prompt_ids: The first model call's prompt ids (None when not recorded).
-        response_ids: Everything after the prompt: each model turn's tokens,
-            with the tokens spliced in between turns (tool results, template)
-            where the next call's prompt shows them.
-        response_mask: One per response id: :data:`MASK_MODEL` for a model
-            token, :data:`MASK_ENV` for a spliced-in one.
-        logprobs: One per response id: the model's logprob (None where unknown
-            and for spliced-in tokens).
-        exact: False when the sequence is known to be incomplete: a token list
-            was cut by the tracer's ``max_tokens``, or a call's prompt does not
-            extend the previous call's prompt and reply (re-templated history:
-            its spliced-in tokens are then left out). The tokens under mask 1
-            are every recorded model token, in order, either way.
+        response_ids: Each model turn's tokens, with the tokens spliced in between turns (tool results,
+            template) where the next call's prompt shows them.
+        response_mask: Per response id: :data:`MASK_MODEL` for a model token, :data:`MASK_ENV` spliced in.
+        logprobs: Per response id: the model's logprob (None where unknown and for spliced-in tokens).
+        exact: False when a token list was cut by ``max_tokens`` or a call's prompt does not extend the previous
+            prompt and reply (its spliced-in tokens are then left out); mask 1 tokens are all recorded either way.
     """
 
     prompt_ids: list[int] | None
@@ -41,15 +35,9 @@ class TrajectoryTokens:
 
 
 def trajectory_tokens(turns: Sequence[Turn]) -> TrajectoryTokens:
-    """The token sequence of a trajectory's assistant turns (those with token ids), in order.
+    """The token sequence of a trajectory's assistant turns with token ids (:func:`span_turns` or turns).
 
-    Turn ``k+1``'s prompt is expected to start with turn ``k``'s prompt and
-    reply (how agent loops such as verl's and this project's build it); the
-    rest of that prompt is the spliced-in part, masked 0.
-
-    Args:
-        turns: A trajectory's turns, e.g. :func:`span_turns` of its spans
-            (every llm call) or its :func:`trajectory_turns`.
+    Turn ``k+1``'s prompt is expected to extend turn ``k``'s prompt and reply; the rest is spliced in, masked 0.
     """
     model = [t for t in turns if t.role == ROLE_ASSISTANT and t.token_ids is not None]
     ids: list[int] = []

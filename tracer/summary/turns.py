@@ -71,13 +71,7 @@ ROLE_TOOL = "tool"
 
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
-    """A tool call an assistant turn asked for.
-
-    Attributes:
-        name: The tool's name.
-        arguments: The arguments as JSON text (as OpenAI spells them).
-        id: The call id (``tool_call_id`` of its result), None when not recorded.
-    """
+    """A tool call an assistant turn asked for: ``arguments`` as JSON text, ``id`` its result's ``tool_call_id``."""
 
     name: str
     arguments: str
@@ -93,23 +87,13 @@ class Turn:
         text: What the conversation shows (message content as text; for a
             failed tool, ``"error: <message>"``); None when nothing was recorded.
         content: The message's content as recorded (text, or OpenAI content parts).
-        tool_calls: Calls an assistant turn asked for.
-        tool_call_id: On a tool turn: the call it answers.
-        tool_name: On a tool turn: the tool.
-        arguments: On a tool turn: its arguments as JSON text.
+        tool_call_id, tool_name, arguments: On a tool turn: the call it answers, the tool, its arguments as JSON.
         error: On a failed tool or llm span: ``{"type", "message", ...}``.
-        status: The span's status (None for a turn with no span).
-        span_id: The span that produced the turn (None for a turn with no span).
-        name: The span's name.
-        start_ns: The span's start.
-        end_ns: The span's end.
+        status, span_id, name, start_ns, end_ns: The turn's span's (None for a turn with no span).
         prompt_text: On an llm turn: the prompt as text (token2text or as given).
-        prompt_ids: On an llm turn: the prompt's token ids.
         response_text: On an llm turn: the model's reply as recorded (before parsing).
         token_ids: On an llm turn: the reply's token ids (kept ones).
-        token_texts: On an llm turn: one text per token, when recorded.
         logprobs: On an llm turn: one logprob per token (None where unknown).
-        finish_reason: On an llm turn: why generation stopped.
         token_count: Reply tokens the engine produced (before truncation).
         truncated: The reply's token list was cut by the tracer's ``max_tokens``.
         prompt_token_count: Prompt tokens (before truncation).
@@ -572,18 +556,10 @@ def _rows_of(spans: pa.Table | Iterable[Mapping[str, Any]]) -> list[Mapping[str,
 
 
 def trajectory_turns(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, list[Turn]]:
-    """The turns of every trajectory in ``spans``, by trace id.
+    """The turns of every trajectory in ``spans`` (a table or dicts with :data:`TURN_SPAN_COLUMNS`), by trace id.
 
-    When the root span returns chat messages (``{"messages": [...]}``), they
-    are the conversation, each assistant and tool message joined to the llm
-    or tool span that produced it. Otherwise the conversation is rebuilt from
-    the spans: the chat the root started from (verl's ``raw_prompt``), else
-    the first llm call's prompt, then one turn per llm and tool span in start
-    order.
-
-    Args:
-        spans: Span rows (table or dicts) of one or many trajectories;
-            :data:`TURN_SPAN_COLUMNS` are read.
+    A root returning ``{"messages": [...]}`` gives the conversation, each message joined to its span; else it is
+    rebuilt: the root's chat (verl's ``raw_prompt``) or the first llm prompt, then one turn per llm and tool span.
     """
     by_trace: dict[str, list[Mapping[str, Any]]] = {}
     for r in _rows_of(spans):
@@ -598,13 +574,7 @@ def span_turns(spans: pa.Table | Iterable[Mapping[str, Any]]) -> list[Turn]:
 
 
 def trajectory_messages(spans: pa.Table | Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Chat messages of one trajectory, from its spans (table or row dicts).
-
-    The :func:`trajectory_turns` of the trajectory in OpenAI chat format.
-
-    Returns:
-        OpenAI-style messages: ``{"role", "content", ...}``.
-    """
+    """The :func:`trajectory_turns` of one trajectory's spans as OpenAI chat messages (``{"role", "content", ...}``)."""
     return [t.as_message() for t in _conversation(_rows_of(spans))]
 
 
@@ -623,11 +593,9 @@ def render_turns(turns: Sequence[Turn]) -> str:
 
 
 def prompt_and_response(turns: Sequence[Turn]) -> tuple[str, str]:
-    """A trajectory's prompt and final response as text.
+    """A trajectory's prompt (the first llm call's, else the turns before the first reply) and final response.
 
-    The prompt is the first llm call's prompt text, else the turns before the
-    first assistant turn, rendered. The response is the last llm call's reply
-    as recorded, else the last assistant turn's text.
+    The response is the last llm call's reply as recorded, else the last assistant turn's text.
     """
     assistant = [t for t in turns if t.role == ROLE_ASSISTANT]
     prompt = assistant[0].prompt_text if assistant else None

@@ -11,7 +11,6 @@ MLflow versions in :data:`FAST_PATH_VERSIONS` whole traces go to the store's
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -79,8 +78,7 @@ __all__ = [
 BACKEND = "mlflow"
 #: Environment variable giving the tracking URI (MLflow's own, as verl uses it).
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
-#: SQLite file used when no tracking URI is given: ``./mlflow.db``, where
-#: ``mlflow ui`` / ``mlflow server`` started in the same folder look by default.
+#: SQLite file used when no tracking URI is given (where ``mlflow ui`` in the same folder looks).
 DEFAULT_DB_FILE = "mlflow.db"
 #: MLflow versions the fast path (``log_spans`` with our span entities) was checked on.
 FAST_PATH_VERSIONS = ("3.17.",)
@@ -196,8 +194,7 @@ class _Destination:
             self._tracing = TracingClient(tracking_uri)
             from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-            # SQL stores: tags and the run link are written in one statement per batch
-            # (MLflow merges root-span tag attributes row by row: ~11 queries a trace).
+            # SQL stores: tags and the run link in one statement per batch (MLflow: ~11 queries a trace).
             self._sql_store = self._tracing.store if isinstance(self._tracing.store, SqlAlchemyStore) else None
         else:
             mlflow.set_tracking_uri(tracking_uri)
@@ -322,8 +319,7 @@ def _write_sql_tags(store: Any, trajectories: Sequence[TrajectoryData], run_id: 
     with store.ManagedSessionMaker(read_only=False) as session:
         for model, rows in ((SqlTraceTag, tags), (SqlTraceMetadata, meta)):
             if session.bind.dialect.name in ("sqlite", "postgresql"):
-                # One statement run executemany-style: compiled once, unlike MLflow's
-                # multi-VALUES upsert, which compiles anew for every 100 rows.
+                # executemany-style: compiled once, unlike MLflow's multi-VALUES upsert (anew every 100 rows).
                 dialect: Any = importlib.import_module(f"sqlalchemy.dialects.{session.bind.dialect.name}")
                 ins = dialect.insert(model.__table__)
                 stmt = ins.on_conflict_do_update(
@@ -410,14 +406,8 @@ def _send_public(t: TrajectoryData, experiment_id: str, run_id: str) -> str:
 # -- reading the files ---------------------------------------------------------
 
 
-@dataclasses.dataclass
-class _Group:
-    project: str
-    experiment: str
-    files: list[str]
-
-
-def _groups(path: str, experiment: str | None) -> list[_Group]:
+def _groups(path: str, experiment: str | None) -> dict[tuple[str, str], list[str]]:
+    """The trace files under ``path`` by recorded (project, experiment); ``experiment`` (MLflow's) overrides the project."""
     groups: dict[tuple[str, str], list[str]] = {}
     for file in list_trace_files(path):
         try:
@@ -427,7 +417,7 @@ def _groups(path: str, experiment: str | None) -> list[_Group]:
         project = experiment or meta.get(S.META_PROJECT) or "rollout_trace"
         exp = meta.get(S.META_EXPERIMENT) or "default"
         groups.setdefault((project, exp), []).append(file)
-    return [_Group(p, e, f) for (p, e), f in groups.items()]
+    return groups
 
 
 def _span_response_tokens(spans: Sequence[dict[str, Any]]) -> int:
@@ -485,8 +475,8 @@ class MlflowSink(SinkBase):
         groups = _groups(path, options.get("experiment"))
         if not groups:
             raise FileNotFoundError(f"no trace files (*{S.FILE_SUFFIX}) under {path!r}")
-        for group in groups:
-            yield (path if len(groups) == 1 else group.files), group.project, group.experiment
+        for (project, experiment), files in groups.items():
+            yield (path if len(groups) == 1 else files), project, experiment
 
     def open(self, target: Target) -> set[str]:
         """Find or create the experiment and run; return our trace ids already there (post hoc)."""
@@ -626,11 +616,7 @@ def verify_export(
     steps: int | Iterable[int] | None = None,
     since_step: int | None = None,
 ) -> tuple[bool, list[str]]:
-    """Check, without sending anything, that every trajectory of the files is in MLflow with the same reward.
-
-    Returns:
-        ``(ok, lines)``: whether all matched, and a line per destination.
-    """
+    """``(ok, a line per destination)``: whether every trajectory of the files is in MLflow with the same reward."""
     uri = resolve_tracking_uri(tracking_uri)
     wanted = [steps] if isinstance(steps, int) else steps
     result: VerifyResult | None = None

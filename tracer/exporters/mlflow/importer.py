@@ -252,17 +252,9 @@ def import_traces(
 ) -> ImportReport:
     """Read an MLflow experiment's traces into trace files under ``out_dir``.
 
-    Files land in ``out_dir/<project>/<experiment>/``: the project and
-    experiment names the exporter recorded, else the MLflow experiment's name
-    and ``mlflow-import``.
-
-    Args:
-        tracking_uri: MLflow tracking URI.
-        experiment: MLflow experiment name.
-        out_dir: Root folder of the written files.
-        progress: Print a count on stderr.
-        filter_string: MLflow trace filter (``"tags.step = '3'"``).
-        timeout_s: Seconds one call to MLflow may take (said while it waits, then given up).
+    Files land in ``out_dir/<project>/<experiment>/`` as the exporter recorded them, else under the MLflow
+    experiment's name and ``mlflow-import``. ``filter_string``: an MLflow trace filter (``"tags.step = '3'"``);
+    ``timeout_s``: seconds one call to MLflow may take.
 
     Raises:
         ValueError: the experiment does not exist.
@@ -344,10 +336,8 @@ def import_traces(
 class _Outputs:
     """One writer per (project, experiment) under the output folder; a folder that fails refuses its own traces alone.
 
-    A trace is counted as imported when it is handed over; when its folder's
-    writer then fails (a name the file system refuses, a full disk), the
-    traces it still held move to :attr:`ImportReport.refused`, named, and every
-    later trace of that folder is refused at once; the other folders go on.
+    When a folder's writer fails (a name refused, a full disk), the traces it held move to
+    :attr:`ImportReport.refused` and later traces of that folder are refused at once.
     """
 
     def __init__(self, out_dir: str, tracking_uri: str, experiment: str, report: ImportReport) -> None:

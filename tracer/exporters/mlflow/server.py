@@ -1,7 +1,6 @@
 """Is the MLflow tracking destination there? Asked once, in seconds, before any MLflow call.
 
-MLflow's HTTP client retries a refused connection for minutes; export and import
-ask ``/health`` first with a short timeout and say at once what to do.
+MLflow's HTTP client retries a refused connection for minutes; ``/health`` answers in seconds.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ class TrackingUriError(ConnectionError):
 def check_tracking_uri(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """Raise :class:`TrackingUriError` naming ``uri`` when it cannot be used; return quietly otherwise.
 
-    An ``http(s)`` URI must answer ``GET /health`` within ``timeout_s``;
-    other schemes are left to MLflow (a local store is created on first use).
+    An ``http(s)`` URI must answer ``GET /health`` within ``timeout_s``; other schemes are left to MLflow.
     """
     try:
         parts = urllib.parse.urlsplit(uri)

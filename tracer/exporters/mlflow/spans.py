@@ -104,9 +104,7 @@ def otel_span_hex(span_id: str) -> str:
 def namespaced_trace_hex(trace_id: str, experiment: str) -> str:
     """32 hex chars for ``trace_id`` exported into the MLflow experiment ``experiment``.
 
-    MLflow trace ids are unique across a whole store, so the same trajectory
-    exported into two experiments needs two ids; within one experiment the id
-    is always the same, which makes re-sending an upsert.
+    MLflow trace ids are unique across a store; within one experiment the id is stable, so re-sending upserts.
     """
     return hashlib.sha256(f"{experiment}\x00{trace_id}".encode()).hexdigest()[:32]
 
@@ -171,8 +169,7 @@ def count_tokens(tokens: Any, keys: Sequence[str]) -> int:
 
 
 def _tag_value(value: Any) -> str:
-    # str() of the Python value, as verl's own MLflow backend writes its tags
-    # ('False', '3'), so a search written for verl's traces finds ours.
+    # str() of the value, as verl's MLflow backend writes tags ('False', '3'): its searches find ours.
     if isinstance(value, bool):
         return str(value)
     if isinstance(value, float) and value.is_integer():
@@ -357,15 +354,9 @@ def trajectory_data(
 ) -> TrajectoryData:
     """Convert the span rows of one trajectory to what an MLflow trace holds.
 
-    Args:
-        rows: Rows of :data:`tracer.schema.SPAN_SCHEMA` (dicts), all of one trace_id.
-        project: Project name (tag; the MLflow experiment).
-        experiment: Experiment name (tag; the MLflow run).
-        reward: ``(reward, reward_info JSON)`` to tag when known from outside
-            these rows (a reward logged by another process).
-        partial: The rows are late spans of a trajectory already sent (no
-            root among them): keep their parents as recorded, add no root,
-            and tag only the reward.
+    ``reward``: ``(reward, reward_info JSON)`` known from outside the rows (logged by another process).
+    ``partial``: the rows are late spans of a trajectory already sent: parents kept, no root added, only the
+    reward tagged.
     """
     trace_id = rows[0][S.TRACE_ID]
     ids = {r[S.SPAN_ID] for r in rows}

@@ -1,13 +1,4 @@
-"""Reading per-token stats back: :func:`read_token_stats`.
-
-The arrays :func:`tracer.log_token_stats` attached to turns come back as one
-row per (trajectory, turn): the key columns
-(:data:`tracer.record.token_stats.TOKEN_STATS_KEY_COLUMNS`) and one
-``list<double>`` column per array name. Where the trainer did not log the
-rollout's own logprobs (``rollout_logprobs``), they are the logprobs the
-turn's llm span recorded, taken from :func:`tracer.summary.trajectory_turns`,
-so the train/inference mismatch can always be computed.
-"""
+"""Per-token stats read back (:func:`read_token_stats`): the arrays :func:`tracer.log_token_stats` wrote."""
 
 from __future__ import annotations
 
@@ -71,21 +62,10 @@ def read_token_stats(
 ) -> pa.Table:
     """The per-token arrays logged with :func:`tracer.log_token_stats`, one row per (trajectory, turn).
 
-    Args:
-        path: A trace file, a directory of them, a URI or a list.
-        trace_ids: Keep these trajectories only.
-        steps: Keep these steps only.
-        rollout_logprobs: Fill ``rollout_logprobs`` from the turns' recorded
-            logprobs where the trainer did not log them (reads those
-            trajectories' llm spans).
-
-    Returns:
-        Columns ``trace_id, step, sample_index, rollout_n, validate, turn,
-        source`` (``log_token_stats(source=...)``, null when not given) and one ``list<double>`` column per array name (null where a row
-        lacks it). A later call for the same turn overrides an earlier one,
-        array by array. Rows logged outside a trajectory without its trace id
-        get the trace id of the trajectory their step, sample, rollout and
-        validate name (null when no such trajectory was recorded).
+    Columns ``trace_id, step, sample_index, rollout_n, validate, turn, source`` (null when not given) and one
+    ``list<double>`` per array name (null where a row lacks it); a later call for a turn overrides, array by
+    array. Rows logged without a trace id get the one their keys name (null when none was recorded). With
+    ``rollout_logprobs``, ``rollout_logprobs`` the trainer did not log are the turns' recorded logprobs.
     """
     spans = read_spans(path, columns=_ROW_COLUMNS, steps=steps, trace_ids=trace_ids)
     spans = spans.filter(pc.fill_null(pc.equal(spans.column(S.NAME), TOKEN_STATS_SPAN_NAME), False))
@@ -124,12 +104,8 @@ def read_token_stats(
 def _join_by_key(
     path: TracePaths, merged: dict[tuple[Any, ...], dict[str, Any]]
 ) -> dict[tuple[Any, ...], dict[str, Any]]:
-    """Give rows logged outside their trajectory (no trace id) the trace id of the trajectory their keys name.
-
-    The same join as rewards logged from another process
-    (:func:`tracer.summary.summarize`): ``(step, sample_index, rollout_n,
-    validate)``; rows of the same turn merge, the trace id's own arrays winning.
-    """
+    """Rows without a trace id get the one ``(step, sample_index, rollout_n, validate)`` names, as rewards do;
+    rows of the same turn merge, the trace id's own arrays winning."""
     steps = sorted({k[1] for k in merged if k[0] is None and k[1] is not None})
     trajectories = read_trajectories(path, steps=steps) if steps else None
     by_key: dict[tuple[Any, ...], str] = {}
