@@ -89,7 +89,7 @@ def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | No
     cols = list(SUMMARY_SPAN_COLUMNS)
     if not tables:
         return summarize(read_spans([f for f, _ in files], columns=cols, steps=steps, validate=validate))
-    loose: list[pa.Array] = [pa.array([], pa.string())]
+    plain_ids: list[pa.Array] = [pa.array([], pa.string())]
     plain_spans: dict[int, pa.Table] = {}
     for n in plain:
         spans = read_spans(files[n][0], columns=cols, steps=steps, validate=validate)
@@ -101,12 +101,12 @@ def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | No
         extra = tid.null_count > 0 or pc.any(pc.equal(tid, "")).as_py()  # rows of spans without a trace id
         own = table.filter(pc.fill_null(pc.not_equal(tid, ""), False)) if extra else table
         rows.append(own.append_column("_file", pa.array(np.full(own.num_rows, n, dtype=np.int64))))
-        bare = table.filter(pc.is_null(tid)) if extra else table.slice(0, 0)
-        keys.append(pa.table({"_key": _key_of(bare), "_file": pa.array([n] * bare.num_rows, pa.int64())}))
+        keyed = table.filter(pc.is_null(tid)) if extra else table.slice(0, 0)
+        keys.append(pa.table({"_key": _key_of(keyed), "_file": pa.array([n] * keyed.num_rows, pa.int64())}))
     for n, spans in plain_spans.items():
-        bare = spans.filter(pc.fill_null(pc.equal(spans.column(S.TRACE_ID), ""), True))
-        keys.append(pa.table({"_key": _key_of(bare), "_file": pa.array([n] * bare.num_rows, pa.int64())}))
-        loose.append(spans.column(S.TRACE_ID).combine_chunks())
+        keyed = spans.filter(pc.fill_null(pc.equal(spans.column(S.TRACE_ID), ""), True))
+        keys.append(pa.table({"_key": _key_of(keyed), "_file": pa.array([n] * keyed.num_rows, pa.int64())}))
+        plain_ids.append(spans.column(S.TRACE_ID).combine_chunks())
     indexed = pa.concat_tables(rows)
     tid = indexed.column(S.TRACE_ID).combine_chunks()  # one array to hash (the other columns stay as read)
     # Which indexed trajectories the stored rows cannot answer alone: first, a trace id in several files.
@@ -116,7 +116,7 @@ def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | No
         counts = indexed.group_by(S.TRACE_ID, use_threads=False).aggregate([("_file", "count")])
         shared = counts.filter(pc.greater(counts.column("_file_count"), 1)).column(S.TRACE_ID)
         redo = pc.is_in(tid, value_set=shared.combine_chunks())
-    in_plain = pa.concat_arrays(loose)
+    in_plain = pa.concat_arrays(plain_ids)
     redo = pc.or_(redo, pc.is_in(tid, value_set=in_plain))
     all_keys = pa.concat_tables(keys)
     if all_keys.num_rows:
@@ -194,7 +194,7 @@ def read_step_partials(path: TracePaths, value_metrics: bool = False) -> pa.Tabl
         return step_partials(read_trajectories(path))
 
 
-#: What the landing page reads of each kept index: the sorted values (in the sidecar's order); the trace id
+#: What the landing page reads of each kept index: the sorted values (in the shard index's order); the trace id
 #: hashes of files whose trace id ranges overlap another's are read after, for those files alone.
 _SOURCE_COLUMNS = _shard_index.SORTED_COLUMNS
 
@@ -205,7 +205,7 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
     read: dict[int, dict[str, _shard_index.Fixed] | None] = {}  # the value columns (and hashes) of each stored file
     ids: dict[int, pa.Array] = {}  # the trace ids of a file read whole
     ranges: list[tuple[str, str, int]] = []
-    bare_steps: set[int | None] = set()
+    keyed_steps: set[int | None] = set()
     rest: set[int] = set()  # files read with read_trajectories
     for n, (file, shard) in enumerate(files):
         got, cols = _shard_index.landing_sources(shard, _SOURCE_COLUMNS) if shard is not None else (None, None)
@@ -213,10 +213,10 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
             rest.add(n)
             spans = read_spans(file, columns=[S.TRACE_ID, S.STEP])
             tid = spans.column(S.TRACE_ID)
-            loose = pc.fill_null(pc.equal(tid, ""), True)
-            if pc.any(loose).as_py():
-                bare_steps.update(pc.unique(pc.filter(spans.column(S.STEP), loose)).to_pylist())
-            ids[n] = pc.unique(pc.filter(tid, pc.invert(loose)).combine_chunks())
+            keyed = pc.fill_null(pc.equal(tid, ""), True)
+            if pc.any(keyed).as_py():
+                keyed_steps.update(pc.unique(pc.filter(spans.column(S.STEP), keyed)).to_pylist())
+            ids[n] = pc.unique(pc.filter(tid, pc.invert(keyed)).combine_chunks())
             if len(ids[n]):
                 least, greatest = pc.min_max(ids[n]).values()
                 ranges.append((least.as_py(), greatest.as_py(), n))
@@ -228,9 +228,9 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
             rest.add(n)
         if got.trace_range is not None:
             ranges.append((*got.trace_range, n))
-        if got.loose_steps is not None:  # rewards logged by key may join trajectories of any file
+        if got.keyed_steps is not None:  # rewards logged by key may join trajectories of any file
             rest.add(n)
-            bare_steps.update(got.loose_steps)
+            keyed_steps.update(got.keyed_steps)
     # Files that may share trace ids are those whose ranges overlap (or that say no range): compared by hash.
     unranged = [n for n, got in stored.items() if got.trace_range is None and got.partials.num_rows]
     suspects = sorted(set(_overlapping(ranges)) | set(unranged) | ({r[2] for r in ranges} if unranged else set()))
@@ -239,9 +239,9 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
         if shared is None:  # an index unreadable now: nothing can be said about what it shares
             return step_partials(read_trajectories([f for f, _ in files]))
         rest.update(shared)
-    if bare_steps:
+    if keyed_steps:
         for n, got in stored.items():
-            if n not in rest and bare_steps.intersection(got.partials.column(S.STEP).to_pylist()):
+            if n not in rest and keyed_steps.intersection(got.partials.column(S.STEP).to_pylist()):
                 rest.add(n)
     kept = [n for n in stored if n not in rest]
     if any(read[n] is None for n in kept):  # unreadable now: read the run's rows
@@ -268,10 +268,10 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
 def _presorted(
     got: Sequence[_shard_index.StoredPartials], read: Sequence[Mapping[str, _shard_index.Fixed]]
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
-    """The sorted values of some sidecars' stored aggregates: per value column, the values and how many
-    belong to each aggregate row (rows of all the files in turn); None when a sidecar's disagree.
+    """The sorted values of some shard indexes' stored aggregates: per value column, the values and how many
+    belong to each aggregate row (rows of all the files in turn); None when a shard index's disagree.
 
-    Each sidecar holds, per :data:`tracer.storage.shard_index.SORTED_COLUMNS`, the values of each of its
+    Each shard index holds, per :data:`tracer.storage.shard_index.SORTED_COLUMNS`, the values of each of its
     aggregate rows already sorted (what :func:`step_partials` of its rows gives), then nulls.
     """
     out = []

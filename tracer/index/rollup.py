@@ -85,7 +85,7 @@ class Rollup:
         rows: Their span rows.
         names: Their distinct span names (None: an index did not list them).
         ranges: Per covered file, its trajectories' least and greatest trace id (None: no trajectory).
-        loose: Whether a covered file may hold spans without a trace id (rewards logged by key): it does,
+        keyed: Whether a covered file may hold spans without a trace id (rewards logged by key): it does,
             or its index does not say (then its trace id range is unknown too).
     """
 
@@ -95,7 +95,7 @@ class Rollup:
     rows: int
     names: frozenset[str] | None
     ranges: dict[str, tuple[str, str] | None]
-    loose: bool
+    keyed: bool
     path: str | None = None
 
     def table(self) -> pa.Table | None:
@@ -168,7 +168,7 @@ def _read(path: str) -> Rollup | None:
             rows=int(meta["rows"]),
             names=None if names is None else frozenset(str(n) for n in names),
             ranges=ranges,
-            loose=bool(meta["loose"]),
+            keyed=bool(meta["loose"]),
             path=path,
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException):
@@ -200,7 +200,7 @@ def _write(run_dir: str, r: Rollup) -> None:
         "rows": r.rows,
         "names": None if r.names is None else sorted(r.names),
         "ranges": {n: (None if v is None else list(v)) for n, v in sorted(r.ranges.items())},
-        "loose": r.loose,
+        "loose": r.keyed,
     }
     path = os.path.join(run_dir, ROLLUP_NAME)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
@@ -232,7 +232,7 @@ class _File:
     stamp: Stamp
     index: ShardIndex
     range: tuple[str, str] | None
-    loose: bool
+    keyed: bool
 
 
 def _closed_files(run_dir: str) -> list[_File]:
@@ -252,7 +252,7 @@ def _closed_files(run_dir: str) -> list[_File]:
         if stored is None:
             out.append(_File(path, before, index, None, True))  # nothing known: never merged in alone
         else:
-            out.append(_File(path, before, index, stored.trace_range, stored.loose_steps is not None))
+            out.append(_File(path, before, index, stored.trace_range, stored.keyed_steps is not None))
     return out
 
 
@@ -312,8 +312,8 @@ def _step(run_dir: str, of_files: PartialsOfFiles) -> bool | None:
         if not new:
             return False
         joins = (
-            current.loose
-            or any(f.loose for f in new)
+            current.keyed
+            or any(f.keyed for f in new)
             or any(_overlap(f.range, r) for f in new for r in current.ranges.values())
         )
         if not joins:  # nothing of the new files belongs to a covered trajectory: merge what they add
@@ -336,7 +336,7 @@ def _described(files: Sequence[_File]) -> dict[str, Any]:
         "rows": sum(sum(f.index.batch_rows) for f in files),
         "names": None if names is None else frozenset(names),
         "ranges": {os.path.basename(f.path): f.range for f in files},
-        "loose": any(f.loose for f in files),
+        "keyed": any(f.keyed for f in files),
     }
 
 
@@ -354,7 +354,7 @@ def _grown(current: Rollup, new: Sequence[_File], of_files: PartialsOfFiles) -> 
         rows=current.rows + added["rows"],
         names=names,
         ranges={**current.ranges, **added["ranges"]},
-        loose=current.loose or added["loose"],
+        keyed=current.keyed or added["keyed"],
     )
 
 

@@ -84,7 +84,7 @@ import pyarrow.compute as pc
 from tracer import schema as S
 from tracer.index import closed
 from tracer.index import shard as _shard
-from tracer.index.shard import ShardIndexBuilder, sidecar_path, warn_no_index, write_sidecar
+from tracer.index.shard import ShardIndexBuilder, shard_index_path, warn_no_index, write_shard_index
 from tracer.read import iter_batches
 from tracer.storage import uri as _uri
 from tracer.storage.decisions import file_decisions, metadata_value
@@ -172,7 +172,7 @@ class MergeResult:
 
 def _index_name(name: str) -> str:
     """The name of the shard index of the file ``name`` in the same directory."""
-    return os.path.basename(sidecar_path(name))
+    return os.path.basename(shard_index_path(name))
 
 
 class _LocalDir:
@@ -527,13 +527,13 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
     d = run_dir_of(unit.run_dir)
     # No memory bound: ``table`` is held whole here and the builder keeps views of its batches, so
     # an output of any size gets its index (with the writer's bound, a 10M-span output got none).
-    sidecar = _shard.builder(bounded=False)
+    builder = _shard.builder(bounded=False)
     schema = S.SPAN_SCHEMA.with_metadata(meta)
     if d.remote:
-        out.entry = _write_remote_indexed(d, unit.name, table, schema, sidecar)
+        out.entry = _write_remote_indexed(d, unit.name, table, schema, builder)
     else:
-        out.entry = _write_compacted(d, unit.name + ".tmp", table, schema, sidecar)
-        out.index = _complete(sidecar, out.entry)
+        out.entry = _write_compacted(d, unit.name + ".tmp", table, schema, builder)
+        out.index = _complete(builder, out.entry)
     d.sync()
     return out
 
@@ -559,7 +559,7 @@ def commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: Co
     d.sync()
     if result.index is not None and not d.remote:  # after the rename: the index names the file
         try:
-            write_sidecar(d.full(name), result.index)
+            write_shard_index(d.full(name), result.index)
         except Exception as exc:  # the file is read whole instead
             warn_no_index(d.full(name), exc)
     report.files_in += len(result.inputs)
@@ -617,7 +617,7 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
                     pass
                 if not d.remote:  # the shard's index (tracer.index.shard) goes with it
                     with contextlib.suppress(OSError):
-                        os.remove(sidecar_path(d.full(old)))
+                        os.remove(shard_index_path(d.full(old)))
             for g in group:
                 entry = index["files"].get(g, {})
                 if entry.get("replaces"):
@@ -648,7 +648,7 @@ def _write_remote_indexed(
         indexed = False
         if _complete(builder, entry) is not None:
             try:
-                write_sidecar(local.full(name), builder)
+                write_shard_index(local.full(name), builder)
                 indexed = True
             except Exception as exc:
                 warn_no_index(d.full(name), exc)
@@ -657,7 +657,7 @@ def _write_remote_indexed(
             raise OSError(f"{d.full(name + '.tmp')}: {d.size(name + '.tmp')} bytes stored, {entry['size']} written")
         if indexed:
             try:
-                _upload(d, sidecar_path(local.full(name)), _index_name(name))
+                _upload(d, shard_index_path(local.full(name)), _index_name(name))
             except Exception as exc:
                 warn_no_index(d.full(name), exc)
     return entry

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tracer.extras import install_command
-from tracer.index.shard import sidecar_path
+from tracer.index.shard import shard_index_path
 from tracer.storage.compact import (
     DEFAULT_TARGET_BYTES,
     CompactReport,
@@ -220,7 +220,7 @@ def _describe(run_dir: str, exc: BaseException) -> str:
 
 def _drop_partial(d: Any, unit: MergeUnit) -> None:
     """Remove what a failed task may have left, its index too (readers never list it; the next compaction would)."""
-    for name in (unit.name + ".tmp", os.path.basename(sidecar_path(unit.name))):
+    for name in (unit.name + ".tmp", os.path.basename(shard_index_path(unit.name))):
         try:
             if d.exists(name):
                 d.remove(name)

@@ -30,7 +30,7 @@ handles it.
 
 Once sealed, the shard is handed to ``on_sealed``: readers pass
 :func:`tracer.index.shard.write_index`, which writes the index its writer would
-have written at close (the same function and the same sidecar, checked by
+have written at close (the same function and the same shard index, checked by
 readers against the sealed file's size and footer), so readers of a dead
 worker's shards read only the batches a question needs. When it cannot be
 written (a full disk, a shard too large to summarise) the seal still stands,

@@ -1,4 +1,4 @@
-"""The one way side files of a run directory are opened: ``_index.json``, ``_lag.*.json``, the rollup, sidecars.
+"""The one way side files of a run directory are opened: ``_index.json``, ``_lag.*.json``, the rollup, shard indexes.
 
 A side file is derived or advisory data beside the trace files; a reader can always do without
 it. Each is checked before it is read: ``lstat`` first, so a symbolic link (to ``/dev/zero``, to
