@@ -1,34 +1,13 @@
-"""The run rollup: every closed shard's index of a run directory merged into one file.
+"""The run rollup: every closed shard's index of a run directory merged into one file, ``_steps.rollup``.
 
-The run overview (steps, span count, span names, per-step aggregates) would
-otherwise open one index per shard, and merge the rewards and latencies of
-every trajectory on each visit: its cost grows with the number of writers and
-trajectories. ``{run_dir}/_steps.rollup`` holds the answer for a set of closed,
-indexed files, kept current by whoever closes one (a writer at close, a seal,
-a compaction), so a reader of a run whose files are all covered reads one file
-and stats the others.
-
-Layout: an Arrow IPC *file*, uncompressed (read memory-mapped), of
-:data:`tracer.schema.ROLLUP_SCHEMA`: the per-(step, validate) aggregates of
-the covered files' trajectories, merged exactly as
-:func:`tracer.summary.merge_step_partials` merges (one row per group, values
-sorted), so exact percentiles stay exact, and each row's value metrics
-(:data:`tracer.schema.VALUE_METRICS`: reward mean, spread and range, latency
-percentiles) as :func:`tracer.summary.partial_metrics` computes them. Its schema metadata
-(:data:`META_ROLLUP`, JSON) names the covered files with their size, mtime
-and inode, the steps of their spans, their row count, their span names
-(None when an index does not list them), the trace id range of each file and
-whether any file holds spans without a trace id (rewards logged by key).
-
-Readers trust it only when it covers exactly the directory's listed files,
-each with the same size, mtime and inode (checked with one ``stat`` each);
-else they read the files' indexes as before, and get the same answer. It is
-derived data: deleting it loses nothing. Updates hold ``_steps.rollup.lock``
-(an ``flock``), write a temporary file, fsync and rename it, so a reader sees
-the old or the new file, whole. An update adds newly closed files to the
-merged aggregates when they share no trajectory with the covered ones
-(disjoint trace id ranges, no rewards logged by key); else it rebuilds from
-every closed, indexed file.
+Without it the run overview opens one index per shard and merges every trajectory's values on each visit.
+Whoever closes a file (a writer, a seal, a compaction) keeps it current. Layout: an uncompressed Arrow IPC
+file of :data:`tracer.schema.ROLLUP_SCHEMA` (partials merged as :func:`tracer.summary.merge_step_partials`
+does, with their :data:`tracer.schema.VALUE_METRICS`); its metadata (:data:`META_ROLLUP`, JSON) names the
+covered files with size, mtime and inode, their steps, rows, span names, trace id ranges and whether any holds
+keyed rewards. Readers trust it only when it covers exactly the listed files as they are now; it is derived
+data. Updates hold ``_steps.rollup.lock``, write a temporary file and rename it; they merge in new files that
+share no trajectory with the covered ones and otherwise rebuild from every closed, indexed file.
 """
 
 from __future__ import annotations

@@ -1,39 +1,15 @@
-"""Shard indexes: an index file per closed shard, so reading cost follows the question.
+"""Shard indexes: ``_{shard name}.index`` beside each closed shard, so reading cost follows the question.
 
-When a shard is closed (:mod:`tracer.index.closed`: a writer's close, a seal, a compaction),
-``_{shard name}.index`` is written beside it: an uncompressed Arrow IPC file (nothing
-to decode when read) whose rows are
+Written when a shard closes (:mod:`tracer.index.closed`), an uncompressed Arrow IPC file with a row per
+trajectory (:func:`tracer.summary.summarize` plus its batches, :data:`tracer.schema.INDEX_UNIFORM` and
+:func:`trace_hashes`), a row with an empty trace id listing the batches of keyed rewards, and a row per key
+``(step, sample_index, rollout_n, validate)`` of those, with a null trace id. :data:`SORTED_COLUMNS` hold the
+values of the stored per-step aggregates, sorted per group. Its schema metadata holds the version, the shard's
+name, size and footer digest, each batch's rows and steps, and the per-step partials. An index is used only
+when all of these agree with the shard on disk; a stale, torn or foreign one is ignored and the spans are read.
 
-* one per trajectory of the shard: what :func:`tracer.summary.summarize`
-  returns for the shard's spans (the writer calls it; nothing here derives a
-  summary), plus :data:`tracer.schema.INDEX_BATCHES` (the shard's record
-  batches holding that trace id), :data:`tracer.schema.INDEX_UNIFORM`
-  (every row of the trace id has one step and one validate flag) and
-  :data:`tracer.schema.INDEX_TRACE_HASH` (:func:`trace_hashes`: files whose
-  trace id ranges overlap are compared on these numbers first);
-* one with an empty trace id, when spans without a trace id exist (rewards
-  logged by key), listing their batches;
-* one per distinct ``(step, sample_index, rollout_n, validate)`` of those
-  spans, with a null trace id: what they may join to in other shards;
-
-and two columns not tied to their row (:data:`SORTED_COLUMNS`, version 3):
-the rewards and latencies of the stored per-step aggregates below, sorted
-per group, then nulls, so a run overview reads them without sorting.
-
-Its schema metadata holds the format version, the shard's name and size, a
-digest of the shard's footer, the rows and steps of every batch, and the shard's
-per-step counts and sums (:data:`tracer.schema.STEP_PARTIALS_SCHEMA`), which
-the run overview merges instead of reading every trajectory row. A
-shard index is used only when all of these agree with the shard on disk (the
-shard was not sealed, repaired, replaced or renamed since), its table has
-exactly the expected columns, and its batch numbers exist: a stale,
-truncated or foreign shard index is ignored, and readers read the spans.
-
-Why a shard index and not the shard's footer metadata: the footer is written by
-pyarrow at close and by :mod:`tracer.storage.seal` for dead writers (which
-cannot summarise), and engines that open shards directly should see nothing
-but spans. The leading ``_`` keeps ``pyarrow.dataset`` discovery from taking
-the shard index for data; the suffix keeps trace-file listings from listing it.
+Not in the shard's footer: dead writers' shards are sealed without summaries, and engines opening shards
+should see only spans. The leading ``_`` hides it from ``pyarrow.dataset`` discovery.
 """
 
 from __future__ import annotations
@@ -135,16 +111,9 @@ def _digest(footer: bytes) -> str:
 class ShardIndexBuilder:
     """What a writer collects for the index of the file it is writing.
 
-    Args:
-        columns: Span columns the summary needs (kept per batch until the file closes).
-        summarize: The trajectory summary, called once at close over the file's spans.
-        step_partials: The per-step aggregates of trajectory rows. The counts and sums are stored in
-            the shard index's metadata (the value lists left empty there); the values, sorted per group,
-            in the columns :data:`SORTED_COLUMNS`. The overview's numbers come from the same
-            functions, so stored and computed aggregates cannot disagree.
-        bounded: Keep at most :data:`MAX_BUILD_BYTES` of those columns (a writer, whose batches
-            would otherwise die once written). False where the caller holds the whole file's table
-            anyway and the kept columns are views of it (compaction): no bound.
+    ``columns`` (what ``summarize`` needs) are kept per batch until close, at most :data:`MAX_BUILD_BYTES`
+    when ``bounded`` (False where the caller holds the whole table anyway: compaction). ``step_partials``'
+    counts and sums go in the metadata, its values sorted in :data:`SORTED_COLUMNS`.
     """
 
     def __init__(
@@ -293,14 +262,10 @@ _index_warned = threading.Event()
 
 
 def write_index(shard: str) -> bool:
-    """Write the index of the closed local ``shard`` from its spans, read back from the file.
+    """Write the index of the closed local ``shard`` from its spans read back; True when it was written.
 
-    Only the summary's columns are read, batch by batch (at most :data:`MAX_BUILD_BYTES` of them
-    kept), so a writer keeps nothing of a shard in memory while it is open. Never raises: a shard
-    that gets no index is read whole. The first failure in a process is logged (a warning).
-
-    Returns:
-        True when the shard index was written.
+    Reads only the summary's columns (at most :data:`MAX_BUILD_BYTES`). Never raises: the first failure in a
+    process is logged, and a shard without an index is read whole.
     """
     try:
         b = builder()
@@ -334,12 +299,8 @@ def warn_no_index(shard: str, exc: BaseException) -> None:
 class ShardIndex:
     """The index of one closed shard, checked against the shard on disk.
 
-    Attributes:
-        shard: The shard's path.
-        size: The shard's size (what :func:`tracer.storage.files.read_batches` gets as ``expect_size``).
-        batch_rows: Rows of each record batch.
-        batch_steps: Distinct steps of each record batch (None for spans outside any step).
-        names: The distinct span names of the shard; None when the index does not say.
+    ``size`` is the shard's (``expect_size`` of :func:`tracer.storage.files.read_batches`); ``batch_steps``
+    the distinct steps of each batch (None: spans outside any step); ``names`` None when the index does not say.
     """
 
     shard: str
@@ -467,12 +428,8 @@ def _read_table(path: str, batches: int, columns: Sequence[str] | None = None) -
 
 
 def _steps_meta(table: pa.Table, step_partials: PartialsOf) -> tuple[str, tuple[pa.Array, pa.Array]]:
-    """The per-step aggregates of an index table's trajectory rows, as stored.
-
-    Returns the counts and sums (values left empty) as the metadata text, and the rewards and the
-    latencies, each sorted per group in row order (what :data:`SORTED_COLUMNS` hold before their nulls).
-    A shard index without them is still a valid index: readers then aggregate its trajectory rows.
-    """
+    """The counts and sums of ``table``'s per-step aggregates as metadata text, and their rewards and latencies
+    sorted per group in row order (what :data:`SORTED_COLUMNS` hold before their nulls)."""
     tid = table.column(S.TRACE_ID)
     rows = table.filter(pc.fill_null(pc.not_equal(tid, ""), False)).select(list(S.TRAJECTORY_COLUMNS))
     partials = step_partials(rows)
@@ -500,16 +457,10 @@ def _steps_meta(table: pa.Table, step_partials: PartialsOf) -> tuple[str, tuple[
 
 @dataclasses.dataclass(frozen=True)
 class StoredPartials:
-    """The per-step aggregates stored in a shard's index, and what says whether other files can change them.
-
-    Attributes:
-        partials: Rows of :data:`tracer.schema.STEP_PARTIALS_SCHEMA` over the shard's trajectory rows
-            (counts and sums; the value lists empty).
-        trace_range: The least and greatest trace id of those rows (None: no trajectory).
-        keyed_steps: Steps of the shard's spans without a trace id (rewards logged by key); None: there are none.
-        value_counts: How many rewards (row 0) and latencies (row 1) of each row of ``partials`` the
-            shard index's :data:`SORTED_COLUMNS` hold, in row order; None when it does not say.
-    """
+    """The per-step aggregates stored in a shard's index (value lists empty), and what says whether other files
+    can change them: the least and greatest trace id (None: no trajectory), the steps of keyed rewards (None:
+    none), and how many rewards (row 0) and latencies (row 1) of each row :data:`SORTED_COLUMNS` hold (None:
+    not said)."""
 
     partials: pa.Table
     trace_range: tuple[str, str] | None
@@ -518,13 +469,8 @@ class StoredPartials:
 
 
 def stored_step_partials(index: ShardIndex) -> StoredPartials | None:
-    """The per-step aggregates stored in ``index``'s shard index (its metadata only is read).
-
-    None when the shard index holds none (written before they existed, or by a
-    writer without the trajectory model), they do not decode to their
-    schema, or it is unreadable: the caller then aggregates the shard's
-    trajectory rows.
-    """
+    """The per-step aggregates stored in ``index``'s metadata; None when it holds none, they do not decode or it
+    is unreadable (the caller then aggregates the shard's trajectory rows)."""
     return step_sources(index, ())[0]
 
 
@@ -537,10 +483,8 @@ def step_sources(index: ShardIndex, columns: Sequence[str]) -> tuple[StoredParti
     fields = [INDEX_SCHEMA.get_field_index(c) for c in columns]
     try:
         with pa.memory_map(index._path) as source:
-            # A large shard index: every column, then the few wanted, from a memory map that copies nothing;
-            # ``included_fields`` copies each record batch's whole body (pyarrow 25: 2.8 MB a batch of a
-            # 125k-row shard index, 3 ms for three columns against 0.4 ms). A small one: ``included_fields``,
-            # whose copy costs less than wrapping every column. No threads: nothing to decode.
+            # Large: every column from a memory map that copies nothing (``included_fields`` copies each batch's
+            # whole body). Small: ``included_fields``, cheaper than wrapping every column. Nothing to decode.
             whole = source.size() > SMALL_INDEX_BYTES
             options = pa.ipc.IpcReadOptions(included_fields=None if whole else fields, use_threads=False)
             reader = pa.ipc.open_file(source, options=options)
@@ -567,15 +511,10 @@ def landing_sources(
 ) -> tuple[StoredPartials | None, dict[str, Fixed] | None]:
     """:func:`step_sources` for fixed-width columns, as numpy arrays: what the run overview reads of each file.
 
-    The stored aggregates are the text the index check read from the shard index's schema message (the
-    same as :func:`stored_step_partials`; the message is not parsed again); the columns (``columns``
-    among :data:`FIXED_COLUMNS`) come straight from their buffers in the record batches the footer
-    lists, memory-mapped, the same values as :func:`step_sources`'s table holds, checked as they are
-    read (layout, bounds, null counts against validity bitmaps): ~0.18 ms a file against ~0.3 ms
-    through pyarrow's file reader, which opens the file and builds every column of every batch. Where
-    the file is not laid out exactly as :func:`write_shard_index` writes it, the columns come from
-    :func:`step_sources` instead (the same values, or None where that finds it unreadable).
-    Without ``partials``, the stored aggregates are not decoded (None).
+    The aggregates come from the text the index check kept; the columns (among :data:`FIXED_COLUMNS`) straight
+    from their memory-mapped, checked buffers (~0.18 ms a file against ~0.3 ms through pyarrow), or from
+    :func:`step_sources` where the file is not laid out as :func:`write_shard_index` writes it. Without
+    ``partials``, the aggregates are not decoded (None).
     """
     if any(c not in FIXED_COLUMNS for c in columns):
         raise ValueError(f"not a fixed-width shard index column: {columns}")

@@ -1,27 +1,11 @@
-"""``rollout-trace compact``: merge small shard files into large, step-indexed ones.
+"""``rollout-trace compact``: merge the closed shard files of a run directory into step-indexed Arrow files.
 
-Workers write many small shard files (one per process, rotated by size).
-Compaction reads the *closed* ones of each run directory (those with their
-footer or end-of-stream marker; files still being written are left alone),
-after sealing the shards whose writer is gone however it ended
-(:mod:`tracer.storage.seal`: a Ray worker at shutdown, ``os._exit``,
-SIGKILL), sorts
-the rows by step, sample, rollout and trace so that a trajectory's spans and
-a step's trajectories sit together, and writes Arrow IPC *files* (with a
-footer) whose record batches each hold one step. ``_index.json`` records
-which batch holds which step, so reading one step opens only its batches.
+Shards whose writer is gone are sealed first (:mod:`tracer.storage.seal`). Rows are sorted by step, sample,
+rollout and trace; each record batch holds one step and ``_index.json`` says which. Only files read completely
+(:attr:`tracer.storage.files.FileRead.complete`) are merged; the rest stay untouched and are named in
+:attr:`CompactReport.set_aside`. The merged file keeps only the metadata its inputs agree on.
 
-Compaction merges only what it read completely: a regular file, closed
-(end-of-stream marker), in this tool's format or an older one, every batch
-read without damage or refusal (:attr:`tracer.storage.files.FileRead.complete`).
-Everything else stays where it is, untouched, and is named in the report
-(:attr:`CompactReport.set_aside`): files still open, torn or corrupt ones
-(``rollout-trace check --repair`` handles those), foreign Arrow files, newer
-formats, FIFOs and links. The merged file gets this tool's schema version
-and only the metadata its inputs agree on, so it reads like its inputs did.
-
-Every row is kept exactly once, and the originals stay until the merge is
-durable. The order of operations makes a crash at any point safe:
+Every row is kept exactly once; a crash at any point is safe by the order of operations:
 
 1. write the merged files as ``*.tmp`` and fsync them;
 2. write the index with the new entries and the names they replace (atomic rename);
@@ -29,37 +13,14 @@ durable. The order of operations makes a crash at any point safe:
 4. under the directory's exclusive lock (:mod:`tracer.storage.locks`), delete
    the originals, then drop the ``replaces`` lists from the index.
 
-Each merged file also gets its shard index
-(:mod:`tracer.index.shard`, ``_<name>.index``), built from the
-batches as they are written: on a local filesystem written right after step 3
-(it must name the renamed file); on an object store uploaded with step 1
-beside the ``.tmp`` (staged in a local temporary directory, where the index
-can be written as it is for a local file). An index is trusted only when it
-agrees with the file's size and footer, so a crash between the file and its
-index leaves a file read whole; an index that cannot be written never fails
-the compaction (one warning per process).
+Each merged file gets its shard index (:mod:`tracer.index.shard`): written after step 3 locally, uploaded with
+step 1 on an object store; one that cannot be written never fails the compaction. Readers hold the shared lock
+while they read a listing, so step 4 waits up to :data:`DELETE_WAIT_S` and otherwise leaves the originals to the
+next compaction. :func:`plan_dir`, :func:`merge_unit` (step 1) and :func:`commit_merge` / :func:`finish_dir`
+(steps 2-4) split the work so merges can run elsewhere (:mod:`tracer.storage.compact_ray`).
 
-A crash before 3 leaves entries whose file does not exist: ignored, the
-originals are read. A crash after 3 leaves originals that readers skip.
-Readers hold the shared lock from listing a directory to reading its last
-file, so step 4 never removes a file a reader has listed; if readers hold it
-for longer than :data:`DELETE_WAIT_S`, the originals stay (hidden by the
-index) and the next compaction deletes them.
-
-The work splits in three, so that merges can run elsewhere
-(:mod:`tracer.storage.compact_ray` runs each as a Ray task):
-:func:`plan_dir` (finish an interrupted compaction, seal, group the inputs
-into :class:`MergeUnit` s), :func:`merge_unit` (step 1: read and write the
-``.tmp``; touches no index and no input) and :func:`commit_merge` /
-:func:`finish_dir` (steps 2-4, by the one process that holds the directory).
-
-Run directories may be URIs (``s3://bucket/prefix``), through pyarrow's
-filesystems (:mod:`tracer.storage.uri`). Object stores have no rename and
-no locks: step 3 is a server-side copy (the object appears whole), the index
-is one PUT, and step 4 deletes originals only once they have been hidden for
-``delete_after_s`` (:data:`REMOTE_DELETE_AFTER_S`), the time a reader that
-listed the prefix just before the merge has to open them; run one
-compaction of a prefix at a time.
+On object stores (:mod:`tracer.storage.uri`) step 3 is a server-side copy, the index one PUT, and step 4 deletes
+originals hidden for ``delete_after_s`` (:data:`REMOTE_DELETE_AFTER_S`); run one compaction of a prefix at a time.
 """
 
 from __future__ import annotations
@@ -221,13 +182,7 @@ class _LocalDir:
 
 
 class _RemoteDir:
-    """A run directory under an object-store or remote URI (``s3://bucket/prefix/run``), through pyarrow.
-
-    Object stores have no rename and no locks: a rename is a server-side copy
-    (the copy appears whole), and replaced originals are deleted only once
-    they have been hidden for ``delete_after_s``, the time a reader that
-    listed the prefix before the merge has to open them.
-    """
+    """A run directory under an object-store or remote URI (``s3://bucket/prefix/run``), through pyarrow."""
 
     remote = True
 
@@ -347,17 +302,11 @@ def compact(
     seal_after_s: float | None = None,
     delete_after_s: float | None = None,
 ) -> CompactReport:
-    """Compact every run directory under ``path``; see the module docstring.
+    """Compact every run directory under ``path`` (local or a URI); see the module docstring.
 
-    Args:
-        path: A run directory or a tree of them, local or a URI (``s3://bucket/prefix``).
-        target_bytes: Aim for compacted files of about this size.
-        seal_after_s: Seal shards of other hosts unchanged this long (default
-            :func:`tracer.storage.seal.seal_after_s`).
-        delete_after_s: On object stores, delete replaced originals only once
-            they have been hidden this long (default :data:`REMOTE_DELETE_AFTER_S`);
-            earlier ones are left for the next compaction. Local directories use
-            readers' locks instead.
+    ``seal_after_s``: seal shards of other hosts unchanged this long (default
+    :func:`tracer.storage.seal.seal_after_s`). ``delete_after_s``: on object stores, how long replaced originals
+    stay hidden before they are deleted (default :data:`REMOTE_DELETE_AFTER_S`).
     """
     report = CompactReport()
     for run_dir in run_dirs(path):
@@ -383,12 +332,7 @@ _CREDENTIAL_TROUBLE = (
 
 
 def describe_store_error(uri: str, exc: BaseException) -> str:
-    """One line for an object store's error: the bucket, what went wrong and which setting to fix.
-
-    Args:
-        uri: The URI being compacted (``s3://bucket/prefix``).
-        exc: What pyarrow raised.
-    """
+    """One line for pyarrow's error ``exc`` compacting ``uri``: the bucket, what went wrong and which setting to fix."""
     scheme, _, rest = _uri.strip_query(uri).partition("://")
     bucket = rest.split("/", 1)[0]
     text = " ".join(str(exc).split())
@@ -416,11 +360,9 @@ def _delete_after(delete_after_s: float | None) -> float:
 def plan_dir(
     d: _Dir, target_bytes: int, report: CompactReport, seal_after_s: float | None, delete_after_s: float | None
 ) -> tuple[dict[str, Any], list[MergeUnit]]:
-    """Finish what an interrupted compaction left, seal abandoned shards, and group the rest into merges.
+    """Finish an interrupted compaction, seal abandoned shards, group the rest into merges of ``target_bytes``.
 
-    Call under :func:`compacting`. Returns the directory's index (to pass to
-    :func:`commit_merge`) and the merges to run, each up to ``target_bytes``
-    of input, so memory stays bounded.
+    Call under :func:`compacting`. Returns the directory's index (for :func:`commit_merge`) and the merges.
     """
     index = load_index(d.path)
     _finish_interrupted(d, index, report, _delete_after(delete_after_s))
@@ -490,10 +432,8 @@ def _merged_metadata(reads: list[tuple[pa.Schema, FileRead]]) -> dict[bytes, byt
 def merge_unit(unit: MergeUnit) -> MergeResult:
     """Merge what of ``unit.files`` reads completely into ``<unit.name>.tmp`` (step 1 of the module docstring).
 
-    Touches neither the index nor the inputs, so it may run anywhere that
-    reaches the files (a Ray task); a process that dies here leaves at most
-    a ``.tmp`` file that readers never list and the next compaction removes.
-    :func:`commit_merge` then makes the result visible.
+    Touches neither the index nor the inputs, so it may run anywhere (a Ray task); a death here leaves at most
+    a ``.tmp`` that readers never list and the next compaction removes.
     """
     out = MergeResult(unit)
     batches: list[pa.RecordBatch] = []
@@ -525,8 +465,7 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
     table = table.sort_by(_SORT_KEYS)
     assert table.num_rows == out.rows
     d = run_dir_of(unit.run_dir)
-    # No memory bound: ``table`` is held whole here and the builder keeps views of its batches, so
-    # an output of any size gets its index (with the writer's bound, a 10M-span output got none).
+    # No memory bound: ``table`` is held whole and the builder keeps views of it, so any output gets its index.
     builder = _shard.builder(bounded=False)
     schema = S.SPAN_SCHEMA.with_metadata(meta)
     if d.remote:
@@ -579,10 +518,8 @@ def finish_dir(d: _Dir, index: dict[str, Any], report: CompactReport, delete_aft
 def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, delete_after_s: float) -> None:
     """Bring the directory to a consistent state after a compaction stopped at any step.
 
-    For each group of outputs in the index: if every output exists (or its
-    complete ``.tmp`` does, and is renamed now), delete the originals it
-    replaces; otherwise the compaction never reached step 3, so its
-    entries and partial outputs go and the originals stay the truth.
+    A group of outputs that all exist (or whose complete ``.tmp`` is renamed now) deletes the originals it
+    replaces; otherwise step 3 was never reached: its entries and partial outputs go, the originals stay.
     """
     changed = False
     groups: dict[tuple[str, ...], list[str]] = {}
@@ -737,21 +674,11 @@ PARQUET_DONE = "_SUCCESS"
 
 
 def write_parquet(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> tuple[str, int]:
-    """Write the spans under ``path`` as a step-partitioned, zstd Parquet dataset; return (directory, rows).
+    """Write the spans under ``path`` as a Hive-style step-partitioned zstd Parquet dataset; return (directory, rows).
 
-    The layout is Hive-style (``step=3/part-0.parquet``; spans without a step
-    under ``step=__HIVE_DEFAULT_PARTITION__``), which DuckDB's
-    ``read_parquet(..., hive_partitioning=true)``, Spark, Ray Data and
-    Hugging Face ``datasets`` load as they are. The rows are those
-    :func:`tracer.read_spans` returns (read in batches, never all at once);
-    the trace files stay. The dataset is written beside its final place and
-    renamed into it, so a reader never sees half of one. Object stores cannot
-    rename a prefix: there the dataset is written in place (the old one
-    deleted first) and an empty ``_SUCCESS`` object marks it complete.
-
-    Args:
-        path: A run directory or a tree of them, local or a URI.
-        out: The dataset's directory or URI (default ``path/parquet``); replaced if it exists.
+    Spans without a step go under ``step=__HIVE_DEFAULT_PARTITION__``. The rows are those :func:`tracer.read_spans`
+    returns, read in batches. ``out`` (default ``path/parquet``) is replaced: written beside and renamed in; on
+    object stores written in place and marked complete by an empty ``_SUCCESS`` object.
     """
     import pyarrow.dataset as pds  # heavy (BENCHMARKS.md, `import tracer`): loaded by its one user, here
 

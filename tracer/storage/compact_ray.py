@@ -1,34 +1,11 @@
 """``rollout-trace compact --ray``: the same compaction, its merges run as Ray tasks on a cluster.
 
-The work splits as :mod:`tracer.storage.compact` already splits it, and
-every step is the function local compaction calls:
-
-* **the driver** (this process) lists the run directories, finishes what an
-  interrupted compaction left, seals shards whose writer is gone and groups
-  the rest into merges of about ``target_bytes`` each
-  (:func:`~tracer.storage.compact.plan_dir`); it alone writes each
-  directory's ``_index.json`` and renames and deletes files
-  (:func:`~tracer.storage.compact.commit_merge`,
-  :func:`~tracer.storage.compact.finish_dir`), one directory's merges one
-  after the other, as their tasks finish;
-* **each Ray task** runs one merge (:func:`~tracer.storage.compact.merge_unit`):
-  it reads its input files and writes one compacted ``<name>.tmp`` beside
-  them, through pyarrow's filesystems, so ``s3://`` (or any URI
-  :mod:`tracer.storage.uri` resolves) works as well as a shared filesystem.
-  It also builds the merged file's shard index from the batches it writes:
-  on an object store it uploads the index beside the ``.tmp``; on a shared
-  filesystem it returns what the index is built from and the driver writes
-  the index once the file has its name (the index must name it).
-
-So the guarantees are those of local compaction. A task that dies (its
-worker killed, its node lost, an error) changes neither the index nor an
-input: readers go on reading the originals, its ``.tmp`` is never listed
-and is removed, and compacting again merges those inputs. Ray retries a task
-whose worker died (``retries``) before the merge counts as failed.
-
-The workers must reach the same files as the driver: the same bucket (give
-them the same ``AWS_*`` settings, e.g. through the cluster's environment or
-an IAM role), or the same shared filesystem for a local path.
+The driver plans (:func:`~tracer.storage.compact.plan_dir`) and alone writes ``_index.json``, renames and
+deletes (:func:`~tracer.storage.compact.commit_merge`, :func:`~tracer.storage.compact.finish_dir`); each task
+runs one :func:`~tracer.storage.compact.merge_unit` through pyarrow's filesystems. The guarantees are those of
+local compaction: a task that dies changes neither index nor input, and Ray retries it (``retries``) before the
+merge counts as failed. Workers must reach the same files as the driver (the same bucket and ``AWS_*``
+settings, or the same shared filesystem).
 """
 
 from __future__ import annotations

@@ -1,45 +1,14 @@
-"""Sealing: closing a shard whose writer is gone, without that writer's help.
+"""Sealing: closing a shard whose writer is gone (``ray.shutdown()``, ``os._exit``, SIGKILL).
 
-A writer ends its file with a footer (IPC file) or an end-of-stream marker
-(a version-1 stream) only if its process gets to run its shutdown: Ray
-workers at ``ray.shutdown()``, ``os._exit`` and SIGKILL never do. Such a
-file holds every batch the writer flushed and then simply stops. Readers and
-``rollout-trace compact`` call :func:`seal_if_abandoned` on files that do not
-end closed; it adds what the writer would have written at close, and only
-that, once it can tell the writer is gone:
+:func:`seal_if_abandoned` acts once the writer is gone: on this host, when no process holds the file's
+``flock`` (writers that do not lock: when the pid in its name no longer runs); on another host, when the file
+has not changed for :data:`SEAL_AFTER_S` (:data:`ENV_SEAL_AFTER_S`); a quiet writer then starts a new file.
 
-* **Same host** (the host in the file's name is this one): a
-  :class:`tracer.storage.writer.SpanWriter` holds an exclusive ``flock`` on
-  its file while it is open; the kernel drops it when the process ends,
-  however it ends. No lock held means no writer. Files of writers that did
-  not lock (version-1 streams, filesystems without ``flock``) count as gone
-  once the process id in their name no longer runs.
-* **Another host** (or a name that does not say): once the file has not
-  changed for :data:`SEAL_AFTER_S` (environment variable
-  :data:`ENV_SEAL_AFTER_S`). A writer that was only quiet notices at its next
-  write that its file grew and starts a new one.
-
-Sealing appends bytes after the last complete batch and never changes one
-already written: a stream gets its 8-byte end-of-stream marker; an IPC file
-gets the end-of-stream marker, a footer that lists its batches, the footer's
-length and the closing magic, exactly as pyarrow writes them at close. The
-sealer holds the file's ``flock`` while it appends, so two sealers (or a
-sealer and a writer) never interleave. A file torn inside a batch is not
-sealed (appending would hide the tear): ``rollout-trace check --repair``
-handles it.
-
-Once sealed, the shard is handed to ``on_sealed``: readers pass
-:func:`tracer.index.shard.write_index`, which writes the index its writer would
-have written at close (the same function and the same shard index, checked by
-readers against the sealed file's size and footer), so readers of a dead
-worker's shards read only the batches a question needs. When it cannot be
-written (a full disk, a shard too large to summarise) the seal still stands,
-one warning is logged per process, and readers read the spans.
-
-Readers call this before every read, so it is cheap when there is nothing to
-do: a file found closed is not opened again while its size, mtime and inode
-stay the same (a closed file is never written again). A file that is not
-closed is looked at on every read: its writer may have gone since.
+Sealing appends, under the file's ``flock``, exactly what pyarrow writes at close after the last complete
+batch (end-of-stream marker; for an IPC file also the footer, its length and the magic) and changes nothing
+written. A file torn inside a batch is not sealed (``rollout-trace check --repair`` handles it). The sealed
+shard goes to ``on_sealed`` (readers pass :func:`tracer.index.shard.write_index`; a failure there leaves the
+seal standing). A file found closed is not opened again while its size, mtime and inode stay the same.
 """
 
 from __future__ import annotations
