@@ -87,11 +87,8 @@ def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -
 
 
 def connect(address: str | None) -> bool:
-    """Connect this process to the Ray cluster at ``address`` (default: join or start one on this machine).
-
-    Returns:
-        True when this call started the connection (the caller shuts it down), False when Ray was already up.
-    """
+    """Connect to the Ray cluster at ``address`` (default: join or start one here); True when this call
+    connected (the caller shuts it down), False when Ray was already up."""
     ray = import_ray()
     if ray.is_initialized():
         return False
@@ -111,21 +108,11 @@ def compact_ray(
 ) -> CompactReport:
     """Compact every run directory under ``path`` with one Ray task per merge; see the module docstring.
 
-    Args:
-        path: A run directory or a tree of them: a URI (``s3://bucket/prefix``)
-            or a path every node of the cluster sees.
-        address: The cluster (``host:port``, ``ray://host:port``); default
-            ``$RAY_ADDRESS``, else join or start one on this machine. When Ray
-            is already initialised in this process, that cluster is used.
-        target_bytes: Input of each merge (one task), about.
-        seal_after_s: As for :func:`tracer.storage.compact.compact`.
-        delete_after_s: As for :func:`tracer.storage.compact.compact`.
-        retries: Reruns of a task whose worker died before its merge counts as failed.
-        merge: What each task runs (default :func:`~tracer.storage.compact.merge_unit`);
-            a wrapper must call it and return its result.
-
-    Returns:
-        The report; merges whose task failed are in :attr:`CompactReport.failed`.
+    ``path`` is a URI or a path every node sees. ``address`` (``host:port``, ``ray://host:port``) defaults to
+    ``$RAY_ADDRESS``, else a cluster on this machine (one already initialised here is used). ``retries``: reruns
+    of a task whose worker died. ``merge``: what each task runs (default
+    :func:`~tracer.storage.compact.merge_unit`; a wrapper returns its result). Failed merges are in
+    :attr:`CompactReport.failed`.
     """
     dirs = run_dirs(path)  # a bad path fails before a cluster is started
     ray = import_ray()

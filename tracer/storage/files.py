@@ -1,25 +1,11 @@
 """The one reader of trace files, whole or damaged: :func:`read_batches`.
 
-Every path that reads spans goes through here: the public readers
-(``tracer.read``), ``check``, ``repair``, ``compact`` and the uploader.
-Before pyarrow decodes anything, the file's messages are walked by hand
-(framing, flatbuffer headers, the 8-byte length in front of each compressed
-buffer), so that:
-
-* a torn file is read up to its last complete batch, and the result says
-  where and why it stopped (:attr:`FileRead.damage`);
-* a file whose span columns have types the readers cannot use is refused as
-  a whole (:attr:`FileRead.skipped`), the same way by every reader and by
-  ``check``;
-* memory stays bounded whatever the file claims: a batch is decompressed
-  only if the bytes it declares (decompressed buffers of the columns asked
-  for, plus a per-row cost) fit the file's budget, ``max(MIN_BUDGET_BYTES,
-  expansion x size on disk)``, counted over the whole file. The first batch
-  over budget and every batch after it are refused (:attr:`FileRead.refused`
-  names them and the sizes).
-
-Only regular files are opened: a FIFO, device or directory named ``x.arrow``
-is skipped before ``open`` (which would block on a FIFO).
+Every path that reads spans goes through here. The file's messages are walked by hand before pyarrow decodes
+anything, so that a torn file reads up to its last complete batch (:attr:`FileRead.damage` says where and why);
+a file whose span column types the readers cannot use is refused whole (:attr:`FileRead.skipped`); and memory
+stays bounded: a batch is decompressed only while the bytes it declares fit the file's budget,
+``max(MIN_BUDGET_BYTES, expansion x size on disk)``; it and every later batch are refused otherwise
+(:attr:`FileRead.refused`). Only regular files are opened (a FIFO would block).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The run-directory index written by compaction: which batches hold which step.
+"""The run-directory index written by compaction, ``_index.json``: which batches hold which step.
 
-``{run_dir}/_index.json`` maps compacted file names to their size, rows and,
-per record batch, the step it holds, so a reader asking for one step opens
-only the batches of that step (compacted files use the Arrow IPC *file*
-format, whose footer allows reading one batch without the others). An entry
-may list the files it ``replaces``: readers skip those while the entry's file
-exists, which makes a compaction interrupted at any moment safe (every row
-is read exactly once).
+It maps compacted file names to their size, rows and each batch's step, so reading one step opens only its
+batches. An entry may list the files it ``replaces``: readers skip those while the entry's file exists.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Who may delete trace files while others read them.
 
-Readers of a local run directory hold a shared ``flock`` on the directory
-itself (no lock file is created) from listing its files until they have read
-them. Reading is not write-free: readers seal shards whose writer is gone
-(:mod:`tracer.storage.seal` appends their footer, under the file's own
-``flock``), but they never create, rename or delete a file. Compaction deletes the files it replaced
-only while it holds the exclusive lock, so a reader that listed a file can
-always open it. Where locks are not supported (some network filesystems,
-object storage) both sides go on without one.
+Readers of a local run directory hold a shared ``flock`` on the directory from listing to reading (they may
+seal shards, never create, rename or delete a file); compaction deletes only under the exclusive lock. Where
+locks are not supported both sides go on without one.
 """
 
 from __future__ import annotations

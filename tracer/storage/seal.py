@@ -60,14 +60,8 @@ CLOSED_CACHE_ENTRIES = 65536
 
 @dataclasses.dataclass
 class SealResult:
-    """What :func:`seal_if_abandoned` did.
-
-    Attributes:
-        path: The file.
-        action: ``"sealed"``, ``"closed"`` (nothing to do), ``"live"`` (its writer
-            may still write) or ``"not sealed"`` (torn, unwritable, ...; see ``why``).
-        why: One sentence for a report.
-    """
+    """What :func:`seal_if_abandoned` did: ``action`` is ``"sealed"``, ``"closed"`` (nothing to do), ``"live"``
+    (its writer may still write) or ``"not sealed"``; ``why`` is one sentence for a report."""
 
     path: str
     action: str
@@ -162,16 +156,10 @@ def _remember_closed(file: str, stamp: tuple[int, int, int]) -> None:
 def seal_if_abandoned(
     path: str | os.PathLike[str], max_age_s: float | None = None, on_sealed: OnClose | None = None
 ) -> SealResult:
-    """Close ``path`` as its writer would have if that writer is gone (see the module docstring).
+    """Close the local ``path`` as its writer would have if that writer is gone (see the module docstring).
 
-    Never raises for the file's sake: what could not be done is in the result.
-
-    Args:
-        path: A local trace file.
-        max_age_s: Override :func:`seal_after_s` (files of other hosts).
-        on_sealed: Called with the path of a shard this call sealed (readers: its index,
-            :func:`tracer.index.shard.write_index`); None: nothing (compaction, which merges
-            the shard at once and indexes what it writes).
+    Never raises for the file's sake. ``max_age_s`` overrides :func:`seal_after_s`; ``on_sealed`` gets the path
+    of a shard this call sealed (readers pass :func:`tracer.index.shard.write_index`).
     """
     result = _seal(os.fspath(path), max_age_s)
     if on_sealed is not None and result.action == SEALED:

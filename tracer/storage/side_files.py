@@ -1,12 +1,9 @@
 """The one way side files of a run directory are opened: ``_index.json``, ``_lag.*.json``, the rollup, shard indexes.
 
-A side file is derived or advisory data beside the trace files; a reader can always do without
-it. Each is checked before it is read: ``lstat`` first, so a symbolic link (to ``/dev/zero``, to
-another tree), a FIFO, a device or a directory is refused without being opened (opening a FIFO
-blocks); a regular file over its kind's size cap is refused; the open itself does not follow links
-and does not block, and the descriptor is checked again. JSON side files are then decoded and
-checked against their expected shape. A file refused for any of these reasons is named in a
-:class:`SideFileWarning` and skipped; a file that does not exist is skipped without a word.
+A side file is data a reader can do without. ``lstat`` first refuses links, FIFOs, devices and directories
+unopened; a regular file over its kind's size cap is refused; the open follows no link and does not block and
+the descriptor is checked again; JSON is checked against its shape. A refused file is named in a
+:class:`SideFileWarning` and skipped; a missing one is skipped without a word.
 """
 
 from __future__ import annotations

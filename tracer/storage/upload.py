@@ -1,20 +1,10 @@
-"""Staging and upload: ``output_dir`` on object storage or a remote filesystem.
+"""Staging and upload: ``output_dir`` on object storage or a remote filesystem (:mod:`tracer.storage.uri`).
 
-When ``output_dir`` is a URI (see :mod:`tracer.storage.uri`), the recorder
-writes exactly as it does locally, into a **staging directory** on local disk
-(fsync'd batches, torn tails readable), and :class:`UploadingSpanWriter`
-uploads each file only once it is closed: rotated by size
-(``max_file_bytes``), by age (``upload_interval_s``), or at shutdown. An
-object therefore never holds half a file. On S3 and GCS a single PUT is
-atomic; elsewhere the upload goes to ``<name>.arrow.partial-<nonce>`` (which
-readers ignore) and is then renamed.
-
-Crash recovery: each writer holds an ``flock`` on ``<stem>.lock`` in its
-staging directory while it lives. A writer that starts finds files whose lock
-nobody holds (their process died), repairs them (:func:`tracer.storage.repair.repair_file`:
-a torn last batch is cut off into ``*.repaired.arrow``, the original kept as
-``*.damaged`` in staging) and uploads them; ``rollout-trace upload`` does the
-same without recording.
+The recorder writes into a local **staging directory** as it does locally, and :class:`UploadingSpanWriter`
+uploads each file once it is closed (by size, by age ``upload_interval_s``, or at shutdown), so an object
+never holds half a file: one PUT on S3 and GCS, else ``<name>.arrow.partial-<nonce>`` then a rename. Each
+writer holds an ``flock`` on ``<stem>.lock`` in staging; a writer that starts (or ``rollout-trace upload``)
+repairs and uploads the files whose lock nobody holds.
 """
 
 from __future__ import annotations
@@ -233,19 +223,11 @@ def _close_at_exit(ref: weakref.ref[UploadingSpanWriter]) -> None:
 
 
 class UploadingSpanWriter(SpanWriter):
-    """A :class:`SpanWriter` into a local staging directory that uploads each closed file.
+    """A :class:`SpanWriter` into a local staging directory that uploads each closed file to ``dest_uri``.
 
-    Args:
-        dest_uri: Where the run's files go (``s3://bucket/prefix/project/experiment``).
-        metadata: Schema-level metadata written into every file.
-        compression_level: zstd level.
-        max_file_bytes: Close (and upload) a file once it is this big.
-        upload_interval_s: Close (and upload) a file once it is this old.
-        report: ``report(kind, detail, exc)`` for upload problems (the recorder's problem log).
-        staging: Staging directory (default :func:`staging_dir_for` ``dest_uri``).
-        at_exit: Called at interpreter exit instead of :meth:`close` (the recorder
-            passes its own shutdown, which flushes its buffer, then closes this writer).
-            It runs before pyarrow finalizes S3, which a handler registered earlier would not.
+    Files close (and upload) at ``max_file_bytes`` or ``upload_interval_s`` old. ``report(kind, detail, exc)``
+    gets upload problems; ``staging`` defaults to :func:`staging_dir_for` ``dest_uri``. ``at_exit`` runs at
+    interpreter exit instead of :meth:`close` (the recorder's shutdown), before pyarrow finalizes S3.
     """
 
     def __init__(

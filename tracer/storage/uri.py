@@ -1,10 +1,7 @@
-"""URIs as trace paths: object storage and remote filesystems.
+"""URIs as trace paths (``s3://bucket/prefix``, ``gs://...``, anything pyarrow or fsspec resolves).
 
-A trace path may be a URI (``s3://bucket/prefix``, ``gs://...``, or anything
-:func:`pyarrow.fs.FileSystem.from_uri` or fsspec resolves) as well as a local
-path. Credentials and endpoints come from the usual places (``AWS_*``
-environment variables, including ``AWS_ENDPOINT_URL``; or URI query options
-such as ``?endpoint_override=...``).
+Credentials and endpoints come from the usual places (``AWS_*`` variables, ``AWS_ENDPOINT_URL``, or URI
+options such as ``?endpoint_override=...``).
 """
 
 from __future__ import annotations
