@@ -43,23 +43,11 @@ def read_trajectories(
 ) -> pa.Table:
     """One row per trajectory under ``path``: :func:`summarize` over the files' spans.
 
-    Only the columns the summary needs are decompressed. A trajectory whose
-    root span was never written (its writer was killed mid-rollout) is
-    listed with status ``"incomplete"``; rewards logged from another process
-    are joined by ``(step, sample_index, rollout_n, validate)``.
-
-    Shards with an index (:mod:`tracer.storage.shard_index`) give their
-    stored summary rows instead of their spans: the rows :func:`summarize`
-    wrote for them when they were closed. A trajectory those rows cannot
-    answer alone is summarised from its spans, read from only the batches
-    that hold it: one whose spans are in several files, one whose reward may
-    have been logged by key in another file, one whose spans differ in step
-    or split when ``steps`` or ``validate`` filter. Files without an index
-    (version-1 files, torn ones, shards still being written, compacted
-    files) are read span by span. The result is the same table either way.
-
-    Returns:
-        A table of :data:`tracer.schema.TRAJECTORY_SCHEMA`.
+    A table of :data:`tracer.schema.TRAJECTORY_SCHEMA`. A trajectory whose root span was never written is
+    ``"incomplete"``; keyed rewards join by ``(step, sample_index, rollout_n, validate)``. Shards with an index
+    (:mod:`tracer.index.shard`) give their stored rows; a trajectory those cannot answer alone (spans in several
+    files, a keyed reward elsewhere, mixed steps or splits under a filter) is summarised from the batches that
+    hold it. Files without an index are read span by span. The result is the same table either way.
     """
     step_set = _as_list(steps)
     try:
@@ -159,29 +147,12 @@ def _key_of(t: pa.Table) -> Any:
 def read_step_partials(path: TracePaths, value_metrics: bool = False) -> pa.Table:
     """The per-step aggregates of every trajectory under ``path``: ``step_partials(read_trajectories(path))``.
 
-    A run directory whose rollup covers it (:mod:`tracer.storage.rollup`) answers from that one file;
-    with ``value_metrics`` its table comes as stored, with the :data:`tracer.schema.VALUE_METRICS` columns that
-    :func:`partial_metrics` then takes instead of going through the values again.
-
-    Closed shards' and compacted files' indexes store their own aggregates per
-    step (:func:`step_partials` of their rows: counts and sums, and the rewards
-    and latencies sorted per group), with the least and greatest trace id of
-    their trajectories and the steps of rewards logged by key. Where no
-    (step, validate) group is in two files (a run compacted into one file),
-    the stored rows are the answer as they are; else they are merged.
-    A shard's stored aggregates are used without reading its other columns
-    when nothing outside it can change them: no file holds rewards logged
-    by key for one of its steps, and none of its trace ids is in another
-    file (sure at once when no other file's trace id range overlaps its own,
-    the usual case: the recorder's ids are a process prefix and a counter;
-    else checked on the overlapping files' trace id hashes, and on the ids
-    themselves only where two hashes agree). Every other
-    file (unindexed, still open, torn, or sharing trajectories)
-    is read with :func:`read_trajectories`, together. The result is the
-    same table either way.
-
-    Returns:
-        A table of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`.
+    A table of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`. A covering rollup (:mod:`tracer.index.rollup`)
+    answers from one file (with ``value_metrics``, also the :data:`tracer.schema.VALUE_METRICS` columns
+    :func:`partial_metrics` takes). Else each index's stored aggregates are used as they are when nothing outside
+    its file can change them: no keyed reward for one of its steps elsewhere, and none of its trace ids in
+    another file (sure when trace id ranges do not overlap, else checked on hashes, then ids). Every other file
+    is read with :func:`read_trajectories`, together. The result is the same table either way.
     """
     roll = run_rollup(path)
     got = None if roll is None else roll.table()
@@ -268,12 +239,9 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
 def _presorted(
     got: Sequence[_shard_index.StoredPartials], read: Sequence[Mapping[str, _shard_index.Fixed]]
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
-    """The sorted values of some shard indexes' stored aggregates: per value column, the values and how many
-    belong to each aggregate row (rows of all the files in turn); None when a shard index's disagree.
-
-    Each shard index holds, per :data:`tracer.storage.shard_index.SORTED_COLUMNS`, the values of each of its
-    aggregate rows already sorted (what :func:`step_partials` of its rows gives), then nulls.
-    """
+    """The sorted values of some shard indexes' stored aggregates (:data:`tracer.index.shard.SORTED_COLUMNS`):
+    per value column, the values and how many belong to each aggregate row (rows of all the files in turn);
+    None when an index's disagree."""
     out = []
     for k, name in enumerate(_shard_index.SORTED_COLUMNS):
         chunks, counts = [], []

@@ -54,19 +54,10 @@ PartialsOfFiles = Callable[[list[str]], pa.Table]
 
 @dataclasses.dataclass
 class Rollup:
-    """A run directory's rollup as read (see the module's docstring).
-
-    Attributes:
-        files: Covered file names and their stamps when they were covered.
-        partials: The merged per-step aggregates of their trajectories and their value metrics
-            (:data:`tracer.schema.ROLLUP_SCHEMA`); None until :meth:`table` reads them from ``path``.
-        steps: The distinct steps of their spans, ascending (spans without a step left out).
-        rows: Their span rows.
-        names: Their distinct span names (None: an index did not list them).
-        ranges: Per covered file, its trajectories' least and greatest trace id (None: no trajectory).
-        keyed: Whether a covered file may hold spans without a trace id (rewards logged by key): it does,
-            or its index does not say (then its trace id range is unknown too).
-    """
+    """A run directory's rollup as read: covered file names and stamps, their merged partials
+    (:data:`tracer.schema.ROLLUP_SCHEMA`; None until :meth:`table` reads ``path``), their steps ascending, span
+    rows, span names (None: an index did not list them), per file the trace id range (None: no trajectory),
+    and ``keyed``: whether a file may hold keyed rewards (or its index does not say)."""
 
     files: dict[str, Stamp]
     partials: pa.Table | None
@@ -240,14 +231,9 @@ def _overlap(a: tuple[str, str] | None, b: tuple[str, str] | None) -> bool:
 
 
 def update(run_dir: str, of_files: PartialsOfFiles, wait_s: float = LOCK_WAIT_S) -> bool:
-    """Bring the rollup of the local ``run_dir`` up to date with its closed, indexed files (their
-    aggregates computed by ``of_files``).
-
-    Raises what the filesystem raises (callers that must not fail catch it: the rollup is optional).
-
-    Returns:
-        False when another update kept the lock past ``wait_s``, or nothing is closed; else True.
-    """
+    """Bring the rollup of the local ``run_dir`` up to date with its closed, indexed files (aggregated by
+    ``of_files``); False when another update kept the lock past ``wait_s`` or nothing is closed. Raises what
+    the filesystem raises."""
     fd = _locked(run_dir, wait_s)
     if fd is None:
         return False

@@ -72,13 +72,8 @@ def listing(run_dir: str) -> tuple[list[str], dict[str, Any]]:
 def replaced_files(run_dir: str, index: dict[str, Any], listed: set[str] | None = None) -> set[str]:
     """Names readers must skip: replaced by compacted files that exist.
 
-    Args:
-        run_dir: The directory (path or URI).
-        index: Its index, loaded *after* ``listed`` was taken.
-        listed: The names a directory listing returned. When given, a
-            compacted file counts as existing only if the listing has it, so
-            the listing and the index agree: every row is read exactly once
-            even while a compaction renames its output meanwhile.
+    ``index`` is loaded *after* ``listed`` was taken; with ``listed``, a compacted file exists only if the
+    listing has it, so every row is read exactly once even while a compaction renames its output.
     """
 
     def exists(name: str) -> bool:

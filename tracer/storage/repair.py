@@ -30,17 +30,8 @@ LEFT = "left"
 
 @dataclasses.dataclass
 class RepairResult:
-    """What :func:`repair_file` did.
-
-    Attributes:
-        path: The file repaired.
-        action: ``"sound"`` (nothing to do), ``"repaired"`` (original set aside,
-            readable batches rewritten when there were any) or ``"left"``
-            (not repairable here; untouched, see ``read.skipped``).
-        read: What reading it found.
-        repaired_to: The file holding its readable batches ("" when none).
-        damaged_to: Where the original is now ("" unless repaired).
-    """
+    """What :func:`repair_file` did: ``action`` is ``"sound"``, ``"repaired"`` or ``"left"`` (untouched, see
+    ``read.skipped``); ``repaired_to`` and ``damaged_to`` are "" when nothing went there."""
 
     path: str
     action: str

@@ -105,11 +105,7 @@ def read_bytes(path: str, max_bytes: int) -> bytes | None:
 def read_json(path: str, max_bytes: int, valid: Callable[[Any], bool], what: str) -> Any:
     """The JSON value of the side file ``path`` when ``valid`` accepts it; None when missing or refused.
 
-    Args:
-        path: A local path or a URI.
-        max_bytes: The size cap of its kind.
-        valid: Whether a decoded value has the shape its readers expect.
-        what: What it should hold, for the warning (``"a compaction index"``).
+    ``path`` is local or a URI; ``what`` names what it should hold, for the warning (``"a compaction index"``).
     """
     data = read_bytes(path, max_bytes)
     if data is None:

@@ -70,11 +70,8 @@ def filesystem(uri: str) -> tuple[Any, str]:
 
 
 def list_remote(uri: str) -> list[str]:
-    """Trace files under ``uri`` (a file, or a prefix searched recursively) as URIs, sorted.
-
-    Raises:
-        FileNotFoundError: nothing exists at ``uri``.
-    """
+    """Trace files under ``uri`` (a file, or a prefix searched recursively) as URIs, sorted; FileNotFoundError
+    when nothing exists there."""
     import pyarrow.fs as pafs
 
     fs, path = filesystem(uri)
@@ -99,11 +96,7 @@ def open_input(file: str) -> Any:
 
 
 def file_size(file: str) -> int:
-    """Size in bytes of a local path or a URI.
-
-    Raises:
-        OSError: it does not exist or cannot be reached.
-    """
+    """Size in bytes of a local path or a URI (OSError when it does not exist or cannot be reached)."""
     if not is_remote(file):
         return os.path.getsize(file)
     import pyarrow.fs as pafs
