@@ -57,18 +57,13 @@ class FileRead:
     """What reading one trace file found.
 
     Attributes:
-        path: The file (local path or URI).
         size: Its size on disk when reading began.
-        file_format: True for an IPC *file* (compacted, with footer), False for a stream.
-        schema_version: The ``rollout_trace.schema_version`` in its metadata.
-        batches: Record batches returned to the caller.
-        rows: Rows (spans) returned to the caller.
+        file_format: True for an IPC *file* (with footer), False for a stream.
+        batches: Record batches returned to the caller (``rows`` their spans).
         batches_in_file: Complete record batches the file holds (whether read or not).
         closed: The file ended cleanly (end-of-stream marker, or a sound footer).
         skipped: Why nothing was read: the file as a whole is not a usable trace file.
-        repairable: ``skipped`` or ``damage`` is something repair can set aside (a torn,
-            empty or non-Arrow file); False for files that are sound but not for this
-            reader (a newer format, foreign columns, not a regular file).
+        repairable: ``skipped`` or ``damage`` is something repair can set aside (torn, empty, not Arrow).
         damage: Why reading stopped before the end (a torn or corrupt batch).
         refused: What was refused for its declared size (see the module docstring).
         end: Where the last complete message ends (the ``resume`` offset of a later read).
@@ -275,15 +270,9 @@ def _walk(src: _Source, start: int, size: int) -> tuple[list[_Message], str, boo
 class Layout:
     """Where the messages of a trace file are, for sealing it (see :mod:`tracer.storage.seal`).
 
-    Attributes:
-        file_format: An IPC *file* (magic first) rather than a stream.
-        size: Bytes in the file when it was walked.
-        schema_message: The bytes of its schema message (prefix included), empty when it has none.
-        batches: ``(offset, metadata length, body length)`` of each record batch, as a footer lists them.
-        dictionaries: The same for dictionary batches.
-        end: Where the last complete message ends.
-        stop: Why the walk stopped before the end of the file (a torn or corrupt message); empty otherwise.
-        at_eos: The walk ended at an end-of-stream marker (something may follow it: a footer).
+    ``schema_message`` includes its prefix (empty: none); ``batches`` and ``dictionaries`` are
+    ``(offset, metadata length, body length)`` as a footer lists them; ``stop`` says why the walk ended before
+    the end (empty otherwise); ``at_eos``: it ended at an end-of-stream marker (a footer may follow).
     """
 
     file_format: bool
@@ -297,11 +286,7 @@ class Layout:
 
 
 def read_layout(path: str) -> Layout:
-    """Walk the message headers of a local trace file without decoding any batch.
-
-    Raises:
-        OSError: it cannot be opened.
-    """
+    """Walk the message headers of a local trace file without decoding any batch (OSError: it cannot be opened)."""
     size = _uri.file_size(path)
     src = _Source(path)
     try:
@@ -394,13 +379,9 @@ def _open_regular(path: str, min_size: int) -> tuple[int, int] | None:
 
 
 def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict[str, str] | None:
-    """The schema metadata of a local Arrow IPC *file* that ends closed, from its first message alone.
-
-    For small files this library writes and checks itself (shard indexes): the file starts and
-    ends with the IPC file magic, and only its schema message is read and decoded (not the
-    footer, which repeats the schema); only ``keys`` are decoded when given. None when it is not
-    such a file or its schema message does not parse; whether the rest is sound is not checked.
-    """
+    """The schema metadata (only ``keys`` when given) of a local Arrow IPC *file* that ends closed, from its
+    schema message alone; for the small files this library writes and checks itself (shard indexes). None when
+    it is not such a file or the message does not parse; the rest is not checked."""
     opened = _open_regular(path, 16 + 10)
     if opened is None:
         return None
@@ -429,9 +410,8 @@ def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict
 def footer_bytes(path: str) -> tuple[bytes, int] | None:
     """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists.
 
-    None when the file has no sound footer (open, torn, a stream), is not a regular file or cannot
-    be read. Two positional reads on a plain descriptor: every shard index a reader loads is checked
-    against its shard's footer this way, so it costs what reading the bytes costs.
+    None when there is no sound footer or the file is not regular or unreadable. Two positional reads: every
+    shard index a reader loads is checked against its shard's footer this way.
     """
     opened = _open_regular(path, 8 + 10)
     if opened is None:
@@ -576,10 +556,7 @@ def conform(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
 
 
 class TraceFileBatches:
-    """The batches of one trace file; iterate once, then read :attr:`result`.
-
-    Built by :func:`read_batches`; see there.
-    """
+    """The batches of one trace file (from :func:`read_batches`); iterate once, then read :attr:`result`."""
 
     def __init__(
         self,
@@ -862,25 +839,18 @@ def read_batches(
 
     Args:
         path: A local path or a URI.
-        columns: Span columns to return, conformed to :data:`tracer.schema.SPAN_SCHEMA`
-            (columns the file lacks come back as nulls). None: every span column the file
-            has, as written, with each batch's custom metadata (for repair); columns that
-            are not span columns are left out.
-        batch_numbers: Read only these record batches (for an indexed, compacted file).
-        expect_size: Use ``batch_numbers`` only if the file has this size (the one
-            the index recorded); otherwise read every batch.
-        resume: ``(offset, batches)`` from an earlier read of this append-only file
-            (:attr:`FileRead.end`, :attr:`FileRead.batches_in_file`): walk the message
-            headers from there instead of from the start, and return only the batches
-            after those (numbering unchanged). Ignored when it does not fit the file.
-        trust_footer: With ``batch_numbers`` and ``expect_size`` (that fits), parse only the
-            headers of those batches, locating them by the footer, instead of walking every
-            message: for files whose footer an index vouches for (its shard index).
+        columns: Span columns to return, conformed to :data:`tracer.schema.SPAN_SCHEMA` (missing ones as
+            nulls). None: every span column the file has, as written, with each batch's custom metadata.
+        batch_numbers: Read only these record batches, if the file has ``expect_size`` (else every batch).
+        resume: ``(offset, batches)`` from an earlier read of this append-only file (:attr:`FileRead.end`,
+            :attr:`FileRead.batches_in_file`): walk from there and return only later batches (numbering
+            unchanged). Ignored when it does not fit the file.
+        trust_footer: With ``batch_numbers`` and a fitting ``expect_size``, locate those batches by the footer
+            instead of walking every message (files whose shard index vouches for the footer).
 
     Returns:
-        An iterable of batches; after iterating, its ``result`` (a :class:`FileRead`)
-        says what was kept, what was damaged, skipped or refused. Nothing raises for
-        a damaged file.
+        An iterable of batches whose ``result`` (a :class:`FileRead`), after iterating, says what was kept,
+        damaged, skipped or refused. Nothing raises for a damaged file.
     """
     cols = None if columns is None else list(columns)
     if cols is not None:
@@ -891,11 +861,7 @@ def read_batches(
 
 
 def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
-    """The schema (with metadata) of a trace file, stream or IPC file.
-
-    Raises:
-        OSError: the file is missing, empty or not an Arrow file.
-    """
+    """The schema (with metadata) of a trace file, stream or IPC file (OSError: missing, empty or not Arrow)."""
     file = os.fspath(path)
     reading = read_batches(file, [])
     src = reading._open()
