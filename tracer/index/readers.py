@@ -324,11 +324,9 @@ def _sharing(
     stored: Mapping[int, _shard_index.StoredPartials],
     ids: Mapping[int, pa.Array],
 ) -> set[int] | None:
-    """The files among ``suspects`` holding a trace id another of them holds; None when an index cannot say.
-
-    Compared on the indexes' trace id hashes first (:data:`tracer.schema.INDEX_TRACE_HASH`); the ids
-    themselves are read and compared only for hashes found in more than one file.
-    """
+    """The files among ``suspects`` holding a trace id another of them holds; None when an index cannot say. Compared on
+    the indexes' trace id hashes first (:data:`tracer.schema.INDEX_TRACE_HASH`); the ids themselves are read and
+    compared only for hashes found in more than one file."""
     hashes: dict[int, np.ndarray] = {}
     valid: dict[int, np.ndarray | None] = {}  # rows of an index with a hash (None: all)
     for n in suspects:

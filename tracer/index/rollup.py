@@ -85,10 +85,8 @@ _cache_lock = threading.Lock()
 
 
 def load_rollup(run_dir: str) -> Rollup | None:
-    """The rollup of the local ``run_dir`` as written (None: none, unreadable, or another version).
-
-    Whether it still covers the directory is the caller's question (:func:`covering`).
-    """
+    """The rollup of the local ``run_dir`` as written (None: none, unreadable, or another version). Whether it still
+    covers the directory is the caller's question (:func:`covering`)."""
     path = os.path.join(run_dir, ROLLUP_NAME)
     st = side_files.checked(path, side_files.MAX_ARROW_BYTES)  # no FIFO, link or device is opened below
     if st is None:

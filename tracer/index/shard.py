@@ -109,12 +109,10 @@ def _digest(footer: bytes) -> str:
 
 
 class ShardIndexBuilder:
-    """What a writer collects for the index of the file it is writing.
-
-    ``columns`` (what ``summarize`` needs) are kept per batch until close, at most :data:`MAX_BUILD_BYTES`
-    when ``bounded`` (False where the caller holds the whole table anyway: compaction). ``step_partials``'
-    counts and sums go in the metadata, its values sorted in :data:`SORTED_COLUMNS`.
-    """
+    """What a writer collects for the index of the file it is writing. ``columns`` (what ``summarize`` needs) are kept
+    per batch until close, at most :data:`MAX_BUILD_BYTES` when ``bounded`` (False where the caller holds the whole
+    table anyway: compaction). ``step_partials``' counts and sums go in the metadata, its values sorted in
+    :data:`SORTED_COLUMNS`."""
 
     def __init__(
         self, columns: Sequence[str], summarize: Summarizer, step_partials: PartialsOf, bounded: bool = True
@@ -130,11 +128,7 @@ class ShardIndexBuilder:
         self.nbytes = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
-        """Note one batch just written (same order as in the file).
-
-        Raises:
-            MemoryError: a bounded builder has outgrown :data:`MAX_BUILD_BYTES` (the caller drops the index).
-        """
+        """Note one batch just written, in file order (MemoryError: a bounded builder outgrew :data:`MAX_BUILD_BYTES`)."""
         part = batch.select(self.columns)
         self.nbytes += part.nbytes
         if self.bounded and self.nbytes > MAX_BUILD_BYTES:
@@ -208,11 +202,8 @@ class ShardIndexBuilder:
 
 
 def write_shard_index(shard: str, builder: ShardIndexBuilder) -> None:
-    """Write the index of the closed ``shard`` beside it (temp file, fsync, rename).
-
-    Raises:
-        OSError, ValueError, pyarrow.ArrowException: the caller drops the index (readers then read the spans).
-    """
+    """Write the index of the closed ``shard`` beside it (temp file, fsync, rename). Raises OSError, ValueError or
+    pyarrow.ArrowException: the caller drops the index (readers read the spans)."""
     footer = footer_bytes(shard)
     if footer is None or footer[1] != len(builder.batch_rows):
         raise ValueError(f"{shard}: no footer listing its {len(builder.batch_rows)} batches")
@@ -262,11 +253,9 @@ _index_warned = threading.Event()
 
 
 def write_index(shard: str) -> bool:
-    """Write the index of the closed local ``shard`` from its spans read back; True when it was written.
-
-    Reads only the summary's columns (at most :data:`MAX_BUILD_BYTES`). Never raises: the first failure in a
-    process is logged, and a shard without an index is read whole.
-    """
+    """Write the index of the closed local ``shard`` from its spans read back; True when it was written. Reads only the
+    summary's columns (at most :data:`MAX_BUILD_BYTES`). Never raises: the first failure in a process is logged, and a
+    shard without an index is read whole."""
     try:
         b = builder()
         reading = read_batches(shard, list(dict.fromkeys([*b.columns, S.STEP])))
@@ -297,11 +286,9 @@ def warn_no_index(shard: str, exc: BaseException) -> None:
 
 @dataclasses.dataclass
 class ShardIndex:
-    """The index of one closed shard, checked against the shard on disk.
-
-    ``size`` is the shard's (``expect_size`` of :func:`tracer.storage.files.read_batches`); ``batch_steps``
-    the distinct steps of each batch (None: spans outside any step); ``names`` None when the index does not say.
-    """
+    """The index of one closed shard, checked against the shard on disk. ``size`` is the shard's (``expect_size`` of
+    :func:`tracer.storage.files.read_batches`); ``batch_steps`` the distinct steps of each batch (None: spans outside
+    any step); ``names`` None when the index does not say."""
 
     shard: str
     size: int
@@ -475,11 +462,9 @@ def stored_step_partials(index: ShardIndex) -> StoredPartials | None:
 
 
 def step_sources(index: ShardIndex, columns: Sequence[str]) -> tuple[StoredPartials | None, pa.Table | None]:
-    """:func:`stored_step_partials` and :func:`index_columns` of one shard index, opened once.
-
-    The columns come back as one table of the shard index's record batches (memory-mapped: fixed-width
-    columns are not copied), None when it is unreadable; with no ``columns``, None.
-    """
+    """:func:`stored_step_partials` and :func:`index_columns` of one shard index, opened once. The columns come back as
+    one table of the shard index's record batches (memory-mapped: fixed-width columns are not copied), None when it is
+    unreadable; with no ``columns``, None."""
     fields = [INDEX_SCHEMA.get_field_index(c) for c in columns]
     try:
         with pa.memory_map(index._path) as source:
@@ -611,11 +596,9 @@ def _slots(buf: Any, table: int) -> tuple[int, int, int, int]:
 
 def _fixed_columns(view: Any, columns: Sequence[str]) -> dict[str, Fixed] | None:
     """Fixed-width columns of a mapped shard index laid out as :func:`write_shard_index` writes it; None when it is not.
-
-    What pyarrow's reader would check of them is checked: the footer's batches lie between the schema and
-    the footer, each is a record batch message of the expected field nodes and buffers, uncompressed, its
-    buffers inside its body and long enough for its rows; a column's null count agrees with its bitmap.
-    """
+    What pyarrow's reader would check of them is checked: the footer's batches lie between the schema and the footer,
+    each is a record batch message of the expected field nodes and buffers, uncompressed, its buffers inside its body
+    and long enough for its rows; a column's null count agrees with its bitmap."""
     if _LAYOUT is None:
         return None
     n_nodes, n_buffers, where = _LAYOUT
@@ -765,10 +748,8 @@ _cache_lock = threading.Lock()
 
 
 def load_shard_index(shard: str) -> ShardIndex | None:
-    """The index of the local, closed ``shard`` when it has one that agrees with it; else None.
-
-    Checked once per process for each (size, mtime) of the shard and of its shard index.
-    """
+    """The index of the local, closed ``shard`` when it has one that agrees with it; else None. Checked once per process
+    for each (size, mtime) of the shard and of its shard index."""
     side = shard_index_path(shard)
     try:
         st = os.stat(shard)
@@ -809,11 +790,9 @@ _CHECKED_KEYS = frozenset(
 
 
 def _counts_and_steps(rows: list[Any], steps: list[Any]) -> bool:
-    """``rows`` are counts (ints >= 0) and ``steps`` lists of ints and Nones, as JSON gave them.
-
-    One pass over each, by type (a JSON ``true`` is a bool, not an int, so ``type`` and not
-    ``isinstance``): run on every index a process loads, so kept cheap.
-    """
+    """``rows`` are counts (ints >= 0) and ``steps`` lists of ints and Nones, as JSON gave them. One pass over each, by
+    type (a JSON ``true`` is a bool, not an int, so ``type`` and not ``isinstance``): run on every index a process
+    loads, so kept cheap."""
     if rows and ({type(r) for r in rows} != {int} or min(rows) < 0):
         return False
     if {type(s) for s in steps} - {list}:

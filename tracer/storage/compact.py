@@ -103,10 +103,8 @@ class CompactReport:
 
 @dataclasses.dataclass(frozen=True)
 class MergeUnit:
-    """One merge: input files of one run directory and the name of the compacted file they become.
-
-    Plain strings only, so a unit travels to another process or machine (a Ray task).
-    """
+    """One merge: input files of one run directory and the name of the compacted file they become. Plain strings only,
+    so a unit travels to another process or machine (a Ray task)."""
 
     run_dir: str
     files: tuple[str, ...]
@@ -253,12 +251,8 @@ def run_dir_of(path: str) -> _Dir:
 
 
 def run_dirs(path: str | os.PathLike[str]) -> list[str]:
-    """The run directories under ``path`` (those holding trace files), local paths or URIs, sorted.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: ``path`` is a file, not a directory.
-    """
+    """The run directories under ``path`` (those holding trace files), local paths or URIs, sorted. Raises
+    FileNotFoundError when ``path`` does not exist, ValueError when it is a file."""
     src = os.fspath(path)
     if _uri.is_remote(src):
         base = _uri.strip_query(src).rstrip("/")
@@ -281,10 +275,8 @@ def run_dirs(path: str | os.PathLike[str]) -> list[str]:
 
 @contextlib.contextmanager
 def compacting(run_dir: str) -> Iterator[None]:
-    """Hold the run directory's compaction lock: one compaction of a local directory at a time.
-
-    Object stores have no locks: run one compaction of a prefix at a time there.
-    """
+    """Hold the run directory's compaction lock: one compaction of a local directory at a time. Object stores have no
+    locks: run one compaction of a prefix at a time there."""
     if _uri.is_remote(run_dir):
         yield
         return
@@ -302,12 +294,10 @@ def compact(
     seal_after_s: float | None = None,
     delete_after_s: float | None = None,
 ) -> CompactReport:
-    """Compact every run directory under ``path`` (local or a URI); see the module docstring.
-
-    ``seal_after_s``: seal shards of other hosts unchanged this long (default
-    :func:`tracer.storage.seal.seal_after_s`). ``delete_after_s``: on object stores, how long replaced originals
-    stay hidden before they are deleted (default :data:`REMOTE_DELETE_AFTER_S`).
-    """
+    """Compact every run directory under ``path`` (local or a URI); see the module docstring. ``seal_after_s``: seal
+    shards of other hosts unchanged this long (default :func:`tracer.storage.seal.seal_after_s`). ``delete_after_s``: on
+    object stores, how long replaced originals stay hidden before they are deleted (default
+    :data:`REMOTE_DELETE_AFTER_S`)."""
     report = CompactReport()
     for run_dir in run_dirs(path):
         d = run_dir_of(run_dir)
@@ -360,10 +350,8 @@ def _delete_after(delete_after_s: float | None) -> float:
 def plan_dir(
     d: _Dir, target_bytes: int, report: CompactReport, seal_after_s: float | None, delete_after_s: float | None
 ) -> tuple[dict[str, Any], list[MergeUnit]]:
-    """Finish an interrupted compaction, seal abandoned shards, group the rest into merges of ``target_bytes``.
-
-    Call under :func:`compacting`. Returns the directory's index (for :func:`commit_merge`) and the merges.
-    """
+    """Finish an interrupted compaction, seal abandoned shards, group the rest into merges of ``target_bytes``. Call
+    under :func:`compacting`. Returns the directory's index (for :func:`commit_merge`) and the merges."""
     index = load_index(d.path)
     _finish_interrupted(d, index, report, _delete_after(delete_after_s))
     names = d.names()
@@ -430,11 +418,9 @@ def _merged_metadata(reads: list[tuple[pa.Schema, FileRead]]) -> dict[bytes, byt
 
 
 def merge_unit(unit: MergeUnit) -> MergeResult:
-    """Merge what of ``unit.files`` reads completely into ``<unit.name>.tmp`` (step 1 of the module docstring).
-
-    Touches neither the index nor the inputs, so it may run anywhere (a Ray task); a death here leaves at most
-    a ``.tmp`` that readers never list and the next compaction removes.
-    """
+    """Merge what of ``unit.files`` reads completely into ``<unit.name>.tmp`` (step 1 of the module docstring). Touches
+    neither the index nor the inputs, so it may run anywhere (a Ray task); a death here leaves at most a ``.tmp`` that
+    readers never list and the next compaction removes."""
     out = MergeResult(unit)
     batches: list[pa.RecordBatch] = []
     reads: list[tuple[pa.Schema, FileRead]] = []
@@ -478,10 +464,8 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
 
 
 def commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: CompactReport) -> None:
-    """Make a merge visible (steps 2-3 of the module docstring) and count it in ``report``.
-
-    Call under :func:`compacting`, in one process per directory (the one that holds ``index``).
-    """
+    """Make a merge visible (steps 2-3 of the module docstring) and count it in ``report``. Call under
+    :func:`compacting`, in one process per directory (the one that holds ``index``)."""
     report.skipped_open.extend(result.skipped_open)
     report.set_aside.extend(result.set_aside)
     if result.entry is None:
@@ -516,11 +500,9 @@ def finish_dir(d: _Dir, index: dict[str, Any], report: CompactReport, delete_aft
 
 
 def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, delete_after_s: float) -> None:
-    """Bring the directory to a consistent state after a compaction stopped at any step.
-
-    A group of outputs that all exist (or whose complete ``.tmp`` is renamed now) deletes the originals it
-    replaces; otherwise step 3 was never reached: its entries and partial outputs go, the originals stay.
-    """
+    """Bring the directory to a consistent state after a compaction stopped at any step. A group of outputs that all
+    exist (or whose complete ``.tmp`` is renamed now) deletes the originals it replaces; otherwise step 3 was never
+    reached: its entries and partial outputs go, the originals stay."""
     changed = False
     groups: dict[tuple[str, ...], list[str]] = {}
     for name, entry in index["files"].items():
@@ -574,11 +556,9 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
 def _write_remote_indexed(
     d: _Dir, name: str, table: pa.Table, schema: pa.Schema, builder: ShardIndexBuilder
 ) -> dict[str, Any]:
-    """Write ``name.tmp`` to the object store and its shard index beside it, both staged in a local directory.
-
-    The index is written by the function writers use, for a local file with the final name; then
-    the file goes up as ``name.tmp`` and the index as ``_name.index`` (ignored until the rename).
-    """
+    """Write ``name.tmp`` to the object store and its shard index beside it, both staged in a local directory. The index
+    is written by the function writers use, for a local file with the final name; then the file goes up as ``name.tmp``
+    and the index as ``_name.index`` (ignored until the rename)."""
     with tempfile.TemporaryDirectory(prefix="rollout-trace-compact-") as stage:
         local = _LocalDir(stage)
         entry = _write_compacted(local, name, table, schema, builder)
@@ -613,10 +593,8 @@ def _upload(d: _Dir, local: str, name: str) -> None:
 def _write_compacted(
     d: _Dir, name: str, table: pa.Table, schema: pa.Schema, builder: ShardIndexBuilder | None = None
 ) -> dict[str, Any]:
-    """Write ``table`` (sorted by step) as an IPC file, one step per batch; return its index entry.
-
-    Each batch written is also added to ``builder`` (its shard index), unless that outgrows its memory.
-    """
+    """Write ``table`` (sorted by step) as an IPC file, one step per batch; return its index entry. Each batch written
+    is also added to ``builder`` (its shard index), unless that outgrows its memory."""
     batch_steps: list[int | None] = []
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))
     with d.output(name) as sink:
@@ -675,11 +653,9 @@ PARQUET_DONE = "_SUCCESS"
 
 def write_parquet(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> tuple[str, int]:
     """Write the spans under ``path`` as a Hive-style step-partitioned zstd Parquet dataset; return (directory, rows).
-
     Spans without a step go under ``step=__HIVE_DEFAULT_PARTITION__``. The rows are those :func:`tracer.read_spans`
-    returns, read in batches. ``out`` (default ``path/parquet``) is replaced: written beside and renamed in; on
-    object stores written in place and marked complete by an empty ``_SUCCESS`` object.
-    """
+    returns, read in batches. ``out`` (default ``path/parquet``) is replaced: written beside and renamed in; on object
+    stores written in place and marked complete by an empty ``_SUCCESS`` object."""
     import pyarrow.dataset as pds  # heavy (BENCHMARKS.md, `import tracer`): loaded by its one user, here
 
     src = os.fspath(path)

@@ -268,12 +268,10 @@ def _walk(src: _Source, start: int, size: int) -> tuple[list[_Message], str, boo
 
 @dataclasses.dataclass
 class Layout:
-    """Where the messages of a trace file are, for sealing it (see :mod:`tracer.storage.seal`).
-
-    ``schema_message`` includes its prefix (empty: none); ``batches`` and ``dictionaries`` are
-    ``(offset, metadata length, body length)`` as a footer lists them; ``stop`` says why the walk ended before
-    the end (empty otherwise); ``at_eos``: it ended at an end-of-stream marker (a footer may follow).
-    """
+    """Where the messages of a trace file are, for sealing it (see :mod:`tracer.storage.seal`). ``schema_message``
+    includes its prefix (empty: none); ``batches`` and ``dictionaries`` are ``(offset, metadata length, body length)``
+    as a footer lists them; ``stop`` says why the walk ended before the end (empty otherwise); ``at_eos``: it ended at
+    an end-of-stream marker (a footer may follow)."""
 
     file_format: bool
     size: int
@@ -307,11 +305,9 @@ def read_layout(path: str) -> Layout:
 
 
 def ends_closed(path: str) -> bool:
-    """True when ``path`` ends like a closed trace file: a stream's end-of-stream marker or a file's magic.
-
-    Reads only the last bytes; a sound footer is checked by :func:`read_batches`. Anything but a
-    regular file (a FIFO would block the open) is not closed.
-    """
+    """True when ``path`` ends like a closed trace file: a stream's end-of-stream marker or a file's magic. Reads only
+    the last bytes; a sound footer is checked by :func:`read_batches`. Anything but a regular file (a FIFO would block
+    the open) is not closed."""
     try:
         if _uri.is_remote(path):
             with _uri.open_input(path) as f:
@@ -357,11 +353,9 @@ def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None
 
 
 def _open_regular(path: str, min_size: int) -> tuple[int, int] | None:
-    """``(descriptor, size)`` of the local ``path`` opened read-only, or None (nothing left open).
-
-    None unless it is a regular file of at least ``min_size`` bytes: checked before the open (a
-    device or FIFO is never opened) and again on the descriptor (the path may change in between).
-    """
+    """``(descriptor, size)`` of the local ``path`` opened read-only, or None (nothing left open). None unless it is a
+    regular file of at least ``min_size`` bytes: checked before the open (a device or FIFO is never opened) and again on
+    the descriptor (the path may change in between)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
@@ -408,11 +402,9 @@ def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict
 
 
 def footer_bytes(path: str) -> tuple[bytes, int] | None:
-    """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists.
-
-    None when there is no sound footer or the file is not regular or unreadable. Two positional reads: every
-    shard index a reader loads is checked against its shard's footer this way.
-    """
+    """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists. None
+    when there is no sound footer or the file is not regular or unreadable. Two positional reads: every shard index a
+    reader loads is checked against its shard's footer this way."""
     opened = _open_regular(path, 8 + 10)
     if opened is None:
         return None
@@ -619,11 +611,9 @@ class TraceFileBatches:
             return None
 
     def _walk(self, src: _Source, start: int, size: int) -> tuple[list[_Message], str, bool, int]:
-        """:func:`_walk` from the start, or the schema message and then from :attr:`resume`; also how many batches that skipped.
-
-        A resume point is used only when it lies after the schema message and within the file, and the
-        schema has no dictionary-encoded field (dictionaries before the point would be missed).
-        """
+        """:func:`_walk` from the start, or the schema message and then from :attr:`resume`; also how many batches that
+        skipped. A resume point is used only when it lies after the schema message and within the file, and the schema
+        has no dictionary-encoded field (dictionaries before the point would be missed)."""
         if self.trust_footer and self.batch_numbers is not None and self.expect_size == size and start == 8:
             found = self._walk_chosen(src, start, size)
             if found is not None:
@@ -643,11 +633,9 @@ class TraceFileBatches:
         return messages, stop, at_eos, 0
 
     def _walk_chosen(self, src: _Source, start: int, size: int) -> list[_Message] | None:
-        """The schema and the chosen batches' headers only, the others where the footer puts them; None to walk.
-
-        For a file whose footer an index vouches for (:mod:`tracer.index.shard`): the footer
-        is the one its writer wrote, so batches are where it says, and only those read are parsed.
-        """
+        """The schema and the chosen batches' headers only, the others where the footer puts them; None to walk. For a
+        file whose footer an index vouches for (:mod:`tracer.index.shard`): the footer is the one its writer wrote, so
+        batches are where it says, and only those read are parsed."""
         try:
             first = _read_message(src, start, size)
             blocks = _footer_blocks(src, size)

@@ -69,10 +69,8 @@ def _response(outputs: Any) -> tuple[str | None, Sequence[int]]:
 
 
 class HistoryTracker:
-    """The writer's side: remembers each live trajectory's last llm context and rewrites the next prompt.
-
-    Writer thread only, on prepared values in written order; it holds references to the id lists, never copies.
-    """
+    """The writer's side: remembers each live trajectory's last llm context and rewrites the next prompt. Writer thread
+    only, on prepared values in written order; it holds references to the id lists, never copies."""
 
     def __init__(self, max_held_ids: int = MAX_HELD_IDS) -> None:
         self.max_held_ids = max_held_ids
@@ -238,10 +236,8 @@ def expand_history(table: pa.Table) -> pa.Table:
 
 
 def _replaced(inputs: pa.ChunkedArray, marked: pa.ChunkedArray, values: list[str]) -> pa.ChunkedArray:
-    """``inputs`` with its ``marked`` rows replaced by ``values``, in order.
-
-    Chunk by chunk: one combined string array could pass Arrow's 2 GiB limit.
-    """
+    """``inputs`` with its ``marked`` rows replaced by ``values``, in order. Chunk by chunk: one combined string array
+    could pass Arrow's 2 GiB limit."""
     chunks, start, used = [], 0, 0
     for chunk in inputs.chunks:
         mask = marked.slice(start, len(chunk)).combine_chunks()

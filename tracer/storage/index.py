@@ -58,11 +58,9 @@ def save_index(run_dir: str, index: dict[str, Any]) -> None:
 
 
 def listing(run_dir: str) -> tuple[list[str], dict[str, Any]]:
-    """The trace files of the local directory ``run_dir`` readers read (names, sorted) and its index.
-
-    Listed first, then the index loaded: a compacted file in the listing has its entry, and the
-    files it replaced are left out. Raises OSError when the directory cannot be listed.
-    """
+    """The trace files of the local directory ``run_dir`` readers read (names, sorted) and its index. Listed first, then
+    the index loaded: a compacted file in the listing has its entry, and the files it replaced are left out. Raises
+    OSError when the directory cannot be listed."""
     listed = sorted(e.name for e in os.scandir(run_dir) if e.name.endswith(FILE_SUFFIX) and not e.is_dir())
     index = load_index(run_dir)
     hidden = replaced_files(run_dir, index, set(listed))
@@ -70,11 +68,9 @@ def listing(run_dir: str) -> tuple[list[str], dict[str, Any]]:
 
 
 def replaced_files(run_dir: str, index: dict[str, Any], listed: set[str] | None = None) -> set[str]:
-    """Names readers must skip: replaced by compacted files that exist.
-
-    ``index`` is loaded *after* ``listed`` was taken; with ``listed``, a compacted file exists only if the
-    listing has it, so every row is read exactly once even while a compaction renames its output.
-    """
+    """Names readers must skip: replaced by compacted files that exist. ``index`` is loaded *after* ``listed`` was
+    taken; with ``listed``, a compacted file exists only if the listing has it, so every row is read exactly once even
+    while a compaction renames its output."""
 
     def exists(name: str) -> bool:
         if listed is not None:

@@ -39,11 +39,8 @@ def reading(run_dir: str) -> Iterator[None]:
 
 
 def try_exclusive(run_dir: str, wait_s: float) -> int | None:
-    """The exclusive lock of ``run_dir`` as an fd to close, waiting at most ``wait_s``; None if readers keep it.
-
-    Where the filesystem cannot lock a directory, returns an fd without a lock
-    (nothing better is possible there).
-    """
+    """The exclusive lock of ``run_dir`` as an fd to close, waiting at most ``wait_s``; None if readers keep it. Where
+    the filesystem cannot lock a directory, returns an fd without a lock (nothing better is possible there)."""
     try:
         fd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
@@ -55,11 +52,8 @@ def try_exclusive(run_dir: str, wait_s: float) -> int | None:
 
 
 def exclusive_within(fd: int, wait_s: float) -> bool:
-    """Take ``fd``'s exclusive ``flock``, retrying every :data:`POLL_S` for at most ``wait_s``.
-
-    True when it is held, or when the filesystem cannot lock (nothing better is possible there:
-    behave as before locks existed); False when others kept it.
-    """
+    """Take ``fd``'s exclusive ``flock``, retrying every :data:`POLL_S` for at most ``wait_s``. True when it is held, or
+    when the filesystem cannot lock (nothing better is possible there); False when others kept it."""
     deadline = time.monotonic() + wait_s
     while True:
         try:

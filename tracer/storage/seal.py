@@ -110,10 +110,8 @@ def _writer_gone(path: str, fd: int, file_format: bool, max_age_s: float) -> str
 
 
 def footer_for(layout: Layout) -> bytes:
-    """The bytes pyarrow writes when it closes an IPC file with ``layout``'s schema and batches.
-
-    Everything after the last batch: end-of-stream marker, footer, footer length, magic.
-    """
+    """The bytes pyarrow writes when it closes an IPC file with ``layout``'s schema and batches. Everything after the
+    last batch: end-of-stream marker, footer, footer length, magic."""
     schema = pa.ipc.read_schema(pa.py_buffer(layout.schema_message))
     # pyarrow builds the footer (schema, metadata version) for as many empty batches; then the
     # fixed-width Block entries of the batch vector are overwritten with where the real ones are.
@@ -156,11 +154,9 @@ def _remember_closed(file: str, stamp: tuple[int, int, int]) -> None:
 def seal_if_abandoned(
     path: str | os.PathLike[str], max_age_s: float | None = None, on_sealed: OnClose | None = None
 ) -> SealResult:
-    """Close the local ``path`` as its writer would have if that writer is gone (see the module docstring).
-
-    Never raises for the file's sake. ``max_age_s`` overrides :func:`seal_after_s`; ``on_sealed`` gets the path
-    of a shard this call sealed (readers pass :func:`tracer.index.shard.write_index`).
-    """
+    """Close the local ``path`` as its writer would have if that writer is gone (see the module docstring). Never raises
+    for the file's sake. ``max_age_s`` overrides :func:`seal_after_s`; ``on_sealed`` gets the path of a shard this call
+    sealed (readers pass :func:`tracer.index.shard.write_index`)."""
     result = _seal(os.fspath(path), max_age_s)
     if on_sealed is not None and result.action == SEALED:
         try:

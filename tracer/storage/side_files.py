@@ -36,10 +36,8 @@ def refuse(path: str, why: str) -> None:
 
 
 def checked(path: str, max_bytes: int) -> os.stat_result | None:
-    """``lstat`` of the local ``path`` when it is a regular file of at most ``max_bytes``; else None.
-
-    Nothing is opened. A missing file gives None quietly; any other refusal is named in a warning.
-    """
+    """``lstat`` of the local ``path`` when it is a regular file of at most ``max_bytes``; else None. Nothing is opened.
+    A missing file gives None quietly; any other refusal is named in a warning."""
     try:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
@@ -103,10 +101,8 @@ def read_bytes(path: str, max_bytes: int) -> bytes | None:
 
 
 def read_json(path: str, max_bytes: int, valid: Callable[[Any], bool], what: str) -> Any:
-    """The JSON value of the side file ``path`` when ``valid`` accepts it; None when missing or refused.
-
-    ``path`` is local or a URI; ``what`` names what it should hold, for the warning (``"a compaction index"``).
-    """
+    """The JSON value of the side file ``path`` when ``valid`` accepts it; None when missing or refused. ``path`` is
+    local or a URI; ``what`` names what it should hold, for the warning (``"a compaction index"``)."""
     data = read_bytes(path, max_bytes)
     if data is None:
         return None

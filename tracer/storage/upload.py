@@ -86,10 +86,7 @@ class NotUploadableError(Exception):
 
 def prepare_for_upload(path: str) -> str | None:
     """Repair a staged file a writer may have left torn; return the file to upload, or None if nothing is readable.
-
-    Raises:
-        NotUploadableError: the file is not one to repair or upload (it stays in staging).
-    """
+    Raises NotUploadableError when the file is not one to repair or upload (it stays in staging)."""
     result = repair_file(path)
     if result.action == SOUND:
         return path
@@ -106,11 +103,8 @@ def prepare_for_upload(path: str) -> str | None:
 
 
 def upload_file(local: str, dest_uri: str) -> str:
-    """Upload one closed trace file into ``dest_uri`` (a prefix); return the object's URI.
-
-    The object appears whole or not at all; the local file is removed once
-    the object's size matches.
-    """
+    """Upload one closed trace file into ``dest_uri`` (a prefix); return the object's URI. The object appears whole or
+    not at all; the local file is removed once the object's size matches."""
     import pyarrow.fs as pafs
 
     name = os.path.basename(local)
@@ -223,12 +217,10 @@ def _close_at_exit(ref: weakref.ref[UploadingSpanWriter]) -> None:
 
 
 class UploadingSpanWriter(SpanWriter):
-    """A :class:`SpanWriter` into a local staging directory that uploads each closed file to ``dest_uri``.
-
-    Files close (and upload) at ``max_file_bytes`` or ``upload_interval_s`` old. ``report(kind, detail, exc)``
-    gets upload problems; ``staging`` defaults to :func:`staging_dir_for` ``dest_uri``. ``at_exit`` runs at
-    interpreter exit instead of :meth:`close` (the recorder's shutdown), before pyarrow finalizes S3.
-    """
+    """A :class:`SpanWriter` into a local staging directory that uploads each closed file to ``dest_uri``. Files close
+    (and upload) at ``max_file_bytes`` or ``upload_interval_s`` old. ``report(kind, detail, exc)`` gets upload problems;
+    ``staging`` defaults to :func:`staging_dir_for` ``dest_uri``. ``at_exit`` runs at interpreter exit instead of
+    :meth:`close` (the recorder's shutdown), before pyarrow finalizes S3."""
 
     def __init__(
         self,
