@@ -37,9 +37,7 @@ from tracer.summary.rows import SUMMARY_SPAN_COLUMNS, _in_order, _key, summarize
 
 
 def read_trajectories(
-    path: TracePaths,
-    steps: int | Iterable[int] | None = None,
-    validate: bool | None = None,
+    path: TracePaths, steps: int | Iterable[int] | None = None, validate: bool | None = None
 ) -> pa.Table:
     """One row per trajectory under ``path``: :func:`summarize` over the files' spans.
 
