@@ -43,21 +43,18 @@ from tracer.storage.files import closed_file_metadata, footer_bytes, read_batche
 INDEX_VERSION = "3"
 #: ``_{shard name}{INDEX_SUFFIX}`` beside the shard.
 INDEX_SUFFIX = ".index"
-#: Trajectory rows are stored in this many record batches by a hash of their trace id (rows
-#: without one in one more batch after them), so looking one trace id up reads one batch. Few:
-#: reading a batch costs a fixed ~15 us besides its rows, and the run overview reads them all.
+#: Trajectory rows are stored in this many record batches by a hash of their trace id (rows without one in one
+#: more), so a lookup reads one batch. Few: a batch costs ~15 us besides its rows, and the overview reads all.
 INDEX_BUCKETS = 8
 #: Asking for more buckets than this reads the whole lookup once (and keeps it).
 MAX_BUCKET_READS = 8
 #: Parsed shard indexes kept per process (keyed by the shard's and the shard index's size and mtime).
 CACHE_ENTRIES = 1024
-#: A writer keeps the summary columns of the file it writes until it closes it, at most this many
-#: bytes; a file that holds more gets no index (its readers read its spans), so memory stays bounded.
+#: Most bytes of summary columns a writer keeps until close; a file that holds more gets no index.
 MAX_BUILD_BYTES = 128 * 1024 * 1024
 #: A shard with more distinct span names than this stores none (readers then read its name column).
 MAX_INDEX_NAMES = 1024
-#: :func:`step_sources` reads shard indexes up to this size by the columns it wants (a copy), larger ones whole
-#: (memory-mapped, no copy; wrapping every column costs ~0.05 ms a file, copying ~0.1 ms a MB).
+#: :func:`step_sources` copies the wanted columns of shard indexes up to this size, maps larger ones whole.
 SMALL_INDEX_BYTES = 512 * 1024
 
 #: Columns of a shard index: the trajectory summary and where each trace id's batches are.

@@ -66,8 +66,7 @@ DELETE_WAIT_S = 5.0
 META_COMPACTED_FROM = "rollout_trace.compacted_from"
 #: Index entry key: when (Unix seconds) the entry began to hide the originals it replaces.
 REPLACED_AT = "replaced_at"
-#: On object stores (no locks), how long replaced originals stay after a merge hides them: a reader
-#: that listed the prefix just before has this long to open them. Older ones go at the next compaction.
+#: On object stores (no locks), how long replaced originals stay after a merge hides them (for readers that listed).
 REMOTE_DELETE_AFTER_S = 600.0
 _SORT_KEYS = [
     (S.STEP, "ascending"),
@@ -124,8 +123,7 @@ class MergeResult:
     bytes_in: int = 0
     skipped_open: list[str] = dataclasses.field(default_factory=list)
     set_aside: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    #: What the written file's shard index is built from; :func:`commit_merge` writes it once the
-    #: file has its name (local directories; on object stores the merge uploaded it already).
+    #: What the shard index is built from; :func:`commit_merge` writes it once the file has its name (local only).
     index: ShardIndexBuilder | None = None
 
 

@@ -715,9 +715,8 @@ class TraceFileBatches:
             elif ended_at_eos or stop:
                 # Something follows the last batch but it is not a footer that lists the batches: damage.
                 stop = stop or "footer missing or unreadable; batches read in order"
-            # else: the file ends right after a complete batch: still being written (or its writer
-            # is gone and nobody sealed it yet, see tracer.storage.seal), like a stream without
-            # its end-of-stream marker. Not damage.
+            # else: the file ends right after a complete batch: still being written, or its writer is gone
+            # and nobody sealed it yet (tracer.storage.seal). Not damage.
         return messages, batches, skipped, stop, start, schema
 
     def _batches(

@@ -29,9 +29,8 @@ PROMPT_FIELD = "prompt_ids"
 RESPONSE_FIELDS = ("response_ids", "token_ids", "output_ids")
 #: Shortest shared prefix worth a reference (shorter prompts are stored whole).
 MIN_PREFIX = 32
-#: Most token ids the writer keeps to compare the next turn against (the
-#: lists themselves, ~36 bytes an id): past this the oldest trajectories are
-#: forgotten and their next turn is stored whole.
+#: Most token ids the writer keeps to compare the next turn against (~36 bytes an id): past this the oldest
+#: trajectories are forgotten and their next turn is stored whole.
 MAX_HELD_IDS = 2_000_000
 
 #: Columns :func:`expand_history` needs besides ``inputs``.

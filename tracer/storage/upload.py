@@ -32,9 +32,8 @@ from tracer.storage.writer import SpanWriter
 
 logger = logging.getLogger("rollout_trace")
 
-#: Environment variable: root of the local staging directories (default
-#: ``<tempdir>/rollout_trace_staging``). Put it on a disk that survives a
-#: restart of the process, so the next run can upload what a crash left.
+#: Environment variable: root of the local staging directories (default ``<tempdir>/rollout_trace_staging``).
+#: Put it on a disk that survives a restart, so the next run can upload what a crash left.
 ENV_STAGING_DIR = "ROLLOUT_TRACE_STAGING_DIR"
 #: File in each staging directory naming the URI its files go to.
 DESTINATION_FILE = "DESTINATION"

@@ -133,8 +133,7 @@ class SpanWriter:
             pass
         self._file = None
         self._stream = None
-        # A file with no complete batch (a full disk failed its header) holds
-        # nothing; left behind, it would only make every reader warn.
+        # A file with no complete batch holds nothing; left behind, it would only make every reader warn.
         if self._batches == 0 and self.path is not None:
             try:
                 os.remove(self.path)
