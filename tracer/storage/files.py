@@ -164,21 +164,14 @@ class _Flat:
     def count(self, table: int, slot: int, width: int) -> int:
         """Entries of a vector of ``width``-byte structs (0 when absent), checked to fit in the buffer."""
         pos = self.ref(table, slot)
-        if pos is None:
-            return 0
-        n = int(self._get("<I", pos))
-        if pos + 4 + n * width > len(self.data):
+        n = 0 if pos is None else int(self._get("<I", pos))
+        if pos is not None and pos + 4 + n * width > len(self.data):
             raise _CorruptError(f"vector of {n} entries runs past its header")
         return n
 
     def structs(self, table: int, slot: int, fmt: str) -> list[tuple[int, ...]]:
-        pos = self.ref(table, slot)
-        if pos is None:
-            return []
-        n = int(self._get("<I", pos))
         width = struct.calcsize(fmt)
-        if pos + 4 + n * width > len(self.data):
-            raise _CorruptError(f"vector of {n} entries runs past its header")
+        n, pos = self.count(table, slot, width), self.ref(table, slot) or 0
         return [struct.unpack_from(fmt, self.data, pos + 4 + i * width) for i in range(n)]
 
 
@@ -335,17 +328,24 @@ def _footer_batches(src: _Source, size: int) -> list[int] | None:
     return None if blocks is None else [b[0] for b in blocks]
 
 
-def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None:
-    """``(offset, metadata length, body length)`` of each record batch an IPC file's footer lists; None without a sound footer."""
-    if size < 8 + 10:
-        return None
-    tail = src.read_at(size - 10, 10)
-    if tail[4:] != ARROW_FILE_MAGIC:
+def _footer(read_at: Callable[[int, int], bytes], size: int) -> tuple[bytes, bytes] | None:
+    """An IPC file's footer and the 10 bytes after it (its length, the magic), read by ``read_at(offset, n)``."""
+    tail = read_at(size - 10, 10) if size >= 8 + 10 else b""
+    if len(tail) != 10 or tail[4:] != ARROW_FILE_MAGIC:
         return None
     (footer_len,) = struct.unpack_from("<i", tail, 0)
     if footer_len <= 0 or footer_len > size - 18:
         return None
-    fb = _Flat(src.read_at(size - 10 - footer_len, footer_len))
+    footer = read_at(size - 10 - footer_len, footer_len)
+    return (footer, tail) if len(footer) == footer_len else None
+
+
+def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None:
+    """``(offset, metadata length, body length)`` of each record batch an IPC file's footer lists; None without a sound footer."""
+    got = _footer(src.read_at, size)
+    if got is None:
+        return None
+    fb = _Flat(got[0])
     try:
         return [(int(b[0]), int(b[1]), int(b[2])) for b in fb.structs(fb.root(), 3, "<qi4xq")]
     except _CorruptError:
@@ -410,17 +410,11 @@ def footer_bytes(path: str) -> tuple[bytes, int] | None:
         return None
     fd, size = opened
     try:
-        tail = os.pread(fd, 10, size - 10)
-        if len(tail) != 10 or tail[4:] != ARROW_FILE_MAGIC:
+        got = _footer(lambda at, n: os.pread(fd, n, at), size)
+        if got is None:
             return None
-        (footer_len,) = struct.unpack_from("<i", tail, 0)
-        if footer_len <= 0 or footer_len > size - 18:
-            return None
-        footer = os.pread(fd, footer_len, size - 10 - footer_len)
-        if len(footer) != footer_len:
-            return None
-        fb = _Flat(footer)
-        return footer + tail, fb.count(fb.root(), 3, _BLOCK_WIDTH)
+        fb = _Flat(got[0])
+        return got[0] + got[1], fb.count(fb.root(), 3, _BLOCK_WIDTH)
     except (OSError, _CorruptError):
         return None
     finally:
