@@ -64,22 +64,14 @@ def _as_list(steps: int | Iterable[int] | None) -> list[int] | None:
 def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | None) -> pa.Table:
     """:func:`read_trajectories` over stored summary rows where they are exact, spans elsewhere."""
     files = indexed_files(path, on_sealed=_sealed)
-    tables: list[tuple[int, pa.Table]] = []
-    plain: list[int] = []
-    for n, (_, shard) in enumerate(files):
-        table = shard.table() if shard is not None else None
-        if table is None:
-            plain.append(n)
-        else:
-            tables.append((n, table))
+    stored = [None if shard is None else shard.table() for _, shard in files]
+    tables = [(n, table) for n, table in enumerate(stored) if table is not None]
+    plain = [n for n, table in enumerate(stored) if table is None]
     cols = list(SUMMARY_SPAN_COLUMNS)
     if not tables:
         return summarize(read_spans([f for f, _ in files], columns=cols, steps=steps, validate=validate))
     plain_ids: list[pa.Array] = [pa.array([], pa.string())]
-    plain_spans: dict[int, pa.Table] = {}
-    for n in plain:
-        spans = read_spans(files[n][0], columns=cols, steps=steps, validate=validate)
-        plain_spans[n] = spans
+    plain_spans = {n: read_spans(files[n][0], columns=cols, steps=steps, validate=validate) for n in plain}
     # Every trajectory row of every index, and the (step, sample, rollout, validate) keys of spans without a trace id.
     rows, keys = [], []
     for n, table in tables:
@@ -288,11 +280,9 @@ def _in_key_order(
 def _merge_presorted(
     counts: pa.Table, values: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 ) -> pa.Table:
-    """:func:`_merge_parts` of stored aggregates (rows of several files) and their sorted values, without
-    sorting every value by its group: the rows are ordered by group, and each row's values come along as
-    one run, which is the order a stable sort of the values by group gives; each group's values are then
-    sorted as :func:`_sorted_lists` sorts them, so the table is the same, bit for bit.
-    """
+    """:func:`_merge_parts` of stored aggregates (rows of several files) and their sorted values, bit for bit,
+    without sorting every value by its group: rows are ordered by group and each row's values move as one run
+    (what a stable sort gives), then each group's values are sorted as :func:`_sorted_lists` sorts them."""
     part = _partials_part(counts)
     rows = len(part.step)
     if not rows:
