@@ -155,11 +155,6 @@ def read_step_partials(path: TracePaths, value_metrics: bool = False) -> pa.Tabl
         return step_partials(read_trajectories(path))
 
 
-#: What the landing page reads of each kept index: the sorted values (in the shard index's order); the trace id
-#: hashes of files whose trace id ranges overlap another's are read after, for those files alone.
-_SOURCE_COLUMNS = _shard_index.SORTED_COLUMNS
-
-
 def _partials_from_indexes(path: TracePaths) -> pa.Table:
     files = indexed_files(path, on_sealed=_sealed)
     stored: dict[int, _shard_index.StoredPartials] = {}
@@ -169,7 +164,9 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
     keyed_steps: set[int | None] = set()
     rest: set[int] = set()  # files read with read_trajectories
     for n, (file, shard) in enumerate(files):
-        got, cols = _shard_index.landing_sources(shard, _SOURCE_COLUMNS) if shard is not None else (None, None)
+        got, cols = (
+            _shard_index.landing_sources(shard, _shard_index.SORTED_COLUMNS) if shard is not None else (None, None)
+        )
         if got is None:
             rest.add(n)
             spans = read_spans(file, columns=[S.TRACE_ID, S.STEP])

@@ -76,12 +76,8 @@ def check_path(path: TracePaths, repair: bool = False) -> CheckReport:
     for file in list_trace_files(path):
         reading = read_batches(file, list(S.SPAN_COLUMNS))
         for batch in reading:
-            tids = batch.column(S.TRACE_ID).to_pylist()
-            sids = batch.column(S.SPAN_ID).to_pylist()
-            pids = batch.column(S.PARENT_SPAN_ID).to_pylist()
-            for tid, sid, pid in zip(tids, sids, pids):
-                key = (tid, sid)
-                seen[key] = seen.get(key, 0) + 1
+            for tid, sid, pid in zip(*(batch.column(c).to_pylist() for c in (S.TRACE_ID, S.SPAN_ID, S.PARENT_SPAN_ID))):
+                seen[(tid, sid)] = seen.get((tid, sid), 0) + 1
                 traces.add(tid)
                 if pid is not None:
                     parents.append((tid, pid))
@@ -131,11 +127,4 @@ def format_report(report: CheckReport, root: str) -> str:
 
 def summary_dict(report: CheckReport) -> dict[str, Any]:
     """The report as JSON-able data."""
-    return {
-        "ok": report.ok,
-        "files": [dataclasses.asdict(f) for f in report.files],
-        "spans": report.spans,
-        "trajectories": report.trajectories,
-        "duplicate_spans": report.duplicate_spans,
-        "orphan_spans": report.orphan_spans,
-    }
+    return {"ok": report.ok, **dataclasses.asdict(report)}

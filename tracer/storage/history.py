@@ -124,10 +124,8 @@ class HistoryTracker:
 
 
 def _loads(text: Any) -> Any:
-    if text is None:
-        return None
     try:
-        return orjson.loads(text)
+        return None if text is None else orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
 
@@ -143,8 +141,7 @@ def _dumps(value: Any) -> str:
 
 def has_references(inputs: pa.ChunkedArray | pa.Array) -> bool:
     """Whether any value of an ``inputs`` column holds a history reference (one substring scan)."""
-    found = pc.any(pc.fill_null(pc.match_substring(inputs, _MARKER), False)).as_py()
-    return bool(found)
+    return bool(pc.any(pc.fill_null(pc.match_substring(inputs, _MARKER), False)).as_py())
 
 
 def expand_history(table: pa.Table) -> pa.Table:

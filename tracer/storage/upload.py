@@ -43,7 +43,6 @@ LOCK_SUFFIX = ".lock"
 PARTIAL_MARK = ".partial-"
 #: Filesystems on which one PUT makes the whole object appear at once.
 ATOMIC_PUT_FILESYSTEMS = ("s3", "gcs")
-#: Copy buffer for uploads.
 UPLOAD_CHUNK_BYTES = 8 * 1024 * 1024
 #: Longest wait between retries of a failed upload.
 MAX_RETRY_S = 60.0
@@ -245,7 +244,6 @@ class UploadingSpanWriter(SpanWriter):
         self._opened_at = 0.0
         #: (local path, needs repair check, not before monotonic time, attempts)
         self._pending: collections.deque[tuple[str, bool, float, int]] = collections.deque()
-        #: Every object this writer uploaded.
         self.uploaded: list[str] = []
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None

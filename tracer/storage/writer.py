@@ -70,7 +70,6 @@ class SpanWriter:
         self._file: Any = None
         self._stream: pa.ipc.RecordBatchFileWriter | None = None
         self.path: str | None = None
-        #: Every file this writer created.
         self.paths: list[str] = []
 
     def _open(self) -> None:
