@@ -582,13 +582,8 @@ def _slots(buf: Any, table: int) -> tuple[int, int, int, int]:
     size = _U16.unpack_from(buf, vtable)[0]
     fields = min(max(size - 4, 0) // 2, 4)
     layout = _VTABLES.get(fields) or _VTABLES.setdefault(fields, struct.Struct(f"<{fields}H"))
-    got = (*layout.unpack_from(buf, vtable + 4), 0, 0, 0, 0)
-    return (
-        table + got[0] if got[0] else 0,
-        table + got[1] if got[1] else 0,
-        table + got[2] if got[2] else 0,
-        table + got[3] if got[3] else 0,
-    )
+    a, b, c, d = (table + at if at else 0 for at in (*layout.unpack_from(buf, vtable + 4), 0, 0, 0, 0)[:4])
+    return a, b, c, d
 
 
 def _fixed_columns(view: Any, columns: Sequence[str]) -> dict[str, Fixed] | None:

@@ -62,12 +62,8 @@ def import_ray() -> Any:
 def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """Fail fast when ``address`` (``host:port`` or ``ray://host:port``) does not accept a connection.
 
-    Ray itself keeps retrying an unreachable address for minutes; this says at once what is wrong.
-    ``None``, ``""``, ``"auto"`` and ``"local"`` are left to Ray (start or join a cluster on this machine).
-
-    Raises:
-        ValueError: ``address`` is not ``host:port``.
-        ClusterUnreachableError: nothing answers there.
+    Ray itself retries for minutes. ``None``, ``""``, ``"auto"`` and ``"local"`` are left to Ray. Raises
+    ValueError when ``address`` is not ``host:port``, ClusterUnreachableError when nothing answers there.
     """
     if not address or address in ("auto", "local"):
         return
