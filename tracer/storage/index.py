@@ -42,12 +42,10 @@ def valid_index(data: Any) -> bool:
     """Whether ``data`` (decoded JSON) is shaped as :func:`save_index` writes an index."""
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
         return False
-    for entry in data["files"].values():
-        if not isinstance(entry, dict):
-            return False
-        if not all(check(entry[k]) for k, check in _ENTRY_FIELDS.items() if k in entry):
-            return False
-    return True
+    return all(
+        isinstance(entry, dict) and all(check(entry[k]) for k, check in _ENTRY_FIELDS.items() if k in entry)
+        for entry in data["files"].values()
+    )
 
 
 def save_index(run_dir: str, index: dict[str, Any]) -> None:

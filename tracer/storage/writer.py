@@ -116,15 +116,7 @@ class SpanWriter:
             return False
 
     def _let_go(self) -> None:
-        """Forget the current file without writing to it again (no footer: it has one)."""
-        try:
-            self._file.close()
-        except Exception:
-            pass
-        self._file = None
-        self._stream = None
-
-    def _abandon(self) -> None:
+        """Forget the current file without writing to it again (no footer: it has one, or it is abandoned)."""
         try:
             if self._file is not None:
                 self._file.close()
@@ -132,6 +124,9 @@ class SpanWriter:
             pass
         self._file = None
         self._stream = None
+
+    def _abandon(self) -> None:
+        self._let_go()
         # A file with no complete batch holds nothing; left behind, it would only make every reader warn.
         if self._batches == 0 and self.path is not None:
             try:
