@@ -148,15 +148,11 @@ def covering(run_dir: str, files: Sequence[str]) -> Rollup | None:
     got = load_rollup(run_dir)
     if got is None or len(got.files) != len(files):
         return None
-    for f in files:
-        want = got.files.get(os.path.basename(f))
-        if want is None:
+    try:
+        if any(got.files.get(os.path.basename(f)) != stamp_of(os.stat(f)) for f in files):
             return None
-        try:
-            if stamp_of(os.stat(f)) != want:
-                return None
-        except OSError:
-            return None
+    except OSError:
+        return None
     return got
 
 
@@ -216,11 +212,9 @@ def _closed_files(run_dir: str) -> list[_File]:
         index = load_shard_index(path)
         if index is None:
             continue
-        stored = stored_step_partials(index)
-        if stored is None:
-            out.append(_File(path, before, index, None, True))  # nothing known: never merged in alone
-        else:
-            out.append(_File(path, before, index, stored.trace_range, stored.keyed_steps is not None))
+        stored = stored_step_partials(index)  # None: nothing known, never merged in alone
+        keyed = stored is None or stored.keyed_steps is not None
+        out.append(_File(path, before, index, None if stored is None else stored.trace_range, keyed))
     return out
 
 
