@@ -47,8 +47,7 @@ CACHE_ENTRIES = 64
 
 #: ``(size, mtime_ns, inode)`` of a file.
 Stamp = tuple[int, int, int]
-#: The exact per-step aggregates of some files (:func:`tracer.index.readers.read_step_partials`, which
-#: reads through :mod:`tracer.read`, which reads this module: its caller passes it in).
+#: The exact per-step aggregates of some files (:func:`tracer.index.readers.read_step_partials`, passed in).
 PartialsOfFiles = Callable[[list[str]], pa.Table]
 
 

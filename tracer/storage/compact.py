@@ -95,8 +95,7 @@ class CompactReport:
     set_aside: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     #: Replaced originals not deleted yet (readers held the directory); the next compaction deletes them.
     deferred: int = 0
-    #: Merges that failed (a Ray task that died, an unreachable store), with the reason: their
-    #: inputs are left as they were and read as before; compacting again merges them.
+    #: Merges that failed (a dead Ray task, an unreachable store), with the reason; their inputs stay as they were.
     failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 

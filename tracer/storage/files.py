@@ -28,8 +28,7 @@ ARROW_FILE_MAGIC = b"ARROW1"
 EOS_MARKER = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 #: Environment variable: decompressed bytes allowed per byte on disk (default :data:`MAX_EXPANSION`).
 ENV_MAX_EXPANSION = "ROLLOUT_TRACE_MAX_EXPANSION"
-#: Default budget factor: a file may decompress to this many times its size on disk.
-#: Real trace files expand 3-10x (zstd over JSON and token ids).
+#: Default budget factor: a file may decompress to this many times its size on disk (real ones expand 3-10x).
 MAX_EXPANSION = 256
 #: Every file may decompress to at least this many bytes, however small it is.
 MIN_BUDGET_BYTES = 64 * 1024 * 1024
@@ -562,8 +561,7 @@ class TraceFileBatches:
         self.result = FileRead(path)
         #: The file's own schema (with its metadata) once known.
         self.schema: pa.Schema | None = None
-        # Found by :meth:`_walk_chosen` (the first message's schema, the footer's batch offsets), so
-        # :meth:`_read` does not read and parse them a second time.
+        # Found by :meth:`_walk_chosen`, so :meth:`_read` does not read and parse them a second time.
         self._first_schema: pa.Schema | None = None
         self._footer_offsets: list[int] | None = None
 

@@ -50,8 +50,7 @@ NOT_SEALED = "not sealed"
 
 _BLOCK = struct.Struct("<qi4xq")  # Arrow File.fbs Block: offset, metaDataLength, (pad), bodyLength
 
-#: Files found closed, by path: (size, mtime, inode) then. A closed file is not written again, so
-#: while its stat is the same, every read after the first skips opening it to look at its tail.
+#: Files found closed, by path: (size, mtime, inode) then; while that is the same, the file is not opened again.
 _closed: collections.OrderedDict[str, tuple[int, int, int]] = collections.OrderedDict()
 _closed_lock = threading.Lock()
 #: How many closed files :data:`_closed` remembers.
