@@ -527,10 +527,8 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
             continue
         try:
             for _, old in doomed:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     d.remove(old)
-                except FileNotFoundError:
-                    pass
                 if not d.remote:  # the shard's index (tracer.index.shard) goes with it
                     with contextlib.suppress(OSError):
                         os.remove(shard_index_path(d.full(old)))
