@@ -15,7 +15,7 @@ laid out as 16 and as 1,000 uncompacted shards, and each page is timed in a fres
 
 The run is built quickly: the landing page reads only sidecars (and stats the shards), so each shard is
 a real closed Arrow file with one one-span batch per step, and its sidecar, written by
-``tracer.index.shard.write_sidecar`` from generated trajectory rows, holds the rows of its share of the
+``tracer.index.shard.write_shard_index`` from generated trajectory rows, holds the rows of its share of the
 10M spans (the shard's batch row counts say so too). Target: every page under 0.3 s, cold.
 
     python bench/bench_landing.py [--spans 10000000] [--shards 16,1000] [--dir DIR]
@@ -53,7 +53,7 @@ META = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION}
 
 
 class _Rows:
-    """What :func:`tracer.index.shard.write_sidecar` takes of a builder, over generated trajectory rows."""
+    """What :func:`tracer.index.shard.write_shard_index` takes of a builder, over generated trajectory rows."""
 
     def __init__(self, table: pa.Table, batch_rows: list[int]) -> None:
         self.table = table
@@ -118,7 +118,7 @@ def build_run(run: str, spans: int, shards: int) -> None:
             for _ in range(STEPS):
                 w.write_batch(span)
         batch_rows = [per_shard // STEPS + (1 if s < per_shard % STEPS else 0) for s in range(STEPS)]
-        _si.write_sidecar(path, _Rows(_trajectories(k, per_shard // SPANS_PER_TRAJECTORY, rng), batch_rows))  # type: ignore[arg-type]
+        _si.write_shard_index(path, _Rows(_trajectories(k, per_shard // SPANS_PER_TRAJECTORY, rng), batch_rows))  # type: ignore[arg-type]
     assert rollup.update(run, read_step_partials, wait_s=60.0)
 
 

@@ -92,11 +92,11 @@ def run(spans: int, in_memory: bool) -> dict[str, Any]:
         writer.close()
         if builder is not None and writer.path is not None:
             try:
-                _si.write_sidecar(writer.path, builder)
+                _si.write_shard_index(writer.path, builder)
             except Exception:
                 pass
         took = time.perf_counter() - t0
-        indexed = writer.path is not None and os.path.exists(_si.sidecar_path(writer.path))
+        indexed = writer.path is not None and os.path.exists(_si.shard_index_path(writer.path))
         return {"peak_mib": peak / MIB, "bytes_per_span": peak / spans, "close_s": took, "indexed": indexed}
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -56,7 +56,9 @@ def one_run(strategy: str, args: argparse.Namespace, root: str) -> dict[str, flo
                 tracer.log_reward(float((sample * 7 + n) % 5), step=step, sample_index=sample, rollout_n=n)
         t1 = time.perf_counter()
         rec = tracer.record.recorder.ACTIVE
-        peak = max(peak, len(rec.gate.held if rec.gate is not None else ()) + len(rec.buffer)) if rec is not None else peak
+        peak = (
+            max(peak, len(rec.gate.held if rec.gate is not None else ()) + len(rec.buffer)) if rec is not None else peak
+        )
         tracer.flush()
         t2 = time.perf_counter()
         loop += t1 - t0

@@ -1,11 +1,7 @@
 """What happens when a shard closes: its index is written and the run's rollup takes it.
 
-The callbacks composition roots hand to storage: the recorder passes :func:`shard_closed` as a
-:class:`tracer.storage.writer.SpanWriter`'s ``on_close``; readers pass
-:func:`tracer.index.shard.write_index` as :func:`tracer.storage.seal.seal_if_abandoned`'s
-``on_sealed`` (the rollup then takes the sealed shards at the next index-aware read,
-:func:`tracer.index.readers.read_step_partials`); compaction calls :func:`update_rollup` for
-its outputs.
+The recorder passes :func:`shard_closed` as a :class:`tracer.storage.writer.SpanWriter`'s ``on_close``;
+compaction calls :func:`update_rollup` for its outputs.
 """
 
 from __future__ import annotations

@@ -37,29 +37,15 @@ from tracer.summary.rows import SUMMARY_SPAN_COLUMNS, _in_order, _key, summarize
 
 
 def read_trajectories(
-    path: TracePaths,
-    steps: int | Iterable[int] | None = None,
-    validate: bool | None = None,
+    path: TracePaths, steps: int | Iterable[int] | None = None, validate: bool | None = None
 ) -> pa.Table:
     """One row per trajectory under ``path``: :func:`summarize` over the files' spans.
 
-    Only the columns the summary needs are decompressed. A trajectory whose
-    root span was never written (its writer was killed mid-rollout) is
-    listed with status ``"incomplete"``; rewards logged from another process
-    are joined by ``(step, sample_index, rollout_n, validate)``.
-
-    Shards with an index (:mod:`tracer.storage.shard_index`) give their
-    stored summary rows instead of their spans: the rows :func:`summarize`
-    wrote for them when they were closed. A trajectory those rows cannot
-    answer alone is summarised from its spans, read from only the batches
-    that hold it: one whose spans are in several files, one whose reward may
-    have been logged by key in another file, one whose spans differ in step
-    or split when ``steps`` or ``validate`` filter. Files without an index
-    (version-1 files, torn ones, shards still being written, compacted
-    files) are read span by span. The result is the same table either way.
-
-    Returns:
-        A table of :data:`tracer.schema.TRAJECTORY_SCHEMA`.
+    A table of :data:`tracer.schema.TRAJECTORY_SCHEMA`. A trajectory whose root span was never written is
+    ``"incomplete"``; keyed rewards join by ``(step, sample_index, rollout_n, validate)``. Shards with an index
+    (:mod:`tracer.index.shard`) give their stored rows; a trajectory those cannot answer alone (spans in several
+    files, a keyed reward elsewhere, mixed steps or splits under a filter) is summarised from the batches that
+    hold it. Files without an index are read span by span. The result is the same table either way.
     """
     step_set = _as_list(steps)
     try:
@@ -78,22 +64,14 @@ def _as_list(steps: int | Iterable[int] | None) -> list[int] | None:
 def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | None) -> pa.Table:
     """:func:`read_trajectories` over stored summary rows where they are exact, spans elsewhere."""
     files = indexed_files(path, on_sealed=_sealed)
-    tables: list[tuple[int, pa.Table]] = []
-    plain: list[int] = []
-    for n, (_, shard) in enumerate(files):
-        table = shard.table() if shard is not None else None
-        if table is None:
-            plain.append(n)
-        else:
-            tables.append((n, table))
+    stored = [None if shard is None else shard.table() for _, shard in files]
+    tables = [(n, table) for n, table in enumerate(stored) if table is not None]
+    plain = [n for n, table in enumerate(stored) if table is None]
     cols = list(SUMMARY_SPAN_COLUMNS)
     if not tables:
         return summarize(read_spans([f for f, _ in files], columns=cols, steps=steps, validate=validate))
-    loose: list[pa.Array] = [pa.array([], pa.string())]
-    plain_spans: dict[int, pa.Table] = {}
-    for n in plain:
-        spans = read_spans(files[n][0], columns=cols, steps=steps, validate=validate)
-        plain_spans[n] = spans
+    plain_ids: list[pa.Array] = [pa.array([], pa.string())]
+    plain_spans = {n: read_spans(files[n][0], columns=cols, steps=steps, validate=validate) for n in plain}
     # Every trajectory row of every index, and the (step, sample, rollout, validate) keys of spans without a trace id.
     rows, keys = [], []
     for n, table in tables:
@@ -101,12 +79,12 @@ def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | No
         extra = tid.null_count > 0 or pc.any(pc.equal(tid, "")).as_py()  # rows of spans without a trace id
         own = table.filter(pc.fill_null(pc.not_equal(tid, ""), False)) if extra else table
         rows.append(own.append_column("_file", pa.array(np.full(own.num_rows, n, dtype=np.int64))))
-        bare = table.filter(pc.is_null(tid)) if extra else table.slice(0, 0)
-        keys.append(pa.table({"_key": _key_of(bare), "_file": pa.array([n] * bare.num_rows, pa.int64())}))
+        keyed = table.filter(pc.is_null(tid)) if extra else table.slice(0, 0)
+        keys.append(pa.table({"_key": _key_of(keyed), "_file": pa.array([n] * keyed.num_rows, pa.int64())}))
     for n, spans in plain_spans.items():
-        bare = spans.filter(pc.fill_null(pc.equal(spans.column(S.TRACE_ID), ""), True))
-        keys.append(pa.table({"_key": _key_of(bare), "_file": pa.array([n] * bare.num_rows, pa.int64())}))
-        loose.append(spans.column(S.TRACE_ID).combine_chunks())
+        keyed = spans.filter(pc.fill_null(pc.equal(spans.column(S.TRACE_ID), ""), True))
+        keys.append(pa.table({"_key": _key_of(keyed), "_file": pa.array([n] * keyed.num_rows, pa.int64())}))
+        plain_ids.append(spans.column(S.TRACE_ID).combine_chunks())
     indexed = pa.concat_tables(rows)
     tid = indexed.column(S.TRACE_ID).combine_chunks()  # one array to hash (the other columns stay as read)
     # Which indexed trajectories the stored rows cannot answer alone: first, a trace id in several files.
@@ -116,7 +94,7 @@ def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | No
         counts = indexed.group_by(S.TRACE_ID, use_threads=False).aggregate([("_file", "count")])
         shared = counts.filter(pc.greater(counts.column("_file_count"), 1)).column(S.TRACE_ID)
         redo = pc.is_in(tid, value_set=shared.combine_chunks())
-    in_plain = pa.concat_arrays(loose)
+    in_plain = pa.concat_arrays(plain_ids)
     redo = pc.or_(redo, pc.is_in(tid, value_set=in_plain))
     all_keys = pa.concat_tables(keys)
     if all_keys.num_rows:
@@ -159,29 +137,12 @@ def _key_of(t: pa.Table) -> Any:
 def read_step_partials(path: TracePaths, value_metrics: bool = False) -> pa.Table:
     """The per-step aggregates of every trajectory under ``path``: ``step_partials(read_trajectories(path))``.
 
-    A run directory whose rollup covers it (:mod:`tracer.storage.rollup`) answers from that one file;
-    with ``value_metrics`` its table comes as stored, with the :data:`tracer.schema.VALUE_METRICS` columns that
-    :func:`partial_metrics` then takes instead of going through the values again.
-
-    Closed shards' and compacted files' indexes store their own aggregates per
-    step (:func:`step_partials` of their rows: counts and sums, and the rewards
-    and latencies sorted per group), with the least and greatest trace id of
-    their trajectories and the steps of rewards logged by key. Where no
-    (step, validate) group is in two files (a run compacted into one file),
-    the stored rows are the answer as they are; else they are merged.
-    A shard's stored aggregates are used without reading its other columns
-    when nothing outside it can change them: no file holds rewards logged
-    by key for one of its steps, and none of its trace ids is in another
-    file (sure at once when no other file's trace id range overlaps its own,
-    the usual case: the recorder's ids are a process prefix and a counter;
-    else checked on the overlapping files' trace id hashes, and on the ids
-    themselves only where two hashes agree). Every other
-    file (unindexed, still open, torn, or sharing trajectories)
-    is read with :func:`read_trajectories`, together. The result is the
-    same table either way.
-
-    Returns:
-        A table of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`.
+    A table of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`. A covering rollup (:mod:`tracer.index.rollup`)
+    answers from one file (with ``value_metrics``, also the :data:`tracer.schema.VALUE_METRICS` columns
+    :func:`partial_metrics` takes). Else each index's stored aggregates are used as they are when nothing outside
+    its file can change them: no keyed reward for one of its steps elsewhere, and none of its trace ids in
+    another file (sure when trace id ranges do not overlap, else checked on hashes, then ids). Every other file
+    is read with :func:`read_trajectories`, together. The result is the same table either way.
     """
     roll = run_rollup(path)
     got = None if roll is None else roll.table()
@@ -194,29 +155,26 @@ def read_step_partials(path: TracePaths, value_metrics: bool = False) -> pa.Tabl
         return step_partials(read_trajectories(path))
 
 
-#: What the landing page reads of each kept index: the sorted values (in the sidecar's order); the trace id
-#: hashes of files whose trace id ranges overlap another's are read after, for those files alone.
-_SOURCE_COLUMNS = _shard_index.SORTED_COLUMNS
-
-
 def _partials_from_indexes(path: TracePaths) -> pa.Table:
     files = indexed_files(path, on_sealed=_sealed)
     stored: dict[int, _shard_index.StoredPartials] = {}
     read: dict[int, dict[str, _shard_index.Fixed] | None] = {}  # the value columns (and hashes) of each stored file
     ids: dict[int, pa.Array] = {}  # the trace ids of a file read whole
     ranges: list[tuple[str, str, int]] = []
-    bare_steps: set[int | None] = set()
+    keyed_steps: set[int | None] = set()
     rest: set[int] = set()  # files read with read_trajectories
     for n, (file, shard) in enumerate(files):
-        got, cols = _shard_index.landing_sources(shard, _SOURCE_COLUMNS) if shard is not None else (None, None)
+        got, cols = (
+            _shard_index.landing_sources(shard, _shard_index.SORTED_COLUMNS) if shard is not None else (None, None)
+        )
         if got is None:
             rest.add(n)
             spans = read_spans(file, columns=[S.TRACE_ID, S.STEP])
             tid = spans.column(S.TRACE_ID)
-            loose = pc.fill_null(pc.equal(tid, ""), True)
-            if pc.any(loose).as_py():
-                bare_steps.update(pc.unique(pc.filter(spans.column(S.STEP), loose)).to_pylist())
-            ids[n] = pc.unique(pc.filter(tid, pc.invert(loose)).combine_chunks())
+            keyed = pc.fill_null(pc.equal(tid, ""), True)
+            if pc.any(keyed).as_py():
+                keyed_steps.update(pc.unique(pc.filter(spans.column(S.STEP), keyed)).to_pylist())
+            ids[n] = pc.unique(pc.filter(tid, pc.invert(keyed)).combine_chunks())
             if len(ids[n]):
                 least, greatest = pc.min_max(ids[n]).values()
                 ranges.append((least.as_py(), greatest.as_py(), n))
@@ -228,9 +186,9 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
             rest.add(n)
         if got.trace_range is not None:
             ranges.append((*got.trace_range, n))
-        if got.loose_steps is not None:  # rewards logged by key may join trajectories of any file
+        if got.keyed_steps is not None:  # rewards logged by key may join trajectories of any file
             rest.add(n)
-            bare_steps.update(got.loose_steps)
+            keyed_steps.update(got.keyed_steps)
     # Files that may share trace ids are those whose ranges overlap (or that say no range): compared by hash.
     unranged = [n for n, got in stored.items() if got.trace_range is None and got.partials.num_rows]
     suspects = sorted(set(_overlapping(ranges)) | set(unranged) | ({r[2] for r in ranges} if unranged else set()))
@@ -239,9 +197,9 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
         if shared is None:  # an index unreadable now: nothing can be said about what it shares
             return step_partials(read_trajectories([f for f, _ in files]))
         rest.update(shared)
-    if bare_steps:
+    if keyed_steps:
         for n, got in stored.items():
-            if n not in rest and bare_steps.intersection(got.partials.column(S.STEP).to_pylist()):
+            if n not in rest and keyed_steps.intersection(got.partials.column(S.STEP).to_pylist()):
                 rest.add(n)
     kept = [n for n in stored if n not in rest]
     if any(read[n] is None for n in kept):  # unreadable now: read the run's rows
@@ -268,12 +226,9 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
 def _presorted(
     got: Sequence[_shard_index.StoredPartials], read: Sequence[Mapping[str, _shard_index.Fixed]]
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
-    """The sorted values of some sidecars' stored aggregates: per value column, the values and how many
-    belong to each aggregate row (rows of all the files in turn); None when a sidecar's disagree.
-
-    Each sidecar holds, per :data:`tracer.storage.shard_index.SORTED_COLUMNS`, the values of each of its
-    aggregate rows already sorted (what :func:`step_partials` of its rows gives), then nulls.
-    """
+    """The sorted values of some shard indexes' stored aggregates (:data:`tracer.index.shard.SORTED_COLUMNS`):
+    per value column, the values and how many belong to each aggregate row (rows of all the files in turn);
+    None when an index's disagree."""
     out = []
     for k, name in enumerate(_shard_index.SORTED_COLUMNS):
         chunks, counts = [], []
@@ -322,11 +277,9 @@ def _in_key_order(
 def _merge_presorted(
     counts: pa.Table, values: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 ) -> pa.Table:
-    """:func:`_merge_parts` of stored aggregates (rows of several files) and their sorted values, without
-    sorting every value by its group: the rows are ordered by group, and each row's values come along as
-    one run, which is the order a stable sort of the values by group gives; each group's values are then
-    sorted as :func:`_sorted_lists` sorts them, so the table is the same, bit for bit.
-    """
+    """:func:`_merge_parts` of stored aggregates (rows of several files) and their sorted values, bit for bit,
+    without sorting every value by its group: rows are ordered by group and each row's values move as one run
+    (what a stable sort gives), then each group's values are sorted as :func:`_sorted_lists` sorts them."""
     part = _partials_part(counts)
     rows = len(part.step)
     if not rows:
@@ -356,11 +309,9 @@ def _sharing(
     stored: Mapping[int, _shard_index.StoredPartials],
     ids: Mapping[int, pa.Array],
 ) -> set[int] | None:
-    """The files among ``suspects`` holding a trace id another of them holds; None when an index cannot say.
-
-    Compared on the indexes' trace id hashes first (:data:`tracer.schema.INDEX_TRACE_HASH`); the ids
-    themselves are read and compared only for hashes found in more than one file.
-    """
+    """The files among ``suspects`` holding a trace id another of them holds; None when an index cannot say. Compared on
+    the indexes' trace id hashes first (:data:`tracer.schema.INDEX_TRACE_HASH`); the ids themselves are read and
+    compared only for hashes found in more than one file."""
     hashes: dict[int, np.ndarray] = {}
     valid: dict[int, np.ndarray | None] = {}  # rows of an index with a hash (None: all)
     for n in suspects:

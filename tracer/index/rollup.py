@@ -1,34 +1,13 @@
-"""The run rollup: every closed shard's index of a run directory merged into one file.
+"""The run rollup: every closed shard's index of a run directory merged into one file, ``_steps.rollup``.
 
-The run overview (steps, span count, span names, per-step aggregates) would
-otherwise open one index per shard, and merge the rewards and latencies of
-every trajectory on each visit: its cost grows with the number of writers and
-trajectories. ``{run_dir}/_steps.rollup`` holds the answer for a set of closed,
-indexed files, kept current by whoever closes one (a writer at close, a seal,
-a compaction), so a reader of a run whose files are all covered reads one file
-and stats the others.
-
-Layout: an Arrow IPC *file*, uncompressed (read memory-mapped), of
-:data:`tracer.schema.ROLLUP_SCHEMA`: the per-(step, validate) aggregates of
-the covered files' trajectories, merged exactly as
-:func:`tracer.summary.merge_step_partials` merges (one row per group, values
-sorted), so exact percentiles stay exact, and each row's value metrics
-(:data:`tracer.schema.VALUE_METRICS`: reward mean, spread and range, latency
-percentiles) as :func:`tracer.summary.partial_metrics` computes them. Its schema metadata
-(:data:`META_ROLLUP`, JSON) names the covered files with their size, mtime
-and inode, the steps of their spans, their row count, their span names
-(None when an index does not list them), the trace id range of each file and
-whether any file holds spans without a trace id (rewards logged by key).
-
-Readers trust it only when it covers exactly the directory's listed files,
-each with the same size, mtime and inode (checked with one ``stat`` each);
-else they read the files' indexes as before, and get the same answer. It is
-derived data: deleting it loses nothing. Updates hold ``_steps.rollup.lock``
-(an ``flock``), write a temporary file, fsync and rename it, so a reader sees
-the old or the new file, whole. An update adds newly closed files to the
-merged aggregates when they share no trajectory with the covered ones
-(disjoint trace id ranges, no rewards logged by key); else it rebuilds from
-every closed, indexed file.
+Without it the run overview opens one index per shard and merges every trajectory's values on each visit.
+Whoever closes a file (a writer, a seal, a compaction) keeps it current. Layout: an uncompressed Arrow IPC
+file of :data:`tracer.schema.ROLLUP_SCHEMA` (partials merged as :func:`tracer.summary.merge_step_partials`
+does, with their :data:`tracer.schema.VALUE_METRICS`); its metadata (:data:`META_ROLLUP`, JSON) names the
+covered files with size, mtime and inode, their steps, rows, span names, trace id ranges and whether any holds
+keyed rewards. Readers trust it only when it covers exactly the listed files as they are now; it is derived
+data. Updates hold ``_steps.rollup.lock``, write a temporary file and rename it; they merge in new files that
+share no trajectory with the covered ones and otherwise rebuild from every closed, indexed file.
 """
 
 from __future__ import annotations
@@ -68,26 +47,16 @@ CACHE_ENTRIES = 64
 
 #: ``(size, mtime_ns, inode)`` of a file.
 Stamp = tuple[int, int, int]
-#: The exact per-step aggregates of some files (:func:`tracer.index.readers.read_step_partials`, which
-#: reads through :mod:`tracer.read`, which reads this module: its caller passes it in).
+#: The exact per-step aggregates of some files (:func:`tracer.index.readers.read_step_partials`, passed in).
 PartialsOfFiles = Callable[[list[str]], pa.Table]
 
 
 @dataclasses.dataclass
 class Rollup:
-    """A run directory's rollup as read (see the module's docstring).
-
-    Attributes:
-        files: Covered file names and their stamps when they were covered.
-        partials: The merged per-step aggregates of their trajectories and their value metrics
-            (:data:`tracer.schema.ROLLUP_SCHEMA`); None until :meth:`table` reads them from ``path``.
-        steps: The distinct steps of their spans, ascending (spans without a step left out).
-        rows: Their span rows.
-        names: Their distinct span names (None: an index did not list them).
-        ranges: Per covered file, its trajectories' least and greatest trace id (None: no trajectory).
-        loose: Whether a covered file may hold spans without a trace id (rewards logged by key): it does,
-            or its index does not say (then its trace id range is unknown too).
-    """
+    """A run directory's rollup as read: covered file names and stamps, their merged partials
+    (:data:`tracer.schema.ROLLUP_SCHEMA`; None until :meth:`table` reads ``path``), their steps ascending, span
+    rows, span names (None: an index did not list them), per file the trace id range (None: no trajectory),
+    and ``keyed``: whether a file may hold keyed rewards (or its index does not say)."""
 
     files: dict[str, Stamp]
     partials: pa.Table | None
@@ -95,7 +64,7 @@ class Rollup:
     rows: int
     names: frozenset[str] | None
     ranges: dict[str, tuple[str, str] | None]
-    loose: bool
+    keyed: bool
     path: str | None = None
 
     def table(self) -> pa.Table | None:
@@ -115,10 +84,8 @@ _cache_lock = threading.Lock()
 
 
 def load_rollup(run_dir: str) -> Rollup | None:
-    """The rollup of the local ``run_dir`` as written (None: none, unreadable, or another version).
-
-    Whether it still covers the directory is the caller's question (:func:`covering`).
-    """
+    """The rollup of the local ``run_dir`` as written (None: none, unreadable, or another version). Whether it still
+    covers the directory is the caller's question (:func:`covering`)."""
     path = os.path.join(run_dir, ROLLUP_NAME)
     st = side_files.checked(path, side_files.MAX_ARROW_BYTES)  # no FIFO, link or device is opened below
     if st is None:
@@ -168,7 +135,7 @@ def _read(path: str) -> Rollup | None:
             rows=int(meta["rows"]),
             names=None if names is None else frozenset(str(n) for n in names),
             ranges=ranges,
-            loose=bool(meta["loose"]),
+            keyed=bool(meta["loose"]),
             path=path,
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException):
@@ -180,15 +147,11 @@ def covering(run_dir: str, files: Sequence[str]) -> Rollup | None:
     got = load_rollup(run_dir)
     if got is None or len(got.files) != len(files):
         return None
-    for f in files:
-        want = got.files.get(os.path.basename(f))
-        if want is None:
+    try:
+        if any(got.files.get(os.path.basename(f)) != stamp_of(os.stat(f)) for f in files):
             return None
-        try:
-            if stamp_of(os.stat(f)) != want:
-                return None
-        except OSError:
-            return None
+    except OSError:
+        return None
     return got
 
 
@@ -200,7 +163,7 @@ def _write(run_dir: str, r: Rollup) -> None:
         "rows": r.rows,
         "names": None if r.names is None else sorted(r.names),
         "ranges": {n: (None if v is None else list(v)) for n, v in sorted(r.ranges.items())},
-        "loose": r.loose,
+        "loose": r.keyed,
     }
     path = os.path.join(run_dir, ROLLUP_NAME)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
@@ -232,7 +195,7 @@ class _File:
     stamp: Stamp
     index: ShardIndex
     range: tuple[str, str] | None
-    loose: bool
+    keyed: bool
 
 
 def _closed_files(run_dir: str) -> list[_File]:
@@ -248,11 +211,9 @@ def _closed_files(run_dir: str) -> list[_File]:
         index = load_shard_index(path)
         if index is None:
             continue
-        stored = stored_step_partials(index)
-        if stored is None:
-            out.append(_File(path, before, index, None, True))  # nothing known: never merged in alone
-        else:
-            out.append(_File(path, before, index, stored.trace_range, stored.loose_steps is not None))
+        stored = stored_step_partials(index)  # None: nothing known, never merged in alone
+        keyed = stored is None or stored.keyed_steps is not None
+        out.append(_File(path, before, index, None if stored is None else stored.trace_range, keyed))
     return out
 
 
@@ -261,14 +222,9 @@ def _overlap(a: tuple[str, str] | None, b: tuple[str, str] | None) -> bool:
 
 
 def update(run_dir: str, of_files: PartialsOfFiles, wait_s: float = LOCK_WAIT_S) -> bool:
-    """Bring the rollup of the local ``run_dir`` up to date with its closed, indexed files (their
-    aggregates computed by ``of_files``).
-
-    Raises what the filesystem raises (callers that must not fail catch it: the rollup is optional).
-
-    Returns:
-        False when another update kept the lock past ``wait_s``, or nothing is closed; else True.
-    """
+    """Bring the rollup of the local ``run_dir`` up to date with its closed, indexed files (aggregated by
+    ``of_files``); False when another update kept the lock past ``wait_s`` or nothing is closed. Raises what
+    the filesystem raises."""
     fd = _locked(run_dir, wait_s)
     if fd is None:
         return False
@@ -312,8 +268,8 @@ def _step(run_dir: str, of_files: PartialsOfFiles) -> bool | None:
         if not new:
             return False
         joins = (
-            current.loose
-            or any(f.loose for f in new)
+            current.keyed
+            or any(f.keyed for f in new)
             or any(_overlap(f.range, r) for f in new for r in current.ranges.values())
         )
         if not joins:  # nothing of the new files belongs to a covered trajectory: merge what they add
@@ -336,7 +292,7 @@ def _described(files: Sequence[_File]) -> dict[str, Any]:
         "rows": sum(sum(f.index.batch_rows) for f in files),
         "names": None if names is None else frozenset(names),
         "ranges": {os.path.basename(f.path): f.range for f in files},
-        "loose": any(f.loose for f in files),
+        "keyed": any(f.keyed for f in files),
     }
 
 
@@ -354,7 +310,7 @@ def _grown(current: Rollup, new: Sequence[_File], of_files: PartialsOfFiles) -> 
         rows=current.rows + added["rows"],
         names=names,
         ranges={**current.ranges, **added["ranges"]},
-        loose=current.loose or added["loose"],
+        keyed=current.keyed or added["keyed"],
     )
 
 

@@ -1,39 +1,15 @@
-"""Shard indexes: a sidecar per closed shard, so reading cost follows the question.
+"""Shard indexes: ``_{shard name}.index`` beside each closed shard, so reading cost follows the question.
 
-When a shard is closed (:mod:`tracer.index.closed`: a writer's close, a seal, a compaction),
-``_{shard name}.index`` is written beside it: an uncompressed Arrow IPC file (nothing
-to decode when read) whose rows are
+Written when a shard closes (:mod:`tracer.index.closed`), an uncompressed Arrow IPC file with a row per
+trajectory (:func:`tracer.summary.summarize` plus its batches, :data:`tracer.schema.INDEX_UNIFORM` and
+:func:`trace_hashes`), a row with an empty trace id listing the batches of keyed rewards, and a row per key
+``(step, sample_index, rollout_n, validate)`` of those, with a null trace id. :data:`SORTED_COLUMNS` hold the
+values of the stored per-step aggregates, sorted per group. Its schema metadata holds the version, the shard's
+name, size and footer digest, each batch's rows and steps, and the per-step partials. An index is used only
+when all of these agree with the shard on disk; a stale, torn or foreign one is ignored and the spans are read.
 
-* one per trajectory of the shard: what :func:`tracer.summary.summarize`
-  returns for the shard's spans (the writer calls it; nothing here derives a
-  summary), plus :data:`tracer.schema.INDEX_BATCHES` (the shard's record
-  batches holding that trace id), :data:`tracer.schema.INDEX_UNIFORM`
-  (every row of the trace id has one step and one validate flag) and
-  :data:`tracer.schema.INDEX_TRACE_HASH` (:func:`trace_hashes`: files whose
-  trace id ranges overlap are compared on these numbers first);
-* one with an empty trace id, when spans without a trace id exist (rewards
-  logged by key), listing their batches;
-* one per distinct ``(step, sample_index, rollout_n, validate)`` of those
-  spans, with a null trace id: what they may join to in other shards;
-
-and two columns not tied to their row (:data:`SORTED_COLUMNS`, version 3):
-the rewards and latencies of the stored per-step aggregates below, sorted
-per group, then nulls, so a run overview reads them without sorting.
-
-Its schema metadata holds the format version, the shard's name and size, a
-digest of the shard's footer, the rows and steps of every batch, and the shard's
-per-step counts and sums (:data:`tracer.schema.STEP_PARTIALS_SCHEMA`), which
-the run overview merges instead of reading every trajectory row. A
-sidecar is used only when all of these agree with the shard on disk (the
-shard was not sealed, repaired, replaced or renamed since), its table has
-exactly the expected columns, and its batch numbers exist: a stale,
-truncated or foreign sidecar is ignored, and readers read the spans.
-
-Why a sidecar and not the shard's footer metadata: the footer is written by
-pyarrow at close and by :mod:`tracer.storage.seal` for dead writers (which
-cannot summarise), and engines that open shards directly should see nothing
-but spans. The leading ``_`` keeps ``pyarrow.dataset`` discovery from taking
-the sidecar for data; the suffix keeps trace-file listings from listing it.
+Not in the shard's footer: dead writers' shards are sealed without summaries, and engines opening shards
+should see only spans. The leading ``_`` hides it from ``pyarrow.dataset`` discovery.
 """
 
 from __future__ import annotations
@@ -63,28 +39,25 @@ from tracer import summary as model
 from tracer.storage import side_files
 from tracer.storage.files import closed_file_metadata, footer_bytes, read_batches, write_replacing
 
-#: Version of the sidecar layout; another value is ignored (the spans are read instead).
+#: Version of the shard index layout; another value is ignored (the spans are read instead).
 INDEX_VERSION = "3"
 #: ``_{shard name}{INDEX_SUFFIX}`` beside the shard.
 INDEX_SUFFIX = ".index"
-#: Trajectory rows are stored in this many record batches by a hash of their trace id (rows
-#: without one in one more batch after them), so looking one trace id up reads one batch. Few:
-#: reading a batch costs a fixed ~15 us besides its rows, and the run overview reads them all.
+#: Trajectory rows are stored in this many record batches by a hash of their trace id (rows without one in one
+#: more), so a lookup reads one batch. Few: a batch costs ~15 us besides its rows, and the overview reads all.
 INDEX_BUCKETS = 8
 #: Asking for more buckets than this reads the whole lookup once (and keeps it).
 MAX_BUCKET_READS = 8
-#: Parsed sidecars kept per process (keyed by the shard's and the sidecar's size and mtime).
+#: Parsed shard indexes kept per process (keyed by the shard's and the shard index's size and mtime).
 CACHE_ENTRIES = 1024
-#: A writer keeps the summary columns of the file it writes until it closes it, at most this many
-#: bytes; a file that holds more gets no index (its readers read its spans), so memory stays bounded.
+#: Most bytes of summary columns a writer keeps until close; a file that holds more gets no index.
 MAX_BUILD_BYTES = 128 * 1024 * 1024
 #: A shard with more distinct span names than this stores none (readers then read its name column).
 MAX_INDEX_NAMES = 1024
-#: :func:`step_sources` reads sidecars up to this size by the columns it wants (a copy), larger ones whole
-#: (memory-mapped, no copy; wrapping every column costs ~0.05 ms a file, copying ~0.1 ms a MB).
-SMALL_SIDECAR_BYTES = 512 * 1024
+#: :func:`step_sources` copies the wanted columns of shard indexes up to this size, maps larger ones whole.
+SMALL_INDEX_BYTES = 512 * 1024
 
-#: Columns of a sidecar: the trajectory summary and where each trace id's batches are.
+#: Columns of a shard index: the trajectory summary and where each trace id's batches are.
 INDEX_SCHEMA = pa.schema(
     [
         *S.TRAJECTORY_SCHEMA,
@@ -95,7 +68,7 @@ INDEX_SCHEMA = pa.schema(
         pa.field(S.INDEX_SORTED_LATENCIES, pa.float64()),
     ]
 )
-#: Columns of a sidecar not aligned with its rows: the values of the stored per-step aggregates, sorted.
+#: Columns of a shard index not aligned with its rows: the values of the stored per-step aggregates, sorted.
 SORTED_COLUMNS = (S.INDEX_SORTED_REWARDS, S.INDEX_SORTED_LATENCIES)
 
 #: Span table to trajectory rows (:func:`tracer.summary.summarize`).
@@ -104,14 +77,14 @@ Summarizer = Callable[[pa.Table], pa.Table]
 PartialsOf = Callable[[pa.Table], pa.Table]
 
 
-def sidecar_path(shard: str) -> str:
+def shard_index_path(shard: str) -> str:
     """Where the index of ``shard`` lives."""
     folder, name = os.path.split(shard)
     return os.path.join(folder, "_" + name + INDEX_SUFFIX)
 
 
 def bucket_of(trace_id: str, buckets: int) -> int:
-    """The bucket of a sidecar holding ``trace_id``'s row (CRC-32 of its UTF-8, modulo ``buckets``)."""
+    """The bucket of a shard index holding ``trace_id``'s row (CRC-32 of its UTF-8, modulo ``buckets``)."""
     return zlib.crc32(trace_id.encode("utf-8", "surrogatepass")) % buckets
 
 
@@ -133,19 +106,10 @@ def _digest(footer: bytes) -> str:
 
 
 class ShardIndexBuilder:
-    """What a writer collects for the index of the file it is writing.
-
-    Args:
-        columns: Span columns the summary needs (kept per batch until the file closes).
-        summarize: The trajectory summary, called once at close over the file's spans.
-        step_partials: The per-step aggregates of trajectory rows. The counts and sums are stored in
-            the sidecar's metadata (the value lists left empty there); the values, sorted per group,
-            in the columns :data:`SORTED_COLUMNS`. The overview's numbers come from the same
-            functions, so stored and computed aggregates cannot disagree.
-        bounded: Keep at most :data:`MAX_BUILD_BYTES` of those columns (a writer, whose batches
-            would otherwise die once written). False where the caller holds the whole file's table
-            anyway and the kept columns are views of it (compaction): no bound.
-    """
+    """What a writer collects for the index of the file it is writing. ``columns`` (what ``summarize`` needs) are kept
+    per batch until close, at most :data:`MAX_BUILD_BYTES` when ``bounded`` (False where the caller holds the whole
+    table anyway: compaction). ``step_partials``' counts and sums go in the metadata, its values sorted in
+    :data:`SORTED_COLUMNS`."""
 
     def __init__(
         self, columns: Sequence[str], summarize: Summarizer, step_partials: PartialsOf, bounded: bool = True
@@ -161,11 +125,7 @@ class ShardIndexBuilder:
         self.nbytes = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
-        """Note one batch just written (same order as in the file).
-
-        Raises:
-            MemoryError: a bounded builder has outgrown :data:`MAX_BUILD_BYTES` (the caller drops the index).
-        """
+        """Note one batch just written, in file order (MemoryError: a bounded builder outgrew :data:`MAX_BUILD_BYTES`)."""
         part = batch.select(self.columns)
         self.nbytes += part.nbytes
         if self.bounded and self.nbytes > MAX_BUILD_BYTES:
@@ -191,7 +151,7 @@ class ShardIndexBuilder:
         if spans.column(S.TRACE_ID).null_count:
             raise ValueError("null trace ids: readers could not tell which batches hold them")
         numbers = np.repeat(np.arange(len(self.batch_rows), dtype=np.int32), self.batch_rows)
-        keyed = pa.table(
+        of_batches = pa.table(
             {
                 S.TRACE_ID: spans.column(S.TRACE_ID),
                 S.INDEX_BATCHES: pa.array(numbers, pa.int32()),
@@ -199,7 +159,7 @@ class ShardIndexBuilder:
                 S.VALIDATE: pc.fill_null(spans.column(S.VALIDATE), False),
             }
         )
-        per_trace = keyed.group_by(S.TRACE_ID, use_threads=False).aggregate(
+        per_trace = of_batches.group_by(S.TRACE_ID, use_threads=False).aggregate(
             [
                 (S.INDEX_BATCHES, "distinct"),
                 (S.STEP, "count_distinct", pc.CountOptions(mode="all")),
@@ -227,9 +187,9 @@ class ShardIndexBuilder:
             row[S.TRACE_ID] = pa.array([""])
             row[S.INDEX_BATCHES] = pc.filter(lists, no_id)
             parts.append(pa.table(row, schema=INDEX_SCHEMA))
-            loose = spans.filter(pc.equal(spans.column(S.TRACE_ID), ""))
+            keyed = spans.filter(pc.equal(spans.column(S.TRACE_ID), ""))
             key_cols = [S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE]
-            keys = loose.select(key_cols).group_by(key_cols, use_threads=False).aggregate([])
+            keys = keyed.select(key_cols).group_by(key_cols, use_threads=False).aggregate([])
             n = keys.num_rows
             cols = {c: pa.nulls(n, f.type) for c, f in zip(INDEX_SCHEMA.names, INDEX_SCHEMA, strict=True)}
             for c in key_cols:
@@ -238,12 +198,9 @@ class ShardIndexBuilder:
         return pa.concat_tables([p.cast(INDEX_SCHEMA) for p in parts])
 
 
-def write_sidecar(shard: str, builder: ShardIndexBuilder) -> None:
-    """Write the index of the closed ``shard`` beside it (temp file, fsync, rename).
-
-    Raises:
-        OSError, ValueError, pyarrow.ArrowException: the caller drops the index (readers then read the spans).
-    """
+def write_shard_index(shard: str, builder: ShardIndexBuilder) -> None:
+    """Write the index of the closed ``shard`` beside it (temp file, fsync, rename). Raises OSError, ValueError or
+    pyarrow.ArrowException: the caller drops the index (readers read the spans)."""
     footer = footer_bytes(shard)
     if footer is None or footer[1] != len(builder.batch_rows):
         raise ValueError(f"{shard}: no footer listing its {len(builder.batch_rows)} batches")
@@ -279,7 +236,7 @@ def write_sidecar(shard: str, builder: ShardIndexBuilder) -> None:
                 w.write_batch(whole.slice(at, n))
                 at += n
 
-    target = sidecar_path(shard)
+    target = shard_index_path(shard)
     write_replacing(target, target + ".tmp", write)
 
 
@@ -293,15 +250,9 @@ _index_warned = threading.Event()
 
 
 def write_index(shard: str) -> bool:
-    """Write the index of the closed local ``shard`` from its spans, read back from the file.
-
-    Only the summary's columns are read, batch by batch (at most :data:`MAX_BUILD_BYTES` of them
-    kept), so a writer keeps nothing of a shard in memory while it is open. Never raises: a shard
-    that gets no index is read whole. The first failure in a process is logged (a warning).
-
-    Returns:
-        True when the sidecar was written.
-    """
+    """Write the index of the closed local ``shard`` from its spans read back; True when it was written. Reads only the
+    summary's columns (at most :data:`MAX_BUILD_BYTES`). Never raises: the first failure in a process is logged, and a
+    shard without an index is read whole."""
     try:
         b = builder()
         reading = read_batches(shard, list(dict.fromkeys([*b.columns, S.STEP])))
@@ -309,7 +260,7 @@ def write_index(shard: str) -> bool:
             b.add(batch)
         if not reading.result.complete:
             raise ValueError(reading.result.describe() or "not read completely")
-        write_sidecar(shard, b)
+        write_shard_index(shard, b)
     except Exception as exc:  # the shard stands without an index: readers read the spans
         warn_no_index(shard, exc)
         return False
@@ -332,21 +283,15 @@ def warn_no_index(shard: str, exc: BaseException) -> None:
 
 @dataclasses.dataclass
 class ShardIndex:
-    """The index of one closed shard, checked against the shard on disk.
-
-    Attributes:
-        shard: The shard's path.
-        size: The shard's size (what :func:`tracer.storage.files.read_batches` gets as ``expect_size``).
-        batch_rows: Rows of each record batch.
-        batch_steps: Distinct steps of each record batch (None for spans outside any step).
-        names: The distinct span names of the shard; None when the index does not say.
-    """
+    """The index of one closed shard, checked against the shard on disk. ``size`` is the shard's (``expect_size`` of
+    :func:`tracer.storage.files.read_batches`); ``batch_steps`` the distinct steps of each batch (None: spans outside
+    any step); ``names`` None when the index does not say."""
 
     shard: str
     size: int
     batch_rows: list[int]
     batch_steps: list[list[int | None]]
-    _sidecar: str
+    _path: str
     _buckets: int
     names: frozenset[str] | None = None
     _table: pa.Table | None = None
@@ -364,9 +309,9 @@ class ShardIndex:
         return {s for have in self.batch_steps for s in have if s is not None}
 
     def table(self) -> pa.Table | None:
-        """The rows (see the module docstring); None when the sidecar turns out unreadable or inconsistent."""
+        """The rows (see the module docstring); None when the shard index turns out unreadable or inconsistent."""
         if self._table is None and not self._bad:
-            self._table = _read_table(self._sidecar, len(self.batch_rows))
+            self._table = _read_table(self._path, len(self.batch_rows))
             self._bad = self._table is None
         return self._table
 
@@ -381,7 +326,7 @@ class ShardIndex:
                     table = part
         if table is None and self._lookup is None and not self._bad:
             # Only the two columns a lookup needs are decompressed (the summary rows may be many).
-            self._lookup = _read_table(self._sidecar, len(self.batch_rows), LOOKUP_COLUMNS)
+            self._lookup = _read_table(self._path, len(self.batch_rows), LOOKUP_COLUMNS)
             self._bad = self._lookup is None
         table = table if table is not None else self._lookup
         if table is None:
@@ -396,28 +341,28 @@ class ShardIndex:
 LOOKUP_COLUMNS = (S.TRACE_ID, S.INDEX_BATCHES)
 
 
-#: Sidecars kept open between lookups (one file descriptor each), most recently used last.
+#: Shard indexes kept open between lookups (one file descriptor each), most recently used last.
 OPEN_READERS = 64
 _open: collections.OrderedDict[str, tuple[ShardIndex, Any, Any]] = collections.OrderedDict()
 
 
 def _bucket_reader(index: ShardIndex) -> Any:
-    """An open reader of ``index``'s sidecar (lookup columns only), kept for the next lookup."""
+    """An open reader of ``index``'s shard index (lookup columns only), kept for the next lookup."""
     with _cache_lock:
-        held = _open.get(index._sidecar)
+        held = _open.get(index._path)
         if held is not None and held[0] is index:
-            _open.move_to_end(index._sidecar)
+            _open.move_to_end(index._path)
             return held[2]
     fields = [INDEX_SCHEMA.get_field_index(c) for c in LOOKUP_COLUMNS]
-    source = pa.OSFile(index._sidecar)
+    source = pa.OSFile(index._path)
     try:
         reader = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=fields))
     except BaseException:
         source.close()
         raise
     with _cache_lock:
-        old = _open.pop(index._sidecar, None)
-        _open[index._sidecar] = (index, source, reader)
+        old = _open.pop(index._path, None)
+        _open[index._path] = (index, source, reader)
         gone = [old] if old is not None else []
         while len(_open) > OPEN_READERS:
             gone.append(_open.popitem(last=False)[1])
@@ -427,7 +372,7 @@ def _bucket_reader(index: ShardIndex) -> Any:
 
 
 def _read_buckets(index: ShardIndex, wanted: list[int]) -> pa.Table | None:
-    """The lookup columns of some buckets' record batches; None when the sidecar is not laid out so."""
+    """The lookup columns of some buckets' record batches; None when the shard index is not laid out so."""
     batches, buckets = len(index.batch_rows), index._buckets
     expected = pa.schema([INDEX_SCHEMA.field(c) for c in LOOKUP_COLUMNS])
     try:
@@ -448,11 +393,11 @@ def _read_buckets(index: ShardIndex, wanted: list[int]) -> pa.Table | None:
         return None
 
 
-def _read_table(sidecar: str, batches: int, columns: Sequence[str] | None = None) -> pa.Table | None:
+def _read_table(path: str, batches: int, columns: Sequence[str] | None = None) -> pa.Table | None:
     fields = None if columns is None else [INDEX_SCHEMA.get_field_index(c) for c in columns]
     expected = INDEX_SCHEMA if fields is None else pa.schema([INDEX_SCHEMA.field(i) for i in fields])
     try:
-        with pa.OSFile(sidecar) as source:
+        with pa.OSFile(path) as source:
             table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=fields)).read_all()
         if table.schema.remove_metadata() != expected:
             return None
@@ -467,12 +412,8 @@ def _read_table(sidecar: str, batches: int, columns: Sequence[str] | None = None
 
 
 def _steps_meta(table: pa.Table, step_partials: PartialsOf) -> tuple[str, tuple[pa.Array, pa.Array]]:
-    """The per-step aggregates of an index table's trajectory rows, as stored.
-
-    Returns the counts and sums (values left empty) as the metadata text, and the rewards and the
-    latencies, each sorted per group in row order (what :data:`SORTED_COLUMNS` hold before their nulls).
-    A sidecar without them is still a valid index: readers then aggregate its trajectory rows.
-    """
+    """The counts and sums of ``table``'s per-step aggregates as metadata text, and their rewards and latencies
+    sorted per group in row order (what :data:`SORTED_COLUMNS` hold before their nulls)."""
     tid = table.column(S.TRACE_ID)
     rows = table.filter(pc.fill_null(pc.not_equal(tid, ""), False)).select(list(S.TRAJECTORY_COLUMNS))
     partials = step_partials(rows)
@@ -500,48 +441,33 @@ def _steps_meta(table: pa.Table, step_partials: PartialsOf) -> tuple[str, tuple[
 
 @dataclasses.dataclass(frozen=True)
 class StoredPartials:
-    """The per-step aggregates stored in a shard's index, and what says whether other files can change them.
-
-    Attributes:
-        partials: Rows of :data:`tracer.schema.STEP_PARTIALS_SCHEMA` over the shard's trajectory rows
-            (counts and sums; the value lists empty).
-        trace_range: The least and greatest trace id of those rows (None: no trajectory).
-        loose_steps: Steps of the shard's spans without a trace id (rewards logged by key); None: there are none.
-        value_counts: How many rewards (row 0) and latencies (row 1) of each row of ``partials`` the
-            sidecar's :data:`SORTED_COLUMNS` hold, in row order; None when it does not say.
-    """
+    """The per-step aggregates stored in a shard's index (value lists empty), and what says whether other files
+    can change them: the least and greatest trace id (None: no trajectory), the steps of keyed rewards (None:
+    none), and how many rewards (row 0) and latencies (row 1) of each row :data:`SORTED_COLUMNS` hold (None:
+    not said)."""
 
     partials: pa.Table
     trace_range: tuple[str, str] | None
-    loose_steps: list[int | None] | None
+    keyed_steps: list[int | None] | None
     value_counts: np.ndarray | None = None
 
 
 def stored_step_partials(index: ShardIndex) -> StoredPartials | None:
-    """The per-step aggregates stored in ``index``'s sidecar (its metadata only is read).
-
-    None when the sidecar holds none (written before they existed, or by a
-    writer without the trajectory model), they do not decode to their
-    schema, or it is unreadable: the caller then aggregates the shard's
-    trajectory rows.
-    """
+    """The per-step aggregates stored in ``index``'s metadata; None when it holds none, they do not decode or it
+    is unreadable (the caller then aggregates the shard's trajectory rows)."""
     return step_sources(index, ())[0]
 
 
 def step_sources(index: ShardIndex, columns: Sequence[str]) -> tuple[StoredPartials | None, pa.Table | None]:
-    """:func:`stored_step_partials` and :func:`index_columns` of one sidecar, opened once.
-
-    The columns come back as one table of the sidecar's record batches (memory-mapped: fixed-width
-    columns are not copied), None when it is unreadable; with no ``columns``, None.
-    """
+    """:func:`stored_step_partials` and :func:`index_columns` of one shard index, opened once. The columns come back as
+    one table of the shard index's record batches (memory-mapped: fixed-width columns are not copied), None when it is
+    unreadable; with no ``columns``, None."""
     fields = [INDEX_SCHEMA.get_field_index(c) for c in columns]
     try:
-        with pa.memory_map(index._sidecar) as source:
-            # A large sidecar: every column, then the few wanted, from a memory map that copies nothing;
-            # ``included_fields`` copies each record batch's whole body (pyarrow 25: 2.8 MB a batch of a
-            # 125k-row sidecar, 3 ms for three columns against 0.4 ms). A small one: ``included_fields``,
-            # whose copy costs less than wrapping every column. No threads: nothing to decode.
-            whole = source.size() > SMALL_SIDECAR_BYTES
+        with pa.memory_map(index._path) as source:
+            # Large: every column from a memory map that copies nothing (``included_fields`` copies each batch's
+            # whole body). Small: ``included_fields``, cheaper than wrapping every column. Nothing to decode.
+            whole = source.size() > SMALL_INDEX_BYTES
             options = pa.ipc.IpcReadOptions(included_fields=None if whole else fields, use_threads=False)
             reader = pa.ipc.open_file(source, options=options)
             text = (reader.schema.metadata or {}).get(S.META_INDEX_STEPS.encode())
@@ -557,7 +483,7 @@ def step_sources(index: ShardIndex, columns: Sequence[str]) -> tuple[StoredParti
     return (None if text is None else _decode_partials(text)), (None if table is None else _checked(table, fields))
 
 
-#: A fixed-width column of a sidecar read from its buffers: every row's value (anything where null) and
+#: A fixed-width column of a shard index read from its buffers: every row's value (anything where null) and
 #: which rows are valid (None: all of them).
 Fixed = tuple[np.ndarray, "np.ndarray | None"]
 
@@ -567,25 +493,20 @@ def landing_sources(
 ) -> tuple[StoredPartials | None, dict[str, Fixed] | None]:
     """:func:`step_sources` for fixed-width columns, as numpy arrays: what the run overview reads of each file.
 
-    The stored aggregates are the text the index check read from the sidecar's schema message (the
-    same as :func:`stored_step_partials`; the message is not parsed again); the columns (``columns``
-    among :data:`FIXED_COLUMNS`) come straight from their buffers in the record batches the footer
-    lists, memory-mapped, the same values as :func:`step_sources`'s table holds, checked as they are
-    read (layout, bounds, null counts against validity bitmaps): ~0.18 ms a file against ~0.3 ms
-    through pyarrow's file reader, which opens the file and builds every column of every batch. Where
-    the file is not laid out exactly as :func:`write_sidecar` writes it, the columns come from
-    :func:`step_sources` instead (the same values, or None where that finds it unreadable).
-    Without ``partials``, the stored aggregates are not decoded (None).
+    The aggregates come from the text the index check kept; the columns (among :data:`FIXED_COLUMNS`) straight
+    from their memory-mapped, checked buffers (~0.18 ms a file against ~0.3 ms through pyarrow), or from
+    :func:`step_sources` where the file is not laid out as :func:`write_shard_index` writes it. Without
+    ``partials``, the aggregates are not decoded (None).
     """
     if any(c not in FIXED_COLUMNS for c in columns):
-        raise ValueError(f"not a fixed-width sidecar column: {columns}")
+        raise ValueError(f"not a fixed-width shard index column: {columns}")
     text = index._steps_text if partials else None
     got = None if text is None else _decode_partials(text)
     cols: dict[str, Fixed] | None = None
     if not columns:
         return got, None
     try:
-        with open(index._sidecar, "rb") as f:
+        with open(index._path, "rb") as f:
             view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
         return got, None
@@ -661,22 +582,15 @@ def _slots(buf: Any, table: int) -> tuple[int, int, int, int]:
     size = _U16.unpack_from(buf, vtable)[0]
     fields = min(max(size - 4, 0) // 2, 4)
     layout = _VTABLES.get(fields) or _VTABLES.setdefault(fields, struct.Struct(f"<{fields}H"))
-    got = (*layout.unpack_from(buf, vtable + 4), 0, 0, 0, 0)
-    return (
-        table + got[0] if got[0] else 0,
-        table + got[1] if got[1] else 0,
-        table + got[2] if got[2] else 0,
-        table + got[3] if got[3] else 0,
-    )
+    a, b, c, d = (table + at if at else 0 for at in (*layout.unpack_from(buf, vtable + 4), 0, 0, 0, 0)[:4])
+    return a, b, c, d
 
 
 def _fixed_columns(view: Any, columns: Sequence[str]) -> dict[str, Fixed] | None:
-    """Fixed-width columns of a mapped sidecar laid out as :func:`write_sidecar` writes it; None when it is not.
-
-    What pyarrow's reader would check of them is checked: the footer's batches lie between the schema and
-    the footer, each is a record batch message of the expected field nodes and buffers, uncompressed, its
-    buffers inside its body and long enough for its rows; a column's null count agrees with its bitmap.
-    """
+    """Fixed-width columns of a mapped shard index laid out as :func:`write_shard_index` writes it; None when it is not.
+    What pyarrow's reader would check of them is checked: the footer's batches lie between the schema and the footer,
+    each is a record batch message of the expected field nodes and buffers, uncompressed, its buffers inside its body
+    and long enough for its rows; a column's null count agrees with its bitmap."""
     if _LAYOUT is None:
         return None
     n_nodes, n_buffers, where = _LAYOUT
@@ -690,7 +604,7 @@ def _fixed_columns(view: Any, columns: Sequence[str]) -> dict[str, Fixed] | None
         footer = view[footer_at : size - 10]
         _, _, dicts, batches = _slots(footer, _U32.unpack_from(footer, 0)[0])
         if dicts and _U32.unpack_from(footer, dicts + _U32.unpack_from(footer, dicts)[0])[0]:
-            return None  # dictionary batches: not what a sidecar holds
+            return None  # dictionary batches: not what a shard index holds
         if not batches:
             return None
         batches += _U32.unpack_from(footer, batches)[0]
@@ -790,18 +704,18 @@ def _decode_partials(text: bytes | str) -> StoredPartials | None:
         meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
         # orjson: the same values as json for what a writer writes, ~10x faster; it refuses more (NaN, 2**64).
         span: Any = orjson.loads(meta[S.META_STEPS_TRACE_RANGE]) if S.META_STEPS_TRACE_RANGE in meta else None
-        loose: Any = orjson.loads(meta[S.META_STEPS_LOOSE]) if S.META_STEPS_LOOSE in meta else None
+        keyed: Any = orjson.loads(meta[S.META_STEPS_LOOSE]) if S.META_STEPS_LOOSE in meta else None
         counts: Any = orjson.loads(meta[S.META_STEPS_VALUE_COUNTS]) if S.META_STEPS_VALUE_COUNTS in meta else None
     except (ValueError, UnicodeDecodeError, pa.ArrowException):
         return None
     if span is not None and not (isinstance(span, list) and len(span) == 2 and all(isinstance(t, str) for t in span)):
         return None
-    if loose is not None and not (isinstance(loose, list) and all(v is None or isinstance(v, int) for v in loose)):
+    if keyed is not None and not (isinstance(keyed, list) and all(v is None or isinstance(v, int) for v in keyed)):
         return None
     if counts is not None:
         counts = _value_counts(counts, table.num_rows)
     return StoredPartials(
-        table.replace_schema_metadata(None), None if span is None else (span[0], span[1]), loose, counts
+        table.replace_schema_metadata(None), None if span is None else (span[0], span[1]), keyed, counts
     )
 
 
@@ -817,7 +731,7 @@ def _value_counts(counts: Any, rows: int) -> np.ndarray | None:
 
 
 def index_columns(index: ShardIndex, columns: Sequence[str]) -> pa.Table | None:
-    """Some columns of every row of ``index``'s sidecar (read alone, validated); None when it is unreadable."""
+    """Some columns of every row of ``index``'s shard index (read alone, validated); None when it is unreadable."""
     return step_sources(index, columns)[1] if columns else None
 
 
@@ -826,11 +740,9 @@ _cache_lock = threading.Lock()
 
 
 def load_shard_index(shard: str) -> ShardIndex | None:
-    """The index of the local, closed ``shard`` when it has one that agrees with it; else None.
-
-    Checked once per process for each (size, mtime) of the shard and of its sidecar.
-    """
-    side = sidecar_path(shard)
+    """The index of the local, closed ``shard`` when it has one that agrees with it; else None. Checked once per process
+    for each (size, mtime) of the shard and of its shard index."""
+    side = shard_index_path(shard)
     try:
         st = os.stat(shard)
     except OSError:
@@ -853,7 +765,7 @@ def load_shard_index(shard: str) -> ShardIndex | None:
 
 
 _NONE = type(None)
-#: What :func:`_check` reads of a sidecar's metadata (other keys, large ones among them, are not decoded).
+#: What :func:`_check` reads of a shard index's metadata (other keys, large ones among them, are not decoded).
 _CHECKED_KEYS = frozenset(
     {
         S.META_INDEX_VERSION,
@@ -870,11 +782,9 @@ _CHECKED_KEYS = frozenset(
 
 
 def _counts_and_steps(rows: list[Any], steps: list[Any]) -> bool:
-    """``rows`` are counts (ints >= 0) and ``steps`` lists of ints and Nones, as JSON gave them.
-
-    One pass over each, by type (a JSON ``true`` is a bool, not an int, so ``type`` and not
-    ``isinstance``): run on every index a process loads, so kept cheap.
-    """
+    """``rows`` are counts (ints >= 0) and ``steps`` lists of ints and Nones, as JSON gave them. One pass over each, by
+    type (a JSON ``true`` is a bool, not an int, so ``type`` and not ``isinstance``): run on every index a process
+    loads, so kept cheap."""
     if rows and ({type(r) for r in rows} != {int} or min(rows) < 0):
         return False
     if {type(s) for s in steps} - {list}:
@@ -930,11 +840,11 @@ __all__ = [
     "builder",
     "index_columns",
     "load_shard_index",
-    "sidecar_path",
+    "shard_index_path",
     "step_sources",
     "stored_step_partials",
     "trace_hashes",
     "warn_no_index",
     "write_index",
-    "write_sidecar",
+    "write_shard_index",
 ]

@@ -1,20 +1,9 @@
 """``rollout-trace check``: validate trace files, and repair the damaged ones.
 
-Each file is read exactly as the readers read it
-(:func:`tracer.storage.files.read_batches`, every column), so check and the
-readers agree on what is damaged. A file is *damaged* when it is empty, not
-Arrow, torn or corrupt (a batch cannot be read), refused for its declared
-size, or sound Arrow that the readers skip (not a trace file, a newer
-format, column types the readers cannot use, not a regular file); spans
-whose ``(trace_id, span_id)`` appear twice are damage too. Orphan spans (a
-parent that is not in the files) and files without an end-of-stream marker
-(a writer still running, or killed between batches) are reported but are
-not damage: both are what a killed worker leaves behind.
-
-``--repair`` applies :func:`tracer.storage.repair.repair_file`: the readable
-batches of a damaged file go to ``<name>.repaired.arrow`` and the original
-is renamed to ``<name>.damaged``, which readers skip: nothing is deleted.
-Files that are sound but not for this reader are left as they are.
+Files are read as the readers read them (:func:`tracer.storage.files.read_batches`), so both agree on what is
+damaged: empty, not Arrow, torn, corrupt, refused for its size, skipped by the readers, or holding a
+``(trace_id, span_id)`` twice. Orphan spans and files without an end-of-stream marker are reported, not damage
+(a killed worker leaves both). ``--repair`` applies :func:`tracer.storage.repair.repair_file`.
 """
 
 from __future__ import annotations
@@ -87,12 +76,8 @@ def check_path(path: TracePaths, repair: bool = False) -> CheckReport:
     for file in list_trace_files(path):
         reading = read_batches(file, list(S.SPAN_COLUMNS))
         for batch in reading:
-            tids = batch.column(S.TRACE_ID).to_pylist()
-            sids = batch.column(S.SPAN_ID).to_pylist()
-            pids = batch.column(S.PARENT_SPAN_ID).to_pylist()
-            for tid, sid, pid in zip(tids, sids, pids):
-                key = (tid, sid)
-                seen[key] = seen.get(key, 0) + 1
+            for tid, sid, pid in zip(*(batch.column(c).to_pylist() for c in (S.TRACE_ID, S.SPAN_ID, S.PARENT_SPAN_ID))):
+                seen[(tid, sid)] = seen.get((tid, sid), 0) + 1
                 traces.add(tid)
                 if pid is not None:
                     parents.append((tid, pid))
@@ -142,11 +127,4 @@ def format_report(report: CheckReport, root: str) -> str:
 
 def summary_dict(report: CheckReport) -> dict[str, Any]:
     """The report as JSON-able data."""
-    return {
-        "ok": report.ok,
-        "files": [dataclasses.asdict(f) for f in report.files],
-        "spans": report.spans,
-        "trajectories": report.trajectories,
-        "duplicate_spans": report.duplicate_spans,
-        "orphan_spans": report.orphan_spans,
-    }
+    return {"ok": report.ok, **dataclasses.asdict(report)}

@@ -1,27 +1,11 @@
-"""``rollout-trace compact``: merge small shard files into large, step-indexed ones.
+"""``rollout-trace compact``: merge the closed shard files of a run directory into step-indexed Arrow files.
 
-Workers write many small shard files (one per process, rotated by size).
-Compaction reads the *closed* ones of each run directory (those with their
-footer or end-of-stream marker; files still being written are left alone),
-after sealing the shards whose writer is gone however it ended
-(:mod:`tracer.storage.seal`: a Ray worker at shutdown, ``os._exit``,
-SIGKILL), sorts
-the rows by step, sample, rollout and trace so that a trajectory's spans and
-a step's trajectories sit together, and writes Arrow IPC *files* (with a
-footer) whose record batches each hold one step. ``_index.json`` records
-which batch holds which step, so reading one step opens only its batches.
+Shards whose writer is gone are sealed first (:mod:`tracer.storage.seal`). Rows are sorted by step, sample,
+rollout and trace; each record batch holds one step and ``_index.json`` says which. Only files read completely
+(:attr:`tracer.storage.files.FileRead.complete`) are merged; the rest stay untouched and are named in
+:attr:`CompactReport.set_aside`. The merged file keeps only the metadata its inputs agree on.
 
-Compaction merges only what it read completely: a regular file, closed
-(end-of-stream marker), in this tool's format or an older one, every batch
-read without damage or refusal (:attr:`tracer.storage.files.FileRead.complete`).
-Everything else stays where it is, untouched, and is named in the report
-(:attr:`CompactReport.set_aside`): files still open, torn or corrupt ones
-(``rollout-trace check --repair`` handles those), foreign Arrow files, newer
-formats, FIFOs and links. The merged file gets this tool's schema version
-and only the metadata its inputs agree on, so it reads like its inputs did.
-
-Every row is kept exactly once, and the originals stay until the merge is
-durable. The order of operations makes a crash at any point safe:
+Every row is kept exactly once; a crash at any point is safe by the order of operations:
 
 1. write the merged files as ``*.tmp`` and fsync them;
 2. write the index with the new entries and the names they replace (atomic rename);
@@ -29,37 +13,14 @@ durable. The order of operations makes a crash at any point safe:
 4. under the directory's exclusive lock (:mod:`tracer.storage.locks`), delete
    the originals, then drop the ``replaces`` lists from the index.
 
-Each merged file also gets its shard index
-(:mod:`tracer.index.shard`, ``_<name>.index``), built from the
-batches as they are written: on a local filesystem written right after step 3
-(it must name the renamed file); on an object store uploaded with step 1
-beside the ``.tmp`` (staged in a local temporary directory, where the index
-can be written as it is for a local file). An index is trusted only when it
-agrees with the file's size and footer, so a crash between the file and its
-index leaves a file read whole; an index that cannot be written never fails
-the compaction (one warning per process).
+Each merged file gets its shard index (:mod:`tracer.index.shard`): written after step 3 locally, uploaded with
+step 1 on an object store; one that cannot be written never fails the compaction. Readers hold the shared lock
+while they read a listing, so step 4 waits up to :data:`DELETE_WAIT_S` and otherwise leaves the originals to the
+next compaction. :func:`plan_dir`, :func:`merge_unit` (step 1) and :func:`commit_merge` / :func:`finish_dir`
+(steps 2-4) split the work so merges can run elsewhere (:mod:`tracer.storage.compact_ray`).
 
-A crash before 3 leaves entries whose file does not exist: ignored, the
-originals are read. A crash after 3 leaves originals that readers skip.
-Readers hold the shared lock from listing a directory to reading its last
-file, so step 4 never removes a file a reader has listed; if readers hold it
-for longer than :data:`DELETE_WAIT_S`, the originals stay (hidden by the
-index) and the next compaction deletes them.
-
-The work splits in three, so that merges can run elsewhere
-(:mod:`tracer.storage.compact_ray` runs each as a Ray task):
-:func:`plan_dir` (finish an interrupted compaction, seal, group the inputs
-into :class:`MergeUnit` s), :func:`merge_unit` (step 1: read and write the
-``.tmp``; touches no index and no input) and :func:`commit_merge` /
-:func:`finish_dir` (steps 2-4, by the one process that holds the directory).
-
-Run directories may be URIs (``s3://bucket/prefix``), through pyarrow's
-filesystems (:mod:`tracer.storage.uri`). Object stores have no rename and
-no locks: step 3 is a server-side copy (the object appears whole), the index
-is one PUT, and step 4 deletes originals only once they have been hidden for
-``delete_after_s`` (:data:`REMOTE_DELETE_AFTER_S`), the time a reader that
-listed the prefix just before the merge has to open them; run one
-compaction of a prefix at a time.
+On object stores (:mod:`tracer.storage.uri`) step 3 is a server-side copy, the index one PUT, and step 4 deletes
+originals hidden for ``delete_after_s`` (:data:`REMOTE_DELETE_AFTER_S`); run one compaction of a prefix at a time.
 """
 
 from __future__ import annotations
@@ -84,7 +45,7 @@ import pyarrow.compute as pc
 from tracer import schema as S
 from tracer.index import closed
 from tracer.index import shard as _shard
-from tracer.index.shard import ShardIndexBuilder, sidecar_path, warn_no_index, write_sidecar
+from tracer.index.shard import ShardIndexBuilder, shard_index_path, warn_no_index, write_shard_index
 from tracer.read import iter_batches
 from tracer.storage import uri as _uri
 from tracer.storage.decisions import file_decisions, metadata_value
@@ -105,8 +66,7 @@ DELETE_WAIT_S = 5.0
 META_COMPACTED_FROM = "rollout_trace.compacted_from"
 #: Index entry key: when (Unix seconds) the entry began to hide the originals it replaces.
 REPLACED_AT = "replaced_at"
-#: On object stores (no locks), how long replaced originals stay after a merge hides them: a reader
-#: that listed the prefix just before has this long to open them. Older ones go at the next compaction.
+#: On object stores (no locks), how long replaced originals stay after a merge hides them (for readers that listed).
 REMOTE_DELETE_AFTER_S = 600.0
 _SORT_KEYS = [
     (S.STEP, "ascending"),
@@ -135,17 +95,14 @@ class CompactReport:
     set_aside: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     #: Replaced originals not deleted yet (readers held the directory); the next compaction deletes them.
     deferred: int = 0
-    #: Merges that failed (a Ray task that died, an unreachable store), with the reason: their
-    #: inputs are left as they were and read as before; compacting again merges them.
+    #: Merges that failed (a dead Ray task, an unreachable store), with the reason; their inputs stay as they were.
     failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
 class MergeUnit:
-    """One merge: input files of one run directory and the name of the compacted file they become.
-
-    Plain strings only, so a unit travels to another process or machine (a Ray task).
-    """
+    """One merge: input files of one run directory and the name of the compacted file they become. Plain strings only,
+    so a unit travels to another process or machine (a Ray task)."""
 
     run_dir: str
     files: tuple[str, ...]
@@ -165,14 +122,13 @@ class MergeResult:
     bytes_in: int = 0
     skipped_open: list[str] = dataclasses.field(default_factory=list)
     set_aside: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    #: What the written file's shard index is built from; :func:`commit_merge` writes it once the
-    #: file has its name (local directories; on object stores the merge uploaded it already).
+    #: What the shard index is built from; :func:`commit_merge` writes it once the file has its name (local only).
     index: ShardIndexBuilder | None = None
 
 
 def _index_name(name: str) -> str:
     """The name of the shard index of the file ``name`` in the same directory."""
-    return os.path.basename(sidecar_path(name))
+    return os.path.basename(shard_index_path(name))
 
 
 class _LocalDir:
@@ -221,13 +177,7 @@ class _LocalDir:
 
 
 class _RemoteDir:
-    """A run directory under an object-store or remote URI (``s3://bucket/prefix/run``), through pyarrow.
-
-    Object stores have no rename and no locks: a rename is a server-side copy
-    (the copy appears whole), and replaced originals are deleted only once
-    they have been hidden for ``delete_after_s``, the time a reader that
-    listed the prefix before the merge has to open them.
-    """
+    """A run directory under an object-store or remote URI (``s3://bucket/prefix/run``), through pyarrow."""
 
     remote = True
 
@@ -298,12 +248,8 @@ def run_dir_of(path: str) -> _Dir:
 
 
 def run_dirs(path: str | os.PathLike[str]) -> list[str]:
-    """The run directories under ``path`` (those holding trace files), local paths or URIs, sorted.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: ``path`` is a file, not a directory.
-    """
+    """The run directories under ``path`` (those holding trace files), local paths or URIs, sorted. Raises
+    FileNotFoundError when ``path`` does not exist, ValueError when it is a file."""
     src = os.fspath(path)
     if _uri.is_remote(src):
         base = _uri.strip_query(src).rstrip("/")
@@ -326,10 +272,8 @@ def run_dirs(path: str | os.PathLike[str]) -> list[str]:
 
 @contextlib.contextmanager
 def compacting(run_dir: str) -> Iterator[None]:
-    """Hold the run directory's compaction lock: one compaction of a local directory at a time.
-
-    Object stores have no locks: run one compaction of a prefix at a time there.
-    """
+    """Hold the run directory's compaction lock: one compaction of a local directory at a time. Object stores have no
+    locks: run one compaction of a prefix at a time there."""
     if _uri.is_remote(run_dir):
         yield
         return
@@ -347,18 +291,10 @@ def compact(
     seal_after_s: float | None = None,
     delete_after_s: float | None = None,
 ) -> CompactReport:
-    """Compact every run directory under ``path``; see the module docstring.
-
-    Args:
-        path: A run directory or a tree of them, local or a URI (``s3://bucket/prefix``).
-        target_bytes: Aim for compacted files of about this size.
-        seal_after_s: Seal shards of other hosts unchanged this long (default
-            :func:`tracer.storage.seal.seal_after_s`).
-        delete_after_s: On object stores, delete replaced originals only once
-            they have been hidden this long (default :data:`REMOTE_DELETE_AFTER_S`);
-            earlier ones are left for the next compaction. Local directories use
-            readers' locks instead.
-    """
+    """Compact every run directory under ``path`` (local or a URI); see the module docstring. ``seal_after_s``: seal
+    shards of other hosts unchanged this long (default :func:`tracer.storage.seal.seal_after_s`). ``delete_after_s``: on
+    object stores, how long replaced originals stay hidden before they are deleted (default
+    :data:`REMOTE_DELETE_AFTER_S`)."""
     report = CompactReport()
     for run_dir in run_dirs(path):
         d = run_dir_of(run_dir)
@@ -383,12 +319,7 @@ _CREDENTIAL_TROUBLE = (
 
 
 def describe_store_error(uri: str, exc: BaseException) -> str:
-    """One line for an object store's error: the bucket, what went wrong and which setting to fix.
-
-    Args:
-        uri: The URI being compacted (``s3://bucket/prefix``).
-        exc: What pyarrow raised.
-    """
+    """One line for pyarrow's error ``exc`` compacting ``uri``: the bucket, what went wrong and which setting to fix."""
     scheme, _, rest = _uri.strip_query(uri).partition("://")
     bucket = rest.split("/", 1)[0]
     text = " ".join(str(exc).split())
@@ -416,12 +347,8 @@ def _delete_after(delete_after_s: float | None) -> float:
 def plan_dir(
     d: _Dir, target_bytes: int, report: CompactReport, seal_after_s: float | None, delete_after_s: float | None
 ) -> tuple[dict[str, Any], list[MergeUnit]]:
-    """Finish what an interrupted compaction left, seal abandoned shards, and group the rest into merges.
-
-    Call under :func:`compacting`. Returns the directory's index (to pass to
-    :func:`commit_merge`) and the merges to run, each up to ``target_bytes``
-    of input, so memory stays bounded.
-    """
+    """Finish an interrupted compaction, seal abandoned shards, group the rest into merges of ``target_bytes``. Call
+    under :func:`compacting`. Returns the directory's index (for :func:`commit_merge`) and the merges."""
     index = load_index(d.path)
     _finish_interrupted(d, index, report, _delete_after(delete_after_s))
     names = d.names()
@@ -488,13 +415,9 @@ def _merged_metadata(reads: list[tuple[pa.Schema, FileRead]]) -> dict[bytes, byt
 
 
 def merge_unit(unit: MergeUnit) -> MergeResult:
-    """Merge what of ``unit.files`` reads completely into ``<unit.name>.tmp`` (step 1 of the module docstring).
-
-    Touches neither the index nor the inputs, so it may run anywhere that
-    reaches the files (a Ray task); a process that dies here leaves at most
-    a ``.tmp`` file that readers never list and the next compaction removes.
-    :func:`commit_merge` then makes the result visible.
-    """
+    """Merge what of ``unit.files`` reads completely into ``<unit.name>.tmp`` (step 1 of the module docstring). Touches
+    neither the index nor the inputs, so it may run anywhere (a Ray task); a death here leaves at most a ``.tmp`` that
+    readers never list and the next compaction removes."""
     out = MergeResult(unit)
     batches: list[pa.RecordBatch] = []
     reads: list[tuple[pa.Schema, FileRead]] = []
@@ -525,24 +448,21 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
     table = table.sort_by(_SORT_KEYS)
     assert table.num_rows == out.rows
     d = run_dir_of(unit.run_dir)
-    # No memory bound: ``table`` is held whole here and the builder keeps views of its batches, so
-    # an output of any size gets its index (with the writer's bound, a 10M-span output got none).
-    sidecar = _shard.builder(bounded=False)
+    # No memory bound: ``table`` is held whole and the builder keeps views of it, so any output gets its index.
+    builder = _shard.builder(bounded=False)
     schema = S.SPAN_SCHEMA.with_metadata(meta)
     if d.remote:
-        out.entry = _write_remote_indexed(d, unit.name, table, schema, sidecar)
+        out.entry = _write_remote_indexed(d, unit.name, table, schema, builder)
     else:
-        out.entry = _write_compacted(d, unit.name + ".tmp", table, schema, sidecar)
-        out.index = _complete(sidecar, out.entry)
+        out.entry = _write_compacted(d, unit.name + ".tmp", table, schema, builder)
+        out.index = _complete(builder, out.entry)
     d.sync()
     return out
 
 
 def commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: CompactReport) -> None:
-    """Make a merge visible (steps 2-3 of the module docstring) and count it in ``report``.
-
-    Call under :func:`compacting`, in one process per directory (the one that holds ``index``).
-    """
+    """Make a merge visible (steps 2-3 of the module docstring) and count it in ``report``. Call under
+    :func:`compacting`, in one process per directory (the one that holds ``index``)."""
     report.skipped_open.extend(result.skipped_open)
     report.set_aside.extend(result.set_aside)
     if result.entry is None:
@@ -559,7 +479,7 @@ def commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: Co
     d.sync()
     if result.index is not None and not d.remote:  # after the rename: the index names the file
         try:
-            write_sidecar(d.full(name), result.index)
+            write_shard_index(d.full(name), result.index)
         except Exception as exc:  # the file is read whole instead
             warn_no_index(d.full(name), exc)
     report.files_in += len(result.inputs)
@@ -577,13 +497,9 @@ def finish_dir(d: _Dir, index: dict[str, Any], report: CompactReport, delete_aft
 
 
 def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, delete_after_s: float) -> None:
-    """Bring the directory to a consistent state after a compaction stopped at any step.
-
-    For each group of outputs in the index: if every output exists (or its
-    complete ``.tmp`` does, and is renamed now), delete the originals it
-    replaces; otherwise the compaction never reached step 3, so its
-    entries and partial outputs go and the originals stay the truth.
-    """
+    """Bring the directory to a consistent state after a compaction stopped at any step. A group of outputs that all
+    exist (or whose complete ``.tmp`` is renamed now) deletes the originals it replaces; otherwise step 3 was never
+    reached: its entries and partial outputs go, the originals stay."""
     changed = False
     groups: dict[tuple[str, ...], list[str]] = {}
     for name, entry in index["files"].items():
@@ -611,13 +527,11 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
             continue
         try:
             for _, old in doomed:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     d.remove(old)
-                except FileNotFoundError:
-                    pass
                 if not d.remote:  # the shard's index (tracer.index.shard) goes with it
                     with contextlib.suppress(OSError):
-                        os.remove(sidecar_path(d.full(old)))
+                        os.remove(shard_index_path(d.full(old)))
             for g in group:
                 entry = index["files"].get(g, {})
                 if entry.get("replaces"):
@@ -637,18 +551,16 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
 def _write_remote_indexed(
     d: _Dir, name: str, table: pa.Table, schema: pa.Schema, builder: ShardIndexBuilder
 ) -> dict[str, Any]:
-    """Write ``name.tmp`` to the object store and its shard index beside it, both staged in a local directory.
-
-    The index is written by the function writers use, for a local file with the final name; then
-    the file goes up as ``name.tmp`` and the index as ``_name.index`` (ignored until the rename).
-    """
+    """Write ``name.tmp`` to the object store and its shard index beside it, both staged in a local directory. The index
+    is written by the function writers use, for a local file with the final name; then the file goes up as ``name.tmp``
+    and the index as ``_name.index`` (ignored until the rename)."""
     with tempfile.TemporaryDirectory(prefix="rollout-trace-compact-") as stage:
         local = _LocalDir(stage)
         entry = _write_compacted(local, name, table, schema, builder)
         indexed = False
         if _complete(builder, entry) is not None:
             try:
-                write_sidecar(local.full(name), builder)
+                write_shard_index(local.full(name), builder)
                 indexed = True
             except Exception as exc:
                 warn_no_index(d.full(name), exc)
@@ -657,7 +569,7 @@ def _write_remote_indexed(
             raise OSError(f"{d.full(name + '.tmp')}: {d.size(name + '.tmp')} bytes stored, {entry['size']} written")
         if indexed:
             try:
-                _upload(d, sidecar_path(local.full(name)), _index_name(name))
+                _upload(d, shard_index_path(local.full(name)), _index_name(name))
             except Exception as exc:
                 warn_no_index(d.full(name), exc)
     return entry
@@ -676,10 +588,8 @@ def _upload(d: _Dir, local: str, name: str) -> None:
 def _write_compacted(
     d: _Dir, name: str, table: pa.Table, schema: pa.Schema, builder: ShardIndexBuilder | None = None
 ) -> dict[str, Any]:
-    """Write ``table`` (sorted by step) as an IPC file, one step per batch; return its index entry.
-
-    Each batch written is also added to ``builder`` (its shard index), unless that outgrows its memory.
-    """
+    """Write ``table`` (sorted by step) as an IPC file, one step per batch; return its index entry. Each batch written
+    is also added to ``builder`` (its shard index), unless that outgrows its memory."""
     batch_steps: list[int | None] = []
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))
     with d.output(name) as sink:
@@ -737,22 +647,10 @@ PARQUET_DONE = "_SUCCESS"
 
 
 def write_parquet(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> tuple[str, int]:
-    """Write the spans under ``path`` as a step-partitioned, zstd Parquet dataset; return (directory, rows).
-
-    The layout is Hive-style (``step=3/part-0.parquet``; spans without a step
-    under ``step=__HIVE_DEFAULT_PARTITION__``), which DuckDB's
-    ``read_parquet(..., hive_partitioning=true)``, Spark, Ray Data and
-    Hugging Face ``datasets`` load as they are. The rows are those
-    :func:`tracer.read_spans` returns (read in batches, never all at once);
-    the trace files stay. The dataset is written beside its final place and
-    renamed into it, so a reader never sees half of one. Object stores cannot
-    rename a prefix: there the dataset is written in place (the old one
-    deleted first) and an empty ``_SUCCESS`` object marks it complete.
-
-    Args:
-        path: A run directory or a tree of them, local or a URI.
-        out: The dataset's directory or URI (default ``path/parquet``); replaced if it exists.
-    """
+    """Write the spans under ``path`` as a Hive-style step-partitioned zstd Parquet dataset; return (directory, rows).
+    Spans without a step go under ``step=__HIVE_DEFAULT_PARTITION__``. The rows are those :func:`tracer.read_spans`
+    returns, read in batches. ``out`` (default ``path/parquet``) is replaced: written beside and renamed in; on object
+    stores written in place and marked complete by an empty ``_SUCCESS`` object."""
     import pyarrow.dataset as pds  # heavy (BENCHMARKS.md, `import tracer`): loaded by its one user, here
 
     src = os.fspath(path)

@@ -1,34 +1,11 @@
 """``rollout-trace compact --ray``: the same compaction, its merges run as Ray tasks on a cluster.
 
-The work splits as :mod:`tracer.storage.compact` already splits it, and
-every step is the function local compaction calls:
-
-* **the driver** (this process) lists the run directories, finishes what an
-  interrupted compaction left, seals shards whose writer is gone and groups
-  the rest into merges of about ``target_bytes`` each
-  (:func:`~tracer.storage.compact.plan_dir`); it alone writes each
-  directory's ``_index.json`` and renames and deletes files
-  (:func:`~tracer.storage.compact.commit_merge`,
-  :func:`~tracer.storage.compact.finish_dir`), one directory's merges one
-  after the other, as their tasks finish;
-* **each Ray task** runs one merge (:func:`~tracer.storage.compact.merge_unit`):
-  it reads its input files and writes one compacted ``<name>.tmp`` beside
-  them, through pyarrow's filesystems, so ``s3://`` (or any URI
-  :mod:`tracer.storage.uri` resolves) works as well as a shared filesystem.
-  It also builds the merged file's shard index from the batches it writes:
-  on an object store it uploads the index beside the ``.tmp``; on a shared
-  filesystem it returns what the index is built from and the driver writes
-  the index once the file has its name (the index must name it).
-
-So the guarantees are those of local compaction. A task that dies (its
-worker killed, its node lost, an error) changes neither the index nor an
-input: readers go on reading the originals, its ``.tmp`` is never listed
-and is removed, and compacting again merges those inputs. Ray retries a task
-whose worker died (``retries``) before the merge counts as failed.
-
-The workers must reach the same files as the driver: the same bucket (give
-them the same ``AWS_*`` settings, e.g. through the cluster's environment or
-an IAM role), or the same shared filesystem for a local path.
+The driver plans (:func:`~tracer.storage.compact.plan_dir`) and alone writes ``_index.json``, renames and
+deletes (:func:`~tracer.storage.compact.commit_merge`, :func:`~tracer.storage.compact.finish_dir`); each task
+runs one :func:`~tracer.storage.compact.merge_unit` through pyarrow's filesystems. The guarantees are those of
+local compaction: a task that dies changes neither index nor input, and Ray retries it (``retries``) before the
+merge counts as failed. Workers must reach the same files as the driver (the same bucket and ``AWS_*``
+settings, or the same shared filesystem).
 """
 
 from __future__ import annotations
@@ -40,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tracer.extras import install_command
-from tracer.index.shard import sidecar_path
+from tracer.index.shard import shard_index_path
 from tracer.storage.compact import (
     DEFAULT_TARGET_BYTES,
     CompactReport,
@@ -85,12 +62,8 @@ def import_ray() -> Any:
 def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """Fail fast when ``address`` (``host:port`` or ``ray://host:port``) does not accept a connection.
 
-    Ray itself keeps retrying an unreachable address for minutes; this says at once what is wrong.
-    ``None``, ``""``, ``"auto"`` and ``"local"`` are left to Ray (start or join a cluster on this machine).
-
-    Raises:
-        ValueError: ``address`` is not ``host:port``.
-        ClusterUnreachableError: nothing answers there.
+    Ray itself retries for minutes. ``None``, ``""``, ``"auto"`` and ``"local"`` are left to Ray. Raises
+    ValueError when ``address`` is not ``host:port``, ClusterUnreachableError when nothing answers there.
     """
     if not address or address in ("auto", "local"):
         return
@@ -110,11 +83,8 @@ def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -
 
 
 def connect(address: str | None) -> bool:
-    """Connect this process to the Ray cluster at ``address`` (default: join or start one on this machine).
-
-    Returns:
-        True when this call started the connection (the caller shuts it down), False when Ray was already up.
-    """
+    """Connect to the Ray cluster at ``address`` (default: join or start one here); True when this call
+    connected (the caller shuts it down), False when Ray was already up."""
     ray = import_ray()
     if ray.is_initialized():
         return False
@@ -134,21 +104,11 @@ def compact_ray(
 ) -> CompactReport:
     """Compact every run directory under ``path`` with one Ray task per merge; see the module docstring.
 
-    Args:
-        path: A run directory or a tree of them: a URI (``s3://bucket/prefix``)
-            or a path every node of the cluster sees.
-        address: The cluster (``host:port``, ``ray://host:port``); default
-            ``$RAY_ADDRESS``, else join or start one on this machine. When Ray
-            is already initialised in this process, that cluster is used.
-        target_bytes: Input of each merge (one task), about.
-        seal_after_s: As for :func:`tracer.storage.compact.compact`.
-        delete_after_s: As for :func:`tracer.storage.compact.compact`.
-        retries: Reruns of a task whose worker died before its merge counts as failed.
-        merge: What each task runs (default :func:`~tracer.storage.compact.merge_unit`);
-            a wrapper must call it and return its result.
-
-    Returns:
-        The report; merges whose task failed are in :attr:`CompactReport.failed`.
+    ``path`` is a URI or a path every node sees. ``address`` (``host:port``, ``ray://host:port``) defaults to
+    ``$RAY_ADDRESS``, else a cluster on this machine (one already initialised here is used). ``retries``: reruns
+    of a task whose worker died. ``merge``: what each task runs (default
+    :func:`~tracer.storage.compact.merge_unit`; a wrapper returns its result). Failed merges are in
+    :attr:`CompactReport.failed`.
     """
     dirs = run_dirs(path)  # a bad path fails before a cluster is started
     ray = import_ray()
@@ -220,7 +180,7 @@ def _describe(run_dir: str, exc: BaseException) -> str:
 
 def _drop_partial(d: Any, unit: MergeUnit) -> None:
     """Remove what a failed task may have left, its index too (readers never list it; the next compaction would)."""
-    for name in (unit.name + ".tmp", os.path.basename(sidecar_path(unit.name))):
+    for name in (unit.name + ".tmp", os.path.basename(shard_index_path(unit.name))):
         try:
             if d.exists(name):
                 d.remove(name)

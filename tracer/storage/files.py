@@ -1,25 +1,11 @@
 """The one reader of trace files, whole or damaged: :func:`read_batches`.
 
-Every path that reads spans goes through here: the public readers
-(``tracer.read``), ``check``, ``repair``, ``compact`` and the uploader.
-Before pyarrow decodes anything, the file's messages are walked by hand
-(framing, flatbuffer headers, the 8-byte length in front of each compressed
-buffer), so that:
-
-* a torn file is read up to its last complete batch, and the result says
-  where and why it stopped (:attr:`FileRead.damage`);
-* a file whose span columns have types the readers cannot use is refused as
-  a whole (:attr:`FileRead.skipped`), the same way by every reader and by
-  ``check``;
-* memory stays bounded whatever the file claims: a batch is decompressed
-  only if the bytes it declares (decompressed buffers of the columns asked
-  for, plus a per-row cost) fit the file's budget, ``max(MIN_BUDGET_BYTES,
-  expansion x size on disk)``, counted over the whole file. The first batch
-  over budget and every batch after it are refused (:attr:`FileRead.refused`
-  names them and the sizes).
-
-Only regular files are opened: a FIFO, device or directory named ``x.arrow``
-is skipped before ``open`` (which would block on a FIFO).
+Every path that reads spans goes through here. The file's messages are walked by hand before pyarrow decodes
+anything, so that a torn file reads up to its last complete batch (:attr:`FileRead.damage` says where and why);
+a file whose span column types the readers cannot use is refused whole (:attr:`FileRead.skipped`); and memory
+stays bounded: a batch is decompressed only while the bytes it declares fit the file's budget,
+``max(MIN_BUDGET_BYTES, expansion x size on disk)``; it and every later batch are refused otherwise
+(:attr:`FileRead.refused`). Only regular files are opened (a FIFO would block).
 """
 
 from __future__ import annotations
@@ -42,8 +28,7 @@ ARROW_FILE_MAGIC = b"ARROW1"
 EOS_MARKER = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 #: Environment variable: decompressed bytes allowed per byte on disk (default :data:`MAX_EXPANSION`).
 ENV_MAX_EXPANSION = "ROLLOUT_TRACE_MAX_EXPANSION"
-#: Default budget factor: a file may decompress to this many times its size on disk.
-#: Real trace files expand 3-10x (zstd over JSON and token ids).
+#: Default budget factor: a file may decompress to this many times its size on disk (real ones expand 3-10x).
 MAX_EXPANSION = 256
 #: Every file may decompress to at least this many bytes, however small it is.
 MIN_BUDGET_BYTES = 64 * 1024 * 1024
@@ -71,18 +56,13 @@ class FileRead:
     """What reading one trace file found.
 
     Attributes:
-        path: The file (local path or URI).
         size: Its size on disk when reading began.
-        file_format: True for an IPC *file* (compacted, with footer), False for a stream.
-        schema_version: The ``rollout_trace.schema_version`` in its metadata.
-        batches: Record batches returned to the caller.
-        rows: Rows (spans) returned to the caller.
+        file_format: True for an IPC *file* (with footer), False for a stream.
+        batches: Record batches returned to the caller (``rows`` their spans).
         batches_in_file: Complete record batches the file holds (whether read or not).
         closed: The file ended cleanly (end-of-stream marker, or a sound footer).
         skipped: Why nothing was read: the file as a whole is not a usable trace file.
-        repairable: ``skipped`` or ``damage`` is something repair can set aside (a torn,
-            empty or non-Arrow file); False for files that are sound but not for this
-            reader (a newer format, foreign columns, not a regular file).
+        repairable: ``skipped`` or ``damage`` is something repair can set aside (torn, empty, not Arrow).
         damage: Why reading stopped before the end (a torn or corrupt batch).
         refused: What was refused for its declared size (see the module docstring).
         end: Where the last complete message ends (the ``resume`` offset of a later read).
@@ -183,21 +163,14 @@ class _Flat:
     def count(self, table: int, slot: int, width: int) -> int:
         """Entries of a vector of ``width``-byte structs (0 when absent), checked to fit in the buffer."""
         pos = self.ref(table, slot)
-        if pos is None:
-            return 0
-        n = int(self._get("<I", pos))
-        if pos + 4 + n * width > len(self.data):
+        n = 0 if pos is None else int(self._get("<I", pos))
+        if pos is not None and pos + 4 + n * width > len(self.data):
             raise _CorruptError(f"vector of {n} entries runs past its header")
         return n
 
     def structs(self, table: int, slot: int, fmt: str) -> list[tuple[int, ...]]:
-        pos = self.ref(table, slot)
-        if pos is None:
-            return []
-        n = int(self._get("<I", pos))
         width = struct.calcsize(fmt)
-        if pos + 4 + n * width > len(self.data):
-            raise _CorruptError(f"vector of {n} entries runs past its header")
+        n, pos = self.count(table, slot, width), self.ref(table, slot) or 0
         return [struct.unpack_from(fmt, self.data, pos + 4 + i * width) for i in range(n)]
 
 
@@ -287,18 +260,10 @@ def _walk(src: _Source, start: int, size: int) -> tuple[list[_Message], str, boo
 
 @dataclasses.dataclass
 class Layout:
-    """Where the messages of a trace file are, for sealing it (see :mod:`tracer.storage.seal`).
-
-    Attributes:
-        file_format: An IPC *file* (magic first) rather than a stream.
-        size: Bytes in the file when it was walked.
-        schema_message: The bytes of its schema message (prefix included), empty when it has none.
-        batches: ``(offset, metadata length, body length)`` of each record batch, as a footer lists them.
-        dictionaries: The same for dictionary batches.
-        end: Where the last complete message ends.
-        stop: Why the walk stopped before the end of the file (a torn or corrupt message); empty otherwise.
-        at_eos: The walk ended at an end-of-stream marker (something may follow it: a footer).
-    """
+    """Where the messages of a trace file are, for sealing it (see :mod:`tracer.storage.seal`). ``schema_message``
+    includes its prefix (empty: none); ``batches`` and ``dictionaries`` are ``(offset, metadata length, body length)``
+    as a footer lists them; ``stop`` says why the walk ended before the end (empty otherwise); ``at_eos``: it ended at
+    an end-of-stream marker (a footer may follow)."""
 
     file_format: bool
     size: int
@@ -311,11 +276,7 @@ class Layout:
 
 
 def read_layout(path: str) -> Layout:
-    """Walk the message headers of a local trace file without decoding any batch.
-
-    Raises:
-        OSError: it cannot be opened.
-    """
+    """Walk the message headers of a local trace file without decoding any batch (OSError: it cannot be opened)."""
     size = _uri.file_size(path)
     src = _Source(path)
     try:
@@ -336,11 +297,9 @@ def read_layout(path: str) -> Layout:
 
 
 def ends_closed(path: str) -> bool:
-    """True when ``path`` ends like a closed trace file: a stream's end-of-stream marker or a file's magic.
-
-    Reads only the last bytes; a sound footer is checked by :func:`read_batches`. Anything but a
-    regular file (a FIFO would block the open) is not closed.
-    """
+    """True when ``path`` ends like a closed trace file: a stream's end-of-stream marker or a file's magic. Reads only
+    the last bytes; a sound footer is checked by :func:`read_batches`. Anything but a regular file (a FIFO would block
+    the open) is not closed."""
     try:
         if _uri.is_remote(path):
             with _uri.open_input(path) as f:
@@ -368,17 +327,24 @@ def _footer_batches(src: _Source, size: int) -> list[int] | None:
     return None if blocks is None else [b[0] for b in blocks]
 
 
-def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None:
-    """``(offset, metadata length, body length)`` of each record batch an IPC file's footer lists; None without a sound footer."""
-    if size < 8 + 10:
-        return None
-    tail = src.read_at(size - 10, 10)
-    if tail[4:] != ARROW_FILE_MAGIC:
+def _footer(read_at: Callable[[int, int], bytes], size: int) -> tuple[bytes, bytes] | None:
+    """An IPC file's footer and the 10 bytes after it (its length, the magic), read by ``read_at(offset, n)``."""
+    tail = read_at(size - 10, 10) if size >= 8 + 10 else b""
+    if len(tail) != 10 or tail[4:] != ARROW_FILE_MAGIC:
         return None
     (footer_len,) = struct.unpack_from("<i", tail, 0)
     if footer_len <= 0 or footer_len > size - 18:
         return None
-    fb = _Flat(src.read_at(size - 10 - footer_len, footer_len))
+    footer = read_at(size - 10 - footer_len, footer_len)
+    return (footer, tail) if len(footer) == footer_len else None
+
+
+def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None:
+    """``(offset, metadata length, body length)`` of each record batch an IPC file's footer lists; None without a sound footer."""
+    got = _footer(src.read_at, size)
+    if got is None:
+        return None
+    fb = _Flat(got[0])
     try:
         return [(int(b[0]), int(b[1]), int(b[2])) for b in fb.structs(fb.root(), 3, "<qi4xq")]
     except _CorruptError:
@@ -386,11 +352,9 @@ def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None
 
 
 def _open_regular(path: str, min_size: int) -> tuple[int, int] | None:
-    """``(descriptor, size)`` of the local ``path`` opened read-only, or None (nothing left open).
-
-    None unless it is a regular file of at least ``min_size`` bytes: checked before the open (a
-    device or FIFO is never opened) and again on the descriptor (the path may change in between).
-    """
+    """``(descriptor, size)`` of the local ``path`` opened read-only, or None (nothing left open). None unless it is a
+    regular file of at least ``min_size`` bytes: checked before the open (a device or FIFO is never opened) and again on
+    the descriptor (the path may change in between)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
@@ -408,13 +372,9 @@ def _open_regular(path: str, min_size: int) -> tuple[int, int] | None:
 
 
 def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict[str, str] | None:
-    """The schema metadata of a local Arrow IPC *file* that ends closed, from its first message alone.
-
-    For small files this library writes and checks itself (shard indexes): the file starts and
-    ends with the IPC file magic, and only its schema message is read and decoded (not the
-    footer, which repeats the schema); only ``keys`` are decoded when given. None when it is not
-    such a file or its schema message does not parse; whether the rest is sound is not checked.
-    """
+    """The schema metadata (only ``keys`` when given) of a local Arrow IPC *file* that ends closed, from its
+    schema message alone; for the small files this library writes and checks itself (shard indexes). None when
+    it is not such a file or the message does not parse; the rest is not checked."""
     opened = _open_regular(path, 16 + 10)
     if opened is None:
         return None
@@ -441,28 +401,19 @@ def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict
 
 
 def footer_bytes(path: str) -> tuple[bytes, int] | None:
-    """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists.
-
-    None when the file has no sound footer (open, torn, a stream), is not a regular file or cannot
-    be read. Two positional reads on a plain descriptor: every shard index a reader loads is checked
-    against its shard's footer this way, so it costs what reading the bytes costs.
-    """
+    """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists. None
+    when there is no sound footer or the file is not regular or unreadable. Two positional reads: every shard index a
+    reader loads is checked against its shard's footer this way."""
     opened = _open_regular(path, 8 + 10)
     if opened is None:
         return None
     fd, size = opened
     try:
-        tail = os.pread(fd, 10, size - 10)
-        if len(tail) != 10 or tail[4:] != ARROW_FILE_MAGIC:
+        got = _footer(lambda at, n: os.pread(fd, n, at), size)
+        if got is None:
             return None
-        (footer_len,) = struct.unpack_from("<i", tail, 0)
-        if footer_len <= 0 or footer_len > size - 18:
-            return None
-        footer = os.pread(fd, footer_len, size - 10 - footer_len)
-        if len(footer) != footer_len:
-            return None
-        fb = _Flat(footer)
-        return footer + tail, fb.count(fb.root(), 3, _BLOCK_WIDTH)
+        fb = _Flat(got[0])
+        return got[0] + got[1], fb.count(fb.root(), 3, _BLOCK_WIDTH)
     except (OSError, _CorruptError):
         return None
     finally:
@@ -590,10 +541,7 @@ def conform(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
 
 
 class TraceFileBatches:
-    """The batches of one trace file; iterate once, then read :attr:`result`.
-
-    Built by :func:`read_batches`; see there.
-    """
+    """The batches of one trace file (from :func:`read_batches`); iterate once, then read :attr:`result`."""
 
     def __init__(
         self,
@@ -613,8 +561,7 @@ class TraceFileBatches:
         self.result = FileRead(path)
         #: The file's own schema (with its metadata) once known.
         self.schema: pa.Schema | None = None
-        # Found by :meth:`_walk_chosen` (the first message's schema, the footer's batch offsets), so
-        # :meth:`_read` does not read and parse them a second time.
+        # Found by :meth:`_walk_chosen`, so :meth:`_read` does not read and parse them a second time.
         self._first_schema: pa.Schema | None = None
         self._footer_offsets: list[int] | None = None
 
@@ -656,11 +603,9 @@ class TraceFileBatches:
             return None
 
     def _walk(self, src: _Source, start: int, size: int) -> tuple[list[_Message], str, bool, int]:
-        """:func:`_walk` from the start, or the schema message and then from :attr:`resume`; also how many batches that skipped.
-
-        A resume point is used only when it lies after the schema message and within the file, and the
-        schema has no dictionary-encoded field (dictionaries before the point would be missed).
-        """
+        """:func:`_walk` from the start, or the schema message and then from :attr:`resume`; also how many batches that
+        skipped. A resume point is used only when it lies after the schema message and within the file, and the schema
+        has no dictionary-encoded field (dictionaries before the point would be missed)."""
         if self.trust_footer and self.batch_numbers is not None and self.expect_size == size and start == 8:
             found = self._walk_chosen(src, start, size)
             if found is not None:
@@ -680,11 +625,9 @@ class TraceFileBatches:
         return messages, stop, at_eos, 0
 
     def _walk_chosen(self, src: _Source, start: int, size: int) -> list[_Message] | None:
-        """The schema and the chosen batches' headers only, the others where the footer puts them; None to walk.
-
-        For a file whose footer an index vouches for (:mod:`tracer.index.shard`): the footer
-        is the one its writer wrote, so batches are where it says, and only those read are parsed.
-        """
+        """The schema and the chosen batches' headers only, the others where the footer puts them; None to walk. For a
+        file whose footer an index vouches for (:mod:`tracer.index.shard`): the footer is the one its writer wrote, so
+        batches are where it says, and only those read are parsed."""
         try:
             first = _read_message(src, start, size)
             blocks = _footer_blocks(src, size)
@@ -764,9 +707,8 @@ class TraceFileBatches:
             elif ended_at_eos or stop:
                 # Something follows the last batch but it is not a footer that lists the batches: damage.
                 stop = stop or "footer missing or unreadable; batches read in order"
-            # else: the file ends right after a complete batch: still being written (or its writer
-            # is gone and nobody sealed it yet, see tracer.storage.seal), like a stream without
-            # its end-of-stream marker. Not damage.
+            # else: the file ends right after a complete batch: still being written, or its writer is gone
+            # and nobody sealed it yet (tracer.storage.seal). Not damage.
         return messages, batches, skipped, stop, start, schema
 
     def _batches(
@@ -876,25 +818,18 @@ def read_batches(
 
     Args:
         path: A local path or a URI.
-        columns: Span columns to return, conformed to :data:`tracer.schema.SPAN_SCHEMA`
-            (columns the file lacks come back as nulls). None: every span column the file
-            has, as written, with each batch's custom metadata (for repair); columns that
-            are not span columns are left out.
-        batch_numbers: Read only these record batches (for an indexed, compacted file).
-        expect_size: Use ``batch_numbers`` only if the file has this size (the one
-            the index recorded); otherwise read every batch.
-        resume: ``(offset, batches)`` from an earlier read of this append-only file
-            (:attr:`FileRead.end`, :attr:`FileRead.batches_in_file`): walk the message
-            headers from there instead of from the start, and return only the batches
-            after those (numbering unchanged). Ignored when it does not fit the file.
-        trust_footer: With ``batch_numbers`` and ``expect_size`` (that fits), parse only the
-            headers of those batches, locating them by the footer, instead of walking every
-            message: for files whose footer an index vouches for (its shard index).
+        columns: Span columns to return, conformed to :data:`tracer.schema.SPAN_SCHEMA` (missing ones as
+            nulls). None: every span column the file has, as written, with each batch's custom metadata.
+        batch_numbers: Read only these record batches, if the file has ``expect_size`` (else every batch).
+        resume: ``(offset, batches)`` from an earlier read of this append-only file (:attr:`FileRead.end`,
+            :attr:`FileRead.batches_in_file`): walk from there and return only later batches (numbering
+            unchanged). Ignored when it does not fit the file.
+        trust_footer: With ``batch_numbers`` and a fitting ``expect_size``, locate those batches by the footer
+            instead of walking every message (files whose shard index vouches for the footer).
 
     Returns:
-        An iterable of batches; after iterating, its ``result`` (a :class:`FileRead`)
-        says what was kept, what was damaged, skipped or refused. Nothing raises for
-        a damaged file.
+        An iterable of batches whose ``result`` (a :class:`FileRead`), after iterating, says what was kept,
+        damaged, skipped or refused. Nothing raises for a damaged file.
     """
     cols = None if columns is None else list(columns)
     if cols is not None:
@@ -905,11 +840,7 @@ def read_batches(
 
 
 def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
-    """The schema (with metadata) of a trace file, stream or IPC file.
-
-    Raises:
-        OSError: the file is missing, empty or not an Arrow file.
-    """
+    """The schema (with metadata) of a trace file, stream or IPC file (OSError: missing, empty or not Arrow)."""
     file = os.fspath(path)
     reading = read_batches(file, [])
     src = reading._open()

@@ -1,24 +1,14 @@
 """Multi-turn history stored once: an llm span's ``prompt_ids`` as a reference to the turn before.
 
-An agent's turn k usually sends turn k-1's prompt and response back, plus
-what came since (a tool result, the next user message). Recording every
-turn's whole ``prompt_ids`` repeats the history k times. The writer
-(:class:`HistoryTracker`) instead stores, in the span's ``inputs`` JSON::
+The writer (:class:`HistoryTracker`) stores, in the span's ``inputs`` JSON::
 
     "prompt_ids": {"rollout_trace.extends": "<span id of the earlier llm span>",
                    "prefix": k, "response": "response_ids", "ids": [...new ids...]}
 
-meaning: the first ``k`` ids of (that span's full ``prompt_ids`` followed by
-its ``outputs[response]``), then ``ids``. Readers (:func:`expand_history`,
-called by :func:`tracer.read_spans`, so every reader above it: the
-trajectory model, ``read_trajectories``, the dataset export) put the whole
-list back. Reconstruction lives here and nowhere else.
-
-When the earlier span is not in what was read (a torn file lost it, or only
-one file of a run whose writer rotated was read), the value stays the
-reference, with ``"rollout_trace.missing"`` saying why: never a wrong list.
-Raw readers (``tracer.iter_batches``, ``tracer.dataset``, DuckDB, Polars)
-see the reference as written; ``docs/format.md`` shows how to rebuild it.
+meaning the first ``k`` ids of (that span's full ``prompt_ids`` then its ``outputs[response]``), then ``ids``.
+:func:`expand_history` (called by :func:`tracer.read_spans`) is the one place that rebuilds the list. When the
+earlier span was not read, the reference stays, with ``"rollout_trace.missing"`` saying why: never a wrong
+list. Raw readers see the reference as written (``docs/format.md`` shows how to rebuild it).
 """
 
 from __future__ import annotations
@@ -39,9 +29,8 @@ PROMPT_FIELD = "prompt_ids"
 RESPONSE_FIELDS = ("response_ids", "token_ids", "output_ids")
 #: Shortest shared prefix worth a reference (shorter prompts are stored whole).
 MIN_PREFIX = 32
-#: Most token ids the writer keeps to compare the next turn against (the
-#: lists themselves, ~36 bytes an id): past this the oldest trajectories are
-#: forgotten and their next turn is stored whole.
+#: Most token ids the writer keeps to compare the next turn against (~36 bytes an id): past this the oldest
+#: trajectories are forgotten and their next turn is stored whole.
 MAX_HELD_IDS = 2_000_000
 
 #: Columns :func:`expand_history` needs besides ``inputs``.
@@ -51,11 +40,7 @@ _MARKER = f'"{S.HISTORY_EXTENDS}"'
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
-    """Length of the longest common prefix of ``a`` and ``b[start:]`` (slices compare in C).
-
-    ``a`` and ``b`` are lists or tuples (captured id lists are tuples); a
-    list never equals a tuple, so ``b`` is made the kind of ``a`` first.
-    """
+    """Length of the longest common prefix of the lists or tuples ``a`` and ``b[start:]`` (slices compare in C)."""
     n = min(len(a), len(b) - start)
     if n <= 0:
         return 0
@@ -83,13 +68,8 @@ def _response(outputs: Any) -> tuple[str | None, Sequence[int]]:
 
 
 class HistoryTracker:
-    """The writer's side: remembers each live trajectory's last llm context and rewrites the next prompt.
-
-    Used on the writer thread only, on a batch's prepared (JSON-ready)
-    values, in the order the spans are written. It holds references to the
-    prepared id lists or tuples (private copies made at call time), never
-    copies them.
-    """
+    """The writer's side: remembers each live trajectory's last llm context and rewrites the next prompt. Writer thread
+    only, on prepared values in written order; it holds references to the id lists, never copies."""
 
     def __init__(self, max_held_ids: int = MAX_HELD_IDS) -> None:
         self.max_held_ids = max_held_ids
@@ -111,11 +91,8 @@ class HistoryTracker:
             self._held -= len(old[2]) + len(old[3])
 
     def encode(self, key: Any, span_id: str, inputs: Any, outputs: Any) -> None:
-        """Replace ``inputs["prompt_ids"]`` by a reference when it extends this trajectory's last llm context.
-
-        Then remember this span's own context (its whole prompt and its
-        response) for the trajectory's next turn.
-        """
+        """Replace ``inputs["prompt_ids"]`` by a reference when it extends this trajectory's last llm context,
+        then remember this span's prompt and response for the next turn."""
         if not isinstance(inputs, dict):
             return
         prompt = inputs.get(PROMPT_FIELD)
@@ -147,10 +124,8 @@ class HistoryTracker:
 
 
 def _loads(text: Any) -> Any:
-    if text is None:
-        return None
     try:
-        return orjson.loads(text)
+        return None if text is None else orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
 
@@ -166,19 +141,13 @@ def _dumps(value: Any) -> str:
 
 def has_references(inputs: pa.ChunkedArray | pa.Array) -> bool:
     """Whether any value of an ``inputs`` column holds a history reference (one substring scan)."""
-    found = pc.any(pc.fill_null(pc.match_substring(inputs, _MARKER), False)).as_py()
-    return bool(found)
+    return bool(pc.any(pc.fill_null(pc.match_substring(inputs, _MARKER), False)).as_py())
 
 
 def expand_history(table: pa.Table) -> pa.Table:
-    """``table`` with every referenced ``prompt_ids`` rebuilt into the full list.
-
-    Needs the ``inputs``, ``trace_id``, ``span_id`` and ``outputs`` columns
-    (a table without ``inputs`` is returned as it is). Bases are looked up
-    among the table's own rows, by trace id and span id, whatever their
-    order; a reference whose base is absent, damaged or circular stays a
-    reference, with ``rollout_trace.missing`` naming why.
-    """
+    """``table`` (with ``inputs``, ``trace_id``, ``span_id``, ``outputs``) with every referenced ``prompt_ids``
+    rebuilt from its own rows; a reference whose base is absent, damaged or circular stays, with
+    ``rollout_trace.missing`` naming why. A table without ``inputs`` is returned as it is."""
     if S.INPUTS not in table.column_names or table.num_rows == 0:
         return table
     inputs = table.column(S.INPUTS)
@@ -263,10 +232,8 @@ def expand_history(table: pa.Table) -> pa.Table:
 
 
 def _replaced(inputs: pa.ChunkedArray, marked: pa.ChunkedArray, values: list[str]) -> pa.ChunkedArray:
-    """``inputs`` with its ``marked`` rows replaced by ``values``, in order.
-
-    Chunk by chunk: one combined string array could pass Arrow's 2 GiB limit.
-    """
+    """``inputs`` with its ``marked`` rows replaced by ``values``, in order. Chunk by chunk: one combined string array
+    could pass Arrow's 2 GiB limit."""
     chunks, start, used = [], 0, 0
     for chunk in inputs.chunks:
         mask = marked.slice(start, len(chunk)).combine_chunks()

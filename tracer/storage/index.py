@@ -1,12 +1,7 @@
-"""The run-directory index written by compaction: which batches hold which step.
+"""The run-directory index written by compaction, ``_index.json``: which batches hold which step.
 
-``{run_dir}/_index.json`` maps compacted file names to their size, rows and,
-per record batch, the step it holds, so a reader asking for one step opens
-only the batches of that step (compacted files use the Arrow IPC *file*
-format, whose footer allows reading one batch without the others). An entry
-may list the files it ``replaces``: readers skip those while the entry's file
-exists, which makes a compaction interrupted at any moment safe (every row
-is read exactly once).
+It maps compacted file names to their size, rows and each batch's step, so reading one step opens only its
+batches. An entry may list the files it ``replaces``: readers skip those while the entry's file exists.
 """
 
 from __future__ import annotations
@@ -47,12 +42,10 @@ def valid_index(data: Any) -> bool:
     """Whether ``data`` (decoded JSON) is shaped as :func:`save_index` writes an index."""
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
         return False
-    for entry in data["files"].values():
-        if not isinstance(entry, dict):
-            return False
-        if not all(check(entry[k]) for k, check in _ENTRY_FIELDS.items() if k in entry):
-            return False
-    return True
+    return all(
+        isinstance(entry, dict) and all(check(entry[k]) for k, check in _ENTRY_FIELDS.items() if k in entry)
+        for entry in data["files"].values()
+    )
 
 
 def save_index(run_dir: str, index: dict[str, Any]) -> None:
@@ -63,11 +56,9 @@ def save_index(run_dir: str, index: dict[str, Any]) -> None:
 
 
 def listing(run_dir: str) -> tuple[list[str], dict[str, Any]]:
-    """The trace files of the local directory ``run_dir`` readers read (names, sorted) and its index.
-
-    Listed first, then the index loaded: a compacted file in the listing has its entry, and the
-    files it replaced are left out. Raises OSError when the directory cannot be listed.
-    """
+    """The trace files of the local directory ``run_dir`` readers read (names, sorted) and its index. Listed first, then
+    the index loaded: a compacted file in the listing has its entry, and the files it replaced are left out. Raises
+    OSError when the directory cannot be listed."""
     listed = sorted(e.name for e in os.scandir(run_dir) if e.name.endswith(FILE_SUFFIX) and not e.is_dir())
     index = load_index(run_dir)
     hidden = replaced_files(run_dir, index, set(listed))
@@ -75,16 +66,9 @@ def listing(run_dir: str) -> tuple[list[str], dict[str, Any]]:
 
 
 def replaced_files(run_dir: str, index: dict[str, Any], listed: set[str] | None = None) -> set[str]:
-    """Names readers must skip: replaced by compacted files that exist.
-
-    Args:
-        run_dir: The directory (path or URI).
-        index: Its index, loaded *after* ``listed`` was taken.
-        listed: The names a directory listing returned. When given, a
-            compacted file counts as existing only if the listing has it, so
-            the listing and the index agree: every row is read exactly once
-            even while a compaction renames its output meanwhile.
-    """
+    """Names readers must skip: replaced by compacted files that exist. ``index`` is loaded *after* ``listed`` was
+    taken; with ``listed``, a compacted file exists only if the listing has it, so every row is read exactly once even
+    while a compaction renames its output."""
 
     def exists(name: str) -> bool:
         if listed is not None:

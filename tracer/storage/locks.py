@@ -1,13 +1,8 @@
 """Who may delete trace files while others read them.
 
-Readers of a local run directory hold a shared ``flock`` on the directory
-itself (no lock file is created) from listing its files until they have read
-them. Reading is not write-free: readers seal shards whose writer is gone
-(:mod:`tracer.storage.seal` appends their footer, under the file's own
-``flock``), but they never create, rename or delete a file. Compaction deletes the files it replaced
-only while it holds the exclusive lock, so a reader that listed a file can
-always open it. Where locks are not supported (some network filesystems,
-object storage) both sides go on without one.
+Readers of a local run directory hold a shared ``flock`` on the directory from listing to reading (they may
+seal shards, never create, rename or delete a file); compaction deletes only under the exclusive lock. Where
+locks are not supported both sides go on without one.
 """
 
 from __future__ import annotations
@@ -44,11 +39,8 @@ def reading(run_dir: str) -> Iterator[None]:
 
 
 def try_exclusive(run_dir: str, wait_s: float) -> int | None:
-    """The exclusive lock of ``run_dir`` as an fd to close, waiting at most ``wait_s``; None if readers keep it.
-
-    Where the filesystem cannot lock a directory, returns an fd without a lock
-    (nothing better is possible there).
-    """
+    """The exclusive lock of ``run_dir`` as an fd to close, waiting at most ``wait_s``; None if readers keep it. Where
+    the filesystem cannot lock a directory, returns an fd without a lock (nothing better is possible there)."""
     try:
         fd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
@@ -60,11 +52,8 @@ def try_exclusive(run_dir: str, wait_s: float) -> int | None:
 
 
 def exclusive_within(fd: int, wait_s: float) -> bool:
-    """Take ``fd``'s exclusive ``flock``, retrying every :data:`POLL_S` for at most ``wait_s``.
-
-    True when it is held, or when the filesystem cannot lock (nothing better is possible there:
-    behave as before locks existed); False when others kept it.
-    """
+    """Take ``fd``'s exclusive ``flock``, retrying every :data:`POLL_S` for at most ``wait_s``. True when it is held, or
+    when the filesystem cannot lock (nothing better is possible there); False when others kept it."""
     deadline = time.monotonic() + wait_s
     while True:
         try:

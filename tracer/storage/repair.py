@@ -1,19 +1,9 @@
 """Repair of damaged trace files: one behaviour for ``check --repair`` and for the uploader.
 
-A file that :func:`tracer.storage.files.read_batches` cannot read to its end
-(torn, corrupt, over its size budget) or cannot read at all while it is ours
-to fix (empty, not Arrow) is repaired the same way everywhere:
-
-1. its readable batches (schema, metadata and each batch's custom metadata as
-   written) go to ``<stem>.repaired.arrow`` (temporary name, fsync, rename);
-2. the original is renamed to ``<name>.damaged``, which readers skip.
-
-Nothing is deleted: what could not be read stays in the ``.damaged`` file.
-A sound file (possibly still open, without an end-of-stream marker) is left
-as it is, and so is a file that is sound but not for this reader (a newer
-format, a foreign Arrow file, wrong column types, not a regular file).
-Repairing twice changes nothing more: the original is gone from its
-``.arrow`` name and the repaired file is sound.
+A file :func:`tracer.storage.files.read_batches` cannot read to its end, or at all while it is ours to fix
+(empty, not Arrow), has its readable batches written as written to ``<stem>.repaired.arrow`` (temporary name,
+fsync, rename) and is renamed ``<name>.damaged``, which readers skip; nothing is deleted. Sound files, open
+ones and files sound but not for this reader are left as they are. Repairing twice changes nothing more.
 """
 
 from __future__ import annotations
@@ -40,17 +30,8 @@ LEFT = "left"
 
 @dataclasses.dataclass
 class RepairResult:
-    """What :func:`repair_file` did.
-
-    Attributes:
-        path: The file repaired.
-        action: ``"sound"`` (nothing to do), ``"repaired"`` (original set aside,
-            readable batches rewritten when there were any) or ``"left"``
-            (not repairable here; untouched, see ``read.skipped``).
-        read: What reading it found.
-        repaired_to: The file holding its readable batches ("" when none).
-        damaged_to: Where the original is now ("" unless repaired).
-    """
+    """What :func:`repair_file` did: ``action`` is ``"sound"``, ``"repaired"`` or ``"left"`` (untouched, see
+    ``read.skipped``); ``repaired_to`` and ``damaged_to`` are "" when nothing went there."""
 
     path: str
     action: str

@@ -1,45 +1,14 @@
-"""Sealing: closing a shard whose writer is gone, without that writer's help.
+"""Sealing: closing a shard whose writer is gone (``ray.shutdown()``, ``os._exit``, SIGKILL).
 
-A writer ends its file with a footer (IPC file) or an end-of-stream marker
-(a version-1 stream) only if its process gets to run its shutdown: Ray
-workers at ``ray.shutdown()``, ``os._exit`` and SIGKILL never do. Such a
-file holds every batch the writer flushed and then simply stops. Readers and
-``rollout-trace compact`` call :func:`seal_if_abandoned` on files that do not
-end closed; it adds what the writer would have written at close, and only
-that, once it can tell the writer is gone:
+:func:`seal_if_abandoned` acts once the writer is gone: on this host, when no process holds the file's
+``flock`` (writers that do not lock: when the pid in its name no longer runs); on another host, when the file
+has not changed for :data:`SEAL_AFTER_S` (:data:`ENV_SEAL_AFTER_S`); a quiet writer then starts a new file.
 
-* **Same host** (the host in the file's name is this one): a
-  :class:`tracer.storage.writer.SpanWriter` holds an exclusive ``flock`` on
-  its file while it is open; the kernel drops it when the process ends,
-  however it ends. No lock held means no writer. Files of writers that did
-  not lock (version-1 streams, filesystems without ``flock``) count as gone
-  once the process id in their name no longer runs.
-* **Another host** (or a name that does not say): once the file has not
-  changed for :data:`SEAL_AFTER_S` (environment variable
-  :data:`ENV_SEAL_AFTER_S`). A writer that was only quiet notices at its next
-  write that its file grew and starts a new one.
-
-Sealing appends bytes after the last complete batch and never changes one
-already written: a stream gets its 8-byte end-of-stream marker; an IPC file
-gets the end-of-stream marker, a footer that lists its batches, the footer's
-length and the closing magic, exactly as pyarrow writes them at close. The
-sealer holds the file's ``flock`` while it appends, so two sealers (or a
-sealer and a writer) never interleave. A file torn inside a batch is not
-sealed (appending would hide the tear): ``rollout-trace check --repair``
-handles it.
-
-Once sealed, the shard is handed to ``on_sealed``: readers pass
-:func:`tracer.index.shard.write_index`, which writes the index its writer would
-have written at close (the same function and the same sidecar, checked by
-readers against the sealed file's size and footer), so readers of a dead
-worker's shards read only the batches a question needs. When it cannot be
-written (a full disk, a shard too large to summarise) the seal still stands,
-one warning is logged per process, and readers read the spans.
-
-Readers call this before every read, so it is cheap when there is nothing to
-do: a file found closed is not opened again while its size, mtime and inode
-stay the same (a closed file is never written again). A file that is not
-closed is looked at on every read: its writer may have gone since.
+Sealing appends, under the file's ``flock``, exactly what pyarrow writes at close after the last complete
+batch (end-of-stream marker; for an IPC file also the footer, its length and the magic) and changes nothing
+written. A file torn inside a batch is not sealed (``rollout-trace check --repair`` handles it). The sealed
+shard goes to ``on_sealed`` (readers pass :func:`tracer.index.shard.write_index`; a failure there leaves the
+seal standing). A file found closed is not opened again while its size, mtime and inode stay the same.
 """
 
 from __future__ import annotations
@@ -81,8 +50,7 @@ NOT_SEALED = "not sealed"
 
 _BLOCK = struct.Struct("<qi4xq")  # Arrow File.fbs Block: offset, metaDataLength, (pad), bodyLength
 
-#: Files found closed, by path: (size, mtime, inode) then. A closed file is not written again, so
-#: while its stat is the same, every read after the first skips opening it to look at its tail.
+#: Files found closed, by path: (size, mtime, inode) then; while that is the same, the file is not opened again.
 _closed: collections.OrderedDict[str, tuple[int, int, int]] = collections.OrderedDict()
 _closed_lock = threading.Lock()
 #: How many closed files :data:`_closed` remembers.
@@ -91,14 +59,8 @@ CLOSED_CACHE_ENTRIES = 65536
 
 @dataclasses.dataclass
 class SealResult:
-    """What :func:`seal_if_abandoned` did.
-
-    Attributes:
-        path: The file.
-        action: ``"sealed"``, ``"closed"`` (nothing to do), ``"live"`` (its writer
-            may still write) or ``"not sealed"`` (torn, unwritable, ...; see ``why``).
-        why: One sentence for a report.
-    """
+    """What :func:`seal_if_abandoned` did: ``action`` is ``"sealed"``, ``"closed"`` (nothing to do), ``"live"``
+    (its writer may still write) or ``"not sealed"``; ``why`` is one sentence for a report."""
 
     path: str
     action: str
@@ -118,9 +80,7 @@ def _pid_runs(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
-    except OSError:
+    except OSError:  # another user's process, among others
         return True
     return True
 
@@ -147,10 +107,8 @@ def _writer_gone(path: str, fd: int, file_format: bool, max_age_s: float) -> str
 
 
 def footer_for(layout: Layout) -> bytes:
-    """The bytes pyarrow writes when it closes an IPC file with ``layout``'s schema and batches.
-
-    Everything after the last batch: end-of-stream marker, footer, footer length, magic.
-    """
+    """The bytes pyarrow writes when it closes an IPC file with ``layout``'s schema and batches. Everything after the
+    last batch: end-of-stream marker, footer, footer length, magic."""
     schema = pa.ipc.read_schema(pa.py_buffer(layout.schema_message))
     # pyarrow builds the footer (schema, metadata version) for as many empty batches; then the
     # fixed-width Block entries of the batch vector are overwritten with where the real ones are.
@@ -193,17 +151,9 @@ def _remember_closed(file: str, stamp: tuple[int, int, int]) -> None:
 def seal_if_abandoned(
     path: str | os.PathLike[str], max_age_s: float | None = None, on_sealed: OnClose | None = None
 ) -> SealResult:
-    """Close ``path`` as its writer would have if that writer is gone (see the module docstring).
-
-    Never raises for the file's sake: what could not be done is in the result.
-
-    Args:
-        path: A local trace file.
-        max_age_s: Override :func:`seal_after_s` (files of other hosts).
-        on_sealed: Called with the path of a shard this call sealed (readers: its index,
-            :func:`tracer.index.shard.write_index`); None: nothing (compaction, which merges
-            the shard at once and indexes what it writes).
-    """
+    """Close the local ``path`` as its writer would have if that writer is gone (see the module docstring). Never raises
+    for the file's sake. ``max_age_s`` overrides :func:`seal_after_s`; ``on_sealed`` gets the path of a shard this call
+    sealed (readers pass :func:`tracer.index.shard.write_index`)."""
     result = _seal(os.fspath(path), max_age_s)
     if on_sealed is not None and result.action == SEALED:
         try:

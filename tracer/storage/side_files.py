@@ -1,12 +1,9 @@
-"""The one way side files of a run directory are opened: ``_index.json``, ``_lag.*.json``, the rollup, sidecars.
+"""The one way side files of a run directory are opened: ``_index.json``, ``_lag.*.json``, the rollup, shard indexes.
 
-A side file is derived or advisory data beside the trace files; a reader can always do without
-it. Each is checked before it is read: ``lstat`` first, so a symbolic link (to ``/dev/zero``, to
-another tree), a FIFO, a device or a directory is refused without being opened (opening a FIFO
-blocks); a regular file over its kind's size cap is refused; the open itself does not follow links
-and does not block, and the descriptor is checked again. JSON side files are then decoded and
-checked against their expected shape. A file refused for any of these reasons is named in a
-:class:`SideFileWarning` and skipped; a file that does not exist is skipped without a word.
+A side file is data a reader can do without. ``lstat`` first refuses links, FIFOs, devices and directories
+unopened; a regular file over its kind's size cap is refused; the open follows no link and does not block and
+the descriptor is checked again; JSON is checked against its shape. A refused file is named in a
+:class:`SideFileWarning` and skipped; a missing one is skipped without a word.
 """
 
 from __future__ import annotations
@@ -39,10 +36,8 @@ def refuse(path: str, why: str) -> None:
 
 
 def checked(path: str, max_bytes: int) -> os.stat_result | None:
-    """``lstat`` of the local ``path`` when it is a regular file of at most ``max_bytes``; else None.
-
-    Nothing is opened. A missing file gives None quietly; any other refusal is named in a warning.
-    """
+    """``lstat`` of the local ``path`` when it is a regular file of at most ``max_bytes``; else None. Nothing is opened.
+    A missing file gives None quietly; any other refusal is named in a warning."""
     try:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
@@ -106,14 +101,8 @@ def read_bytes(path: str, max_bytes: int) -> bytes | None:
 
 
 def read_json(path: str, max_bytes: int, valid: Callable[[Any], bool], what: str) -> Any:
-    """The JSON value of the side file ``path`` when ``valid`` accepts it; None when missing or refused.
-
-    Args:
-        path: A local path or a URI.
-        max_bytes: The size cap of its kind.
-        valid: Whether a decoded value has the shape its readers expect.
-        what: What it should hold, for the warning (``"a compaction index"``).
-    """
+    """The JSON value of the side file ``path`` when ``valid`` accepts it; None when missing or refused. ``path`` is
+    local or a URI; ``what`` names what it should hold, for the warning (``"a compaction index"``)."""
     data = read_bytes(path, max_bytes)
     if data is None:
         return None

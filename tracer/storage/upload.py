@@ -1,20 +1,10 @@
-"""Staging and upload: ``output_dir`` on object storage or a remote filesystem.
+"""Staging and upload: ``output_dir`` on object storage or a remote filesystem (:mod:`tracer.storage.uri`).
 
-When ``output_dir`` is a URI (see :mod:`tracer.storage.uri`), the recorder
-writes exactly as it does locally, into a **staging directory** on local disk
-(fsync'd batches, torn tails readable), and :class:`UploadingSpanWriter`
-uploads each file only once it is closed: rotated by size
-(``max_file_bytes``), by age (``upload_interval_s``), or at shutdown. An
-object therefore never holds half a file. On S3 and GCS a single PUT is
-atomic; elsewhere the upload goes to ``<name>.arrow.partial-<nonce>`` (which
-readers ignore) and is then renamed.
-
-Crash recovery: each writer holds an ``flock`` on ``<stem>.lock`` in its
-staging directory while it lives. A writer that starts finds files whose lock
-nobody holds (their process died), repairs them (:func:`tracer.storage.repair.repair_file`:
-a torn last batch is cut off into ``*.repaired.arrow``, the original kept as
-``*.damaged`` in staging) and uploads them; ``rollout-trace upload`` does the
-same without recording.
+The recorder writes into a local **staging directory** as it does locally, and :class:`UploadingSpanWriter`
+uploads each file once it is closed (by size, by age ``upload_interval_s``, or at shutdown), so an object
+never holds half a file: one PUT on S3 and GCS, else ``<name>.arrow.partial-<nonce>`` then a rename. Each
+writer holds an ``flock`` on ``<stem>.lock`` in staging; a writer that starts (or ``rollout-trace upload``)
+repairs and uploads the files whose lock nobody holds.
 """
 
 from __future__ import annotations
@@ -42,9 +32,8 @@ from tracer.storage.writer import SpanWriter
 
 logger = logging.getLogger("rollout_trace")
 
-#: Environment variable: root of the local staging directories (default
-#: ``<tempdir>/rollout_trace_staging``). Put it on a disk that survives a
-#: restart of the process, so the next run can upload what a crash left.
+#: Environment variable: root of the local staging directories (default ``<tempdir>/rollout_trace_staging``).
+#: Put it on a disk that survives a restart, so the next run can upload what a crash left.
 ENV_STAGING_DIR = "ROLLOUT_TRACE_STAGING_DIR"
 #: File in each staging directory naming the URI its files go to.
 DESTINATION_FILE = "DESTINATION"
@@ -54,7 +43,6 @@ LOCK_SUFFIX = ".lock"
 PARTIAL_MARK = ".partial-"
 #: Filesystems on which one PUT makes the whole object appear at once.
 ATOMIC_PUT_FILESYSTEMS = ("s3", "gcs")
-#: Copy buffer for uploads.
 UPLOAD_CHUNK_BYTES = 8 * 1024 * 1024
 #: Longest wait between retries of a failed upload.
 MAX_RETRY_S = 60.0
@@ -96,10 +84,7 @@ class NotUploadableError(Exception):
 
 def prepare_for_upload(path: str) -> str | None:
     """Repair a staged file a writer may have left torn; return the file to upload, or None if nothing is readable.
-
-    Raises:
-        NotUploadableError: the file is not one to repair or upload (it stays in staging).
-    """
+    Raises NotUploadableError when the file is not one to repair or upload (it stays in staging)."""
     result = repair_file(path)
     if result.action == SOUND:
         return path
@@ -116,11 +101,8 @@ def prepare_for_upload(path: str) -> str | None:
 
 
 def upload_file(local: str, dest_uri: str) -> str:
-    """Upload one closed trace file into ``dest_uri`` (a prefix); return the object's URI.
-
-    The object appears whole or not at all; the local file is removed once
-    the object's size matches.
-    """
+    """Upload one closed trace file into ``dest_uri`` (a prefix); return the object's URI. The object appears whole or
+    not at all; the local file is removed once the object's size matches."""
     import pyarrow.fs as pafs
 
     name = os.path.basename(local)
@@ -233,20 +215,10 @@ def _close_at_exit(ref: weakref.ref[UploadingSpanWriter]) -> None:
 
 
 class UploadingSpanWriter(SpanWriter):
-    """A :class:`SpanWriter` into a local staging directory that uploads each closed file.
-
-    Args:
-        dest_uri: Where the run's files go (``s3://bucket/prefix/project/experiment``).
-        metadata: Schema-level metadata written into every file.
-        compression_level: zstd level.
-        max_file_bytes: Close (and upload) a file once it is this big.
-        upload_interval_s: Close (and upload) a file once it is this old.
-        report: ``report(kind, detail, exc)`` for upload problems (the recorder's problem log).
-        staging: Staging directory (default :func:`staging_dir_for` ``dest_uri``).
-        at_exit: Called at interpreter exit instead of :meth:`close` (the recorder
-            passes its own shutdown, which flushes its buffer, then closes this writer).
-            It runs before pyarrow finalizes S3, which a handler registered earlier would not.
-    """
+    """A :class:`SpanWriter` into a local staging directory that uploads each closed file to ``dest_uri``. Files close
+    (and upload) at ``max_file_bytes`` or ``upload_interval_s`` old. ``report(kind, detail, exc)`` gets upload problems;
+    ``staging`` defaults to :func:`staging_dir_for` ``dest_uri``. ``at_exit`` runs at interpreter exit instead of
+    :meth:`close` (the recorder's shutdown), before pyarrow finalizes S3."""
 
     def __init__(
         self,
@@ -272,7 +244,6 @@ class UploadingSpanWriter(SpanWriter):
         self._opened_at = 0.0
         #: (local path, needs repair check, not before monotonic time, attempts)
         self._pending: collections.deque[tuple[str, bool, float, int]] = collections.deque()
-        #: Every object this writer uploaded.
         self.uploaded: list[str] = []
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None

@@ -1,10 +1,7 @@
-"""URIs as trace paths: object storage and remote filesystems.
+"""URIs as trace paths (``s3://bucket/prefix``, ``gs://...``, anything pyarrow or fsspec resolves).
 
-A trace path may be a URI (``s3://bucket/prefix``, ``gs://...``, or anything
-:func:`pyarrow.fs.FileSystem.from_uri` or fsspec resolves) as well as a local
-path. Credentials and endpoints come from the usual places (``AWS_*``
-environment variables, including ``AWS_ENDPOINT_URL``; or URI query options
-such as ``?endpoint_override=...``).
+Credentials and endpoints come from the usual places (``AWS_*`` variables, ``AWS_ENDPOINT_URL``, or URI
+options such as ``?endpoint_override=...``).
 """
 
 from __future__ import annotations
@@ -73,11 +70,8 @@ def filesystem(uri: str) -> tuple[Any, str]:
 
 
 def list_remote(uri: str) -> list[str]:
-    """Trace files under ``uri`` (a file, or a prefix searched recursively) as URIs, sorted.
-
-    Raises:
-        FileNotFoundError: nothing exists at ``uri``.
-    """
+    """Trace files under ``uri`` (a file, or a prefix searched recursively) as URIs, sorted; FileNotFoundError
+    when nothing exists there."""
     import pyarrow.fs as pafs
 
     fs, path = filesystem(uri)
@@ -102,11 +96,7 @@ def open_input(file: str) -> Any:
 
 
 def file_size(file: str) -> int:
-    """Size in bytes of a local path or a URI.
-
-    Raises:
-        OSError: it does not exist or cannot be reached.
-    """
+    """Size in bytes of a local path or a URI (OSError when it does not exist or cannot be reached)."""
     if not is_remote(file):
         return os.path.getsize(file)
     import pyarrow.fs as pafs

@@ -1,25 +1,11 @@
 """SpanWriter: zstd-compressed Arrow IPC files, fsync'd per batch, rotated by size.
 
-File layout: ``{run_dir}/{host}_{pid}_{start}_{nonce}_{seq}.arrow``. The name
-holds the host, the process id, the writer's start time and a random nonce,
-so writers on any number of hosts and processes never collide. Each file is an
-Arrow IPC *file* (format version 2; version 1 wrote IPC streams): its messages
-are a stream after the 8-byte magic, so a reader gets every complete batch of
-a file whose writer was killed; at close the footer lists the batches, which
-is what ``pyarrow.dataset``, Polars and DuckDB need. After
-:meth:`SpanWriter.write` returns, the batch is on disk (``fsync``).
-
-While a file is open its writer holds an exclusive ``flock`` on it. The
-kernel releases it when the process ends however it ends (SIGKILL,
-``os._exit``, a Ray worker torn down), which is how
-:mod:`tracer.storage.seal` tells a dead writer's file from a live one.
-
-When it closes a file cleanly, the writer calls its ``on_close`` with the
-file's path: the recorder passes :func:`tracer.index.closed.shard_closed`,
-which writes the file's index and updates the run's rollup, so readers open
-only the batches a question needs. The callback never fails a write: a file
-whose index could not be built or written simply has none, and readers read
-its spans. The writer keeps nothing of the file's spans in memory.
+Files are ``{run_dir}/{host}_{pid}_{start}_{nonce}_{seq}.arrow``, so writers never collide. Each is an Arrow
+IPC *file* (format version 2; version 1 wrote streams): a stream after the magic, so a killed writer's complete
+batches read, and a footer at close for ``pyarrow.dataset``, Polars and DuckDB. After :meth:`SpanWriter.write`
+returns the batch is on disk. An open file's writer holds its ``flock``, which the kernel drops however the
+process ends: how :mod:`tracer.storage.seal` tells a dead writer. A cleanly closed file goes to ``on_close``
+(the recorder passes :func:`tracer.index.closed.shard_closed`); a failure there never fails a write.
 """
 
 from __future__ import annotations
@@ -60,16 +46,8 @@ def fsync_dir(path: str) -> None:
 
 
 class SpanWriter:
-    """Appends record batches of :data:`tracer.schema.SPAN_SCHEMA` to rotating files.
-
-    Args:
-        run_dir: Directory of this run's files (created on first write).
-        metadata: Schema-level metadata written into every file.
-        compression_level: zstd level.
-        max_file_bytes: Start a new file once the current one is this big.
-        on_close: Called with each file's path once it is closed cleanly (its index and its run's
-            rollup: :func:`tracer.index.closed.shard_closed`); None: nothing.
-    """
+    """Appends record batches of :data:`tracer.schema.SPAN_SCHEMA` to files in ``run_dir`` (created on first
+    write), a new one past ``max_file_bytes``; ``on_close`` gets each cleanly closed file's path."""
 
     def __init__(
         self,
@@ -92,7 +70,6 @@ class SpanWriter:
         self._file: Any = None
         self._stream: pa.ipc.RecordBatchFileWriter | None = None
         self.path: str | None = None
-        #: Every file this writer created.
         self.paths: list[str] = []
 
     def _open(self) -> None:
@@ -113,12 +90,8 @@ class SpanWriter:
         fsync_dir(self.run_dir)
 
     def write(self, batch: pa.RecordBatch, batch_metadata: dict[str, str] | None = None) -> None:
-        """Append ``batch`` and make it durable.
-
-        On failure (disk full, directory gone) the current file is abandoned
-        as it is (readers recover its complete batches) and the next call
-        starts a new file; the exception propagates to the caller.
-        """
+        """Append ``batch`` and make it durable; on failure the file is abandoned as it is and the error raised
+        (the next call starts a new file)."""
         if self._stream is not None and self._sealed_meanwhile():
             self._let_go()  # someone took the file for a dead writer's: its batches stay as sealed
         try:
@@ -143,15 +116,7 @@ class SpanWriter:
             return False
 
     def _let_go(self) -> None:
-        """Forget the current file without writing to it again (no footer: it has one)."""
-        try:
-            self._file.close()
-        except Exception:
-            pass
-        self._file = None
-        self._stream = None
-
-    def _abandon(self) -> None:
+        """Forget the current file without writing to it again (no footer: it has one, or it is abandoned)."""
         try:
             if self._file is not None:
                 self._file.close()
@@ -159,8 +124,10 @@ class SpanWriter:
             pass
         self._file = None
         self._stream = None
-        # A file with no complete batch (a full disk failed its header) holds
-        # nothing; left behind, it would only make every reader warn.
+
+    def _abandon(self) -> None:
+        self._let_go()
+        # A file with no complete batch holds nothing; left behind, it would only make every reader warn.
         if self._batches == 0 and self.path is not None:
             try:
                 os.remove(self.path)

@@ -17,7 +17,7 @@ import tracer
 from tracer import schema as S
 from tracer.index import rollup
 from tracer.index.closed import shard_closed
-from tracer.index.shard import sidecar_path
+from tracer.index.shard import shard_index_path
 from tracer.storage.writer import SpanWriter
 
 
@@ -50,7 +50,7 @@ def write_trace_file(
     os.replace(written, path)
     # Its index names the file it was written as: under another name it is only clutter.
     with contextlib.suppress(FileNotFoundError):
-        os.remove(sidecar_path(written))
+        os.remove(shard_index_path(written))
     return ids
 
 

@@ -28,7 +28,7 @@ from index_fixtures import bare_copy, write_shard
 import tracer
 from tracer import schema as S
 from tracer.index.readers import read_step_partials, read_trajectories
-from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index, shard_index_path
 from tracer.read import has_spans_named, indexed_files, read_steps
 from tracer.storage.compact import compact
 from tracer.storage.files import read_layout
@@ -78,12 +78,12 @@ def _quiet() -> Iterator[None]:
 
 
 def _deleted(out: str) -> None:
-    os.remove(sidecar_path(out))
+    os.remove(shard_index_path(out))
 
 
 def _torn(out: str) -> None:
-    with open(sidecar_path(out), "r+b") as f:
-        f.truncate(os.path.getsize(sidecar_path(out)) // 2)
+    with open(shard_index_path(out), "r+b") as f:
+        f.truncate(os.path.getsize(shard_index_path(out)) // 2)
 
 
 def _stale(out: str) -> None:
@@ -241,7 +241,7 @@ def test_a_compacted_files_index_answers_without_reading_other_batches(tmp_path:
         assert read_steps(run) == steps == ([1, 2, 3], 6)
         assert has_spans_named(run, S.REWARD_SPAN_NAME) is names is True
     # Without its index the file is read, and the damage shows.
-    os.remove(sidecar_path(out))
+    os.remove(shard_index_path(out))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", tracer.TraceFileWarning)
         tracer.read_spans(run, trace_ids=["a"])

@@ -16,7 +16,7 @@ from index_fixtures import write_shard
 
 import tracer
 from tracer import schema as S
-from tracer.index.shard import INDEX_SUFFIX, MAX_INDEX_NAMES, load_shard_index, sidecar_path
+from tracer.index.shard import INDEX_SUFFIX, MAX_INDEX_NAMES, load_shard_index, shard_index_path
 from tracer.read import has_spans_named
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
@@ -70,7 +70,7 @@ def test_has_spans_named_equals_a_scan_of_every_name(shards: list[tuple[list[lis
                 write_shard(run, rows, close=False)
                 continue
             shard = write_shard(run, rows)
-            side = sidecar_path(shard)
+            side = shard_index_path(shard)
             if how == "no index":
                 os.remove(side)
             elif how in ("names removed", "names garbage"):

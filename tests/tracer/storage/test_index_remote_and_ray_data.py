@@ -14,7 +14,7 @@ from scale_fixtures import need
 
 import tracer
 from tracer import schema as S
-from tracer.index.shard import INDEX_SUFFIX, sidecar_path, write_index
+from tracer.index.shard import INDEX_SUFFIX, shard_index_path, write_index
 from tracer.storage import uri as _uri
 from tracer.storage.compact import compact, write_parquet
 from tracer.storage.compact_ray import compact_ray
@@ -47,7 +47,7 @@ def test_compaction_on_s3_uploads_a_valid_index_of_each_output(bucket: str, tmp_
     names = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(root)))
     outputs = sorted(load_index(uri)["files"])
     assert sorted(n for n in names if n.endswith(INDEX_SUFFIX)) == sorted(
-        os.path.basename(sidecar_path(o)) for o in outputs
+        os.path.basename(shard_index_path(o)) for o in outputs
     )
     assert not [n for n in names if n.endswith(".tmp")]
     back = os.fspath(tmp_path / "back")
@@ -110,6 +110,6 @@ def test_ray_merges_of_a_local_run_are_indexed(ray_data: Any, tmp_path: Any) -> 
     for out in outputs:
         valid_index_of(os.path.join(run, out))
     assert sorted(n for n in os.listdir(run) if n.endswith(INDEX_SUFFIX)) == sorted(
-        os.path.basename(sidecar_path(o)) for o in outputs
+        os.path.basename(shard_index_path(o)) for o in outputs
     )
     assert tracer.read_spans(run).sort_by(S.SPAN_ID).equals(before)

@@ -25,7 +25,7 @@ from tracer import schema as S
 from tracer.index import shard as _si
 from tracer.index.closed import shard_closed
 from tracer.index.readers import read_trajectories
-from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path, write_index
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index, shard_index_path, write_index
 from tracer.read import read_steps
 from tracer.storage.compact import compact
 from tracer.storage.files import read_layout
@@ -89,7 +89,7 @@ def _damage_batches(file: str, keep: int) -> None:
 def test_a_sealed_shard_gets_its_index_and_readers_use_it(tmp_path: Any) -> None:
     run = os.fspath(tmp_path / "run")
     shard = _three_batches(run)
-    assert not os.path.exists(sidecar_path(shard))
+    assert not os.path.exists(shard_index_path(shard))
     bare = bare_copy(run, os.path.join(os.path.dirname(run), "bare"))
     assert seal_if_abandoned(shard, on_sealed=write_index).action == SEALED
     index = valid_index_of(shard)
@@ -118,10 +118,10 @@ def test_sealing_a_closed_shard_again_writes_nothing(tmp_path: Any) -> None:
     sealed = _three_batches(run)
     closed = write_shard(run, [[trace_span("d", 0, 1)]])
     assert seal_if_abandoned(sealed, on_sealed=write_index).action == SEALED
-    before = {f: os.stat(sidecar_path(f)) for f in (sealed, closed)}
+    before = {f: os.stat(shard_index_path(f)) for f in (sealed, closed)}
     for f in (sealed, closed):
         assert seal_if_abandoned(f, on_sealed=write_index).action == ALREADY_CLOSED
-        after = os.stat(sidecar_path(f))
+        after = os.stat(shard_index_path(f))
         assert (after.st_ino, after.st_mtime_ns, after.st_size) == (
             before[f].st_ino,
             before[f].st_mtime_ns,
@@ -137,7 +137,7 @@ def test_an_index_that_cannot_be_written_never_fails_the_seal(
     run = os.fspath(tmp_path / "run")
     shards = [_three_batches(run), write_shard(run, [[trace_span("d", 0, 4)]], close=False)]
     for shard in shards:
-        os.makedirs(sidecar_path(shard))
+        os.makedirs(shard_index_path(shard))
     with caplog.at_level(logging.WARNING, logger="rollout_trace"):
         assert [seal_if_abandoned(s, on_sealed=write_index).action for s in shards] == [SEALED, SEALED]
     assert [r.getMessage().count("no index written") for r in caplog.records] == [1]
@@ -151,7 +151,7 @@ def _other_index(shard: str) -> None:
     other = os.path.join(os.path.dirname(shard), "elsewhere")
     os.makedirs(other)
     fake = write_shard(other, [[trace_span("zzz", 0, 1)], [trace_span("zzz", 1, 1)]])
-    shutil.copyfile(sidecar_path(fake), sidecar_path(shard))
+    shutil.copyfile(shard_index_path(fake), shard_index_path(shard))
     shutil.rmtree(other)
 
 
@@ -202,7 +202,7 @@ def test_compacted_files_have_valid_indexes(tmp_path: Any) -> None:
     for out in outputs:
         valid_index_of(out)
     sidecars = sorted(n for n in os.listdir(run) if n.endswith(INDEX_SUFFIX))
-    assert sidecars == sorted(os.path.basename(sidecar_path(o)) for o in outputs)  # the originals' went with them
+    assert sidecars == sorted(os.path.basename(shard_index_path(o)) for o in outputs)  # the originals' went with them
     assert read_trajectories(run).equals(before)
     compact(bare, target_bytes=1 << 30)
     _same_reads(run, bare, ["a", "d", "f"], [1, 2])
@@ -238,10 +238,10 @@ def test_a_compaction_that_stops_before_the_index_is_read_whole(tmp_path: Any) -
     compact(run, target_bytes=1)
     first, second, third = _outputs(run)
     bare = bare_copy(run, os.path.join(os.path.dirname(run), "bare"))  # compacted files without any index
-    os.remove(sidecar_path(first))  # the crash: no index
-    shutil.copyfile(sidecar_path(third), sidecar_path(second))  # another output's index
-    with open(sidecar_path(third), "r+b") as f:  # a torn one
-        f.truncate(os.path.getsize(sidecar_path(third)) // 2)
+    os.remove(shard_index_path(first))  # the crash: no index
+    shutil.copyfile(shard_index_path(third), shard_index_path(second))  # another output's index
+    with open(shard_index_path(third), "r+b") as f:  # a torn one
+        f.truncate(os.path.getsize(shard_index_path(third)) // 2)
     assert [load_shard_index(o) for o in (first, second, third)] == [None, None, None]
     with _quiet():
         _same_reads(run, bare, ["a", "d", "e", "f"], [1, 2])
@@ -277,11 +277,11 @@ def test_an_interrupted_merge_leaves_no_index_behind(tmp_path: Any) -> None:
     name = "compacted_20260101T000000_0badcafe" + S.FILE_SUFFIX
     shard = write_shard(os.fspath(tmp_path / "elsewhere"), [[trace_span("x", 0, 1)]])
     shutil.copyfile(shard, os.path.join(run, name + ".tmp"))
-    shutil.copyfile(sidecar_path(shard), sidecar_path(os.path.join(run, name)))
+    shutil.copyfile(shard_index_path(shard), shard_index_path(os.path.join(run, name)))
     assert load_shard_index(os.path.join(run, name)) is None  # no such file: the index means nothing
     assert "x" not in tracer.read_spans(run, columns=[S.TRACE_ID]).column(0).to_pylist()
     compact(run)
-    assert not os.path.exists(sidecar_path(os.path.join(run, name)))
+    assert not os.path.exists(shard_index_path(os.path.join(run, name)))
     assert not os.path.exists(os.path.join(run, name + ".tmp"))
 
 

@@ -31,7 +31,7 @@ from tracer import schema as S
 from tracer.index import rollup as R
 from tracer.index.closed import shard_closed
 from tracer.index.readers import read_step_partials, read_trajectories
-from tracer.index.shard import sidecar_path
+from tracer.index.shard import shard_index_path
 from tracer.read import has_spans_named, read_steps, run_rollup
 from tracer.storage.compact import compact
 from tracer.storage.writer import SpanWriter
@@ -173,7 +173,7 @@ def test_a_rollup_that_does_not_cover_the_directory_is_not_used(tmp_path: Any) -
     # Another closed shard (other trajectories, steps and rewards) put in place of shards[1], with its index.
     other = os.path.join(os.fspath(tmp_path), "other")
     (elsewhere,) = _clean_run(other, 1, step_of=lambda w, t: 20 + t)
-    for src, dst in ((elsewhere, shards[1]), (sidecar_path(elsewhere), sidecar_path(shards[1]))):
+    for src, dst in ((elsewhere, shards[1]), (shard_index_path(elsewhere), shard_index_path(shards[1]))):
         shutil.copyfile(src, dst)
     with _quiet():
         assert not _covered(run)
@@ -182,7 +182,7 @@ def test_a_rollup_that_does_not_cover_the_directory_is_not_used(tmp_path: Any) -
         assert {20, 21, 22, 23} <= set(got[0][0])
         equal_tables(got[3], step_partials(read_trajectories(run)))
     os.remove(shards[0])
-    os.remove(sidecar_path(shards[0]))
+    os.remove(shard_index_path(shards[0]))
     assert not _covered(run)
     _same(_answers(run), _without_rollup(run))
     equal_tables(read_step_partials(run), step_partials(read_trajectories(run)))

@@ -22,7 +22,7 @@ from tracer import schema as S
 from tracer.index import shard as _si
 from tracer.index.closed import shard_closed
 from tracer.index.readers import read_trajectories
-from tracer.index.shard import INDEX_SUFFIX, ShardIndexBuilder, load_shard_index, sidecar_path
+from tracer.index.shard import INDEX_SUFFIX, ShardIndexBuilder, load_shard_index, shard_index_path
 from tracer.read import read_steps
 from tracer.storage.files import read_layout
 from tracer.storage.seal import seal_if_abandoned
@@ -94,7 +94,7 @@ def test_index_written_at_close_and_read_back(tmp_path: Any) -> None:
         [_span("b", 0, step=2, parent=False), _reward("", 9, 2, 0.5, 5_000)],
     ]
     shard = write_shard(run, batches)
-    assert os.path.exists(sidecar_path(shard))
+    assert os.path.exists(shard_index_path(shard))
     index = load_shard_index(shard)
     assert index is not None
     assert index.batch_rows == [2, 2]
@@ -156,14 +156,14 @@ def _lie_stale(shard: str) -> None:
 
 
 def _lie_truncated(shard: str) -> None:
-    side = sidecar_path(shard)
+    side = shard_index_path(shard)
     size = os.path.getsize(side)
     with open(side, "r+b") as f:
         f.truncate(size // 2)
 
 
 def _lie_version(shard: str) -> None:
-    side = sidecar_path(shard)
+    side = shard_index_path(shard)
     with pa.OSFile(side) as src:
         reader = pa.ipc.open_file(src)
         table = reader.read_all()
@@ -178,13 +178,13 @@ def _lie_other_shard(shard: str) -> None:
     other = os.path.join(os.path.dirname(shard), "other")
     os.makedirs(other)
     fake = write_shard(other, [[_span("zzz", 0, step=1, parent=False)], [_span("zzz", 1, step=1, parent=True)]])
-    shutil.copyfile(sidecar_path(fake), sidecar_path(shard))
+    shutil.copyfile(shard_index_path(fake), shard_index_path(shard))
     shutil.rmtree(other)
 
 
 def _lie_batches(shard: str) -> None:
     """Same metadata, but the rows point at batches the shard does not have."""
-    side = sidecar_path(shard)
+    side = shard_index_path(shard)
     with pa.OSFile(side) as src:
         table = pa.ipc.open_file(src).read_all()
     wrong = pa.array([[7]] * table.num_rows, pa.list_(pa.int32()))
@@ -316,7 +316,7 @@ def test_a_failing_index_never_fails_the_writer(tmp_path: Any, monkeypatch: pyte
         writer.write(pa.RecordBatch.from_pylist([_span("a", n, step=0, parent=False)], schema=S.SPAN_SCHEMA))
         writer.close()
         assert writer.path is not None
-        assert not os.path.exists(sidecar_path(writer.path))
+        assert not os.path.exists(shard_index_path(writer.path))
         assert not temporaries(run)
         assert read_trajectories(run).column(S.TRACE_ID).to_pylist() == ["a"]
 

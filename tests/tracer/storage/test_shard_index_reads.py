@@ -24,7 +24,7 @@ from index_fixtures import trace_span, write_shard
 
 import tracer
 from tracer import schema as S
-from tracer.index.shard import load_shard_index, sidecar_path
+from tracer.index.shard import load_shard_index, shard_index_path
 from tracer.storage import files as F
 from tracer.storage.files import closed_file_metadata, ends_closed, footer_bytes, read_batches
 
@@ -46,7 +46,7 @@ def _copy(shard: str, where: str) -> str:
     os.makedirs(where, exist_ok=True)
     out = os.path.join(where, os.path.basename(shard))
     shutil.copyfile(shard, out)
-    shutil.copyfile(sidecar_path(shard), sidecar_path(out))
+    shutil.copyfile(shard_index_path(shard), shard_index_path(out))
     return out
 
 
@@ -193,7 +193,8 @@ def _trusted_only_when_well_formed(shard: str, rows: Any, steps: Any) -> None:
     try:
         path = _copy(shard, where)
         _with_meta(
-            sidecar_path(path), {S.META_INDEX_BATCH_ROWS: json.dumps(rows), S.META_INDEX_BATCH_STEPS: json.dumps(steps)}
+            shard_index_path(path),
+            {S.META_INDEX_BATCH_ROWS: json.dumps(rows), S.META_INDEX_BATCH_STEPS: json.dumps(steps)},
         )
         index = load_shard_index(path)
         assert (index is not None) == _valid(rows, steps, 4)

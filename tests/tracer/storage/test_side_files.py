@@ -24,7 +24,7 @@ from tracer.cli.info import run_info
 from tracer.exporters.lag import read_lag
 from tracer.index.readers import read_step_partials, read_trajectories
 from tracer.index.rollup import ROLLUP_NAME
-from tracer.index.shard import sidecar_path
+from tracer.index.shard import shard_index_path
 from tracer.read import read_steps
 from tracer.storage import side_files
 from tracer.storage.index import INDEX_NAME, load_index
@@ -128,7 +128,7 @@ def _side_files(run: str) -> dict[str, tuple[str, int]]:
         "index": (os.path.join(run, INDEX_NAME), side_files.MAX_JSON_BYTES),
         "lag": (os.path.join(run, LAG_NAME), side_files.MAX_LAG_BYTES),
         "rollup": (os.path.join(run, ROLLUP_NAME), side_files.MAX_ARROW_BYTES),
-        "sidecar": (sidecar_path(shard), side_files.MAX_ARROW_BYTES),
+        "sidecar": (shard_index_path(shard), side_files.MAX_ARROW_BYTES),
     }
 
 

@@ -25,7 +25,7 @@ import tracer.index.readers
 import tracer.summary
 from tracer import schema as S
 from tracer.index.readers import read_step_partials, read_trajectories
-from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path, stored_step_partials
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index, shard_index_path, stored_step_partials
 from tracer.summary import (
     GROUP_METRICS,
     SUMMARY_SPAN_COLUMNS,
@@ -161,7 +161,7 @@ def test_a_shard_index_stores_the_aggregates_of_its_rows(tmp_path: Any) -> None:
     assert index is not None
     got = stored_step_partials(index)
     assert got is not None
-    assert got.trace_range == ("a", "b") and got.loose_steps is None
+    assert got.trace_range == ("a", "b") and got.keyed_steps is None
     rows = summarize(tracer.read_spans(shard, columns=SUMMARY_SPAN_COLUMNS))
     assert got.partials.equals(step_counts(rows))  # the counts; the values are the index's own columns
     assert got.partials.column(S.STEP).to_pylist() == [1, 2]
@@ -185,7 +185,7 @@ def test_clean_shards_answer_without_their_trajectory_rows(tmp_path: Any, monkey
 
 def _lie(shard: str, partials: pa.Table) -> None:
     """Rewrite the shard's index with other aggregates (everything else kept)."""
-    side = sidecar_path(shard)
+    side = shard_index_path(shard)
     with pa.OSFile(side) as f:
         table = pa.ipc.open_file(f).read_all()
     meta = dict(table.schema.metadata or {})
@@ -213,7 +213,7 @@ def test_aggregates_that_do_not_fit_their_index_are_not_used(tmp_path: Any, brok
     elif broken == "schema":
         _lie(shard, pa.table({"x": [1]}))
     else:
-        side = sidecar_path(shard)
+        side = shard_index_path(shard)
         with pa.OSFile(side) as f:
             table = pa.ipc.open_file(f).read_all()
         meta = {**(table.schema.metadata or {}), S.META_INDEX_STEPS.encode(): b"not base64 at all!"}
@@ -277,7 +277,7 @@ def test_a_runs_aggregates_are_its_trajectory_rows_aggregates(
                 chunks = [rows[w][i : i + batch] for i in range(0, len(rows[w]), batch)]
                 shard = write_shard(os.path.join(run, f"w{w}") if w == 3 else run, chunks, close=w != killed)
                 if w == unindexed and w != killed:
-                    os.remove(sidecar_path(shard))
+                    os.remove(shard_index_path(shard))
         with _quiet():
             trajectories = read_trajectories(run)
             got = read_step_partials(run)

@@ -17,7 +17,7 @@ import tracer.index.readers
 import tracer.summary
 from tracer import schema as S
 from tracer.index.readers import read_step_partials, read_trajectories
-from tracer.index.shard import load_shard_index, sidecar_path, step_sources, trace_hashes
+from tracer.index.shard import load_shard_index, shard_index_path, step_sources, trace_hashes
 from tracer.summary import merge_step_partials, step_partials
 
 pytestmark = pytest.mark.usefixtures("shard_indexes_alone")  # the indexes' own answers, not the rollup's
@@ -86,7 +86,7 @@ def test_trace_hashes_are_stable_and_skip_missing_ids() -> None:
 
 def _rehash(shard: str, value: int) -> None:
     """Rewrite the shard's index with every trace id hash set to ``value`` (everything else kept)."""
-    side = sidecar_path(shard)
+    side = shard_index_path(shard)
     with pa.OSFile(side) as f:
         table = pa.ipc.open_file(f).read_all()
     at = table.schema.get_field_index(S.INDEX_TRACE_HASH)

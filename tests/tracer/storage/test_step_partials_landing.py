@@ -34,7 +34,7 @@ from tracer import schema as S
 from tracer.index import shard as _si
 from tracer.index.closed import shard_closed
 from tracer.index.readers import read_step_partials, read_trajectories
-from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path, step_sources
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index, shard_index_path, step_sources
 from tracer.storage.compact import compact
 from tracer.storage.writer import SpanWriter
 from tracer.summary import partial_metrics, step_partials
@@ -142,7 +142,7 @@ def test_a_sidecar_not_laid_out_as_written_is_read_through_pyarrow(tmp_path: Any
     run = os.fspath(tmp_path)
     shards = _clean_run(run, [[0, 1, 1], [1, 2]], [0.5, None, 2.0])
     truth = step_partials(read_trajectories(run))
-    side = sidecar_path(shards[0])
+    side = shard_index_path(shards[0])
     with pa.OSFile(side) as f:
         table = pa.ipc.open_file(f).read_all()
     batches = table.to_batches()
@@ -166,7 +166,7 @@ def test_a_torn_sidecar_is_not_an_index(tmp_path: Any) -> None:
     run = os.fspath(tmp_path)
     shards = _clean_run(run, [[0, 1, 1], [1, 2]], [0.5, 1.5])
     truth = step_partials(read_trajectories(run))
-    side = sidecar_path(shards[1])
+    side = shard_index_path(shards[1])
     with open(side, "rb") as f:
         data = f.read()
     for cut in (len(data) - 3, len(data) // 2, 40):

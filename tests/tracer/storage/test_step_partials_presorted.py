@@ -29,7 +29,7 @@ import tracer.index.readers
 import tracer.summary
 from tracer import schema as S
 from tracer.index.readers import read_step_partials, read_trajectories
-from tracer.index.shard import INDEX_SUFFIX, load_shard_index, sidecar_path, step_sources
+from tracer.index.shard import INDEX_SUFFIX, load_shard_index, shard_index_path, step_sources
 from tracer.storage.compact import compact
 from tracer.summary import partial_metrics, step_metrics, step_partials
 
@@ -131,7 +131,7 @@ def test_shards_whose_steps_do_not_meet_answer_without_a_merge(tmp_path: Any, mo
 
 def _rewrite(shard: str, edit: Any) -> None:
     """Rewrite the shard's sidecar with ``edit(table, metadata)`` applied (everything else kept)."""
-    side = sidecar_path(shard)
+    side = shard_index_path(shard)
     with pa.OSFile(side) as f:
         table = pa.ipc.open_file(f).read_all()
     table, meta = edit(table, dict(table.schema.metadata or {}))
