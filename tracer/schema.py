@@ -153,7 +153,7 @@ TRAJECTORY_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
 TRAJECTORY_COLUMNS: tuple[str, ...] = tuple(f[0] for f in TRAJECTORY_FIELDS)
 TRAJECTORY_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in TRAJECTORY_FIELDS])
 
-# The shard index (tracer/index/shard.py, docs/format.md): a sidecar per closed shard.
+# The shard index (tracer/index/shard.py, docs/format.md): one file beside each closed shard.
 #: Column of the shard index: the record batches of the shard holding the row's trace id.
 INDEX_BATCHES = "index_batches"
 #: Column of the shard index: every span of the trace id has the same step and validate flag.
