@@ -450,14 +450,23 @@ def _capture_other(value: Any, cls: type, depth: int) -> Any:
 
 
 def instance_attribute(value: Any, name: str) -> Any:
-    """``value``'s own attribute ``name`` (its ``__dict__`` or a slot), else None; never runs the user's code."""
+    """``value``'s own attribute ``name`` (its ``__dict__`` or a slot), else a plain value its class holds
+    under that name (verl's agent loops keep their tokenizer on the class), else None; never runs the
+    user's code: properties, other descriptors and ``__getattr__`` are not called."""
     kind, extra = _kind_of(type(value))
     if kind != _OBJECT:
         return None
     try:
-        return _read_attributes(value, extra[0], extra[1]).get(name)
+        found = _read_attributes(value, extra[0], extra[1]).get(name)
     except Exception:  # an instance dict of an unusual kind
         return None
+    if found is not None:
+        return found
+    for klass in type.__getattribute__(type(value), "__mro__"):
+        held = type.__getattribute__(klass, "__dict__").get(name)
+        if held is not None:
+            return None if hasattr(type(held), "__get__") else held
+    return None
 
 
 def _read_attributes(value: Any, has_dict: bool, slots: tuple[tuple[str, Any], ...]) -> dict[str, Any]:

@@ -247,6 +247,10 @@ def test_an_instance_attribute_is_read_without_the_users_code() -> None:
         def tokenizer(self) -> str:
             raise AssertionError("never called")
 
+    class Loop:  # verl's agent loops keep their tokenizer on the class
+        tokenizer = "class tok"
+
     assert capture.instance_attribute(Engine(), "tokenizer") == "tok"
+    assert capture.instance_attribute(Loop(), "tokenizer") == "class tok"
     assert capture.instance_attribute(Proxy(), "tokenizer") is None
     assert capture.instance_attribute(BlockingIterList(), "tokenizer") is None
