@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
+from report import write_result  # noqa: E402
 
 from tracer import schema as S  # noqa: E402
 from tracer.index import rollup  # noqa: E402
@@ -222,10 +223,7 @@ def main() -> None:
         "met": all(r["rollup"]["cold"] < TARGET_S for r in results.values()),
         "measured": time.strftime("%Y-%m-%d", time.gmtime()),
     }
-    os.makedirs(os.path.dirname(RESULT), exist_ok=True)
-    with open(RESULT, "w") as f:
-        json.dump([entry], f, indent=1)
-        f.write("\n")
+    write_result(RESULT, [entry])
     print(json.dumps(entry, indent=1))
 
 

@@ -29,6 +29,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pyarrow as pa  # noqa: E402
+from report import write_result  # noqa: E402
 
 from tracer import schema as S  # noqa: E402
 from tracer.index import shard as _si  # noqa: E402
@@ -125,10 +126,7 @@ def main() -> None:
         "met": a["peak_mib"] <= 128,
         "measured": time.strftime("%Y-%m-%d", time.gmtime()),
     }
-    os.makedirs(os.path.dirname(RESULT), exist_ok=True)
-    with open(RESULT, "w") as f:
-        json.dump([entry], f, indent=1)
-        f.write("\n")
+    write_result(RESULT, [entry])
     print(json.dumps(entry, indent=1))
 
 

@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from report import write_result
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT = os.path.join(ROOT, "bench", "results", "bench_overhead.json")
 
@@ -276,10 +278,7 @@ def compare(args: argparse.Namespace) -> None:
             "measured": today,
         },
     ]
-    os.makedirs(os.path.dirname(RESULT), exist_ok=True)
-    with open(RESULT, "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
+    write_result(RESULT, result)
     print(f"wrote {RESULT}")
 
 

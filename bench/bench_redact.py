@@ -26,6 +26,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from report import write_result  # noqa: E402
+
 from tracer.record import redact as today  # noqa: E402
 
 PROSE = (
@@ -105,10 +107,7 @@ def main() -> None:
         "met": worst <= 2.0,
         "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
     }
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "redact.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
+    write_result(os.path.join(ROOT, "bench", "results", "redact.json"), result)
 
 
 if __name__ == "__main__":

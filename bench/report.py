@@ -43,6 +43,14 @@ class ResultsError(ValueError):
     """A results file that is not JSON or not objects; the message names the file."""
 
 
+def write_result(path: str, rows: dict[str, Any] | list[dict[str, Any]]) -> None:
+    """Write a bench's row (or rows) to ``path``, the results file this script reads."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(rows, f, indent=1)
+        f.write("\n")
+
+
 def bench_key(name: str) -> str:
     """One spelling per bench: ``bench_export-mlflow`` and ``export_mlflow`` are the same bench."""
     return name.removeprefix("bench_").replace("-", "_")
