@@ -100,20 +100,24 @@ class PieceTable:
         added = {int(i): t.content for i, t in backend.get_added_tokens_decoder().items()}
         raw = self._byte_level_bytes(backend, n, added)
         if raw is not None:
-            self.bytes = raw
-            texts: list[str | None] = []
-            for b in raw:
-                try:
-                    texts.append(b.decode("utf-8"))
-                except UnicodeDecodeError:
-                    texts.append(None)
-            self.texts = texts
+            self.use_bytes(raw)
             self.exact_text = self._check(tokenizer, n)
             if self.exact_text:
                 return
             self.bytes = []
         # Any other decoder: each id decoded alone (special tokens kept).
         self.texts = list(batch_decode(tokenizer, [[i] for i in range(n)]))
+
+    def use_bytes(self, raw: list[bytes]) -> None:
+        """Take ``raw`` as each id's bytes, and each id's text where its bytes are whole UTF-8 (else None)."""
+        self.bytes = raw
+        texts: list[str | None] = []
+        for b in raw:
+            try:
+                texts.append(b.decode("utf-8"))
+            except UnicodeDecodeError:
+                texts.append(None)
+        self.texts = texts
 
     @staticmethod
     def _byte_level_bytes(backend: Any, n: int, added: dict[int, str]) -> list[bytes] | None:

@@ -192,14 +192,7 @@ SECRET = "sk-" + "abcdEFGH1234ijklMNOP5678qrst"
 def table_of(vocab: list[bytes]) -> PieceTable:
     """A byte-level piece table over ``vocab`` (as one built from a tokenizer whose bytes join exactly)."""
     table = PieceTable(None)
-    table.bytes = vocab
-    texts: list[str | None] = []
-    for b in vocab:
-        try:
-            texts.append(b.decode("utf-8"))
-        except UnicodeDecodeError:
-            texts.append(None)
-    table.texts = texts
+    table.use_bytes(vocab)
     table.exact_text = True
     return table
 
