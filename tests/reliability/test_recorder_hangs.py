@@ -37,8 +37,7 @@ def _run(script: str, out: str) -> dict[str, int]:
 BLOCKING_REPR = """
 import json, sys, threading
 import tracer
-from tracer.record import capture, encode, recorder
-encode.USER_CALL_TIMEOUT_S = 0.5
+from tracer.record import capture, recorder
 capture.USER_CALL_TIMEOUT_S = 0.5
 recorder.MAX_STALL_WAIT_S = 1.0
 

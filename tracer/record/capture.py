@@ -496,7 +496,8 @@ _CAUSE = BaseException.__dict__["__cause__"]
 _CONTEXT = BaseException.__dict__["__context__"]
 _SUPPRESS = BaseException.__dict__["__suppress_context__"]
 _DICT_OF = BaseException.__dict__["__dict__"]
-_CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
+#: The two cancellation errors (recorded as ``cancelled``, not ``error``).
+CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
 
 
 class CapturedError(Exception):
@@ -514,7 +515,7 @@ def capture_error(exc: BaseException, depth: int = 0) -> BaseException:
     cls = type(exc)
     stand_in = _STAND_INS.get(cls)
     if stand_in is None:
-        bases = (CapturedError, *(c for c in _CANCELLED if issubclass(cls, c)))
+        bases = (CapturedError, *(c for c in CANCELLED if issubclass(cls, c)))
         attrs = {"__module__": _class_text(cls, "__module__"), "__qualname__": _class_text(cls, "__qualname__")}
         stand_in = type(_class_text(cls, "__name__"), bases, attrs)
         if len(_STAND_INS) >= MAX_REMEMBERED_CLASSES:
@@ -578,6 +579,13 @@ def as_text(value: Any) -> str:
     if type(value) is str:
         return value
     return str(value) if _plain_number(value) else call_bounded(str, value)
+
+
+def safe_repr(value: Any) -> str:
+    """``repr(value)`` cut to :data:`MAX_TEXT_CHARS`; a user's ``__repr__`` runs on the worker, bounded."""
+    if isinstance(getattr(type(value), "__repr__", None), types.FunctionType):
+        return call_bounded(repr, value)
+    return Deferred(repr, value).run()
 
 
 #: How :func:`convert` carries a result of each target type through the worker's text.

@@ -10,15 +10,13 @@ import array
 import base64
 import dataclasses
 import math
-import threading
 import traceback
-import types
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
-from tracer.record.capture import NON_NEGATIVE_INTS, NOT_INTS, ObjectSnapshot, Placeholder, int_kind
+from tracer.record.capture import NON_NEGATIVE_INTS, NOT_INTS, ObjectSnapshot, Placeholder, int_kind, safe_repr
 from tracer.record.pieces import PieceTable, batch_decode, piece_table
 from tracer.record.redact import REDACTED, Redactor, is_secret_key
 from tracer.schema import ATTR_TOKENS, ATTR_TRUNCATED
@@ -31,21 +29,12 @@ DEFAULT_TOKEN_FIELDS = ("prompt_ids", "response_ids", "token_ids", "input_ids", 
 #: (``*_token_offsets``, or ``*_token_texts`` when they do not spell the text; see tracer/record/pieces.py).
 PROMPT_TOKEN_FIELDS = frozenset({"prompt_ids", "input_ids"})
 
-#: Longest string kept for values the tracer does not know how to encode.
-MAX_REPR_CHARS = 2000
-
 #: Element types of lists copied to JSON as they are (ints beyond 64 bits: the json module in to_json).
 _FLAT_SCALARS = frozenset({int, str, bool, type(None)})
 _FLAT_NUMBERS = frozenset({int, bool, type(None)})
 _FLOATS = frozenset({float})
 
 _JSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
-
-#: Longest the writer waits for a user's ``__repr__``/``__str__``, seconds.
-USER_CALL_TIMEOUT_S = 2.0
-#: User calls that never returned past which Python-level reprs are no longer called (each holds a thread).
-MAX_STUCK_USER_CALLS = 4
-_stuck: list[threading.Thread] = []
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -204,7 +193,7 @@ class Encoder:
             try:
                 return self.prepare(value.tolist(), tokenizer, meta, path, depth + 1)
             except Exception:
-                return self._opaque(_safe_repr(value))
+                return self._opaque(safe_repr(value))
         if isinstance(value, (bytes, bytearray, memoryview)):
             raw = bytes(value)
             try:
@@ -220,7 +209,7 @@ class Encoder:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
             return self.prepare({"__type__": cls.__name__, **fields}, tokenizer, meta, path, depth + 1)
-        return self._opaque(_safe_repr(value))
+        return self._opaque(safe_repr(value))
 
     def _opaque(self, text: str) -> str:
         self.opaque.add(len(self.strings) - 1)
@@ -374,74 +363,30 @@ def _as_id_list(value: Any) -> tuple[Sequence[int] | None, int]:
     return (out, kind) if kind != NOT_INTS else (None, NOT_INTS)
 
 
-def _is_python_level(cls: type, method: str) -> bool:
-    return isinstance(getattr(cls, method, None), types.FunctionType)
-
-
-def call_user_code(fn: Callable[[Any], str], value: Any) -> str:
-    """``fn(value)`` on a helper thread; TimeoutError past :data:`USER_CALL_TIMEOUT_S` (or too many stuck)."""
-    _stuck[:] = [t for t in _stuck if t.is_alive()]
-    if len(_stuck) >= MAX_STUCK_USER_CALLS:
-        raise TimeoutError(f"{len(_stuck)} earlier calls never returned")
-    box: list[tuple[bool, Any]] = []
-
-    def run() -> None:
-        try:
-            box.append((True, fn(value)))
-        except BaseException as exc:  # handed to the waiting writer below
-            box.append((False, exc))
-
-    thread = threading.Thread(target=run, name="rollout-trace-user-call", daemon=True)
-    thread.start()
-    thread.join(USER_CALL_TIMEOUT_S)
-    if not box:
-        _stuck.append(thread)
-        raise TimeoutError(f"did not return within {USER_CALL_TIMEOUT_S} s")
-    ok, result = box[0]
-    if not ok:
-        raise result
-    return str(result)
-
-
-def _safe_repr(value: Any) -> str:
-    try:
-        text = call_user_code(repr, value) if _is_python_level(type(value), "__repr__") else repr(value)
-    except Exception as exc:  # a user's __repr__ may raise; record that it did
-        return f"<{type(value).__name__}: repr failed: {type(exc).__name__}>"
-    if len(text) > MAX_REPR_CHARS:
-        text = text[:MAX_REPR_CHARS] + f"... <{len(text) - MAX_REPR_CHARS} more chars>"
-    return text
-
-
 def to_json(value: Any) -> str:
     """JSON text of prepared data; never raises."""
     try:
-        return orjson.dumps(value, option=_JSON_OPTS, default=_safe_repr).decode("utf-8")
+        return orjson.dumps(value, option=_JSON_OPTS, default=safe_repr).decode("utf-8")
     except Exception:
         try:
             import json
 
             # ensure_ascii escapes lone surrogates, which orjson refuses.
-            return json.dumps(value, default=_safe_repr)
+            return json.dumps(value, default=safe_repr)
         except Exception as exc:
             return orjson.dumps(f"<unencodable: {type(exc).__name__}>").decode("utf-8")
 
 
 def error_fields(exc: BaseException) -> dict[str, str]:
-    """An exception's type, message and formatted traceback (user ``__str__`` guarded)."""
+    """An exception's type, message and formatted traceback (``exc`` captured: formatting runs no user code)."""
     cls = type(exc)
     name = cls.__qualname__ if cls.__module__ in ("builtins", "__main__") else f"{cls.__module__}.{cls.__qualname__}"
-    user_str = _is_python_level(cls, "__str__")
     try:
-        message = call_user_code(str, exc) if user_str else str(exc)
+        message = str(exc)
     except Exception:
         message = "<str() of the exception failed>"
     try:
-        if user_str:
-            # format_exception calls the user's __str__ again: guard it the same way.
-            tb = call_user_code(lambda e: "".join(traceback.format_exception(type(e), e, e.__traceback__)), exc)
-        else:
-            tb = "".join(traceback.format_exception(cls, exc, exc.__traceback__))
+        tb = "".join(traceback.format_exception(cls, exc, exc.__traceback__))
     except Exception:
         tb = ""
     return {"type": name, "message": message, "traceback": tb}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import numbers
 import os
 from typing import Any
 
@@ -17,7 +18,7 @@ import pyarrow as pa
 from tracer import schema as S
 from tracer.config import TraceConfig
 from tracer.record.accounting import ATTR_REPLACED, ProblemLog
-from tracer.record.capture import instance_attribute
+from tracer.record.capture import CANCELLED, instance_attribute
 from tracer.record.context import Trajectory
 from tracer.record.encode import Encoder, error_fields, to_json
 from tracer.record.redact import Redactor
@@ -208,7 +209,7 @@ class SpanEncoder:
             prepared.append((inputs, outputs, attrs, special is None and exc is None))
             names[i] = traj.name if special == "root" and traj is not None else spec.name
             if exc is not None:
-                if _is_cancel(exc):
+                if isinstance(exc, CANCELLED):
                     statuses[i] = S.STATUS_CANCELLED
                 else:
                     statuses[i] = S.STATUS_ERROR
@@ -360,21 +361,9 @@ def _verl_texts(inputs: Any, outputs: Any) -> None:
         outputs["response_text"] = outputs.pop("token_text")
 
 
-def _is_cancel(exc: BaseException) -> bool:
-    import asyncio
-    import concurrent.futures
-
-    return isinstance(exc, (asyncio.CancelledError, concurrent.futures.CancelledError))
-
-
 def as_reward(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
+    """A reward op's return as a float (None when it is no real number)."""
     try:
-        import numbers
-
-        if isinstance(value, numbers.Real):
-            return float(value)
+        return float(value) if isinstance(value, numbers.Real) else None
     except (TypeError, ValueError):
         return None
-    return None

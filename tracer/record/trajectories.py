@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tracer import schema as S
+from tracer.record.capture import capture_error
 from tracer.record.context import Trajectory
 from tracer.record.sampling import OUT, StepSampler
 from tracer.record.spec import ROOT_SPEC, OpSpec
@@ -118,7 +119,8 @@ class Trajectories:
     def end_trajectory(self, traj: Trajectory, start: int, exc: BaseException | None) -> None:
         """Close a rollout_trace_attr block: write its root unless an op was the root."""
         if traj.recording and not traj.root_claimed and traj.spans > 0:
-            head = (traj.root_span_id, None, traj.trace_id, ROOT_SPEC, traj, start, time.time_ns(), exc)
+            error = None if exc is None else capture_error(exc)
+            head = (traj.root_span_id, None, traj.trace_id, ROOT_SPEC, traj, start, time.time_ns(), error)
             self.append(head + (None, None, None, None))
 
     def find_trajectory(self, step: Any, sample_index: str | None, rollout_n: Any, validate: Any) -> Trajectory | None:
