@@ -54,17 +54,10 @@ class ProblemLog:
             )
 
 
-class Totals:
-    """Counts carried over from the recorders a re-init replaced."""
-
-    __slots__ = ("written", "dropped", "failed", "replaced")
-
-    def __init__(self, written: int = 0, dropped: int = 0, failed: int = 0, replaced: int = 0) -> None:
-        self.written, self.dropped, self.failed, self.replaced = written, dropped, failed, replaced
-
-
-#: What a result had reported: failed, dropped, replaced, problems by kind (see :meth:`Accounting.marks`).
-Marks = tuple[int, int, int, "collections.Counter[str]"]
+#: The span and value counts of a recorder (attributes of :class:`Accounting`).
+COUNTS = ("written", "dropped", "failed", "replaced")
+#: What a result had reported: process totals by count, problems by kind (see :meth:`Accounting.marks`).
+Marks = tuple["collections.Counter[str]", "collections.Counter[str]"]
 
 
 class Accounting:
@@ -72,66 +65,47 @@ class Accounting:
 
     def __init__(self) -> None:
         self.problems = ProblemLog()
-        #: Spans written to the files by this recorder.
-        self.written = 0
-        #: Spans dropped (buffer full, writer stalled, recorder closed).
-        self.dropped = 0
-        #: Spans that could not be written (storage errors, unencodable).
-        self.failed = 0
-        #: Values replaced by a placeholder because a column could not hold them.
-        self.replaced = 0
-        #: Totals of the recorders this one replaced.
-        self.base = Totals()
-        self._failed_at, self._dropped_at, self._replaced_at = 0, 0, 0
+        #: Spans written; dropped (buffer full, writer stalled, recorder closed); not written (storage errors,
+        #: unencodable); values replaced by a placeholder because a column could not hold them.
+        self.written, self.dropped, self.failed, self.replaced = 0, 0, 0, 0
+        #: Totals of the recorders this one replaced, by name in :data:`COUNTS`.
+        self.base: collections.Counter[str] = collections.Counter()
+        self._reported: collections.Counter[str] = collections.Counter()
         self._problems_at: collections.Counter[str] = collections.Counter()
 
-    def written_total(self, n: int = 0) -> int:
-        """Spans this process has written, counting ``n`` more."""
-        return self.base.written + self.written + n
-
-    def dropped_total(self) -> int:
-        """Spans this process has dropped."""
-        return self.base.dropped + self.dropped
+    def total(self, name: str) -> int:
+        """This process's count ``name`` (one of :data:`COUNTS`)."""
+        return self.base[name] + int(getattr(self, name))
 
     def result(self, done: bool, message: str = "") -> FlushResult:
         """The flush result: ok when nothing failed or was dropped since the previous one; counts are process totals."""
-        base = self.base
-        failed = base.failed + self.failed
-        dropped = base.dropped + self.dropped
-        replaced = base.replaced + self.replaced
-        new_failed = failed - self._failed_at
-        new_dropped = dropped - self._dropped_at
-        new_replaced = replaced - self._replaced_at
+        totals = collections.Counter({name: self.total(name) for name in COUNTS})
+        new = totals - self._reported
         counts = collections.Counter(self.problems.counts)
         new_problems = counts - self._problems_at
-        self._failed_at, self._dropped_at = failed, dropped
-        self._replaced_at, self._problems_at = replaced, counts
+        self._reported, self._problems_at = totals, counts
         # A writer error is a cycle that ended early: what it held is unaccounted for.
-        ok = done and new_failed == 0 and new_dropped == 0 and not new_problems["writer error"]
+        ok = done and not new["failed"] and not new["dropped"] and not new_problems["writer error"]
         parts = [message] if message else []
-        if new_dropped:
-            parts.append(f"{new_dropped} spans dropped since the last flush (buffer full or writer stalled)")
-        if new_failed:
-            parts.append(f"{new_failed} spans not written since the last flush")
-        if new_replaced:
-            parts.append(f"{new_replaced} values replaced by placeholders (see the spans' {ATTR_REPLACED!r})")
+        if new["dropped"]:
+            parts.append(f"{new['dropped']} spans dropped since the last flush (buffer full or writer stalled)")
+        if new["failed"]:
+            parts.append(f"{new['failed']} spans not written since the last flush")
+        if new["replaced"]:
+            parts.append(f"{new['replaced']} values replaced by placeholders (see the spans' {ATTR_REPLACED!r})")
         parts.extend(f"{k} x{v}: {self.problems.last.get(k, '')}" for k, v in new_problems.items())
-        return FlushResult(
-            ok, base.written + self.written, dropped, failed, sum(counts.values()), "; ".join(parts), replaced
-        )
+        written, dropped, failed, replaced = (totals[name] for name in COUNTS)
+        return FlushResult(ok, written, dropped, failed, sum(counts.values()), "; ".join(parts), replaced)
 
     def marks(self) -> Marks:
         """What the last result had reported (pass to :meth:`adopt`)."""
-        return (self._failed_at, self._dropped_at, self._replaced_at, collections.Counter(self._problems_at))
+        return collections.Counter(self._reported), collections.Counter(self._problems_at)
 
     def adopt(self, old: Accounting, marks: Marks | None = None) -> None:
         """Take over the counts of ``old``; ``marks`` (taken before its shutdown): what was already reported."""
-        ob = old.base
-        self.base = Totals(
-            ob.written + old.written, ob.dropped + old.dropped, ob.failed + old.failed, ob.replaced + old.replaced
-        )
-        failed_at, dropped_at, replaced_at, problems_at = marks if marks is not None else old.marks()
-        self._failed_at, self._dropped_at, self._replaced_at = failed_at, dropped_at, replaced_at
+        self.base = collections.Counter({name: old.total(name) for name in COUNTS})
+        reported, problems_at = marks if marks is not None else old.marks()
+        self._reported = reported
         self._problems_at = self._problems_at + problems_at
         self.problems.counts.update(collections.Counter(old.problems.counts))
         for kind, detail in old.problems.last.items():

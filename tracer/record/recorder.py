@@ -236,8 +236,8 @@ class Recorder:
 
     def _batch_metadata(self, n: int) -> dict[str, str]:
         meta = {
-            S.BATCH_META_SPANS_WRITTEN: str(self.account.written_total(n)),
-            S.BATCH_META_SPANS_DROPPED: str(self.account.dropped_total()),
+            S.BATCH_META_SPANS_WRITTEN: str(self.account.total("written") + n),
+            S.BATCH_META_SPANS_DROPPED: str(self.account.total("dropped")),
             S.BATCH_META_INTERNAL_ERRORS: str(sum(self.problems.counts.values())),
         }
         if self.sampler is not None and self.sampler.has_decisions:

@@ -79,20 +79,11 @@ class Group:
             return None
         return sum(((Fraction(v) - m) ** 2 for v in self.values), Fraction(0)) / len(self.values)
 
-    @property
-    def mean(self) -> float | None:
-        """:attr:`exact_mean` rounded to a float (as written in the decision)."""
-        m = self.exact_mean
-        return None if m is None else _as_float(m)
 
-    @property
-    def variance(self) -> float | None:
-        """:attr:`exact_variance` rounded to a float (inf past the float range)."""
-        v = self.exact_variance
-        return None if v is None else _as_float(v)
-
-
-def _as_float(x: Fraction) -> float:
+def _as_float(x: Fraction | None) -> float | None:
+    """``x`` rounded to a float as a decision writes it (inf past the float range)."""
+    if x is None:
+        return None
     try:
         return float(x)
     except OverflowError:
@@ -239,9 +230,7 @@ class StepSampler:
         """Return the sample's state if it is (so far) chosen, else None."""
         bkey = (step, bool(validate))
         with self._lock:
-            bucket = self._buckets.get(bkey)
-            if bucket is None:
-                bucket = self._new_bucket(bkey)
+            bucket = self._buckets.get(bkey) or self._new_bucket(bkey)
             sample = bucket.admitted.get(sample_index)
             if sample is not None:
                 return sample if sample.state != OUT else None
@@ -310,11 +299,8 @@ class StepSampler:
         """
         sample = traj.sample
         with self._lock:
-            seen = sample.seen.get(traj.root_span_id)
-            if seen is None:
-                seen = sample.seen[traj.root_span_id] = _Seen()
-            if ended:
-                seen.ended = True
+            seen = sample.seen.setdefault(traj.root_span_id, _Seen())
+            seen.ended = seen.ended or ended
             value = _finite(log_reward)
             if value is not None:
                 seen.log_reward = value
@@ -404,7 +390,7 @@ class StepSampler:
                 entry: dict[str, Any] = {
                     S.SAMPLE_INDEX: g.key,
                     "trajectories": len(bucket.admitted[g.key].trajectories),
-                    "value": g.mean if self.strategy == EXTREMES else g.variance,
+                    "value": _as_float(g.exact_mean if self.strategy == EXTREMES else g.exact_variance),
                 }
                 if rank is not None:
                     entry["rank"] = rank
