@@ -1,8 +1,8 @@
 """The process's recorder (``ACTIVE``, set by :func:`tracer.init`): the buffer decorators append to, and the writer.
 
 The writer thread drains the buffer every ``flush_interval_s`` (sooner when it fills or on :func:`tracer.flush`)
-through the sampling gate and the span encoder, writes a zstd Arrow batch with ``fsync``, then feeds the live
-exporters (:mod:`tracer.record.fanout`).
+through the sampler and the span encoder, writes a zstd Arrow batch with ``fsync``, then feeds the live
+exporters (its drivers, one per backend).
 """
 
 from __future__ import annotations
@@ -29,10 +29,8 @@ from tracer.index.closed import shard_closed
 from tracer.record import lifecycle
 from tracer.record.accounting import Accounting
 from tracer.record.accounting import FlushResult as FlushResult
-from tracer.record.fanout import Fanout
 from tracer.record.redact import Redactor
 from tracer.record.sampling import StepSampler, decisions_json
-from tracer.record.sampling_gate import SamplingGate
 from tracer.record.span_encoder import SpanEncoder
 from tracer.record.trajectories import CALLER, Trajectories
 from tracer.storage.upload import UploadingSpanWriter
@@ -73,13 +71,12 @@ class Recorder:
         n = c.max_samples_per_step_per_worker
         sampling = (c.seed, c.flush_interval_s, c.sample_strategy, c.sample_by, c.sample_candidates_per_step)
         self.sampler = StepSampler(n, *sampling) if n else None
-
-        self.gate = SamplingGate(self.sampler) if self.sampler is not None else None
         self.account = Accounting()
         self.problems = self.account.problems
         self.redactor = Redactor(c.redact_patterns) if c.redact else None
         self.encoder = SpanEncoder(c, self.problems, self.span_prefix, self.trace_prefix, self.redactor)
-        self.fanout = Fanout(self.problems)
+        #: Live exporters fed each durable batch (writer thread); a driver's failure is counted in ``problems``.
+        self.drivers: list[Driver] = []
         self.trajectories = Trajectories(self.span_ids, self.trace_ids, self.sampler, self.append)
         self.open_span = self.trajectories.open_span
         self.new_trajectory = self.trajectories.new_trajectory
@@ -178,7 +175,7 @@ class Recorder:
 
     def add_driver(self, driver: Driver) -> None:
         """Feed ``driver`` each durable batch (writer thread), flush it in flush(), shut it down last."""
-        self.fanout.add(driver)
+        self.drivers.append(driver)
 
     def _run(self) -> None:
         while True:
@@ -205,9 +202,9 @@ class Recorder:
         if records:
             with self._cond:
                 self._cond.notify_all()  # room for blocked callers
-        if self.gate is not None:
+        if self.sampler is not None:
             try:
-                records = self.gate.admit(records, force)
+                records = self.sampler.gate(records, force)
             except Exception as exc:  # write them all rather than lose them
                 self.problems.report("sampling failed", f"{type(exc).__name__}: {exc}; spans written unsampled", exc)
         for i in range(0, len(records), BATCH_ROWS):
@@ -232,7 +229,11 @@ class Recorder:
             )
             return
         self.account.written += n
-        self.fanout.export(batch)
+        for driver in self.drivers:
+            try:
+                driver.export(batch)
+            except Exception as exc:
+                self.problems.report("exporter error", f"{type(driver).__qualname__}: {exc}", exc)
 
     def _batch_metadata(self, n: int) -> dict[str, str]:
         meta = {
@@ -251,7 +252,7 @@ class Recorder:
 
     def flush(self, timeout: float | None = 30.0) -> FlushResult:
         """Wait until everything recorded before this call is durable."""
-        if self._thread is None and not self.buffer and not (self.gate is not None and self.gate.held):
+        if self._thread is None and not self.buffer and not (self.sampler is not None and self.sampler.held):
             return self.account.result(True)
         self._start_thread()
         with self._cond:
@@ -269,7 +270,11 @@ class Recorder:
                     return self.account.result(False, f"flush timed out after {timeout} s; the writer is still busy")
                 self._cond.wait(timeout=0.1 if left is None else min(left, 0.1))
         # What each live backend failed to take, all within the same deadline.
-        exported = self.fanout.flush(None if deadline is None else deadline - time.monotonic())
+        exported: list[str] = []
+        if self.drivers:
+            from tracer.exporters.bounded import flush_drivers
+
+            exported = flush_drivers(self.drivers, None if deadline is None else deadline - time.monotonic())
         first = self.problems.first_exception
         if self.strict and first is not None:
             self.problems.first_exception = None
@@ -292,7 +297,12 @@ class Recorder:
             self.writer.close()
         except Exception as exc:
             self.problems.report("close failed", str(exc), exc)
-        self.fanout.shutdown(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+        if self.drivers:
+            from tracer.exporters.bounded import shutdown_drivers
+
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            for line in shutdown_drivers(self.drivers, left):
+                self.problems.report("exporter shutdown failed", line)
         buf = self.buffer
         while buf:  # appended after the writer's last cycle
             self._forward(buf.popleft())

@@ -9,6 +9,7 @@ is decided. Each decision is written into the next batch's metadata (:data:`trac
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import threading
 import time
@@ -19,6 +20,8 @@ from typing import Any
 
 from tracer import schema as S
 from tracer.read import TracePaths, list_trace_files
+from tracer.record.span_encoder import R_ARGS, R_EXC, R_OUT, R_SPAN, R_SPEC, R_TRAJ, as_reward
+from tracer.record.spec import OpSpec
 from tracer.storage.decisions import SOURCE_FILE, file_decisions, metadata_value
 from tracer.storage.files import read_batches
 from tracer.summary import RESPONSE_ID_KEYS
@@ -216,6 +219,8 @@ class StepSampler:
         self._buckets: dict[tuple[Any, bool], _Bucket] = {}
         self._epoch = 0
         self._unwritten: dict[tuple[Any, bool], dict[str, Any]] = {}
+        #: Span records of groups not decided yet, in arrival order (see :meth:`gate`).
+        self.held: list[tuple[Any, ...]] = []
 
     def parameters(self) -> dict[str, Any]:
         """The strategy and its parameters (written into every file's metadata)."""
@@ -341,6 +346,38 @@ class StepSampler:
     def has_decisions(self) -> bool:
         """Decisions wait to be written."""
         return bool(self._unwritten)
+
+    def gate(self, records: list[tuple[Any, ...]], force: bool) -> list[tuple[Any, ...]]:
+        """The span records to write now, of the held ones and ``records`` (writer thread; ``force``: decide all).
+
+        Spans of groups not decided yet are held between writer cycles; extremes/variance see their ends,
+        rewards and lengths first.
+        """
+        for rec in records if self.watches else ():
+            traj = rec[R_TRAJ]
+            if traj is None or traj.sample is None or traj.sample.state != PENDING:
+                continue
+            spec: OpSpec = rec[R_SPEC]
+            op = spec.special is None and rec[R_EXC] is None
+            self.observe(
+                traj,
+                rec[R_SPAN] == traj.root_span_id,
+                rec[R_ARGS][0] if spec.special == "reward" else None,
+                as_reward(rec[R_OUT]) if op and spec.kind == S.KIND_REWARD else None,
+                rec[R_OUT] if op and spec.kind == S.KIND_LLM else None,
+            )
+        self.decide(force)
+        ready: list[tuple[Any, ...]] = []
+        held: list[tuple[Any, ...]] = []
+        for rec in itertools.chain(self.held, records):
+            traj = rec[R_TRAJ]
+            state = IN if traj is None or traj.sample is None else traj.sample.state
+            if state == IN:
+                ready.append(rec)
+            elif state == PENDING:
+                held.append(rec)
+        self.held = held
+        return ready
 
     def _complete(self, bucket: _Bucket) -> bool:
         for sample in bucket.admitted.values():
