@@ -85,7 +85,7 @@ def named_trajectory(
     if frame is not None and frame[2] is not None and step is None and sample_index is None:
         return frame[2]
     key_index = None if sample_index is None else as_text(sample_index)
-    traj: Trajectory | None = rec.find_trajectory(step, key_index, rollout_n, validate)
+    traj: Trajectory | None = rec.trajectories.find_trajectory(step, key_index, rollout_n, validate)
     if traj is not None:
         return traj
     if key_index is None:

@@ -313,7 +313,7 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
         if rec is None:
             return self
         try:
-            traj = rec.new_trajectory(
+            traj = rec.trajectories.new_trajectory(
                 self.step, self.sample_index, self.rollout_n, self.validate, self.name, self.extra, self.trace
             )
         except Exception as exc:
@@ -332,7 +332,7 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
         rec, traj = self._rec, self._traj
         assert rec is not None and traj is not None
         try:
-            rec.end_trajectory(traj, self._start, exc)
+            rec.trajectories.end_trajectory(traj, self._start, exc)
         except Exception as err:
             rec.internal_error("ending a trajectory", err)
 

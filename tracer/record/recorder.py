@@ -79,9 +79,6 @@ class Recorder:
         self.drivers: list[Driver] = []
         self.trajectories = Trajectories(self.span_ids, self.trace_ids, self.sampler, self.append)
         self.open_span = self.trajectories.open_span
-        self.new_trajectory = self.trajectories.new_trajectory
-        self.end_trajectory = self.trajectories.end_trajectory
-        self.find_trajectory = self.trajectories.find_trajectory
         self._wake = threading.Event()
         # Event.set's lock is not reentrant (a signal handler inside set() would deadlock): setters try this first.
         self._wake_guard = threading.Lock()
@@ -326,24 +323,13 @@ def _open_writer(rec: Recorder) -> SpanWriter:
         S.META_CREATED_NS: str(time.time_ns()),
         **({S.META_SAMPLING: json.dumps(rec.sampler.parameters())} if rec.sampler is not None else {}),
     }
+    sizes = (c.compression_level, c.max_file_bytes)
     if not is_remote(c.output_dir):
-        return SpanWriter(
-            c.run_dir,
-            meta,
-            compression_level=c.compression_level,
-            max_file_bytes=c.max_file_bytes,
-            on_close=shard_closed,
-        )
+        return SpanWriter(c.run_dir, meta, *sizes, on_close=shard_closed)
     # At exit the uploading writer calls back here to flush the buffer before it uploads (tracer/storage/upload.py).
-    return UploadingSpanWriter(
-        join_uri(c.output_dir, c.project_dir, c.experiment_dir),
-        meta,
-        compression_level=c.compression_level,
-        max_file_bytes=c.max_file_bytes,
-        upload_interval_s=c.upload_interval_s,
-        report=rec.problems.report,
-        at_exit=functools.partial(_shutdown_at_exit, rec),
-    )
+    dest = join_uri(c.output_dir, c.project_dir, c.experiment_dir)
+    at_exit = functools.partial(_shutdown_at_exit, rec)
+    return UploadingSpanWriter(dest, meta, *sizes, c.upload_interval_s, rec.problems.report, at_exit=at_exit)
 
 
 def set_active(rec: Recorder | None) -> FlushResult | None:

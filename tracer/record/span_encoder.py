@@ -115,63 +115,33 @@ class SpanEncoder:
         becomes a marked placeholder, named in the span's ``rollout_trace.replaced`` attribute and counted.
         """
         n = len(records)
-        rewards: list[float | None] = [None] * n
-        statuses: list[str] = [S.STATUS_OK] * n
-        errors: list[Any] = [None] * n
-        names: list[Any] = [None] * n
-        inputs_col: list[str | None] = []
-        outputs_col: list[str | None] = []
-        attrs_col: list[str | None] = []
+        cols: dict[str, list[Any]] = {S.REWARD: [None] * n, S.STATUS: [S.STATUS_OK] * n, S.ERROR: [None] * n}
+        cols.update({S.NAME: [None] * n, S.INPUTS: [], S.OUTPUTS: [], S.ATTRIBUTES: []})
         for lo in range(0, n, ENCODE_CHUNK):
-            texts = self._encode_chunk(records, lo, min(n, lo + ENCODE_CHUNK), rewards, statuses, errors, names)
-            inputs_col.extend(texts[0])
-            outputs_col.extend(texts[1])
-            attrs_col.extend(texts[2])
+            self._encode_chunk(records, lo, min(n, lo + ENCODE_CHUNK), cols)
         trajs: list[Trajectory | None] = [r[R_TRAJ] for r in records]
-        steps = [None if t is None else t.step for t in trajs]
-        samples: list[Any] = [None if t is None else t.sample_index for t in trajs]
-        rollouts = [None if t is None else t.rollout_n for t in trajs]
-        validates = [None if t is None else t.validate for t in trajs]
+        for name in (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE):  # Trajectory's attributes of the same names
+            cols[name] = [None if t is None else getattr(t, name) for t in trajs]
+        errors = cols[S.ERROR]
         redactor = self.redactor
         if redactor is not None:
             errors = [None if e is None else redactor.value(e) for e in errors]
-            names = redactor.texts(names)
-            samples = redactor.texts(samples)
-        errors_col = [None if e is None else to_json(e) for e in errors]
+            cols[S.NAME] = redactor.texts(cols[S.NAME])
+            cols[S.SAMPLE_INDEX] = redactor.texts(cols[S.SAMPLE_INDEX])
+        cols[S.ERROR] = [None if e is None else to_json(e) for e in errors]
         sp, tp = self.span_prefix, self.trace_prefix
-        cols: dict[str, list[Any]] = {
-            S.TRACE_ID: [f"{tp}{r[R_TRACE]:016x}" if r[R_TRACE] else "" for r in records],
-            S.SPAN_ID: [f"{sp}{r[R_SPAN]:08x}" for r in records],
-            S.PARENT_SPAN_ID: [None if r[R_PARENT] is None else f"{sp}{r[R_PARENT]:08x}" for r in records],
-            S.NAME: names,
-            S.KIND: [r[R_SPEC].kind for r in records],
-            S.START_NS: [r[R_START] for r in records],
-            S.END_NS: [r[R_END] for r in records],
-            S.STATUS: statuses,
-            S.ERROR: errors_col,
-            S.STEP: steps,
-            S.SAMPLE_INDEX: samples,
-            S.ROLLOUT_N: rollouts,
-            S.VALIDATE: validates,
-            S.REWARD: rewards,
-            S.INPUTS: inputs_col,
-            S.OUTPUTS: outputs_col,
-            S.ATTRIBUTES: attrs_col,
-        }
+        cols[S.TRACE_ID] = [f"{tp}{r[R_TRACE]:016x}" if r[R_TRACE] else "" for r in records]
+        cols[S.SPAN_ID] = [f"{sp}{r[R_SPAN]:08x}" for r in records]
+        cols[S.PARENT_SPAN_ID] = [None if r[R_PARENT] is None else f"{sp}{r[R_PARENT]:08x}" for r in records]
+        cols[S.KIND] = [r[R_SPEC].kind for r in records]
+        cols[S.START_NS] = [r[R_START] for r in records]
+        cols[S.END_NS] = [r[R_END] for r in records]
         slices, big = _byte_bounded_slices(cols, n)
         return [self._build_batch(cols, lo, hi, big) for lo, hi in slices]
 
-    def _encode_chunk(
-        self,
-        records: list[tuple[Any, ...]],
-        lo: int,
-        hi: int,
-        rewards: list[float | None],
-        statuses: list[str],
-        errors: list[Any],
-        names: list[Any],
-    ) -> tuple[list[str | None], list[str | None], list[str | None]]:
-        """JSON text of the inputs, outputs and attributes of ``records[lo:hi]``; fills those rows of the rest."""
+    def _encode_chunk(self, records: list[tuple[Any, ...]], lo: int, hi: int, cols: dict[str, list[Any]]) -> None:
+        """Append the JSON text of ``records[lo:hi]``'s inputs, outputs and attributes; fill those rows of the rest."""
+        rewards, statuses, errors, names = cols[S.REWARD], cols[S.STATUS], cols[S.ERROR], cols[S.NAME]
         cfg = self.config
         enc = Encoder(cfg.token_fields, cfg.token2text, cfg.max_tokens, cfg.store_full_token, cfg.redact)
         prepared: list[tuple[Any, Any, dict[str, Any], bool]] = []
@@ -230,11 +200,9 @@ class SpanEncoder:
             clean = functools.partial(redactor.value, done=done)
             prepared = [(clean(p[0]), clean(p[1]), clean(p[2]), p[3]) if f else p for p, f in zip(prepared, flags)]
         self._store_history_once(chunk, prepared)
-        return (
-            [None if p[0] is None else to_json(p[0]) for p in prepared],
-            [to_json(p[1]) if p[3] else None for p in prepared],
-            [to_json(p[2]) if p[2] else None for p in prepared],
-        )
+        cols[S.INPUTS].extend(None if p[0] is None else to_json(p[0]) for p in prepared)
+        cols[S.OUTPUTS].extend(to_json(p[1]) if p[3] else None for p in prepared)
+        cols[S.ATTRIBUTES].extend(to_json(p[2]) if p[2] else None for p in prepared)
 
     def _store_history_once(self, records: list[tuple[Any, ...]], prepared: list[tuple[Any, Any, Any, bool]]) -> None:
         """Turn each llm span's prompt_ids that extend its trajectory's last llm turn into a reference."""
