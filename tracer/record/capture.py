@@ -253,14 +253,11 @@ class _Guard:
         d._result, d._fn, d._value = f"<{what} not recorded: {why}>", None, None
         report_placeholder(f"{what} {why}; written as a placeholder")
 
-    def reset(self) -> None:
-        """A fresh worker and queue (the child after a fork: threads do not survive it)."""
-        self.__init__()  # type: ignore[misc]
-
 
 _GUARD = _Guard()
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_GUARD.reset)
+    # A fresh worker and queue in the child: threads do not survive a fork.
+    os.register_at_fork(after_in_child=_GUARD.__init__)  # type: ignore[misc]
 
 
 def report_placeholder(detail: str) -> None:
@@ -308,26 +305,15 @@ def capture(value: Any, depth: int = 0) -> Any:
         return value
     if depth >= MAX_DEPTH:
         return Placeholder(f"<nested deeper than {MAX_DEPTH} levels>")
-    if cls is list:
-        # Token id lists: checked and copied in C, untracked at once.
-        if value:
-            kind = int_kind(value)
-            if kind == NON_NEGATIVE_INTS:
-                return _untracked(tuple(value))
-            if kind == INTS:
-                return _untracked(value.copy())
-        if IMMUTABLE_TYPES.issuperset(map(type, value)):
-            return _untracked(value.copy())  # logprobs, texts: flat, and no one else holds the copy
-        return [capture(v, depth + 1) for v in value]
-    if cls is tuple:
-        # Only a checked id sequence stays a tuple (see the docstring).
+    if cls is list or cls is tuple:
+        # Token id lists: checked and copied in C, untracked at once; only a checked id sequence is a tuple.
         if not value:
-            return value
+            return value if cls is tuple else _untracked([])
         kind = int_kind(value)
         if kind == NON_NEGATIVE_INTS:
-            return _untracked(value)  # ints only: what the collector would do to it, sooner
+            return _untracked(value if cls is tuple else tuple(value))
         if kind == INTS or IMMUTABLE_TYPES.issuperset(map(type, value)):
-            return _untracked(list(value))
+            return _untracked(list(value))  # logprobs, texts: flat, and no one else holds the copy
         return [capture(v, depth + 1) for v in value]
     if cls is dict:
         return _capture_dict(value, depth)
@@ -350,25 +336,22 @@ _SEQUENCE, _DICT, _NUMPY, _TORCH, _BYTES, _ARRAY, _OBJECT, _REPR, _KEEP = range(
 _KINDS: dict[type, tuple[int, tuple[Any, ...]]] = {}
 #: Classes remembered by :func:`_kind_of` (classes made at run time would otherwise grow it).
 MAX_REMEMBERED_CLASSES = 4096
-_ITERATORS: tuple[tuple[type, Callable[[Any], Any]], ...] = (
-    (list, list.__iter__),
-    (tuple, tuple.__iter__),
-    (set, set.__iter__),
-    (frozenset, frozenset.__iter__),
-    (collections.deque, collections.deque.__iter__),
-)
+#: Builtin sequences: a subclass's items are read through the builtin's own ``__iter__``.
+_SEQUENCES: tuple[type, ...] = (list, tuple, set, frozenset, collections.deque)
+
+
+def _remember(cache: dict[type, Any], cls: type, value: Any) -> Any:
+    """``cache[cls] = value`` (a cache by class, emptied past :data:`MAX_REMEMBERED_CLASSES`); returns ``value``."""
+    if len(cache) >= MAX_REMEMBERED_CLASSES:
+        cache.clear()
+    cache[cls] = value
+    return value
 
 
 def _kind_of(cls: type) -> tuple[int, tuple[Any, ...]]:
     """How to snapshot instances of ``cls`` without running its code (see :func:`capture`); cached."""
     known = _KINDS.get(cls)
-    if known is not None:
-        return known
-    kind = _classify(cls)
-    if len(_KINDS) >= MAX_REMEMBERED_CLASSES:
-        _KINDS.clear()
-    _KINDS[cls] = kind
-    return kind
+    return known if known is not None else _remember(_KINDS, cls, _classify(cls))
 
 
 def _classify(cls: type) -> tuple[int, tuple[Any, ...]]:
@@ -382,9 +365,9 @@ def _classify(cls: type) -> tuple[int, tuple[Any, ...]]:
         return _NUMPY, ()
     if module == "torch" and cls.__name__ in ("Tensor", "Parameter"):
         return _TORCH, ()
-    for base, iterate in _ITERATORS:
+    for base in _SEQUENCES:
         if issubclass(cls, base):
-            return _SEQUENCE, (iterate,)
+            return _SEQUENCE, (vars(base)["__iter__"],)
     if issubclass(cls, dict):
         return _DICT, ()
     if issubclass(cls, (bytearray, memoryview)):
@@ -517,10 +500,7 @@ def capture_error(exc: BaseException, depth: int = 0) -> BaseException:
     if stand_in is None:
         bases = (CapturedError, *(c for c in CANCELLED if issubclass(cls, c)))
         attrs = {"__module__": _class_text(cls, "__module__"), "__qualname__": _class_text(cls, "__qualname__")}
-        stand_in = type(_class_text(cls, "__name__"), bases, attrs)
-        if len(_STAND_INS) >= MAX_REMEMBERED_CLASSES:
-            _STAND_INS.clear()
-        _STAND_INS[cls] = stand_in
+        stand_in = _remember(_STAND_INS, cls, type(_class_text(cls, "__name__"), bases, attrs))
     out = stand_in(deferred(str, exc))
     out.__traceback__ = _TRACEBACK.__get__(exc)
     if depth < MAX_ERROR_CHAIN:
@@ -543,14 +523,8 @@ def _plain_error(exc: BaseException, depth: int) -> bool:
     cls = type(exc)
     plain = _PLAIN_ERRORS.get(cls)
     if plain is None:
-        plain = (
-            not isinstance(getattr(cls, "__str__", None), types.FunctionType)
-            and _builtin_getattribute(cls)
-            and getattr(cls, "__getattr__", None) is None
-        )
-        if len(_PLAIN_ERRORS) >= MAX_REMEMBERED_CLASSES:
-            _PLAIN_ERRORS.clear()
-        _PLAIN_ERRORS[cls] = plain
+        plain = not isinstance(getattr(cls, "__str__", None), types.FunctionType) and _builtin_getattribute(cls)
+        plain = _remember(_PLAIN_ERRORS, cls, plain and getattr(cls, "__getattr__", None) is None)
     if not plain or not IMMUTABLE_TYPES.issuperset(map(type, _ARGS.__get__(exc))):
         return False
     notes = _DICT_OF.__get__(exc).get("__notes__")
