@@ -306,8 +306,6 @@ def _byte_bounded_slices(cols: dict[str, list[Any]], n: int) -> tuple[list[tuple
         return [(0, n)], total * 4 > MAX_VALUE_BYTES
     sizes = [sum(len(c[i]) for c in text_cols if c[i] is not None) for i in range(n)]
     big = bool(sizes) and max(sizes) * 4 > MAX_VALUE_BYTES
-    if sum(sizes) <= BATCH_CHARS:
-        return [(0, n)], big
     out: list[tuple[int, int]] = []
     lo, acc = 0, 0
     for i, size in enumerate(sizes):

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import collections
+import functools
 import os
-import threading
 from typing import Any
 
 from tracer.extras import install_command
@@ -12,9 +11,6 @@ from tracer.record.pieces import batch_decode
 
 #: Tokenizers kept loaded, most recent last (an 18 MB tokenizer.json is ~100 MB in memory).
 LOADED_TOKENIZERS_KEPT = 2
-
-_loaded: collections.OrderedDict[tuple[str, int, int], Any] = collections.OrderedDict()
-_loaded_lock = threading.Lock()
 
 
 def load_tokenizer(path: str) -> Any:
@@ -28,17 +24,9 @@ def load_tokenizer(path: str) -> Any:
             f"tokenizer path {path!r} does not exist; give a folder with tokenizer.json or a tokenizer.json file"
         )
     file = path if os.path.isfile(path) else os.path.join(path, "tokenizer.json")
-    key = _cache_key(file if os.path.isfile(file) else path)
-    with _loaded_lock:
-        if key in _loaded:
-            _loaded.move_to_end(key)
-            return _loaded[key]
-    tok = _load(path, file)
-    with _loaded_lock:
-        _loaded[key] = tok
-        while len(_loaded) > LOADED_TOKENIZERS_KEPT:
-            _loaded.popitem(last=False)
-    return tok
+    read = file if os.path.isfile(file) else path
+    st = os.stat(read)
+    return _load(path, file, (os.path.realpath(read), st.st_mtime_ns, st.st_size))
 
 
 def check_decodes(tokenizer: Any, loaded_from_path: bool) -> None:
@@ -56,12 +44,9 @@ def has_decode(tokenizer: Any) -> bool:
     return any(callable(getattr(tokenizer, name, None)) for name in ("batch_decode", "decode_batch", "decode"))
 
 
-def _cache_key(path: str) -> tuple[str, int, int]:
-    st = os.stat(path)
-    return (os.path.realpath(path), st.st_mtime_ns, st.st_size)
-
-
-def _load(path: str, file: str) -> Any:
+@functools.lru_cache(maxsize=LOADED_TOKENIZERS_KEPT)
+def _load(path: str, file: str, version: tuple[str, int, int]) -> Any:
+    """The tokenizer at ``path``, cached per ``version`` of its file (real path, mtime, size)."""
     if os.path.isfile(file):
         try:
             from tokenizers import Tokenizer
