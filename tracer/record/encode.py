@@ -31,7 +31,6 @@ PROMPT_TOKEN_FIELDS = frozenset({"prompt_ids", "input_ids"})
 
 #: Element types of lists copied to JSON as they are (ints beyond 64 bits: the json module in to_json).
 _FLAT_SCALARS = frozenset({int, str, bool, type(None)})
-_FLAT_NUMBERS = frozenset({int, bool, type(None)})
 _FLOATS = frozenset({float})
 
 _JSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
@@ -124,12 +123,10 @@ class Encoder:
             # Flat lists of plain scalars (token ids, logprobs...) need no walk and no copy.
             if (cls is tuple or cls is list) and value and int_kind(value):
                 return value
-            if _FLAT_NUMBERS.issuperset(map(type, value)):
-                return value if cls is list else list(value)
-            if _FLOATS.issuperset(map(type, value)) and _all_finite(value):  # logprobs
-                return value if cls is list else list(value)
-            if _FLAT_SCALARS.issuperset(map(type, value)):
-                self._cur.extend(v for v in value if type(v) is str)
+            kinds = set(map(type, value))
+            if kinds <= _FLAT_SCALARS or (kinds == _FLOATS and _all_finite(value)):  # ids, texts, logprobs
+                if str in kinds:
+                    self._cur.extend(v for v in value if type(v) is str)
                 return value if cls is list else list(value)
             return [self.prepare(v, tokenizer, meta, path, depth + 1) for v in value]
         if isinstance(value, Placeholder):
