@@ -190,6 +190,15 @@ class _Bucket:
     record: dict[str, Any] | None = None
 
 
+def _drop(bucket: _Bucket, sample: Sample) -> None:
+    """Leave ``sample``'s group out of ``bucket``'s step: its trajectories stop recording."""
+    del bucket.admitted[sample.key]
+    bucket.excluded.add(sample.key)
+    sample.state = OUT
+    for traj in sample.trajectories:
+        traj.recording = False
+
+
 class StepSampler:
     """Chooses which ``limit`` groups of each (step, validate) are recorded.
 
@@ -247,8 +256,7 @@ class StepSampler:
                     bucket.excluded.add(sample_index)
                     self._changed(bkey, bucket)
                     return None
-                sample = Sample(sample_index, score, IN)
-                bucket.admitted[sample_index] = sample
+                sample = bucket.admitted[sample_index] = Sample(sample_index, score, IN)
                 self._changed(bkey, bucket, late=sample)
                 return sample
             if self.watches:
@@ -256,21 +264,13 @@ class StepSampler:
                     bucket.excluded.add(sample_index)
                     bucket.over_bound += 1
                     return None
-                sample = Sample(sample_index, score, PENDING)
-            elif len(bucket.admitted) < self.limit:
-                sample = Sample(sample_index, score, PENDING)
-            else:
+            elif len(bucket.admitted) >= self.limit:
                 worst = max(bucket.admitted.values(), key=lambda s: s.score)
                 if score >= worst.score:
                     bucket.excluded.add(sample_index)
                     return None
-                del bucket.admitted[worst.key]
-                bucket.excluded.add(worst.key)
-                worst.state = OUT
-                for traj in worst.trajectories:
-                    traj.recording = False
-                sample = Sample(sample_index, score, PENDING)
-            bucket.admitted[sample_index] = sample
+                _drop(bucket, worst)
+            sample = bucket.admitted[sample_index] = Sample(sample_index, score, PENDING)
             bucket.last_admit = time.monotonic()
             return sample
 
@@ -390,15 +390,9 @@ class StepSampler:
         return True
 
     def _group(self, sample: Sample) -> Group:
-        values: list[float] = []
-        for traj in sample.trajectories:
-            seen = sample.seen.get(traj.root_span_id)
-            if seen is None:
-                continue
-            value = seen.reward if self.by == BY_REWARD else (None if seen.tokens is None else float(seen.tokens))
-            if value is not None:
-                values.append(value)
-        return Group(sample.key, sample.score, tuple(values))
+        seen = [sample.seen.get(traj.root_span_id) for traj in sample.trajectories]
+        values = [x.reward if self.by == BY_REWARD else x.tokens for x in seen if x is not None]
+        return Group(sample.key, sample.score, tuple(float(v) for v in values if v is not None))
 
     def _decide(self, bkey: tuple[Any, bool], bucket: _Bucket, why: str) -> None:
         bucket.decided = True
@@ -417,12 +411,8 @@ class StepSampler:
                 sample.seen.clear()
                 if key in keep:
                     sample.state = IN
-                    continue
-                sample.state = OUT
-                for traj in sample.trajectories:
-                    traj.recording = False
-                del bucket.admitted[key]
-                bucket.excluded.add(key)
+                else:
+                    _drop(bucket, sample)
             for g, rank in chosen:
                 entry: dict[str, Any] = {
                     S.SAMPLE_INDEX: g.key,
