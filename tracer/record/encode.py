@@ -9,6 +9,7 @@ from __future__ import annotations
 import array
 import base64
 import dataclasses
+import functools
 import math
 import traceback
 from collections.abc import Sequence
@@ -38,7 +39,7 @@ _JSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 @dataclasses.dataclass(slots=True, eq=False)
 class DecodeJob:
-    """One token id list waiting to be decoded into ``container[key]`` (and per token into ``pieces_key``)."""
+    """One token id list waiting to be decoded into ``container[key]`` (and per token, see ``piece_keys``)."""
 
     ids: Sequence[int]
     container: dict[str, Any]
@@ -46,14 +47,12 @@ class DecodeJob:
     tokenizer: Any
     #: The record's string list: the decoded text joins it (secret scan).
     strings: list[str]
-    #: Where each token's own text goes (response-side fields only), or None.
-    pieces_key: str | None = None
     #: Index of the job's record in the batch.
-    record: int = 0
+    record: int
     #: No id is negative (a negative index would wrap in the tables).
-    non_negative: bool = False
-    #: Where each token's end in the text goes (with ``pieces_key``).
-    ends_key: str | None = None
+    non_negative: bool
+    #: Where each token's own text and each token's end in the text go (response-side fields only), or None.
+    piece_keys: tuple[str, str] | None
 
 
 class Encoder:
@@ -229,12 +228,9 @@ class Encoder:
             ids = ids[: self.max_tokens]
         out[key] = ids
         if self.token2text and tokenizer is not None:
-            names = _FIELD_NAMES.get(key)
-            if names is None:
-                names = _field_names(key)
+            text_key, piece_keys = _field_names(key)
             record = len(self.strings) - 1
-            job = DecodeJob(ids, out, names[0], tokenizer, self._cur, names[1], record, non_negative, names[2])
-            self.jobs.append(job)
+            self.jobs.append(DecodeJob(ids, out, text_key, tokenizer, self._cur, record, non_negative, piece_keys))
             if not self.store_full_token:
                 self._drop_ids.append((out, key))
 
@@ -268,8 +264,9 @@ class Encoder:
             for job, text, ok in zip(jobs, texts, valid):
                 job.container[job.key] = text
                 job.strings.append(text)
-                if job.pieces_key is None or job.ends_key is None or table is None:
+                if job.piece_keys is None or table is None:
                     continue
+                pieces_key, ends_key = job.piece_keys
                 try:
                     ends = table.ends(job.ids, tok, text, checked=ok)
                     if ends is None:
@@ -279,9 +276,9 @@ class Encoder:
                     continue
                 self.piece_jobs.append(job)
                 if ends is not None:
-                    job.container[job.ends_key] = ends
+                    job.container[ends_key] = ends
                     continue
-                job.container[job.pieces_key] = pieces
+                job.container[pieces_key] = pieces
                 joined = "".join(pieces)
                 if joined != text:  # the secret scan sees what the pieces spell
                     job.strings.append(joined)
@@ -301,35 +298,27 @@ class Encoder:
             if not flags[job.record]:
                 continue
             container = job.container
-            ends_key = job.ends_key
-            ends = container.get(ends_key) if ends_key is not None else None
-            if ends_key is not None and ends is not None:
+            assert job.piece_keys is not None  # a piece job
+            pieces_key, ends_key = job.piece_keys
+            ends = container.get(ends_key)
+            if ends is not None:
                 text, container[ends_key] = redactor.text_and_ends(container[job.key], ends)
                 container[job.key] = text
                 done.add(id(text))
             else:
-                key = job.pieces_key
-                assert key is not None
-                container[key] = redactor.pieces(container[key])
+                container[pieces_key] = redactor.pieces(container[pieces_key])
         return done
 
 
 #: Ints JSON readers take as they are (prepare() writes larger ones as text).
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
-#: Token field -> (its text's field, its per-token texts' field or None, their ends' field or None).
-_FIELD_NAMES: dict[str, tuple[str, str | None, str | None]] = {}
 
-
-def _field_names(key: str) -> tuple[str, str | None, str | None]:
+@functools.cache
+def _field_names(key: str) -> tuple[str, tuple[str, str] | None]:
+    """Token field -> its text's field, and its per-token texts' and their ends' fields (None: prompt side)."""
     prompt = key in PROMPT_TOKEN_FIELDS
-    names = (
-        text_field_name(key),
-        None if prompt else token_texts_field_name(key),
-        None if prompt else token_offsets_field_name(key),
-    )
-    _FIELD_NAMES[key] = names
-    return names
+    return text_field_name(key), None if prompt else (token_texts_field_name(key), token_offsets_field_name(key))
 
 
 def _all_finite(values: Sequence[float]) -> bool:
