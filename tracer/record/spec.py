@@ -67,14 +67,9 @@ class OpSpec:
                 if self.has_self:
                     named.pop(next(iter(self.signature.parameters)), None)
                 return named
-        out: dict[str, Any] = {}
-        if args:
-            n = len(self.params)
-            for i, value in enumerate(args):
-                if i < n:
-                    out[self.params[i]] = value
-                else:
-                    out.setdefault(self.varargs or "args", []).append(value)
+        out: dict[str, Any] = dict(zip(self.params, args or ()))
+        if args and len(args) > len(self.params):
+            out[self.varargs or "args"] = list(args[len(self.params) :])
         if kwargs:
             out.update(kwargs)
         return out
