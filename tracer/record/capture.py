@@ -536,11 +536,11 @@ def _plain_error(exc: BaseException, depth: int) -> bool:
     return context is None or (depth + 1 < MAX_ERROR_CHAIN and _plain_error(context, depth + 1))
 
 
-#: Types converted directly by :func:`as_text`, :func:`as_int` and :func:`as_float`: no user code.
+#: Modules of the numbers :func:`as_text`, :func:`convert` and ``log_reward`` convert directly: no user code.
 _PLAIN_NUMBER_MODULES = ("builtins", "numpy", "decimal", "fractions")
 
 
-def _plain_number(value: Any) -> bool:
+def plain_number(value: Any) -> bool:
     cls = type(value)
     if cls in IMMUTABLE_TYPES:
         return True
@@ -552,7 +552,7 @@ def as_text(value: Any) -> str:
     """``str(value)``, guarded: a user's ``__str__`` runs on the worker, bounded (a placeholder past it)."""
     if type(value) is str:
         return value
-    return str(value) if _plain_number(value) else call_bounded(str, value)
+    return str(value) if plain_number(value) else call_bounded(str, value)
 
 
 def safe_repr(value: Any) -> str:
@@ -573,7 +573,7 @@ _CODECS: dict[type, tuple[Callable[[Any], str], Callable[[str], Any]]] = {
 def convert(to: type, value: Any) -> Any:
     """``to(value)`` for ``to`` in int, bool, float, guarded like :func:`as_text`; None when it fails or blocks."""
     try:
-        if _plain_number(value):
+        if plain_number(value):
             return to(value)
         encode, decode = _CODECS[to]
         return decode(call_bounded(lambda v: encode(to(v)), value))

@@ -19,7 +19,7 @@ from tracer import schema as S
 from tracer.record import recorder as _recorder
 from tracer.record.accounting import ATTR_REPLACED
 from tracer.record.capture import IMMUTABLE_TYPES as _IMMUTABLE
-from tracer.record.capture import Placeholder, as_text, capture, capture_args, capture_error, convert
+from tracer.record.capture import Placeholder, as_text, capture, capture_args, capture_error, convert, plain_number
 from tracer.record.context import CURRENT_SPAN, Trajectory, append_instant, named_trajectory
 from tracer.record.spec import REWARD_SPEC, OpSpec
 
@@ -463,24 +463,19 @@ def _reward_value(reward: Any) -> tuple[float, str | None]:
         raise TypeError(
             f"log_reward: reward must be a real number (int, float, Decimal, Fraction, numpy scalar), got {cls.__name__} {shown}"
         )
+    plain = plain_number(reward)
     try:
-        value = float(reward) if _plain_reward(cls) else convert(float, reward)
-    except OverflowError:
-        big = sys.float_info.max if reward > 0 else -sys.float_info.max
-        return big, f"{_reward_text(reward)} is beyond the float range: clamped to {big!r}"
+        value = float(reward) if plain else convert(float, reward)
+    except OverflowError:  # a plain number past the float range: clamped below
+        value = math.inf if reward > 0 else -math.inf
     except (ValueError, ArithmeticError) as exc:
         return math.nan, f"{_reward_text(reward)} has no float value ({type(exc).__name__}): written as NaN"
     if value is None:
         return math.nan, f"float() of a {cls.__name__} failed or did not return: written as NaN"
-    if math.isinf(value) and _plain_reward(cls) and reward * 2 != reward:  # finite, but past the float range
+    if math.isinf(value) and plain and reward * 2 != reward:  # finite, but past the float range
         big = math.copysign(sys.float_info.max, value)
         return big, f"{_reward_text(reward)} is beyond the float range: clamped to {big!r}"
     return value, None
-
-
-def _plain_reward(cls: type) -> bool:
-    module = cls.__module__
-    return cls in _IMMUTABLE or module in ("decimal", "fractions", "numpy") or module.startswith("numpy")
 
 
 def _reward_text(reward: Any) -> str:

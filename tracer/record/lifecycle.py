@@ -108,9 +108,7 @@ def _install_signals() -> None:
         return  # signal.signal works only there; atexit and the Ray wrappers still apply
     for sig in SIGNALS:
         current = signal.getsignal(sig)
-        if getattr(current, _MARK, False):
-            continue
-        if current is None:  # installed from C (not by Python): cannot chain to it
+        if current is None or getattr(current, _MARK, False):  # None: installed from C, cannot chain to it
             continue
         try:
             signal.signal(sig, _on_signal)
