@@ -251,21 +251,15 @@ class _Guard:
         fn = d._fn
         what = f"{_type_name(d._value)}: {_describe_fn(fn) if fn is not None else 'call'}"
         d._result, d._fn, d._value = f"<{what} not recorded: {why}>", None, None
-        report_placeholder(f"{what} {why}; written as a placeholder")
+        rec = getattr(sys.modules.get("tracer.record.recorder"), "ACTIVE", None)
+        if rec is not None:  # counted where tracer.flush() and the warnings report it
+            rec.problems.report(PROBLEM_KIND, f"{what} {why}; written as a placeholder")
 
 
 _GUARD = _Guard()
 if hasattr(os, "register_at_fork"):
     # A fresh worker and queue in the child: threads do not survive a fork.
     os.register_at_fork(after_in_child=_GUARD.__init__)  # type: ignore[misc]
-
-
-def report_placeholder(detail: str) -> None:
-    """Count a user object written as a placeholder where ``tracer.flush()`` and the warnings report it."""
-    rec_mod = sys.modules.get("tracer.record.recorder")
-    rec = getattr(rec_mod, "ACTIVE", None)
-    if rec is not None:
-        rec.problems.report(PROBLEM_KIND, detail)
 
 
 def deferred(fn: Callable[[Any], str], value: Any) -> Deferred:

@@ -58,8 +58,6 @@ class SpanEncoder:
         self.redactor = redactor
         #: Values replaced while encoding (read and reset by :meth:`encode`).
         self.replaced = 0
-        self._tokenizer: Any = None
-        self._tokenizer_loaded = False
         #: Multi-turn prompt_ids stored once (tracer/storage/history.py).
         self.history = HistoryTracker()
         self._history_file: str | None = None
@@ -92,21 +90,23 @@ class SpanEncoder:
         """The tokenizer for token2text: the configured one (loaded once), else ``self_obj.tokenizer`` (verl's)."""
         if not self.config.token2text:
             return None
-        if not self._tokenizer_loaded:
-            self._tokenizer_loaded = True
-            tok = self.config.tokenizer
-            if isinstance(tok, (str, os.PathLike)):
-                from tracer.record.tokenizer import load_tokenizer
-
-                try:
-                    tok = load_tokenizer(os.fspath(tok))
-                except Exception as exc:
-                    self.problems.report("tokenizer", f"cannot load {tok!r}: {exc}", exc)
-                    tok = None
-            self._tokenizer = tok
-        if self._tokenizer is not None:
-            return self._tokenizer
+        tok = self._configured_tokenizer
+        if tok is not None:
+            return tok
         return instance_attribute(self_obj, "tokenizer") if self_obj is not None else None
+
+    @functools.cached_property
+    def _configured_tokenizer(self) -> Any:
+        tok = self.config.tokenizer
+        if isinstance(tok, (str, os.PathLike)):
+            from tracer.record.tokenizer import load_tokenizer
+
+            try:
+                return load_tokenizer(os.fspath(tok))
+            except Exception as exc:
+                self.problems.report("tokenizer", f"cannot load {tok!r}: {exc}", exc)
+                return None
+        return tok
 
     def encode_batches(self, records: list[tuple[Any, ...]]) -> list[pa.RecordBatch]:
         """Turn span records into Arrow batches of at most :data:`BATCH_CHARS` of text.
