@@ -178,20 +178,17 @@ class SpanEncoder:
                 enc.opaque.add(j)
             prepared.append((inputs, outputs, attrs, special is None and exc is None))
             names[i] = traj.name if special == "root" and traj is not None else spec.name
-            if exc is not None:
-                if isinstance(exc, CANCELLED):
-                    statuses[i] = S.STATUS_CANCELLED
-                else:
-                    statuses[i] = S.STATUS_ERROR
-                    errors[i] = error_fields(exc)
+            if isinstance(exc, CANCELLED):
+                statuses[i] = S.STATUS_CANCELLED
+            elif exc is not None:
+                statuses[i], errors[i] = S.STATUS_ERROR, error_fields(exc)
         failed = enc.decode_pending()
         if failed:
             self.problems.report("token2text", f"{failed} batch_decode call(s) failed; decoded one by one")
         redactor = self.redactor
         flags = redactor.records_to_scan(enc.strings, enc.opaque) if redactor is not None else None
-        done: set[int] = set()
-        if flags is not None and redactor is not None:
-            done = enc.redact_pieces(redactor, flags)  # each decoded text with its tokens, before verl moves it
+        # Each decoded text with its tokens, before verl moves it.
+        done = enc.redact_pieces(redactor, flags) if redactor is not None and flags is not None else set()
         for j, rec in enumerate(chunk):
             if rec[R_SPEC].signature is not None:
                 _verl_texts(prepared[j][0], prepared[j][1])
