@@ -13,6 +13,7 @@ import array
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import enum
 import gc
 import os
@@ -272,14 +273,12 @@ def call_bounded(fn: Callable[[Any], str], value: Any) -> str:
     return deferred(fn, value).text
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class ObjectSnapshot:
     """An object's attributes as they were at call time (written as a dict with ``"__type__"``)."""
 
-    __slots__ = ("type_name", "attrs")
-
-    def __init__(self, type_name: str, attrs: dict[str, Any]) -> None:
-        self.type_name = type_name
-        self.attrs = attrs
+    type_name: str
+    attrs: dict[str, Any]
 
 
 def capture_args(args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -12,7 +12,6 @@ from tracer.record.capture import capture
 #: Function attribute asking for another inputs/outputs layout (the verl drop-in sets :data:`LAYOUT_VERL`).
 LAYOUT_ATTR = "__rollout_trace_layout__"
 #: verl's layout: inputs bound with defaults, ``**kwargs`` as one entry, ``prompt_text``/``response_text`` in outputs.
-
 LAYOUT_VERL = "verl"
 
 
