@@ -425,8 +425,7 @@ def log_reward(
     if rec is None:
         return
     try:
-        if validate is not None:
-            validate = convert(bool, validate)
+        validate = validate if validate is None else convert(bool, validate)
         step = step if step is None else convert(int, step)
         rollout_n = rollout_n if rollout_n is None else convert(int, rollout_n)
         traj = named_trajectory(rec, "log_reward", step, sample_index, rollout_n, validate)

@@ -281,11 +281,10 @@ class StepSampler:
         if isinstance(step, int):
             for okey, other in self._buckets.items():
                 if isinstance(okey[0], int) and okey[0] < step and not other.decided:
-                    if self.watches:
-                        if other.due_epoch is None:
-                            other.due_epoch = self._epoch
-                    else:
+                    if not self.watches:
                         self._decide(okey, other, BY_LATER_STEP)
+                    elif other.due_epoch is None:
+                        other.due_epoch = self._epoch
         self._buckets[bkey] = bucket
         if len(self._buckets) > MAX_BUCKETS:
             okey = next(iter(self._buckets))
