@@ -10,6 +10,7 @@ import array
 import base64
 import dataclasses
 import functools
+import json
 import math
 import traceback
 from collections.abc import Sequence
@@ -355,10 +356,7 @@ def to_json(value: Any) -> str:
         return orjson.dumps(value, option=_JSON_OPTS, default=safe_repr).decode("utf-8")
     except Exception:
         try:
-            import json
-
-            # ensure_ascii escapes lone surrogates, which orjson refuses.
-            return json.dumps(value, default=safe_repr)
+            return json.dumps(value, default=safe_repr)  # ensure_ascii escapes lone surrogates, which orjson refuses
         except Exception as exc:
             return orjson.dumps(f"<unencodable: {type(exc).__name__}>").decode("utf-8")
 
