@@ -63,15 +63,9 @@ class Trajectories:
                     traj.root_claimed = True
                     return (traj.root_span_id, traj.trace_id, traj), None
                 # A rollout inside a trajectory starts a trajectory of its own.
+                t = traj
                 child = self.new_trajectory(
-                    traj.step,
-                    traj.sample_index,
-                    traj.rollout_n,
-                    traj.validate,
-                    spec.name,
-                    traj.extra,
-                    True,
-                    remember=False,
+                    t.step, t.sample_index, t.rollout_n, t.validate, spec.name, t.extra, True, remember=False
                 )
                 child.root_claimed = True
                 child.spans = 1
