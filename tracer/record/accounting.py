@@ -101,13 +101,12 @@ class Accounting:
         """What the last result had reported (pass to :meth:`adopt`)."""
         return collections.Counter(self._reported), collections.Counter(self._problems_at)
 
-    def adopt(self, old: Accounting, marks: Marks | None = None) -> None:
+    def adopt(self, old: Accounting, marks: Marks) -> None:
         """Take over the counts of ``old``; ``marks`` (taken before its shutdown): what was already reported."""
         self.base = collections.Counter({name: old.total(name) for name in COUNTS})
-        reported, problems_at = marks if marks is not None else old.marks()
-        self._reported = reported
+        self._reported, problems_at = marks
         self._problems_at = self._problems_at + problems_at
-        self.problems.counts.update(collections.Counter(old.problems.counts))
+        self.problems.counts.update(old.problems.counts)
         for kind, detail in old.problems.last.items():
             self.problems.last.setdefault(kind, detail)
         if self.problems.first_exception is None:

@@ -348,7 +348,6 @@ def set_active(rec: Recorder | None) -> FlushResult | None:
     result = old.shutdown()
     if rec is not None:
         rec.account.adopt(old.account, marks)
-
     return result
 
 
@@ -398,7 +397,6 @@ def _shutdown_at_exit(rec: Recorder) -> None:
 
 def _drain_active(timeout: float) -> None:
     # lifecycle's stop hooks: flush only (a SIGINT the application catches goes on recording).
-
     rec = ACTIVE
     if rec is not None:
         rec.flush(timeout)
