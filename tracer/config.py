@@ -28,7 +28,7 @@ ENV_STRICT = "ROLLOUT_TRACE_STRICT"
 #: keyword arguments (hands a whole config to Ray workers through ``runtime_env``).
 ENV_CONFIG = "ROLLOUT_TRACE_CONFIG"
 #: Environment variable: seconds a Ray driver's ``ray.shutdown()`` (or exit) may spend shipping what its workers'
-#: live exporters had not (:mod:`tracer.verl_plugin`); ``0``: off.
+#: live exporters had not (:mod:`tracer.integrations.verl_plugin`); ``0``: off.
 ENV_DRAIN_S = "ROLLOUT_TRACE_DRAIN_S"
 #: Default for :data:`ENV_DRAIN_S`, in seconds.
 DEFAULT_DRAIN_S = 120.0
