@@ -118,7 +118,11 @@ def test_a_run_whose_writer_still_runs_is_left_to_it(tmp_path: Path) -> None:
     [
         ({"worker_process_setup_hook": HOOK, "env_vars": {"ROLLOUT_TRACE_DIR": "/t"}}, {}, ("/t", DEFAULT_DRAIN_S)),
         ({"worker_process_setup_hook": HOOK}, {"ROLLOUT_TRACE_DIR": "/d"}, ("/d", DEFAULT_DRAIN_S)),
-        ({"worker_process_setup_hook": "tracer.verl_compat.install"}, {"ROLLOUT_TRACE_DIR": "/d"}, ("/d", DEFAULT_DRAIN_S)),
+        (
+            {"worker_process_setup_hook": "tracer.verl_compat.install"},
+            {"ROLLOUT_TRACE_DIR": "/d"},
+            ("/d", DEFAULT_DRAIN_S),
+        ),
         ({"env_vars": {"ROLLOUT_TRACE_DIR": "/t", "ROLLOUT_TRACE_DRAIN_S": "5"}}, {}, ("/t", 5.0)),
         (
             {"worker_process_setup_hook": HOOK, "env_vars": {"ROLLOUT_TRACE_DIR": "/t"}},

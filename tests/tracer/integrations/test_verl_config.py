@@ -141,7 +141,9 @@ def test_verl_config_becomes_mlflow_params(verl_workers: dict[str, Any], tmp_pat
 @pytest.mark.slow
 def test_backend_without_hook_warns_once_with_the_fix(verl_workers: dict[str, Any]) -> None:
     """verl's AgentLoopWorker with trace.backend=arrow and no hook: one warning, with the override that fixes it."""
-    lines = [line for line in verl_workers["nohook"].splitlines() if "tracer.integrations.verl is not installed" in line]
+    lines = [
+        line for line in verl_workers["nohook"].splitlines() if "tracer.integrations.verl is not installed" in line
+    ]
     assert len(lines) == 1, verl_workers["nohook"][-3000:]
     assert FIX in lines[0] and "'arrow'" in lines[0] and "records nothing" in lines[0]
     assert not os.path.exists(verl_workers["nohook_dir"])  # and, as the warning says, nothing was recorded
