@@ -11,7 +11,7 @@ import dataclasses
 import difflib
 import importlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tracer.extras import require_backend
@@ -196,9 +196,11 @@ def available_backends() -> tuple[str, ...]:
     return (LOCAL_BACKEND, *BACKENDS)
 
 
-def _suggest(name: str, valid: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, list(valid), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def did_you_mean(unknown: Iterable[str], valid: Iterable[str], prefix: str = "") -> str:
+    """`` (did you mean 'x'?)`` for the closest valid names, or an empty string."""
+    choices = sorted(valid)
+    guesses = [f"{prefix}{m}" for u in unknown for m in difflib.get_close_matches(u, choices, n=1)]
+    return f" (did you mean {', '.join(repr(g) for g in dict.fromkeys(guesses))}?)" if guesses else ""
 
 
 def get_backend(name: str) -> Backend:
@@ -206,7 +208,7 @@ def get_backend(name: str) -> Backend:
     entry = BACKENDS.get(name)
     if entry is None:
         raise ExportOptionError(
-            f"unknown backend {name!r}{_suggest(name, list(BACKENDS))}; valid choices are {', '.join(BACKENDS)}"
+            f"unknown backend {name!r}{did_you_mean([name], BACKENDS)}; valid choices are {', '.join(BACKENDS)}"
         )
     return entry
 
@@ -255,5 +257,7 @@ def resolve_options(name: str, options: Mapping[str, Any], live: bool = False) -
     for key in options:
         if key not in known:
             valid = ", ".join(known) or "none"
-            raise ExportOptionError(f"unknown {name} option {key!r}{_suggest(key, known)}; {name} options are: {valid}")
+            raise ExportOptionError(
+                f"unknown {name} option {key!r}{did_you_mean([key], known)}; {name} options are: {valid}"
+            )
     return {o.name: _coerce(name, o, options.get(o.name, o.default_for(live))) for o in entry.options}
