@@ -9,6 +9,7 @@ import re
 import sys
 
 from tracer.extras import install_command
+from tracer.schema import FILE_SUFFIX
 
 #: Exit status: the command did what was asked and found nothing wrong.
 EXIT_OK = 0
@@ -112,6 +113,17 @@ def suggest_path(path: str) -> str | None:
             changed = True
         current = candidate
     return current if changed else None
+
+
+def fail(message: str, command: str | None = None) -> int:
+    """Print ``error: message`` on stderr, after ``rollout-trace COMMAND:`` when given; return :data:`EXIT_USAGE`."""
+    print(f"rollout-trace {command}: error: {message}" if command else f"error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def no_trace_files(path: str, give: str = "a trace file or a run directory") -> int:
+    """:func:`fail` for a path that holds no trace file."""
+    return fail(f"no trace files (*{FILE_SUFFIX}) under {path!r}; give {give}")
 
 
 def show_progress(wanted: bool) -> bool:

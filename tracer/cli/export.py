@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from tracer.backends import BACKENDS, COMMON_OPTIONS, ExportOptionError, Option, get_backend
-from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, describe_error, error_text, show_progress
+from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, describe_error, error_text, fail, show_progress
 from tracer.exporters.base import export_files
 
 #: Exit status when the backend fails (no login, server down): the environment, as for bad input.
@@ -46,7 +46,6 @@ def _add_option(p: argparse.ArgumentParser, name: str, owners: list[tuple[str, O
 
 
 def register_export(subparsers: Any) -> None:
-    """Add the ``export`` subcommand to ``rollout-trace``."""
     p = subparsers.add_parser(
         "export",
         help=f"export trace files to a tracking backend ({', '.join(BACKENDS)})",
@@ -83,11 +82,6 @@ def register_export(subparsers: Any) -> None:
     p.set_defaults(func=run_export, run_paths=("path",))
 
 
-def _error(message: str) -> int:
-    print(f"rollout-trace export: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
 def _options(args: argparse.Namespace, target: str) -> dict[str, Any]:
     """The backend options given as flags or ``--opt``; raises ExportOptionError for one that does not apply."""
     backend = get_backend(target)
@@ -109,7 +103,6 @@ def _options(args: argparse.Namespace, target: str) -> dict[str, Any]:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Run ``rollout-trace export``; return the exit status."""
     target = str(args.to).lower()
     try:
         options = _options(args, target)
@@ -124,7 +117,7 @@ def run_export(args: argparse.Namespace) -> int:
             **options,
         )
     except (ImportError, FileNotFoundError, ValueError) as exc:  # ExportOptionError is a ValueError
-        return _error(error_text(exc, "export"))
+        return fail(error_text(exc, "export"), "export")
     except Exception as exc:  # the backend's own failure (no login, server down): say it, no traceback
         print(f"rollout-trace export: {target} failed: {describe_error(exc)}", file=sys.stderr)
         return EXIT_FAILED
@@ -137,7 +130,9 @@ def run_export(args: argparse.Namespace) -> int:
     for line in report.details:
         print(f"  {line}")
     if not (report.trajectories_sent or report.trajectories_skipped or report.trajectories_refused):
-        return _error(f"no readable trajectory under {args.path!r} (see the warnings above); nothing was exported")
+        return fail(
+            f"no readable trajectory under {args.path!r} (see the warnings above); nothing was exported", "export"
+        )
     if report.verify is not None and not report.verify.ok:
         return EXIT_VERIFY_FAILED
     for line in report.problems:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, error_text, show_progress
+from tracer.cli.errors import EXIT_PROBLEM, error_text, fail, show_progress
 
 
 def register_import(subparsers: Any) -> None:
-    """Add the ``import`` sub-command to ``rollout-trace``."""
     parser = subparsers.add_parser(
         "import",
         help="read traces from another platform (MLflow) back into trace files",
@@ -33,21 +31,15 @@ def register_import(subparsers: Any) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    """Run ``rollout-trace import``; return the exit status."""
     try:
         from tracer.exporters.mlflow import resolve_tracking_uri
         from tracer.exporters.mlflow.importer import import_traces
-    except ImportError as exc:
-        print(f"rollout-trace import: error: {error_text(exc, 'import')}", file=sys.stderr)
-        return EXIT_USAGE
-    uri = resolve_tracking_uri(args.tracking_uri)
-    try:
-        report = import_traces(
-            uri, args.experiment, args.out, progress=show_progress(not args.no_progress), filter_string=args.filter
-        )
+
+        uri = resolve_tracking_uri(args.tracking_uri)
+        progress = show_progress(not args.no_progress)
+        report = import_traces(uri, args.experiment, args.out, progress=progress, filter_string=args.filter)
     except (ImportError, ValueError, OSError) as exc:  # no mlflow, no such experiment, bad URI, server down
-        print(f"rollout-trace import: error: {error_text(exc, 'import')}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail(error_text(exc, "import"), "import")
     for line in report.details:
         print(line)
     return EXIT_PROBLEM if report.refused else 0

@@ -7,7 +7,7 @@ import math
 import sys
 from typing import Any
 
-from tracer.cli.errors import EXIT_USAGE
+from tracer.cli.errors import EXIT_USAGE, fail
 from tracer.data.rescore import RescoreError, rescore
 
 #: Exit status when the reward function itself raised (bad input, as for a bad path).
@@ -15,7 +15,6 @@ EXIT_FAILED = EXIT_USAGE
 
 
 def register_rescore(subparsers: Any) -> None:
-    """Add the ``rescore`` subcommand to ``rollout-trace``."""
     p = subparsers.add_parser(
         "rescore",
         help="recompute every trajectory's reward with a function; the original rewards are kept",
@@ -34,12 +33,10 @@ def _fmt(x: float) -> str:
 
 
 def run_rescore(args: argparse.Namespace) -> int:
-    """Run ``rollout-trace rescore``; return the exit status."""
     try:
         report = rescore(args.path, args.reward, steps=args.steps)
     except (RescoreError, FileNotFoundError) as exc:
-        print(f"rollout-trace rescore: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail(str(exc), "rescore")
     except Exception as exc:  # the user's reward function failed: say where, no traceback
         print(f"rollout-trace rescore: {args.reward} raised {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -49,7 +49,6 @@ def _seconds(text: str) -> float:
 
 
 def register_tail(subparsers: Any) -> None:
-    """Add ``rollout-trace tail RUN [--trajectories] [--interval S] [--grace S]``."""
     p = subparsers.add_parser(
         "tail",
         help="follow a run while it trains: one line per finished step or trajectory, until Ctrl-C",

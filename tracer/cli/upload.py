@@ -10,7 +10,6 @@ from tracer.storage.upload import DESTINATION_FILE, ENV_STAGING_DIR, recover, st
 
 
 def register_upload(subparsers: Any) -> None:
-    """Add ``rollout-trace upload``: upload staged files that crashed writers left."""
     p = subparsers.add_parser(
         "upload",
         help="upload trace files a crashed process left in its staging directory",
