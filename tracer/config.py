@@ -227,9 +227,7 @@ class TraceConfig:
     @classmethod
     def resolve(cls, config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
         """Build the config in force: ``fields`` over ``config`` over env over defaults."""
-        for alias, real in _ALIASES.items():
-            if alias in fields:
-                fields[real] = fields.pop(alias)
+        fields = {_ALIASES.get(k, k): v for k, v in fields.items()}
         names = {f.name for f in dataclasses.fields(cls)}
         _check_known("", fields, names | set(_ALIASES))
         if config is None:
@@ -245,8 +243,10 @@ class TraceConfig:
             try:
                 return cls(**base)
             except TraceConfigError as exc:
-                if str(exc).split(":", 1)[0] in from_env:  # say where the bad value came from
-                    raise TraceConfigError(f"{_env_source(str(exc).split(':', 1)[0])}: {exc}") from None
+                field = str(exc).split(":", 1)[0]
+                if field in from_env:  # say where the bad value came from
+                    source = {"output_dir": ENV_TRACE_DIR, "backend": ENV_BACKEND}.get(field, ENV_CONFIG)
+                    raise TraceConfigError(f"{source}: {exc}") from None
                 raise
         return dataclasses.replace(config, **fields)
 
@@ -480,11 +480,6 @@ def _check_known(where: str, fields: Iterable[str], names: set[str]) -> None:
             f"{where}unknown config field(s) {', '.join(unknown)}{did_you_mean(unknown, names)}; "
             f"valid fields are {', '.join(sorted(names))}"
         )
-
-
-def _env_source(field: str) -> str:
-    """The environment variable a field's value was read from."""
-    return {"output_dir": ENV_TRACE_DIR, "backend": ENV_BACKEND}.get(field, ENV_CONFIG)
 
 
 def _env_config(names: set[str]) -> dict[str, Any]:

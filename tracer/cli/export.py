@@ -14,13 +14,6 @@ from tracer.backends import BACKENDS, COMMON_OPTIONS, ExportOptionError, Option,
 from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, describe_error, error_text, fail, show_progress
 from tracer.exporters.base import export_files
 
-#: Exit status when the backend fails (no login, server down): the environment, as for bad input.
-EXIT_FAILED = EXIT_USAGE
-#: Exit status when ``--verify`` finds a difference.
-EXIT_VERIFY_FAILED = EXIT_PROBLEM
-#: Exit status when the backend refused some trajectories (the others were sent).
-EXIT_REFUSED = EXIT_PROBLEM
-
 
 def _backend_options() -> dict[str, list[tuple[str, Option]]]:
     """Option name -> the backends that have it, with their declarations."""
@@ -120,7 +113,7 @@ def run_export(args: argparse.Namespace) -> int:
         return fail(error_text(exc, "export"), "export")
     except Exception as exc:  # the backend's own failure (no login, server down): say it, no traceback
         print(f"rollout-trace export: {target} failed: {describe_error(exc)}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE  # the environment, as for bad input
     print(
         f"{report.backend}: sent {report.trajectories_sent} trajectories"
         + (f" ({report.spans_sent} spans)" if report.spans_sent else "")
@@ -134,7 +127,7 @@ def run_export(args: argparse.Namespace) -> int:
             f"no readable trajectory under {args.path!r} (see the warnings above); nothing was exported", "export"
         )
     if report.verify is not None and not report.verify.ok:
-        return EXIT_VERIFY_FAILED
+        return EXIT_PROBLEM
     for line in report.problems:
         print(f"rollout-trace export: {line}", file=sys.stderr)
     if report.trajectories_refused:
@@ -143,4 +136,4 @@ def run_export(args: argparse.Namespace) -> int:
             "the others were sent",
             file=sys.stderr,
         )
-    return 0 if report.complete else EXIT_REFUSED
+    return 0 if report.complete else EXIT_PROBLEM

@@ -10,9 +10,6 @@ from typing import Any
 from tracer.cli.errors import EXIT_USAGE, fail
 from tracer.data.rescore import RescoreError, rescore
 
-#: Exit status when the reward function itself raised (bad input, as for a bad path).
-EXIT_FAILED = EXIT_USAGE
-
 
 def register_rescore(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -39,7 +36,7 @@ def run_rescore(args: argparse.Namespace) -> int:
         return fail(str(exc), "rescore")
     except Exception as exc:  # the user's reward function failed: say where, no traceback
         print(f"rollout-trace rescore: {args.reward} raised {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE  # bad input, as for a bad path
     print(
         f"rescored {report.trajectories} trajectories with {report.source}: {report.changed} rewards changed; "
         f"mean reward {_fmt(report.mean_before)} -> {_fmt(report.mean_after)}"
