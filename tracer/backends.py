@@ -74,94 +74,82 @@ _EXPERIMENT = Option("experiment", str, None, "run name on the backend (default:
 #: How long one call into the backend (open, a step's write, close) is waited for before the export gives up.
 _TIMEOUT = Option("timeout_s", float, 120.0, "seconds one call to the backend (a step's write) may take")
 
-_MLFLOW = Backend(
+
+def _exporter(name: str, sink: str, help: str, *options: Option, requires: str | None = None) -> Backend:
+    """A backend with sink ``tracer.exporters.<name>:<sink>`` whose library (unless ``requires``) and extra are ``name``."""
+    return Backend(name, f"tracer.exporters.{name}:{sink}", requires or name, name, options, help)
+
+
+_MLFLOW = _exporter(
     "mlflow",
-    "tracer.exporters.mlflow:MlflowSink",
-    requires="mlflow",
-    extra="mlflow",
-    help="one MLflow trace per trajectory, linked to a run with per-step metrics",
-    options=(
-        Option(
-            "tracking_uri", str, None, "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)"
-        ),
-        Option(
-            "experiment",
-            str,
-            None,
-            "MLflow experiment (default: the recorded project name; the run is the experiment name)",
-        ),
-        Option(
-            "method",
-            str,
-            "auto",
-            "auto (fast path on checked mlflow versions), fast, or public (MLflow's span API)",
-            choices=("auto", "fast", "public"),
-        ),
-        _TIMEOUT,
+    "MlflowSink",
+    "one MLflow trace per trajectory, linked to a run with per-step metrics",
+    Option("tracking_uri", str, None, "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)"),
+    Option(
+        "experiment",
+        str,
+        None,
+        "MLflow experiment (default: the recorded project name; the run is the experiment name)",
     ),
+    Option(
+        "method",
+        str,
+        "auto",
+        "auto (fast path on checked mlflow versions), fast, or public (MLflow's span API)",
+        choices=("auto", "fast", "public"),
+    ),
+    _TIMEOUT,
 )
-_WANDB = Backend(
+_WANDB = _exporter(
     "wandb",
-    "tracer.exporters.wandb:WandbSink",
-    requires="wandb",
-    extra="wandb",
-    help="per-step trajectory tables and rollout metrics in a wandb run",
-    options=(
-        _PROJECT,
-        _EXPERIMENT,
-        Option("mode", str, "offline", "wandb mode", choices=("offline", "online"), live_default=None),
-        Option(
-            "run_dir",
-            str,
-            None,
-            "parent directory of the run's files (default WANDB_DIR or .)",
-            flag="--dir",
-            live_key="wandb_dir",
-        ),
-        Option("proxy", str, None, "HTTP(S) proxy for wandb's traffic (verl's wandb_proxy)"),
-        Option("max_rows", int, None, "rows per table increment (at most wandb.Table.MAX_ROWS)"),
-        _TIMEOUT,
+    "WandbSink",
+    "per-step trajectory tables and rollout metrics in a wandb run",
+    _PROJECT,
+    _EXPERIMENT,
+    Option("mode", str, "offline", "wandb mode", choices=("offline", "online"), live_default=None),
+    Option(
+        "run_dir",
+        str,
+        None,
+        "parent directory of the run's files (default WANDB_DIR or .)",
+        flag="--dir",
+        live_key="wandb_dir",
     ),
+    Option("proxy", str, None, "HTTP(S) proxy for wandb's traffic (verl's wandb_proxy)"),
+    Option("max_rows", int, None, "rows per table increment (at most wandb.Table.MAX_ROWS)"),
+    _TIMEOUT,
 )
-_SWANLAB = Backend(
+_SWANLAB = _exporter(
     "swanlab",
-    "tracer.exporters.swanlab:SwanlabSink",
-    requires="swanlab",
-    extra="swanlab",
-    help="per-step trajectory tables, conversations and rollout metrics in a SwanLab run",
-    options=(
-        _PROJECT,
-        _EXPERIMENT,
-        Option("mode", str, "local", "swanlab mode", choices=("local", "offline", "online"), live_default=None),
-        Option("log_dir", str, None, "directory of the run's files (default ./swanlog)"),
-        _TIMEOUT,
-    ),
+    "SwanlabSink",
+    "per-step trajectory tables, conversations and rollout metrics in a SwanLab run",
+    _PROJECT,
+    _EXPERIMENT,
+    Option("mode", str, "local", "swanlab mode", choices=("local", "offline", "online"), live_default=None),
+    Option("log_dir", str, None, "directory of the run's files (default ./swanlog)"),
+    _TIMEOUT,
 )
-_TRACKIO = Backend(
+_TRACKIO = _exporter(
     "trackio",
-    "tracer.exporters.trackio:TrackioSink",
-    requires="trackio",
-    extra="trackio",
-    help="per-step trajectory tables and rollout metrics in a local-first trackio run (TRACKIO_DIR)",
-    options=(_PROJECT, _EXPERIMENT),
+    "TrackioSink",
+    "per-step trajectory tables and rollout metrics in a local-first trackio run (TRACKIO_DIR)",
+    _PROJECT,
+    _EXPERIMENT,
 )
-_OTLP = Backend(
+_OTLP = _exporter(
     "otlp",
-    "tracer.exporters.otlp:OtlpSink",
-    requires="opentelemetry.proto",
-    extra="otlp",
-    help="one OpenTelemetry trace per trajectory (GenAI conventions) posted to an OTLP/HTTP endpoint",
-    options=(
-        Option("endpoint", str, None, "OTLP/HTTP URL (default OTEL_EXPORTER_OTLP_ENDPOINT, else 127.0.0.1:4318)"),
-        Option("headers", str, None, "request headers NAME=VALUE,... (e.g. x-mlflow-experiment-id=1)"),
-        Option("timeout_s", float, 30.0, "seconds per request"),
-        Option(
-            "content",
-            bool,
-            False,
-            "send content: gen_ai.input/output.messages, tool arguments and results, span inputs and outputs",
-        ),
+    "OtlpSink",
+    "one OpenTelemetry trace per trajectory (GenAI conventions) posted to an OTLP/HTTP endpoint",
+    Option("endpoint", str, None, "OTLP/HTTP URL (default OTEL_EXPORTER_OTLP_ENDPOINT, else 127.0.0.1:4318)"),
+    Option("headers", str, None, "request headers NAME=VALUE,... (e.g. x-mlflow-experiment-id=1)"),
+    Option("timeout_s", float, 30.0, "seconds per request"),
+    Option(
+        "content",
+        bool,
+        False,
+        "send content: gen_ai.input/output.messages, tool arguments and results, span inputs and outputs",
     ),
+    requires="opentelemetry.proto",
 )
 _CONSOLE = Backend(
     "console",
