@@ -33,7 +33,6 @@ def register_compact(subparsers: Any) -> None:
     comp.add_argument(
         "--seal-after",
         type=float,
-        default=None,
         metavar="SECONDS",
         help=f"seal shards written on other hosts once unchanged this long (default ${ENV_SEAL_AFTER_S} or 6 h); "
         "shards of this host are sealed as soon as their writer is gone",
@@ -45,9 +44,7 @@ def register_compact(subparsers: Any) -> None:
         help="ipc (default): merge shards in place; parquet: then also write a step-partitioned zstd "
         "Parquet dataset (for Spark, Ray Data, DuckDB's read_parquet, datasets)",
     )
-    comp.add_argument(
-        "--out", default=None, help="with --format parquet: the dataset's directory (default PATH/parquet)"
-    )
+    comp.add_argument("--out", help="with --format parquet: the dataset's directory (default PATH/parquet)")
     comp.add_argument(
         "--ray",
         action="store_true",
@@ -56,14 +53,12 @@ def register_compact(subparsers: Any) -> None:
     )
     comp.add_argument(
         "--ray-address",
-        default=None,
         metavar="HOST:PORT",
         help="with --ray: the cluster's head node (default $RAY_ADDRESS, else join or start one on this machine)",
     )
     comp.add_argument(
         "--delete-after",
         type=float,
-        default=None,
         metavar="SECONDS",
         help="on object stores (no locks): delete replaced originals once hidden this long, so readers that "
         f"listed them can still open them (default {REMOTE_DELETE_AFTER_S:g}; younger ones go at the next compact)",

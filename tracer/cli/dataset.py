@@ -28,8 +28,8 @@ def register_dataset(subparsers: Any) -> None:
     )
     p.add_argument("path", help="a trace file or a run's directory (rollout_traces/PROJECT/EXPERIMENT)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the files into")
-    p.add_argument("--steps", default=None, metavar="SPEC", help="steps to include: N, N,M, N-M, N- or last:K")
-    p.add_argument("--split", choices=SPLIT_CHOICES, default=None, help="only training or validation trajectories")
+    p.add_argument("--steps", metavar="SPEC", help="steps to include: N, N,M, N-M, N- or last:K")
+    p.add_argument("--split", choices=SPLIT_CHOICES, help="only training or validation trajectories")
     p.add_argument(
         "--filter",
         dest="filters",

@@ -62,14 +62,11 @@ def register_export(subparsers: Any) -> None:
         dest="steps",
         type=int,
         action="append",
-        default=None,
         metavar="N",
         help="export only step N (repeatable)",
     )
-    p.add_argument("--since-step", type=int, default=None, metavar="N", help=common["since_step"].help)
-    p.add_argument(
-        "--log-val-generations", type=int, default=None, metavar="N", help=common["log_val_generations"].help
-    )
+    p.add_argument("--since-step", type=int, metavar="N", help=common["since_step"].help)
+    p.add_argument("--log-val-generations", type=int, metavar="N", help=common["log_val_generations"].help)
     p.add_argument("--verify", action="store_true", help=common["verify"].help)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=run_export, run_paths=("path",))

@@ -18,14 +18,13 @@ def register_import(subparsers: Any) -> None:
     parser.add_argument("source", choices=["mlflow"], help="platform to read from")
     parser.add_argument(
         "--tracking-uri",
-        default=None,
         help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)",
     )
     parser.add_argument("--experiment", required=True, help="MLflow experiment name to read")
     parser.add_argument(
         "--out", required=True, help="folder to write trace files under (<out>/<project>/<experiment>/)"
     )
-    parser.add_argument("--filter", default=None, help="MLflow trace filter, e.g. \"tags.step = '3'\"")
+    parser.add_argument("--filter", help="MLflow trace filter, e.g. \"tags.step = '3'\"")
     parser.add_argument("--no-progress", action="store_true", help="do not print progress")
     parser.set_defaults(func=run_import)
 

@@ -21,7 +21,7 @@ def register_rescore(subparsers: Any) -> None:
     )
     p.add_argument("path", help="the run's trace directory (rollout_traces/PROJECT/EXPERIMENT)")
     p.add_argument("--reward", required=True, metavar="MODULE:FUNCTION", help="the reward function to run")
-    p.add_argument("--step", dest="steps", type=int, action="append", default=None, metavar="N", help="only step N")
+    p.add_argument("--step", dest="steps", type=int, action="append", metavar="N", help="only step N")
     p.set_defaults(func=run_rescore, run_paths=("path",))
 
 

@@ -186,22 +186,17 @@ def run_tail(args: argparse.Namespace) -> int:
     """Follow ``args.path`` until interrupted (KeyboardInterrupt: the CLI answers 130)."""
     follower = RunFollower(args.path)
     tail = Tail(follower, args.trajectories, args.grace)
-    warned: set[str] = set()
-    waiting_said = False
+    said: set[str] = set()  # each warning once
     while True:
         update = follower.poll()
         tail.saw(update.changed)
-        for message in update.warnings:
-            if message not in warned:
-                warned.add(message)
-                print(terminal_text(f"warning: {message}"), file=sys.stderr, flush=True)
-        if not follower.files and not waiting_said:
-            print(
-                terminal_text(f"rollout-trace tail: no trace files under {args.path} yet; waiting"),
-                file=sys.stderr,
-                flush=True,
-            )
-            waiting_said = True
+        notes = [f"warning: {message}" for message in update.warnings]
+        if not follower.files:
+            notes.append(f"rollout-trace tail: no trace files under {args.path} yet; waiting")
+        for note in notes:
+            if note not in said:
+                said.add(note)
+                print(terminal_text(note), file=sys.stderr, flush=True)
         for line in tail.lines():
             print(line, flush=True)
         time.sleep(args.interval)

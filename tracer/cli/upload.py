@@ -21,10 +21,9 @@ def register_upload(subparsers: Any) -> None:
     p.add_argument(
         "staging",
         nargs="?",
-        default=None,
         help=f"a staging directory or a root of them (default: ${ENV_STAGING_DIR} or {staging_root()})",
     )
-    p.add_argument("--dest", default=None, help="upload here instead of the URI recorded in the staging directory")
+    p.add_argument("--dest", help="upload here instead of the URI recorded in the staging directory")
     p.set_defaults(func=_upload_command)
 
 
