@@ -29,13 +29,6 @@ def register_check(subparsers: Any) -> None:
     check.set_defaults(func=run_check, run_paths=("path",))
 
 
-def _readable_trajectories(path: str) -> Any:
-    """The trajectories under ``path`` as far as they can be read (the report names the damage)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TraceFileWarning)
-        return read_trajectories(path)
-
-
 def run_check(args: argparse.Namespace) -> int:
     """Check (and with ``--repair`` repair) ``args.path``; 0 when OK or repaired, 1 on damage, 2 on a bad path."""
     try:
@@ -43,7 +36,9 @@ def run_check(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         return fail(str(exc))
     files = list_trace_files(args.path)
-    repeats = describe_repeats(repeated_keys(_readable_trajectories(args.path))) if files else ""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceFileWarning)  # the report names the damage
+        repeats = describe_repeats(repeated_keys(read_trajectories(args.path))) if files else ""
     if args.json:
         print(json.dumps({**summary_dict(report), "repeated_keys": repeats}, indent=2))
     else:
