@@ -315,10 +315,7 @@ def dataset(path: TracePaths) -> pds.Dataset:
             remote = _uri.is_remote(file)
             if not remote and os.path.basename(file) not in index["files"]:
                 seal_if_abandoned(file, on_sealed=write_index)
-            if remote or not _opens_directly(file):
-                others.append(file)
-            else:
-                direct.append(file)
+            (others if remote or not _opens_directly(file) else direct).append(file)
     parts: list[pds.Dataset] = []
     if direct:
         parts.append(pds.dataset(direct, format="ipc", schema=S.SPAN_SCHEMA))
@@ -337,10 +334,7 @@ def _opens_directly(file: str) -> bool:
             schema = pa.ipc.open_file(source).schema
     except (OSError, pa.ArrowException):
         return False
-    names = schema.names
-    return names == list(S.SPAN_COLUMNS) and all(
-        schema.field(i).type == S.SPAN_SCHEMA.field(i).type for i in range(len(names))
-    )
+    return schema.names == S.SPAN_SCHEMA.names and schema.types == S.SPAN_SCHEMA.types
 
 
 def parse_json(text: str | None) -> Any:
