@@ -138,8 +138,9 @@ class TraceConfig:
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
-        for key in ("backend_options", "run_config") if self.redact else ():
-            out[key] = _redact_keys(out[key], is_secret_key, REDACTED)
+        if self.redact:
+            for key in ("backend_options", "run_config"):
+                out[key] = _redact_keys(out[key], is_secret_key, REDACTED)
             # A pattern is often the literal secret itself: write how many, never what.
             out["redact_patterns"] = [REDACTED] * len(self.redact_patterns)
         data: dict[str, Any] = json.loads(json.dumps(out, default=repr))
@@ -158,9 +159,8 @@ class TraceConfig:
         for name in _backend_list(self.backend):
             if name not in valid:
                 raise TraceConfigError(
-                    f"backend: unknown backend {name!r}; valid backends are "
-                    f"{', '.join(valid)} (or None / 'none' to turn tracing off, "
-                    f"or a list of them)"
+                    f"backend: unknown backend {name!r}; valid backends are {', '.join(valid)} "
+                    "(or None / 'none' to turn tracing off, or a list of them)"
                 )
         for key in ("project_name", "experiment_name"):
             dir_segment(key, getattr(self, key))
@@ -176,8 +176,9 @@ class TraceConfig:
             setattr(self, key, _as_number(key, getattr(self, key), kind, low, high, optional))
         for key in _BOOLS:
             setattr(self, key, as_bool(key, getattr(self, key)))
-        if isinstance(self.output_dir, os.PathLike):
-            self.output_dir = os.fspath(self.output_dir)
+        for key in ("output_dir", "tokenizer"):
+            if isinstance(getattr(self, key), os.PathLike):
+                setattr(self, key, os.fspath(getattr(self, key)))
         if not isinstance(self.output_dir, str) or not self.output_dir or "\0" in self.output_dir:
             raise TraceConfigError(
                 f"output_dir: {self.output_dir!r} is not a usable path; give a directory path (without NUL)"
@@ -200,8 +201,6 @@ class TraceConfig:
                 f"dict (for an OmegaConf config: OmegaConf.to_container(cfg, resolve=True))"
             )
         self.run_config = dict(self.run_config)
-        if isinstance(self.tokenizer, os.PathLike):
-            self.tokenizer = os.fspath(self.tokenizer)
         if self.tokenizer is not None and not isinstance(self.tokenizer, str) and not has_decode(self.tokenizer):
             raise TraceConfigError(
                 f"tokenizer: a {type(self.tokenizer).__name__} cannot decode token ids (it has no batch_decode, "
@@ -373,12 +372,10 @@ def _as_number(key: str, value: Any, kind: type, low: float, high: float, option
             number = int(text) if kind is int else float(text)
         except ValueError:
             number = None
-    if isinstance(number, bool) or not isinstance(number, (int, float)):
-        raise TraceConfigError(f"{key}: {value!r} is not {what}; {fix}")
-    if kind is int and not isinstance(number, int):
-        if not (math.isfinite(number) and number == int(number)):
-            raise TraceConfigError(f"{key}: {value!r} is not {what}; {fix}")
+    if kind is int and isinstance(number, float) and math.isfinite(number) and number == int(number):
         number = int(number)
+    if isinstance(number, bool) or not isinstance(number, int if kind is int else (int, float)):
+        raise TraceConfigError(f"{key}: {value!r} is not {what}; {fix}")
     if not (math.isfinite(number) and low <= number <= high):
         raise TraceConfigError(f"{key}: {value!r} is out of range; {fix}")
     return kind(number)
