@@ -58,12 +58,7 @@ def register_export(subparsers: Any) -> None:
     )
     common = {o.name: o for o in COMMON_OPTIONS}
     p.add_argument(
-        "--step",
-        dest="steps",
-        type=int,
-        action="append",
-        metavar="N",
-        help="export only step N (repeatable)",
+        "--step", dest="steps", type=int, action="append", metavar="N", help="export only step N (repeatable)"
     )
     p.add_argument("--since-step", type=int, metavar="N", help=common["since_step"].help)
     p.add_argument("--log-val-generations", type=int, metavar="N", help=common["log_val_generations"].help)

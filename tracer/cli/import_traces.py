@@ -17,8 +17,7 @@ def register_import(subparsers: Any) -> None:
     )
     parser.add_argument("source", choices=["mlflow"], help="platform to read from")
     parser.add_argument(
-        "--tracking-uri",
-        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)",
+        "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)"
     )
     parser.add_argument("--experiment", required=True, help="MLflow experiment name to read")
     parser.add_argument(
