@@ -90,8 +90,6 @@ class TraceConfig:
     def __post_init__(self) -> None:
         self.validate()
 
-    # -- derived ---------------------------------------------------------
-
     @property
     def max_samples(self) -> int | None:
         """Alias of ``max_samples_per_step_per_worker``."""
@@ -150,8 +148,6 @@ class TraceConfig:
                 if data.get(key) is not None:
                     data[key] = redact_config({key: data[key]}, self.redact_patterns)[key]
         return data
-
-    # -- checking --------------------------------------------------------
 
     def validate(self) -> None:
         """Check every field; raise :class:`TraceConfigError` naming the first bad one."""
@@ -220,8 +216,6 @@ class TraceConfig:
             _check_creatable(self.output_dir, self.run_dir)
         if self.token2text and self.tokenizer is not None:
             _check_tokenizer(self.tokenizer)
-
-    # -- construction ----------------------------------------------------
 
     @classmethod
     def resolve(cls, config: TraceConfig | None = None, **fields: Any) -> TraceConfig:

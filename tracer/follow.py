@@ -119,8 +119,6 @@ class RunFollower:
         #: Per step, how many times its summaries were replaced (a step's cache key).
         self.step_versions: dict[int | None, int] = {}
 
-    # -- reading ------------------------------------------------------------
-
     def poll(self) -> Update:
         """Read the batches written since the last poll and update the summaries (FileNotFoundError: no path)."""
         files = list_trace_files(self.path)
@@ -260,8 +258,6 @@ class RunFollower:
             self.step_versions[step] = self.step_versions.get(step, 0) + 1
         return sorted(affected)
 
-    # -- what was read ---------------------------------------------------------
-
     def trajectories(self, steps: Iterable[int | None] | None = None) -> pa.Table:
         """One summary row per trajectory read so far, of ``steps`` (None: all), as ``read_trajectories``."""
         if steps is None and self._table is not None:
@@ -342,11 +338,7 @@ def step_progress(trajectories: pa.Table, running: pa.Table) -> list[dict[str, A
     """Per step of :meth:`RunFollower.trajectories`: finished (a root span), running, abandoned (writer done)."""
     running_ids = set(running.column(S.TRACE_ID).to_pylist())
     out: dict[int | None, dict[str, Any]] = {}
-    for tid, step, status in zip(
-        trajectories.column(S.TRACE_ID).to_pylist(),
-        trajectories.column(S.STEP).to_pylist(),
-        trajectories.column(S.STATUS).to_pylist(),
-    ):
+    for tid, step, status in zip(*trajectories.select([S.TRACE_ID, S.STEP, S.STATUS]).to_pydict().values()):
         row = out.setdefault(step, {S.STEP: step, "finished": 0, "running": 0, "abandoned": 0})
         if status != S.STATUS_INCOMPLETE:
             row["finished"] += 1
