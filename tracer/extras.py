@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import urllib.parse
 import urllib.request
 from typing import Any
@@ -34,11 +35,11 @@ def _target() -> str:
     """The install target with an ``{extra}`` placeholder (computed once per process)."""
     root = _source_root()
     if root is not None:
-        return "-e " + _quote(root + "[{extra}]")
+        return "-e " + shlex.quote(root + "[{extra}]")
     location = _direct_url_path()
     if location is not None:
-        return _quote(location + "[{extra}]")
-    return _quote(DISTRIBUTION + "[{extra}]")
+        return shlex.quote(location + "[{extra}]")
+    return shlex.quote(DISTRIBUTION + "[{extra}]")
 
 
 def _source_root() -> str | None:
@@ -66,11 +67,6 @@ def _direct_url_path() -> str | None:
         return None
     path = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
     return path if os.path.exists(path) else None
-
-
-def _quote(text: str) -> str:
-    """Single-quote ``text`` for a POSIX shell (brackets would otherwise be globbed)."""
-    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def _missing(module: str, extra: str, detail: str = "") -> ImportError:
