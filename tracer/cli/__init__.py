@@ -37,11 +37,8 @@ ENTRY_POINT_GROUP = "rollout_trace.commands"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollout-trace", description="Record, view and export agentic RL rollouts.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    register_info(sub)
-    register_check(sub)
-    register_compact(sub)
-    register_diff(sub)
-    register_tail(sub)
+    for register_builtin in (register_info, register_check, register_compact, register_diff, register_tail):
+        register_builtin(sub)
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             register = ep.load()
