@@ -29,13 +29,9 @@ def _add_option(p: argparse.ArgumentParser, name: str, owners: list[tuple[str, O
     helps = "; ".join(
         f"{b}: {o.help}" + (f" ({'|'.join(map(str, o.choices))})" if o.choices else "") for b, o in owners
     )
-    kwargs: dict[str, Any] = {"dest": name, "default": None, "help": helps}
-    if first.type is bool:
-        kwargs["action"] = argparse.BooleanOptionalAction
-    else:
-        kwargs["type"] = first.type
-        kwargs["metavar"] = name.upper()
-    p.add_argument(first.cli_flag, **kwargs)
+    boolean = first.type is bool
+    typed: dict[str, Any] = {"action": argparse.BooleanOptionalAction} if boolean else {"type": first.type}
+    p.add_argument(first.cli_flag, dest=name, help=helps, metavar=None if boolean else name.upper(), **typed)
 
 
 def register_export(subparsers: Any) -> None:
