@@ -126,7 +126,7 @@ class TraceConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view of the config, as written into file metadata (secrets redacted)."""
-        from tracer.record.redact import REDACTED, is_secret_key, redact_config
+        from tracer.record.redact import REDACTED, Redactor, is_secret_key
 
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
@@ -144,9 +144,9 @@ class TraceConfig:
         data: dict[str, Any] = json.loads(json.dumps(out, default=repr))
         if self.redact:
             # Secret values anywhere (sk-... in backend options, a token in a URL).
+            redactor = Redactor(self.redact_patterns)
             for key in ("backend_options", "run_config", "output_dir", "tokenizer"):
-                if data.get(key) is not None:
-                    data[key] = redact_config({key: data[key]}, self.redact_patterns)[key]
+                data[key] = redactor.value(data[key])
         return data
 
     def validate(self) -> None:
