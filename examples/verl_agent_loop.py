@@ -18,9 +18,9 @@ from typing import Any
 
 import tracer
 
-# verl's code imports these from verl.utils.rollout_trace; tracer.verl_compat has the same names and
+# verl's code imports these from verl.utils.rollout_trace; tracer.integrations.verl has the same names and
 # signatures (a bare @rollout_trace_op names the span after the method and infers its kind: llm, tool).
-from tracer.verl_compat import rollout_trace_attr, rollout_trace_op
+from tracer.integrations.verl import rollout_trace_attr, rollout_trace_op
 
 
 class CharTokenizer:

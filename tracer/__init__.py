@@ -1,21 +1,7 @@
-"""rollout-trace's recorder: decorate rollout code, get zstd Arrow trace files.
+"""rollout-trace's recorder: ``init``, decorate rollout code with ``rollout_trace_op``, group a rollout with
+``rollout_trace_attr``, ``log_reward``, ``flush``; get zstd Arrow trace files (README.md's quickstart).
 
-Typical use::
-
-    import tracer
-
-    tracer.init(project_name="gsm8k", experiment_name="grpo-1", backend="arrow")
-
-    @tracer.rollout_trace_op(kind="llm")
-    async def generate(prompt_ids): ...
-
-    with tracer.rollout_trace_attr(sample_index=i, step=step, rollout_n=n):
-        await agent_loop(...)
-    tracer.log_reward(1.0, advantage=0.5)
-    tracer.flush()
-
-Importing this package imports none of mlflow, wandb, swanlab, torch,
-transformers, vllm, streamlit or ray.
+Importing this package imports none of mlflow, wandb, swanlab, torch, transformers, vllm, streamlit or ray.
 """
 
 from __future__ import annotations

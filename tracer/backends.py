@@ -11,7 +11,7 @@ import dataclasses
 import difflib
 import importlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tracer.extras import require_backend
@@ -74,112 +74,91 @@ _EXPERIMENT = Option("experiment", str, None, "run name on the backend (default:
 #: How long one call into the backend (open, a step's write, close) is waited for before the export gives up.
 _TIMEOUT = Option("timeout_s", float, 120.0, "seconds one call to the backend (a step's write) may take")
 
+
+def _exporter(name: str, sink: str, help: str, *options: Option, requires: str | None = None) -> Backend:
+    """A backend with sink ``tracer.exporters.<name>:<sink>`` whose library (unless ``requires``) and extra are ``name``."""
+    return Backend(name, f"tracer.exporters.{name}:{sink}", requires or name, name, options, help)
+
+
+_MLFLOW = _exporter(
+    "mlflow",
+    "MlflowSink",
+    "one MLflow trace per trajectory, linked to a run with per-step metrics",
+    Option("tracking_uri", str, None, "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)"),
+    Option(
+        "experiment",
+        str,
+        None,
+        "MLflow experiment (default: the recorded project name; the run is the experiment name)",
+    ),
+    Option(
+        "method",
+        str,
+        "auto",
+        "auto (fast path on checked mlflow versions), fast, or public (MLflow's span API)",
+        choices=("auto", "fast", "public"),
+    ),
+    _TIMEOUT,
+)
+_WANDB = _exporter(
+    "wandb",
+    "WandbSink",
+    "per-step trajectory tables and rollout metrics in a wandb run",
+    _PROJECT,
+    _EXPERIMENT,
+    Option("mode", str, "offline", "wandb mode", choices=("offline", "online"), live_default=None),
+    Option(
+        "run_dir",
+        str,
+        None,
+        "parent directory of the run's files (default WANDB_DIR or .)",
+        flag="--dir",
+        live_key="wandb_dir",
+    ),
+    Option("proxy", str, None, "HTTP(S) proxy for wandb's traffic (verl's wandb_proxy)"),
+    Option("max_rows", int, None, "rows per table increment (at most wandb.Table.MAX_ROWS)"),
+    _TIMEOUT,
+)
+_SWANLAB = _exporter(
+    "swanlab",
+    "SwanlabSink",
+    "per-step trajectory tables, conversations and rollout metrics in a SwanLab run",
+    _PROJECT,
+    _EXPERIMENT,
+    Option("mode", str, "local", "swanlab mode", choices=("local", "offline", "online"), live_default=None),
+    Option("log_dir", str, None, "directory of the run's files (default ./swanlog)"),
+    _TIMEOUT,
+)
+_TRACKIO = _exporter(
+    "trackio",
+    "TrackioSink",
+    "per-step trajectory tables and rollout metrics in a local-first trackio run (TRACKIO_DIR)",
+    _PROJECT,
+    _EXPERIMENT,
+)
+_OTLP = _exporter(
+    "otlp",
+    "OtlpSink",
+    "one OpenTelemetry trace per trajectory (GenAI conventions) posted to an OTLP/HTTP endpoint",
+    Option("endpoint", str, None, "OTLP/HTTP URL (default OTEL_EXPORTER_OTLP_ENDPOINT, else 127.0.0.1:4318)"),
+    Option("headers", str, None, "request headers NAME=VALUE,... (e.g. x-mlflow-experiment-id=1)"),
+    Option("timeout_s", float, 30.0, "seconds per request"),
+    Option(
+        "content",
+        bool,
+        False,
+        "send content: gen_ai.input/output.messages, tool arguments and results, span inputs and outputs",
+    ),
+    requires="opentelemetry.proto",
+)
+_CONSOLE = Backend(
+    "console",
+    "tracer.exporters.console:ConsoleSink",
+    help="one summary line per step on the log and stderr",
+    options=(Option("print", bool, True, "print the lines to stderr too (not only to the log)"),),
+)
 #: Backend name -> its entry, in the order help texts list them.
-BACKENDS: dict[str, Backend] = {
-    b.name: b
-    for b in (
-        Backend(
-            "mlflow",
-            "tracer.exporters.mlflow:MlflowSink",
-            requires="mlflow",
-            extra="mlflow",
-            help="one MLflow trace per trajectory, linked to a run with per-step metrics",
-            options=(
-                Option(
-                    "tracking_uri",
-                    str,
-                    None,
-                    "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)",
-                ),
-                Option(
-                    "experiment",
-                    str,
-                    None,
-                    "MLflow experiment (default: the recorded project name; the run is the experiment name)",
-                ),
-                Option(
-                    "method",
-                    str,
-                    "auto",
-                    "auto (fast path on checked mlflow versions), fast, or public (MLflow's span API)",
-                    choices=("auto", "fast", "public"),
-                ),
-                _TIMEOUT,
-            ),
-        ),
-        Backend(
-            "wandb",
-            "tracer.exporters.wandb:WandbSink",
-            requires="wandb",
-            extra="wandb",
-            help="per-step trajectory tables and rollout metrics in a wandb run",
-            options=(
-                _PROJECT,
-                _EXPERIMENT,
-                Option("mode", str, "offline", "wandb mode", choices=("offline", "online"), live_default=None),
-                Option(
-                    "run_dir",
-                    str,
-                    None,
-                    "parent directory of the run's files (default WANDB_DIR or .)",
-                    flag="--dir",
-                    live_key="wandb_dir",
-                ),
-                Option("proxy", str, None, "HTTP(S) proxy for wandb's traffic (verl's wandb_proxy)"),
-                Option("max_rows", int, None, "rows per table increment (at most wandb.Table.MAX_ROWS)"),
-                _TIMEOUT,
-            ),
-        ),
-        Backend(
-            "swanlab",
-            "tracer.exporters.swanlab:SwanlabSink",
-            requires="swanlab",
-            extra="swanlab",
-            help="per-step trajectory tables, conversations and rollout metrics in a SwanLab run",
-            options=(
-                _PROJECT,
-                _EXPERIMENT,
-                Option("mode", str, "local", "swanlab mode", choices=("local", "offline", "online"), live_default=None),
-                Option("log_dir", str, None, "directory of the run's files (default ./swanlog)"),
-                _TIMEOUT,
-            ),
-        ),
-        Backend(
-            "trackio",
-            "tracer.exporters.trackio:TrackioSink",
-            requires="trackio",
-            extra="trackio",
-            help="per-step trajectory tables and rollout metrics in a local-first trackio run (TRACKIO_DIR)",
-            options=(_PROJECT, _EXPERIMENT),
-        ),
-        Backend(
-            "otlp",
-            "tracer.exporters.otlp:OtlpSink",
-            requires="opentelemetry.proto",
-            extra="otlp",
-            help="one OpenTelemetry trace per trajectory (GenAI conventions) posted to an OTLP/HTTP endpoint",
-            options=(
-                Option(
-                    "endpoint", str, None, "OTLP/HTTP URL (default OTEL_EXPORTER_OTLP_ENDPOINT, else 127.0.0.1:4318)"
-                ),
-                Option("headers", str, None, "request headers NAME=VALUE,... (e.g. x-mlflow-experiment-id=1)"),
-                Option("timeout_s", float, 30.0, "seconds per request"),
-                Option(
-                    "content",
-                    bool,
-                    False,
-                    "send content: gen_ai.input/output.messages, tool arguments and results, span inputs and outputs",
-                ),
-            ),
-        ),
-        Backend(
-            "console",
-            "tracer.exporters.console:ConsoleSink",
-            help="one summary line per step on the log and stderr",
-            options=(Option("print", bool, True, "print the lines to stderr too (not only to the log)"),),
-        ),
-    )
-}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (_MLFLOW, _WANDB, _SWANLAB, _TRACKIO, _OTLP, _CONSOLE)}
 
 #: Options of the file driver, every backend takes them (:func:`export_files`).
 COMMON_OPTIONS: tuple[Option, ...] = (
@@ -196,9 +175,11 @@ def available_backends() -> tuple[str, ...]:
     return (LOCAL_BACKEND, *BACKENDS)
 
 
-def _suggest(name: str, valid: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, list(valid), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def did_you_mean(unknown: Iterable[str], valid: Iterable[str], prefix: str = "") -> str:
+    """`` (did you mean 'x'?)`` for the closest valid names, or an empty string."""
+    choices = sorted(valid)
+    guesses = [f"{prefix}{m}" for u in unknown for m in difflib.get_close_matches(u, choices, n=1)]
+    return f" (did you mean {', '.join(repr(g) for g in dict.fromkeys(guesses))}?)" if guesses else ""
 
 
 def get_backend(name: str) -> Backend:
@@ -206,7 +187,7 @@ def get_backend(name: str) -> Backend:
     entry = BACKENDS.get(name)
     if entry is None:
         raise ExportOptionError(
-            f"unknown backend {name!r}{_suggest(name, list(BACKENDS))}; valid choices are {', '.join(BACKENDS)}"
+            f"unknown backend {name!r}{did_you_mean([name], BACKENDS)}; valid choices are {', '.join(BACKENDS)}"
         )
     return entry
 
@@ -255,5 +236,7 @@ def resolve_options(name: str, options: Mapping[str, Any], live: bool = False) -
     for key in options:
         if key not in known:
             valid = ", ".join(known) or "none"
-            raise ExportOptionError(f"unknown {name} option {key!r}{_suggest(key, known)}; {name} options are: {valid}")
+            raise ExportOptionError(
+                f"unknown {name} option {key!r}{did_you_mean([key], known)}; {name} options are: {valid}"
+            )
     return {o.name: _coerce(name, o, options.get(o.name, o.default_for(live))) for o in entry.options}

@@ -7,7 +7,6 @@ parsed by :meth:`TraceConfig.from_overrides` and :meth:`TraceConfig.from_yaml`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import os
@@ -15,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tracer.backends import LOCAL_BACKEND, available_backends
+from tracer.backends import LOCAL_BACKEND, available_backends, did_you_mean
 from tracer.record.tokenizer import check_decodes, has_decode, load_tokenizer
 
 #: Environment variable: default ``output_dir``.
@@ -28,7 +27,7 @@ ENV_STRICT = "ROLLOUT_TRACE_STRICT"
 #: keyword arguments (hands a whole config to Ray workers through ``runtime_env``).
 ENV_CONFIG = "ROLLOUT_TRACE_CONFIG"
 #: Environment variable: seconds a Ray driver's ``ray.shutdown()`` (or exit) may spend shipping what its workers'
-#: live exporters had not (:mod:`tracer.verl_plugin`); ``0``: off.
+#: live exporters had not (:mod:`tracer.integrations.verl_plugin`); ``0``: off.
 ENV_DRAIN_S = "ROLLOUT_TRACE_DRAIN_S"
 #: Default for :data:`ENV_DRAIN_S`, in seconds.
 DEFAULT_DRAIN_S = 120.0
@@ -59,44 +58,7 @@ class TraceConfigError(ValueError):
 
 @dataclasses.dataclass
 class TraceConfig:
-    """How and where this process records rollouts.
-
-    Attributes:
-        project_name: The first directory under ``output_dir``; the MLflow experiment / wandb project.
-        experiment_name: Experiment (run) within the project.
-        backend: ``None`` turns tracing off; ``"arrow"`` writes local files only; exporter names
-            (:func:`tracer.available_backends`), one or a list, add live exporters beside the files.
-        output_dir: Root of the trace files (``ROLLOUT_TRACE_DIR``, else ``./rollout_traces``).
-        token2text: Decode token id fields to text beside them.
-        tokenizer: A tokenizer object (``batch_decode``/``decode``) or a path to its folder or
-            ``tokenizer.json``; None: the decorated method's ``self.tokenizer``, as verl does.
-        token_fields: Token id fields beyond ``prompt_ids, response_ids, token_ids, input_ids, output_ids``.
-        max_tokens: Keep at most this many tokens of every token list and its text (the length is recorded).
-        max_samples_per_step_per_worker: Record at most this many samples (prompts) per step in this process,
-            each with all its rollouts (alias ``max_samples``); None: all.
-        store_full_token: If False, keep decoded text and drop token id lists.
-        seed: Seed of the sampling choice.
-        sample_strategy: Which groups of a step a sample cap keeps: ``"uniform"`` (seeded, as rollouts start),
-            ``"extremes"`` (highest and lowest mean), ``"variance"`` (rewards that differ most first); the last
-            two decide once the step's groups are complete (``tracer.record.sampling``).
-        sample_by: What ``extremes`` and ``variance`` rank by: ``"reward"`` or ``"length"`` (response tokens).
-        sample_candidates_per_step: Groups of a step held unwritten until ``extremes``/``variance`` decide
-            (later ones are counted, not recorded); None: 4 x the sample cap.
-        flush_interval_s: The writer makes records durable at least this often (what a kill -9 can lose).
-        max_file_bytes: Rotate to a new file after this many bytes.
-        max_buffered_spans: Finished spans held in memory awaiting the writer.
-        on_buffer_full: ``"block"`` (wait for the writer, lose nothing) or ``"drop"`` (drop and count the span).
-        compression_level: zstd level of the Arrow buffers.
-        log_val_generations: Validation trajectories per step in exporters' tables (verl's name).
-        backend_options: Extra per-backend options.
-        redact: Replace secrets with ``<redacted>`` before anything is written (``tracer.record.redact``).
-        redact_patterns: Extra regular expressions to redact.
-        upload_interval_s: With a URI ``output_dir`` (``s3://...``): upload a staged file at least this often.
-        run_config: The training run's own configuration, kept (redacted) in every file's metadata
-            (:func:`tracer.read_run_config`) and logged by exporters as their run's params.
-        shutdown_timeout_s: The longest a stop (signal, ``ray.shutdown()``, exit) waits to make files durable
-            and drain live exporters; ``rollout-trace export`` catches up the rest.
-    """
+    """How and where this process records rollouts; docs/config.md gives each field's meaning, default and unit."""
 
     project_name: str = "rollout_trace"
     experiment_name: str = "default"
@@ -127,8 +89,6 @@ class TraceConfig:
 
     def __post_init__(self) -> None:
         self.validate()
-
-    # -- derived ---------------------------------------------------------
 
     @property
     def max_samples(self) -> int | None:
@@ -166,7 +126,7 @@ class TraceConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view of the config, as written into file metadata (secrets redacted)."""
-        from tracer.record.redact import REDACTED, is_secret_key, redact_config
+        from tracer.record.redact import REDACTED, Redactor, is_secret_key
 
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
@@ -177,21 +137,17 @@ class TraceConfig:
                 value = list(value)
             out[f.name] = value
         if self.redact:
-            out["backend_options"] = _redact_keys(out["backend_options"], is_secret_key, REDACTED)
-            out["run_config"] = _redact_keys(out["run_config"], is_secret_key, REDACTED)
+            for key in ("backend_options", "run_config"):
+                out[key] = _redact_keys(out[key], is_secret_key, REDACTED)
             # A pattern is often the literal secret itself: write how many, never what.
             out["redact_patterns"] = [REDACTED] * len(self.redact_patterns)
         data: dict[str, Any] = json.loads(json.dumps(out, default=repr))
         if self.redact:
             # Secret values anywhere (sk-... in backend options, a token in a URL).
-            data["backend_options"] = redact_config(data["backend_options"], self.redact_patterns)
-            data["run_config"] = redact_config(data["run_config"], self.redact_patterns)
-            for key in ("output_dir", "tokenizer"):
-                if isinstance(data.get(key), str):
-                    data[key] = redact_config({key: data[key]}, self.redact_patterns)[key]
+            redactor = Redactor(self.redact_patterns)
+            for key in ("backend_options", "run_config", "output_dir", "tokenizer"):
+                data[key] = redactor.value(data[key])
         return data
-
-    # -- checking --------------------------------------------------------
 
     def validate(self) -> None:
         """Check every field; raise :class:`TraceConfigError` naming the first bad one."""
@@ -199,9 +155,8 @@ class TraceConfig:
         for name in _backend_list(self.backend):
             if name not in valid:
                 raise TraceConfigError(
-                    f"backend: unknown backend {name!r}; valid backends are "
-                    f"{', '.join(valid)} (or None / 'none' to turn tracing off, "
-                    f"or a list of them)"
+                    f"backend: unknown backend {name!r}; valid backends are {', '.join(valid)} "
+                    "(or None / 'none' to turn tracing off, or a list of them)"
                 )
         for key in ("project_name", "experiment_name"):
             dir_segment(key, getattr(self, key))
@@ -211,14 +166,15 @@ class TraceConfig:
             ("on_buffer_full", self.on_buffer_full, ON_FULL_CHOICES),
         ):
             if value not in choices:
-                hint = _did_you_mean([str(value)], choices)
+                hint = did_you_mean([str(value)], choices)
                 raise TraceConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}{hint}")
         for key, (kind, low, high, optional) in _NUMBERS.items():
             setattr(self, key, _as_number(key, getattr(self, key), kind, low, high, optional))
         for key in _BOOLS:
             setattr(self, key, as_bool(key, getattr(self, key)))
-        if isinstance(self.output_dir, os.PathLike):
-            self.output_dir = os.fspath(self.output_dir)
+        for key in ("output_dir", "tokenizer"):
+            if isinstance(getattr(self, key), os.PathLike):
+                setattr(self, key, os.fspath(getattr(self, key)))
         if not isinstance(self.output_dir, str) or not self.output_dir or "\0" in self.output_dir:
             raise TraceConfigError(
                 f"output_dir: {self.output_dir!r} is not a usable path; give a directory path (without NUL)"
@@ -241,8 +197,6 @@ class TraceConfig:
                 f"dict (for an OmegaConf config: OmegaConf.to_container(cfg, resolve=True))"
             )
         self.run_config = dict(self.run_config)
-        if isinstance(self.tokenizer, os.PathLike):
-            self.tokenizer = os.fspath(self.tokenizer)
         if self.tokenizer is not None and not isinstance(self.tokenizer, str) and not has_decode(self.tokenizer):
             raise TraceConfigError(
                 f"tokenizer: a {type(self.tokenizer).__name__} cannot decode token ids (it has no batch_decode, "
@@ -263,21 +217,12 @@ class TraceConfig:
         if self.token2text and self.tokenizer is not None:
             _check_tokenizer(self.tokenizer)
 
-    # -- construction ----------------------------------------------------
-
     @classmethod
     def resolve(cls, config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
         """Build the config in force: ``fields`` over ``config`` over env over defaults."""
-        for alias, real in _ALIASES.items():
-            if alias in fields:
-                fields[real] = fields.pop(alias)
+        fields = {_ALIASES.get(k, k): v for k, v in fields.items()}
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(fields) - names)
-        if unknown:
-            raise TraceConfigError(
-                f"unknown config field(s) {', '.join(unknown)}{_did_you_mean(unknown, names | set(_ALIASES))}; "
-                f"valid fields are {', '.join(sorted(names | set(_ALIASES)))}"
-            )
+        _check_known("", fields, names | set(_ALIASES))
         if config is None:
             base: dict[str, Any] = _env_config(names)
             env_dir = os.environ.get(ENV_TRACE_DIR)
@@ -291,8 +236,10 @@ class TraceConfig:
             try:
                 return cls(**base)
             except TraceConfigError as exc:
-                if str(exc).split(":", 1)[0] in from_env:  # say where the bad value came from
-                    raise TraceConfigError(f"{_env_source(str(exc).split(':', 1)[0])}: {exc}") from None
+                field = str(exc).split(":", 1)[0]
+                if field in from_env:  # say where the bad value came from
+                    source = {"output_dir": ENV_TRACE_DIR, "backend": ENV_BACKEND}.get(field, ENV_CONFIG)
+                    raise TraceConfigError(f"{source}: {exc}") from None
                 raise
         return dataclasses.replace(config, **fields)
 
@@ -351,7 +298,7 @@ class TraceConfig:
             name = _ALIASES.get(name, name)
             if name not in types:
                 valid = sorted(set(types) | set(_ALIASES))
-                hint = _did_you_mean([name], valid, prefix)
+                hint = did_you_mean([name], valid, prefix)
                 raise TraceConfigError(
                     f"{key}: unknown trace setting {name!r}{hint}; valid settings are "
                     f"{', '.join(prefix + v for v in valid)}"
@@ -419,12 +366,10 @@ def _as_number(key: str, value: Any, kind: type, low: float, high: float, option
             number = int(text) if kind is int else float(text)
         except ValueError:
             number = None
-    if isinstance(number, bool) or not isinstance(number, (int, float)):
-        raise TraceConfigError(f"{key}: {value!r} is not {what}; {fix}")
-    if kind is int and not isinstance(number, int):
-        if not (math.isfinite(number) and number == int(number)):
-            raise TraceConfigError(f"{key}: {value!r} is not {what}; {fix}")
+    if kind is int and isinstance(number, float) and math.isfinite(number) and number == int(number):
         number = int(number)
+    if isinstance(number, bool) or not isinstance(number, int if kind is int else (int, float)):
+        raise TraceConfigError(f"{key}: {value!r} is not {what}; {fix}")
     if not (math.isfinite(number) and low <= number <= high):
         raise TraceConfigError(f"{key}: {value!r} is out of range; {fix}")
     return kind(number)
@@ -454,15 +399,6 @@ def dir_segment(key: str, name: Any) -> str:
 _URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def _did_you_mean(unknown: Iterable[str], valid: Iterable[str], prefix: str = "") -> str:
-    """`` (did you mean 'x'?)`` for the closest valid names, or an empty string."""
-    choices = sorted(valid)
-    guesses = [f"{prefix}{m}" for u in unknown for m in difflib.get_close_matches(u, choices, n=1, cutoff=0.6)]
-    if not guesses:
-        return ""
-    return f" (did you mean {', '.join(repr(g) for g in dict.fromkeys(guesses))}?)"
-
-
 def _tokenizer_label(tokenizer: Any) -> str:
     """How a tokenizer object is recorded: the local folder it was loaded from (the viewer decodes with it), else ``<ClassName>``."""
     path = getattr(tokenizer, "name_or_path", None)
@@ -480,14 +416,12 @@ def _check_creatable(output_dir: str, run_dir: str) -> None:
         if parent == probe:
             break
         probe = parent
-    if not os.path.isdir(probe):
+    why = None if os.path.isdir(probe) else "is a file, not a directory"
+    if why is None and not os.access(probe, os.W_OK | os.X_OK):
+        why = "is not writable"
+    if why is not None:
         raise TraceConfigError(
-            f"output_dir: {output_dir!r} cannot hold the run directory {run_dir!r}: {probe!r} is a file, "
-            f"not a directory; {fix}"
-        )
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise TraceConfigError(
-            f"output_dir: {output_dir!r} cannot hold the run directory {run_dir!r}: {probe!r} is not writable; {fix}"
+            f"output_dir: {output_dir!r} cannot hold the run directory {run_dir!r}: {probe!r} {why}; {fix}"
         )
 
 
@@ -529,9 +463,14 @@ def _redact_keys(value: Any, is_secret: Any, mark: str) -> Any:
     return value
 
 
-def _env_source(field: str) -> str:
-    """The environment variable a field's value was read from."""
-    return {"output_dir": ENV_TRACE_DIR, "backend": ENV_BACKEND}.get(field, ENV_CONFIG)
+def _check_known(where: str, fields: Iterable[str], names: set[str]) -> None:
+    """Raise naming the fields not in ``names``, the closest valid ones and every valid one."""
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise TraceConfigError(
+            f"{where}unknown config field(s) {', '.join(unknown)}{did_you_mean(unknown, names)}; "
+            f"valid fields are {', '.join(sorted(names))}"
+        )
 
 
 def _env_config(names: set[str]) -> dict[str, Any]:
@@ -548,12 +487,7 @@ def _env_config(names: set[str]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise TraceConfigError(f"{ENV_CONFIG}: must be a JSON object of config fields, not {type(data).__name__}")
     data = {_ALIASES.get(k, k): v for k, v in data.items()}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise TraceConfigError(
-            f"{ENV_CONFIG}: unknown config field(s) {', '.join(unknown)}{_did_you_mean(unknown, names)}; "
-            f"valid fields are {', '.join(sorted(names))}"
-        )
+    _check_known(f"{ENV_CONFIG}: ", data, names)
     for key in ("token_fields", "redact_patterns"):
         if isinstance(data.get(key), list):
             data[key] = tuple(data[key])

@@ -9,6 +9,7 @@ the next poll read the run again.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 import warnings
@@ -66,18 +67,13 @@ class Update:
 
 def _by_step(table: pa.Table) -> dict[int | None, pa.Table]:
     """The rows of ``table`` by their step: one sort and slices, not one filter per step."""
-    steps = table.column(S.STEP)
-    unique = pc.unique(steps)
+    unique = pc.unique(table.column(S.STEP))
     if len(unique) <= 1:
         return {unique[0].as_py() if len(unique) else None: table} if table.num_rows else {}
-    ordered = table.take(pc.sort_indices(table, sort_keys=[(S.STEP, "ascending")]))  # nulls last (the default)
+    ordered = table.sort_by(S.STEP)  # nulls last
     counts = pc.value_counts(ordered.column(S.STEP))
-    out: dict[int | None, pa.Table] = {}
-    offset = 0
-    for value, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
-        out[value] = ordered.slice(offset, count)
-        offset += count
-    return out
+    values, sizes = counts.field("values").to_pylist(), counts.field("counts").to_pylist()
+    return {v: ordered.slice(start, n) for v, n, start in zip(values, sizes, itertools.accumulate(sizes, initial=0))}
 
 
 def _keyed_rewards(spans: pa.Table) -> Any:
@@ -99,13 +95,12 @@ def _step_key(step: int | None) -> tuple[bool, int]:
 class RunFollower:
     """Reads a run again and again, each time only what was written since.
 
-    Not thread-safe: callers sharing one follower hold a lock around :meth:`poll`. ``columns``: span columns to
-    keep besides :data:`FOLLOW_SPAN_COLUMNS`.
+    Not thread-safe: callers sharing one follower hold a lock around :meth:`poll`.
     """
 
-    def __init__(self, path: TracePaths, columns: Iterable[str] = ()) -> None:
+    def __init__(self, path: TracePaths) -> None:
         self.path = path
-        self.columns = list(dict.fromkeys([*FOLLOW_SPAN_COLUMNS, *columns]))
+        self.columns = list(FOLLOW_SPAN_COLUMNS)
         self._clear()
 
     def _clear(self) -> None:
@@ -123,8 +118,6 @@ class RunFollower:
         self.version = 0
         #: Per step, how many times its summaries were replaced (a step's cache key).
         self.step_versions: dict[int | None, int] = {}
-
-    # -- reading ------------------------------------------------------------
 
     def poll(self) -> Update:
         """Read the batches written since the last poll and update the summaries (FileNotFoundError: no path)."""
@@ -245,25 +238,18 @@ class RunFollower:
         for tid in affected:
             for step in self._trace_steps.get(tid, ()):
                 by_step.setdefault(step, []).append(tid)
-        touched = set(by_step)
         ids_of = {step: pa.array(sorted(tids), pa.string()) for step, tids in by_step.items()}
         parts = []
-        for step in touched:
+        for step, ids in ids_of.items():
             spans = pa.concat_tables(self._spans.get(step, []))
-            tid = spans.column(S.TRACE_ID)
-            own = pc.fill_null(pc.is_in(tid, value_set=ids_of[step]), False)
+            own = pc.fill_null(pc.is_in(spans.column(S.TRACE_ID), value_set=ids), False)
             parts.append(spans.filter(pc.or_(own, _keyed_rewards(spans))))
         fresh = _by_step(summarize(pa.concat_tables(parts)))
-        empty = S.TRAJECTORY_SCHEMA.empty_table()
-        for step in touched | set(fresh):
-            old = self._summaries.get(step)
-            gone = ids_of.get(step)
-            keep = (
-                old
-                if old is None or gone is None
-                else old.filter(pc.invert(pc.is_in(old.column(S.TRACE_ID), value_set=gone)))
-            )
-            mine = fresh.get(step, empty)
+        for step in ids_of.keys() | fresh.keys():
+            keep, gone = self._summaries.get(step), ids_of.get(step)
+            if keep is not None and gone is not None:
+                keep = keep.filter(pc.invert(pc.is_in(keep.column(S.TRACE_ID), value_set=gone)))
+            mine = fresh.get(step, S.TRAJECTORY_SCHEMA.empty_table())
             table = mine if keep is None or keep.num_rows == 0 else pa.concat_tables([keep, mine])
             if table.num_rows:
                 self._summaries[step] = table.sort_by(_SORT_KEYS)
@@ -272,17 +258,15 @@ class RunFollower:
             self.step_versions[step] = self.step_versions.get(step, 0) + 1
         return sorted(affected)
 
-    # -- what was read ---------------------------------------------------------
-
     def trajectories(self, steps: Iterable[int | None] | None = None) -> pa.Table:
         """One summary row per trajectory read so far, of ``steps`` (None: all), as ``read_trajectories``."""
-        if steps is None:
-            if self._table is None:
-                tables = [self._summaries[s] for s in sorted(self._summaries, key=_step_key)]
-                self._table = pa.concat_tables(tables) if tables else S.TRAJECTORY_SCHEMA.empty_table()
+        if steps is None and self._table is not None:
             return self._table
-        tables = [self._summaries[s] for s in sorted(set(steps), key=_step_key) if s in self._summaries]
-        return pa.concat_tables(tables) if tables else S.TRAJECTORY_SCHEMA.empty_table()
+        chosen = sorted(self._summaries.keys() & set(self._summaries if steps is None else steps), key=_step_key)
+        table = pa.concat_tables([self._summaries[s] for s in chosen]) if chosen else S.TRAJECTORY_SCHEMA.empty_table()
+        if steps is None:
+            self._table = table
+        return table
 
     def steps(self) -> list[int]:
         """The steps of the rows read so far, ascending (rows without a step left out)."""
@@ -354,11 +338,7 @@ def step_progress(trajectories: pa.Table, running: pa.Table) -> list[dict[str, A
     """Per step of :meth:`RunFollower.trajectories`: finished (a root span), running, abandoned (writer done)."""
     running_ids = set(running.column(S.TRACE_ID).to_pylist())
     out: dict[int | None, dict[str, Any]] = {}
-    for tid, step, status in zip(
-        trajectories.column(S.TRACE_ID).to_pylist(),
-        trajectories.column(S.STEP).to_pylist(),
-        trajectories.column(S.STATUS).to_pylist(),
-    ):
+    for tid, step, status in zip(*trajectories.select([S.TRACE_ID, S.STEP, S.STATUS]).to_pydict().values()):
         row = out.setdefault(step, {S.STEP: step, "finished": 0, "running": 0, "abandoned": 0})
         if status != S.STATUS_INCOMPLETE:
             row["finished"] += 1

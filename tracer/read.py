@@ -47,10 +47,6 @@ def _as_paths(paths: TracePaths) -> list[str]:
     return [os.fspath(p) for p in paths]
 
 
-def _missing(p: str) -> FileNotFoundError:
-    return FileNotFoundError(f"trace path {p!r} does not exist; give a .arrow file or a directory of them")
-
-
 def _snapshots(paths: TracePaths, lock: bool) -> Iterator[tuple[list[str], dict[str, Any]]]:
     """``(files, index)`` per directory, in reading order; with ``lock``, its shared lock is held until the next item."""
     seen: set[str] = set()
@@ -78,7 +74,7 @@ def _snapshots(paths: TracePaths, lock: bool) -> Iterator[tuple[list[str], dict[
             yield fresh([p]), load_index(os.path.dirname(p) or ".")
             continue
         if not os.path.isdir(p):
-            raise _missing(p)
+            raise FileNotFoundError(f"trace path {p!r} does not exist; give a .arrow file or a directory of them")
         for root, dirs, names in os.walk(p):
             dirs.sort()
             if not any(n.endswith(S.FILE_SUFFIX) for n in names) and INDEX_NAME not in names:
@@ -289,19 +285,15 @@ def read_spans(
             read_cols.append(needed)
     if S.INPUTS in read_cols:  # multi-turn prompt_ids are rebuilt from earlier spans (storage/history.py)
         read_cols += [c for c in HISTORY_COLUMNS if c not in read_cols]
+    sets = ((S.STEP, step_set, pa.int64()), (S.TRACE_ID, trace_set, pa.string()))
+    kept = [(column, pa.array(values, typ)) for column, values, typ in sets if values is not None]
     pieces: list[pa.RecordBatch] = []
     for _, batch in iter_batches(path, read_cols, steps=step_set, trace_ids=trace_set):
-        mask = None
-        if step_set is not None:
-            mask = pc.is_in(batch.column(S.STEP), value_set=pa.array(step_set, pa.int64()))
+        masks = [pc.is_in(batch.column(column), value_set=values) for column, values in kept]
         if validate is not None:
-            m = pc.equal(pc.fill_null(batch.column(S.VALIDATE), False), validate)
-            mask = m if mask is None else pc.and_(mask, m)
-        if trace_set is not None:
-            m = pc.is_in(batch.column(S.TRACE_ID), value_set=pa.array(trace_set, pa.string()))
-            mask = m if mask is None else pc.and_(mask, m)
-        if mask is not None:
-            batch = batch.filter(pc.fill_null(mask, False))
+            masks.append(pc.equal(pc.fill_null(batch.column(S.VALIDATE), False), validate))
+        if masks:
+            batch = batch.filter(pc.fill_null(functools.reduce(pc.and_, masks), False))
         if batch.num_rows:
             pieces.append(batch.select(read_cols))
     schema = pa.schema([S.SPAN_SCHEMA.field(c) for c in read_cols])
@@ -323,10 +315,7 @@ def dataset(path: TracePaths) -> pds.Dataset:
             remote = _uri.is_remote(file)
             if not remote and os.path.basename(file) not in index["files"]:
                 seal_if_abandoned(file, on_sealed=write_index)
-            if remote or not _opens_directly(file):
-                others.append(file)
-            else:
-                direct.append(file)
+            (others if remote or not _opens_directly(file) else direct).append(file)
     parts: list[pds.Dataset] = []
     if direct:
         parts.append(pds.dataset(direct, format="ipc", schema=S.SPAN_SCHEMA))
@@ -345,10 +334,7 @@ def _opens_directly(file: str) -> bool:
             schema = pa.ipc.open_file(source).schema
     except (OSError, pa.ArrowException):
         return False
-    names = schema.names
-    return names == list(S.SPAN_COLUMNS) and all(
-        schema.field(i).type == S.SPAN_SCHEMA.field(i).type for i in range(len(names))
-    )
+    return schema.names == S.SPAN_SCHEMA.names and schema.types == S.SPAN_SCHEMA.types
 
 
 def parse_json(text: str | None) -> Any:

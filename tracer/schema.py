@@ -202,14 +202,9 @@ STEP_PARTIALS_SCHEMA = pa.schema(
     [
         pa.field(STEP, pa.int64()),
         pa.field(VALIDATE, pa.bool_()),
-        pa.field(PART_TRAJECTORIES, pa.int64()),
-        pa.field(NUM_SPANS, pa.int64()),
-        pa.field(NUM_LLM_CALLS, pa.int64()),
-        pa.field(NUM_TOOL_CALLS, pa.int64()),
-        pa.field(NUM_TOOL_ERRORS, pa.int64()),
-        pa.field(PART_NOT_OK, pa.int64()),
-        pa.field(PART_REWARDS, pa.list_(pa.float64())),
-        pa.field(PART_LATENCIES, pa.list_(pa.float64())),
+        *(pa.field(c, pa.int64()) for c in (PART_TRAJECTORIES, NUM_SPANS, NUM_LLM_CALLS, NUM_TOOL_CALLS)),
+        *(pa.field(c, pa.int64()) for c in (NUM_TOOL_ERRORS, PART_NOT_OK)),
+        *(pa.field(c, pa.list_(pa.float64())) for c in (PART_REWARDS, PART_LATENCIES)),
     ]
 )
 

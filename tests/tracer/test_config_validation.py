@@ -186,3 +186,23 @@ def test_different_names_never_share_a_directory() -> None:
     """``a/b``, ``a%2Fb`` and ``a_b`` are three directories."""
     dirs = {TraceConfig(project_name=n).project_dir for n in ("a/b", "a%2Fb", "a_b", "a\\b")}
     assert len(dirs) == 4
+
+
+def test_the_reference_names_every_field() -> None:
+    """docs/config.md is where TraceConfig's fields are described: each one has a row of its table."""
+    import dataclasses
+
+    table = Path(__file__).parents[2].joinpath("docs", "config.md").read_text(encoding="utf-8").split("## ")[1]
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    named = {n for row in rows for n in row.split("`")[1::2]} - {"max_samples"}  # the alias, named beside its field
+    assert named == {f.name for f in dataclasses.fields(TraceConfig)}
+
+
+@given(st.sampled_from(["_dir", "config", "options", "token", "out", "r"]))
+@settings(max_examples=10, deadline=None)
+def test_a_redact_pattern_that_matches_a_field_name_redacts_values_only(pattern: str) -> None:
+    """Patterns redact the values written to file metadata; a field's name matching one changes nothing else."""
+    cfg = TraceConfig(output_dir="/tmp/run_dir", redact_patterns=(pattern,), run_config={"a": 1})
+    data = cfg.to_dict()
+    assert set(data) == {f for f in TraceConfig.__dataclass_fields__}
+    assert data["run_config"] == {"a": 1} and data["redact_patterns"] == ["<redacted>"]

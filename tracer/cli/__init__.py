@@ -23,6 +23,7 @@ from tracer.cli.errors import (
     EXIT_USAGE,
     describe_error,
     error_text,
+    fail,
     missing_package,
     missing_run_path,
 )
@@ -36,11 +37,8 @@ ENTRY_POINT_GROUP = "rollout_trace.commands"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollout-trace", description="Record, view and export agentic RL rollouts.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    register_info(sub)
-    register_check(sub)
-    register_compact(sub)
-    register_diff(sub)
-    register_tail(sub)
+    for register_builtin in (register_info, register_check, register_compact, register_diff, register_tail):
+        register_builtin(sub)
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             register = ep.load()
@@ -52,16 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _unavailable_text(name: str, exc: ImportError) -> str:
-    return missing_package(exc, name) or f"needs a package that is not installed ({exc}); {install_command('all')}"
-
-
 def _unavailable(name: str, exc: ImportError) -> object:
-    def run(args: argparse.Namespace) -> int:
-        print(f"rollout-trace {name}: error: {_unavailable_text(name, exc)}", file=sys.stderr)
-        return 2
-
-    return run
+    text = missing_package(exc, name) or f"needs a package that is not installed ({exc}); {install_command('all')}"
+    return lambda args: fail(text, name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,8 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         given = getattr(args, dest, None)
         problem = None if given is None else missing_run_path(given)
         if problem is not None:
-            print(f"rollout-trace {args.command}: error: {problem}", file=sys.stderr)
-            return EXIT_USAGE
+            return fail(problem, args.command)
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt:
@@ -85,11 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # no traceback for the user: one line naming what failed
         if os.environ.get(ENV_DEBUG) == "1":
             raise
-        print(
-            f"rollout-trace {args.command}: error: {describe_error(exc, args.command)} (set {ENV_DEBUG}=1 for the traceback)",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        return fail(f"{describe_error(exc, args.command)} (set {ENV_DEBUG}=1 for the traceback)", args.command)
 
 
 if __name__ == "__main__":

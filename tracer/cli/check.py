@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import warnings
 from typing import Any
 
-from tracer import schema as S
+from tracer.cli.errors import fail, no_trace_files
 from tracer.cli.terminal import terminal_text
 from tracer.index.readers import read_trajectories
 from tracer.questions import describe_repeats, repeated_keys
@@ -17,7 +16,6 @@ from tracer.storage.check import check_path, format_report, summary_dict
 
 
 def register_check(subparsers: Any) -> None:
-    """Add ``rollout-trace check PATH [--repair] [--json]``."""
     check = subparsers.add_parser(
         "check",
         help="validate trace files (schema, batches, span tree, duplicates); exit 1 on damage",
@@ -31,22 +29,16 @@ def register_check(subparsers: Any) -> None:
     check.set_defaults(func=run_check, run_paths=("path",))
 
 
-def _readable_trajectories(path: str) -> Any:
-    """The trajectories under ``path`` as far as they can be read (the report names the damage)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TraceFileWarning)
-        return read_trajectories(path)
-
-
 def run_check(args: argparse.Namespace) -> int:
     """Check (and with ``--repair`` repair) ``args.path``; 0 when OK or repaired, 1 on damage, 2 on a bad path."""
     try:
         report = check_path(args.path, repair=args.repair)
     except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc))
     files = list_trace_files(args.path)
-    repeats = describe_repeats(repeated_keys(_readable_trajectories(args.path))) if files else ""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceFileWarning)  # the report names the damage
+        repeats = describe_repeats(repeated_keys(read_trajectories(args.path))) if files else ""
     if args.json:
         print(json.dumps({**summary_dict(report), "repeated_keys": repeats}, indent=2))
     else:
@@ -54,9 +46,5 @@ def run_check(args: argparse.Namespace) -> int:
         if repeats:
             print(terminal_text(f"note: {repeats}"))
     if not files:
-        print(
-            f"error: no trace files (*{S.FILE_SUFFIX}) under {args.path!r}; give a trace file or a run directory",
-            file=sys.stderr,
-        )
-        return 2
+        return no_trace_files(args.path)
     return 0 if report.ok or args.repair else 1

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from tracer import schema as S
-from tracer.cli.errors import describe_error, error_text
+from tracer.cli.errors import describe_error, error_text, fail, no_trace_files
 from tracer.read import list_trace_files
 from tracer.storage import uri as _uri
 from tracer.storage.compact import REMOTE_DELETE_AFTER_S, CompactReport, compact, describe_store_error, write_parquet
@@ -22,7 +20,6 @@ COMPACT_EXAMPLES = """examples:
 
 
 def register_compact(subparsers: Any) -> None:
-    """Add ``rollout-trace compact PATH [--target-mb N] [--seal-after S] [--format ipc|parquet] [--out DIR] [--ray]``."""
     comp = subparsers.add_parser(
         "compact",
         help="merge closed shard files into large step-indexed files (originals removed once the merge is durable)",
@@ -36,7 +33,6 @@ def register_compact(subparsers: Any) -> None:
     comp.add_argument(
         "--seal-after",
         type=float,
-        default=None,
         metavar="SECONDS",
         help=f"seal shards written on other hosts once unchanged this long (default ${ENV_SEAL_AFTER_S} or 6 h); "
         "shards of this host are sealed as soon as their writer is gone",
@@ -48,9 +44,7 @@ def register_compact(subparsers: Any) -> None:
         help="ipc (default): merge shards in place; parquet: then also write a step-partitioned zstd "
         "Parquet dataset (for Spark, Ray Data, DuckDB's read_parquet, datasets)",
     )
-    comp.add_argument(
-        "--out", default=None, help="with --format parquet: the dataset's directory (default PATH/parquet)"
-    )
+    comp.add_argument("--out", help="with --format parquet: the dataset's directory (default PATH/parquet)")
     comp.add_argument(
         "--ray",
         action="store_true",
@@ -59,14 +53,12 @@ def register_compact(subparsers: Any) -> None:
     )
     comp.add_argument(
         "--ray-address",
-        default=None,
         metavar="HOST:PORT",
         help="with --ray: the cluster's head node (default $RAY_ADDRESS, else join or start one on this machine)",
     )
     comp.add_argument(
         "--delete-after",
         type=float,
-        default=None,
         metavar="SECONDS",
         help="on object stores (no locks): delete replaced originals once hidden this long, so readers that "
         f"listed them can still open them (default {REMOTE_DELETE_AFTER_S:g}; younger ones go at the next compact)",
@@ -87,11 +79,9 @@ def run_compact(args: argparse.Namespace) -> int:
         else:
             report = compact(args.path, **options)
     except (FileNotFoundError, ValueError, ImportError, ConnectionError) as exc:
-        print(f"error: {error_text(exc, 'compact')}", file=sys.stderr)
-        return 2
+        return fail(error_text(exc, "compact"))
     except OSError as exc:  # a full disk, a read-only folder: nothing was deleted that was not merged
-        print(f"error: compaction stopped, the original files are kept: {_describe(args.path, exc)}", file=sys.stderr)
-        return 2
+        return fail(f"compaction stopped, the original files are kept: {_describe(args.path, exc)}")
     print(
         f"compacted {report.files_in} file(s) in {report.run_dirs} run dir(s) into {report.files_out}: "
         f"{report.rows} span(s), {report.bytes_in / 1e6:.1f} MB -> {report.bytes_out / 1e6:.1f} MB"
@@ -116,13 +106,11 @@ def run_compact(args: argparse.Namespace) -> int:
             else:
                 out, rows = write_parquet(args.path, args.out)
         except (FileNotFoundError, OSError) as exc:
-            print(f"error: writing Parquet failed: {_describe(args.path, exc)}", file=sys.stderr)
-            return 2
+            return fail(f"writing Parquet failed: {_describe(args.path, exc)}")
         print(f"wrote {rows} span(s) as a step-partitioned Parquet dataset: {out}")
     nothing = report.files_in == 0 and not (report.sealed or report.skipped_open or report.set_aside or report.failed)
     if nothing and not list_trace_files(args.path):
-        print(f"error: no trace files (*{S.FILE_SUFFIX}) under {args.path!r}; give a run directory", file=sys.stderr)
-        return 2
+        return no_trace_files(args.path, "a run directory")
     return 1 if report.failed else 0
 
 

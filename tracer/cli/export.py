@@ -11,15 +11,8 @@ import sys
 from typing import Any
 
 from tracer.backends import BACKENDS, COMMON_OPTIONS, ExportOptionError, Option, get_backend
-from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, describe_error, error_text, show_progress
+from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, describe_error, error_text, fail, show_progress
 from tracer.exporters.base import export_files
-
-#: Exit status when the backend fails (no login, server down): the environment, as for bad input.
-EXIT_FAILED = EXIT_USAGE
-#: Exit status when ``--verify`` finds a difference.
-EXIT_VERIFY_FAILED = EXIT_PROBLEM
-#: Exit status when the backend refused some trajectories (the others were sent).
-EXIT_REFUSED = EXIT_PROBLEM
 
 
 def _backend_options() -> dict[str, list[tuple[str, Option]]]:
@@ -36,17 +29,12 @@ def _add_option(p: argparse.ArgumentParser, name: str, owners: list[tuple[str, O
     helps = "; ".join(
         f"{b}: {o.help}" + (f" ({'|'.join(map(str, o.choices))})" if o.choices else "") for b, o in owners
     )
-    kwargs: dict[str, Any] = {"dest": name, "default": None, "help": helps}
-    if first.type is bool:
-        kwargs["action"] = argparse.BooleanOptionalAction
-    else:
-        kwargs["type"] = first.type
-        kwargs["metavar"] = name.upper()
-    p.add_argument(first.cli_flag, **kwargs)
+    boolean = first.type is bool
+    typed: dict[str, Any] = {"action": argparse.BooleanOptionalAction} if boolean else {"type": first.type}
+    p.add_argument(first.cli_flag, dest=name, help=helps, metavar=None if boolean else name.upper(), **typed)
 
 
 def register_export(subparsers: Any) -> None:
-    """Add the ``export`` subcommand to ``rollout-trace``."""
     p = subparsers.add_parser(
         "export",
         help=f"export trace files to a tracking backend ({', '.join(BACKENDS)})",
@@ -66,26 +54,13 @@ def register_export(subparsers: Any) -> None:
     )
     common = {o.name: o for o in COMMON_OPTIONS}
     p.add_argument(
-        "--step",
-        dest="steps",
-        type=int,
-        action="append",
-        default=None,
-        metavar="N",
-        help="export only step N (repeatable)",
+        "--step", dest="steps", type=int, action="append", metavar="N", help="export only step N (repeatable)"
     )
-    p.add_argument("--since-step", type=int, default=None, metavar="N", help=common["since_step"].help)
-    p.add_argument(
-        "--log-val-generations", type=int, default=None, metavar="N", help=common["log_val_generations"].help
-    )
+    p.add_argument("--since-step", type=int, metavar="N", help=common["since_step"].help)
+    p.add_argument("--log-val-generations", type=int, metavar="N", help=common["log_val_generations"].help)
     p.add_argument("--verify", action="store_true", help=common["verify"].help)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=run_export, run_paths=("path",))
-
-
-def _error(message: str) -> int:
-    print(f"rollout-trace export: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
 
 
 def _options(args: argparse.Namespace, target: str) -> dict[str, Any]:
@@ -109,7 +84,6 @@ def _options(args: argparse.Namespace, target: str) -> dict[str, Any]:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Run ``rollout-trace export``; return the exit status."""
     target = str(args.to).lower()
     try:
         options = _options(args, target)
@@ -124,10 +98,10 @@ def run_export(args: argparse.Namespace) -> int:
             **options,
         )
     except (ImportError, FileNotFoundError, ValueError) as exc:  # ExportOptionError is a ValueError
-        return _error(error_text(exc, "export"))
+        return fail(error_text(exc, "export"), "export")
     except Exception as exc:  # the backend's own failure (no login, server down): say it, no traceback
         print(f"rollout-trace export: {target} failed: {describe_error(exc)}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE  # the environment, as for bad input
     print(
         f"{report.backend}: sent {report.trajectories_sent} trajectories"
         + (f" ({report.spans_sent} spans)" if report.spans_sent else "")
@@ -137,9 +111,11 @@ def run_export(args: argparse.Namespace) -> int:
     for line in report.details:
         print(f"  {line}")
     if not (report.trajectories_sent or report.trajectories_skipped or report.trajectories_refused):
-        return _error(f"no readable trajectory under {args.path!r} (see the warnings above); nothing was exported")
+        return fail(
+            f"no readable trajectory under {args.path!r} (see the warnings above); nothing was exported", "export"
+        )
     if report.verify is not None and not report.verify.ok:
-        return EXIT_VERIFY_FAILED
+        return EXIT_PROBLEM
     for line in report.problems:
         print(f"rollout-trace export: {line}", file=sys.stderr)
     if report.trajectories_refused:
@@ -148,4 +124,4 @@ def run_export(args: argparse.Namespace) -> int:
             "the others were sent",
             file=sys.stderr,
         )
-    return 0 if report.complete else EXIT_REFUSED
+    return 0 if report.complete else EXIT_PROBLEM

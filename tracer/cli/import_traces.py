@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, error_text, show_progress
+from tracer.cli.errors import EXIT_PROBLEM, error_text, fail, show_progress
 
 
 def register_import(subparsers: Any) -> None:
-    """Add the ``import`` sub-command to ``rollout-trace``."""
     parser = subparsers.add_parser(
         "import",
         help="read traces from another platform (MLflow) back into trace files",
@@ -19,35 +17,27 @@ def register_import(subparsers: Any) -> None:
     )
     parser.add_argument("source", choices=["mlflow"], help="platform to read from")
     parser.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)",
+        "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)"
     )
     parser.add_argument("--experiment", required=True, help="MLflow experiment name to read")
     parser.add_argument(
         "--out", required=True, help="folder to write trace files under (<out>/<project>/<experiment>/)"
     )
-    parser.add_argument("--filter", default=None, help="MLflow trace filter, e.g. \"tags.step = '3'\"")
+    parser.add_argument("--filter", help="MLflow trace filter, e.g. \"tags.step = '3'\"")
     parser.add_argument("--no-progress", action="store_true", help="do not print progress")
     parser.set_defaults(func=run_import)
 
 
 def run_import(args: argparse.Namespace) -> int:
-    """Run ``rollout-trace import``; return the exit status."""
     try:
         from tracer.exporters.mlflow import resolve_tracking_uri
         from tracer.exporters.mlflow.importer import import_traces
-    except ImportError as exc:
-        print(f"rollout-trace import: error: {error_text(exc, 'import')}", file=sys.stderr)
-        return EXIT_USAGE
-    uri = resolve_tracking_uri(args.tracking_uri)
-    try:
-        report = import_traces(
-            uri, args.experiment, args.out, progress=show_progress(not args.no_progress), filter_string=args.filter
-        )
+
+        uri = resolve_tracking_uri(args.tracking_uri)
+        progress = show_progress(not args.no_progress)
+        report = import_traces(uri, args.experiment, args.out, progress=progress, filter_string=args.filter)
     except (ImportError, ValueError, OSError) as exc:  # no mlflow, no such experiment, bad URI, server down
-        print(f"rollout-trace import: error: {error_text(exc, 'import')}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail(error_text(exc, "import"), "import")
     for line in report.details:
         print(line)
     return EXIT_PROBLEM if report.refused else 0

@@ -8,7 +8,7 @@ import warnings
 from typing import Any
 
 from tracer import schema as S
-from tracer.cli.errors import missing_run_path
+from tracer.cli.errors import fail, missing_run_path, no_trace_files
 from tracer.cli.terminal import terminal_text
 from tracer.exporters.lag import read_lag
 from tracer.index.readers import read_trajectories
@@ -17,7 +17,6 @@ from tracer.read import TraceFileWarning, list_trace_files
 
 
 def register_info(subparsers: Any) -> None:
-    """Add ``rollout-trace info PATH``."""
     info = subparsers.add_parser(
         "info",
         help="summarise the trace files under PATH",
@@ -36,8 +35,7 @@ def run_info(args: argparse.Namespace) -> int:
         try:
             files = list_trace_files(args.path)
         except FileNotFoundError as exc:
-            print(f"error: {missing_run_path(args.path) or exc}", file=sys.stderr)
-            return 2
+            return fail(missing_run_path(args.path) or str(exc))
         table = read_trajectories(args.path)
     steps = sorted({s for s in table[S.STEP].to_pylist() if s is not None})
     span = f"steps {steps[0]}-{steps[-1]} ({len(steps)})" if steps else "no steps"
@@ -53,12 +51,7 @@ def run_info(args: argparse.Namespace) -> int:
     for w in caught:
         print(terminal_text(f"warning: {w.message}"), file=sys.stderr)
     if not files:
-        print(
-            f"error: no trace files (*{S.FILE_SUFFIX}) under {args.path!r}; give a trace file or a run directory",
-            file=sys.stderr,
-        )
-        return 2
+        return no_trace_files(args.path)
     if table.num_rows == 0 and caught:
-        print(f"error: {args.path!r} holds no readable trace (see the warnings above)", file=sys.stderr)
-        return 2
+        return fail(f"{args.path!r} holds no readable trace (see the warnings above)")
     return 0

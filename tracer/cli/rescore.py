@@ -7,15 +7,11 @@ import math
 import sys
 from typing import Any
 
-from tracer.cli.errors import EXIT_USAGE
+from tracer.cli.errors import EXIT_USAGE, fail
 from tracer.data.rescore import RescoreError, rescore
-
-#: Exit status when the reward function itself raised (bad input, as for a bad path).
-EXIT_FAILED = EXIT_USAGE
 
 
 def register_rescore(subparsers: Any) -> None:
-    """Add the ``rescore`` subcommand to ``rollout-trace``."""
     p = subparsers.add_parser(
         "rescore",
         help="recompute every trajectory's reward with a function; the original rewards are kept",
@@ -25,7 +21,7 @@ def register_rescore(subparsers: Any) -> None:
     )
     p.add_argument("path", help="the run's trace directory (rollout_traces/PROJECT/EXPERIMENT)")
     p.add_argument("--reward", required=True, metavar="MODULE:FUNCTION", help="the reward function to run")
-    p.add_argument("--step", dest="steps", type=int, action="append", default=None, metavar="N", help="only step N")
+    p.add_argument("--step", dest="steps", type=int, action="append", metavar="N", help="only step N")
     p.set_defaults(func=run_rescore, run_paths=("path",))
 
 
@@ -34,15 +30,13 @@ def _fmt(x: float) -> str:
 
 
 def run_rescore(args: argparse.Namespace) -> int:
-    """Run ``rollout-trace rescore``; return the exit status."""
     try:
         report = rescore(args.path, args.reward, steps=args.steps)
     except (RescoreError, FileNotFoundError) as exc:
-        print(f"rollout-trace rescore: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail(str(exc), "rescore")
     except Exception as exc:  # the user's reward function failed: say where, no traceback
         print(f"rollout-trace rescore: {args.reward} raised {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE  # bad input, as for a bad path
     print(
         f"rescored {report.trajectories} trajectories with {report.source}: {report.changed} rewards changed; "
         f"mean reward {_fmt(report.mean_before)} -> {_fmt(report.mean_after)}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from typing import Any
@@ -20,7 +19,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S
-from tracer.cli.errors import EXIT_USAGE
 from tracer.cli.terminal import terminal_text
 from tracer.exporters.console import format_step_line
 from tracer.follow import RunFollower
@@ -49,7 +47,6 @@ def _seconds(text: str) -> float:
 
 
 def register_tail(subparsers: Any) -> None:
-    """Add ``rollout-trace tail RUN [--trajectories] [--interval S] [--grace S]``."""
     p = subparsers.add_parser(
         "tail",
         help="follow a run while it trains: one line per finished step or trajectory, until Ctrl-C",
@@ -77,7 +74,7 @@ def register_tail(subparsers: Any) -> None:
         help=f"seconds a step or trajectory must be quiet before it counts as finished (default {DEFAULT_GRACE_S:g}; "
         "at least the writers' flush_interval_s)",
     )
-    p.set_defaults(func=run_tail)
+    p.set_defaults(func=run_tail, run_paths=("path",))
 
 
 def _num(value: Any) -> str:
@@ -187,31 +184,19 @@ class Tail:
 
 def run_tail(args: argparse.Namespace) -> int:
     """Follow ``args.path`` until interrupted (KeyboardInterrupt: the CLI answers 130)."""
-    if not os.path.exists(args.path):
-        print(
-            f"error: trace path {args.path!r} does not exist; give the run's trace folder "
-            f"(what tracer.init printed, e.g. rollout_traces/PROJECT/EXPERIMENT)",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
     follower = RunFollower(args.path)
     tail = Tail(follower, args.trajectories, args.grace)
-    warned: set[str] = set()
-    waiting_said = False
+    said: set[str] = set()  # each warning once
     while True:
         update = follower.poll()
         tail.saw(update.changed)
-        for message in update.warnings:
-            if message not in warned:
-                warned.add(message)
-                print(terminal_text(f"warning: {message}"), file=sys.stderr, flush=True)
-        if not follower.files and not waiting_said:
-            print(
-                terminal_text(f"rollout-trace tail: no trace files under {args.path} yet; waiting"),
-                file=sys.stderr,
-                flush=True,
-            )
-            waiting_said = True
+        notes = [f"warning: {message}" for message in update.warnings]
+        if not follower.files:
+            notes.append(f"rollout-trace tail: no trace files under {args.path} yet; waiting")
+        for note in notes:
+            if note not in said:
+                said.add(note)
+                print(terminal_text(note), file=sys.stderr, flush=True)
         for line in tail.lines():
             print(line, flush=True)
         time.sleep(args.interval)

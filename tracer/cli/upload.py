@@ -10,7 +10,6 @@ from tracer.storage.upload import DESTINATION_FILE, ENV_STAGING_DIR, recover, st
 
 
 def register_upload(subparsers: Any) -> None:
-    """Add ``rollout-trace upload``: upload staged files that crashed writers left."""
     p = subparsers.add_parser(
         "upload",
         help="upload trace files a crashed process left in its staging directory",
@@ -22,10 +21,9 @@ def register_upload(subparsers: Any) -> None:
     p.add_argument(
         "staging",
         nargs="?",
-        default=None,
         help=f"a staging directory or a root of them (default: ${ENV_STAGING_DIR} or {staging_root()})",
     )
-    p.add_argument("--dest", default=None, help="upload here instead of the URI recorded in the staging directory")
+    p.add_argument("--dest", help="upload here instead of the URI recorded in the staging directory")
     p.set_defaults(func=_upload_command)
 
 

@@ -21,6 +21,7 @@ RUN_PATH_COMMANDS = {
     "dataset": ["--out", "ds"],
     "export": ["--to", "console"],
     "rescore": ["--reward", "m:f"],
+    "tail": [],
 }
 
 

@@ -23,7 +23,7 @@ from scale_fixtures import REPO, need
 import tracer
 from tracer.config import DEFAULT_DRAIN_S
 from tracer.exporters.catch_up import catch_up, live_backends, writers_running
-from tracer.verl_plugin import HOOK, drain_plan
+from tracer.integrations.verl_plugin import HOOK, drain_plan
 
 #: The second run's size (record_run's steps, prompts, group).
 SMALL = {"steps": 1, "prompts": 1, "group": 2}
@@ -118,6 +118,11 @@ def test_a_run_whose_writer_still_runs_is_left_to_it(tmp_path: Path) -> None:
     [
         ({"worker_process_setup_hook": HOOK, "env_vars": {"ROLLOUT_TRACE_DIR": "/t"}}, {}, ("/t", DEFAULT_DRAIN_S)),
         ({"worker_process_setup_hook": HOOK}, {"ROLLOUT_TRACE_DIR": "/d"}, ("/d", DEFAULT_DRAIN_S)),
+        (
+            {"worker_process_setup_hook": "tracer.verl_compat.install"},
+            {"ROLLOUT_TRACE_DIR": "/d"},
+            ("/d", DEFAULT_DRAIN_S),
+        ),
         ({"env_vars": {"ROLLOUT_TRACE_DIR": "/t", "ROLLOUT_TRACE_DRAIN_S": "5"}}, {}, ("/t", 5.0)),
         (
             {"worker_process_setup_hook": HOOK, "env_vars": {"ROLLOUT_TRACE_DIR": "/t"}},

@@ -88,7 +88,7 @@ def test_verl_backend_trackio_records_files_and_exports_to_trackio(tmp_path: Pat
     out = _run(
         f"""
         import asyncio, json, tracer
-        from tracer.verl_compat import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
+        from tracer.integrations.verl import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
         from tracer.exporters import trackio as trackio_export
 
         class Loop:

@@ -37,7 +37,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={
-            "worker_process_setup_hook": "tracer.verl_compat.install",
+            "worker_process_setup_hook": "tracer.integrations.verl.install",
             "env_vars": {
                 tracer.ENV_TRACE_DIR: dirs["env"],
                 tracer.ENV_BACKEND: "arrow",

@@ -69,9 +69,9 @@ def _rollout_actor() -> Any:
             tracer.shutdown()
 
         def verl_hook_installed(self) -> bool:
-            from tracer import verl_compat
+            from tracer.integrations import verl as drop_in
 
-            return verl_compat.installed()
+            return drop_in.installed()
 
     return RolloutWorker
 
@@ -127,8 +127,8 @@ def test_tasks_record_into_the_same_directory(ray_dirs: dict[str, str]) -> None:
     assert sorted(t["sample_index"] for t in trajs) == sorted(f"t{i}-{j}" for i in range(4) for j in range(2))
 
 
-def test_setup_hook_installs_verl_compat_in_workers(ray_dirs: dict[str, str]) -> None:
-    """runtime_env's worker_process_setup_hook runs tracer.verl_compat.install in every worker."""
+def test_setup_hook_installs_verl_drop_in_in_workers(ray_dirs: dict[str, str]) -> None:
+    """runtime_env's worker_process_setup_hook runs tracer.integrations.verl.install in every worker."""
     import ray
 
     actor = _rollout_actor().remote("h")
@@ -179,7 +179,7 @@ def test_verl_modules_in_a_ray_worker_record_our_files(ray_dirs: dict[str, str])
             return [type(rollout_trace_op).__module__, rollout_trace_op.__module__]
 
     modules = ray.get(AgentLoopWorker.remote().generate_sequences.remote(3), timeout=600)
-    assert modules[1] == "tracer.verl_compat"
+    assert modules[1] == "tracer.integrations.verl"
     spans = tracer.read_spans(os.path.join(ray_dirs["env"], "verl", "ray")).to_pylist()
     roots = sorted((s for s in spans if s["parent_span_id"] is None), key=lambda s: s["sample_index"])
     assert [(r["sample_index"], r["step"], r["kind"]) for r in roots] == [(str(i), 5, "rollout") for i in range(3)]

@@ -9,26 +9,26 @@ import pytest
 from scale_fixtures import need, run_script
 
 import tracer
-from tracer import verl_compat
+from tracer.integrations import verl as drop_in
 
 
 @pytest.fixture(autouse=True)
 def _reset_verl_config() -> object:
     """verl's config is a per-process singleton: forget it around each test."""
-    verl_compat.RolloutTraceConfig.reset()
+    drop_in.RolloutTraceConfig.reset()
     yield
-    verl_compat.RolloutTraceConfig.reset()
-    verl_compat.uninstall()
+    drop_in.RolloutTraceConfig.reset()
+    drop_in.uninstall()
 
 
 class _Client:
-    @verl_compat.rollout_trace_op
+    @drop_in.rollout_trace_op
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict) -> dict:
         return {"token_ids": [5, 6], "log_probs": [-0.1, -0.2]}
 
 
 class _Tool:
-    @verl_compat.rollout_trace_op
+    @drop_in.rollout_trace_op
     async def execute(self, instance_id: str, parameters: dict) -> tuple[str, float, dict]:
         if parameters.get("fail"):
             raise ValueError("bad expression")
@@ -39,7 +39,7 @@ class MathAgentLoop:
     def __init__(self) -> None:
         self.client, self.tool = _Client(), _Tool()
 
-    @verl_compat.rollout_trace_op
+    @drop_in.rollout_trace_op
     async def run(self, sampling_params: dict, fail: bool = False) -> dict:
         await self.client.generate("r", prompt_ids=[1, 2, 3], sampling_params=sampling_params)
         try:
@@ -51,16 +51,29 @@ class MathAgentLoop:
 
 async def _run_step(step: int, n: int) -> None:
     for i in range(n):
-        with verl_compat.rollout_trace_attr(sample_index=i, step=step, rollout_n=0, name="agent_loop"):
+        with drop_in.rollout_trace_attr(sample_index=i, step=step, rollout_n=0, name="agent_loop"):
             await MathAgentLoop().run({"temperature": 1.0}, fail=i == 0)
 
 
 def test_span_kind_from_verl_method_names() -> None:
     """Agent loops' run is the root, generate an LLM call, execute a tool call, the rest plain spans."""
-    assert verl_compat.span_kind("ToolAgentLoop.run") == "rollout"
-    assert verl_compat.span_kind("LLMServerClient.generate") == "llm"
-    assert verl_compat.span_kind("BaseTool.execute") == "tool"
-    assert verl_compat.span_kind("HermesToolParser.extract_tool_calls") is None
+    assert drop_in.span_kind("ToolAgentLoop.run") == "rollout"
+    assert drop_in.span_kind("LLMServerClient.generate") == "llm"
+    assert drop_in.span_kind("BaseTool.execute") == "tool"
+    assert drop_in.span_kind("HermesToolParser.extract_tool_calls") is None
+
+
+def test_the_first_paths_give_the_same_objects() -> None:
+    """tracer.verl_compat (in Ray hooks already written) and tracer.verl_plugin (in earlier installs' entry points)."""
+    import importlib
+
+    from tracer.integrations import verl_plugin
+
+    first = importlib.import_module("tracer.verl_compat")
+    assert {"install", "installed", "uninstall", *drop_in.PROVIDED} <= set(drop_in.__all__)
+    assert all(getattr(first, name) is getattr(drop_in, name) for name in drop_in.__all__)
+    assert importlib.import_module("tracer.verl_plugin").tracer.integrations.verl_plugin is verl_plugin
+    assert "tracer.verl_compat.install" in verl_plugin.HOOKS
 
 
 def test_verl_api_records_trajectories(trace_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,7 +81,7 @@ def test_verl_api_records_trajectories(trace_dir: str, monkeypatch: pytest.Monke
     import asyncio
 
     monkeypatch.setenv(tracer.ENV_TRACE_DIR, trace_dir)
-    verl_compat.RolloutTraceConfig.init("gsm8k", "grpo", "arrow")
+    drop_in.RolloutTraceConfig.init("gsm8k", "grpo", "arrow")
     asyncio.run(_run_step(step=3, n=4))
     tracer.flush()
     trajs = tracer.read_trajectories(trace_dir).to_pylist()
@@ -82,12 +95,12 @@ def test_verl_api_records_trajectories(trace_dir: str, monkeypatch: pytest.Monke
 def test_init_only_once_like_verl(trace_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A second RolloutTraceConfig.init is ignored until reset, as in verl."""
     monkeypatch.setenv(tracer.ENV_TRACE_DIR, trace_dir)
-    verl_compat.RolloutTraceConfig.init("p1", "e1", "arrow", token2text=True, max_samples_per_step_per_worker=2)
-    verl_compat.RolloutTraceConfig.init("p2", "e2", None)
-    inst = verl_compat.RolloutTraceConfig.get_instance()
+    drop_in.RolloutTraceConfig.init("p1", "e1", "arrow", token2text=True, max_samples_per_step_per_worker=2)
+    drop_in.RolloutTraceConfig.init("p2", "e2", None)
+    inst = drop_in.RolloutTraceConfig.get_instance()
     assert (inst.project_name, inst.get_backend(), inst.enable_token2text()) == ("p1", "arrow", True)
     assert inst.max_samples_per_step_per_worker == 2
-    assert verl_compat.RolloutTraceConfig.get_client() is tracer
+    assert drop_in.RolloutTraceConfig.get_client() is tracer
     cfg = tracer.get_config()
     assert cfg is not None and cfg.project_name == "p1" and cfg.max_samples_per_step_per_worker is None
 
@@ -97,7 +110,7 @@ def test_backend_none_records_nothing(trace_dir: str, monkeypatch: pytest.Monkey
     import asyncio
 
     monkeypatch.setenv(tracer.ENV_TRACE_DIR, trace_dir)
-    verl_compat.RolloutTraceConfig.init("p", "e", None)
+    drop_in.RolloutTraceConfig.init("p", "e", None)
     asyncio.run(_run_step(step=0, n=2))
     assert tracer.get_config() is None
     assert not os.path.exists(trace_dir)
@@ -106,15 +119,15 @@ def test_backend_none_records_nothing(trace_dir: str, monkeypatch: pytest.Monkey
 def test_unknown_backend_warns_with_the_choices_and_records_nothing(caplog: pytest.LogCaptureFixture) -> None:
     """A backend neither rollout-trace nor verl has: a warning naming the valid ones; tracing stays off, as in verl."""
     with caplog.at_level("WARNING", logger="rollout_trace"):
-        verl_compat.RolloutTraceConfig.init("p", "e", "tensorboardx")
+        drop_in.RolloutTraceConfig.init("p", "e", "tensorboardx")
     assert "'tensorboardx' is unknown" in caplog.text and "valid: arrow" in caplog.text
-    assert tracer.get_config() is None and verl_compat.RolloutTraceConfig.get_client() is None
+    assert tracer.get_config() is None and drop_in.RolloutTraceConfig.get_client() is None
 
 
 def test_earlier_tracer_init_keeps_its_other_fields(trace_dir: str) -> None:
     """Fields verl lacks (max_tokens, output_dir) come from a tracer.init made before verl's init."""
     tracer.init(output_dir=trace_dir, max_tokens=7)
-    verl_compat.RolloutTraceConfig.init("p", "e", "arrow")
+    drop_in.RolloutTraceConfig.init("p", "e", "arrow")
     cfg = tracer.get_config()
     assert cfg is not None and (cfg.output_dir, cfg.max_tokens, cfg.project_name) == (trace_dir, 7, "p")
 
@@ -126,8 +139,8 @@ def test_real_verl_modules_record_after_install(trace_dir: str) -> None:
     out = run_script(
         """
         import asyncio, json, sys
-        import tracer.verl_compat
-        tracer.verl_compat.install()
+        import tracer.integrations.verl
+        tracer.integrations.verl.install()
         from verl.utils.rollout_trace import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
         from verl.tools.base_tool import BaseTool
         from verl.tools.schemas import OpenAIFunctionToolSchema
@@ -178,14 +191,14 @@ def test_install_after_import_patches_names_and_warns(trace_dir: str) -> None:
         import logging, sys
         logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
         import verl.utils.rollout_trace as original
-        import tracer.verl_compat as compat
+        import tracer.integrations.verl as compat
         compat.install()
         print("PATCHED", original.rollout_trace_op is compat.rollout_trace_op)
         """,
         env={"VERL_USE_EXTERNAL_PLUGINS": "none"},
     )
     assert "PATCHED True" in out
-    assert "imported before tracer.verl_compat.install()" in out
+    assert "imported before tracer.integrations.verl.install()" in out
 
 
 @pytest.mark.slow
@@ -205,7 +218,7 @@ def test_documented_overrides_reach_every_ray_worker() -> None:
                 "trainer.project_name=gsm8k", "trainer.experiment_name=grpo-7",
                 "actor_rollout_ref.rollout.trace.backend=arrow",
                 "actor_rollout_ref.rollout.trace.token2text=True",
-                "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracer.verl_compat.install",
+                "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracer.integrations.verl.install",
                 "+ray_kwargs.ray_init.runtime_env.env_vars.ROLLOUT_TRACE_DIR=s3://my-bucket/traces",
                 "+ray_kwargs.ray_init.runtime_env.env_vars.ROLLOUT_TRACE_CONFIG="
                 + "'" + json.dumps({"max_tokens": 4096, "upload_interval_s": 300}) + "'",
@@ -221,7 +234,7 @@ def test_documented_overrides_reach_every_ray_worker() -> None:
         env={"VERL_USE_EXTERNAL_PLUGINS": "none"},
     )
     got = json.loads(out.strip().splitlines()[-1])
-    assert got["runtime_env"]["worker_process_setup_hook"] == "tracer.verl_compat.install"
+    assert got["runtime_env"]["worker_process_setup_hook"] == "tracer.integrations.verl.install"
     assert got["runtime_env"]["env_vars"]["ROLLOUT_TRACE_DIR"] == "s3://my-bucket/traces"
     assert json.loads(got["runtime_env"]["env_vars"]["ROLLOUT_TRACE_CONFIG"]) == {
         "max_tokens": 4096,

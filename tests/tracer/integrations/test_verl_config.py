@@ -21,7 +21,7 @@ import tracer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS_DIR = os.path.abspath(os.path.join(HERE, ".."))
-FIX = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracer.verl_compat.install"
+FIX = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracer.integrations.verl.install"
 
 #: Builds verl's real AgentLoopWorker twice (verl calls RolloutTraceConfig.init
 #: in its __init__) with trace.backend=arrow; with the drop-in, runs one step.
@@ -30,8 +30,8 @@ SCRIPT = textwrap.dedent(
     import asyncio, sys
     mode, model, work = sys.argv[1:4]
     if mode == "dropin":
-        import tracer.verl_compat
-        tracer.verl_compat.install()
+        import tracer.integrations.verl
+        tracer.integrations.verl.install()
     sys.path.insert(0, sys.argv[4])
     from verl_agent_run import ScriptedClient, ScriptedServer, compose_config, make_batch
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
@@ -89,8 +89,8 @@ def verl_workers(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3_dir: Path)
 
 @pytest.fixture()
 def plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """tracer.verl_plugin imported here, its once-per-process flag cleared, its import watcher removed afterwards."""
-    from tracer import verl_plugin
+    """The verl plugin imported here, its once-per-process flag cleared, its import watcher removed afterwards."""
+    from tracer.integrations import verl_plugin
 
     monkeypatch.setattr(verl_plugin, "_warned", False)
     yield verl_plugin
@@ -141,7 +141,9 @@ def test_verl_config_becomes_mlflow_params(verl_workers: dict[str, Any], tmp_pat
 @pytest.mark.slow
 def test_backend_without_hook_warns_once_with_the_fix(verl_workers: dict[str, Any]) -> None:
     """verl's AgentLoopWorker with trace.backend=arrow and no hook: one warning, with the override that fixes it."""
-    lines = [line for line in verl_workers["nohook"].splitlines() if "tracer.verl_compat is not installed" in line]
+    lines = [
+        line for line in verl_workers["nohook"].splitlines() if "tracer.integrations.verl is not installed" in line
+    ]
     assert len(lines) == 1, verl_workers["nohook"][-3000:]
     assert FIX in lines[0] and "'arrow'" in lines[0] and "records nothing" in lines[0]
     assert not os.path.exists(verl_workers["nohook_dir"])  # and, as the warning says, nothing was recorded
@@ -150,13 +152,14 @@ def test_backend_without_hook_warns_once_with_the_fix(verl_workers: dict[str, An
 @pytest.mark.slow
 def test_drop_in_installed_gives_no_warning(verl_workers: dict[str, Any]) -> None:
     """With the hook installed the plugin stays silent."""
-    assert "tracer.verl_compat is not installed" not in verl_workers["dropin"]
+    assert "tracer.integrations.verl is not installed" not in verl_workers["dropin"]
 
 
 def test_plugin_is_registered_where_verl_looks() -> None:
-    """The installed package offers tracer.verl_plugin in verl's plugin group (verl.plugins)."""
+    """The installed package offers tracer.integrations.verl_plugin in verl's plugin group (verl.plugins)."""
     found = {ep.name: ep.value for ep in entry_points(group="verl.plugins")}
-    assert found.get("rollout_trace") == "tracer.verl_plugin", "reinstall: pip install -e . (pyproject.toml changed)"
+    plugin = found.get("rollout_trace")
+    assert plugin == "tracer.integrations.verl_plugin", "reinstall: pip install -e . (pyproject.toml changed)"
 
 
 @pytest.mark.parametrize(
@@ -198,4 +201,4 @@ def test_watched_verl_init_warns_once_and_still_runs(plugin: Any, caplog: pytest
             module.RolloutTraceConfig.reset()
             module.RolloutTraceConfig.init("p", "e", "arrow")
             assert module.RolloutTraceConfig.get_backend() == "arrow"
-    assert sum("tracer.verl_compat is not installed" in r.getMessage() for r in caplog.records) == 1
+    assert sum("tracer.integrations.verl is not installed" in r.getMessage() for r in caplog.records) == 1

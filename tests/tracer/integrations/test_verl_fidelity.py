@@ -75,7 +75,7 @@ def _keys(value: Any) -> set[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[Any]]:
-    """The same verl run traced twice: by verl's rollout_trace, then through tracer.verl_compat."""
+    """The same verl run traced twice: by verl's rollout_trace, then through tracer.integrations.verl."""
     need("verl", "--no-deps verl tensordict 'pyvers<0.2' omegaconf hydra-core codetiming")
     need("datasets", "datasets")
     need("mlflow", "mlflow")

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import tracer
-from tracer import verl_compat
-from tracer.verl_compat import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
+from tracer.integrations import verl as drop_in
+from tracer.integrations.verl import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 
 The job (``verl_ray_run.py``, a subprocess joining the module's cluster, so its
 ``ray.shutdown()`` ends only its own actors) uses the documented overrides:
-``worker_process_setup_hook=tracer.verl_compat.install`` and
+``worker_process_setup_hook=tracer.integrations.verl.install`` and
 ``ROLLOUT_TRACE_DIR`` in the runtime environment, ``trace.backend=mlflow``
 with ``token2text=True`` in verl's config. ``ray.shutdown()`` ends the actors
 without running anything in them (no atexit, no signal: FACTS.md), so what a

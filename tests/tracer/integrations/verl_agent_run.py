@@ -4,7 +4,7 @@
 ``AgentLoopWorker.generate_sequences`` -> ``ToolAgentLoop`` ->
 ``LLMServerClient.generate`` -> :class:`CalculatorTool` (a real ``BaseTool``)
 with verl's trace config ``backend=mlflow, token2text=True``. ``MODE`` is
-``verl`` (verl's own ``rollout_trace``) or ``dropin`` (``tracer.verl_compat``
+``verl`` (verl's own ``rollout_trace``) or ``dropin`` (``tracer.integrations.verl``
 installed first). The LLM server answers every first turn with a Hermes
 ``<tool_call>`` and every second turn with an answer. MLflow's tracking URI
 and rollout-trace's directory come from the environment.
@@ -22,9 +22,9 @@ from typing import Any
 # for the tool class), the module does not read sys.argv.
 MODE = sys.argv[3] if __name__ == "__main__" and len(sys.argv) > 3 else "verl"
 if MODE == "dropin":
-    import tracer.verl_compat
+    import tracer.integrations.verl
 
-    tracer.verl_compat.install()
+    tracer.integrations.verl.install()
 
 import numpy as np  # noqa: E402
 from verl.tools.base_tool import BaseTool  # noqa: E402

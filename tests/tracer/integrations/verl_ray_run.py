@@ -3,7 +3,7 @@
 ``python verl_ray_run.py ADDRESS MODEL_DIR WORK_DIR STEPS SAMPLES WAIT_S`` joins
 the Ray cluster at ``ADDRESS`` as a job of its own, with the runtime
 environment docs/verl.md tells verl users to give
-(``+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracer.verl_compat.install``,
+(``+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracer.integrations.verl.install``,
 ``...env_vars.ROLLOUT_TRACE_DIR=...``), and starts two
 ``ray.remote(AgentLoopWorker)`` actors, as verl's ``AgentLoopManager`` does,
 each with verl's config (``trace.backend=mlflow``, ``token2text=True``) and
@@ -42,7 +42,7 @@ def main(address: str, model_dir: str, work_dir: str, steps: int, samples: int, 
         address=address,
         log_to_driver=False,
         runtime_env={
-            "worker_process_setup_hook": "tracer.verl_compat.install",
+            "worker_process_setup_hook": "tracer.integrations.verl.install",
             "env_vars": {
                 "ROLLOUT_TRACE_DIR": os.path.join(work_dir, "traces"),
                 "MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"],
