@@ -21,9 +21,7 @@ import hashlib
 import itertools
 import json
 import logging
-import mmap
 import os
-import struct
 import threading
 import zlib
 from collections.abc import Callable, Sequence
@@ -483,46 +481,25 @@ def step_sources(index: ShardIndex, columns: Sequence[str]) -> tuple[StoredParti
     return (None if text is None else _decode_partials(text)), (None if table is None else _checked(table, fields))
 
 
-#: A fixed-width column of a shard index read from its buffers: every row's value (anything where null) and
-#: which rows are valid (None: all of them).
+#: A fixed-width column of a shard index as numpy: every row's value (anything where null) and which rows are
+#: valid (None: all of them).
 Fixed = tuple[np.ndarray, "np.ndarray | None"]
 
 
 def landing_sources(
     index: ShardIndex, columns: Sequence[str], partials: bool = True
 ) -> tuple[StoredPartials | None, dict[str, Fixed] | None]:
-    """:func:`step_sources` for fixed-width columns, as numpy arrays: what the run overview reads of each file.
-
-    The aggregates come from the text the index check kept; the columns (among :data:`FIXED_COLUMNS`) straight
-    from their memory-mapped, checked buffers (~0.18 ms a file against ~0.3 ms through pyarrow), or from
-    :func:`step_sources` where the file is not laid out as :func:`write_shard_index` writes it. Without
-    ``partials``, the aggregates are not decoded (None).
-    """
+    """:func:`step_sources` for fixed-width columns (:data:`FIXED_COLUMNS`), as numpy arrays: what the run overview
+    reads of each file. The aggregates come from the text the index check kept; without ``partials`` they are not
+    decoded (None)."""
     if any(c not in FIXED_COLUMNS for c in columns):
         raise ValueError(f"not a fixed-width shard index column: {columns}")
     text = index._steps_text if partials else None
     got = None if text is None else _decode_partials(text)
-    cols: dict[str, Fixed] | None = None
     if not columns:
         return got, None
-    try:
-        with open(index._path, "rb") as f:
-            view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
-        return got, None
-    try:
-        cols = _fixed_columns(view, columns)
-    finally:
-        try:
-            view.close()
-        except BufferError:  # a view still exported (never: the columns are copies): left to the collector
-            pass
-    if cols is None:  # not the layout read here: through pyarrow, which says what it finds
-        table = step_sources(index, sorted(set(columns), key=INDEX_SCHEMA.get_field_index))[1]  # in schema order
-        if table is None:
-            return got, None
-        cols = {c: _as_fixed(table.column(c)) for c in columns}
-    return got, cols
+    table = step_sources(index, sorted(set(columns), key=INDEX_SCHEMA.get_field_index))[1]  # in schema order
+    return got, None if table is None else {c: _as_fixed(table.column(c)) for c in columns}
 
 
 def _as_fixed(col: pa.ChunkedArray) -> Fixed:
@@ -532,151 +509,8 @@ def _as_fixed(col: pa.ChunkedArray) -> Fixed:
     return np.array(values, copy=True), valid
 
 
-_U8, _U16, _I32, _U32, _I64 = (struct.Struct(f) for f in ("<B", "<H", "<i", "<I", "<q"))
-_PREFIX = struct.Struct("<Ii")  # an IPC message's continuation marker and flatbuffer length
-_NODE = struct.Struct("<qq")  # Message.fbs FieldNode: length, null_count
-_BUFFERS = struct.Struct("<qqqq")  # two Schema.fbs Buffers (offset, length): a column's validity bitmap and data
-_BLOCK = struct.Struct("<qi4xq")  # File.fbs Block: offset, metaDataLength, (pad), bodyLength
-
-
-def _node_and_buffer_counts(t: pa.DataType) -> tuple[int, int] | None:
-    """IPC field nodes and buffers of one field of :data:`INDEX_SCHEMA`, children included (None: not counted)."""
-    if pa.types.is_list(t):
-        child = _node_and_buffer_counts(t.value_type)
-        return None if child is None else (1 + child[0], 2 + child[1])
-    if pa.types.is_string(t) or pa.types.is_binary(t):
-        return 1, 3
-    if pa.types.is_primitive(t):
-        return 1, 2
-    return None
-
-
-def _layout() -> tuple[int, int, dict[str, tuple[int, int, np.dtype]]] | None:
-    """(field nodes, buffers) of an :data:`INDEX_SCHEMA` record batch, and where each fixed-width column's are."""
-    nodes = buffers = 0
-    where: dict[str, tuple[int, int, np.dtype]] = {}
-    for f in INDEX_SCHEMA:
-        counts = _node_and_buffer_counts(f.type)
-        if counts is None:
-            return None
-        if pa.types.is_primitive(f.type) and not pa.types.is_boolean(f.type):
-            where[f.name] = (nodes, buffers, np.asarray(pa.array([], f.type)).dtype.newbyteorder("<"))
-        nodes += counts[0]
-        buffers += counts[1]
-    return nodes, buffers, where
-
-
-_LAYOUT = _layout()
 #: Columns :func:`landing_sources` reads: the fixed-width ones (sorted values, trace id hashes).
-FIXED_COLUMNS = frozenset(() if _LAYOUT is None else (S.INDEX_TRACE_HASH, *SORTED_COLUMNS))
-
-
-_VTABLES: dict[int, struct.Struct] = {}
-
-
-def _slots(buf: Any, table: int) -> tuple[int, int, int, int]:
-    """Where the first four fields of the flatbuffer table at ``table`` are (0: absent)."""
-    vtable = table - _I32.unpack_from(buf, table)[0]
-    if vtable < 0:
-        raise struct.error("vtable before the buffer")
-    size = _U16.unpack_from(buf, vtable)[0]
-    fields = min(max(size - 4, 0) // 2, 4)
-    layout = _VTABLES.get(fields) or _VTABLES.setdefault(fields, struct.Struct(f"<{fields}H"))
-    a, b, c, d = (table + at if at else 0 for at in (*layout.unpack_from(buf, vtable + 4), 0, 0, 0, 0)[:4])
-    return a, b, c, d
-
-
-def _fixed_columns(view: Any, columns: Sequence[str]) -> dict[str, Fixed] | None:
-    """Fixed-width columns of a mapped shard index laid out as :func:`write_shard_index` writes it; None when it is not.
-    What pyarrow's reader would check of them is checked: the footer's batches lie between the schema and the footer,
-    each is a record batch message of the expected field nodes and buffers, uncompressed, its buffers inside its body
-    and long enough for its rows; a column's null count agrees with its bitmap."""
-    if _LAYOUT is None:
-        return None
-    n_nodes, n_buffers, where = _LAYOUT
-    size = len(view)
-    wanted = [(c, *where[c]) for c in columns]
-    try:
-        (footer_len,) = _I32.unpack_from(view, size - 10)
-        footer_at = size - 10 - footer_len
-        if footer_len <= 0 or footer_at < 8:
-            return None
-        footer = view[footer_at : size - 10]
-        _, _, dicts, batches = _slots(footer, _U32.unpack_from(footer, 0)[0])
-        if dicts and _U32.unpack_from(footer, dicts + _U32.unpack_from(footer, dicts)[0])[0]:
-            return None  # dictionary batches: not what a shard index holds
-        if not batches:
-            return None
-        batches += _U32.unpack_from(footer, batches)[0]
-        count = _U32.unpack_from(footer, batches)[0]
-        blocks = [_BLOCK.unpack_from(footer, batches + 4 + 24 * i) for i in range(count)]
-        raw = np.frombuffer(view, dtype=np.uint8)
-        pieces: dict[str, list[np.ndarray]] = {c: [] for c in columns}
-        states: dict[str, list[Any]] = {c: [] for c in columns}  # per batch: True (all valid), False (none), a mask
-        lengths = []
-        for offset, meta_len, body_len in blocks:
-            body = offset + meta_len
-            if offset < 8 or meta_len < 8 or body_len < 0 or body + body_len > footer_at:
-                return None
-            marker, flat_len = _PREFIX.unpack_from(view, offset)
-            if marker != 0xFFFFFFFF or flat_len <= 0 or 8 + flat_len > meta_len:
-                return None
-            msg = view[offset + 8 : offset + 8 + flat_len]
-            _, kind, header, declared = _slots(msg, _U32.unpack_from(msg, 0)[0])
-            if not kind or not header or _U8.unpack_from(msg, kind)[0] != 3:  # a RecordBatch
-                return None
-            if (_I64.unpack_from(msg, declared)[0] if declared else 0) != body_len:  # absent: 0, the default
-                return None
-            length, nodes, buffers, compression = _slots(msg, header + _U32.unpack_from(msg, header)[0])
-            if compression or not nodes or not buffers:
-                return None
-            rows = _I64.unpack_from(msg, length)[0] if length else 0
-            nodes += _U32.unpack_from(msg, nodes)[0]
-            buffers += _U32.unpack_from(msg, buffers)[0]
-            if rows < 0 or _U32.unpack_from(msg, nodes)[0] != n_nodes or _U32.unpack_from(msg, buffers)[0] != n_buffers:
-                return None
-            lengths.append(rows)
-            for c, node_at, buffer_at, dtype in wanted:
-                n, nulls = _NODE.unpack_from(msg, nodes + 4 + 16 * node_at)
-                v_off, v_len, d_off, d_len = _BUFFERS.unpack_from(msg, buffers + 4 + 16 * buffer_at)
-                width = rows * dtype.itemsize
-                if n != rows or not 0 <= nulls <= rows or v_off < 0 or v_len < 0 or d_off < 0 or d_len < width:
-                    return None
-                if d_off + d_len > body_len or v_off + v_len > body_len:
-                    return None
-                if not nulls:
-                    pieces[c].append(raw[body + d_off : body + d_off + width])
-                    states[c].append(True)
-                    continue
-                nbytes = (rows + 7) // 8
-                if v_len < nbytes:
-                    return None
-                bits = int.from_bytes(view[body + v_off : body + v_off + nbytes], "little") & ((1 << rows) - 1)
-                if rows - bits.bit_count() != nulls:
-                    return None
-                if nulls == rows:  # no value to read: zeros, which touch no page of the file
-                    pieces[c].append(np.zeros(width, dtype=np.uint8))
-                    states[c].append(False)
-                    continue
-                pieces[c].append(raw[body + d_off : body + d_off + width])
-                at = body + v_off
-                states[c].append(np.unpackbits(raw[at : at + nbytes], bitorder="little")[:rows].view(bool))
-    except struct.error:
-        return None
-    out: dict[str, Fixed] = {}
-    for c, _, _, dtype in wanted:
-        values = np.concatenate(pieces[c]).view(dtype) if pieces[c] else np.zeros(0, dtype)
-        state = states[c]
-        if all(v is True for v in state):
-            out[c] = (values, None)
-        elif all(v is True or v is False for v in state):
-            out[c] = (values, np.repeat(np.array(state, dtype=bool), lengths))
-        else:
-            masks = [
-                np.full(r, v, dtype=bool) if v is True or v is False else v for v, r in zip(state, lengths, strict=True)
-            ]
-            out[c] = (values, np.concatenate(masks))
-    return out
+FIXED_COLUMNS = frozenset((S.INDEX_TRACE_HASH, *SORTED_COLUMNS))
 
 
 def _checked(table: pa.Table, fields: list[int]) -> pa.Table | None:
