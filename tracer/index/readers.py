@@ -24,13 +24,10 @@ from tracer.index.shard import write_index
 from tracer.read import TracePaths, indexed_files, read_spans, run_rollup
 from tracer.summary.metrics import (  # the model's merge, shared so stored and computed aggregates agree
     _PART_LISTS,
-    _PART_SUMS,
-    _groups,
     _keys,
     _merge_parts,
     _partials_part,
     _rows_part,
-    _sorted_runs,
     step_partials,
 )
 from tracer.summary.rows import SUMMARY_SPAN_COLUMNS, _in_order, _key, summarize
@@ -214,7 +211,6 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
             ordered = _in_key_order(counts, values)
             if ordered is not None:  # no group in two files (one compacted file, or steps apart): merged already
                 return ordered
-            return _merge_presorted(counts, values)
         part = _partials_part(counts)
         part.values = tuple((v, np.repeat(np.arange(counts.num_rows), n)) for v, n in values)
         parts.append(part)
@@ -272,35 +268,6 @@ def _in_key_order(
     if (np.diff(order) != 1).any():
         table = table.take(pa.array(order, pa.int64()))
     return table.combine_chunks()
-
-
-def _merge_presorted(
-    counts: pa.Table, values: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
-) -> pa.Table:
-    """:func:`_merge_parts` of stored aggregates (rows of several files) and their sorted values, bit for bit,
-    without sorting every value by its group: rows are ordered by group and each row's values move as one run
-    (what a stable sort gives), then each group's values are sorted as :func:`_sorted_lists` sorts them."""
-    part = _partials_part(counts)
-    rows = len(part.step)
-    if not rows:
-        return S.STEP_PARTIALS_SCHEMA.empty_table()
-    group, out, groups = _groups([part])
-    sums = np.zeros((len(_PART_SUMS), groups), dtype=np.int64)
-    if part.sums is not None and rows:
-        for i in range(len(_PART_SUMS)):  # float weights: exact while a sum stays below 2**53
-            sums[i] = np.bincount(group, weights=part.sums[i], minlength=groups).astype(np.int64)
-    for i, c in enumerate(_PART_SUMS):
-        out[c] = pa.array(sums[i], pa.int64())
-    order = np.argsort(group.astype(np.uint16) if groups <= 1 << 16 else group, kind="stable")
-    for c, (flat, n) in zip(_PART_LISTS, values, strict=True):
-        n = n.astype(np.int64, copy=False)
-        starts = np.cumsum(n) - n  # where each row's run begins in ``flat``
-        run = n[order]
-        at = np.cumsum(run) - run  # ... and where it goes
-        take = np.repeat(starts[order] - at, run) + np.arange(int(run.sum()), dtype=np.int64)
-        per_group = np.bincount(group, weights=n, minlength=groups).astype(np.int64)
-        out[c] = _sorted_runs(flat[take], per_group)
-    return pa.table([out[f.name] for f in S.STEP_PARTIALS_SCHEMA], schema=S.STEP_PARTIALS_SCHEMA)
 
 
 def _sharing(

@@ -1,5 +1,5 @@
-"""The run overview's reads of shard indexes (sidecar columns as numpy, one merge of presorted runs): the same
-values and the same aggregates, bit for bit, as the pyarrow reads and the general merge, for uncompacted,
+"""The run overview's reads of shard indexes (sidecar columns as numpy, stored sorted values merged): the same
+values and the same aggregates, bit for bit, as the pyarrow reads and the trajectory rows, for uncompacted,
 compacted and index-less runs, with live and killed writers."""
 
 from __future__ import annotations
@@ -106,29 +106,16 @@ def _clean_run(run: str, steps: list[list[int]], rewards: list[float | None]) ->
     return shards
 
 
-def test_groups_split_over_files_merge_once_and_as_the_general_merge(tmp_path: Any, monkeypatch: Any) -> None:
-    """Every step in every shard: the stored runs merge without reading a row, to the general merge's bits."""
+def test_groups_split_over_files_merge_without_reading_rows(tmp_path: Any, monkeypatch: Any) -> None:
+    """Every step in every shard: the stored runs merge without reading a row, to the rows' bits."""
     run = os.fspath(tmp_path)
     rewards = [0.25, -0.0, 0.0, float("nan"), None, 1.0, -1.0, float("inf")]
     _clean_run(run, [[0, 1, 1, 2, 5], [1, 2, 2, 0], [0, 5, 2, 1, 1, 1]], rewards)
     truth = step_partials(read_trajectories(run))
-    general: list[pa.Table] = []
-    real_merge = tracer.index.readers._merge_presorted
-
-    def both(counts: pa.Table, values: Any) -> pa.Table:
-        part = tracer.summary.metrics._partials_part(counts)
-        part.values = tuple((v, np.repeat(np.arange(counts.num_rows), n)) for v, n in values)
-        general.append(tracer.summary.metrics._merge_parts([part]))
-        return real_merge(counts, values)
-
-    monkeypatch.setattr(tracer.index.readers, "_merge_presorted", both)
     monkeypatch.setattr(
         tracer.index.readers, "read_trajectories", lambda *_: (_ for _ in ()).throw(AssertionError("rows"))
     )
-    got = read_step_partials(run)
-    assert len(general) == 1
-    _equal_tables(got, general[0])
-    _equal_tables(got, truth)
+    _equal_tables(read_step_partials(run), truth)
 
 
 def test_a_sidecar_not_laid_out_as_written_is_read_through_pyarrow(tmp_path: Any) -> None:
