@@ -340,14 +340,9 @@ def _sorted_lists(ordered: np.ndarray, group: np.ndarray, groups: int) -> pa.Lis
     ``ordered`` holds the values in the order of their group (a copy: sorted in place), ``group``
     the group of each value in its original order.
     """
-    return _sorted_runs(ordered, np.bincount(group, minlength=groups))
-
-
-def _sorted_runs(ordered: np.ndarray, counts: np.ndarray) -> pa.ListArray:
-    """One list per group of ``ordered``'s values, ``counts[i]`` of them for group ``i``, each sorted in place."""
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    for i in np.flatnonzero(counts > 1).tolist():
+    offsets = np.zeros(groups + 1, dtype=np.int64)
+    np.cumsum(np.bincount(group, minlength=groups), out=offsets[1:])
+    for i in np.flatnonzero(np.diff(offsets) > 1).tolist():
         ordered[offsets[i] : offsets[i + 1]].sort()
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(ordered, pa.float64()))
 
@@ -370,31 +365,14 @@ def _merged(partials: pa.Table) -> bool:
 
 
 def _moments(flat: np.ndarray, at: np.ndarray) -> tuple[list[float], list[float], list[float], list[float]]:
-    """``np.mean``, ``np.std``, ``np.min`` and ``np.max`` of each run ``flat[at[i]:at[i + 1]]`` (NaN for an empty one).
-
-    numpy's own operations in its order (the same bits); sums stay one call per run, since ``np.add.reduceat``
-    is not the pairwise sum.
-    """
-    groups = len(at) - 1
-    nan = [math.nan] * groups
-    if not len(flat):
-        return nan, list(nan), list(nan), list(nan)
-    counts = np.diff(at)
-    full = np.flatnonzero(counts > 0)
-    starts, ends = at[:-1].tolist(), at[1:].tolist()
-    add = np.add.reduce
-    totals = np.array([add(flat[starts[i] : ends[i]]) for i in full.tolist()], dtype=np.float64)
+    """``np.mean``, ``np.std``, ``np.min`` and ``np.max`` of each run ``flat[at[i]:at[i + 1]]`` (NaN for an empty one)."""
+    out: tuple[list[float], list[float], list[float], list[float]] = ([], [], [], [])
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as np.std gives
-        means = totals / counts[full]
-        square = flat - np.repeat(means, counts[full])
-        np.square(square, out=square)
-        spread = np.array([add(square[starts[i] : ends[i]]) for i in full.tolist()], dtype=np.float64)
-        spread = np.sqrt(spread / counts[full])
-    low, high = np.minimum.reduceat(flat, at[full]), np.maximum.reduceat(flat, at[full])
-    out = (list(nan), list(nan), list(nan), list(nan))
-    for column, got in zip(out, (means, spread, low, high), strict=True):
-        for i, v in zip(full.tolist(), got.tolist(), strict=True):
-            column[i] = v
+        for lo, hi in zip(at[:-1].tolist(), at[1:].tolist(), strict=True):
+            run = flat[lo:hi]
+            got = (np.mean(run), np.std(run), np.min(run), np.max(run)) if hi > lo else (math.nan,) * 4
+            for column, v in zip(out, got, strict=True):
+                column.append(float(v))
     return out
 
 
