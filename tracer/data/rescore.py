@@ -35,6 +35,7 @@ from tracer.summary import (
     REWARD_SOURCE_KEY,
     ROLE_ASSISTANT,
     TURN_SPAN_COLUMNS,
+    log_reward_row,
     root_span,
     trajectory_rewards,
     trajectory_turns,
@@ -172,27 +173,9 @@ def rescore(
             # The recorded info goes forward, but not an advantage computed from the old reward.
             kept = {k: v for k, v in info.items() if k not in (ADVANTAGE_KEY, PREVIOUS_REWARD_KEY)}
             attrs = {**kept, **extras, REWARD_SOURCE_KEY: name, PREVIOUS_REWARD_KEY: old}
-            rows.append(
-                {
-                    S.TRACE_ID: tid,
-                    S.SPAN_ID: secrets.token_hex(8),
-                    S.PARENT_SPAN_ID: root[S.SPAN_ID] if root is not None else None,
-                    S.NAME: S.REWARD_SPAN_NAME,
-                    S.KIND: S.KIND_REWARD,
-                    S.START_NS: now,
-                    S.END_NS: now,
-                    S.STATUS: S.STATUS_OK,
-                    S.ERROR: None,
-                    S.STEP: summary[S.STEP],
-                    S.SAMPLE_INDEX: summary[S.SAMPLE_INDEX],
-                    S.ROLLOUT_N: summary[S.ROLLOUT_N],
-                    S.VALIDATE: summary[S.VALIDATE],
-                    S.REWARD: new,
-                    S.INPUTS: None,
-                    S.OUTPUTS: None,
-                    S.ATTRIBUTES: json.dumps(attrs, default=str, ensure_ascii=False),
-                }
-            )
+            parent = root[S.SPAN_ID] if root is not None else None
+            attributes = json.dumps(attrs, default=str, ensure_ascii=False)
+            rows.append(log_reward_row(summary, secrets.token_hex(8), parent, now, new, attributes))
     report.mean_before, report.mean_after = _mean(before), _mean(after)
     if rows:
         report.path = _write(folder, rows, name)

@@ -58,6 +58,7 @@ from tracer.summary.rewards import (
     SOURCE_OP,
     SOURCE_RECORDED,
     RewardRecord,
+    log_reward_row,
     reward_source,
     trajectory_rewards,
 )
@@ -128,6 +129,7 @@ __all__ = [
     "VALUE_COLUMNS",
     "content_text",
     "is_log_reward",
+    "log_reward_row",
     "merge_step_partials",
     "partial_metrics",
     "prompt_and_response",

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+from tracer.summary.turns import is_log_reward
 
 #: Span columns :func:`summarize` needs.
 SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
@@ -60,10 +61,6 @@ def _latest(rows: pa.Table, by: Any, value_pos: pa.Array) -> tuple[pa.Array, pa.
     return grouped.column("k").combine_chunks(), grouped.column("p_max").combine_chunks()
 
 
-def _is_log_row(r: Mapping[str, Any]) -> bool:
-    return r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME
-
-
 def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
     """:func:`summarize` of a few span rows, evaluated in Python (the same definitions).
 
@@ -75,7 +72,7 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
     for i, r in enumerate(rows):
         if r[S.TRACE_ID]:
             by_trace.setdefault(r[S.TRACE_ID], []).append(i)
-        if _is_log_row(r):
+        if is_log_reward(r):
             logs.append(i)
 
     def latest(idx: list[int]) -> dict[str, Any] | None:
@@ -83,7 +80,7 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
 
     def rank(i: int) -> tuple[int, int, int]:
         r = rows[i]
-        if _is_log_row(r):
+        if is_log_reward(r):
             return (3, r[S.START_NS], i)
         if r[S.PARENT_SPAN_ID] is None:
             return (0 if r[S.KIND] == S.KIND_ROLLOUT else 1, r[S.START_NS], i)
@@ -97,14 +94,14 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
         first_i = min(idx, key=rank)
         first = rows[first_i]
         root = rank(first_i)[0] <= 1
-        body = [rows[i] for i in idx if not _is_log_row(rows[i])]
+        body = [rows[i] for i in idx if not is_log_reward(rows[i])]
         chosen = latest([i for i in logs if rows[i][S.TRACE_ID] == tid])
         if chosen is None:
             k = key(first)
             chosen = latest([i for i in logs if not rows[i][S.TRACE_ID] and key(rows[i]) == k])
         reward, info = (chosen[S.REWARD], chosen[S.ATTRIBUTES]) if chosen is not None else (None, None)
         if chosen is None:
-            ops = [i for i in idx if rows[i][S.KIND] == S.KIND_REWARD and not _is_log_row(rows[i])]
+            ops = [i for i in idx if rows[i][S.KIND] == S.KIND_REWARD and not is_log_reward(rows[i])]
             op = latest([i for i in ops if rows[i][S.REWARD] is not None])
             reward = op[S.REWARD] if op is not None else None
         timed = body or [rows[i] for i in idx]
@@ -161,17 +158,12 @@ def summarize(spans: pa.Table) -> pa.Table:
     t = spans.select(list(SUMMARY_SPAN_COLUMNS))
     t = t.append_column("_pos", _positions(t.num_rows))
     is_log = pc.fill_null(pc.and_(pc.equal(t[S.KIND], S.KIND_REWARD), pc.equal(t[S.NAME], S.REWARD_SPAN_NAME)), False)
-    has_tid = pc.fill_null(pc.not_equal(t[S.TRACE_ID], ""), False)
     logs = t.filter(is_log)
     # Every span with a trace id belongs to a trajectory (log_reward rows too).
-    own = t.filter(has_tid)
+    own = t.append_column("_body", pc.invert(is_log)).filter(pc.fill_null(pc.not_equal(t[S.TRACE_ID], ""), False))
     if own.num_rows == 0:
         return S.TRAJECTORY_SCHEMA.empty_table()
-    own_log = pc.fill_null(
-        pc.and_(pc.equal(own[S.KIND], S.KIND_REWARD), pc.equal(own[S.NAME], S.REWARD_SPAN_NAME)), False
-    )
-    is_body = pc.invert(own_log)
-    own, grouped = _by_trajectory(own, is_body)
+    own, grouped = _by_trajectory(own)
     first = own.take(grouped["_spos_min"])
     has_root = pc.less_equal(first["_rank"], 1)
     trace_ids = first[S.TRACE_ID]
@@ -199,13 +191,13 @@ def summarize(spans: pa.Table) -> pa.Table:
     return _in_order(table)
 
 
-def _by_trajectory(own: pa.Table, is_body: pa.ChunkedArray) -> tuple[pa.Table, pa.Table]:
+def _by_trajectory(own: pa.Table) -> tuple[pa.Table, pa.Table]:
     """``own`` (spans with a trace id) with each trajectory's first row first, and its per-trajectory aggregates."""
     # The first row: the root (rollout roots first), else the earliest span, else the earliest reward.
+    is_body = own["_body"]
     is_root = pc.and_(pc.is_null(own[S.PARENT_SPAN_ID]), is_body)
     rank = pc.if_else(is_root, pc.if_else(pc.equal(own[S.KIND], S.KIND_ROLLOUT), 0, 1), pc.if_else(is_body, 2, 3))
     own = own.append_column("_rank", pc.cast(rank, pa.int8()))
-    own = own.append_column("_body", is_body)
     order = pc.sort_indices(
         own,
         sort_keys=[(S.TRACE_ID, "ascending"), ("_rank", "ascending"), (S.START_NS, "ascending"), ("_pos", "ascending")],
