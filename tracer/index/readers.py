@@ -307,7 +307,7 @@ def _sharing(
         if n in ids:
             own_ids = ids[n]
         else:
-            keys = _shard_index.index_columns(files[n][1], [S.TRACE_ID])  # type: ignore[arg-type]
+            keys = _shard_index.step_sources(files[n][1], [S.TRACE_ID])[1]  # type: ignore[arg-type]
             if keys is None:
                 return None
             tid = keys.column(S.TRACE_ID).combine_chunks()

@@ -1,15 +1,11 @@
 """Shard indexes: ``_{shard name}.index`` beside each closed shard, so reading cost follows the question.
 
-Written when a shard closes (:mod:`tracer.index.closed`), an uncompressed Arrow IPC file with a row per
-trajectory (:func:`tracer.summary.summarize` plus its batches, :data:`tracer.schema.INDEX_UNIFORM` and
-:func:`trace_hashes`), a row with an empty trace id listing the batches of keyed rewards, and a row per key
-``(step, sample_index, rollout_n, validate)`` of those, with a null trace id. :data:`SORTED_COLUMNS` hold the
-values of the stored per-step aggregates, sorted per group. Its schema metadata holds the version, the shard's
-name, size and footer digest, each batch's rows and steps, and the per-step partials. An index is used only
-when all of these agree with the shard on disk; a stale, torn or foreign one is ignored and the spans are read.
-
-Not in the shard's footer: dead writers' shards are sealed without summaries, and engines opening shards
-should see only spans. The leading ``_`` hides it from ``pyarrow.dataset`` discovery.
+An uncompressed Arrow IPC file of :data:`INDEX_SCHEMA`: a row per trajectory (:func:`tracer.summary.summarize`
+plus its batches, :data:`tracer.schema.INDEX_UNIFORM` and :func:`trace_hashes`), a row with an empty trace id
+listing the batches of keyed rewards, a row with a null trace id per key of those, and :data:`SORTED_COLUMNS`.
+Its metadata (version, the shard's name, size and footer digest, each batch's rows and steps, the per-step
+partials) must agree with the shard on disk, else the index is ignored and the spans are read. The leading
+``_`` hides it from ``pyarrow.dataset`` discovery.
 """
 
 from __future__ import annotations
@@ -87,11 +83,8 @@ def bucket_of(trace_id: str, buckets: int) -> int:
 
 
 def trace_hashes(trace_ids: pa.Array) -> pa.Array:
-    """:data:`tracer.schema.INDEX_TRACE_HASH` of each trace id: CRC-32 of its UTF-8 in the high 32 bits,
-    Adler-32 in the low ones; null for a null or ``""`` id.
-
-    Cheap (two C calls per id) rather than strong: equal hashes are only a reason to compare the ids.
-    """
+    """:data:`tracer.schema.INDEX_TRACE_HASH` of each trace id (null for a null or ``""`` id): CRC-32 of its UTF-8
+    in the high 32 bits, Adler-32 in the low ones; cheap, not strong: equal hashes only say to compare the ids."""
     data = [t.encode("utf-8", "surrogatepass") if t else None for t in trace_ids.to_pylist()]
     high = np.fromiter((zlib.crc32(d) if d else 0 for d in data), dtype=np.uint64, count=len(data))
     low = np.fromiter((zlib.adler32(d) if d else 0 for d in data), dtype=np.uint64, count=len(data))
@@ -181,19 +174,17 @@ class ShardIndexBuilder:
         ]
         no_id = pc.equal(ids, "")
         if pc.any(no_id).as_py():
-            row = {c: pa.nulls(1, f.type) for c, f in zip(INDEX_SCHEMA.names, INDEX_SCHEMA, strict=True)}
-            row[S.TRACE_ID] = pa.array([""])
-            row[S.INDEX_BATCHES] = pc.filter(lists, no_id)
-            parts.append(pa.table(row, schema=INDEX_SCHEMA))
-            keyed = spans.filter(pc.equal(spans.column(S.TRACE_ID), ""))
+            parts.append(_rows_of(1, {S.TRACE_ID: pa.array([""]), S.INDEX_BATCHES: pc.filter(lists, no_id)}))
             key_cols = [S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE]
-            keys = keyed.select(key_cols).group_by(key_cols, use_threads=False).aggregate([])
-            n = keys.num_rows
-            cols = {c: pa.nulls(n, f.type) for c, f in zip(INDEX_SCHEMA.names, INDEX_SCHEMA, strict=True)}
-            for c in key_cols:
-                cols[c] = keys.column(c)
-            parts.append(pa.table(cols, schema=INDEX_SCHEMA))
+            keyed = spans.filter(pc.equal(spans.column(S.TRACE_ID), "")).select(key_cols)
+            keys = keyed.group_by(key_cols, use_threads=False).aggregate([])
+            parts.append(_rows_of(keys.num_rows, {c: keys.column(c) for c in key_cols}))
         return pa.concat_tables([p.cast(INDEX_SCHEMA) for p in parts])
+
+
+def _rows_of(n: int, columns: dict[str, Any]) -> pa.Table:
+    """``n`` index rows with ``columns`` and nulls elsewhere."""
+    return pa.table({c: columns.get(c, pa.nulls(n, f.type)) for c, f in zip(INDEX_SCHEMA.names, INDEX_SCHEMA)})
 
 
 def write_shard_index(shard: str, builder: ShardIndexBuilder) -> None:
@@ -371,24 +362,16 @@ def _bucket_reader(index: ShardIndex) -> Any:
 
 def _read_buckets(index: ShardIndex, wanted: list[int]) -> pa.Table | None:
     """The lookup columns of some buckets' record batches; None when the shard index is not laid out so."""
-    batches, buckets = len(index.batch_rows), index._buckets
     expected = pa.schema([INDEX_SCHEMA.field(c) for c in LOOKUP_COLUMNS])
     try:
         reader = _bucket_reader(index)
-        if reader.num_record_batches != buckets + 1:
+        if reader.num_record_batches != index._buckets + 1:
             return None
         parts = [reader.get_batch(b) for b in wanted]
-        for part in parts:
-            part.validate(full=True)
         table = pa.Table.from_batches(parts, schema=expected) if parts else expected.empty_table()
-        if table.schema.remove_metadata() != expected:
-            return None
-        flat = pc.list_flatten(table.column(S.INDEX_BATCHES))
-        if len(flat) and (pc.min(flat).as_py() < 0 or pc.max(flat).as_py() >= batches):
-            return None
-        return table
     except (OSError, ValueError, pa.ArrowException):
         return None
+    return _checked(table, expected, len(index.batch_rows))
 
 
 def _read_table(path: str, batches: int, columns: Sequence[str] | None = None) -> pa.Table | None:
@@ -397,16 +380,9 @@ def _read_table(path: str, batches: int, columns: Sequence[str] | None = None) -
     try:
         with pa.OSFile(path) as source:
             table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=fields)).read_all()
-        if table.schema.remove_metadata() != expected:
-            return None
-        for chunk in table.to_batches():
-            chunk.validate(full=True)
-        flat = pc.list_flatten(table.column(S.INDEX_BATCHES))
-        if len(flat) and (pc.min(flat).as_py() < 0 or pc.max(flat).as_py() >= batches):
-            return None
-        return table.replace_schema_metadata(None)
     except (OSError, ValueError, pa.ArrowException):
         return None
+    return _checked(table, expected, batches)
 
 
 def _steps_meta(table: pa.Table, step_partials: PartialsOf) -> tuple[str, tuple[pa.Array, pa.Array]]:
@@ -478,7 +454,8 @@ def step_sources(index: ShardIndex, columns: Sequence[str]) -> tuple[StoredParti
                     table = table.select(fields)
     except (OSError, ValueError, pa.ArrowException):
         return None, None
-    return (None if text is None else _decode_partials(text)), (None if table is None else _checked(table, fields))
+    checked = None if table is None else _checked(table, pa.schema([INDEX_SCHEMA.field(i) for i in fields]))
+    return (None if text is None else _decode_partials(text)), checked
 
 
 #: A fixed-width column of a shard index as numpy: every row's value (anything where null) and which rows are
@@ -513,9 +490,9 @@ def _as_fixed(col: pa.ChunkedArray) -> Fixed:
 FIXED_COLUMNS = frozenset((S.INDEX_TRACE_HASH, *SORTED_COLUMNS))
 
 
-def _checked(table: pa.Table, fields: list[int]) -> pa.Table | None:
-    """``table`` without metadata when it has the expected columns and validates; else None."""
-    expected = pa.schema([INDEX_SCHEMA.field(i) for i in fields])
+def _checked(table: pa.Table, expected: pa.Schema, batches: int | None = None) -> pa.Table | None:
+    """``table`` without metadata when it has the ``expected`` columns, validates and (given ``batches``) lists
+    only batches below it; else None."""
     # Fixed-width columns have nothing more to check in a full validation (offsets, UTF-8 are for others).
     full = not all(pa.types.is_primitive(f.type) for f in expected)
     try:
@@ -523,6 +500,10 @@ def _checked(table: pa.Table, fields: list[int]) -> pa.Table | None:
             return None
         for chunk in table.to_batches():
             chunk.validate(full=full)
+        if batches is not None:
+            flat = pc.list_flatten(table.column(S.INDEX_BATCHES))
+            if len(flat) and (pc.min(flat).as_py() < 0 or pc.max(flat).as_py() >= batches):
+                return None
         return table.replace_schema_metadata(None)
     except (ValueError, pa.ArrowException):
         return None
@@ -562,11 +543,6 @@ def _value_counts(counts: Any, rows: int) -> np.ndarray | None:
     if out.shape != (2, rows) or (rows and (out.dtype != np.int64 or int(out.min()) < 0)):
         return None
     return out.astype(np.int64, copy=False)
-
-
-def index_columns(index: ShardIndex, columns: Sequence[str]) -> pa.Table | None:
-    """Some columns of every row of ``index``'s shard index (read alone, validated); None when it is unreadable."""
-    return step_sources(index, columns)[1] if columns else None
 
 
 _cache: collections.OrderedDict[str, tuple[tuple[int, ...], ShardIndex | None]] = collections.OrderedDict()
@@ -628,12 +604,9 @@ def _counts_and_steps(rows: list[Any], steps: list[Any]) -> bool:
 
 def _check(shard: str, side: str, size: int) -> ShardIndex | None:
     try:
-        got = closed_file_metadata(side, _CHECKED_KEYS)
-        if got is None:
-            return None
-        if got.get(S.META_INDEX_VERSION) != INDEX_VERSION or got.get(S.META_INDEX_OF) != os.path.basename(shard):
-            return None
-        if got.get(S.META_INDEX_SIZE) != str(size):
+        got = closed_file_metadata(side, _CHECKED_KEYS) or {}
+        said = tuple(got.get(k) for k in (S.META_INDEX_VERSION, S.META_INDEX_OF, S.META_INDEX_SIZE))
+        if said != (INDEX_VERSION, os.path.basename(shard), str(size)):
             return None
         footer = footer_bytes(shard)
         if footer is None or got.get(S.META_INDEX_FOOTER) != _digest(footer[0]):
@@ -642,10 +615,8 @@ def _check(shard: str, side: str, size: int) -> ShardIndex | None:
         steps: Any = orjson.loads(got[S.META_INDEX_BATCH_STEPS])
         if not (isinstance(rows, list) and isinstance(steps, list) and len(rows) == len(steps) == footer[1]):
             return None
-        if not _counts_and_steps(rows, steps):
-            return None
         buckets = int(got[S.META_INDEX_BUCKETS])
-        if buckets < 1:
+        if buckets < 1 or not _counts_and_steps(rows, steps):
             return None
         names: Any = orjson.loads(got[S.META_INDEX_NAMES]) if S.META_INDEX_NAMES in got else None
         if names is not None and not (isinstance(names, list) and {type(n) for n in names} <= {str}):
@@ -672,7 +643,6 @@ __all__ = [
     "ShardIndexBuilder",
     "StoredPartials",
     "builder",
-    "index_columns",
     "load_shard_index",
     "shard_index_path",
     "step_sources",
