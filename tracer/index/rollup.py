@@ -273,7 +273,8 @@ def _step(run_dir: str, of_files: PartialsOfFiles) -> bool | None:
             or any(_overlap(f.range, r) for f in new for r in current.ranges.values())
         )
         if not joins:  # nothing of the new files belongs to a covered trajectory: merge what they add
-            _write(run_dir, _grown(current, new, of_files))
+            added = of_files([f.path for f in new])
+            _write(run_dir, Rollup(partials=merge_step_partials([_whole(current), added]), **_described(files)))
             return True
     _write(run_dir, _built(files, of_files))
     return True
@@ -298,20 +299,6 @@ def _described(files: Sequence[_File]) -> dict[str, Any]:
 
 def _built(files: Sequence[_File], of_files: PartialsOfFiles) -> Rollup:
     return Rollup(partials=of_files([f.path for f in files]), **_described(files))
-
-
-def _grown(current: Rollup, new: Sequence[_File], of_files: PartialsOfFiles) -> Rollup:
-    added = _described(new)
-    names = None if current.names is None or added["names"] is None else current.names | added["names"]
-    return Rollup(
-        files={**current.files, **added["files"]},
-        partials=merge_step_partials([_whole(current), of_files([f.path for f in new])]),
-        steps=sorted(set(current.steps) | set(added["steps"])),
-        rows=current.rows + added["rows"],
-        names=names,
-        ranges={**current.ranges, **added["ranges"]},
-        keyed=current.keyed or added["keyed"],
-    )
 
 
 def _whole(r: Rollup) -> pa.Table:
