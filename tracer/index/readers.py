@@ -1,11 +1,5 @@
-"""Index-aware readers: trajectory rows and per-step aggregates answered from shard indexes and the rollup.
-
-The same tables as the trajectory model computes from spans (:func:`tracer.summary.summarize`,
-:func:`tracer.summary.step_partials`), read from what was stored when each file closed
-(:mod:`tracer.index.shard`, :mod:`tracer.index.rollup`) wherever the stored rows are exact; spans
-elsewhere. Shards they seal (their writers are gone) get their index, and the run's rollup takes
-them on the rollup thread (:func:`tracer.index.rollup.update_later`).
-"""
+"""Index-aware readers: the model's tables (:func:`tracer.summary.summarize`, :func:`tracer.summary.step_partials`)
+read from shard indexes and the rollup wherever the stored rows are exact, from spans elsewhere."""
 
 from __future__ import annotations
 
@@ -36,14 +30,9 @@ from tracer.summary.rows import SUMMARY_SPAN_COLUMNS, _in_order, _key, summarize
 def read_trajectories(
     path: TracePaths, steps: int | Iterable[int] | None = None, validate: bool | None = None
 ) -> pa.Table:
-    """One row per trajectory under ``path``: :func:`summarize` over the files' spans.
-
-    A table of :data:`tracer.schema.TRAJECTORY_SCHEMA`. A trajectory whose root span was never written is
-    ``"incomplete"``; keyed rewards join by ``(step, sample_index, rollout_n, validate)``. Shards with an index
-    (:mod:`tracer.index.shard`) give their stored rows; a trajectory those cannot answer alone (spans in several
-    files, a keyed reward elsewhere, mixed steps or splits under a filter) is summarised from the batches that
-    hold it. Files without an index are read span by span. The result is the same table either way.
-    """
+    """One row per trajectory under ``path`` (:data:`tracer.schema.TRAJECTORY_SCHEMA`, as :mod:`tracer.summary`
+    defines it): :func:`summarize` of the files' spans. Indexed shards give their stored rows; a trajectory those cannot answer alone (spans in several
+    files, a keyed reward elsewhere, mixed steps or splits under a filter) is summarised from its batches."""
     step_set = _as_list(steps)
     try:
         return _from_indexes(path, step_set, validate)
@@ -113,15 +102,13 @@ def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | No
     parts = [keep.select(list(S.TRAJECTORY_COLUMNS))]
     again = pc.unique(pc.filter(tid, redo))
     if plain or len(again):
-        wanted = pa.concat_arrays([again, pa.array([""], pa.string())])
-        pieces = []
-        for n, (file, _) in enumerate(files):
-            if n in plain_spans:
-                pieces.append(plain_spans[n])
-            else:
-                pieces.append(
-                    read_spans(file, columns=cols, steps=steps, validate=validate, trace_ids=wanted.to_pylist())
-                )
+        wanted = [*again.to_pylist(), ""]
+        pieces = [
+            plain_spans[n]
+            if n in plain_spans
+            else read_spans(f, columns=cols, steps=steps, validate=validate, trace_ids=wanted)
+            for n, (f, _) in enumerate(files)
+        ]
         parts.append(summarize(pa.concat_tables(pieces)))
     return _in_order(pa.concat_tables(parts))
 
@@ -132,15 +119,10 @@ def _key_of(t: pa.Table) -> Any:
 
 
 def read_step_partials(path: TracePaths, value_metrics: bool = False) -> pa.Table:
-    """The per-step aggregates of every trajectory under ``path``: ``step_partials(read_trajectories(path))``.
-
-    A table of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`. A covering rollup (:mod:`tracer.index.rollup`)
-    answers from one file (with ``value_metrics``, also the :data:`tracer.schema.VALUE_METRICS` columns
-    :func:`partial_metrics` takes). Else each index's stored aggregates are used as they are when nothing outside
-    its file can change them: no keyed reward for one of its steps elsewhere, and none of its trace ids in
-    another file (sure when trace id ranges do not overlap, else checked on hashes, then ids). Every other file
-    is read with :func:`read_trajectories`, together. The result is the same table either way.
-    """
+    """``step_partials(read_trajectories(path))``: from a covering rollup (with ``value_metrics``, also its
+    :data:`tracer.schema.VALUE_METRICS` columns), else from each index's stored aggregates where nothing outside its
+    file can change them (no keyed reward for its steps elsewhere, no trace id shared with another file: ranges,
+    then hashes, then ids), else from the files' trajectory rows."""
     roll = run_rollup(path)
     got = None if roll is None else roll.table()
     if got is not None:  # one file holds every file's aggregates, merged (tracer.storage.rollup)

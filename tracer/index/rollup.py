@@ -1,13 +1,10 @@
 """The run rollup: every closed shard's index of a run directory merged into one file, ``_steps.rollup``.
 
-Without it the run overview opens one index per shard and merges every trajectory's values on each visit.
-Whoever closes a file (a writer, a seal, a compaction) keeps it current. Layout: an uncompressed Arrow IPC
-file of :data:`tracer.schema.ROLLUP_SCHEMA` (partials merged as :func:`tracer.summary.merge_step_partials`
-does, with their :data:`tracer.schema.VALUE_METRICS`); its metadata (:data:`META_ROLLUP`, JSON) names the
-covered files with size, mtime and inode, their steps, rows, span names, trace id ranges and whether any holds
-keyed rewards. Readers trust it only when it covers exactly the listed files as they are now; it is derived
-data. Updates hold ``_steps.rollup.lock``, write a temporary file and rename it; they merge in new files that
-share no trajectory with the covered ones and otherwise rebuild from every closed, indexed file.
+An uncompressed Arrow IPC file of :data:`tracer.schema.ROLLUP_SCHEMA` (merged partials with their value metrics);
+its metadata (:data:`META_ROLLUP`, JSON) names the covered files (size, mtime, inode), their steps, rows, span
+names, trace id ranges and whether any holds keyed rewards. Readers use it only when it covers exactly the files
+as they are now. Whoever closes a file updates it under ``_steps.rollup.lock``: new files sharing no trajectory
+with the covered ones are merged in, else it is rebuilt from every closed, indexed file.
 """
 
 from __future__ import annotations
