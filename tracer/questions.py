@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer.schema import ROLLOUT_N, SAMPLE_INDEX, STEP, TRACE_ID, VALIDATE
-from tracer.summary import ROLE_ASSISTANT, ROLE_USER, TURN_SPAN_COLUMNS, Turn, span_turns, trajectory_turns
+from tracer.summary import ROLE_ASSISTANT, ROLE_USER, Turn, span_turns, trajectory_turns
+from tracer.summary.turns import rows_by_trace
 
 #: ``log_reward`` extras read as the ground truth, first found wins (``answer`` is the rollout's parsed answer).
 GROUND_TRUTH_KEYS = ("ground_truth", "reference", "target", "expected", "gold", "solution", "label")
@@ -70,13 +71,8 @@ def answer_of(turns: Sequence[Turn]) -> str | None:
 
 def questions_and_answers(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, tuple[str | None, str | None]]:
     """(question, final answer) of every trajectory in ``spans``, by trace id."""
-    if isinstance(spans, pa.Table):
-        spans = spans.select([c for c in TURN_SPAN_COLUMNS if c in spans.column_names]).to_pylist()
-    by_trace: dict[str, list[Mapping[str, Any]]] = {}
-    for r in spans:
-        by_trace.setdefault(r.get(TRACE_ID), []).append(r)  # type: ignore[arg-type]
     out: dict[str, tuple[str | None, str | None]] = {}
-    for tid, rows in by_trace.items():
+    for tid, rows in rows_by_trace(spans).items():
         turns = next(iter(trajectory_turns(rows).values()), [])
         generated = sum(1 for t in span_turns(rows) if t.role == ROLE_ASSISTANT)
         out[tid] = (question_of(turns, generated or None), answer_of(turns))

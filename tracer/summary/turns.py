@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -437,15 +438,12 @@ def _start(row: Mapping[str, Any]) -> int:
 
 def root_span(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """A trajectory's root: a span without a parent, ``kind="rollout"`` first, then the earliest."""
-    best: tuple[int, int, int] | None = None
-    found = None
-    for i, r in enumerate(rows):
-        if r.get(S.PARENT_SPAN_ID) is not None or is_log_reward(r):
-            continue
-        key = (0 if r.get(S.KIND) == S.KIND_ROLLOUT else 1, _start(r), i)
-        if best is None or key < best:
-            best, found = key, r
-    return found
+    roots = [
+        (0 if r.get(S.KIND) == S.KIND_ROLLOUT else 1, _start(r), i)
+        for i, r in enumerate(rows)
+        if r.get(S.PARENT_SPAN_ID) is None and not is_log_reward(r)
+    ]
+    return rows[min(roots)[2]] if roots else None
 
 
 def is_log_reward(row: Mapping[str, Any]) -> bool:
@@ -555,16 +553,21 @@ def _rows_of(spans: pa.Table | Iterable[Mapping[str, Any]]) -> list[Mapping[str,
     return list(spans)
 
 
+def rows_by_trace(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The rows of ``spans`` (a table or dicts with :data:`TURN_SPAN_COLUMNS`) by trace id, in order."""
+    by_trace: dict[str, list[Mapping[str, Any]]] = {}
+    for r in _rows_of(spans):
+        by_trace.setdefault(r.get(S.TRACE_ID), []).append(r)  # type: ignore[arg-type]
+    return by_trace
+
+
 def trajectory_turns(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, list[Turn]]:
     """The turns of every trajectory in ``spans`` (a table or dicts with :data:`TURN_SPAN_COLUMNS`), by trace id.
 
     A root returning ``{"messages": [...]}`` gives the conversation, each message joined to its span; else it is
     rebuilt: the root's chat (verl's ``raw_prompt``) or the first llm prompt, then one turn per llm and tool span.
     """
-    by_trace: dict[str, list[Mapping[str, Any]]] = {}
-    for r in _rows_of(spans):
-        by_trace.setdefault(r.get(S.TRACE_ID), []).append(r)  # type: ignore[arg-type]
-    return {tid: _conversation(rows) for tid, rows in by_trace.items()}
+    return {tid: _conversation(rows) for tid, rows in rows_by_trace(spans).items()}
 
 
 def span_turns(spans: pa.Table | Iterable[Mapping[str, Any]]) -> list[Turn]:
@@ -600,12 +603,7 @@ def prompt_and_response(turns: Sequence[Turn]) -> tuple[str, str]:
     assistant = [t for t in turns if t.role == ROLE_ASSISTANT]
     prompt = assistant[0].prompt_text if assistant else None
     if prompt is None:
-        head = []
-        for t in turns:
-            if t.role == ROLE_ASSISTANT:
-                break
-            head.append(t)
-        prompt = render_turns(head)
+        prompt = render_turns(list(itertools.takewhile(lambda t: t.role != ROLE_ASSISTANT, turns)))
     response = None
     if assistant:
         last = assistant[-1]
