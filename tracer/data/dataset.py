@@ -77,11 +77,7 @@ MESSAGE_TYPE = pa.struct(
 DATASET_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
     (MESSAGES, pa.list_(MESSAGE_TYPE), "The conversation in OpenAI chat format, tool calls and tool results included."),
     (PROMPT_IDS, pa.list_(pa.int32()), "Token ids of the first model call's prompt (of the turn's call, per turn)."),
-    (
-        RESPONSE_IDS,
-        pa.list_(pa.int32()),
-        "Token ids after the prompt: model turns with the tool/environment tokens spliced in between.",
-    ),
+    (RESPONSE_IDS, pa.list_(pa.int32()), "Token ids after the prompt: model turns, tool/env tokens in between."),
     (RESPONSE_MASK, pa.list_(pa.int8()), "1 for a token the model produced, 0 for a spliced-in one."),
     (LOGPROBS, pa.list_(pa.float32()), "The model's logprob of each response token (null where unknown or spliced)."),
     (S.REWARD, pa.float64(), "The trajectory's latest reward (tracer.read_trajectories)."),
@@ -338,16 +334,10 @@ def to_dataset(
 ) -> pa.Table:
     """A run's trajectories as a training dataset: a table of :data:`DATASET_SCHEMA`, by step, sample, rollout.
 
-    Args:
-        out: Also write the splits with rows into this folder (``train.<format>``, ``validation.<format>``).
-        steps: See :func:`parse_steps`. ``split``: ``"train"`` or ``"validation"`` only (default both).
-        filters: Expressions that must all hold, e.g. ``"reward>=1"``, ``"status==ok"`` (:data:`FILTER_FIELDS`).
-        per: ``"trajectory"`` (the whole token sequence) or ``"turn"`` (one row per model turn).
-        format: ``"parquet"`` or ``"jsonl"``.
-
-    Raises:
-        DatasetOptionError: a bad option value (names it and the valid ones).
-        FileNotFoundError: ``path`` holds no trace files.
+    ``out``: also write the splits with rows there (``train.<format>``, ``validation.<format>``); ``steps``: see
+    :func:`parse_steps`; ``split``: ``"train"`` or ``"validation"`` (default both); ``filters``: expressions that
+    must all hold (:func:`filter_mask`); ``per``: ``"trajectory"`` or ``"turn"``; ``format``: ``"parquet"`` or
+    ``"jsonl"``. Raises DatasetOptionError for a bad option value, FileNotFoundError when ``path`` has no traces.
     """
     _check(per, format)
     tables = list(iter_dataset(path, steps=steps, split=split, filters=filters, per=per))

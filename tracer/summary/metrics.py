@@ -113,15 +113,11 @@ def zero_std_groups(trajectories: pa.Table) -> pa.Table:
 
 def zero_std_fractions(trajectories: pa.Table) -> dict[tuple[int | None, bool], float]:
     """Per (step, validate): the fraction of groups of two or more rewards whose rewards are all equal."""
-    g = zero_std_groups(trajectories).to_pylist()
-    seen: dict[tuple[int | None, bool], list[int]] = {}
-    for r in g:
-        if r["rollouts"] < 2:
-            continue
-        counts = seen.setdefault((r[S.STEP], bool(r[S.VALIDATE])), [0, 0])
-        counts[0] += 1
-        counts[1] += bool(r["zero_std"])
-    return {k: same / n for k, (n, same) in seen.items()}
+    g = zero_std_groups(trajectories)
+    g = g.filter(pc.greater_equal(g.column("rollouts"), 2))
+    g = g.append_column("same", pc.cast(g.column("zero_std"), pa.float64()))
+    means = g.group_by([S.STEP, S.VALIDATE], use_threads=False).aggregate([("same", "mean")]).to_pylist()
+    return {(r[S.STEP], bool(r[S.VALIDATE])): r["same_mean"] for r in means}
 
 
 def step_metrics(
