@@ -126,17 +126,7 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
                 S.NUM_ERRORS: sum(1 for r in body if r[S.STATUS] == S.STATUS_ERROR),
             }
         )
-    out.sort(key=_order_key)
-    return pa.Table.from_pylist(out, schema=S.TRAJECTORY_SCHEMA)
-
-
-def _order_key(r: Mapping[str, Any]) -> tuple[Any, ...]:
-    """Step, sample, rollout, start, trace id; nulls last (as Arrow's sort_by)."""
-    parts: list[Any] = []
-    for c in (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.START_NS, S.TRACE_ID):
-        v = r[c]
-        parts.extend((v is None, "" if v is None and c == S.SAMPLE_INDEX else (0 if v is None else v)))
-    return tuple(parts)
+    return _in_order(pa.Table.from_pylist(out, schema=S.TRAJECTORY_SCHEMA))
 
 
 def summarize(spans: pa.Table) -> pa.Table:
