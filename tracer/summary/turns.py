@@ -264,16 +264,8 @@ def _reply(out: Any) -> _Reply:
         )
     outputs = out.get("outputs")
     if isinstance(outputs, list) and outputs and isinstance(outputs[0], Mapping):  # vLLM RequestOutput
-        o = outputs[0]
-        ids = o.get("token_ids")
-        return _Reply(
-            text=o.get("text") if isinstance(o.get("text"), str) else None,
-            token_ids=ids if isinstance(ids, list) else None,
-            ids_key="token_ids" if isinstance(ids, list) else None,
-            logprobs=_logprobs(o.get("logprobs")),
-            finish_reason=_str(o.get("finish_reason")),
-        )
-    # This project's rollout, verl's TokenOutput, a chat message, or {"text": ...}.
+        out = outputs[0]
+    # This project's rollout, verl's TokenOutput, vLLM's CompletionOutput, a chat message, or {"text": ...}.
     ids_key, ids = _first(out, RESPONSE_ID_KEYS, list)
     _, text = _first(out, _RESPONSE_TEXT_KEYS, (str, list))
     _, lps = _first(out, _LOGPROB_KEYS, (list, Mapping))
