@@ -144,11 +144,8 @@ _PART_LISTS = (S.PART_REWARDS, S.PART_LATENCIES)
 
 
 def step_partials(trajectories: pa.Table) -> pa.Table:
-    """Per-(step, validate) aggregates of trajectory rows (:data:`tracer.schema.STEP_PARTIALS_SCHEMA`).
-
-    What :func:`step_metrics` is computed from: counts, sums and the sorted rewards and latencies. Parts merge
-    (:func:`merge_step_partials`) into exactly the rows of their union; shard indexes store them.
-    """
+    """Per-(step, validate) aggregates of trajectory rows (:data:`tracer.schema.STEP_PARTIALS_SCHEMA`): counts, sums
+    and the sorted rewards and latencies :func:`step_metrics` is computed from; parts merge into their union's."""
     return _merge_parts([_rows_part(trajectories, counts=True, values=True)])
 
 
@@ -167,22 +164,16 @@ def step_values(trajectories: pa.Table) -> pa.Table:
 
 
 def merge_step_partials(parts: Sequence[pa.Table]) -> pa.Table:
-    """The per-(step, validate) aggregates of the union of ``parts`` (tables of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`).
-
-    One row per group, by step (nulls last) then validate; counts summed, values sorted: the result does not
-    depend on how the trajectories were split or ordered.
-    """
+    """The aggregates of the union of ``parts`` (:data:`tracer.schema.STEP_PARTIALS_SCHEMA` tables): a row per group
+    by step (nulls last) then validate, counts summed, values sorted, whatever the split or order."""
     return _merge_parts([_partials_part(p) for p in parts])
 
 
 @dataclasses.dataclass
 class _Part:
-    """Rows to merge into per-step aggregates, as numpy arrays (one place for every source of them).
-
-    ``step`` holds 0 where ``null`` is set; ``sums`` one row per :data:`_PART_SUMS` column (None: zeros);
-    ``values`` per :data:`_PART_LISTS` column the values and the row each belongs to (None: one per row, in
-    order), or None for no values.
-    """
+    """Rows to merge into per-step aggregates, as numpy arrays. ``step`` holds 0 where ``null`` is set; ``sums`` a row
+    per :data:`_PART_SUMS` column (None: zeros); ``values`` per :data:`_PART_LISTS` column the values and the row
+    of each (None: one per row, in order), or None for no values."""
 
     step: np.ndarray
     null: np.ndarray
@@ -269,10 +260,8 @@ _DENSE_STEPS = 1 << 20
 
 
 def _groups(parts: Sequence[_Part]) -> tuple[np.ndarray, dict[str, Any], int]:
-    """The group of each row of ``parts`` (in turn), the key columns of the groups, and how many there are.
-
-    Groups are ordered by step (nulls last), then validate.
-    """
+    """The group of each row of ``parts`` (in turn; by step, nulls last, then validate), the groups' key columns
+    and how many there are."""
     step = np.concatenate([p.step for p in parts])
     null = np.concatenate([p.null for p in parts])
     validate = np.concatenate([p.validate for p in parts])
@@ -331,11 +320,8 @@ def _merge_parts(parts: Sequence[_Part]) -> pa.Table:
 
 
 def _sorted_lists(ordered: np.ndarray, group: np.ndarray, groups: int) -> pa.ListArray:
-    """One list per group of the values, each sorted ascending (NaN last).
-
-    ``ordered`` holds the values in the order of their group (a copy: sorted in place), ``group``
-    the group of each value in its original order.
-    """
+    """One list per group, each sorted ascending (NaN last): ``ordered`` holds the values in group order (a copy,
+    sorted in place), ``group`` the group of each value in its original order."""
     offsets = np.zeros(groups + 1, dtype=np.int64)
     np.cumsum(np.bincount(group, minlength=groups), out=offsets[1:])
     for i in np.flatnonzero(np.diff(offsets) > 1).tolist():
@@ -378,10 +364,7 @@ def _stored_metrics(partials: pa.Table) -> bool:
 
 
 def _value_metrics(partials: pa.Table) -> dict[str, list[float]]:
-    """:data:`tracer.schema.VALUE_METRICS` of each row of merged aggregates: stored or computed.
-
-    A run rollup stores them, so the overview does not go through every value at each visit.
-    """
+    """:data:`tracer.schema.VALUE_METRICS` of each row of merged aggregates: stored (a run rollup's) or computed."""
     if _stored_metrics(partials):
         return {m: partials.column(m).to_pylist() for m in S.VALUE_METRICS}
 
@@ -418,11 +401,8 @@ def with_value_metrics(partials: pa.Table) -> pa.Table:
 def partial_metrics(
     partials: pa.Table, token_stats: pa.Table | None = None
 ) -> dict[tuple[int | None, bool], dict[str, float]]:
-    """:func:`step_metrics` from per-step aggregates (:func:`step_partials`, merged or stored).
-
-    A table with the :data:`tracer.schema.VALUE_METRICS` columns (a run rollup's, rows filtered or not) is one merged
-    table whose metrics were computed from its values: they are taken as they are.
-    """
+    """:func:`step_metrics` from per-step aggregates (:func:`step_partials`, merged or not); a table with the
+    :data:`tracer.schema.VALUE_METRICS` columns (a run rollup's, rows filtered or not) gives those as they are."""
     if not _stored_metrics(partials) and not _merged(partials):
         partials = merge_step_partials([partials])
     if partials.num_rows == 0:
