@@ -1,10 +1,6 @@
-"""Comparing two runs, or two steps of one run, prompt by prompt: :func:`compare_runs`.
-
-A prompt is ``(validate, sample_index)`` (the same index names the same prompt when
-both runs read the same data in the same order, as verl does); per prompt: rollouts,
-reward mean and pass rate of A and B, and B minus A. :func:`read_run_config` and
-:func:`diff_configs` say which recorded training settings differ.
-"""
+"""Comparing two runs, or two steps of one run, prompt by prompt (:func:`compare_runs`), and their recorded
+training settings (:func:`read_run_config`, :func:`diff_configs`). A prompt is ``(validate, sample_index)``: the
+same index names the same prompt when both runs read the same data in the same order, as verl does."""
 
 from __future__ import annotations
 
@@ -133,14 +129,12 @@ def compare_runs(
     pass_threshold: float = DEFAULT_PASS_THRESHOLD,
     prompts: bool = True,
 ) -> pa.Table:
-    """Per prompt, the rollouts of run A against run B (:data:`COMPARE_SCHEMA`), the biggest regression first.
+    """Per prompt, the rollouts of run A against run B (:data:`COMPARE_SCHEMA`), by ``delta`` ascending (the
+    biggest regression first, nulls last), then prompt; two steps of one run: ``compare_runs(run, run, 10, 200)``.
 
-    Two steps of one run compare the same way: ``compare_runs(run, run, steps_a=10, steps_b=200)``.
-
-    ``steps_a``/``steps_b``: steps of each side (default all); ``validate``: only validation (True) or training
-    (False) rollouts; a rollout passes when its reward is at least ``pass_threshold``; ``prompts`` adds each
-    prompt's text (one trajectory read per prompt). ``reward_a/b`` is the mean reward (null without one),
-    ``delta`` is ``reward_b - reward_a``; rows sorted by ``delta`` ascending (nulls last), then prompt.
+    ``steps_a``/``steps_b``: each side's steps (default all); ``validate``: only validation (True) or training
+    (False) rollouts; a rollout passes at ``pass_threshold``; ``prompts`` adds each prompt's text (one trajectory
+    read per prompt). ``reward_a/b``: mean reward (null without one); ``delta``: ``reward_b - reward_a``.
     """
     a = _per_prompt(read_trajectories(run_a, steps=steps_a, validate=validate), pass_threshold)
     b = _per_prompt(read_trajectories(run_b, steps=steps_b, validate=validate), pass_threshold)

@@ -1,10 +1,8 @@
 """A trajectory's question and final answer, and a group's ground truth: what the pages name a rollout by.
 
-The question is the last user message before the model's first reply: not
-the system prompt, not a few-shot example (an assistant message that no llm
-span produced is part of the prompt). A prompt recorded only as templated
-text (ChatML, Llama 3) gives its last user block. The answer is the last
-assistant turn's text. The ground truth is a ``log_reward`` extra.
+The question is the last user message before the model's first reply (a few-shot assistant message no llm span
+produced is part of the prompt; a templated prompt, ChatML or Llama 3, gives its last user block). The answer is
+the last assistant turn's text. The ground truth is a ``log_reward`` extra.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Re-score a recorded run with another reward function; keep every reward with its source.
+"""Re-score a recorded run with another reward function (``rollout-trace rescore RUN --reward module:function``).
 
-:func:`rescore` (``rollout-trace rescore RUN --reward module:function``) appends a ``log_reward`` row per
-trajectory in a new file, its source under :data:`tracer.summary.REWARD_SOURCE_KEY`, the recorded info (but the
-advantage) carried over; readers report the latest reward, :func:`read_rewards` all of them. The function::
+Each new reward is a ``log_reward`` row in a new file, its source under :data:`tracer.summary.REWARD_SOURCE_KEY`,
+the recorded info (but the advantage) carried over; readers report the latest, :func:`read_rewards` all. The function::
 
     def score(messages: list[dict], response: str, info: dict) -> float | dict | None
 
@@ -130,14 +129,9 @@ def rescore(
     steps: int | Iterable[int] | None = None,
     source: str | None = None,
 ) -> RescoreReport:
-    """Recompute every trajectory's reward with ``reward`` and record the new ones.
-
-    ``path`` is a run's folder (the new file is written into it); ``reward`` is ``"module:function"`` or the
-    function; ``source`` is recorded as the rewards' source (default: ``module:function``).
-
-    Raises:
-        RescoreError: the function cannot be loaded or returns something else than a reward.
-        FileNotFoundError: ``path`` holds no trace files.
+    """Recompute every trajectory's reward of the run folder ``path`` with ``reward`` (``"module:function"`` or the
+    function) and record the new ones there, ``source`` (default ``module:function``) as their source. Raises
+    RescoreError when the function does not load or returns no reward, FileNotFoundError when ``path`` has no traces.
     """
     fn = load_reward_function(reward) if isinstance(reward, str) else reward
     name = source or (reward if isinstance(reward, str) else f"{fn.__module__}:{getattr(fn, '__qualname__', fn)}")

@@ -31,8 +31,9 @@ def read_trajectories(
     path: TracePaths, steps: int | Iterable[int] | None = None, validate: bool | None = None
 ) -> pa.Table:
     """One row per trajectory under ``path`` (:data:`tracer.schema.TRAJECTORY_SCHEMA`, as :mod:`tracer.summary`
-    defines it): :func:`summarize` of the files' spans. Indexed shards give their stored rows; a trajectory those cannot answer alone (spans in several
-    files, a keyed reward elsewhere, mixed steps or splits under a filter) is summarised from its batches."""
+    defines it): :func:`summarize` of the files' spans. Indexed shards give their stored rows; a trajectory they
+    cannot answer alone (spans in several files, a keyed reward elsewhere, mixed steps or splits under a filter) is
+    summarised from its batches."""
     step_set = _as_list(steps)
     try:
         return _from_indexes(path, step_set, validate)
@@ -267,7 +268,7 @@ def _sharing(
         if n in ids:
             own = np.asarray(_shard_index.trace_hashes(ids[n]).to_numpy(zero_copy_only=False), dtype=np.uint64)
         else:
-            cols = _shard_index.landing_sources(files[n][1], [S.INDEX_TRACE_HASH], partials=False)[1]  # type: ignore[arg-type]
+            cols = _shard_index.landing_sources(files[n][1], [S.INDEX_TRACE_HASH], False)[1]  # type: ignore[arg-type]
             if cols is None:
                 return None
             values, valid[n] = cols[S.INDEX_TRACE_HASH]

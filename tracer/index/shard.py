@@ -116,7 +116,7 @@ class ShardIndexBuilder:
         self.nbytes = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
-        """Note one batch just written, in file order (MemoryError: a bounded builder outgrew :data:`MAX_BUILD_BYTES`)."""
+        """Note a batch just written, in file order (MemoryError: a bounded builder outgrew :data:`MAX_BUILD_BYTES`)."""
         part = batch.select(self.columns)
         self.nbytes += part.nbytes
         if self.bounded and self.nbytes > MAX_BUILD_BYTES:

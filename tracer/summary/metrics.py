@@ -347,7 +347,7 @@ def _merged(partials: pa.Table) -> bool:
 
 
 def _moments(flat: np.ndarray, at: np.ndarray) -> tuple[list[float], list[float], list[float], list[float]]:
-    """``np.mean``, ``np.std``, ``np.min`` and ``np.max`` of each run ``flat[at[i]:at[i + 1]]`` (NaN for an empty one)."""
+    """``np.mean``, ``np.std``, ``np.min``, ``np.max`` of each run ``flat[at[i]:at[i + 1]]`` (NaN for an empty one)."""
     out: tuple[list[float], list[float], list[float], list[float]] = ([], [], [], [])
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as np.std gives
         for lo, hi in zip(at[:-1].tolist(), at[1:].tolist(), strict=True):
@@ -359,7 +359,7 @@ def _moments(flat: np.ndarray, at: np.ndarray) -> tuple[list[float], list[float]
 
 
 def _stored_metrics(partials: pa.Table) -> bool:
-    """Whether ``partials`` carries :data:`tracer.schema.VALUE_METRICS` (a run rollup's table, :func:`with_value_metrics`)."""
+    """Whether ``partials`` has :data:`tracer.schema.VALUE_METRICS` (a rollup's table: :func:`with_value_metrics`)."""
     return all(m in partials.schema.names for m in S.VALUE_METRICS)
 
 
@@ -388,8 +388,8 @@ def _value_metrics(partials: pa.Table) -> dict[str, list[float]]:
 
 
 def with_value_metrics(partials: pa.Table) -> pa.Table:
-    """Merged aggregates (:func:`merge_step_partials`) with a float64 column per :data:`tracer.schema.VALUE_METRICS`, which
-    :func:`partial_metrics` then takes as they are: what a run rollup stores."""
+    """Merged aggregates (:func:`merge_step_partials`) with a float64 column per :data:`tracer.schema.VALUE_METRICS`,
+    which :func:`partial_metrics` then takes as they are: what a run rollup stores."""
     if not _merged(partials):
         raise ValueError("value metrics are stored only beside merged aggregates")
     got = _value_metrics(partials.select(S.STEP_PARTIALS_SCHEMA.names))

@@ -253,7 +253,7 @@ def _rewards(logs: pa.Table, own: pa.Table, first: pa.Table) -> tuple[pa.Array, 
 
 
 def _in_order(trajectories: pa.Table) -> pa.Table:
-    """Trajectory rows by step, sample, rollout, start time and trace id (nulls last), as :func:`summarize` returns them."""
+    """Trajectory rows by step, sample, rollout, start time and trace id (nulls last): :func:`summarize`'s order."""
     return trajectories.sort_by(
         [
             (S.STEP, "ascending"),
