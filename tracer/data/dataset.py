@@ -155,15 +155,6 @@ def parse_steps(spec: str | int | Iterable[int] | None, available: Sequence[int]
     return sorted(out)
 
 
-def _filter_value(field: str, text: str) -> Any:
-    if field == "status":
-        return text.strip("'\"")
-    try:
-        return float(text)
-    except ValueError:
-        raise DatasetOptionError(f"filter {field}: {text!r} is not a number; e.g. {field}>=1") from None
-
-
 def filter_mask(trajectories: pa.Table, filters: str | Sequence[str] | None) -> pa.Array:
     """Which trajectory summaries every ``filters`` expression keeps (``FIELD OP VALUE``, all must hold).
 
@@ -184,7 +175,10 @@ def filter_mask(trajectories: pa.Table, filters: str | Sequence[str] | None) -> 
         if column is None:
             raise DatasetOptionError(f"filter {expr!r}: unknown field {field!r}; fields are {', '.join(FILTER_FIELDS)}")
         func = _OPS["==" if op == "=" else op]
-        value = _filter_value(field, text)
+        try:
+            value = text.strip("'\"") if field == "status" else float(text)
+        except ValueError:
+            raise DatasetOptionError(f"filter {field}: {text!r} is not a number; e.g. {field}>=1") from None
         keep = pc.and_(keep, pc.fill_null(func(trajectories[column], value), False))
     return keep
 

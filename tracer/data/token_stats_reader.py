@@ -48,12 +48,6 @@ def _number(x: Any) -> float | None:
     return None
 
 
-def _numbers(value: Any) -> list[float | None] | None:
-    if not isinstance(value, list):
-        return None
-    return [_number(x) for x in value]
-
-
 def read_token_stats(
     path: TracePaths,
     trace_ids: str | Iterable[str] | None = None,
@@ -87,9 +81,8 @@ def read_token_stats(
         if isinstance(body.get(TOKEN_STATS_SOURCE_KEY), str):
             row[TOKEN_STATS_SOURCE] = body[TOKEN_STATS_SOURCE_KEY]
         for name, value in body[TOKEN_STATS_ARRAYS_KEY].items():
-            values = _numbers(value)
-            if values is not None:
-                row[str(name)] = values
+            if isinstance(value, list):
+                row[str(name)] = [_number(x) for x in value]
                 names[str(name)] = None
     if any(k[0] is None for k in merged):
         merged = _join_by_key(path, merged)

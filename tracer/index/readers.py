@@ -34,18 +34,12 @@ def read_trajectories(
     defines it): :func:`summarize` of the files' spans. Indexed shards give their stored rows; a trajectory they
     cannot answer alone (spans in several files, a keyed reward elsewhere, mixed steps or splits under a filter) is
     summarised from its batches."""
-    step_set = _as_list(steps)
+    step_set = None if steps is None else [steps] if isinstance(steps, int) else list(steps)
     try:
         return _from_indexes(path, step_set, validate)
     except FileNotFoundError:
         # A file of the snapshot went away meanwhile (a compaction replaced it): read the run afresh.
         return summarize(read_spans(path, columns=SUMMARY_SPAN_COLUMNS, steps=step_set, validate=validate))
-
-
-def _as_list(steps: int | Iterable[int] | None) -> list[int] | None:
-    if steps is None:
-        return None
-    return [steps] if isinstance(steps, int) else list(steps)
 
 
 def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | None) -> pa.Table:

@@ -196,14 +196,10 @@ def _ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
     )
 
 
-def _flags(arr: pa.Array) -> np.ndarray:
-    """A boolean column as numpy, null as False."""
-    return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=bool)
-
-
 def _keys(t: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     step, null = _ints(_column(t, S.STEP))
-    return step, (np.zeros(len(step), dtype=bool) if null is None else null), _flags(_column(t, S.VALIDATE))
+    validate = np.asarray(pc.fill_null(_column(t, S.VALIDATE), False).to_numpy(zero_copy_only=False), dtype=bool)
+    return step, (np.zeros(len(step), dtype=bool) if null is None else null), validate
 
 
 def _rows_part(t: pa.Table | pa.RecordBatch, *, counts: bool, values: bool) -> _Part:
