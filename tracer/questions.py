@@ -43,11 +43,8 @@ def _text(turn: Turn) -> str:
 
 
 def question_of(turns: Sequence[Turn], generated: int | None = None) -> str | None:
-    """The question of a conversation: the last user turn before the model's first reply.
-
-    ``generated``: how many assistant turns the model produced (its llm spans); those before are part of the
-    prompt (few-shot examples). None: every assistant turn was produced.
-    """
+    """The last user turn before the model's first reply; ``generated``: how many assistant turns the model
+    produced (its llm spans; None: all), those before them being part of the prompt (few-shot examples)."""
     assistant = [i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT]
     first = len(turns)
     if assistant:
@@ -99,11 +96,9 @@ WRITER_ID_CHARS = 16
 
 
 def repeated_keys(trajectories: pa.Table) -> list[dict[str, Any]]:
-    """The (step, sample_index, rollout_n, validate) keys held by more than one trajectory.
-
-    (A run recorded twice under one name, or verl numbering ``rollout_n`` per worker.) Each row: the key,
-    ``attempts`` (trajectories with it) and ``writers`` (distinct trace id prefixes, :data:`WRITER_ID_CHARS`).
-    """
+    """The (step, sample_index, rollout_n, validate) keys held by more than one trajectory (a run recorded twice
+    under one name, verl numbering ``rollout_n`` per worker): the key, ``attempts`` (trajectories with it) and
+    ``writers`` (distinct trace id prefixes, :data:`WRITER_ID_CHARS`)."""
     keys = [STEP, SAMPLE_INDEX, ROLLOUT_N, VALIDATE]
     t = trajectories.select([*keys, TRACE_ID])
     t = t.set_column(3, VALIDATE, pc.fill_null(t.column(VALIDATE), False))

@@ -124,11 +124,8 @@ class DatasetOptionError(ValueError):
 
 
 def parse_steps(spec: str | int | Iterable[int] | None, available: Sequence[int]) -> list[int] | None:
-    """The steps ``spec`` selects among ``available`` (None: all).
-
-    ``spec``: an int, ints, or text: ``"3"``, ``"1,4"``, ``"2-5"``, ``"4-"`` (4 and later), ``"last:3"`` (the 3
-    latest steps recorded), parts combined; DatasetOptionError for other text.
-    """
+    """The steps ``spec`` selects among ``available`` (None: all): an int, ints, or text ``"3"``, ``"1,4"``,
+    ``"2-5"``, ``"4-"`` (4 and later), ``"last:3"`` (3 latest), parts combined; DatasetOptionError for other text."""
     if spec is None:
         return None
     if isinstance(spec, int):
@@ -156,12 +153,9 @@ def parse_steps(spec: str | int | Iterable[int] | None, available: Sequence[int]
 
 
 def filter_mask(trajectories: pa.Table, filters: str | Sequence[str] | None) -> pa.Array:
-    """Which trajectory summaries every ``filters`` expression keeps (``FIELD OP VALUE``, all must hold).
-
-    Fields: :data:`FILTER_FIELDS`; operators ``== != >= <= > <`` (``=`` is ``==``). A trajectory without the
-    field's value is dropped. DatasetOptionError for an expression that does not parse, an unknown field, or a
-    number field compared with text.
-    """
+    """Which trajectory summaries every ``filters`` expression (``FIELD OP VALUE``, fields :data:`FILTER_FIELDS`,
+    ops ``== != >= <= > <``, ``=`` is ``==``) keeps; one without the field's value is dropped. DatasetOptionError
+    for an expression that does not parse, an unknown field, or a number field compared with text."""
     keep = pa.array([True] * trajectories.num_rows, pa.bool_())
     exprs = [filters] if isinstance(filters, str) else list(filters or ())
     for expr in exprs:

@@ -54,13 +54,11 @@ def read_token_stats(
     steps: int | Iterable[int] | None = None,
     rollout_logprobs: bool = True,
 ) -> pa.Table:
-    """The per-token arrays logged with :func:`tracer.log_token_stats`, one row per (trajectory, turn).
-
-    Columns ``trace_id, step, sample_index, rollout_n, validate, turn, source`` (null when not given) and one
-    ``list<double>`` per array name (null where a row lacks it); a later call for a turn overrides, array by
-    array. Rows logged without a trace id get the one their keys name (null when none was recorded). With
-    ``rollout_logprobs``, ``rollout_logprobs`` the trainer did not log are the turns' recorded logprobs.
-    """
+    """The per-token arrays logged with :func:`tracer.log_token_stats`, one row per (trajectory, turn): columns
+    :data:`tracer.summary.TOKEN_STATS_KEY_COLUMNS` (null when not given) and a ``list<double>`` per array name (null
+    where a row lacks it); a later call for a turn overrides, array by array. Rows logged without a trace id get
+    the one their keys name (null when none was recorded). With ``rollout_logprobs``, ``rollout_logprobs`` the
+    trainer did not log are the turns' recorded logprobs."""
     spans = read_spans(path, columns=_ROW_COLUMNS, steps=steps, trace_ids=trace_ids)
     spans = spans.filter(pc.fill_null(pc.equal(spans.column(S.NAME), TOKEN_STATS_SPAN_NAME), False))
     spans = spans.sort_by([(S.END_NS, "ascending")])

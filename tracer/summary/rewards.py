@@ -41,11 +41,8 @@ def reward_source(attributes: Any) -> str:
 
 
 def trajectory_rewards(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, list[RewardRecord]]:
-    """Every reward of every trajectory in ``spans``, oldest first, by trace id.
-
-    Reward ops first, then log_reward rows by time: the last is :func:`summarize`'s reward. Rows without the
-    trace id (joined by key) are left out.
-    """
+    """Every reward of every trajectory in ``spans`` by trace id: reward ops, then log_reward rows by time (the last
+    is :func:`summarize`'s reward); rows without the trace id (joined by key) are left out."""
     rows = spans.to_pylist() if isinstance(spans, pa.Table) else list(spans)
     out: dict[str, list[tuple[int, int, int, RewardRecord]]] = {}
     for i, r in enumerate(rows):

@@ -41,10 +41,8 @@ def _positions(n: int) -> pa.Array:
 
 
 def _key(step: Any, sample: Any, rollout: Any, validate: Any) -> Any:
-    """One string per row naming (step, sample_index, rollout_n, validate); nulls equal nulls.
-
-    Sample comes last with a prefix, so no sample text can make two keys collide.
-    """
+    """One string per row naming (step, sample_index, rollout_n, validate), nulls equal nulls; the sample comes
+    last with a prefix, so no sample text can make two keys collide."""
     null = "\x00"
     parts = [
         pc.fill_null(pc.cast(step, pa.string()), null),
@@ -62,11 +60,8 @@ def _latest(rows: pa.Table, by: Any, value_pos: pa.Array) -> tuple[pa.Array, pa.
 
 
 def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
-    """:func:`summarize` of a few span rows, evaluated in Python (the same definitions).
-
-    Arrow's kernels cost ~5 ms a call for one trajectory (bench/bench_summary.py);
-    live exporters summarise trajectories one at a time as they finish.
-    """
+    """:func:`summarize` of a few span rows in Python: Arrow's kernels cost ~5 ms a call for one trajectory
+    (bench/bench_summary.py), and live exporters summarise trajectories one at a time as they finish."""
     by_trace: dict[str, list[int]] = {}
     logs: list[int] = []
     for i, r in enumerate(rows):
@@ -130,12 +125,9 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
 
 
 def summarize(spans: pa.Table) -> pa.Table:
-    """One :data:`tracer.schema.TRAJECTORY_SCHEMA` row per trajectory of ``spans``, by step, sample, rollout,
-    start time and trace id (definitions: :mod:`tracer.summary`).
-
-    ``spans`` needs :data:`SUMMARY_SPAN_COLUMNS` (else ValueError naming them). Spans without a trace id
-    (rewards logged by another process) are joined by key and get no row of their own.
-    """
+    """One :data:`tracer.schema.TRAJECTORY_SCHEMA` row per trajectory of ``spans`` (definitions: :mod:`tracer.summary`),
+    by step, sample, rollout, start time and trace id. ``spans`` needs :data:`SUMMARY_SPAN_COLUMNS` (else
+    ValueError naming them); spans without a trace id (keyed rewards) join by key and get no row of their own."""
     have = set(spans.schema.names)
     missing = [c for c in SUMMARY_SPAN_COLUMNS if c not in have]
     if missing:

@@ -91,13 +91,10 @@ class Turn:
         tool_call_id, tool_name, arguments: On a tool turn: the call it answers, the tool, its arguments as JSON.
         error: On a failed tool or llm span: ``{"type", "message", ...}``.
         status, span_id, name, start_ns, end_ns: The turn's span's (None for a turn with no span).
-        prompt_text: On an llm turn: the prompt as text (token2text or as given).
-        response_text: On an llm turn: the model's reply as recorded (before parsing).
-        token_ids: On an llm turn: the reply's token ids (kept ones).
-        logprobs: On an llm turn: one logprob per token (None where unknown).
-        token_count: Reply tokens the engine produced (before truncation).
-        truncated: The reply's token list was cut by the tracer's ``max_tokens``.
-        prompt_token_count: Prompt tokens (before truncation).
+        prompt_text, response_text, token_ids, logprobs: On an llm turn: the prompt as text (token2text or as
+            given), the reply as recorded (before parsing), its kept token ids, a logprob per token (None: unknown).
+        token_count, truncated, prompt_token_count: Reply tokens the engine produced, whether the tracer's
+            ``max_tokens`` cut their list, and prompt tokens (counts before truncation).
         message: The original chat message, when the turn came from one.
     """
 
