@@ -306,18 +306,13 @@ class ShardIndex:
 
     def batches_of_traces(self, trace_ids: pa.Array) -> list[int] | None:
         """Batches holding any of ``trace_ids`` (empty when none does); None when the table is unusable."""
-        table = self._table
-        if table is None and self._lookup is None and not self._bad:
-            wanted = {bucket_of(t, self._buckets) for t in trace_ids.to_pylist() if t is not None}
-            if len(wanted) <= MAX_BUCKET_READS:
-                part = _read_buckets(self, sorted(wanted))
-                if part is not None:
-                    table = part
-        if table is None and self._lookup is None and not self._bad:
-            # Only the two columns a lookup needs are decompressed (the summary rows may be many).
-            self._lookup = _read_table(self._path, len(self.batch_rows), LOOKUP_COLUMNS)
-            self._bad = self._lookup is None
-        table = table if table is not None else self._lookup
+        table = self._table if self._table is not None else self._lookup
+        if table is None and not self._bad:
+            wanted = sorted({bucket_of(t, self._buckets) for t in trace_ids.to_pylist() if t is not None})
+            table = _read_buckets(self, wanted) if len(wanted) <= MAX_BUCKET_READS else None
+            if table is None:  # the two columns a lookup needs, kept for the next one
+                self._lookup = table = _read_table(self._path, len(self.batch_rows), LOOKUP_COLUMNS)
+                self._bad = table is None
         if table is None:
             return None
         hit = table.filter(pc.fill_null(pc.is_in(table.column(S.TRACE_ID), value_set=trace_ids), False))
