@@ -69,10 +69,8 @@ def read_token_stats(
             body = orjson.loads(r[S.INPUTS] or "null")
         except orjson.JSONDecodeError:
             continue
-        if not isinstance(body, Mapping) or not isinstance(body.get(TOKEN_STATS_ARRAYS_KEY), Mapping):
-            continue
-        turn = body.get(TOKEN_STATS_TURN_KEY)
-        if not isinstance(turn, int):
+        turn = body.get(TOKEN_STATS_TURN_KEY) if isinstance(body, Mapping) else None
+        if not isinstance(turn, int) or not isinstance(body.get(TOKEN_STATS_ARRAYS_KEY), Mapping):
             continue
         key = (r[S.TRACE_ID], r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE]), turn)
         row = merged.setdefault(key, dict(zip((n for n, _ in _KEY_FIELDS), key, strict=False)))

@@ -506,17 +506,15 @@ def _checked(table: pa.Table, expected: pa.Schema, batches: int | None = None) -
 
 def _decode_partials(text: bytes | str) -> StoredPartials | None:
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(text, validate=True))).read_all()
-        if table.schema.remove_metadata() != S.STEP_PARTIALS_SCHEMA:
-            return None
-        for chunk in table.to_batches():
-            chunk.validate(full=True)
-        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        raw = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(text, validate=True))).read_all()
+        meta = {k.decode(): v.decode() for k, v in (raw.schema.metadata or {}).items()}
         # orjson: the same values as json for what a writer writes, ~10x faster; it refuses more (NaN, 2**64).
-        span: Any = orjson.loads(meta[S.META_STEPS_TRACE_RANGE]) if S.META_STEPS_TRACE_RANGE in meta else None
-        keyed: Any = orjson.loads(meta[S.META_STEPS_LOOSE]) if S.META_STEPS_LOOSE in meta else None
-        counts: Any = orjson.loads(meta[S.META_STEPS_VALUE_COUNTS]) if S.META_STEPS_VALUE_COUNTS in meta else None
+        keys = (S.META_STEPS_TRACE_RANGE, S.META_STEPS_LOOSE, S.META_STEPS_VALUE_COUNTS)
+        span, keyed, counts = (orjson.loads(meta[k]) if k in meta else None for k in keys)
     except (ValueError, UnicodeDecodeError, pa.ArrowException):
+        return None
+    table = _checked(raw, S.STEP_PARTIALS_SCHEMA)
+    if table is None:
         return None
     if span is not None and not (isinstance(span, list) and len(span) == 2 and all(isinstance(t, str) for t in span)):
         return None
@@ -524,9 +522,7 @@ def _decode_partials(text: bytes | str) -> StoredPartials | None:
         return None
     if counts is not None:
         counts = _value_counts(counts, table.num_rows)
-    return StoredPartials(
-        table.replace_schema_metadata(None), None if span is None else (span[0], span[1]), keyed, counts
-    )
+    return StoredPartials(table, None if span is None else (span[0], span[1]), keyed, counts)
 
 
 def _value_counts(counts: Any, rows: int) -> np.ndarray | None:
