@@ -21,7 +21,7 @@ import orjson
 import pyarrow as pa
 
 from tracer import schema as S
-from tracer.index.shard import ShardIndex, load_shard_index, stored_step_partials
+from tracer.index.shard import ShardIndex, cached, load_shard_index, stored_step_partials
 from tracer.storage import side_files
 from tracer.storage.files import write_replacing
 from tracer.storage.index import listing
@@ -77,7 +77,6 @@ def stamp_of(st: os.stat_result) -> Stamp:
 
 
 _cache: collections.OrderedDict[str, tuple[Stamp, Rollup | None]] = collections.OrderedDict()
-_cache_lock = threading.Lock()
 
 
 def load_rollup(run_dir: str) -> Rollup | None:
@@ -87,18 +86,7 @@ def load_rollup(run_dir: str) -> Rollup | None:
     st = side_files.checked(path, side_files.MAX_ARROW_BYTES)  # no FIFO, link or device is opened below
     if st is None:
         return None
-    stamp = stamp_of(st)
-    with _cache_lock:
-        hit = _cache.get(path)
-        if hit is not None and hit[0] == stamp:
-            _cache.move_to_end(path)
-            return hit[1]
-    got = _read(path)
-    with _cache_lock:
-        _cache[path] = (stamp, got)
-        while len(_cache) > CACHE_ENTRIES:
-            _cache.popitem(last=False)
-    return got
+    return cached(_cache, path, stamp_of(st), lambda: _read(path), CACHE_ENTRIES)
 
 
 def _read_table(path: str) -> pa.Table | None:

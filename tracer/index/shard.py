@@ -21,7 +21,7 @@ import os
 import threading
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import orjson
@@ -538,6 +538,24 @@ def _value_counts(counts: Any, rows: int) -> np.ndarray | None:
 
 _cache: collections.OrderedDict[str, tuple[tuple[int, ...], ShardIndex | None]] = collections.OrderedDict()
 _cache_lock = threading.Lock()
+_T = TypeVar("_T")
+
+
+def cached(
+    cache: collections.OrderedDict[str, tuple[Any, _T]], key: str, stamp: Any, compute: Callable[[], _T], limit: int
+) -> _T:
+    """``compute()`` once per ``key`` and ``stamp`` (a file's stat), the ``limit`` latest kept in ``cache``."""
+    with _cache_lock:
+        hit = cache.get(key)
+        if hit is not None and hit[0] == stamp:
+            cache.move_to_end(key)
+            return hit[1]
+    value = compute()
+    with _cache_lock:
+        cache[key] = (stamp, value)
+        while len(cache) > limit:
+            cache.popitem(last=False)
+    return value
 
 
 def load_shard_index(shard: str) -> ShardIndex | None:
@@ -552,17 +570,7 @@ def load_shard_index(shard: str) -> ShardIndex | None:
     if si is None:
         return None
     stamp = (st.st_size, st.st_mtime_ns, st.st_ino, si.st_size, si.st_mtime_ns, si.st_ino)
-    with _cache_lock:
-        hit = _cache.get(shard)
-        if hit is not None and hit[0] == stamp:
-            _cache.move_to_end(shard)
-            return hit[1]
-    found = _check(shard, side, st.st_size)
-    with _cache_lock:
-        _cache[shard] = (stamp, found)
-        while len(_cache) > CACHE_ENTRIES:
-            _cache.popitem(last=False)
-    return found
+    return cached(_cache, shard, stamp, lambda: _check(shard, side, st.st_size), CACHE_ENTRIES)
 
 
 _NONE = type(None)
