@@ -251,28 +251,15 @@ def _partials_part(p: pa.Table) -> _Part:
     return _Part(step, null, validate, sums, tuple(vals))
 
 
-#: Distinct steps spanning at most this many integers are ranked by a table lookup, more by sorting.
-_DENSE_STEPS = 1 << 20
-
-
 def _groups(parts: Sequence[_Part]) -> tuple[np.ndarray, dict[str, Any], int]:
     """The group of each row of ``parts`` (in turn; by step, nulls last, then validate), the groups' key columns
     and how many there are."""
     step = np.concatenate([p.step for p in parts])
     null = np.concatenate([p.null for p in parts])
     validate = np.concatenate([p.validate for p in parts])
-    known = step[~null] if null.any() else step
-    if len(known) and int(known.max()) - int(known.min()) < _DENSE_STEPS:
-        lo = int(known.min())
-        seen = np.zeros(int(known.max()) - lo + 1, dtype=bool)
-        seen[known - lo] = True
-        distinct = np.flatnonzero(seen).astype(np.int64) + lo
-        rank = np.cumsum(seen) - 1
-        at = np.where(null, len(distinct), rank[np.where(null, lo, step) - lo])
-    else:
-        distinct, inverse = np.unique(known, return_inverse=True)
-        at = np.full(len(step), len(distinct), dtype=np.int64)
-        at[~null] = inverse
+    distinct, inverse = np.unique(step[~null], return_inverse=True)
+    at = np.full(len(step), len(distinct), dtype=np.int64)
+    at[~null] = inverse
     slot = at * 2 + validate  # by step (nulls last), then validate
     used = np.bincount(slot, minlength=2 * (len(distinct) + 1)) > 0
     group = (np.cumsum(used) - 1)[slot]
