@@ -28,6 +28,8 @@ SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
     S.ATTRIBUTES,
 )
 
+#: The columns a trajectory takes from its first row besides its name and status: its key.
+_KEY_COLUMNS = (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)
 #: Span tables up to this many rows are summarised in Python: Arrow's per-call cost dominates there.
 SMALL_SUMMARY_SPANS = 64
 
@@ -94,21 +96,19 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
         if chosen is None:
             k = key(first)
             chosen = latest([i for i in logs if not rows[i][S.TRACE_ID] and key(rows[i]) == k])
-        reward, info = (chosen[S.REWARD], chosen[S.ATTRIBUTES]) if chosen is not None else (None, None)
-        if chosen is None:
-            ops = [i for i in idx if rows[i][S.KIND] == S.KIND_REWARD and not is_log_reward(rows[i])]
-            op = latest([i for i in ops if rows[i][S.REWARD] is not None])
-            reward = op[S.REWARD] if op is not None else None
+        if chosen is None:  # the last reward op with a reward
+            ops = [i for i in idx if rows[i][S.KIND] == S.KIND_REWARD and rows[i][S.REWARD] is not None]
+            chosen = latest([i for i in ops if not is_log_reward(rows[i])])
+            reward, info = (None if chosen is None else chosen[S.REWARD]), None
+        else:
+            reward, info = chosen[S.REWARD], chosen[S.ATTRIBUTES]
         timed = body or [rows[i] for i in idx]
         tools = [r for r in body if r[S.KIND] == S.KIND_TOOL]
         out.append(
             {
                 S.TRACE_ID: tid,
                 S.NAME: first[S.NAME] if root else None,
-                S.STEP: first[S.STEP],
-                S.SAMPLE_INDEX: first[S.SAMPLE_INDEX],
-                S.ROLLOUT_N: first[S.ROLLOUT_N],
-                S.VALIDATE: first[S.VALIDATE],
+                **{c: first[c] for c in _KEY_COLUMNS},
                 S.REWARD: reward,
                 S.REWARD_INFO: info,
                 S.STATUS: first[S.STATUS] if root else S.STATUS_INCOMPLETE,
@@ -154,10 +154,7 @@ def summarize(spans: pa.Table) -> pa.Table:
     columns = {
         S.TRACE_ID: trace_ids,
         S.NAME: pc.if_else(has_root, first[S.NAME], pa.scalar(None, pa.string())),
-        S.STEP: first[S.STEP],
-        S.SAMPLE_INDEX: first[S.SAMPLE_INDEX],
-        S.ROLLOUT_N: first[S.ROLLOUT_N],
-        S.VALIDATE: first[S.VALIDATE],
+        **{c: first[c] for c in _KEY_COLUMNS},
         S.REWARD: reward,
         S.REWARD_INFO: info,
         S.STATUS: pc.if_else(has_root, first[S.STATUS], S.STATUS_INCOMPLETE),
