@@ -201,11 +201,8 @@ def _tool_calls(value: Any) -> tuple[ToolCall, ...]:
 def _logprob(x: Any) -> float | None:
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         return float(x)
-    if isinstance(x, Mapping):
-        # vLLM: {token_id: {"logprob": ..}}; OpenAI: {"token", "logprob"}.
-        if isinstance(x.get("logprob"), (int, float)):
-            return float(x["logprob"])
-        for v in x.values():
+    if isinstance(x, Mapping):  # OpenAI: {"token", "logprob"}; vLLM: {token_id: {"logprob": ..}}
+        for v in (x, *x.values()):
             if isinstance(v, Mapping) and isinstance(v.get("logprob"), (int, float)):
                 return float(v["logprob"])
     return None
