@@ -462,16 +462,15 @@ def landing_sources(
     index: ShardIndex, columns: Sequence[str], partials: bool = True
 ) -> tuple[StoredPartials | None, dict[str, Fixed] | None]:
     """:func:`step_sources` for fixed-width columns (:data:`FIXED_COLUMNS`), as numpy arrays: what the run overview
-    reads of each file. The aggregates come from the text the index check kept; without ``partials`` they are not
-    decoded (None)."""
+    reads of each file (with no column, the aggregates from the text the index check kept). Without ``partials``,
+    no aggregates (None)."""
     if any(c not in FIXED_COLUMNS for c in columns):
         raise ValueError(f"not a fixed-width shard index column: {columns}")
-    text = index._steps_text if partials else None
-    got = None if text is None else _decode_partials(text)
     if not columns:
-        return got, None
-    table = step_sources(index, sorted(set(columns), key=INDEX_SCHEMA.get_field_index))[1]  # in schema order
-    return got, None if table is None else {c: _as_fixed(table.column(c)) for c in columns}
+        text = index._steps_text if partials else None
+        return (None if text is None else _decode_partials(text)), None
+    got, table = step_sources(index, sorted(set(columns), key=INDEX_SCHEMA.get_field_index))  # in schema order
+    return (got if partials else None), None if table is None else {c: _as_fixed(table.column(c)) for c in columns}
 
 
 def _as_fixed(col: pa.ChunkedArray) -> Fixed:
