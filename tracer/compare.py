@@ -1,10 +1,6 @@
-"""Comparing two runs, or two steps of one run, prompt by prompt: :func:`compare_runs`.
-
-A prompt is ``(validate, sample_index)`` (the same index names the same prompt when
-both runs read the same data in the same order, as verl does); per prompt: rollouts,
-reward mean and pass rate of A and B, and B minus A. :func:`read_run_config` and
-:func:`diff_configs` say which recorded training settings differ.
-"""
+"""Comparing two runs, or two steps of one run, prompt by prompt (:func:`compare_runs`), and their recorded
+training settings (:func:`read_run_config`, :func:`diff_configs`). A prompt is ``(validate, sample_index)``: the
+same index names the same prompt when both runs read the same data in the same order, as verl does."""
 
 from __future__ import annotations
 
@@ -68,8 +64,13 @@ COMPARE_SCHEMA = pa.schema(
 )
 
 
-def _per_prompt(trajectories: pa.Table, pass_threshold: float) -> dict[tuple[bool, str], dict[str, Any]]:
-    """Per (validate, sample_index): rollouts, reward mean, pass rate, the first trajectory's trace id."""
+#: One side's columns of :data:`COMPARE_SCHEMA`: steps, rollouts, reward mean, pass rate, first trace id.
+_SIDE_A = (STEPS_A, ROLLOUTS_A, REWARD_A, PASS_RATE_A, TRACE_ID_A)
+_SIDE_B = (STEPS_B, ROLLOUTS_B, REWARD_B, PASS_RATE_B, TRACE_ID_B)
+
+
+def _per_prompt(trajectories: pa.Table, pass_threshold: float, side: Sequence[str]) -> dict[Any, dict[str, Any]]:
+    """Per (validate, sample_index): one ``side``'s columns (:data:`_SIDE_A` or :data:`_SIDE_B`)."""
     t = trajectories.filter(pc.is_valid(trajectories.column(S.SAMPLE_INDEX)))
     reward = t.column(S.REWARD)
     work = pa.table(
@@ -89,13 +90,7 @@ def _per_prompt(trajectories: pa.Table, pass_threshold: float) -> dict[tuple[boo
     for r in g.to_pylist():
         lo, hi = r["step_min"], r["step_max"]
         steps = None if lo is None else str(lo) if lo == hi else f"{lo}-{hi}"
-        out[(bool(r["v"]), r["s"])] = {
-            "n": r["id_count"],
-            "r": r["r_mean"],
-            "p": r["p_mean"],
-            "id": r["id_min"],
-            "steps": steps,
-        }
+        out[(bool(r["v"]), r["s"])] = dict(zip(side, (steps, r["id_count"], r["r_mean"], r["p_mean"], r["id_min"])))
     return out
 
 
@@ -133,45 +128,26 @@ def compare_runs(
     pass_threshold: float = DEFAULT_PASS_THRESHOLD,
     prompts: bool = True,
 ) -> pa.Table:
-    """Per prompt, the rollouts of run A against run B (:data:`COMPARE_SCHEMA`), the biggest regression first.
+    """Per prompt, the rollouts of run A against run B (:data:`COMPARE_SCHEMA`), by ``delta`` ascending (the
+    biggest regression first, nulls last), then prompt; two steps of one run: ``compare_runs(run, run, 10, 200)``.
 
-    Two steps of one run compare the same way: ``compare_runs(run, run, steps_a=10, steps_b=200)``.
-
-    ``steps_a``/``steps_b``: steps of each side (default all); ``validate``: only validation (True) or training
-    (False) rollouts; a rollout passes when its reward is at least ``pass_threshold``; ``prompts`` adds each
-    prompt's text (one trajectory read per prompt). ``reward_a/b`` is the mean reward (null without one),
-    ``delta`` is ``reward_b - reward_a``; rows sorted by ``delta`` ascending (nulls last), then prompt.
+    ``steps_a``/``steps_b``: each side's steps (default all); ``validate``: only validation (True) or training
+    (False) rollouts; a rollout passes at ``pass_threshold``; ``prompts`` adds each prompt's text (one trajectory
+    read per prompt). ``reward_a/b``: mean reward (null without one); ``delta``: ``reward_b - reward_a``.
     """
-    a = _per_prompt(read_trajectories(run_a, steps=steps_a, validate=validate), pass_threshold)
-    b = _per_prompt(read_trajectories(run_b, steps=steps_b, validate=validate), pass_threshold)
+    a = _per_prompt(read_trajectories(run_a, steps=steps_a, validate=validate), pass_threshold, _SIDE_A)
+    b = _per_prompt(read_trajectories(run_b, steps=steps_b, validate=validate), pass_threshold, _SIDE_B)
     keys = sorted(set(a) | set(b), key=lambda k: (k[0], len(k[1]), k[1]))
-    text_a = _prompts(run_a, [a[k]["id"] for k in keys if k in a]) if prompts else {}
-    missing = [b[k]["id"] for k in keys if k not in a]
-    text_b = _prompts(run_b, missing) if prompts else {}
+    text_a = _prompts(run_a, [a[k][TRACE_ID_A] for k in keys if k in a]) if prompts else {}
+    text_b = _prompts(run_b, [b[k][TRACE_ID_B] for k in keys if k not in a]) if prompts else {}
     rows = []
     for k in keys:
-        ra, rb = a.get(k, {}), b.get(k, {})
-        prompt, question = text_a.get(ra.get("id", "")) or text_b.get(rb.get("id", "")) or (None, None)
-        rows.append(
-            {
-                S.VALIDATE: k[0],
-                S.SAMPLE_INDEX: k[1],
-                QUESTION: question,
-                STEPS_A: ra.get("steps"),
-                STEPS_B: rb.get("steps"),
-                PROMPT: prompt,
-                ROLLOUTS_A: ra.get("n", 0),
-                ROLLOUTS_B: rb.get("n", 0),
-                REWARD_A: ra.get("r"),
-                REWARD_B: rb.get("r"),
-                DELTA: _minus(rb.get("r"), ra.get("r")),
-                PASS_RATE_A: ra.get("p"),
-                PASS_RATE_B: rb.get("p"),
-                PASS_RATE_DELTA: _minus(rb.get("p"), ra.get("p")),
-                TRACE_ID_A: ra.get("id"),
-                TRACE_ID_B: rb.get("id"),
-            }
-        )
+        row = {S.VALIDATE: k[0], S.SAMPLE_INDEX: k[1], ROLLOUTS_A: 0, ROLLOUTS_B: 0, **a.get(k, {}), **b.get(k, {})}
+        found = text_a.get(row.get(TRACE_ID_A, "")) or text_b.get(row.get(TRACE_ID_B, ""))
+        row[PROMPT], row[QUESTION] = found or (None, None)
+        row[DELTA] = _minus(row.get(REWARD_B), row.get(REWARD_A))
+        row[PASS_RATE_DELTA] = _minus(row.get(PASS_RATE_B), row.get(PASS_RATE_A))
+        rows.append(row)
     rows.sort(key=lambda r: (r[DELTA] is None, r[DELTA] if r[DELTA] is not None else 0.0))
     return pa.Table.from_pylist(rows, schema=COMPARE_SCHEMA)
 

@@ -1,10 +1,8 @@
 """A trajectory's question and final answer, and a group's ground truth: what the pages name a rollout by.
 
-The question is the last user message before the model's first reply: not
-the system prompt, not a few-shot example (an assistant message that no llm
-span produced is part of the prompt). A prompt recorded only as templated
-text (ChatML, Llama 3) gives its last user block. The answer is the last
-assistant turn's text. The ground truth is a ``log_reward`` extra.
+The question is the last user message before the model's first reply (a few-shot assistant message no llm span
+produced is part of the prompt; a templated prompt, ChatML or Llama 3, gives its last user block). The answer is
+the last assistant turn's text. The ground truth is a ``log_reward`` extra.
 """
 
 from __future__ import annotations
@@ -18,7 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer.schema import ROLLOUT_N, SAMPLE_INDEX, STEP, TRACE_ID, VALIDATE
-from tracer.summary import ROLE_ASSISTANT, ROLE_USER, TURN_SPAN_COLUMNS, Turn, span_turns, trajectory_turns
+from tracer.summary import ROLE_ASSISTANT, ROLE_USER, Turn, span_turns, trajectory_turns
+from tracer.summary.turns import rows_by_trace
 
 #: ``log_reward`` extras read as the ground truth, first found wins (``answer`` is the rollout's parsed answer).
 GROUND_TRUTH_KEYS = ("ground_truth", "reference", "target", "expected", "gold", "solution", "label")
@@ -44,11 +43,8 @@ def _text(turn: Turn) -> str:
 
 
 def question_of(turns: Sequence[Turn], generated: int | None = None) -> str | None:
-    """The question of a conversation: the last user turn before the model's first reply.
-
-    ``generated``: how many assistant turns the model produced (its llm spans); those before are part of the
-    prompt (few-shot examples). None: every assistant turn was produced.
-    """
+    """The last user turn before the model's first reply; ``generated``: how many assistant turns the model
+    produced (its llm spans; None: all), those before them being part of the prompt (few-shot examples)."""
     assistant = [i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT]
     first = len(turns)
     if assistant:
@@ -70,13 +66,8 @@ def answer_of(turns: Sequence[Turn]) -> str | None:
 
 def questions_and_answers(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, tuple[str | None, str | None]]:
     """(question, final answer) of every trajectory in ``spans``, by trace id."""
-    if isinstance(spans, pa.Table):
-        spans = spans.select([c for c in TURN_SPAN_COLUMNS if c in spans.column_names]).to_pylist()
-    by_trace: dict[str, list[Mapping[str, Any]]] = {}
-    for r in spans:
-        by_trace.setdefault(r.get(TRACE_ID), []).append(r)  # type: ignore[arg-type]
     out: dict[str, tuple[str | None, str | None]] = {}
-    for tid, rows in by_trace.items():
+    for tid, rows in rows_by_trace(spans).items():
         turns = next(iter(trajectory_turns(rows).values()), [])
         generated = sum(1 for t in span_turns(rows) if t.role == ROLE_ASSISTANT)
         out[tid] = (question_of(turns, generated or None), answer_of(turns))
@@ -105,11 +96,9 @@ WRITER_ID_CHARS = 16
 
 
 def repeated_keys(trajectories: pa.Table) -> list[dict[str, Any]]:
-    """The (step, sample_index, rollout_n, validate) keys held by more than one trajectory.
-
-    (A run recorded twice under one name, or verl numbering ``rollout_n`` per worker.) Each row: the key,
-    ``attempts`` (trajectories with it) and ``writers`` (distinct trace id prefixes, :data:`WRITER_ID_CHARS`).
-    """
+    """The (step, sample_index, rollout_n, validate) keys held by more than one trajectory (a run recorded twice
+    under one name, verl numbering ``rollout_n`` per worker): the key, ``attempts`` (trajectories with it) and
+    ``writers`` (distinct trace id prefixes, :data:`WRITER_ID_CHARS`)."""
     keys = [STEP, SAMPLE_INDEX, ROLLOUT_N, VALIDATE]
     t = trajectories.select([*keys, TRACE_ID])
     t = t.set_column(3, VALIDATE, pc.fill_null(t.column(VALIDATE), False))

@@ -77,11 +77,7 @@ MESSAGE_TYPE = pa.struct(
 DATASET_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
     (MESSAGES, pa.list_(MESSAGE_TYPE), "The conversation in OpenAI chat format, tool calls and tool results included."),
     (PROMPT_IDS, pa.list_(pa.int32()), "Token ids of the first model call's prompt (of the turn's call, per turn)."),
-    (
-        RESPONSE_IDS,
-        pa.list_(pa.int32()),
-        "Token ids after the prompt: model turns with the tool/environment tokens spliced in between.",
-    ),
+    (RESPONSE_IDS, pa.list_(pa.int32()), "Token ids after the prompt: model turns, tool/env tokens in between."),
     (RESPONSE_MASK, pa.list_(pa.int8()), "1 for a token the model produced, 0 for a spliced-in one."),
     (LOGPROBS, pa.list_(pa.float32()), "The model's logprob of each response token (null where unknown or spliced)."),
     (S.REWARD, pa.float64(), "The trajectory's latest reward (tracer.read_trajectories)."),
@@ -128,11 +124,8 @@ class DatasetOptionError(ValueError):
 
 
 def parse_steps(spec: str | int | Iterable[int] | None, available: Sequence[int]) -> list[int] | None:
-    """The steps ``spec`` selects among ``available`` (None: all).
-
-    ``spec``: an int, ints, or text: ``"3"``, ``"1,4"``, ``"2-5"``, ``"4-"`` (4 and later), ``"last:3"`` (the 3
-    latest steps recorded), parts combined; DatasetOptionError for other text.
-    """
+    """The steps ``spec`` selects among ``available`` (None: all): an int, ints, or text ``"3"``, ``"1,4"``,
+    ``"2-5"``, ``"4-"`` (4 and later), ``"last:3"`` (3 latest), parts combined; DatasetOptionError for other text."""
     if spec is None:
         return None
     if isinstance(spec, int):
@@ -159,22 +152,10 @@ def parse_steps(spec: str | int | Iterable[int] | None, available: Sequence[int]
     return sorted(out)
 
 
-def _filter_value(field: str, text: str) -> Any:
-    if field == "status":
-        return text.strip("'\"")
-    try:
-        return float(text)
-    except ValueError:
-        raise DatasetOptionError(f"filter {field}: {text!r} is not a number; e.g. {field}>=1") from None
-
-
 def filter_mask(trajectories: pa.Table, filters: str | Sequence[str] | None) -> pa.Array:
-    """Which trajectory summaries every ``filters`` expression keeps (``FIELD OP VALUE``, all must hold).
-
-    Fields: :data:`FILTER_FIELDS`; operators ``== != >= <= > <`` (``=`` is ``==``). A trajectory without the
-    field's value is dropped. DatasetOptionError for an expression that does not parse, an unknown field, or a
-    number field compared with text.
-    """
+    """Which trajectory summaries every ``filters`` expression (``FIELD OP VALUE``, fields :data:`FILTER_FIELDS`,
+    ops ``== != >= <= > <``, ``=`` is ``==``) keeps; one without the field's value is dropped. DatasetOptionError
+    for an expression that does not parse, an unknown field, or a number field compared with text."""
     keep = pa.array([True] * trajectories.num_rows, pa.bool_())
     exprs = [filters] if isinstance(filters, str) else list(filters or ())
     for expr in exprs:
@@ -188,7 +169,10 @@ def filter_mask(trajectories: pa.Table, filters: str | Sequence[str] | None) -> 
         if column is None:
             raise DatasetOptionError(f"filter {expr!r}: unknown field {field!r}; fields are {', '.join(FILTER_FIELDS)}")
         func = _OPS["==" if op == "=" else op]
-        value = _filter_value(field, text)
+        try:
+            value = text.strip("'\"") if field == "status" else float(text)
+        except ValueError:
+            raise DatasetOptionError(f"filter {field}: {text!r} is not a number; e.g. {field}>=1") from None
         keep = pc.and_(keep, pc.fill_null(func(trajectories[column], value), False))
     return keep
 
@@ -338,16 +322,10 @@ def to_dataset(
 ) -> pa.Table:
     """A run's trajectories as a training dataset: a table of :data:`DATASET_SCHEMA`, by step, sample, rollout.
 
-    Args:
-        out: Also write the splits with rows into this folder (``train.<format>``, ``validation.<format>``).
-        steps: See :func:`parse_steps`. ``split``: ``"train"`` or ``"validation"`` only (default both).
-        filters: Expressions that must all hold, e.g. ``"reward>=1"``, ``"status==ok"`` (:data:`FILTER_FIELDS`).
-        per: ``"trajectory"`` (the whole token sequence) or ``"turn"`` (one row per model turn).
-        format: ``"parquet"`` or ``"jsonl"``.
-
-    Raises:
-        DatasetOptionError: a bad option value (names it and the valid ones).
-        FileNotFoundError: ``path`` holds no trace files.
+    ``out``: also write the splits with rows there (``train.<format>``, ``validation.<format>``); ``steps``: see
+    :func:`parse_steps`; ``split``: ``"train"`` or ``"validation"`` (default both); ``filters``: expressions that
+    must all hold (:func:`filter_mask`); ``per``: ``"trajectory"`` or ``"turn"``; ``format``: ``"parquet"`` or
+    ``"jsonl"``. Raises DatasetOptionError for a bad option value, FileNotFoundError when ``path`` has no traces.
     """
     _check(per, format)
     tables = list(iter_dataset(path, steps=steps, split=split, filters=filters, per=per))

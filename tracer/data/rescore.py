@@ -1,8 +1,7 @@
-"""Re-score a recorded run with another reward function; keep every reward with its source.
+"""Re-score a recorded run with another reward function (``rollout-trace rescore RUN --reward module:function``).
 
-:func:`rescore` (``rollout-trace rescore RUN --reward module:function``) appends a ``log_reward`` row per
-trajectory in a new file, its source under :data:`tracer.summary.REWARD_SOURCE_KEY`, the recorded info (but the
-advantage) carried over; readers report the latest reward, :func:`read_rewards` all of them. The function::
+Each new reward is a ``log_reward`` row in a new file, its source under :data:`tracer.summary.REWARD_SOURCE_KEY`,
+the recorded info (but the advantage) carried over; readers report the latest, :func:`read_rewards` all. The function::
 
     def score(messages: list[dict], response: str, info: dict) -> float | dict | None
 
@@ -35,6 +34,7 @@ from tracer.summary import (
     REWARD_SOURCE_KEY,
     ROLE_ASSISTANT,
     TURN_SPAN_COLUMNS,
+    log_reward_row,
     root_span,
     trajectory_rewards,
     trajectory_turns,
@@ -129,14 +129,9 @@ def rescore(
     steps: int | Iterable[int] | None = None,
     source: str | None = None,
 ) -> RescoreReport:
-    """Recompute every trajectory's reward with ``reward`` and record the new ones.
-
-    ``path`` is a run's folder (the new file is written into it); ``reward`` is ``"module:function"`` or the
-    function; ``source`` is recorded as the rewards' source (default: ``module:function``).
-
-    Raises:
-        RescoreError: the function cannot be loaded or returns something else than a reward.
-        FileNotFoundError: ``path`` holds no trace files.
+    """Recompute every trajectory's reward of the run folder ``path`` with ``reward`` (``"module:function"`` or the
+    function) and record the new ones there, ``source`` (default ``module:function``) as their source. Raises
+    RescoreError when the function does not load or returns no reward, FileNotFoundError when ``path`` has no traces.
     """
     fn = load_reward_function(reward) if isinstance(reward, str) else reward
     name = source or (reward if isinstance(reward, str) else f"{fn.__module__}:{getattr(fn, '__qualname__', fn)}")
@@ -172,27 +167,9 @@ def rescore(
             # The recorded info goes forward, but not an advantage computed from the old reward.
             kept = {k: v for k, v in info.items() if k not in (ADVANTAGE_KEY, PREVIOUS_REWARD_KEY)}
             attrs = {**kept, **extras, REWARD_SOURCE_KEY: name, PREVIOUS_REWARD_KEY: old}
-            rows.append(
-                {
-                    S.TRACE_ID: tid,
-                    S.SPAN_ID: secrets.token_hex(8),
-                    S.PARENT_SPAN_ID: root[S.SPAN_ID] if root is not None else None,
-                    S.NAME: S.REWARD_SPAN_NAME,
-                    S.KIND: S.KIND_REWARD,
-                    S.START_NS: now,
-                    S.END_NS: now,
-                    S.STATUS: S.STATUS_OK,
-                    S.ERROR: None,
-                    S.STEP: summary[S.STEP],
-                    S.SAMPLE_INDEX: summary[S.SAMPLE_INDEX],
-                    S.ROLLOUT_N: summary[S.ROLLOUT_N],
-                    S.VALIDATE: summary[S.VALIDATE],
-                    S.REWARD: new,
-                    S.INPUTS: None,
-                    S.OUTPUTS: None,
-                    S.ATTRIBUTES: json.dumps(attrs, default=str, ensure_ascii=False),
-                }
-            )
+            parent = root[S.SPAN_ID] if root is not None else None
+            attributes = json.dumps(attrs, default=str, ensure_ascii=False)
+            rows.append(log_reward_row(summary, secrets.token_hex(8), parent, now, new, attributes))
     report.mean_before, report.mean_after = _mean(before), _mean(after)
     if rows:
         report.path = _write(folder, rows, name)

@@ -48,25 +48,17 @@ def _number(x: Any) -> float | None:
     return None
 
 
-def _numbers(value: Any) -> list[float | None] | None:
-    if not isinstance(value, list):
-        return None
-    return [_number(x) for x in value]
-
-
 def read_token_stats(
     path: TracePaths,
     trace_ids: str | Iterable[str] | None = None,
     steps: int | Iterable[int] | None = None,
     rollout_logprobs: bool = True,
 ) -> pa.Table:
-    """The per-token arrays logged with :func:`tracer.log_token_stats`, one row per (trajectory, turn).
-
-    Columns ``trace_id, step, sample_index, rollout_n, validate, turn, source`` (null when not given) and one
-    ``list<double>`` per array name (null where a row lacks it); a later call for a turn overrides, array by
-    array. Rows logged without a trace id get the one their keys name (null when none was recorded). With
-    ``rollout_logprobs``, ``rollout_logprobs`` the trainer did not log are the turns' recorded logprobs.
-    """
+    """The per-token arrays logged with :func:`tracer.log_token_stats`, one row per (trajectory, turn): columns
+    :data:`tracer.summary.TOKEN_STATS_KEY_COLUMNS` (null when not given) and a ``list<double>`` per array name (null
+    where a row lacks it); a later call for a turn overrides, array by array. Rows logged without a trace id get
+    the one their keys name (null when none was recorded). With ``rollout_logprobs``, ``rollout_logprobs`` the
+    trainer did not log are the turns' recorded logprobs."""
     spans = read_spans(path, columns=_ROW_COLUMNS, steps=steps, trace_ids=trace_ids)
     spans = spans.filter(pc.fill_null(pc.equal(spans.column(S.NAME), TOKEN_STATS_SPAN_NAME), False))
     spans = spans.sort_by([(S.END_NS, "ascending")])
@@ -77,19 +69,16 @@ def read_token_stats(
             body = orjson.loads(r[S.INPUTS] or "null")
         except orjson.JSONDecodeError:
             continue
-        if not isinstance(body, Mapping) or not isinstance(body.get(TOKEN_STATS_ARRAYS_KEY), Mapping):
-            continue
-        turn = body.get(TOKEN_STATS_TURN_KEY)
-        if not isinstance(turn, int):
+        turn = body.get(TOKEN_STATS_TURN_KEY) if isinstance(body, Mapping) else None
+        if not isinstance(turn, int) or not isinstance(body.get(TOKEN_STATS_ARRAYS_KEY), Mapping):
             continue
         key = (r[S.TRACE_ID], r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE]), turn)
         row = merged.setdefault(key, dict(zip((n for n, _ in _KEY_FIELDS), key, strict=False)))
         if isinstance(body.get(TOKEN_STATS_SOURCE_KEY), str):
             row[TOKEN_STATS_SOURCE] = body[TOKEN_STATS_SOURCE_KEY]
         for name, value in body[TOKEN_STATS_ARRAYS_KEY].items():
-            values = _numbers(value)
-            if values is not None:
-                row[str(name)] = values
+            if isinstance(value, list):
+                row[str(name)] = [_number(x) for x in value]
                 names[str(name)] = None
     if any(k[0] is None for k in merged):
         merged = _join_by_key(path, merged)

@@ -1,5 +1,3 @@
-"""Derived data above the trajectory model: shard indexes, the run rollup, and the readers that use them.
-
-:mod:`tracer.index.shard` and :mod:`tracer.index.rollup` are file formats and their checked readers (they import
-nothing of the model); :mod:`tracer.index.closed` writes them; :mod:`tracer.index.readers` answers from them.
-"""
+"""Derived data above the trajectory model: shard indexes (:mod:`tracer.index.shard`), the run rollup
+(:mod:`tracer.index.rollup`), what a closing shard writes (:mod:`tracer.index.closed`) and the readers that use
+them (:mod:`tracer.index.readers`)."""

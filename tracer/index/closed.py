@@ -1,8 +1,5 @@
-"""What happens when a shard closes: its index is written and the run's rollup takes it.
-
-The recorder passes :func:`shard_closed` as a :class:`tracer.storage.writer.SpanWriter`'s ``on_close``;
-compaction calls :func:`update_rollup` for its outputs.
-"""
+"""What a closing shard writes: its index, then the run's rollup (a :class:`tracer.storage.writer.SpanWriter`'s
+``on_close``; compaction calls :func:`update_rollup` for its outputs)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Index-aware readers: trajectory rows and per-step aggregates answered from shard indexes and the rollup.
-
-The same tables as the trajectory model computes from spans (:func:`tracer.summary.summarize`,
-:func:`tracer.summary.step_partials`), read from what was stored when each file closed
-(:mod:`tracer.index.shard`, :mod:`tracer.index.rollup`) wherever the stored rows are exact; spans
-elsewhere. Shards they seal (their writers are gone) get their index, and the run's rollup takes
-them on the rollup thread (:func:`tracer.index.rollup.update_later`).
-"""
+"""Index-aware readers: the model's tables (:func:`tracer.summary.summarize`, :func:`tracer.summary.step_partials`)
+read from shard indexes and the rollup wherever the stored rows are exact, from spans elsewhere."""
 
 from __future__ import annotations
 
@@ -24,13 +18,10 @@ from tracer.index.shard import write_index
 from tracer.read import TracePaths, indexed_files, read_spans, run_rollup
 from tracer.summary.metrics import (  # the model's merge, shared so stored and computed aggregates agree
     _PART_LISTS,
-    _PART_SUMS,
-    _groups,
     _keys,
     _merge_parts,
     _partials_part,
     _rows_part,
-    _sorted_runs,
     step_partials,
 )
 from tracer.summary.rows import SUMMARY_SPAN_COLUMNS, _in_order, _key, summarize
@@ -39,26 +30,16 @@ from tracer.summary.rows import SUMMARY_SPAN_COLUMNS, _in_order, _key, summarize
 def read_trajectories(
     path: TracePaths, steps: int | Iterable[int] | None = None, validate: bool | None = None
 ) -> pa.Table:
-    """One row per trajectory under ``path``: :func:`summarize` over the files' spans.
-
-    A table of :data:`tracer.schema.TRAJECTORY_SCHEMA`. A trajectory whose root span was never written is
-    ``"incomplete"``; keyed rewards join by ``(step, sample_index, rollout_n, validate)``. Shards with an index
-    (:mod:`tracer.index.shard`) give their stored rows; a trajectory those cannot answer alone (spans in several
-    files, a keyed reward elsewhere, mixed steps or splits under a filter) is summarised from the batches that
-    hold it. Files without an index are read span by span. The result is the same table either way.
-    """
-    step_set = _as_list(steps)
+    """One row per trajectory under ``path`` (:data:`tracer.schema.TRAJECTORY_SCHEMA`, as :mod:`tracer.summary`
+    defines it): :func:`summarize` of the files' spans. Indexed shards give their stored rows; a trajectory they
+    cannot answer alone (spans in several files, a keyed reward elsewhere, mixed steps or splits under a filter) is
+    summarised from its batches."""
+    step_set = None if steps is None else [steps] if isinstance(steps, int) else list(steps)
     try:
         return _from_indexes(path, step_set, validate)
     except FileNotFoundError:
         # A file of the snapshot went away meanwhile (a compaction replaced it): read the run afresh.
         return summarize(read_spans(path, columns=SUMMARY_SPAN_COLUMNS, steps=step_set, validate=validate))
-
-
-def _as_list(steps: int | Iterable[int] | None) -> list[int] | None:
-    if steps is None:
-        return None
-    return [steps] if isinstance(steps, int) else list(steps)
 
 
 def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | None) -> pa.Table:
@@ -116,15 +97,13 @@ def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | No
     parts = [keep.select(list(S.TRAJECTORY_COLUMNS))]
     again = pc.unique(pc.filter(tid, redo))
     if plain or len(again):
-        wanted = pa.concat_arrays([again, pa.array([""], pa.string())])
-        pieces = []
-        for n, (file, _) in enumerate(files):
-            if n in plain_spans:
-                pieces.append(plain_spans[n])
-            else:
-                pieces.append(
-                    read_spans(file, columns=cols, steps=steps, validate=validate, trace_ids=wanted.to_pylist())
-                )
+        wanted = [*again.to_pylist(), ""]
+        pieces = [
+            plain_spans[n]
+            if n in plain_spans
+            else read_spans(f, columns=cols, steps=steps, validate=validate, trace_ids=wanted)
+            for n, (f, _) in enumerate(files)
+        ]
         parts.append(summarize(pa.concat_tables(pieces)))
     return _in_order(pa.concat_tables(parts))
 
@@ -135,15 +114,10 @@ def _key_of(t: pa.Table) -> Any:
 
 
 def read_step_partials(path: TracePaths, value_metrics: bool = False) -> pa.Table:
-    """The per-step aggregates of every trajectory under ``path``: ``step_partials(read_trajectories(path))``.
-
-    A table of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`. A covering rollup (:mod:`tracer.index.rollup`)
-    answers from one file (with ``value_metrics``, also the :data:`tracer.schema.VALUE_METRICS` columns
-    :func:`partial_metrics` takes). Else each index's stored aggregates are used as they are when nothing outside
-    its file can change them: no keyed reward for one of its steps elsewhere, and none of its trace ids in
-    another file (sure when trace id ranges do not overlap, else checked on hashes, then ids). Every other file
-    is read with :func:`read_trajectories`, together. The result is the same table either way.
-    """
+    """``step_partials(read_trajectories(path))``: from a covering rollup (with ``value_metrics``, also its
+    :data:`tracer.schema.VALUE_METRICS` columns), else from each index's stored aggregates where nothing outside its
+    file can change them (no keyed reward for its steps elsewhere, no trace id shared with another file: ranges,
+    then hashes, then ids), else from the files' trajectory rows."""
     roll = run_rollup(path)
     got = None if roll is None else roll.table()
     if got is not None:  # one file holds every file's aggregates, merged (tracer.storage.rollup)
@@ -214,7 +188,6 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
             ordered = _in_key_order(counts, values)
             if ordered is not None:  # no group in two files (one compacted file, or steps apart): merged already
                 return ordered
-            return _merge_presorted(counts, values)
         part = _partials_part(counts)
         part.values = tuple((v, np.repeat(np.arange(counts.num_rows), n)) for v, n in values)
         parts.append(part)
@@ -274,35 +247,6 @@ def _in_key_order(
     return table.combine_chunks()
 
 
-def _merge_presorted(
-    counts: pa.Table, values: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
-) -> pa.Table:
-    """:func:`_merge_parts` of stored aggregates (rows of several files) and their sorted values, bit for bit,
-    without sorting every value by its group: rows are ordered by group and each row's values move as one run
-    (what a stable sort gives), then each group's values are sorted as :func:`_sorted_lists` sorts them."""
-    part = _partials_part(counts)
-    rows = len(part.step)
-    if not rows:
-        return S.STEP_PARTIALS_SCHEMA.empty_table()
-    group, out, groups = _groups([part])
-    sums = np.zeros((len(_PART_SUMS), groups), dtype=np.int64)
-    if part.sums is not None and rows:
-        for i in range(len(_PART_SUMS)):  # float weights: exact while a sum stays below 2**53
-            sums[i] = np.bincount(group, weights=part.sums[i], minlength=groups).astype(np.int64)
-    for i, c in enumerate(_PART_SUMS):
-        out[c] = pa.array(sums[i], pa.int64())
-    order = np.argsort(group.astype(np.uint16) if groups <= 1 << 16 else group, kind="stable")
-    for c, (flat, n) in zip(_PART_LISTS, values, strict=True):
-        n = n.astype(np.int64, copy=False)
-        starts = np.cumsum(n) - n  # where each row's run begins in ``flat``
-        run = n[order]
-        at = np.cumsum(run) - run  # ... and where it goes
-        take = np.repeat(starts[order] - at, run) + np.arange(int(run.sum()), dtype=np.int64)
-        per_group = np.bincount(group, weights=n, minlength=groups).astype(np.int64)
-        out[c] = _sorted_runs(flat[take], per_group)
-    return pa.table([out[f.name] for f in S.STEP_PARTIALS_SCHEMA], schema=S.STEP_PARTIALS_SCHEMA)
-
-
 def _sharing(
     files: Sequence[tuple[str, _shard_index.ShardIndex | None]],
     suspects: list[int],
@@ -318,7 +262,7 @@ def _sharing(
         if n in ids:
             own = np.asarray(_shard_index.trace_hashes(ids[n]).to_numpy(zero_copy_only=False), dtype=np.uint64)
         else:
-            cols = _shard_index.landing_sources(files[n][1], [S.INDEX_TRACE_HASH], partials=False)[1]  # type: ignore[arg-type]
+            cols = _shard_index.landing_sources(files[n][1], [S.INDEX_TRACE_HASH], False)[1]  # type: ignore[arg-type]
             if cols is None:
                 return None
             values, valid[n] = cols[S.INDEX_TRACE_HASH]
@@ -340,7 +284,7 @@ def _sharing(
         if n in ids:
             own_ids = ids[n]
         else:
-            keys = _shard_index.index_columns(files[n][1], [S.TRACE_ID])  # type: ignore[arg-type]
+            keys = _shard_index.step_sources(files[n][1], [S.TRACE_ID])[1]  # type: ignore[arg-type]
             if keys is None:
                 return None
             tid = keys.column(S.TRACE_ID).combine_chunks()

@@ -1,13 +1,10 @@
 """The run rollup: every closed shard's index of a run directory merged into one file, ``_steps.rollup``.
 
-Without it the run overview opens one index per shard and merges every trajectory's values on each visit.
-Whoever closes a file (a writer, a seal, a compaction) keeps it current. Layout: an uncompressed Arrow IPC
-file of :data:`tracer.schema.ROLLUP_SCHEMA` (partials merged as :func:`tracer.summary.merge_step_partials`
-does, with their :data:`tracer.schema.VALUE_METRICS`); its metadata (:data:`META_ROLLUP`, JSON) names the
-covered files with size, mtime and inode, their steps, rows, span names, trace id ranges and whether any holds
-keyed rewards. Readers trust it only when it covers exactly the listed files as they are now; it is derived
-data. Updates hold ``_steps.rollup.lock``, write a temporary file and rename it; they merge in new files that
-share no trajectory with the covered ones and otherwise rebuild from every closed, indexed file.
+An uncompressed Arrow IPC file of :data:`tracer.schema.ROLLUP_SCHEMA` (merged partials with their value metrics);
+its metadata (:data:`META_ROLLUP`, JSON) names the covered files (size, mtime, inode), their steps, rows, span
+names, trace id ranges and whether any holds keyed rewards. Readers use it only when it covers exactly the files
+as they are now. Whoever closes a file updates it under ``_steps.rollup.lock``: new files sharing no trajectory
+with the covered ones are merged in, else it is rebuilt from every closed, indexed file.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ import orjson
 import pyarrow as pa
 
 from tracer import schema as S
-from tracer.index.shard import ShardIndex, load_shard_index, stored_step_partials
+from tracer.index.shard import ShardIndex, cached, load_shard_index, stored_step_partials
 from tracer.storage import side_files
 from tracer.storage.files import write_replacing
 from tracer.storage.index import listing
@@ -80,7 +77,6 @@ def stamp_of(st: os.stat_result) -> Stamp:
 
 
 _cache: collections.OrderedDict[str, tuple[Stamp, Rollup | None]] = collections.OrderedDict()
-_cache_lock = threading.Lock()
 
 
 def load_rollup(run_dir: str) -> Rollup | None:
@@ -90,18 +86,7 @@ def load_rollup(run_dir: str) -> Rollup | None:
     st = side_files.checked(path, side_files.MAX_ARROW_BYTES)  # no FIFO, link or device is opened below
     if st is None:
         return None
-    stamp = stamp_of(st)
-    with _cache_lock:
-        hit = _cache.get(path)
-        if hit is not None and hit[0] == stamp:
-            _cache.move_to_end(path)
-            return hit[1]
-    got = _read(path)
-    with _cache_lock:
-        _cache[path] = (stamp, got)
-        while len(_cache) > CACHE_ENTRIES:
-            _cache.popitem(last=False)
-    return got
+    return cached(_cache, path, stamp_of(st), lambda: _read(path), CACHE_ENTRIES)
 
 
 def _read_table(path: str) -> pa.Table | None:
@@ -273,7 +258,8 @@ def _step(run_dir: str, of_files: PartialsOfFiles) -> bool | None:
             or any(_overlap(f.range, r) for f in new for r in current.ranges.values())
         )
         if not joins:  # nothing of the new files belongs to a covered trajectory: merge what they add
-            _write(run_dir, _grown(current, new, of_files))
+            added = of_files([f.path for f in new])
+            _write(run_dir, Rollup(partials=merge_step_partials([_whole(current), added]), **_described(files)))
             return True
     _write(run_dir, _built(files, of_files))
     return True
@@ -298,20 +284,6 @@ def _described(files: Sequence[_File]) -> dict[str, Any]:
 
 def _built(files: Sequence[_File], of_files: PartialsOfFiles) -> Rollup:
     return Rollup(partials=of_files([f.path for f in files]), **_described(files))
-
-
-def _grown(current: Rollup, new: Sequence[_File], of_files: PartialsOfFiles) -> Rollup:
-    added = _described(new)
-    names = None if current.names is None or added["names"] is None else current.names | added["names"]
-    return Rollup(
-        files={**current.files, **added["files"]},
-        partials=merge_step_partials([_whole(current), of_files([f.path for f in new])]),
-        steps=sorted(set(current.steps) | set(added["steps"])),
-        rows=current.rows + added["rows"],
-        names=names,
-        ranges={**current.ranges, **added["ranges"]},
-        keyed=current.keyed or added["keyed"],
-    )
 
 
 def _whole(r: Rollup) -> pa.Table:

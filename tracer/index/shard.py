@@ -1,15 +1,11 @@
 """Shard indexes: ``_{shard name}.index`` beside each closed shard, so reading cost follows the question.
 
-Written when a shard closes (:mod:`tracer.index.closed`), an uncompressed Arrow IPC file with a row per
-trajectory (:func:`tracer.summary.summarize` plus its batches, :data:`tracer.schema.INDEX_UNIFORM` and
-:func:`trace_hashes`), a row with an empty trace id listing the batches of keyed rewards, and a row per key
-``(step, sample_index, rollout_n, validate)`` of those, with a null trace id. :data:`SORTED_COLUMNS` hold the
-values of the stored per-step aggregates, sorted per group. Its schema metadata holds the version, the shard's
-name, size and footer digest, each batch's rows and steps, and the per-step partials. An index is used only
-when all of these agree with the shard on disk; a stale, torn or foreign one is ignored and the spans are read.
-
-Not in the shard's footer: dead writers' shards are sealed without summaries, and engines opening shards
-should see only spans. The leading ``_`` hides it from ``pyarrow.dataset`` discovery.
+An uncompressed Arrow IPC file of :data:`INDEX_SCHEMA`: a row per trajectory (:func:`tracer.summary.summarize`
+plus its batches, :data:`tracer.schema.INDEX_UNIFORM` and :func:`trace_hashes`), a row with an empty trace id
+listing the batches of keyed rewards, a row with a null trace id per key of those, and :data:`SORTED_COLUMNS`.
+Its metadata (version, the shard's name, size and footer digest, each batch's rows and steps, the per-step
+partials) must agree with the shard on disk, else the index is ignored and the spans are read. The leading
+``_`` hides it from ``pyarrow.dataset`` discovery.
 """
 
 from __future__ import annotations
@@ -21,13 +17,11 @@ import hashlib
 import itertools
 import json
 import logging
-import mmap
 import os
-import struct
 import threading
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import orjson
@@ -89,11 +83,8 @@ def bucket_of(trace_id: str, buckets: int) -> int:
 
 
 def trace_hashes(trace_ids: pa.Array) -> pa.Array:
-    """:data:`tracer.schema.INDEX_TRACE_HASH` of each trace id: CRC-32 of its UTF-8 in the high 32 bits,
-    Adler-32 in the low ones; null for a null or ``""`` id.
-
-    Cheap (two C calls per id) rather than strong: equal hashes are only a reason to compare the ids.
-    """
+    """:data:`tracer.schema.INDEX_TRACE_HASH` of each trace id (null for a null or ``""`` id): CRC-32 of its UTF-8
+    in the high 32 bits, Adler-32 in the low ones; cheap, not strong: equal hashes only say to compare the ids."""
     data = [t.encode("utf-8", "surrogatepass") if t else None for t in trace_ids.to_pylist()]
     high = np.fromiter((zlib.crc32(d) if d else 0 for d in data), dtype=np.uint64, count=len(data))
     low = np.fromiter((zlib.adler32(d) if d else 0 for d in data), dtype=np.uint64, count=len(data))
@@ -125,7 +116,7 @@ class ShardIndexBuilder:
         self.nbytes = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
-        """Note one batch just written, in file order (MemoryError: a bounded builder outgrew :data:`MAX_BUILD_BYTES`)."""
+        """Note a batch just written, in file order (MemoryError: a bounded builder outgrew :data:`MAX_BUILD_BYTES`)."""
         part = batch.select(self.columns)
         self.nbytes += part.nbytes
         if self.bounded and self.nbytes > MAX_BUILD_BYTES:
@@ -183,19 +174,17 @@ class ShardIndexBuilder:
         ]
         no_id = pc.equal(ids, "")
         if pc.any(no_id).as_py():
-            row = {c: pa.nulls(1, f.type) for c, f in zip(INDEX_SCHEMA.names, INDEX_SCHEMA, strict=True)}
-            row[S.TRACE_ID] = pa.array([""])
-            row[S.INDEX_BATCHES] = pc.filter(lists, no_id)
-            parts.append(pa.table(row, schema=INDEX_SCHEMA))
-            keyed = spans.filter(pc.equal(spans.column(S.TRACE_ID), ""))
+            parts.append(_rows_of(1, {S.TRACE_ID: pa.array([""]), S.INDEX_BATCHES: pc.filter(lists, no_id)}))
             key_cols = [S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE]
-            keys = keyed.select(key_cols).group_by(key_cols, use_threads=False).aggregate([])
-            n = keys.num_rows
-            cols = {c: pa.nulls(n, f.type) for c, f in zip(INDEX_SCHEMA.names, INDEX_SCHEMA, strict=True)}
-            for c in key_cols:
-                cols[c] = keys.column(c)
-            parts.append(pa.table(cols, schema=INDEX_SCHEMA))
+            keyed = spans.filter(pc.equal(spans.column(S.TRACE_ID), "")).select(key_cols)
+            keys = keyed.group_by(key_cols, use_threads=False).aggregate([])
+            parts.append(_rows_of(keys.num_rows, {c: keys.column(c) for c in key_cols}))
         return pa.concat_tables([p.cast(INDEX_SCHEMA) for p in parts])
+
+
+def _rows_of(n: int, columns: dict[str, Any]) -> pa.Table:
+    """``n`` index rows with ``columns`` and nulls elsewhere."""
+    return pa.table({c: columns.get(c, pa.nulls(n, f.type)) for c, f in zip(INDEX_SCHEMA.names, INDEX_SCHEMA)})
 
 
 def write_shard_index(shard: str, builder: ShardIndexBuilder) -> None:
@@ -317,18 +306,13 @@ class ShardIndex:
 
     def batches_of_traces(self, trace_ids: pa.Array) -> list[int] | None:
         """Batches holding any of ``trace_ids`` (empty when none does); None when the table is unusable."""
-        table = self._table
-        if table is None and self._lookup is None and not self._bad:
-            wanted = {bucket_of(t, self._buckets) for t in trace_ids.to_pylist() if t is not None}
-            if len(wanted) <= MAX_BUCKET_READS:
-                part = _read_buckets(self, sorted(wanted))
-                if part is not None:
-                    table = part
-        if table is None and self._lookup is None and not self._bad:
-            # Only the two columns a lookup needs are decompressed (the summary rows may be many).
-            self._lookup = _read_table(self._path, len(self.batch_rows), LOOKUP_COLUMNS)
-            self._bad = self._lookup is None
-        table = table if table is not None else self._lookup
+        table = self._table if self._table is not None else self._lookup
+        if table is None and not self._bad:
+            wanted = sorted({bucket_of(t, self._buckets) for t in trace_ids.to_pylist() if t is not None})
+            table = _read_buckets(self, wanted) if len(wanted) <= MAX_BUCKET_READS else None
+            if table is None:  # the two columns a lookup needs, kept for the next one
+                self._lookup = table = _read_table(self._path, len(self.batch_rows), LOOKUP_COLUMNS)
+                self._bad = table is None
         if table is None:
             return None
         hit = table.filter(pc.fill_null(pc.is_in(table.column(S.TRACE_ID), value_set=trace_ids), False))
@@ -373,24 +357,16 @@ def _bucket_reader(index: ShardIndex) -> Any:
 
 def _read_buckets(index: ShardIndex, wanted: list[int]) -> pa.Table | None:
     """The lookup columns of some buckets' record batches; None when the shard index is not laid out so."""
-    batches, buckets = len(index.batch_rows), index._buckets
     expected = pa.schema([INDEX_SCHEMA.field(c) for c in LOOKUP_COLUMNS])
     try:
         reader = _bucket_reader(index)
-        if reader.num_record_batches != buckets + 1:
+        if reader.num_record_batches != index._buckets + 1:
             return None
         parts = [reader.get_batch(b) for b in wanted]
-        for part in parts:
-            part.validate(full=True)
         table = pa.Table.from_batches(parts, schema=expected) if parts else expected.empty_table()
-        if table.schema.remove_metadata() != expected:
-            return None
-        flat = pc.list_flatten(table.column(S.INDEX_BATCHES))
-        if len(flat) and (pc.min(flat).as_py() < 0 or pc.max(flat).as_py() >= batches):
-            return None
-        return table
     except (OSError, ValueError, pa.ArrowException):
         return None
+    return _checked(table, expected, len(index.batch_rows))
 
 
 def _read_table(path: str, batches: int, columns: Sequence[str] | None = None) -> pa.Table | None:
@@ -399,16 +375,9 @@ def _read_table(path: str, batches: int, columns: Sequence[str] | None = None) -
     try:
         with pa.OSFile(path) as source:
             table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=fields)).read_all()
-        if table.schema.remove_metadata() != expected:
-            return None
-        for chunk in table.to_batches():
-            chunk.validate(full=True)
-        flat = pc.list_flatten(table.column(S.INDEX_BATCHES))
-        if len(flat) and (pc.min(flat).as_py() < 0 or pc.max(flat).as_py() >= batches):
-            return None
-        return table.replace_schema_metadata(None)
     except (OSError, ValueError, pa.ArrowException):
         return None
+    return _checked(table, expected, batches)
 
 
 def _steps_meta(table: pa.Table, step_partials: PartialsOf) -> tuple[str, tuple[pa.Array, pa.Array]]:
@@ -480,49 +449,28 @@ def step_sources(index: ShardIndex, columns: Sequence[str]) -> tuple[StoredParti
                     table = table.select(fields)
     except (OSError, ValueError, pa.ArrowException):
         return None, None
-    return (None if text is None else _decode_partials(text)), (None if table is None else _checked(table, fields))
+    checked = None if table is None else _checked(table, pa.schema([INDEX_SCHEMA.field(i) for i in fields]))
+    return (None if text is None else _decode_partials(text)), checked
 
 
-#: A fixed-width column of a shard index read from its buffers: every row's value (anything where null) and
-#: which rows are valid (None: all of them).
+#: A fixed-width column of a shard index as numpy: every row's value (anything where null) and which rows are
+#: valid (None: all of them).
 Fixed = tuple[np.ndarray, "np.ndarray | None"]
 
 
 def landing_sources(
     index: ShardIndex, columns: Sequence[str], partials: bool = True
 ) -> tuple[StoredPartials | None, dict[str, Fixed] | None]:
-    """:func:`step_sources` for fixed-width columns, as numpy arrays: what the run overview reads of each file.
-
-    The aggregates come from the text the index check kept; the columns (among :data:`FIXED_COLUMNS`) straight
-    from their memory-mapped, checked buffers (~0.18 ms a file against ~0.3 ms through pyarrow), or from
-    :func:`step_sources` where the file is not laid out as :func:`write_shard_index` writes it. Without
-    ``partials``, the aggregates are not decoded (None).
-    """
+    """:func:`step_sources` for fixed-width columns (:data:`FIXED_COLUMNS`), as numpy arrays: what the run overview
+    reads of each file (with no column, the aggregates from the text the index check kept). Without ``partials``,
+    no aggregates (None)."""
     if any(c not in FIXED_COLUMNS for c in columns):
         raise ValueError(f"not a fixed-width shard index column: {columns}")
-    text = index._steps_text if partials else None
-    got = None if text is None else _decode_partials(text)
-    cols: dict[str, Fixed] | None = None
     if not columns:
-        return got, None
-    try:
-        with open(index._path, "rb") as f:
-            view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
-        return got, None
-    try:
-        cols = _fixed_columns(view, columns)
-    finally:
-        try:
-            view.close()
-        except BufferError:  # a view still exported (never: the columns are copies): left to the collector
-            pass
-    if cols is None:  # not the layout read here: through pyarrow, which says what it finds
-        table = step_sources(index, sorted(set(columns), key=INDEX_SCHEMA.get_field_index))[1]  # in schema order
-        if table is None:
-            return got, None
-        cols = {c: _as_fixed(table.column(c)) for c in columns}
-    return got, cols
+        text = index._steps_text if partials else None
+        return (None if text is None else _decode_partials(text)), None
+    got, table = step_sources(index, sorted(set(columns), key=INDEX_SCHEMA.get_field_index))  # in schema order
+    return (got if partials else None), None if table is None else {c: _as_fixed(table.column(c)) for c in columns}
 
 
 def _as_fixed(col: pa.ChunkedArray) -> Fixed:
@@ -532,156 +480,13 @@ def _as_fixed(col: pa.ChunkedArray) -> Fixed:
     return np.array(values, copy=True), valid
 
 
-_U8, _U16, _I32, _U32, _I64 = (struct.Struct(f) for f in ("<B", "<H", "<i", "<I", "<q"))
-_PREFIX = struct.Struct("<Ii")  # an IPC message's continuation marker and flatbuffer length
-_NODE = struct.Struct("<qq")  # Message.fbs FieldNode: length, null_count
-_BUFFERS = struct.Struct("<qqqq")  # two Schema.fbs Buffers (offset, length): a column's validity bitmap and data
-_BLOCK = struct.Struct("<qi4xq")  # File.fbs Block: offset, metaDataLength, (pad), bodyLength
-
-
-def _node_and_buffer_counts(t: pa.DataType) -> tuple[int, int] | None:
-    """IPC field nodes and buffers of one field of :data:`INDEX_SCHEMA`, children included (None: not counted)."""
-    if pa.types.is_list(t):
-        child = _node_and_buffer_counts(t.value_type)
-        return None if child is None else (1 + child[0], 2 + child[1])
-    if pa.types.is_string(t) or pa.types.is_binary(t):
-        return 1, 3
-    if pa.types.is_primitive(t):
-        return 1, 2
-    return None
-
-
-def _layout() -> tuple[int, int, dict[str, tuple[int, int, np.dtype]]] | None:
-    """(field nodes, buffers) of an :data:`INDEX_SCHEMA` record batch, and where each fixed-width column's are."""
-    nodes = buffers = 0
-    where: dict[str, tuple[int, int, np.dtype]] = {}
-    for f in INDEX_SCHEMA:
-        counts = _node_and_buffer_counts(f.type)
-        if counts is None:
-            return None
-        if pa.types.is_primitive(f.type) and not pa.types.is_boolean(f.type):
-            where[f.name] = (nodes, buffers, np.asarray(pa.array([], f.type)).dtype.newbyteorder("<"))
-        nodes += counts[0]
-        buffers += counts[1]
-    return nodes, buffers, where
-
-
-_LAYOUT = _layout()
 #: Columns :func:`landing_sources` reads: the fixed-width ones (sorted values, trace id hashes).
-FIXED_COLUMNS = frozenset(() if _LAYOUT is None else (S.INDEX_TRACE_HASH, *SORTED_COLUMNS))
+FIXED_COLUMNS = frozenset((S.INDEX_TRACE_HASH, *SORTED_COLUMNS))
 
 
-_VTABLES: dict[int, struct.Struct] = {}
-
-
-def _slots(buf: Any, table: int) -> tuple[int, int, int, int]:
-    """Where the first four fields of the flatbuffer table at ``table`` are (0: absent)."""
-    vtable = table - _I32.unpack_from(buf, table)[0]
-    if vtable < 0:
-        raise struct.error("vtable before the buffer")
-    size = _U16.unpack_from(buf, vtable)[0]
-    fields = min(max(size - 4, 0) // 2, 4)
-    layout = _VTABLES.get(fields) or _VTABLES.setdefault(fields, struct.Struct(f"<{fields}H"))
-    a, b, c, d = (table + at if at else 0 for at in (*layout.unpack_from(buf, vtable + 4), 0, 0, 0, 0)[:4])
-    return a, b, c, d
-
-
-def _fixed_columns(view: Any, columns: Sequence[str]) -> dict[str, Fixed] | None:
-    """Fixed-width columns of a mapped shard index laid out as :func:`write_shard_index` writes it; None when it is not.
-    What pyarrow's reader would check of them is checked: the footer's batches lie between the schema and the footer,
-    each is a record batch message of the expected field nodes and buffers, uncompressed, its buffers inside its body
-    and long enough for its rows; a column's null count agrees with its bitmap."""
-    if _LAYOUT is None:
-        return None
-    n_nodes, n_buffers, where = _LAYOUT
-    size = len(view)
-    wanted = [(c, *where[c]) for c in columns]
-    try:
-        (footer_len,) = _I32.unpack_from(view, size - 10)
-        footer_at = size - 10 - footer_len
-        if footer_len <= 0 or footer_at < 8:
-            return None
-        footer = view[footer_at : size - 10]
-        _, _, dicts, batches = _slots(footer, _U32.unpack_from(footer, 0)[0])
-        if dicts and _U32.unpack_from(footer, dicts + _U32.unpack_from(footer, dicts)[0])[0]:
-            return None  # dictionary batches: not what a shard index holds
-        if not batches:
-            return None
-        batches += _U32.unpack_from(footer, batches)[0]
-        count = _U32.unpack_from(footer, batches)[0]
-        blocks = [_BLOCK.unpack_from(footer, batches + 4 + 24 * i) for i in range(count)]
-        raw = np.frombuffer(view, dtype=np.uint8)
-        pieces: dict[str, list[np.ndarray]] = {c: [] for c in columns}
-        states: dict[str, list[Any]] = {c: [] for c in columns}  # per batch: True (all valid), False (none), a mask
-        lengths = []
-        for offset, meta_len, body_len in blocks:
-            body = offset + meta_len
-            if offset < 8 or meta_len < 8 or body_len < 0 or body + body_len > footer_at:
-                return None
-            marker, flat_len = _PREFIX.unpack_from(view, offset)
-            if marker != 0xFFFFFFFF or flat_len <= 0 or 8 + flat_len > meta_len:
-                return None
-            msg = view[offset + 8 : offset + 8 + flat_len]
-            _, kind, header, declared = _slots(msg, _U32.unpack_from(msg, 0)[0])
-            if not kind or not header or _U8.unpack_from(msg, kind)[0] != 3:  # a RecordBatch
-                return None
-            if (_I64.unpack_from(msg, declared)[0] if declared else 0) != body_len:  # absent: 0, the default
-                return None
-            length, nodes, buffers, compression = _slots(msg, header + _U32.unpack_from(msg, header)[0])
-            if compression or not nodes or not buffers:
-                return None
-            rows = _I64.unpack_from(msg, length)[0] if length else 0
-            nodes += _U32.unpack_from(msg, nodes)[0]
-            buffers += _U32.unpack_from(msg, buffers)[0]
-            if rows < 0 or _U32.unpack_from(msg, nodes)[0] != n_nodes or _U32.unpack_from(msg, buffers)[0] != n_buffers:
-                return None
-            lengths.append(rows)
-            for c, node_at, buffer_at, dtype in wanted:
-                n, nulls = _NODE.unpack_from(msg, nodes + 4 + 16 * node_at)
-                v_off, v_len, d_off, d_len = _BUFFERS.unpack_from(msg, buffers + 4 + 16 * buffer_at)
-                width = rows * dtype.itemsize
-                if n != rows or not 0 <= nulls <= rows or v_off < 0 or v_len < 0 or d_off < 0 or d_len < width:
-                    return None
-                if d_off + d_len > body_len or v_off + v_len > body_len:
-                    return None
-                if not nulls:
-                    pieces[c].append(raw[body + d_off : body + d_off + width])
-                    states[c].append(True)
-                    continue
-                nbytes = (rows + 7) // 8
-                if v_len < nbytes:
-                    return None
-                bits = int.from_bytes(view[body + v_off : body + v_off + nbytes], "little") & ((1 << rows) - 1)
-                if rows - bits.bit_count() != nulls:
-                    return None
-                if nulls == rows:  # no value to read: zeros, which touch no page of the file
-                    pieces[c].append(np.zeros(width, dtype=np.uint8))
-                    states[c].append(False)
-                    continue
-                pieces[c].append(raw[body + d_off : body + d_off + width])
-                at = body + v_off
-                states[c].append(np.unpackbits(raw[at : at + nbytes], bitorder="little")[:rows].view(bool))
-    except struct.error:
-        return None
-    out: dict[str, Fixed] = {}
-    for c, _, _, dtype in wanted:
-        values = np.concatenate(pieces[c]).view(dtype) if pieces[c] else np.zeros(0, dtype)
-        state = states[c]
-        if all(v is True for v in state):
-            out[c] = (values, None)
-        elif all(v is True or v is False for v in state):
-            out[c] = (values, np.repeat(np.array(state, dtype=bool), lengths))
-        else:
-            masks = [
-                np.full(r, v, dtype=bool) if v is True or v is False else v for v, r in zip(state, lengths, strict=True)
-            ]
-            out[c] = (values, np.concatenate(masks))
-    return out
-
-
-def _checked(table: pa.Table, fields: list[int]) -> pa.Table | None:
-    """``table`` without metadata when it has the expected columns and validates; else None."""
-    expected = pa.schema([INDEX_SCHEMA.field(i) for i in fields])
+def _checked(table: pa.Table, expected: pa.Schema, batches: int | None = None) -> pa.Table | None:
+    """``table`` without metadata when it has the ``expected`` columns, validates and (given ``batches``) lists
+    only batches below it; else None."""
     # Fixed-width columns have nothing more to check in a full validation (offsets, UTF-8 are for others).
     full = not all(pa.types.is_primitive(f.type) for f in expected)
     try:
@@ -689,6 +494,10 @@ def _checked(table: pa.Table, fields: list[int]) -> pa.Table | None:
             return None
         for chunk in table.to_batches():
             chunk.validate(full=full)
+        if batches is not None:
+            flat = pc.list_flatten(table.column(S.INDEX_BATCHES))
+            if len(flat) and (pc.min(flat).as_py() < 0 or pc.max(flat).as_py() >= batches):
+                return None
         return table.replace_schema_metadata(None)
     except (ValueError, pa.ArrowException):
         return None
@@ -696,17 +505,15 @@ def _checked(table: pa.Table, fields: list[int]) -> pa.Table | None:
 
 def _decode_partials(text: bytes | str) -> StoredPartials | None:
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(text, validate=True))).read_all()
-        if table.schema.remove_metadata() != S.STEP_PARTIALS_SCHEMA:
-            return None
-        for chunk in table.to_batches():
-            chunk.validate(full=True)
-        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        raw = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(text, validate=True))).read_all()
+        meta = {k.decode(): v.decode() for k, v in (raw.schema.metadata or {}).items()}
         # orjson: the same values as json for what a writer writes, ~10x faster; it refuses more (NaN, 2**64).
-        span: Any = orjson.loads(meta[S.META_STEPS_TRACE_RANGE]) if S.META_STEPS_TRACE_RANGE in meta else None
-        keyed: Any = orjson.loads(meta[S.META_STEPS_LOOSE]) if S.META_STEPS_LOOSE in meta else None
-        counts: Any = orjson.loads(meta[S.META_STEPS_VALUE_COUNTS]) if S.META_STEPS_VALUE_COUNTS in meta else None
+        keys = (S.META_STEPS_TRACE_RANGE, S.META_STEPS_LOOSE, S.META_STEPS_VALUE_COUNTS)
+        span, keyed, counts = (orjson.loads(meta[k]) if k in meta else None for k in keys)
     except (ValueError, UnicodeDecodeError, pa.ArrowException):
+        return None
+    table = _checked(raw, S.STEP_PARTIALS_SCHEMA)
+    if table is None:
         return None
     if span is not None and not (isinstance(span, list) and len(span) == 2 and all(isinstance(t, str) for t in span)):
         return None
@@ -714,9 +521,7 @@ def _decode_partials(text: bytes | str) -> StoredPartials | None:
         return None
     if counts is not None:
         counts = _value_counts(counts, table.num_rows)
-    return StoredPartials(
-        table.replace_schema_metadata(None), None if span is None else (span[0], span[1]), keyed, counts
-    )
+    return StoredPartials(table, None if span is None else (span[0], span[1]), keyed, counts)
 
 
 def _value_counts(counts: Any, rows: int) -> np.ndarray | None:
@@ -730,13 +535,26 @@ def _value_counts(counts: Any, rows: int) -> np.ndarray | None:
     return out.astype(np.int64, copy=False)
 
 
-def index_columns(index: ShardIndex, columns: Sequence[str]) -> pa.Table | None:
-    """Some columns of every row of ``index``'s shard index (read alone, validated); None when it is unreadable."""
-    return step_sources(index, columns)[1] if columns else None
-
-
 _cache: collections.OrderedDict[str, tuple[tuple[int, ...], ShardIndex | None]] = collections.OrderedDict()
 _cache_lock = threading.Lock()
+_T = TypeVar("_T")
+
+
+def cached(
+    cache: collections.OrderedDict[str, tuple[Any, _T]], key: str, stamp: Any, compute: Callable[[], _T], limit: int
+) -> _T:
+    """``compute()`` once per ``key`` and ``stamp`` (a file's stat), the ``limit`` latest kept in ``cache``."""
+    with _cache_lock:
+        hit = cache.get(key)
+        if hit is not None and hit[0] == stamp:
+            cache.move_to_end(key)
+            return hit[1]
+    value = compute()
+    with _cache_lock:
+        cache[key] = (stamp, value)
+        while len(cache) > limit:
+            cache.popitem(last=False)
+    return value
 
 
 def load_shard_index(shard: str) -> ShardIndex | None:
@@ -751,17 +569,7 @@ def load_shard_index(shard: str) -> ShardIndex | None:
     if si is None:
         return None
     stamp = (st.st_size, st.st_mtime_ns, st.st_ino, si.st_size, si.st_mtime_ns, si.st_ino)
-    with _cache_lock:
-        hit = _cache.get(shard)
-        if hit is not None and hit[0] == stamp:
-            _cache.move_to_end(shard)
-            return hit[1]
-    found = _check(shard, side, st.st_size)
-    with _cache_lock:
-        _cache[shard] = (stamp, found)
-        while len(_cache) > CACHE_ENTRIES:
-            _cache.popitem(last=False)
-    return found
+    return cached(_cache, shard, stamp, lambda: _check(shard, side, st.st_size), CACHE_ENTRIES)
 
 
 _NONE = type(None)
@@ -794,12 +602,9 @@ def _counts_and_steps(rows: list[Any], steps: list[Any]) -> bool:
 
 def _check(shard: str, side: str, size: int) -> ShardIndex | None:
     try:
-        got = closed_file_metadata(side, _CHECKED_KEYS)
-        if got is None:
-            return None
-        if got.get(S.META_INDEX_VERSION) != INDEX_VERSION or got.get(S.META_INDEX_OF) != os.path.basename(shard):
-            return None
-        if got.get(S.META_INDEX_SIZE) != str(size):
+        got = closed_file_metadata(side, _CHECKED_KEYS) or {}
+        said = tuple(got.get(k) for k in (S.META_INDEX_VERSION, S.META_INDEX_OF, S.META_INDEX_SIZE))
+        if said != (INDEX_VERSION, os.path.basename(shard), str(size)):
             return None
         footer = footer_bytes(shard)
         if footer is None or got.get(S.META_INDEX_FOOTER) != _digest(footer[0]):
@@ -808,10 +613,8 @@ def _check(shard: str, side: str, size: int) -> ShardIndex | None:
         steps: Any = orjson.loads(got[S.META_INDEX_BATCH_STEPS])
         if not (isinstance(rows, list) and isinstance(steps, list) and len(rows) == len(steps) == footer[1]):
             return None
-        if not _counts_and_steps(rows, steps):
-            return None
         buckets = int(got[S.META_INDEX_BUCKETS])
-        if buckets < 1:
+        if buckets < 1 or not _counts_and_steps(rows, steps):
             return None
         names: Any = orjson.loads(got[S.META_INDEX_NAMES]) if S.META_INDEX_NAMES in got else None
         if names is not None and not (isinstance(names, list) and {type(n) for n in names} <= {str}):
@@ -838,7 +641,6 @@ __all__ = [
     "ShardIndexBuilder",
     "StoredPartials",
     "builder",
-    "index_columns",
     "load_shard_index",
     "shard_index_path",
     "step_sources",

@@ -113,15 +113,11 @@ def zero_std_groups(trajectories: pa.Table) -> pa.Table:
 
 def zero_std_fractions(trajectories: pa.Table) -> dict[tuple[int | None, bool], float]:
     """Per (step, validate): the fraction of groups of two or more rewards whose rewards are all equal."""
-    g = zero_std_groups(trajectories).to_pylist()
-    seen: dict[tuple[int | None, bool], list[int]] = {}
-    for r in g:
-        if r["rollouts"] < 2:
-            continue
-        counts = seen.setdefault((r[S.STEP], bool(r[S.VALIDATE])), [0, 0])
-        counts[0] += 1
-        counts[1] += bool(r["zero_std"])
-    return {k: same / n for k, (n, same) in seen.items()}
+    g = zero_std_groups(trajectories)
+    g = g.filter(pc.greater_equal(g.column("rollouts"), 2))
+    g = g.append_column("same", pc.cast(g.column("zero_std"), pa.float64()))
+    means = g.group_by([S.STEP, S.VALIDATE], use_threads=False).aggregate([("same", "mean")]).to_pylist()
+    return {(r[S.STEP], bool(r[S.VALIDATE])): r["same_mean"] for r in means}
 
 
 def step_metrics(
@@ -148,11 +144,8 @@ _PART_LISTS = (S.PART_REWARDS, S.PART_LATENCIES)
 
 
 def step_partials(trajectories: pa.Table) -> pa.Table:
-    """Per-(step, validate) aggregates of trajectory rows (:data:`tracer.schema.STEP_PARTIALS_SCHEMA`).
-
-    What :func:`step_metrics` is computed from: counts, sums and the sorted rewards and latencies. Parts merge
-    (:func:`merge_step_partials`) into exactly the rows of their union; shard indexes store them.
-    """
+    """Per-(step, validate) aggregates of trajectory rows (:data:`tracer.schema.STEP_PARTIALS_SCHEMA`): counts, sums
+    and the sorted rewards and latencies :func:`step_metrics` is computed from; parts merge into their union's."""
     return _merge_parts([_rows_part(trajectories, counts=True, values=True)])
 
 
@@ -171,22 +164,16 @@ def step_values(trajectories: pa.Table) -> pa.Table:
 
 
 def merge_step_partials(parts: Sequence[pa.Table]) -> pa.Table:
-    """The per-(step, validate) aggregates of the union of ``parts`` (tables of :data:`tracer.schema.STEP_PARTIALS_SCHEMA`).
-
-    One row per group, by step (nulls last) then validate; counts summed, values sorted: the result does not
-    depend on how the trajectories were split or ordered.
-    """
+    """The aggregates of the union of ``parts`` (:data:`tracer.schema.STEP_PARTIALS_SCHEMA` tables): a row per group
+    by step (nulls last) then validate, counts summed, values sorted, whatever the split or order."""
     return _merge_parts([_partials_part(p) for p in parts])
 
 
 @dataclasses.dataclass
 class _Part:
-    """Rows to merge into per-step aggregates, as numpy arrays (one place for every source of them).
-
-    ``step`` holds 0 where ``null`` is set; ``sums`` one row per :data:`_PART_SUMS` column (None: zeros);
-    ``values`` per :data:`_PART_LISTS` column the values and the row each belongs to (None: one per row, in
-    order), or None for no values.
-    """
+    """Rows to merge into per-step aggregates, as numpy arrays. ``step`` holds 0 where ``null`` is set; ``sums`` a row
+    per :data:`_PART_SUMS` column (None: zeros); ``values`` per :data:`_PART_LISTS` column the values and the row
+    of each (None: one per row, in order), or None for no values."""
 
     step: np.ndarray
     null: np.ndarray
@@ -209,14 +196,10 @@ def _ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
     )
 
 
-def _flags(arr: pa.Array) -> np.ndarray:
-    """A boolean column as numpy, null as False."""
-    return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=bool)
-
-
 def _keys(t: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     step, null = _ints(_column(t, S.STEP))
-    return step, (np.zeros(len(step), dtype=bool) if null is None else null), _flags(_column(t, S.VALIDATE))
+    validate = np.asarray(pc.fill_null(_column(t, S.VALIDATE), False).to_numpy(zero_copy_only=False), dtype=bool)
+    return step, (np.zeros(len(step), dtype=bool) if null is None else null), validate
 
 
 def _rows_part(t: pa.Table | pa.RecordBatch, *, counts: bool, values: bool) -> _Part:
@@ -268,30 +251,15 @@ def _partials_part(p: pa.Table) -> _Part:
     return _Part(step, null, validate, sums, tuple(vals))
 
 
-#: Distinct steps spanning at most this many integers are ranked by a table lookup, more by sorting.
-_DENSE_STEPS = 1 << 20
-
-
 def _groups(parts: Sequence[_Part]) -> tuple[np.ndarray, dict[str, Any], int]:
-    """The group of each row of ``parts`` (in turn), the key columns of the groups, and how many there are.
-
-    Groups are ordered by step (nulls last), then validate.
-    """
+    """The group of each row of ``parts`` (in turn; by step, nulls last, then validate), the groups' key columns
+    and how many there are."""
     step = np.concatenate([p.step for p in parts])
     null = np.concatenate([p.null for p in parts])
     validate = np.concatenate([p.validate for p in parts])
-    known = step[~null] if null.any() else step
-    if len(known) and int(known.max()) - int(known.min()) < _DENSE_STEPS:
-        lo = int(known.min())
-        seen = np.zeros(int(known.max()) - lo + 1, dtype=bool)
-        seen[known - lo] = True
-        distinct = np.flatnonzero(seen).astype(np.int64) + lo
-        rank = np.cumsum(seen) - 1
-        at = np.where(null, len(distinct), rank[np.where(null, lo, step) - lo])
-    else:
-        distinct, inverse = np.unique(known, return_inverse=True)
-        at = np.full(len(step), len(distinct), dtype=np.int64)
-        at[~null] = inverse
+    distinct, inverse = np.unique(step[~null], return_inverse=True)
+    at = np.full(len(step), len(distinct), dtype=np.int64)
+    at[~null] = inverse
     slot = at * 2 + validate  # by step (nulls last), then validate
     used = np.bincount(slot, minlength=2 * (len(distinct) + 1)) > 0
     group = (np.cumsum(used) - 1)[slot]
@@ -335,19 +303,11 @@ def _merge_parts(parts: Sequence[_Part]) -> pa.Table:
 
 
 def _sorted_lists(ordered: np.ndarray, group: np.ndarray, groups: int) -> pa.ListArray:
-    """One list per group of the values, each sorted ascending (NaN last).
-
-    ``ordered`` holds the values in the order of their group (a copy: sorted in place), ``group``
-    the group of each value in its original order.
-    """
-    return _sorted_runs(ordered, np.bincount(group, minlength=groups))
-
-
-def _sorted_runs(ordered: np.ndarray, counts: np.ndarray) -> pa.ListArray:
-    """One list per group of ``ordered``'s values, ``counts[i]`` of them for group ``i``, each sorted in place."""
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    for i in np.flatnonzero(counts > 1).tolist():
+    """One list per group, each sorted ascending (NaN last): ``ordered`` holds the values in group order (a copy,
+    sorted in place), ``group`` the group of each value in its original order."""
+    offsets = np.zeros(groups + 1, dtype=np.int64)
+    np.cumsum(np.bincount(group, minlength=groups), out=offsets[1:])
+    for i in np.flatnonzero(np.diff(offsets) > 1).tolist():
         ordered[offsets[i] : offsets[i + 1]].sort()
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(ordered, pa.float64()))
 
@@ -370,44 +330,24 @@ def _merged(partials: pa.Table) -> bool:
 
 
 def _moments(flat: np.ndarray, at: np.ndarray) -> tuple[list[float], list[float], list[float], list[float]]:
-    """``np.mean``, ``np.std``, ``np.min`` and ``np.max`` of each run ``flat[at[i]:at[i + 1]]`` (NaN for an empty one).
-
-    numpy's own operations in its order (the same bits); sums stay one call per run, since ``np.add.reduceat``
-    is not the pairwise sum.
-    """
-    groups = len(at) - 1
-    nan = [math.nan] * groups
-    if not len(flat):
-        return nan, list(nan), list(nan), list(nan)
-    counts = np.diff(at)
-    full = np.flatnonzero(counts > 0)
-    starts, ends = at[:-1].tolist(), at[1:].tolist()
-    add = np.add.reduce
-    totals = np.array([add(flat[starts[i] : ends[i]]) for i in full.tolist()], dtype=np.float64)
+    """``np.mean``, ``np.std``, ``np.min``, ``np.max`` of each run ``flat[at[i]:at[i + 1]]`` (NaN for an empty one)."""
+    out: tuple[list[float], list[float], list[float], list[float]] = ([], [], [], [])
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as np.std gives
-        means = totals / counts[full]
-        square = flat - np.repeat(means, counts[full])
-        np.square(square, out=square)
-        spread = np.array([add(square[starts[i] : ends[i]]) for i in full.tolist()], dtype=np.float64)
-        spread = np.sqrt(spread / counts[full])
-    low, high = np.minimum.reduceat(flat, at[full]), np.maximum.reduceat(flat, at[full])
-    out = (list(nan), list(nan), list(nan), list(nan))
-    for column, got in zip(out, (means, spread, low, high), strict=True):
-        for i, v in zip(full.tolist(), got.tolist(), strict=True):
-            column[i] = v
+        for lo, hi in zip(at[:-1].tolist(), at[1:].tolist(), strict=True):
+            run = flat[lo:hi]
+            got = (np.mean(run), np.std(run), np.min(run), np.max(run)) if hi > lo else (math.nan,) * 4
+            for column, v in zip(out, got, strict=True):
+                column.append(float(v))
     return out
 
 
 def _stored_metrics(partials: pa.Table) -> bool:
-    """Whether ``partials`` carries :data:`tracer.schema.VALUE_METRICS` (a run rollup's table, :func:`with_value_metrics`)."""
+    """Whether ``partials`` has :data:`tracer.schema.VALUE_METRICS` (a rollup's table: :func:`with_value_metrics`)."""
     return all(m in partials.schema.names for m in S.VALUE_METRICS)
 
 
 def _value_metrics(partials: pa.Table) -> dict[str, list[float]]:
-    """:data:`tracer.schema.VALUE_METRICS` of each row of merged aggregates: stored or computed.
-
-    A run rollup stores them, so the overview does not go through every value at each visit.
-    """
+    """:data:`tracer.schema.VALUE_METRICS` of each row of merged aggregates: stored (a run rollup's) or computed."""
     if _stored_metrics(partials):
         return {m: partials.column(m).to_pylist() for m in S.VALUE_METRICS}
 
@@ -431,8 +371,8 @@ def _value_metrics(partials: pa.Table) -> dict[str, list[float]]:
 
 
 def with_value_metrics(partials: pa.Table) -> pa.Table:
-    """Merged aggregates (:func:`merge_step_partials`) with a float64 column per :data:`tracer.schema.VALUE_METRICS`, which
-    :func:`partial_metrics` then takes as they are: what a run rollup stores."""
+    """Merged aggregates (:func:`merge_step_partials`) with a float64 column per :data:`tracer.schema.VALUE_METRICS`,
+    which :func:`partial_metrics` then takes as they are: what a run rollup stores."""
     if not _merged(partials):
         raise ValueError("value metrics are stored only beside merged aggregates")
     got = _value_metrics(partials.select(S.STEP_PARTIALS_SCHEMA.names))
@@ -444,11 +384,8 @@ def with_value_metrics(partials: pa.Table) -> pa.Table:
 def partial_metrics(
     partials: pa.Table, token_stats: pa.Table | None = None
 ) -> dict[tuple[int | None, bool], dict[str, float]]:
-    """:func:`step_metrics` from per-step aggregates (:func:`step_partials`, merged or stored).
-
-    A table with the :data:`tracer.schema.VALUE_METRICS` columns (a run rollup's, rows filtered or not) is one merged
-    table whose metrics were computed from its values: they are taken as they are.
-    """
+    """:func:`step_metrics` from per-step aggregates (:func:`step_partials`, merged or not); a table with the
+    :data:`tracer.schema.VALUE_METRICS` columns (a run rollup's, rows filtered or not) gives those as they are."""
     if not _stored_metrics(partials) and not _merged(partials):
         partials = merge_step_partials([partials])
     if partials.num_rows == 0:

@@ -41,11 +41,8 @@ def reward_source(attributes: Any) -> str:
 
 
 def trajectory_rewards(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, list[RewardRecord]]:
-    """Every reward of every trajectory in ``spans``, oldest first, by trace id.
-
-    Reward ops first, then log_reward rows by time: the last is :func:`summarize`'s reward. Rows without the
-    trace id (joined by key) are left out.
-    """
+    """Every reward of every trajectory in ``spans`` by trace id: reward ops, then log_reward rows by time (the last
+    is :func:`summarize`'s reward); rows without the trace id (joined by key) are left out."""
     rows = spans.to_pylist() if isinstance(spans, pa.Table) else list(spans)
     out: dict[str, list[tuple[int, int, int, RewardRecord]]] = {}
     for i, r in enumerate(rows):
@@ -61,3 +58,30 @@ def trajectory_rewards(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[st
         elif r.get(S.REWARD) is not None:
             out.setdefault(tid, []).append((0, end, i, RewardRecord(r[S.REWARD], SOURCE_OP, end, {})))
     return {tid: [rec for *_, rec in sorted(recs, key=lambda x: x[:3])] for tid, recs in out.items()}
+
+
+def log_reward_row(
+    keys: Mapping[str, Any],
+    span_id: str,
+    parent_span_id: str | None,
+    end_ns: int,
+    reward: float | None,
+    attributes: str | None,
+) -> dict[str, Any]:
+    """A ``log_reward`` row of :data:`tracer.schema.SPAN_SCHEMA` ending at ``end_ns``, with ``keys``' trace id,
+    step, sample, rollout and validate (``attributes``: JSON text)."""
+    return {
+        **{k: keys[k] for k in (S.TRACE_ID, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)},
+        S.SPAN_ID: span_id,
+        S.PARENT_SPAN_ID: parent_span_id,
+        S.NAME: S.REWARD_SPAN_NAME,
+        S.KIND: S.KIND_REWARD,
+        S.START_NS: end_ns,
+        S.END_NS: end_ns,
+        S.STATUS: S.STATUS_OK,
+        S.ERROR: None,
+        S.REWARD: reward,
+        S.INPUTS: None,
+        S.OUTPUTS: None,
+        S.ATTRIBUTES: attributes,
+    }

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+from tracer.summary.turns import is_log_reward
 
 #: Span columns :func:`summarize` needs.
 SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
@@ -27,6 +28,8 @@ SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
     S.ATTRIBUTES,
 )
 
+#: The columns a trajectory takes from its first row besides its name and status: its key.
+_KEY_COLUMNS = (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)
 #: Span tables up to this many rows are summarised in Python: Arrow's per-call cost dominates there.
 SMALL_SUMMARY_SPANS = 64
 
@@ -40,10 +43,8 @@ def _positions(n: int) -> pa.Array:
 
 
 def _key(step: Any, sample: Any, rollout: Any, validate: Any) -> Any:
-    """One string per row naming (step, sample_index, rollout_n, validate); nulls equal nulls.
-
-    Sample comes last with a prefix, so no sample text can make two keys collide.
-    """
+    """One string per row naming (step, sample_index, rollout_n, validate), nulls equal nulls; the sample comes
+    last with a prefix, so no sample text can make two keys collide."""
     null = "\x00"
     parts = [
         pc.fill_null(pc.cast(step, pa.string()), null),
@@ -60,22 +61,15 @@ def _latest(rows: pa.Table, by: Any, value_pos: pa.Array) -> tuple[pa.Array, pa.
     return grouped.column("k").combine_chunks(), grouped.column("p_max").combine_chunks()
 
 
-def _is_log_row(r: Mapping[str, Any]) -> bool:
-    return r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME
-
-
 def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
-    """:func:`summarize` of a few span rows, evaluated in Python (the same definitions).
-
-    Arrow's kernels cost ~5 ms a call for one trajectory (bench/bench_summary.py);
-    live exporters summarise trajectories one at a time as they finish.
-    """
+    """:func:`summarize` of a few span rows in Python: Arrow's kernels cost ~5 ms a call for one trajectory
+    (bench/bench_summary.py), and live exporters summarise trajectories one at a time as they finish."""
     by_trace: dict[str, list[int]] = {}
     logs: list[int] = []
     for i, r in enumerate(rows):
         if r[S.TRACE_ID]:
             by_trace.setdefault(r[S.TRACE_ID], []).append(i)
-        if _is_log_row(r):
+        if is_log_reward(r):
             logs.append(i)
 
     def latest(idx: list[int]) -> dict[str, Any] | None:
@@ -83,7 +77,7 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
 
     def rank(i: int) -> tuple[int, int, int]:
         r = rows[i]
-        if _is_log_row(r):
+        if is_log_reward(r):
             return (3, r[S.START_NS], i)
         if r[S.PARENT_SPAN_ID] is None:
             return (0 if r[S.KIND] == S.KIND_ROLLOUT else 1, r[S.START_NS], i)
@@ -97,26 +91,24 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
         first_i = min(idx, key=rank)
         first = rows[first_i]
         root = rank(first_i)[0] <= 1
-        body = [rows[i] for i in idx if not _is_log_row(rows[i])]
+        body = [rows[i] for i in idx if not is_log_reward(rows[i])]
         chosen = latest([i for i in logs if rows[i][S.TRACE_ID] == tid])
         if chosen is None:
             k = key(first)
             chosen = latest([i for i in logs if not rows[i][S.TRACE_ID] and key(rows[i]) == k])
-        reward, info = (chosen[S.REWARD], chosen[S.ATTRIBUTES]) if chosen is not None else (None, None)
-        if chosen is None:
-            ops = [i for i in idx if rows[i][S.KIND] == S.KIND_REWARD and not _is_log_row(rows[i])]
-            op = latest([i for i in ops if rows[i][S.REWARD] is not None])
-            reward = op[S.REWARD] if op is not None else None
+        if chosen is None:  # the last reward op with a reward
+            ops = [i for i in idx if rows[i][S.KIND] == S.KIND_REWARD and rows[i][S.REWARD] is not None]
+            chosen = latest([i for i in ops if not is_log_reward(rows[i])])
+            reward, info = (None if chosen is None else chosen[S.REWARD]), None
+        else:
+            reward, info = chosen[S.REWARD], chosen[S.ATTRIBUTES]
         timed = body or [rows[i] for i in idx]
         tools = [r for r in body if r[S.KIND] == S.KIND_TOOL]
         out.append(
             {
                 S.TRACE_ID: tid,
                 S.NAME: first[S.NAME] if root else None,
-                S.STEP: first[S.STEP],
-                S.SAMPLE_INDEX: first[S.SAMPLE_INDEX],
-                S.ROLLOUT_N: first[S.ROLLOUT_N],
-                S.VALIDATE: first[S.VALIDATE],
+                **{c: first[c] for c in _KEY_COLUMNS},
                 S.REWARD: reward,
                 S.REWARD_INFO: info,
                 S.STATUS: first[S.STATUS] if root else S.STATUS_INCOMPLETE,
@@ -129,26 +121,13 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
                 S.NUM_ERRORS: sum(1 for r in body if r[S.STATUS] == S.STATUS_ERROR),
             }
         )
-    out.sort(key=_order_key)
-    return pa.Table.from_pylist(out, schema=S.TRAJECTORY_SCHEMA)
-
-
-def _order_key(r: Mapping[str, Any]) -> tuple[Any, ...]:
-    """Step, sample, rollout, start, trace id; nulls last (as Arrow's sort_by)."""
-    parts: list[Any] = []
-    for c in (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.START_NS, S.TRACE_ID):
-        v = r[c]
-        parts.extend((v is None, "" if v is None and c == S.SAMPLE_INDEX else (0 if v is None else v)))
-    return tuple(parts)
+    return _in_order(pa.Table.from_pylist(out, schema=S.TRAJECTORY_SCHEMA))
 
 
 def summarize(spans: pa.Table) -> pa.Table:
-    """One :data:`tracer.schema.TRAJECTORY_SCHEMA` row per trajectory of ``spans``, by step, sample, rollout,
-    start time and trace id (definitions: :mod:`tracer.summary`).
-
-    ``spans`` needs :data:`SUMMARY_SPAN_COLUMNS` (else ValueError naming them). Spans without a trace id
-    (rewards logged by another process) are joined by key and get no row of their own.
-    """
+    """One :data:`tracer.schema.TRAJECTORY_SCHEMA` row per trajectory of ``spans`` (definitions: :mod:`tracer.summary`),
+    by step, sample, rollout, start time and trace id. ``spans`` needs :data:`SUMMARY_SPAN_COLUMNS` (else
+    ValueError naming them); spans without a trace id (keyed rewards) join by key and get no row of their own."""
     have = set(spans.schema.names)
     missing = [c for c in SUMMARY_SPAN_COLUMNS if c not in have]
     if missing:
@@ -161,17 +140,12 @@ def summarize(spans: pa.Table) -> pa.Table:
     t = spans.select(list(SUMMARY_SPAN_COLUMNS))
     t = t.append_column("_pos", _positions(t.num_rows))
     is_log = pc.fill_null(pc.and_(pc.equal(t[S.KIND], S.KIND_REWARD), pc.equal(t[S.NAME], S.REWARD_SPAN_NAME)), False)
-    has_tid = pc.fill_null(pc.not_equal(t[S.TRACE_ID], ""), False)
     logs = t.filter(is_log)
     # Every span with a trace id belongs to a trajectory (log_reward rows too).
-    own = t.filter(has_tid)
+    own = t.append_column("_body", pc.invert(is_log)).filter(pc.fill_null(pc.not_equal(t[S.TRACE_ID], ""), False))
     if own.num_rows == 0:
         return S.TRAJECTORY_SCHEMA.empty_table()
-    own_log = pc.fill_null(
-        pc.and_(pc.equal(own[S.KIND], S.KIND_REWARD), pc.equal(own[S.NAME], S.REWARD_SPAN_NAME)), False
-    )
-    is_body = pc.invert(own_log)
-    own, grouped = _by_trajectory(own, is_body)
+    own, grouped = _by_trajectory(own)
     first = own.take(grouped["_spos_min"])
     has_root = pc.less_equal(first["_rank"], 1)
     trace_ids = first[S.TRACE_ID]
@@ -180,10 +154,7 @@ def summarize(spans: pa.Table) -> pa.Table:
     columns = {
         S.TRACE_ID: trace_ids,
         S.NAME: pc.if_else(has_root, first[S.NAME], pa.scalar(None, pa.string())),
-        S.STEP: first[S.STEP],
-        S.SAMPLE_INDEX: first[S.SAMPLE_INDEX],
-        S.ROLLOUT_N: first[S.ROLLOUT_N],
-        S.VALIDATE: first[S.VALIDATE],
+        **{c: first[c] for c in _KEY_COLUMNS},
         S.REWARD: reward,
         S.REWARD_INFO: info,
         S.STATUS: pc.if_else(has_root, first[S.STATUS], S.STATUS_INCOMPLETE),
@@ -199,13 +170,13 @@ def summarize(spans: pa.Table) -> pa.Table:
     return _in_order(table)
 
 
-def _by_trajectory(own: pa.Table, is_body: pa.ChunkedArray) -> tuple[pa.Table, pa.Table]:
+def _by_trajectory(own: pa.Table) -> tuple[pa.Table, pa.Table]:
     """``own`` (spans with a trace id) with each trajectory's first row first, and its per-trajectory aggregates."""
     # The first row: the root (rollout roots first), else the earliest span, else the earliest reward.
+    is_body = own["_body"]
     is_root = pc.and_(pc.is_null(own[S.PARENT_SPAN_ID]), is_body)
     rank = pc.if_else(is_root, pc.if_else(pc.equal(own[S.KIND], S.KIND_ROLLOUT), 0, 1), pc.if_else(is_body, 2, 3))
     own = own.append_column("_rank", pc.cast(rank, pa.int8()))
-    own = own.append_column("_body", is_body)
     order = pc.sort_indices(
         own,
         sort_keys=[(S.TRACE_ID, "ascending"), ("_rank", "ascending"), (S.START_NS, "ascending"), ("_pos", "ascending")],
@@ -271,7 +242,7 @@ def _rewards(logs: pa.Table, own: pa.Table, first: pa.Table) -> tuple[pa.Array, 
 
 
 def _in_order(trajectories: pa.Table) -> pa.Table:
-    """Trajectory rows by step, sample, rollout, start time and trace id (nulls last), as :func:`summarize` returns them."""
+    """Trajectory rows by step, sample, rollout, start time and trace id (nulls last): :func:`summarize`'s order."""
     return trajectories.sort_by(
         [
             (S.STEP, "ascending"),

@@ -35,10 +35,8 @@ class TrajectoryTokens:
 
 
 def trajectory_tokens(turns: Sequence[Turn]) -> TrajectoryTokens:
-    """The token sequence of a trajectory's assistant turns with token ids (:func:`span_turns` or turns).
-
-    Turn ``k+1``'s prompt is expected to extend turn ``k``'s prompt and reply; the rest is spliced in, masked 0.
-    """
+    """The token sequence of a trajectory's assistant turns with token ids (:func:`span_turns` or turns): turn
+    ``k+1``'s prompt is expected to extend turn ``k``'s prompt and reply; the rest is spliced in, masked 0."""
     model = [t for t in turns if t.role == ROLE_ASSISTANT and t.token_ids is not None]
     ids: list[int] = []
     mask: list[int] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -90,13 +91,10 @@ class Turn:
         tool_call_id, tool_name, arguments: On a tool turn: the call it answers, the tool, its arguments as JSON.
         error: On a failed tool or llm span: ``{"type", "message", ...}``.
         status, span_id, name, start_ns, end_ns: The turn's span's (None for a turn with no span).
-        prompt_text: On an llm turn: the prompt as text (token2text or as given).
-        response_text: On an llm turn: the model's reply as recorded (before parsing).
-        token_ids: On an llm turn: the reply's token ids (kept ones).
-        logprobs: On an llm turn: one logprob per token (None where unknown).
-        token_count: Reply tokens the engine produced (before truncation).
-        truncated: The reply's token list was cut by the tracer's ``max_tokens``.
-        prompt_token_count: Prompt tokens (before truncation).
+        prompt_text, response_text, token_ids, logprobs: On an llm turn: the prompt as text (token2text or as
+            given), the reply as recorded (before parsing), its kept token ids, a logprob per token (None: unknown).
+        token_count, truncated, prompt_token_count: Reply tokens the engine produced, whether the tracer's
+            ``max_tokens`` cut their list, and prompt tokens (counts before truncation).
         message: The original chat message, when the turn came from one.
     """
 
@@ -203,11 +201,8 @@ def _tool_calls(value: Any) -> tuple[ToolCall, ...]:
 def _logprob(x: Any) -> float | None:
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         return float(x)
-    if isinstance(x, Mapping):
-        # vLLM: {token_id: {"logprob": ..}}; OpenAI: {"token", "logprob"}.
-        if isinstance(x.get("logprob"), (int, float)):
-            return float(x["logprob"])
-        for v in x.values():
+    if isinstance(x, Mapping):  # OpenAI: {"token", "logprob"}; vLLM: {token_id: {"logprob": ..}}
+        for v in (x, *x.values()):
             if isinstance(v, Mapping) and isinstance(v.get("logprob"), (int, float)):
                 return float(v["logprob"])
     return None
@@ -263,16 +258,8 @@ def _reply(out: Any) -> _Reply:
         )
     outputs = out.get("outputs")
     if isinstance(outputs, list) and outputs and isinstance(outputs[0], Mapping):  # vLLM RequestOutput
-        o = outputs[0]
-        ids = o.get("token_ids")
-        return _Reply(
-            text=o.get("text") if isinstance(o.get("text"), str) else None,
-            token_ids=ids if isinstance(ids, list) else None,
-            ids_key="token_ids" if isinstance(ids, list) else None,
-            logprobs=_logprobs(o.get("logprobs")),
-            finish_reason=_str(o.get("finish_reason")),
-        )
-    # This project's rollout, verl's TokenOutput, a chat message, or {"text": ...}.
+        out = outputs[0]
+    # This project's rollout, verl's TokenOutput, vLLM's CompletionOutput, a chat message, or {"text": ...}.
     ids_key, ids = _first(out, RESPONSE_ID_KEYS, list)
     _, text = _first(out, _RESPONSE_TEXT_KEYS, (str, list))
     _, lps = _first(out, _LOGPROB_KEYS, (list, Mapping))
@@ -437,15 +424,12 @@ def _start(row: Mapping[str, Any]) -> int:
 
 def root_span(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """A trajectory's root: a span without a parent, ``kind="rollout"`` first, then the earliest."""
-    best: tuple[int, int, int] | None = None
-    found = None
-    for i, r in enumerate(rows):
-        if r.get(S.PARENT_SPAN_ID) is not None or is_log_reward(r):
-            continue
-        key = (0 if r.get(S.KIND) == S.KIND_ROLLOUT else 1, _start(r), i)
-        if best is None or key < best:
-            best, found = key, r
-    return found
+    roots = [
+        (0 if r.get(S.KIND) == S.KIND_ROLLOUT else 1, _start(r), i)
+        for i, r in enumerate(rows)
+        if r.get(S.PARENT_SPAN_ID) is None and not is_log_reward(r)
+    ]
+    return rows[min(roots)[2]] if roots else None
 
 
 def is_log_reward(row: Mapping[str, Any]) -> bool:
@@ -555,16 +539,21 @@ def _rows_of(spans: pa.Table | Iterable[Mapping[str, Any]]) -> list[Mapping[str,
     return list(spans)
 
 
+def rows_by_trace(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The rows of ``spans`` (a table or dicts with :data:`TURN_SPAN_COLUMNS`) by trace id, in order."""
+    by_trace: dict[str, list[Mapping[str, Any]]] = {}
+    for r in _rows_of(spans):
+        by_trace.setdefault(r.get(S.TRACE_ID), []).append(r)  # type: ignore[arg-type]
+    return by_trace
+
+
 def trajectory_turns(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, list[Turn]]:
     """The turns of every trajectory in ``spans`` (a table or dicts with :data:`TURN_SPAN_COLUMNS`), by trace id.
 
     A root returning ``{"messages": [...]}`` gives the conversation, each message joined to its span; else it is
     rebuilt: the root's chat (verl's ``raw_prompt``) or the first llm prompt, then one turn per llm and tool span.
     """
-    by_trace: dict[str, list[Mapping[str, Any]]] = {}
-    for r in _rows_of(spans):
-        by_trace.setdefault(r.get(S.TRACE_ID), []).append(r)  # type: ignore[arg-type]
-    return {tid: _conversation(rows) for tid, rows in by_trace.items()}
+    return {tid: _conversation(rows) for tid, rows in rows_by_trace(spans).items()}
 
 
 def span_turns(spans: pa.Table | Iterable[Mapping[str, Any]]) -> list[Turn]:
@@ -600,12 +589,7 @@ def prompt_and_response(turns: Sequence[Turn]) -> tuple[str, str]:
     assistant = [t for t in turns if t.role == ROLE_ASSISTANT]
     prompt = assistant[0].prompt_text if assistant else None
     if prompt is None:
-        head = []
-        for t in turns:
-            if t.role == ROLE_ASSISTANT:
-                break
-            head.append(t)
-        prompt = render_turns(head)
+        prompt = render_turns(list(itertools.takewhile(lambda t: t.role != ROLE_ASSISTANT, turns)))
     response = None
     if assistant:
         last = assistant[-1]

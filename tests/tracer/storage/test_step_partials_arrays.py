@@ -26,7 +26,7 @@ _SUMS = (S.PART_TRAJECTORIES, S.NUM_SPANS, S.NUM_LLM_CALLS, S.NUM_TOOL_CALLS, S.
 
 _row = st.fixed_dictionaries(
     {
-        # Steps far apart too (2**40): they are ranked by sorting instead of a table lookup.
+        # Steps far apart too (2**40).
         "step": st.sampled_from([0, 1, 7, -3, None, 2**40]),
         "validate": st.sampled_from([False, True, None]),
         "reward": st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False), st.sampled_from([0.0, -0.0, 1.0])),

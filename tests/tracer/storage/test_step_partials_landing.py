@@ -1,6 +1,6 @@
-"""The run overview's fast reads of shard indexes (sidecar columns straight from their buffers, one merge
-of presorted runs): the same values and the same aggregates, bit for bit, as the pyarrow reads and the
-general merge, for uncompacted, compacted and index-less runs, with live and killed writers."""
+"""The run overview's reads of shard indexes (sidecar columns as numpy, stored sorted values merged): the same
+values and the same aggregates, bit for bit, as the pyarrow reads and the trajectory rows, for uncompacted,
+compacted and index-less runs, with live and killed writers."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def _same_fixed(got: dict[str, Any], table: pa.Table) -> None:
 def test_the_fast_reads_give_the_aggregates_of_the_trajectory_rows(
     tmp_path_factory: Any, trajs: list[dict[str, Any]], killed: int | None, prefix: bool
 ) -> None:
-    """Uncompacted (groups split over files), through pyarrow's reads, compacted, without indexes: one table."""
+    """Uncompacted (groups split over files), compacted, without indexes: one table."""
     root = os.fspath(tmp_path_factory.mktemp("landing"))
     run = os.path.join(root, "run")
     write_random_run(run, trajs, set() if killed is None else {killed}, prefix)
@@ -82,12 +82,6 @@ def test_the_fast_reads_give_the_aggregates_of_the_trajectory_rows(
                 fast = _si.landing_sources(index, _FIXED)[1]
                 assert side is not None and fast is not None, file
                 _same_fixed(fast, side)
-        original = _si._fixed_columns
-        try:  # every sidecar through pyarrow's reader instead: the same table
-            _si._fixed_columns = lambda *_: None  # type: ignore[assignment]
-            _equal_tables(read_step_partials(run), got)
-        finally:
-            _si._fixed_columns = original  # type: ignore[assignment]
         bare = os.path.join(root, "bare")
         copy_run(run, bare, indexes=False)
         _equal_tables(read_step_partials(bare), truth)
@@ -112,33 +106,20 @@ def _clean_run(run: str, steps: list[list[int]], rewards: list[float | None]) ->
     return shards
 
 
-def test_groups_split_over_files_merge_once_and_as_the_general_merge(tmp_path: Any, monkeypatch: Any) -> None:
-    """Every step in every shard: the stored runs merge without reading a row, to the general merge's bits."""
+def test_groups_split_over_files_merge_without_reading_rows(tmp_path: Any, monkeypatch: Any) -> None:
+    """Every step in every shard: the stored runs merge without reading a row, to the rows' bits."""
     run = os.fspath(tmp_path)
     rewards = [0.25, -0.0, 0.0, float("nan"), None, 1.0, -1.0, float("inf")]
     _clean_run(run, [[0, 1, 1, 2, 5], [1, 2, 2, 0], [0, 5, 2, 1, 1, 1]], rewards)
     truth = step_partials(read_trajectories(run))
-    general: list[pa.Table] = []
-    real_merge = tracer.index.readers._merge_presorted
-
-    def both(counts: pa.Table, values: Any) -> pa.Table:
-        part = tracer.summary.metrics._partials_part(counts)
-        part.values = tuple((v, np.repeat(np.arange(counts.num_rows), n)) for v, n in values)
-        general.append(tracer.summary.metrics._merge_parts([part]))
-        return real_merge(counts, values)
-
-    monkeypatch.setattr(tracer.index.readers, "_merge_presorted", both)
     monkeypatch.setattr(
         tracer.index.readers, "read_trajectories", lambda *_: (_ for _ in ()).throw(AssertionError("rows"))
     )
-    got = read_step_partials(run)
-    assert len(general) == 1
-    _equal_tables(got, general[0])
-    _equal_tables(got, truth)
+    _equal_tables(read_step_partials(run), truth)
 
 
 def test_a_sidecar_not_laid_out_as_written_is_read_through_pyarrow(tmp_path: Any) -> None:
-    """A sidecar rewritten compressed (still a valid index): the buffers are not read by hand; the values are the same."""
+    """A sidecar rewritten compressed (still a valid index): the values are the same."""
     run = os.fspath(tmp_path)
     shards = _clean_run(run, [[0, 1, 1], [1, 2]], [0.5, None, 2.0])
     truth = step_partials(read_trajectories(run))
@@ -152,8 +133,6 @@ def test_a_sidecar_not_laid_out_as_written_is_read_through_pyarrow(tmp_path: Any
             w.write_batch(b)
     index = load_shard_index(shards[0])
     assert index is not None
-    with open(side, "rb") as f:
-        assert _si._fixed_columns(f.read(), _FIXED) is None  # compressed: not the layout read by hand
     fast = _si.landing_sources(index, _FIXED)[1]
     plain = step_sources(index, _FIXED)[1]
     assert fast is not None and plain is not None
@@ -162,7 +141,7 @@ def test_a_sidecar_not_laid_out_as_written_is_read_through_pyarrow(tmp_path: Any
 
 
 def test_a_torn_sidecar_is_not_an_index(tmp_path: Any) -> None:
-    """A sidecar cut short: not an index (the shard's rows are read), and its columns read by hand give nothing."""
+    """A sidecar cut short: not an index (the shard's rows are read)."""
     run = os.fspath(tmp_path)
     shards = _clean_run(run, [[0, 1, 1], [1, 2]], [0.5, 1.5])
     truth = step_partials(read_trajectories(run))
@@ -172,7 +151,6 @@ def test_a_torn_sidecar_is_not_an_index(tmp_path: Any) -> None:
     for cut in (len(data) - 3, len(data) // 2, 40):
         with open(side, "wb") as f:
             f.write(data[:cut])
-        assert _si._fixed_columns(data[:cut], _FIXED) is None
         assert load_shard_index(shards[1]) is None
         _equal_tables(read_step_partials(run), truth)
 
