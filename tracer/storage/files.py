@@ -11,6 +11,7 @@ stays bounded: a batch is decompressed only while the bytes it declares fit the 
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import stat
 import struct
@@ -36,14 +37,14 @@ MIN_BUDGET_BYTES = 64 * 1024 * 1024
 ROW_COST_BYTES = 8
 
 _CONTINUATION = 0xFFFFFFFF
-#: Bytes of one Block of an IPC footer (File.fbs: offset, metaDataLength, padding, bodyLength).
-_BLOCK_WIDTH = struct.calcsize("<qi4xq")
+#: One Block of an IPC footer (File.fbs: offset, metaDataLength, padding, bodyLength).
+_BLOCK = struct.Struct("<qi4xq")
 _SCHEMA, _DICTIONARY, _RECORD_BATCH = 1, 2, 3
 _INT_WIDTH = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
 _UINT_WIDTH = {pa.uint8(): 8, pa.uint16(): 16, pa.uint32(): 32}
 
 
-class _CorruptError(Exception):
+class _CorruptError(ValueError):
     """A message header that cannot be right (bounds, kinds)."""
 
 
@@ -258,6 +259,24 @@ def _walk(src: _Source, start: int, size: int) -> tuple[list[_Message], str, boo
         return messages, str(exc), False
 
 
+def _schema_at(src: _Source, msg: _Message) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(src.read_at(msg.offset, msg.end - msg.offset)))
+
+
+def _plain_schema(src: _Source, start: int, size: int) -> tuple[_Message, pa.Schema] | None:
+    """The schema message at ``start`` and its schema when no field is dictionary-encoded (a batch is then found
+    without the messages before it); None otherwise."""
+    first = _read_message(src, start, size)
+    if first is None or first.kind != _SCHEMA:
+        return None
+    schema = _schema_at(src, first)
+    return None if any(pa.types.is_dictionary(f.type) for f in schema) else (first, schema)
+
+
+#: What reading a header, a schema or a footer raises when the bytes are not what they should be.
+_UNREADABLE = (_TornError, _CorruptError, OSError, pa.ArrowException, UnicodeDecodeError)
+
+
 @dataclasses.dataclass
 class Layout:
     """Where the messages of a trace file are, for sealing it (see :mod:`tracer.storage.seal`). ``schema_message``
@@ -296,6 +315,30 @@ def read_layout(path: str) -> Layout:
         src.close()
 
 
+def footer_for(layout: Layout) -> bytes:
+    """The bytes pyarrow writes when it closes an IPC file with ``layout``'s schema and batches: end-of-stream
+    marker, footer, footer length, magic."""
+    schema = pa.ipc.read_schema(pa.py_buffer(layout.schema_message))
+    # pyarrow builds the footer (schema, metadata version) for as many empty batches; then the
+    # fixed-width Block entries of the batch vector are overwritten with where the real ones are.
+    sink = io.BytesIO()
+    with pa.ipc.new_file(sink, schema) as writer:
+        empty = pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
+        for _ in layout.batches:
+            writer.write_batch(empty)
+    data = sink.getvalue()
+    (footer_len,) = struct.unpack_from("<i", data, len(data) - 10)
+    footer = bytearray(data[len(data) - 10 - footer_len : len(data) - 10])
+    fb = _Flat(bytes(footer))
+    count = fb.count(fb.root(), 3, _BLOCK.size)  # Footer.recordBatches
+    vector = fb.ref(fb.root(), 3) or 0
+    if count != len(layout.batches):
+        raise ValueError(f"pyarrow's footer lists {count} batches, not {len(layout.batches)}")
+    for i, block in enumerate(layout.batches):
+        _BLOCK.pack_into(footer, vector + 4 + i * _BLOCK.size, *block)
+    return EOS_MARKER + bytes(footer) + struct.pack("<i", footer_len) + ARROW_FILE_MAGIC
+
+
 def ends_closed(path: str) -> bool:
     """True when ``path`` ends like a closed trace file: a stream's end-of-stream marker or a file's magic. Reads only
     the last bytes; a sound footer is checked by :func:`read_batches`. Anything but a regular file (a FIFO would block
@@ -319,12 +362,6 @@ def ends_closed(path: str) -> bool:
     except OSError:
         return False
     return tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC)
-
-
-def _footer_batches(src: _Source, size: int) -> list[int] | None:
-    """Offsets of the record batches an IPC file's footer lists; None when it has no sound footer."""
-    blocks = _footer_blocks(src, size)
-    return None if blocks is None else [b[0] for b in blocks]
 
 
 def _footer(read_at: Callable[[int, int], bytes], size: int) -> tuple[bytes, bytes] | None:
@@ -413,7 +450,7 @@ def footer_bytes(path: str) -> tuple[bytes, int] | None:
         if got is None:
             return None
         fb = _Flat(got[0])
-        return got[0] + got[1], fb.count(fb.root(), 3, _BLOCK_WIDTH)
+        return got[0] + got[1], fb.count(fb.root(), 3, _BLOCK.size)
     except (OSError, _CorruptError):
         return None
     finally:
@@ -516,11 +553,11 @@ def _budget(size: int) -> tuple[int, float]:
 
 
 def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return f"{n} B"  # pragma: no cover - the loop always returns
+    return f"{n:.1f} TB"
 
 
 def conform(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
@@ -563,7 +600,7 @@ class TraceFileBatches:
         self.schema: pa.Schema | None = None
         # Found by :meth:`_walk_chosen`, so :meth:`_read` does not read and parse them a second time.
         self._first_schema: pa.Schema | None = None
-        self._footer_offsets: list[int] | None = None
+        self._footer_blocks: list[tuple[int, int, int]] | None = None
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         for batch, _ in self.with_metadata():
@@ -613,13 +650,11 @@ class TraceFileBatches:
         if self.resume is not None:
             offset, count = self.resume
             try:
-                first = _read_message(src, start, size)
-                if first is not None and first.kind == _SCHEMA and first.end <= offset <= size and count >= 0:
-                    schema = pa.ipc.read_schema(pa.py_buffer(src.read_at(first.offset, first.end - first.offset)))
-                    if not any(pa.types.is_dictionary(f.type) for f in schema):
-                        rest, stop, at_eos = _walk(src, offset, size)
-                        return [first, *rest], stop, at_eos, count
-            except (_TornError, _CorruptError, OSError, pa.ArrowException, UnicodeDecodeError):
+                plain = _plain_schema(src, start, size)
+                if plain is not None and plain[0].end <= offset <= size and count >= 0:
+                    rest, stop, at_eos = _walk(src, offset, size)
+                    return [plain[0], *rest], stop, at_eos, count
+            except _UNREADABLE:
                 pass  # read it the ordinary way, which says what is wrong
         messages, stop, at_eos = _walk(src, start, size)
         return messages, stop, at_eos, 0
@@ -629,15 +664,12 @@ class TraceFileBatches:
         file whose footer an index vouches for (:mod:`tracer.index.shard`): the footer is the one its writer wrote, so
         batches are where it says, and only those read are parsed."""
         try:
-            first = _read_message(src, start, size)
+            plain = _plain_schema(src, start, size)
             blocks = _footer_blocks(src, size)
-            if first is None or first.kind != _SCHEMA or blocks is None:
-                return None
-            schema = pa.ipc.read_schema(pa.py_buffer(src.read_at(first.offset, first.end - first.offset)))
-            if any(pa.types.is_dictionary(f.type) for f in schema):
+            if plain is None or blocks is None:
                 return None
             chosen = set(self.batch_numbers or ())
-            messages = [first]
+            messages = [plain[0]]
             for i, (offset, meta_len, body_len) in enumerate(blocks):
                 if i in chosen:
                     msg = _read_message(src, offset, size)
@@ -647,9 +679,9 @@ class TraceFileBatches:
                     body = offset + meta_len
                     msg = _Message(offset, body, body + body_len, _RECORD_BATCH, 0, [], False)
                 messages.append(msg)
-            self._first_schema, self._footer_offsets = schema, [b[0] for b in blocks]
+            self._first_schema, self._footer_blocks = plain[1], blocks
             return messages
-        except (_TornError, _CorruptError, OSError, pa.ArrowException, UnicodeDecodeError):
+        except _UNREADABLE:
             return None
 
     def _read(self, src: _Source) -> Iterator[tuple[pa.RecordBatch, Any]]:
@@ -671,11 +703,8 @@ class TraceFileBatches:
             res.skipped = "not a readable trace file: " + (stop or "it does not start with an Arrow schema")
             res.repairable = True
             return None
-        schema_msg = messages[0]
         try:
-            self.schema = schema = self._first_schema or pa.ipc.read_schema(
-                pa.py_buffer(src.read_at(schema_msg.offset, schema_msg.end - schema_msg.offset))
-            )
+            self.schema = schema = self._first_schema or _schema_at(src, messages[0])
             schema.names  # noqa: B018 - field names in bytes that are not UTF-8 fail here
         except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:
             res.skipped, res.repairable = f"not a readable trace file: {type(exc).__name__}: {exc}", True
@@ -700,9 +729,10 @@ class TraceFileBatches:
         res.batches_in_file = len(batches)
         res.end = messages[-1].end
         if res.file_format:
-            listed = self._footer_offsets if self._footer_offsets is not None else _footer_batches(src, size)
             walked = [m.offset for m in batches[skipped:]]
-            if listed is not None and len(listed) == len(batches) and listed[skipped:] == walked and not stop:
+            blocks = self._footer_blocks if self._footer_blocks is not None else _footer_blocks(src, size)
+            listed = [] if blocks is None else [b[0] for b in blocks]
+            if blocks is not None and len(listed) == len(batches) and listed[skipped:] == walked and not stop:
                 res.closed = True
             elif ended_at_eos or stop:
                 # Something follows the last batch but it is not a footer that lists the batches: damage.
@@ -848,16 +878,12 @@ def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
         raise OSError(f"{file}: {reading.result.skipped}")
     try:
         start = 8 if src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC else 0
-        try:
-            msg = _read_message(src, start, reading.result.size)
-        except (_TornError, _CorruptError) as exc:
-            raise OSError(f"{file}: not a readable trace file: {exc}") from None
+        msg = _read_message(src, start, reading.result.size)
         if msg is None or msg.kind != _SCHEMA:
-            raise OSError(f"{file}: not a readable trace file: it does not start with an Arrow schema")
-        try:
-            return pa.ipc.read_schema(pa.py_buffer(src.read_at(msg.offset, msg.end - msg.offset)))
-        except pa.ArrowException as exc:
-            raise OSError(f"{file}: not a readable trace file: {exc}") from None
+            raise _CorruptError("it does not start with an Arrow schema")
+        return _schema_at(src, msg)
+    except (_TornError, _CorruptError, pa.ArrowException) as exc:
+        raise OSError(f"{file}: not a readable trace file: {exc}") from None
     finally:
         src.close()
 

@@ -17,18 +17,16 @@ import collections
 import dataclasses
 import errno
 import fcntl
-import io
 import os
 import re
 import stat
-import struct
 import threading
 import time
 
 import pyarrow as pa
 
 from tracer import schema as S
-from tracer.storage.files import ARROW_FILE_MAGIC, EOS_MARKER, Layout, ends_closed, read_layout
+from tracer.storage.files import ARROW_FILE_MAGIC, EOS_MARKER, ends_closed, footer_for, read_layout
 from tracer.storage.uri import is_remote
 from tracer.storage.writer import OnClose, host_label
 
@@ -47,8 +45,6 @@ SEALED = "sealed"
 ALREADY_CLOSED = "closed"
 LIVE = "live"
 NOT_SEALED = "not sealed"
-
-_BLOCK = struct.Struct("<qi4xq")  # Arrow File.fbs Block: offset, metaDataLength, (pad), bodyLength
 
 #: Files found closed, by path: (size, mtime, inode) then; while that is the same, the file is not opened again.
 _closed: collections.OrderedDict[str, tuple[int, int, int]] = collections.OrderedDict()
@@ -104,40 +100,6 @@ def _writer_gone(path: str, fd: int, file_format: bool, max_age_s: float) -> str
     if age >= max_age_s:
         return f"unchanged for {age:.0f} s (sealed after {max_age_s:g} s)"
     return ""
-
-
-def footer_for(layout: Layout) -> bytes:
-    """The bytes pyarrow writes when it closes an IPC file with ``layout``'s schema and batches. Everything after the
-    last batch: end-of-stream marker, footer, footer length, magic."""
-    schema = pa.ipc.read_schema(pa.py_buffer(layout.schema_message))
-    # pyarrow builds the footer (schema, metadata version) for as many empty batches; then the
-    # fixed-width Block entries of the batch vector are overwritten with where the real ones are.
-    sink = io.BytesIO()
-    with pa.ipc.new_file(sink, schema) as writer:
-        empty = pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
-        for _ in layout.batches:
-            writer.write_batch(empty)
-    data = bytearray(sink.getvalue())
-    (footer_len,) = struct.unpack_from("<i", data, len(data) - 10)
-    footer_at = len(data) - 10 - footer_len
-    footer = bytearray(data[footer_at : len(data) - 10])
-    root = struct.unpack_from("<I", footer, 0)[0]
-    vtable = root - struct.unpack_from("<i", footer, root)[0]
-    vt_size = struct.unpack_from("<H", footer, vtable)[0]
-    slot = 3  # Footer.recordBatches
-    field = struct.unpack_from("<H", footer, vtable + 4 + 2 * slot)[0] if 4 + 2 * slot + 2 <= vt_size else 0
-    if not field:
-        if layout.batches:
-            raise ValueError("pyarrow's footer has no batch list")
-    else:
-        pos = root + field
-        vec = pos + struct.unpack_from("<I", footer, pos)[0]
-        (count,) = struct.unpack_from("<I", footer, vec)
-        if count != len(layout.batches):
-            raise ValueError(f"pyarrow's footer lists {count} batches, not {len(layout.batches)}")
-        for i, block in enumerate(layout.batches):
-            _BLOCK.pack_into(footer, vec + 4 + i * _BLOCK.size, *block)
-    return EOS_MARKER + bytes(footer) + struct.pack("<i", footer_len) + ARROW_FILE_MAGIC
 
 
 def _remember_closed(file: str, stamp: tuple[int, int, int]) -> None:
