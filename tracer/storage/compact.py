@@ -556,22 +556,6 @@ def _write_compacted(
     return {"size": size, "rows": table.num_rows, "batch_steps": batch_steps, "format": "ipc-file"}, builder
 
 
-__all__ = [
-    "CompactReport",
-    "DEFAULT_TARGET_BYTES",
-    "INDEX_NAME",
-    "MergeResult",
-    "MergeUnit",
-    "PARQUET_DIR",
-    "compact",
-    "compact_dirs",
-    "describe_store_error",
-    "merge_unit",
-    "run_dirs",
-    "write_parquet",
-]
-
-
 #: Where ``compact --format parquet`` writes, under the path compacted, unless told otherwise.
 PARQUET_DIR = "parquet"
 #: On object stores, the empty object written last into the Parquet dataset (Spark's convention).

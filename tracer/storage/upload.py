@@ -26,6 +26,7 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from tracer import schema as S
+from tracer.storage.files import write_replacing
 from tracer.storage.repair import REPAIRED, SOUND, repair_file
 from tracer.storage.uri import filesystem, join_uri, strip_query
 from tracer.storage.writer import SpanWriter
@@ -128,18 +129,10 @@ def upload_file(local: str, dest_uri: str) -> str:
 def _write_destination(staging: str, dest_uri: str) -> None:
     os.makedirs(staging, exist_ok=True)
     path = os.path.join(staging, DESTINATION_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            if f.read().strip() == dest_uri:
-                return
-    except OSError:
-        pass
-    tmp = f"{path}.{secrets.token_hex(4)}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(dest_uri + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
+        if f.read().strip() == dest_uri:
+            return
+    write_replacing(path, f"{path}.{secrets.token_hex(4)}", lambda f: f.write(dest_uri.encode() + b"\n"))
 
 
 def claim_orphans(staging: str, own_stem: str | None = None) -> tuple[list[str], dict[str, int]]:
