@@ -54,7 +54,7 @@ from tracer.storage.files import read_batches
 from tracer.storage.index import INDEX_NAME, load_index, replaced_files, save_index
 from tracer.storage.locks import try_exclusive
 from tracer.storage.seal import LIVE, SEALED, seal_if_abandoned
-from tracer.storage.upload import ATOMIC_PUT_FILESYSTEMS
+from tracer.storage.upload import ATOMIC_PUT_FILESYSTEMS, upload_file
 from tracer.storage.writer import fsync_dir
 
 #: Aim for compacted files of about this size.
@@ -172,17 +172,6 @@ class _Dir:
             f.write(json.dumps(index).encode("utf-8"))
         if not atomic:
             self.replace(tmp, INDEX_NAME)
-
-    @contextlib.contextmanager
-    def output(self, name: str) -> Iterator[Any]:
-        if self.remote:
-            with self.fs.open_output_stream(self._key(name)) as stream:
-                yield stream
-            return
-        with open(self.full(name), "wb") as sink:
-            yield sink
-            sink.flush()
-            os.fsync(sink.fileno())
 
     def may_delete(self, entries: list[dict[str, Any]], delete_after_s: float) -> Callable[[], None] | None:
         """How to let go once the originals may go; None while they must stay. Locally: the directory's exclusive
@@ -414,7 +403,7 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
     if d.remote:
         out.entry = _write_remote_indexed(d, unit.name, table, schema)
     else:
-        out.entry, out.index = _write_compacted(d, unit.name + ".tmp", table, schema)
+        out.entry, out.index = _write_compacted(d.full(unit.name + ".tmp"), table, schema)
     d.sync()
     return out
 
@@ -507,35 +496,31 @@ def _write_remote_indexed(d: _Dir, name: str, table: pa.Table, schema: pa.Schema
     """Upload ``table`` as ``name.tmp`` and then its shard index (ignored until the rename), both written first in a
     local directory as writers write them."""
     with tempfile.TemporaryDirectory(prefix="rollout-trace-compact-") as stage:
-        local = _Dir(stage)
-        entry, builder = _write_compacted(local, name, table, schema)
-        _upload(d, local.full(name), name + ".tmp")
-        if d.size(name + ".tmp") != entry["size"]:
-            raise OSError(f"{d.full(name + '.tmp')}: {d.size(name + '.tmp')} bytes stored, {entry['size']} written")
-        if builder is not None:
+        local = os.path.join(stage, name)
+        entry, builder = _write_compacted(local, table, schema)
+        try:
+            if builder is not None:
+                write_shard_index(local, builder)
+        except Exception as exc:
+            warn_no_index(d.full(name), exc)
+        os.replace(local, local + ".tmp")
+        upload_file(local + ".tmp", d.path)
+        if os.path.exists(shard_index_path(local)):
             try:
-                write_shard_index(local.full(name), builder)
-                _upload(d, shard_index_path(local.full(name)), _index_name(name))
+                upload_file(shard_index_path(local), d.path)
             except Exception as exc:
                 warn_no_index(d.full(name), exc)
     return entry
 
 
-def _upload(d: _Dir, local: str, name: str) -> None:
-    with open(local, "rb") as src, d.output(name) as sink:
-        shutil.copyfileobj(src, sink, 8 * 1024 * 1024)
-
-
-def _write_compacted(
-    d: _Dir, name: str, table: pa.Table, schema: pa.Schema
-) -> tuple[dict[str, Any], ShardIndexBuilder | None]:
-    """Write ``table`` (sorted by step) as an IPC file, one step per batch; return its index entry and its shard index
-    (None when that outgrew its memory)."""
+def _write_compacted(path: str, table: pa.Table, schema: pa.Schema) -> tuple[dict[str, Any], ShardIndexBuilder | None]:
+    """Write ``table`` (sorted by step) to the local ``path`` as an IPC file, one step per batch; return its index
+    entry and its shard index (None when that outgrew its memory)."""
     batch_steps: list[int | None] = []
     builder: ShardIndexBuilder | None = _shard.builder(bounded=False)  # ``table`` is held whole anyway
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))
     runs = pc.run_end_encode(table.column(S.STEP).combine_chunks())
-    with d.output(name) as sink:
+    with open(path, "wb") as sink:
         with pa.ipc.new_file(sink, schema, options=options) as writer:
             start = 0
             for end, step in zip(runs.run_ends.to_pylist(), runs.values.to_pylist()):
@@ -550,9 +535,11 @@ def _write_compacted(
                             builder = None
                 start = end
         written = sink.tell()
-    size = d.size(name)
+        sink.flush()
+        os.fsync(sink.fileno())
+    size = os.path.getsize(path)
     if size != written:
-        raise OSError(f"{d.full(name)}: {size} bytes stored, {written} written")
+        raise OSError(f"{path}: {size} bytes stored, {written} written")
     return {"size": size, "rows": table.num_rows, "batch_steps": batch_steps, "format": "ipc-file"}, builder
 
 

@@ -10,6 +10,7 @@ stays bounded: a batch is decompressed only while the bytes it declares fit the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -398,12 +399,10 @@ def _open_regular(path: str, min_size: int) -> tuple[int, int] | None:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
-    try:
+    with contextlib.suppress(OSError):
         st = os.fstat(fd)
         if stat.S_ISREG(st.st_mode) and st.st_size >= min_size:
             return fd, st.st_size
-    except OSError:
-        pass
     os.close(fd)
     return None
 
@@ -906,8 +905,6 @@ def write_replacing(target: str, tmp: str, write: Callable[[BinaryIO], object]) 
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(tmp)
-        except OSError:
-            pass
         raise

@@ -14,6 +14,7 @@ seal standing). A file found closed is not opened again while its size, mtime an
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -118,10 +119,8 @@ def seal_if_abandoned(
     sealed (readers pass :func:`tracer.index.shard.write_index`)."""
     result = _seal(os.fspath(path), max_age_s)
     if on_sealed is not None and result.action == SEALED:
-        try:
+        with contextlib.suppress(Exception):  # derived data only: the seal stands
             on_sealed(result.path)
-        except Exception:  # derived data only: the seal stands
-            pass
     return result
 
 

@@ -237,7 +237,6 @@ class UploadingSpanWriter(SpanWriter):
         self._opened_at = 0.0
         #: (local path, needs repair check, not before monotonic time, attempts)
         self._pending: collections.deque[tuple[str, bool, float, int]] = collections.deque()
-        self.uploaded: list[str] = []
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -345,7 +344,7 @@ class UploadingSpanWriter(SpanWriter):
                     ready = prepare_for_upload(path) if check else path
                     if ready is None:
                         continue
-                    self.uploaded.append(upload_file(ready, self.dest_uri))
+                    upload_file(ready, self.dest_uri)
                 except NotUploadableError as exc:
                     if self._report is not None:
                         self._report("upload failed", f"{path} kept in staging, not uploaded: {exc}", exc)
@@ -366,8 +365,3 @@ class UploadingSpanWriter(SpanWriter):
         waiting = {_stem_of(os.path.basename(p)) for p, *_ in tuple(self._pending)}
         for stem in [s for s in self._orphan_locks if s not in waiting]:
             _release(self.run_dir, stem, self._orphan_locks.pop(stem))
-
-    @property
-    def pending(self) -> list[str]:
-        """Staged files not uploaded yet."""
-        return [p for p, *_ in tuple(self._pending)]
