@@ -597,7 +597,7 @@ class TraceFileBatches:
         self.result = FileRead(path)
         #: The file's own schema (with its metadata) once known.
         self.schema: pa.Schema | None = None
-        # Found by :meth:`_walk_chosen`, so :meth:`_read` does not read and parse them a second time.
+        # Found by :meth:`_walk_chosen`, so :meth:`_head` does not read and parse them a second time.
         self._first_schema: pa.Schema | None = None
         self._footer_blocks: list[tuple[int, int, int]] | None = None
 
@@ -611,7 +611,9 @@ class TraceFileBatches:
         if src is None:
             return
         try:
-            yield from self._read(src)
+            head = self._head(src)
+            if head is not None:
+                yield from self._batches(src, *head)
         finally:
             src.close()
 
@@ -682,11 +684,6 @@ class TraceFileBatches:
             return messages
         except _UNREADABLE:
             return None
-
-    def _read(self, src: _Source) -> Iterator[tuple[pa.RecordBatch, Any]]:
-        head = self._head(src)
-        if head is not None:
-            yield from self._batches(src, *head)
 
     def _head(self, src: _Source) -> tuple[list[_Message], list[_Message], int, str | None, int, pa.Schema] | None:
         """The file's messages, its batches, how many are skipped, why it stops, where its stream starts

@@ -71,8 +71,7 @@ class HistoryTracker:
     """The writer's side: remembers each live trajectory's last llm context and rewrites the next prompt. Writer thread
     only, on prepared values in written order; it holds references to the id lists, never copies."""
 
-    def __init__(self, max_held_ids: int = MAX_HELD_IDS) -> None:
-        self.max_held_ids = max_held_ids
+    def __init__(self) -> None:
         #: trajectory key -> (span id, response field, whole prompt ids, response ids)
         self._last: collections.OrderedDict[Any, tuple[str, str | None, Sequence[int], Sequence[int]]] = (
             collections.OrderedDict()
@@ -114,11 +113,11 @@ class HistoryTracker:
                     S.HISTORY_IDS: prompt[k:],
                 }
         size = len(prompt) + len(response)
-        if size > self.max_held_ids:
+        if size > MAX_HELD_IDS:
             return
         self._last[key] = (span_id, field, prompt, response)
         self._held += size
-        while self._held > self.max_held_ids and self._last:
+        while self._held > MAX_HELD_IDS and self._last:
             _, (_, _, old_prompt, old_response) = self._last.popitem(last=False)
             self._held -= len(old_prompt) + len(old_response)
 
@@ -139,11 +138,6 @@ def _dumps(value: Any) -> str:
         return json.dumps(value)
 
 
-def has_references(inputs: pa.ChunkedArray | pa.Array) -> bool:
-    """Whether any value of an ``inputs`` column holds a history reference (one substring scan)."""
-    return bool(pc.any(pc.fill_null(pc.match_substring(inputs, _MARKER), False)).as_py())
-
-
 def expand_history(table: pa.Table) -> pa.Table:
     """``table`` (with ``inputs``, ``trace_id``, ``span_id``, ``outputs``) with every referenced ``prompt_ids``
     rebuilt from its own rows; a reference whose base is absent, damaged or circular stays, with
@@ -151,12 +145,12 @@ def expand_history(table: pa.Table) -> pa.Table:
     if S.INPUTS not in table.column_names or table.num_rows == 0:
         return table
     inputs = table.column(S.INPUTS)
-    if not has_references(inputs):
+    marked = pc.fill_null(pc.match_substring(inputs, _MARKER), False)  # one substring scan
+    if not pc.any(marked).as_py():
         return table
     missing_cols = [c for c in HISTORY_COLUMNS if c not in table.column_names]
     if missing_cols:
         raise ValueError(f"expand_history needs the columns {', '.join(missing_cols)} to rebuild prompt_ids")
-    marked = pc.fill_null(pc.match_substring(inputs, _MARKER), False)
     marked_rows = pc.indices_nonzero(marked).to_pylist()
     trace_col = table.column(S.TRACE_ID)
     traces = pc.unique(pc.take(trace_col, pa.array(marked_rows, pa.int64())))

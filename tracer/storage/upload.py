@@ -186,8 +186,7 @@ def recover(staging: str, dest_uri: str | None = None) -> tuple[list[str], list[
                 failed.append(f"{path}: {type(exc).__name__}: {exc}")
     finally:
         for stem, fd in locks.items():
-            left = any(_stem_of(n) == stem for n in os.listdir(staging) if n.endswith(S.FILE_SUFFIX))
-            if left:
+            if any(_stem_of(n) == stem for n in os.listdir(staging) if n.endswith(S.FILE_SUFFIX)):
                 os.close(fd)
             else:
                 _release(staging, stem, fd)
@@ -229,7 +228,7 @@ class UploadingSpanWriter(SpanWriter):
         self.dest_uri = dest_uri
         self._pid = os.getpid()
         self.upload_interval_s = float(upload_interval_s)
-        self._report = report
+        self._report = report or (lambda kind, detail, exc: None)
         self.at_exit = at_exit
         self._lock = threading.RLock()
         self._upload_lock = threading.Lock()
@@ -246,8 +245,7 @@ class UploadingSpanWriter(SpanWriter):
         except (ValueError, TypeError, pa.ArrowInvalid):
             raise
         except Exception as exc:  # unreachable now: uploads retry later
-            if report is not None:
-                report("upload failed", f"cannot reach {dest_uri}: {type(exc).__name__}: {exc}", exc)
+            self._report("upload failed", f"cannot reach {dest_uri}: {type(exc).__name__}: {exc}", exc)
         # pyarrow finalizes S3 at exit; upload before that (atexit runs handlers last-in first-out).
         atexit.register(_close_at_exit, weakref.ref(self))
         self._lock_fd: int | None = _try_lock(os.path.join(staging, self._stem + LOCK_SUFFIX))
@@ -346,22 +344,17 @@ class UploadingSpanWriter(SpanWriter):
                         continue
                     upload_file(ready, self.dest_uri)
                 except NotUploadableError as exc:
-                    if self._report is not None:
-                        self._report("upload failed", f"{path} kept in staging, not uploaded: {exc}", exc)
+                    self._report("upload failed", f"{path} kept in staging, not uploaded: {exc}", exc)
                 except Exception as exc:
                     attempts += 1
-                    if self._report is not None:
-                        self._report(
-                            "upload failed",
-                            f"{path} -> {self.dest_uri} (attempt {attempts}; kept in staging, retried): "
-                            f"{type(exc).__name__}: {exc}",
-                            exc,
-                        )
+                    self._report(
+                        "upload failed",
+                        f"{path} -> {self.dest_uri} (attempt {attempts}; kept in staging, retried): "
+                        f"{type(exc).__name__}: {exc}",
+                        exc,
+                    )
                     later.append((path, check, time.monotonic() + min(MAX_RETRY_S, 2.0**attempts), attempts))
             self._pending.extend(later)
-            self._release_orphan_locks()
-
-    def _release_orphan_locks(self) -> None:
-        waiting = {_stem_of(os.path.basename(p)) for p, *_ in tuple(self._pending)}
-        for stem in [s for s in self._orphan_locks if s not in waiting]:
-            _release(self.run_dir, stem, self._orphan_locks.pop(stem))
+            waiting = {_stem_of(os.path.basename(p)) for p, *_ in tuple(self._pending)}
+            for stem in [s for s in self._orphan_locks if s not in waiting]:
+                _release(self.run_dir, stem, self._orphan_locks.pop(stem))
