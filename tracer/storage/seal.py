@@ -103,14 +103,6 @@ def _writer_gone(path: str, fd: int, file_format: bool, max_age_s: float) -> str
     return ""
 
 
-def _remember_closed(file: str, stamp: tuple[int, int, int]) -> None:
-    with _closed_lock:
-        _closed[file] = stamp
-        _closed.move_to_end(file)
-        while len(_closed) > CLOSED_CACHE_ENTRIES:
-            _closed.popitem(last=False)
-
-
 def seal_if_abandoned(
     path: str | os.PathLike[str], max_age_s: float | None = None, on_sealed: OnClose | None = None
 ) -> SealResult:
@@ -138,7 +130,11 @@ def _seal(file: str, max_age_s: float | None) -> SealResult:
         if _closed.get(file) == stamp:
             return SealResult(file, ALREADY_CLOSED)
     if ends_closed(file):
-        _remember_closed(file, stamp)
+        with _closed_lock:
+            _closed[file] = stamp
+            _closed.move_to_end(file)
+            while len(_closed) > CLOSED_CACHE_ENTRIES:
+                _closed.popitem(last=False)
         return SealResult(file, ALREADY_CLOSED)
     limit = seal_after_s() if max_age_s is None else max_age_s
     try:

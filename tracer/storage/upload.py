@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -24,6 +25,7 @@ import weakref
 from collections.abc import Callable
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from tracer import schema as S
 from tracer.storage.files import write_replacing
@@ -68,8 +70,6 @@ def _stem_of(name: str) -> str:
 
 def _try_lock(path: str) -> int | None:
     """Open and exclusively flock ``path``; the fd, or None if another process holds it."""
-    import fcntl
-
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -104,8 +104,6 @@ def prepare_for_upload(path: str) -> str | None:
 def upload_file(local: str, dest_uri: str) -> str:
     """Upload one closed trace file into ``dest_uri`` (a prefix); return the object's URI. The object appears whole or
     not at all; the local file is removed once the object's size matches."""
-    import pyarrow.fs as pafs
-
     name = os.path.basename(local)
     final_uri = join_uri(dest_uri, name)
     fs, final = filesystem(final_uri)

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from tracer import schema as S
 
@@ -38,8 +39,6 @@ def strip_query(uri: str) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _filesystem_for_dir(dir_uri: str) -> tuple[Any, str]:
-    import pyarrow.fs as pafs
-
     try:
         fs, path = pafs.FileSystem.from_uri(dir_uri)
         return fs, path.rstrip("/")
@@ -72,8 +71,6 @@ def filesystem(uri: str) -> tuple[Any, str]:
 def list_remote(uri: str) -> list[str]:
     """Trace files under ``uri`` (a file, or a prefix searched recursively) as URIs, sorted; FileNotFoundError
     when nothing exists there."""
-    import pyarrow.fs as pafs
-
     fs, path = filesystem(uri)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File:
@@ -99,8 +96,6 @@ def file_size(file: str) -> int:
     """Size in bytes of a local path or a URI (OSError when it does not exist or cannot be reached)."""
     if not is_remote(file):
         return os.path.getsize(file)
-    import pyarrow.fs as pafs
-
     fs, path = filesystem(file)
     info = fs.get_file_info(path)
     if info.type != pafs.FileType.File:
