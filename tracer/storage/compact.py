@@ -16,8 +16,7 @@ Every row is kept exactly once; a crash at any point is safe by the order of ope
 Each merged file gets its shard index (:mod:`tracer.index.shard`): written after step 3 locally, uploaded with
 step 1 on an object store; one that cannot be written never fails the compaction. Readers hold the shared lock
 while they read a listing, so step 4 waits up to :data:`DELETE_WAIT_S` and otherwise leaves the originals to the
-next compaction. :func:`merge_unit` (step 1) touches neither index nor inputs, so it may run elsewhere
-(:mod:`tracer.storage.compact_ray`).
+next compaction. Merges (step 1) may run elsewhere (:mod:`tracer.storage.compact_ray`).
 
 On object stores (:mod:`tracer.storage.uri`) step 3 is a server-side copy, the index one PUT, and step 4 deletes
 originals hidden for ``delete_after_s`` (:data:`REMOTE_DELETE_AFTER_S`); run one compaction of a prefix at a time.
@@ -477,14 +476,10 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
                     with contextlib.suppress(OSError):
                         d.remove(_index_name(old))
             for g in group:
-                entry = index["files"].get(g, {})
-                if entry.get("replaces"):
-                    entry["replaces"] = []
-                    changed = True
-            if changed:
-                d.sync()
-                d.save_index(index)
-                changed = False
+                index["files"].get(g, {})["replaces"] = []
+            d.sync()
+            d.save_index(index)
+            changed = False
         finally:
             release()
     if changed:
