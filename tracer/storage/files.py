@@ -576,30 +576,25 @@ def conform(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
 # -- the reader ----------------------------------------------------------------------
 
 
+@dataclasses.dataclass(eq=False)
 class TraceFileBatches:
     """The batches of one trace file (from :func:`read_batches`); iterate once, then read :attr:`result`."""
 
-    def __init__(
-        self,
-        path: str,
-        columns: list[str] | None,
-        batch_numbers: Iterable[int] | None,
-        expect_size: int | None,
-        resume: tuple[int, int] | None = None,
-        trust_footer: bool = False,
-    ) -> None:
-        self.path = path
-        self.expect_size = expect_size
-        self.resume = resume
-        self.trust_footer = trust_footer
-        self.columns = columns
-        self.batch_numbers = None if batch_numbers is None else sorted(set(batch_numbers))
-        self.result = FileRead(path)
-        #: The file's own schema (with its metadata) once known.
-        self.schema: pa.Schema | None = None
-        # Found by :meth:`_walk_chosen`, so :meth:`_head` does not read and parse them a second time.
-        self._first_schema: pa.Schema | None = None
-        self._footer_blocks: list[tuple[int, int, int]] | None = None
+    path: str
+    columns: list[str] | None
+    batch_numbers: list[int] | None  # sorted, distinct
+    expect_size: int | None
+    resume: tuple[int, int] | None
+    trust_footer: bool
+    result: FileRead = dataclasses.field(init=False)
+    #: The file's own schema (with its metadata) once known.
+    schema: pa.Schema | None = dataclasses.field(default=None, init=False)
+    # Found by :meth:`_walk_chosen`, so :meth:`_head` does not read and parse them a second time.
+    _first_schema: pa.Schema | None = dataclasses.field(default=None, init=False)
+    _footer_blocks: list[tuple[int, int, int]] | None = dataclasses.field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.result = FileRead(self.path)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         for batch, _ in self.with_metadata():
@@ -862,7 +857,8 @@ def read_batches(
         unknown = [c for c in cols if c not in S.SPAN_COLUMNS]
         if unknown:
             raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
-    return TraceFileBatches(os.fspath(path), cols, batch_numbers, expect_size, resume, trust_footer)
+    chosen = None if batch_numbers is None else sorted(set(batch_numbers))
+    return TraceFileBatches(os.fspath(path), cols, chosen, expect_size, resume, trust_footer)
 
 
 def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
