@@ -17,7 +17,7 @@ import os
 import stat
 import struct
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import pyarrow as pa
 
@@ -37,6 +37,7 @@ MIN_BUDGET_BYTES = 64 * 1024 * 1024
 #: Bytes charged per row and column read, for what materialising a batch costs beyond its buffers.
 ROW_COST_BYTES = 8
 
+_T = TypeVar("_T")
 _CONTINUATION = 0xFFFFFFFF
 #: One Block of an IPC footer (File.fbs: offset, metaDataLength, padding, bodyLength).
 _BLOCK = struct.Struct("<qi4xq")
@@ -344,22 +345,14 @@ def ends_closed(path: str) -> bool:
     """True when ``path`` ends like a closed trace file: a stream's end-of-stream marker or a file's magic. Reads only
     the last bytes; a sound footer is checked by :func:`read_batches`. Anything but a regular file (a FIFO would block
     the open) is not closed."""
+    n = len(EOS_MARKER)
+    if not _uri.is_remote(path):  # a plain descriptor: readers call this for every shard they list
+        tail = _on_regular(path, n, lambda fd, size: os.pread(fd, n, size - n))
+        return tail is not None and (tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC))
     try:
-        if _uri.is_remote(path):
-            with _uri.open_input(path) as f:
-                size = f.size()
-                if size < len(EOS_MARKER):
-                    return False
-                tail = bytes(f.read_at(len(EOS_MARKER), size - len(EOS_MARKER)))
-        else:  # a plain descriptor: readers call this for every shard they list
-            opened = _open_regular(path, len(EOS_MARKER))
-            if opened is None:
-                return False
-            fd, size = opened
-            try:
-                tail = os.pread(fd, len(EOS_MARKER), size - len(EOS_MARKER))
-            finally:
-                os.close(fd)
+        with _uri.open_input(path) as f:
+            size = f.size()
+            tail = bytes(f.read_at(n, size - n)) if size >= n else b""
     except OSError:
         return False
     return tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC)
@@ -389,33 +382,31 @@ def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None
         return None
 
 
-def _open_regular(path: str, min_size: int) -> tuple[int, int] | None:
-    """``(descriptor, size)`` of the local ``path`` opened read-only, or None (nothing left open). None unless it is a
-    regular file of at least ``min_size`` bytes: checked before the open (a device or FIFO is never opened) and again on
-    the descriptor (the path may change in between)."""
+def _on_regular(path: str, min_size: int, use: Callable[[int, int], _T]) -> _T | None:
+    """``use(descriptor, size)`` of the local ``path`` opened read-only; None when an OSError is raised, or unless it is
+    a regular file of at least ``min_size`` bytes: checked before the open (a device or FIFO is never opened) and again
+    on the descriptor (the path may change in between)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
-    with contextlib.suppress(OSError):
+    try:
         st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_size >= min_size:
-            return fd, st.st_size
-    os.close(fd)
-    return None
+        return use(fd, st.st_size) if stat.S_ISREG(st.st_mode) and st.st_size >= min_size else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict[str, str] | None:
     """The schema metadata (only ``keys`` when given) of a local Arrow IPC *file* that ends closed, from its
     schema message alone; for the small files this library writes and checks itself (shard indexes). None when
     it is not such a file or the message does not parse; the rest is not checked."""
-    opened = _open_regular(path, 16 + 10)
-    if opened is None:
-        return None
-    fd, size = opened
-    try:
+
+    def read(fd: int, size: int) -> dict[str, str] | None:
         head = os.pread(fd, 16, 0)
         if head[: len(ARROW_FILE_MAGIC)] != ARROW_FILE_MAGIC:
             return None
@@ -424,36 +415,34 @@ def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict
         first, meta_len = struct.unpack_from("<Ii", head, 8)
         if first != _CONTINUATION or meta_len <= 0 or 16 + meta_len > size - 10:
             return None
-        message = os.pread(fd, 8 + meta_len, 8)
-        meta = pa.ipc.read_schema(pa.py_buffer(message)).metadata or {}
-        if keys is None:
-            return {k.decode(): v.decode() for k, v in meta.items()}
-        wanted = {k.encode(): k for k in keys}
-        return {wanted[k]: v.decode() for k, v in meta.items() if k in wanted}
-    except (OSError, pa.ArrowException, UnicodeDecodeError):
-        return None
-    finally:
-        os.close(fd)
+        try:
+            meta = pa.ipc.read_schema(pa.py_buffer(os.pread(fd, 8 + meta_len, 8))).metadata or {}
+            if keys is None:
+                return {k.decode(): v.decode() for k, v in meta.items()}
+            wanted = {k.encode(): k for k in keys}
+            return {wanted[k]: v.decode() for k, v in meta.items() if k in wanted}
+        except (pa.ArrowException, UnicodeDecodeError):
+            return None
+
+    return _on_regular(path, 16 + 10, read)
 
 
 def footer_bytes(path: str) -> tuple[bytes, int] | None:
     """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists. None
     when there is no sound footer or the file is not regular or unreadable. Two positional reads: every shard index a
     reader loads is checked against its shard's footer this way."""
-    opened = _open_regular(path, 8 + 10)
-    if opened is None:
-        return None
-    fd, size = opened
-    try:
+
+    def read(fd: int, size: int) -> tuple[bytes, int] | None:
         got = _footer(lambda at, n: os.pread(fd, n, at), size)
         if got is None:
             return None
         fb = _Flat(got[0])
-        return got[0] + got[1], fb.count(fb.root(), 3, _BLOCK.size)
-    except (OSError, _CorruptError):
-        return None
-    finally:
-        os.close(fd)
+        try:
+            return got[0] + got[1], fb.count(fb.root(), 3, _BLOCK.size)
+        except _CorruptError:
+            return None
+
+    return _on_regular(path, 8 + 10, read)
 
 
 # -- schemas and buffers ---------------------------------------------------------
