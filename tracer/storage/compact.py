@@ -317,7 +317,7 @@ def _plan_dir(
         if name.endswith(S.FILE_SUFFIX + ".tmp"):  # an interrupted compaction's output, and its index if it got one
             d.remove(name)
             d.remove(_index_name(name[: -len(".tmp")]))
-    hidden = replaced_files(d.path, index)
+    hidden = replaced_files(index, set(names))  # under the lock, after the finish: the listing is current
     candidates: list[tuple[str, int]] = []
     for name in names:
         if not name.endswith(S.FILE_SUFFIX) or name in hidden or name in index["files"]:

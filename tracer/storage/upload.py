@@ -206,9 +206,9 @@ def _close_at_exit(ref: weakref.ref[UploadingSpanWriter]) -> None:
 
 class UploadingSpanWriter(SpanWriter):
     """A :class:`SpanWriter` into a local staging directory that uploads each closed file to ``dest_uri``. Files close
-    (and upload) at ``max_file_bytes`` or ``upload_interval_s`` old. ``report(kind, detail, exc)`` gets upload problems;
-    ``staging`` defaults to :func:`staging_dir_for` ``dest_uri``. ``at_exit`` runs at interpreter exit instead of
-    :meth:`close` (the recorder's shutdown), before pyarrow finalizes S3."""
+    (and upload) at ``max_file_bytes`` or ``upload_interval_s`` old. ``report(kind, detail, exc)`` gets upload problems.
+    ``at_exit`` runs at interpreter exit instead of :meth:`close` (the recorder's shutdown), before pyarrow finalizes
+    S3."""
 
     def __init__(
         self,
@@ -218,10 +218,9 @@ class UploadingSpanWriter(SpanWriter):
         max_file_bytes: int = 256 * 1024 * 1024,
         upload_interval_s: float = 60.0,
         report: Callable[[str, str, BaseException | None], None] | None = None,
-        staging: str | None = None,
         at_exit: Callable[[], object] | None = None,
     ) -> None:
-        staging = staging or staging_dir_for(dest_uri)
+        staging = staging_dir_for(dest_uri)
         super().__init__(staging, metadata, compression_level, max_file_bytes, on_close=None)  # no index: remote
         self.dest_uri = dest_uri
         self._pid = os.getpid()
