@@ -213,11 +213,8 @@ def compacting(run_dir: str) -> Iterator[None]:
         yield
         return
     with open(os.path.join(run_dir, LOCK_NAME), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def compact(
@@ -344,18 +341,15 @@ def _plan_dir(
                 continue
             candidates.append((full, os.path.getsize(full)))
     report.run_dirs += 1
-    units: list[MergeUnit] = []
-    group: list[str] = []
-    size = 0
+    groups: list[list[str]] = []
+    size = target_bytes
     for full, nbytes in candidates:
-        group.append(full)
+        if size >= target_bytes:  # the group before is full
+            groups.append([])
+            size = 0
+        groups[-1].append(full)
         size += nbytes
-        if size >= target_bytes:
-            units.append(MergeUnit(d.path, tuple(group), _new_name()))
-            group, size = [], 0
-    if group:
-        units.append(MergeUnit(d.path, tuple(group), _new_name()))
-    return index, units
+    return index, [MergeUnit(d.path, tuple(group), _new_name()) for group in groups]
 
 
 def _new_name() -> str:
