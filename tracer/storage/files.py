@@ -739,7 +739,7 @@ class TraceFileBatches:
         names = list(S.SPAN_COLUMNS) if columns is None else columns
         # Only span columns are ever decoded, even "as written" (for repair): a column the readers
         # never return must not decide, by failing to decompress, how much of a file they all keep.
-        fields = [i for i, f in enumerate(schema_names) if f in (S.SPAN_COLUMNS if columns is None else columns)]
+        fields = [i for i, f in enumerate(schema_names) if f in names]
         project = columns is not None or len(fields) < len(schema_names)
         wanted = _wanted_buffers(schema, fields) if project else None
         per_row = max(len(fields), len(names))
@@ -747,16 +747,11 @@ class TraceFileBatches:
         if columns is None and project:
             self.schema = pa.schema([schema.field(i) for i in fields], metadata=schema.metadata)
         budget, expansion = _budget(size)
-        spent = 0
-        try:
-            # Dictionaries are decoded along with the batches after them: charge them up front.
-            spent = sum(_cost(src, m, None, 1) for m in messages if m.kind == _DICTIONARY)
-        except _CorruptError as exc:
-            res.damage = str(exc)
-            return
         # One handle for the scan (positional reads) and pyarrow: the bytes checked are the bytes decoded.
         data = src.handle
         try:
+            # Dictionaries are decoded along with the batches after them: charge them up front.
+            spent = sum(_cost(src, m, None, 1) for m in messages if m.kind == _DICTIONARY)
             reader: Any = None
             use_footer = res.file_format and res.closed
             if use_footer:
