@@ -14,6 +14,8 @@ list. Raw readers see the reference as written (``docs/format.md`` shows how to 
 from __future__ import annotations
 
 import collections
+import functools
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -133,8 +135,6 @@ def _dumps(value: Any) -> str:
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode("utf-8")
     except TypeError:  # a lone surrogate (written escaped by the json module): same fallback as the writer
-        import json
-
         return json.dumps(value)
 
 
@@ -160,13 +160,11 @@ def expand_history(table: pa.Table) -> pa.Table:
     sub_inputs = sub.column(S.INPUTS).to_pylist()
     sub_outputs = sub.column(S.OUTPUTS).to_pylist()
     trace_of = sub.column(S.TRACE_ID).to_pylist()
-    parsed: dict[int, Any] = {}
     resolved: dict[int, list[int] | str] = {}
 
+    @functools.cache
     def inputs_of(i: int) -> Any:
-        if i not in parsed:
-            parsed[i] = _loads(sub_inputs[i])
-        return parsed[i]
+        return _loads(sub_inputs[i])
 
     def resolve(i: int, depth: int = 0) -> list[int] | str:
         """Row ``i``'s full prompt_ids, or why it cannot be rebuilt."""
