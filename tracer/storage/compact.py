@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import fcntl
 import functools
-import json
 import os
 import secrets
 import shutil
@@ -53,7 +52,7 @@ from tracer.storage.files import read_batches
 from tracer.storage.index import INDEX_NAME, load_index, replaced_files, save_index
 from tracer.storage.locks import try_exclusive
 from tracer.storage.seal import LIVE, SEALED, seal_if_abandoned
-from tracer.storage.upload import ATOMIC_PUT_FILESYSTEMS, upload_file
+from tracer.storage.upload import upload_file
 from tracer.storage.writer import fsync_dir
 
 #: Aim for compacted files of about this size.
@@ -165,12 +164,9 @@ class _Dir:
     def save_index(self, index: dict[str, Any]) -> None:
         if not self.remote:
             return save_index(self.path, index)
-        atomic = self.fs.type_name in ATOMIC_PUT_FILESYSTEMS  # one PUT: readers see the old index or the new one
-        tmp = INDEX_NAME if atomic else f"{INDEX_NAME}.tmp-{secrets.token_hex(4)}"
-        with self.fs.open_output_stream(self._key(tmp)) as f:
-            f.write(json.dumps(index).encode("utf-8"))
-        if not atomic:
-            self.replace(tmp, INDEX_NAME)
+        with tempfile.TemporaryDirectory(prefix="rollout-trace-compact-") as stage:
+            save_index(stage, index)
+            upload_file(os.path.join(stage, INDEX_NAME), self.path)  # readers see the old index or the new one
 
     def may_delete(self, entries: list[dict[str, Any]], delete_after_s: float) -> Callable[[], None] | None:
         """How to let go once the originals may go; None while they must stay. Locally: the directory's exclusive

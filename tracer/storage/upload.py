@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import tempfile
 import threading
 import time
@@ -113,8 +114,7 @@ def upload_file(local: str, dest_uri: str) -> str:
     target = final if atomic else f"{final}{PARTIAL_MARK}{secrets.token_hex(4)}"
     size = os.path.getsize(local)
     with open(local, "rb") as src, fs.open_output_stream(target) as dst:
-        while chunk := src.read(UPLOAD_CHUNK_BYTES):
-            dst.write(chunk)
+        shutil.copyfileobj(src, dst, UPLOAD_CHUNK_BYTES)
     if not atomic:
         fs.move(target, final)
     info = fs.get_file_info(final)
@@ -196,10 +196,7 @@ def _close_at_exit(ref: weakref.ref[UploadingSpanWriter]) -> None:
     if writer is None or writer._pid != os.getpid():
         return  # a forked child must not close (and so corrupt) its parent's file
     try:
-        if writer.at_exit is not None:
-            writer.at_exit()  # the owner flushes what it buffers, then closes this writer
-        else:
-            writer.close()
+        (writer.at_exit or writer.close)()  # the owner flushes what it buffers, then closes this writer
     except Exception as exc:  # never fail interpreter exit
         logger.warning("rollout-trace: uploading at exit failed: %s (files stay in %s)", exc, writer.run_dir)
 
