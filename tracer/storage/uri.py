@@ -51,10 +51,7 @@ def _filesystem_for_dir(dir_uri: str) -> tuple[Any, str]:
         raise ValueError(
             f"{dir_uri!r}: pyarrow cannot open this kind of URI; pip install fsspec and the package for its scheme"
         ) from None
-    match = _URI.match(dir_uri)
-    assert match is not None
-    protocol = match.group(1)
-    inner = fsspec.filesystem(protocol)
+    inner = fsspec.filesystem(dir_uri.split("://", 1)[0])
     return pafs.PyFileSystem(pafs.FSSpecHandler(inner)), inner._strip_protocol(strip_query(dir_uri)).rstrip("/")
 
 
