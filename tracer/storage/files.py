@@ -155,9 +155,9 @@ class _Flat:
         off = int(self._get("<H", vtable + 4 + 2 * slot))
         return table + off if off else None
 
-    def scalar(self, table: int, slot: int, fmt: str, default: int = 0) -> int:
+    def scalar(self, table: int, slot: int, fmt: str) -> int:
         pos = self.field(table, slot)
-        return default if pos is None else int(self._get(fmt, pos))
+        return 0 if pos is None else int(self._get(fmt, pos))
 
     def ref(self, table: int, slot: int) -> int | None:
         pos = self.field(table, slot)

@@ -41,19 +41,19 @@ HISTORY_COLUMNS = (S.TRACE_ID, S.SPAN_ID, S.OUTPUTS)
 _MARKER = f'"{S.HISTORY_EXTENDS}"'
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
-    """Length of the longest common prefix of the lists or tuples ``a`` and ``b[start:]`` (slices compare in C)."""
-    n = min(len(a), len(b) - start)
-    if n <= 0:
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of the lists or tuples ``a`` and ``b`` (slices compare in C)."""
+    n = min(len(a), len(b))
+    if n == 0:
         return 0
     if type(b) is not type(a):
         b = tuple(b) if type(a) is tuple else list(b)
-    if a[:n] == b[start : start + n]:
+    if a[:n] == b[:n]:
         return n
     lo, hi = 0, n  # a[:lo] matches, a[:hi] does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if a[lo:mid] == b[start + lo : start + mid]:
+        if a[lo:mid] == b[lo:mid]:
             lo = mid
         else:
             hi = mid
