@@ -550,16 +550,13 @@ def _human(n: float) -> str:
 
 def conform(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
     """``batch`` with exactly ``columns``, in :data:`tracer.schema.SPAN_SCHEMA` types (missing ones as nulls)."""
+    schema = pa.schema([S.SPAN_SCHEMA.field(c) for c in columns])
     names = batch.schema.names
     arrays = []
-    for c in columns:
-        target = S.SPAN_SCHEMA.field(c).type
-        if c in names:
-            arr = batch.column(names.index(c))
-            arrays.append(arr if arr.type == target else arr.cast(target))
-        else:
-            arrays.append(pa.nulls(batch.num_rows, target))
-    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([S.SPAN_SCHEMA.field(c) for c in columns]))
+    for f in schema:
+        arr = batch.column(names.index(f.name)) if f.name in names else pa.nulls(batch.num_rows, f.type)
+        arrays.append(arr if arr.type == f.type else arr.cast(f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 # -- the reader ----------------------------------------------------------------------

@@ -244,8 +244,7 @@ class UploadingSpanWriter(SpanWriter):
         atexit.register(_close_at_exit, weakref.ref(self))
         self._lock_fd: int | None = _try_lock(os.path.join(staging, self._stem + LOCK_SUFFIX))
         orphans, self._orphan_locks = claim_orphans(staging, self._stem)
-        for path in orphans:
-            self._pending.append((path, True, 0.0, 0))
+        self._pending.extend((path, True, 0.0, 0) for path in orphans)
         if orphans:
             self._start()
 
