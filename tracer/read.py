@@ -67,7 +67,7 @@ def _snapshots(paths: TracePaths, lock: bool) -> Iterator[tuple[list[str], dict[
                 by_parent.setdefault(os.path.dirname(u), []).append(u)
             for parent, uris in by_parent.items():
                 index = load_index(parent)
-                hidden = replaced_files(parent, index, {os.path.basename(u) for u in uris})
+                hidden = replaced_files(index, {os.path.basename(u) for u in uris})
                 yield fresh([u for u in uris if os.path.basename(u) not in hidden]), index
             continue
         if os.path.isfile(p) or (os.path.exists(p) and not os.path.isdir(p)):

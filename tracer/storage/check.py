@@ -14,10 +14,8 @@ from typing import Any
 
 from tracer import schema as S
 from tracer.read import TracePaths, list_trace_files
-from tracer.storage.files import EOS_MARKER, read_batches
-from tracer.storage.repair import DAMAGED_SUFFIX, REPAIRED, REPAIRED_SUFFIX, repair_file
-
-__all__ = ["DAMAGED_SUFFIX", "EOS_MARKER", "REPAIRED_SUFFIX", "CheckReport", "FileReport", "check_path"]
+from tracer.storage.files import read_batches
+from tracer.storage.repair import DAMAGED_SUFFIX, REPAIRED, repair_file
 
 
 @dataclasses.dataclass

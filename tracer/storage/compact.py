@@ -16,8 +16,7 @@ Every row is kept exactly once; a crash at any point is safe by the order of ope
 Each merged file gets its shard index (:mod:`tracer.index.shard`): written after step 3 locally, uploaded with
 step 1 on an object store; one that cannot be written never fails the compaction. Readers hold the shared lock
 while they read a listing, so step 4 waits up to :data:`DELETE_WAIT_S` and otherwise leaves the originals to the
-next compaction. :func:`plan_dir`, :func:`merge_unit` (step 1) and :func:`commit_merge` / :func:`finish_dir`
-(steps 2-4) split the work so merges can run elsewhere (:mod:`tracer.storage.compact_ray`).
+next compaction. Merges (step 1) may run elsewhere (:mod:`tracer.storage.compact_ray`).
 
 On object stores (:mod:`tracer.storage.uri`) step 3 is a server-side copy, the index one PUT, and step 4 deletes
 originals hidden for ``delete_after_s`` (:data:`REMOTE_DELETE_AFTER_S`); run one compaction of a prefix at a time.
@@ -29,18 +28,18 @@ import contextlib
 import dataclasses
 import fcntl
 import functools
-import json
 import os
 import secrets
 import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 
 from tracer import schema as S
 from tracer.index import closed
@@ -49,11 +48,11 @@ from tracer.index.shard import ShardIndexBuilder, shard_index_path, warn_no_inde
 from tracer.read import iter_batches
 from tracer.storage import uri as _uri
 from tracer.storage.decisions import file_decisions, metadata_value
-from tracer.storage.files import FileRead, read_batches
+from tracer.storage.files import read_batches
 from tracer.storage.index import INDEX_NAME, load_index, replaced_files, save_index
 from tracer.storage.locks import try_exclusive
 from tracer.storage.seal import LIVE, SEALED, seal_if_abandoned
-from tracer.storage.upload import ATOMIC_PUT_FILESYSTEMS
+from tracer.storage.upload import upload_file
 from tracer.storage.writer import fsync_dir
 
 #: Aim for compacted files of about this size.
@@ -68,14 +67,7 @@ META_COMPACTED_FROM = "rollout_trace.compacted_from"
 REPLACED_AT = "replaced_at"
 #: On object stores (no locks), how long replaced originals stay after a merge hides them (for readers that listed).
 REMOTE_DELETE_AFTER_S = 600.0
-_SORT_KEYS = [
-    (S.STEP, "ascending"),
-    (S.VALIDATE, "ascending"),
-    (S.SAMPLE_INDEX, "ascending"),
-    (S.ROLLOUT_N, "ascending"),
-    (S.TRACE_ID, "ascending"),
-    (S.START_NS, "ascending"),
-]
+_SORT_KEYS = [(key, "ascending") for key in (S.STEP, S.VALIDATE, S.SAMPLE_INDEX, S.ROLLOUT_N, S.TRACE_ID, S.START_NS)]
 
 
 @dataclasses.dataclass
@@ -111,7 +103,7 @@ class MergeUnit:
 
 @dataclasses.dataclass
 class MergeResult:
-    """What :func:`merge_unit` read and wrote; the index is not touched yet (see :func:`commit_merge`)."""
+    """What :func:`merge_unit` read and wrote; the index is not touched yet."""
 
     unit: MergeUnit
     #: The files merged (read completely); the others are in ``skipped_open`` or ``set_aside``.
@@ -122,7 +114,7 @@ class MergeResult:
     bytes_in: int = 0
     skipped_open: list[str] = dataclasses.field(default_factory=list)
     set_aside: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    #: What the shard index is built from; :func:`commit_merge` writes it once the file has its name (local only).
+    #: The shard index of a local merge, written once the file has its name.
     index: ShardIndexBuilder | None = None
 
 
@@ -131,81 +123,34 @@ def _index_name(name: str) -> str:
     return os.path.basename(shard_index_path(name))
 
 
-class _LocalDir:
-    """A run directory on a local (or shared, POSIX) filesystem."""
-
-    remote = False
+class _Dir:
+    """A run directory: a local (or shared, POSIX) path, or a URI of an object store, through pyarrow."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.remote = _uri.is_remote(path)
+        self.fs, self.root = _uri.filesystem(path) if self.remote else (pafs.LocalFileSystem(), path)
 
     def full(self, name: str) -> str:
-        return os.path.join(self.path, name)
-
-    def names(self) -> list[str]:
-        return sorted(os.listdir(self.path))
-
-    def exists(self, name: str) -> bool:
-        return os.path.exists(self.full(name))
-
-    def size(self, name: str) -> int:
-        return os.path.getsize(self.full(name))
-
-    def remove(self, name: str) -> None:
-        os.remove(self.full(name))
-
-    def replace(self, src: str, dst: str) -> None:
-        os.replace(self.full(src), self.full(dst))
-
-    def sync(self) -> None:
-        fsync_dir(self.path)
-
-    def save_index(self, index: dict[str, Any]) -> None:
-        save_index(self.path, index)
-
-    @contextlib.contextmanager
-    def output(self, name: str) -> Iterator[BinaryIO]:
-        with open(self.full(name), "wb") as sink:
-            yield sink
-            sink.flush()
-            os.fsync(sink.fileno())
-
-    def may_delete(self, entries: list[dict[str, Any]], delete_after_s: float) -> Callable[[], None] | None:
-        """Take the directory's exclusive lock (readers hold it shared); None while readers keep it."""
-        fd = try_exclusive(self.path, DELETE_WAIT_S)
-        return None if fd is None else (lambda: os.close(fd))
-
-
-class _RemoteDir:
-    """A run directory under an object-store or remote URI (``s3://bucket/prefix/run``), through pyarrow."""
-
-    remote = True
-
-    def __init__(self, uri: str) -> None:
-        self.path = uri
-        self.fs, self.root = _uri.filesystem(uri)
-
-    def full(self, name: str) -> str:
-        return _uri.join_uri(self.path, name)
+        return _uri.join_uri(self.path, name) if self.remote else os.path.join(self.path, name)
 
     def _key(self, name: str) -> str:
         return f"{self.root}/{name}"
 
     def names(self) -> list[str]:
-        import pyarrow.fs as pafs
-
+        if not self.remote:
+            return sorted(os.listdir(self.path))
         infos = self.fs.get_file_info(pafs.FileSelector(self.root, recursive=False, allow_not_found=True))
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
 
     def exists(self, name: str) -> bool:
-        import pyarrow.fs as pafs
-
         return bool(self.fs.get_file_info(self._key(name)).type == pafs.FileType.File)
 
     def size(self, name: str) -> int:
         return int(self.fs.get_file_info(self._key(name)).size)
 
     def remove(self, name: str) -> None:
+        """Delete ``name`` if it exists."""
         if self.exists(name):
             self.fs.delete_file(self._key(name))
 
@@ -213,38 +158,24 @@ class _RemoteDir:
         self.fs.move(self._key(src), self._key(dst))
 
     def sync(self) -> None:
-        pass  # a completed PUT or copy is durable
+        if not self.remote:  # a completed PUT or copy is durable
+            fsync_dir(self.path)
 
     def save_index(self, index: dict[str, Any]) -> None:
-        data = json.dumps(index).encode("utf-8")
-        if self.fs.type_name in ATOMIC_PUT_FILESYSTEMS:  # one PUT: readers see the old index or the new one
-            with self.fs.open_output_stream(self._key(INDEX_NAME)) as f:
-                f.write(data)
-            return
-        tmp = f"{INDEX_NAME}.tmp-{secrets.token_hex(4)}"
-        with self.fs.open_output_stream(self._key(tmp)) as f:
-            f.write(data)
-        self.replace(tmp, INDEX_NAME)
-
-    @contextlib.contextmanager
-    def output(self, name: str) -> Iterator[Any]:
-        with self.fs.open_output_stream(self._key(name)) as sink:
-            yield sink
+        if not self.remote:
+            return save_index(self.path, index)
+        with tempfile.TemporaryDirectory(prefix="rollout-trace-compact-") as stage:
+            save_index(stage, index)
+            upload_file(os.path.join(stage, INDEX_NAME), self.path)  # readers see the old index or the new one
 
     def may_delete(self, entries: list[dict[str, Any]], delete_after_s: float) -> Callable[[], None] | None:
-        """Go ahead once every entry has hidden its originals for ``delete_after_s`` (no locks exist here)."""
+        """How to let go once the originals may go; None while they must stay. Locally: the directory's exclusive
+        lock (readers hold it shared). On a store (no locks): once every entry hid its originals ``delete_after_s``."""
+        if not self.remote:
+            fd = try_exclusive(self.path, DELETE_WAIT_S)
+            return None if fd is None else (lambda: os.close(fd))
         now = time.time()
-        if all(now - float(e.get(REPLACED_AT, 0.0)) >= delete_after_s for e in entries):
-            return lambda: None
-        return None
-
-
-_Dir = _LocalDir | _RemoteDir
-
-
-def run_dir_of(path: str) -> _Dir:
-    """The run directory at ``path`` (a local path or a URI)."""
-    return _RemoteDir(path) if _uri.is_remote(path) else _LocalDir(path)
+        return (lambda: None) if all(now - float(e.get(REPLACED_AT, 0.0)) >= delete_after_s for e in entries) else None
 
 
 def run_dirs(path: str | os.PathLike[str]) -> list[str]:
@@ -278,11 +209,8 @@ def compacting(run_dir: str) -> Iterator[None]:
         yield
         return
     with open(os.path.join(run_dir, LOCK_NAME), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def compact(
@@ -295,14 +223,44 @@ def compact(
     shards of other hosts unchanged this long (default :func:`tracer.storage.seal.seal_after_s`). ``delete_after_s``: on
     object stores, how long replaced originals stay hidden before they are deleted (default
     :data:`REMOTE_DELETE_AFTER_S`)."""
+    return compact_dirs(run_dirs(path), target_bytes, seal_after_s, delete_after_s)
+
+
+def compact_dirs(
+    dirs: list[str],
+    target_bytes: int,
+    seal_after_s: float | None,
+    delete_after_s: float | None,
+    merges: Callable[[list[MergeUnit]], Iterable[tuple[MergeUnit, MergeResult | str]]] | None = None,
+) -> CompactReport:
+    """Compact ``dirs`` (from :func:`run_dirs`). ``merges`` runs the merges (:func:`merge_unit`), yielding each unit
+    with its result or why it failed, in any order (None: one after the other, here). This process alone holds the
+    compaction locks, writes the indexes, renames and deletes (steps 2-4 of the module docstring)."""
+    after_s = REMOTE_DELETE_AFTER_S if delete_after_s is None else delete_after_s
     report = CompactReport()
-    for run_dir in run_dirs(path):
-        d = run_dir_of(run_dir)
-        with compacting(run_dir):
-            index, units = plan_dir(d, target_bytes, report, seal_after_s, delete_after_s)
-            for unit in units:
-                commit_merge(d, merge_unit(unit), index, report)
-            finish_dir(d, index, report, delete_after_s)
+    with contextlib.ExitStack() as held:
+        plans: dict[str, tuple[_Dir, dict[str, Any], set[str]]] = {}
+        units: list[MergeUnit] = []
+        for run_dir in dirs:
+            held.enter_context(compacting(run_dir))
+            d = _Dir(run_dir)
+            index, planned = _plan_dir(d, target_bytes, report, seal_after_s, after_s)
+            plans[run_dir] = (d, index, {u.name for u in planned})
+            units.extend(planned)
+            if not planned:
+                _finish_dir(d, index, report, after_s)
+        for unit, result in ((u, merge_unit(u)) for u in units) if merges is None else merges(units):
+            d, index, left = plans[unit.run_dir]
+            if isinstance(result, str):
+                report.failed.append((unit.run_dir, f"merge of {len(unit.files)} file(s): {result}"))
+                for name in (unit.name + ".tmp", _index_name(unit.name)):  # readers never list them
+                    with contextlib.suppress(OSError):
+                        d.remove(name)
+            else:
+                _commit_merge(d, result, index, report)
+            left.discard(unit.name)
+            if not left:
+                _finish_dir(d, index, report, after_s)
     return report
 
 
@@ -340,24 +298,19 @@ def describe_store_error(uri: str, exc: BaseException) -> str:
     return f"{hint} ({type(exc).__name__}: {text[:300]})"
 
 
-def _delete_after(delete_after_s: float | None) -> float:
-    return REMOTE_DELETE_AFTER_S if delete_after_s is None else delete_after_s
-
-
-def plan_dir(
-    d: _Dir, target_bytes: int, report: CompactReport, seal_after_s: float | None, delete_after_s: float | None
+def _plan_dir(
+    d: _Dir, target_bytes: int, report: CompactReport, seal_after_s: float | None, delete_after_s: float
 ) -> tuple[dict[str, Any], list[MergeUnit]]:
-    """Finish an interrupted compaction, seal abandoned shards, group the rest into merges of ``target_bytes``. Call
-    under :func:`compacting`. Returns the directory's index (for :func:`commit_merge`) and the merges."""
+    """Finish an interrupted compaction, seal abandoned shards, group the rest into merges of ``target_bytes``.
+    Returns the directory's index and the merges."""
     index = load_index(d.path)
-    _finish_interrupted(d, index, report, _delete_after(delete_after_s))
+    _finish_interrupted(d, index, report, delete_after_s)
     names = d.names()
     for name in names:
-        if name.endswith(S.FILE_SUFFIX + ".tmp"):
-            d.remove(name)  # an interrupted compaction's output, and its index if it got one
-            if d.exists(_index_name(name[: -len(".tmp")])):
-                d.remove(_index_name(name[: -len(".tmp")]))
-    hidden = replaced_files(d.path, index)
+        if name.endswith(S.FILE_SUFFIX + ".tmp"):  # an interrupted compaction's output, and its index if it got one
+            d.remove(name)
+            d.remove(_index_name(name[: -len(".tmp")]))
+    hidden = replaced_files(index, set(names))  # under the lock, after the finish: the listing is current
     candidates: list[tuple[str, int]] = []
     for name in names:
         if not name.endswith(S.FILE_SUFFIX) or name in hidden or name in index["files"]:
@@ -384,34 +337,20 @@ def plan_dir(
                 continue
             candidates.append((full, os.path.getsize(full)))
     report.run_dirs += 1
-    units: list[MergeUnit] = []
-    group: list[str] = []
-    size = 0
+    groups: list[list[str]] = []
+    size = target_bytes
     for full, nbytes in candidates:
-        group.append(full)
+        if size >= target_bytes:  # the group before is full
+            groups.append([])
+            size = 0
+        groups[-1].append(full)
         size += nbytes
-        if size >= target_bytes:
-            units.append(MergeUnit(d.path, tuple(group), _new_name()))
-            group, size = [], 0
-    if group:
-        units.append(MergeUnit(d.path, tuple(group), _new_name()))
-    return index, units
+    return index, [MergeUnit(d.path, tuple(group), _new_name()) for group in groups]
 
 
 def _new_name() -> str:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     return f"compacted_{stamp}_{secrets.token_hex(4)}{S.FILE_SUFFIX}"
-
-
-def _merged_metadata(reads: list[tuple[pa.Schema, FileRead]]) -> dict[bytes, bytes]:
-    """This tool's schema version, and the metadata every input agrees on."""
-    common: dict[bytes, bytes] | None = None
-    for schema, _ in reads:
-        meta = dict(schema.metadata or {})
-        common = meta if common is None else {k: v for k, v in common.items() if meta.get(k) == v}
-    out = dict(common or {})
-    out[S.META_SCHEMA_VERSION.encode()] = S.SCHEMA_VERSION.encode()
-    return out
 
 
 def merge_unit(unit: MergeUnit) -> MergeResult:
@@ -420,7 +359,7 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
     readers never list and the next compaction removes."""
     out = MergeResult(unit)
     batches: list[pa.RecordBatch] = []
-    reads: list[tuple[pa.Schema, FileRead]] = []
+    common: dict[bytes, bytes] | None = None  # the schema metadata every input agrees on
     decisions: list[dict[str, Any]] = []
     for file in unit.files:
         reading = read_batches(file, list(S.SPAN_COLUMNS))
@@ -429,7 +368,10 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
         if result.complete and reading.schema is not None:
             batches.extend(b for b, _ in pairs)
             out.inputs.append(file)
-            reads.append((reading.schema, result))
+            out.rows += result.rows
+            out.bytes_in += result.size
+            meta = dict(reading.schema.metadata or {})
+            common = meta if common is None else {k: v for k, v in common.items() if meta.get(k) == v}
             decisions.extend(file_decisions(file, reading.schema.metadata, (c for _, c in pairs)))
         elif result.sound and not result.closed:
             out.skipped_open.append(file)
@@ -439,30 +381,24 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
         return out
     table = pa.Table.from_batches(batches, schema=S.SPAN_SCHEMA) if batches else S.SPAN_SCHEMA.empty_table()
     del batches
-    out.rows = sum(r.rows for _, r in reads)
-    out.bytes_in = sum(r.size for _, r in reads)
-    meta = _merged_metadata(reads)
+    meta = {**(common or {}), S.META_SCHEMA_VERSION.encode(): S.SCHEMA_VERSION.encode()}
     meta[META_COMPACTED_FROM.encode()] = str(len(out.inputs)).encode()
     if decisions:  # batch metadata does not survive the merge: the sampling decisions move to the file's
         meta[S.BATCH_META_SAMPLING.encode()] = metadata_value(decisions)
     table = table.sort_by(_SORT_KEYS)
     assert table.num_rows == out.rows
-    d = run_dir_of(unit.run_dir)
-    # No memory bound: ``table`` is held whole and the builder keeps views of it, so any output gets its index.
-    builder = _shard.builder(bounded=False)
+    d = _Dir(unit.run_dir)
     schema = S.SPAN_SCHEMA.with_metadata(meta)
     if d.remote:
-        out.entry = _write_remote_indexed(d, unit.name, table, schema, builder)
+        out.entry = _write_remote_indexed(d, unit.name, table, schema)
     else:
-        out.entry = _write_compacted(d, unit.name + ".tmp", table, schema, builder)
-        out.index = _complete(builder, out.entry)
+        out.entry, out.index = _write_compacted(d.full(unit.name + ".tmp"), table, schema)
     d.sync()
     return out
 
 
-def commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: CompactReport) -> None:
-    """Make a merge visible (steps 2-3 of the module docstring) and count it in ``report``. Call under
-    :func:`compacting`, in one process per directory (the one that holds ``index``)."""
+def _commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: CompactReport) -> None:
+    """Make a merge visible (steps 2-3 of the module docstring) and count it in ``report``."""
     report.skipped_open.extend(result.skipped_open)
     report.set_aside.extend(result.set_aside)
     if result.entry is None:
@@ -477,7 +413,7 @@ def commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: Co
     d.save_index(index)
     d.replace(name + ".tmp", name)
     d.sync()
-    if result.index is not None and not d.remote:  # after the rename: the index names the file
+    if result.index is not None:  # after the rename: the index names the file
         try:
             write_shard_index(d.full(name), result.index)
         except Exception as exc:  # the file is read whole instead
@@ -489,9 +425,9 @@ def commit_merge(d: _Dir, result: MergeResult, index: dict[str, Any], report: Co
     report.bytes_out += result.entry["size"]
 
 
-def finish_dir(d: _Dir, index: dict[str, Any], report: CompactReport, delete_after_s: float | None) -> None:
+def _finish_dir(d: _Dir, index: dict[str, Any], report: CompactReport, delete_after_s: float) -> None:
     """Step 4 of the module docstring, once for every merge of the directory; then the run's rollup."""
-    _finish_interrupted(d, index, report, _delete_after(delete_after_s))
+    _finish_interrupted(d, index, report, delete_after_s)
     if not d.remote:
         closed.update_rollup(d.path)  # the files it covered are gone: it now covers the compacted ones
 
@@ -508,9 +444,7 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
         if not all(d.exists(g) or d.exists(g + ".tmp") for g in group):
             for g in group:
                 for q in (g, g + ".tmp", _index_name(g)):
-                    if d.exists(q):
-                        d.remove(q)
-            for g in group:
+                    d.remove(q)
                 index["files"].pop(g, None)
             changed = True
             continue
@@ -518,7 +452,7 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
             if not d.exists(g):
                 d.replace(g + ".tmp", g)
         d.sync()
-        doomed = [(g, old) for g in group for old in index["files"].get(g, {}).get("replaces", [])]
+        doomed = [old for g in group for old in index["files"].get(g, {}).get("replaces", [])]
         if not doomed:
             continue
         release = d.may_delete([index["files"].get(g, {}) for g in group], delete_after_s)
@@ -526,21 +460,16 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
             report.deferred += len(doomed)
             continue
         try:
-            for _, old in doomed:
-                with contextlib.suppress(FileNotFoundError):
-                    d.remove(old)
+            for old in doomed:
+                d.remove(old)
                 if not d.remote:  # the shard's index (tracer.index.shard) goes with it
                     with contextlib.suppress(OSError):
-                        os.remove(shard_index_path(d.full(old)))
+                        d.remove(_index_name(old))
             for g in group:
-                entry = index["files"].get(g, {})
-                if entry.get("replaces"):
-                    entry["replaces"] = []
-                    changed = True
-            if changed:
-                d.sync()
-                d.save_index(index)
-                changed = False
+                index["files"].get(g, {})["replaces"] = []
+            d.sync()
+            d.save_index(index)
+            changed = False
         finally:
             release()
     if changed:
@@ -548,63 +477,40 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
         d.save_index(index)
 
 
-def _write_remote_indexed(
-    d: _Dir, name: str, table: pa.Table, schema: pa.Schema, builder: ShardIndexBuilder
-) -> dict[str, Any]:
-    """Write ``name.tmp`` to the object store and its shard index beside it, both staged in a local directory. The index
-    is written by the function writers use, for a local file with the final name; then the file goes up as ``name.tmp``
-    and the index as ``_name.index`` (ignored until the rename)."""
+def _write_remote_indexed(d: _Dir, name: str, table: pa.Table, schema: pa.Schema) -> dict[str, Any]:
+    """Upload ``table`` as ``name.tmp`` and then its shard index (ignored until the rename), both written first in a
+    local directory as writers write them."""
     with tempfile.TemporaryDirectory(prefix="rollout-trace-compact-") as stage:
-        local = _LocalDir(stage)
-        entry = _write_compacted(local, name, table, schema, builder)
-        indexed = False
-        if _complete(builder, entry) is not None:
+        local = os.path.join(stage, name)
+        entry, builder = _write_compacted(local, table, schema)
+        try:
+            if builder is not None:
+                write_shard_index(local, builder)
+        except Exception as exc:
+            warn_no_index(d.full(name), exc)
+        os.replace(local, local + ".tmp")
+        upload_file(local + ".tmp", d.path)
+        if os.path.exists(shard_index_path(local)):
             try:
-                write_shard_index(local.full(name), builder)
-                indexed = True
-            except Exception as exc:
-                warn_no_index(d.full(name), exc)
-        _upload(d, local.full(name), name + ".tmp")
-        if d.size(name + ".tmp") != entry["size"]:
-            raise OSError(f"{d.full(name + '.tmp')}: {d.size(name + '.tmp')} bytes stored, {entry['size']} written")
-        if indexed:
-            try:
-                _upload(d, shard_index_path(local.full(name)), _index_name(name))
+                upload_file(shard_index_path(local), d.path)
             except Exception as exc:
                 warn_no_index(d.full(name), exc)
     return entry
 
 
-def _complete(builder: ShardIndexBuilder | None, entry: dict[str, Any]) -> ShardIndexBuilder | None:
-    """``builder`` when it holds every batch of the file ``entry`` describes (it stops at its memory bound)."""
-    return builder if builder is not None and len(builder.batch_rows) == len(entry["batch_steps"]) else None
-
-
-def _upload(d: _Dir, local: str, name: str) -> None:
-    with open(local, "rb") as src, d.output(name) as sink:
-        shutil.copyfileobj(src, sink, 8 * 1024 * 1024)
-
-
-def _write_compacted(
-    d: _Dir, name: str, table: pa.Table, schema: pa.Schema, builder: ShardIndexBuilder | None = None
-) -> dict[str, Any]:
-    """Write ``table`` (sorted by step) as an IPC file, one step per batch; return its index entry. Each batch written
-    is also added to ``builder`` (its shard index), unless that outgrows its memory."""
+def _write_compacted(path: str, table: pa.Table, schema: pa.Schema) -> tuple[dict[str, Any], ShardIndexBuilder | None]:
+    """Write ``table`` (sorted by step) to the local ``path`` as an IPC file, one step per batch; return its index
+    entry and its shard index (None when that outgrew its memory)."""
     batch_steps: list[int | None] = []
+    builder: ShardIndexBuilder | None = _shard.builder(bounded=False)  # ``table`` is held whole anyway
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))
-    with d.output(name) as sink:
+    runs = pc.run_end_encode(table.column(S.STEP).combine_chunks())
+    with open(path, "wb") as sink:
         with pa.ipc.new_file(sink, schema, options=options) as writer:
-            steps = table.column(S.STEP)
             start = 0
-            n = table.num_rows
-            while start < n:
-                step = steps[start].as_py()
-                same = pc.equal(steps.slice(start), step) if step is not None else pc.is_null(steps.slice(start))
-                run = pc.index(pc.fill_null(same, False), False).as_py()
-                length = (n - start) if run < 0 else run
-                for off in range(0, length, MAX_BATCH_ROWS):
-                    chunk = table.slice(start + off, min(MAX_BATCH_ROWS, length - off))
-                    batch = chunk.combine_chunks().to_batches()[0]
+            for end, step in zip(runs.run_ends.to_pylist(), runs.values.to_pylist()):
+                for off in range(start, end, MAX_BATCH_ROWS):
+                    batch = table.slice(off, min(MAX_BATCH_ROWS, end - off)).combine_chunks().to_batches()[0]
                     writer.write_batch(batch)
                     batch_steps.append(step)
                     if builder is not None:
@@ -612,32 +518,14 @@ def _write_compacted(
                             builder.add(batch)
                         except MemoryError:  # too large to summarise here: no index, read whole
                             builder = None
-                start += length
+                start = end
         written = sink.tell()
-    size = d.size(name)
+        sink.flush()
+        os.fsync(sink.fileno())
+    size = os.path.getsize(path)
     if size != written:
-        raise OSError(f"{d.full(name)}: {size} bytes stored, {written} written")
-    return {"size": size, "rows": table.num_rows, "batch_steps": batch_steps, "format": "ipc-file"}
-
-
-__all__ = [
-    "CompactReport",
-    "DEFAULT_TARGET_BYTES",
-    "INDEX_NAME",
-    "MergeResult",
-    "MergeUnit",
-    "PARQUET_DIR",
-    "commit_merge",
-    "compact",
-    "describe_store_error",
-    "compacting",
-    "finish_dir",
-    "merge_unit",
-    "plan_dir",
-    "run_dir_of",
-    "run_dirs",
-    "write_parquet",
-]
+        raise OSError(f"{path}: {size} bytes stored, {written} written")
+    return {"size": size, "rows": table.num_rows, "batch_steps": batch_steps, "format": "ipc-file"}, builder
 
 
 #: Where ``compact --format parquet`` writes, under the path compacted, unless told otherwise.

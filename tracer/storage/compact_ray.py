@@ -1,35 +1,28 @@
 """``rollout-trace compact --ray``: the same compaction, its merges run as Ray tasks on a cluster.
 
-The driver plans (:func:`~tracer.storage.compact.plan_dir`) and alone writes ``_index.json``, renames and
-deletes (:func:`~tracer.storage.compact.commit_merge`, :func:`~tracer.storage.compact.finish_dir`); each task
-runs one :func:`~tracer.storage.compact.merge_unit` through pyarrow's filesystems. The guarantees are those of
-local compaction: a task that dies changes neither index nor input, and Ray retries it (``retries``) before the
-merge counts as failed. Workers must reach the same files as the driver (the same bucket and ``AWS_*``
-settings, or the same shared filesystem).
-"""
+The driver alone plans, writes ``_index.json``, renames and deletes (:func:`~tracer.storage.compact.compact_dirs`);
+each task runs one :func:`~tracer.storage.compact.merge_unit` through pyarrow's filesystems. The guarantees are
+those of local compaction: a task that dies changes neither index nor input, and Ray retries it (``retries``)
+before the merge counts as failed. Workers must reach the same files as the driver (the same bucket and
+``AWS_*`` settings, or the same shared filesystem)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tracer.extras import install_command
-from tracer.index.shard import shard_index_path
 from tracer.storage.compact import (
     DEFAULT_TARGET_BYTES,
     CompactReport,
     MergeResult,
     MergeUnit,
-    commit_merge,
-    compacting,
+    compact_dirs,
     describe_store_error,
-    finish_dir,
     merge_unit,
-    plan_dir,
-    run_dir_of,
     run_dirs,
     write_parquet,
 )
@@ -45,18 +38,6 @@ ENV_RAY_ADDRESS = "RAY_ADDRESS"
 
 class ClusterUnreachableError(ConnectionError):
     """The Ray cluster at the given address did not answer."""
-
-
-def import_ray() -> Any:
-    """The ``ray`` module, or an ImportError that names the install command."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(
-            f"compact --ray needs the 'ray' package, which is not installed ({exc}); "
-            f"install it with: {install_command('ray')}"
-        ) from None
-    return ray
 
 
 def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
@@ -82,15 +63,26 @@ def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -
         ) from None
 
 
-def connect(address: str | None) -> bool:
-    """Connect to the Ray cluster at ``address`` (default: join or start one here); True when this call
-    connected (the caller shuts it down), False when Ray was already up."""
-    ray = import_ray()
+@contextlib.contextmanager
+def connected(address: str | None) -> Iterator[Any]:
+    """The ``ray`` module, connected for the block to the cluster at ``address`` (default: join or start one here);
+    one already initialised here is used and left up. ImportError names the install command when Ray is missing."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            f"compact --ray needs the 'ray' package, which is not installed ({exc}); "
+            f"install it with: {install_command('ray')}"
+        ) from None
     if ray.is_initialized():
-        return False
+        yield ray
+        return
     check_reachable(address or os.environ.get(ENV_RAY_ADDRESS))
     ray.init(address=address, log_to_driver=False)
-    return True
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
 
 
 def compact_ray(
@@ -111,44 +103,21 @@ def compact_ray(
     :attr:`CompactReport.failed`.
     """
     dirs = run_dirs(path)  # a bad path fails before a cluster is started
-    ray = import_ray()
-    started = connect(address)
-    try:
+    with connected(address) as ray:
         task = ray.remote(num_cpus=1, max_retries=retries)(merge)
-        report = CompactReport()
-        with contextlib.ExitStack() as held:
-            plans: dict[str, tuple[Any, dict[str, Any]]] = {}
-            left: dict[str, int] = {}
-            pending: dict[Any, MergeUnit] = {}
-            for run_dir in dirs:
-                held.enter_context(compacting(run_dir))
-                d = run_dir_of(run_dir)
-                index, units = plan_dir(d, target_bytes, report, seal_after_s, delete_after_s)
-                plans[run_dir] = (d, index)
-                left[run_dir] = len(units)
-                for unit in units:
-                    pending[task.remote(unit)] = unit
-                if not units:
-                    finish_dir(d, index, report, delete_after_s)
+
+        def merges(units: list[MergeUnit]) -> Iterator[tuple[MergeUnit, MergeResult | str]]:
+            pending = {task.remote(unit): unit for unit in units}
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 unit = pending.pop(ready[0])
-                d, index = plans[unit.run_dir]
                 try:
-                    result = ray.get(ready[0])
+                    result: MergeResult | str = ray.get(ready[0])
                 except ray.exceptions.RayError as exc:
-                    why = _describe(unit.run_dir, exc)
-                    report.failed.append((unit.run_dir, f"merge of {len(unit.files)} file(s): {why}"))
-                    _drop_partial(d, unit)
-                else:
-                    commit_merge(d, result, index, report)
-                left[unit.run_dir] -= 1
-                if left[unit.run_dir] == 0:
-                    finish_dir(d, index, report, delete_after_s)
-        return report
-    finally:
-        if started:
-            ray.shutdown()
+                    result = _describe(unit.run_dir, exc)
+                yield unit, result
+
+        return compact_dirs(dirs, target_bytes, seal_after_s, delete_after_s, merges)
 
 
 def write_parquet_ray(
@@ -157,14 +126,9 @@ def write_parquet_ray(
     """:func:`tracer.storage.compact.write_parquet` as one Ray task on the cluster; returns (directory, rows)."""
     src = os.fspath(path)
     dest = None if out is None else os.fspath(out)
-    ray = import_ray()
-    started = connect(address)
-    try:
+    with connected(address) as ray:
         result: tuple[str, int] = ray.get(ray.remote(num_cpus=1)(write_parquet).remote(src, dest))
-        return result
-    finally:
-        if started:
-            ray.shutdown()
+    return result
 
 
 def _describe(run_dir: str, exc: BaseException) -> str:
@@ -176,16 +140,6 @@ def _describe(run_dir: str, exc: BaseException) -> str:
         return describe_store_error(run_dir, exc)
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:400]}"
-
-
-def _drop_partial(d: Any, unit: MergeUnit) -> None:
-    """Remove what a failed task may have left, its index too (readers never list it; the next compaction would)."""
-    for name in (unit.name + ".tmp", os.path.basename(shard_index_path(unit.name))):
-        try:
-            if d.exists(name):
-                d.remove(name)
-        except OSError:
-            pass
 
 
 __all__ = ["ClusterUnreachableError", "DEFAULT_RETRIES", "check_reachable", "compact_ray", "write_parquet_ray"]

@@ -1,14 +1,10 @@
 """Sampling decisions carried in trace files' metadata, and kept through compaction.
 
-The recorder writes each step's sampling decision (what ``sample_strategy``
-kept and dropped) into the custom metadata of the batch after it, under
-:data:`tracer.schema.BATCH_META_SAMPLING`: a JSON list of decisions, a later
-one for the same ``(step, validate)`` superseding an earlier one. Compaction
-merges batches, so it moves the decisions of its inputs into the compacted
-file's schema metadata under the same key, each naming its ``source_file``
-(the shard that decided it). :func:`file_decisions` reads both places; it is
-the one reader of that key.
-"""
+The recorder writes each step's sampling decision (what ``sample_strategy`` kept and dropped) into the custom
+metadata of the batch after it, under :data:`tracer.schema.BATCH_META_SAMPLING`: a JSON list of decisions, a later
+one for the same ``(step, validate)`` superseding an earlier one. Compaction moves the decisions of its inputs into
+the compacted file's schema metadata under the same key, each naming its ``source_file`` (the shard that decided
+it). :func:`file_decisions` reads both places; it is the one reader of that key."""
 
 from __future__ import annotations
 
@@ -38,13 +34,8 @@ def _parse(raw: bytes | str | None) -> list[dict[str, Any]]:
 def file_decisions(
     file: str, schema_metadata: Mapping[bytes, bytes] | None, batch_metadata: Iterable[Any]
 ) -> list[dict[str, Any]]:
-    """The latest decision of each ``(source file, step, validate)`` in one trace file.
-
-    Args:
-        file: The trace file's path (the source of decisions that name none).
-        schema_metadata: The file's schema metadata (where compaction puts decisions).
-        batch_metadata: Each batch's custom metadata, in file order (None for none).
-    """
+    """The latest decision of each ``(source file, step, validate)`` in the trace file ``file`` (the source of
+    decisions that name none), from its schema metadata (compaction's) and each batch's, in file order."""
     latest: dict[tuple[str, str, bool], dict[str, Any]] = {}
     own = os.path.basename(file)
     found = _parse((schema_metadata or {}).get(_KEY))

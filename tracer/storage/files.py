@@ -10,12 +10,14 @@ stays bounded: a batch is decompressed only while the bytes it declares fit the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import stat
 import struct
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import pyarrow as pa
 
@@ -35,15 +37,16 @@ MIN_BUDGET_BYTES = 64 * 1024 * 1024
 #: Bytes charged per row and column read, for what materialising a batch costs beyond its buffers.
 ROW_COST_BYTES = 8
 
+_T = TypeVar("_T")
 _CONTINUATION = 0xFFFFFFFF
-#: Bytes of one Block of an IPC footer (File.fbs: offset, metaDataLength, padding, bodyLength).
-_BLOCK_WIDTH = struct.calcsize("<qi4xq")
+#: One Block of an IPC footer (File.fbs: offset, metaDataLength, padding, bodyLength).
+_BLOCK = struct.Struct("<qi4xq")
 _SCHEMA, _DICTIONARY, _RECORD_BATCH = 1, 2, 3
 _INT_WIDTH = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
 _UINT_WIDTH = {pa.uint8(): 8, pa.uint16(): 16, pa.uint32(): 32}
 
 
-class _CorruptError(Exception):
+class _CorruptError(ValueError):
     """A message header that cannot be right (bounds, kinds)."""
 
 
@@ -152,9 +155,9 @@ class _Flat:
         off = int(self._get("<H", vtable + 4 + 2 * slot))
         return table + off if off else None
 
-    def scalar(self, table: int, slot: int, fmt: str, default: int = 0) -> int:
+    def scalar(self, table: int, slot: int, fmt: str) -> int:
         pos = self.field(table, slot)
-        return default if pos is None else int(self._get(fmt, pos))
+        return 0 if pos is None else int(self._get(fmt, pos))
 
     def ref(self, table: int, slot: int) -> int | None:
         pos = self.field(table, slot)
@@ -258,6 +261,24 @@ def _walk(src: _Source, start: int, size: int) -> tuple[list[_Message], str, boo
         return messages, str(exc), False
 
 
+def _schema_at(src: _Source, msg: _Message) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(src.read_at(msg.offset, msg.end - msg.offset)))
+
+
+def _plain_schema(src: _Source, start: int, size: int) -> tuple[_Message, pa.Schema] | None:
+    """The schema message at ``start`` and its schema when no field is dictionary-encoded (a batch is then found
+    without the messages before it); None otherwise."""
+    first = _read_message(src, start, size)
+    if first is None or first.kind != _SCHEMA:
+        return None
+    schema = _schema_at(src, first)
+    return None if any(pa.types.is_dictionary(f.type) for f in schema) else (first, schema)
+
+
+#: What reading a header, a schema or a footer raises when the bytes are not what they should be.
+_UNREADABLE = (_TornError, _CorruptError, OSError, pa.ArrowException, UnicodeDecodeError)
+
+
 @dataclasses.dataclass
 class Layout:
     """Where the messages of a trace file are, for sealing it (see :mod:`tracer.storage.seal`). ``schema_message``
@@ -296,35 +317,45 @@ def read_layout(path: str) -> Layout:
         src.close()
 
 
+def footer_for(layout: Layout) -> bytes:
+    """The bytes pyarrow writes when it closes an IPC file with ``layout``'s schema and batches: end-of-stream
+    marker, footer, footer length, magic."""
+    schema = pa.ipc.read_schema(pa.py_buffer(layout.schema_message))
+    # pyarrow builds the footer (schema, metadata version) for as many empty batches; then the
+    # fixed-width Block entries of the batch vector are overwritten with where the real ones are.
+    sink = io.BytesIO()
+    with pa.ipc.new_file(sink, schema) as writer:
+        empty = pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
+        for _ in layout.batches:
+            writer.write_batch(empty)
+    data = sink.getvalue()
+    (footer_len,) = struct.unpack_from("<i", data, len(data) - 10)
+    footer = bytearray(data[len(data) - 10 - footer_len : len(data) - 10])
+    fb = _Flat(bytes(footer))
+    count = fb.count(fb.root(), 3, _BLOCK.size)  # Footer.recordBatches
+    vector = fb.ref(fb.root(), 3) or 0
+    if count != len(layout.batches):
+        raise ValueError(f"pyarrow's footer lists {count} batches, not {len(layout.batches)}")
+    for i, block in enumerate(layout.batches):
+        _BLOCK.pack_into(footer, vector + 4 + i * _BLOCK.size, *block)
+    return EOS_MARKER + bytes(footer) + struct.pack("<i", footer_len) + ARROW_FILE_MAGIC
+
+
 def ends_closed(path: str) -> bool:
     """True when ``path`` ends like a closed trace file: a stream's end-of-stream marker or a file's magic. Reads only
     the last bytes; a sound footer is checked by :func:`read_batches`. Anything but a regular file (a FIFO would block
     the open) is not closed."""
+    n = len(EOS_MARKER)
+    if not _uri.is_remote(path):  # a plain descriptor: readers call this for every shard they list
+        tail = _on_regular(path, n, lambda fd, size: os.pread(fd, n, size - n))
+        return tail is not None and (tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC))
     try:
-        if _uri.is_remote(path):
-            with _uri.open_input(path) as f:
-                size = f.size()
-                if size < len(EOS_MARKER):
-                    return False
-                tail = bytes(f.read_at(len(EOS_MARKER), size - len(EOS_MARKER)))
-        else:  # a plain descriptor: readers call this for every shard they list
-            opened = _open_regular(path, len(EOS_MARKER))
-            if opened is None:
-                return False
-            fd, size = opened
-            try:
-                tail = os.pread(fd, len(EOS_MARKER), size - len(EOS_MARKER))
-            finally:
-                os.close(fd)
+        with _uri.open_input(path) as f:
+            size = f.size()
+            tail = bytes(f.read_at(n, size - n)) if size >= n else b""
     except OSError:
         return False
     return tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC)
-
-
-def _footer_batches(src: _Source, size: int) -> list[int] | None:
-    """Offsets of the record batches an IPC file's footer lists; None when it has no sound footer."""
-    blocks = _footer_blocks(src, size)
-    return None if blocks is None else [b[0] for b in blocks]
 
 
 def _footer(read_at: Callable[[int, int], bytes], size: int) -> tuple[bytes, bytes] | None:
@@ -351,10 +382,10 @@ def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None
         return None
 
 
-def _open_regular(path: str, min_size: int) -> tuple[int, int] | None:
-    """``(descriptor, size)`` of the local ``path`` opened read-only, or None (nothing left open). None unless it is a
-    regular file of at least ``min_size`` bytes: checked before the open (a device or FIFO is never opened) and again on
-    the descriptor (the path may change in between)."""
+def _on_regular(path: str, min_size: int, use: Callable[[int, int], _T]) -> _T | None:
+    """``use(descriptor, size)`` of the local ``path`` opened read-only; None when an OSError is raised, or unless it is
+    a regular file of at least ``min_size`` bytes: checked before the open (a device or FIFO is never opened) and again
+    on the descriptor (the path may change in between)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
@@ -363,23 +394,19 @@ def _open_regular(path: str, min_size: int) -> tuple[int, int] | None:
         return None
     try:
         st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_size >= min_size:
-            return fd, st.st_size
+        return use(fd, st.st_size) if stat.S_ISREG(st.st_mode) and st.st_size >= min_size else None
     except OSError:
-        pass
-    os.close(fd)
-    return None
+        return None
+    finally:
+        os.close(fd)
 
 
 def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict[str, str] | None:
     """The schema metadata (only ``keys`` when given) of a local Arrow IPC *file* that ends closed, from its
     schema message alone; for the small files this library writes and checks itself (shard indexes). None when
     it is not such a file or the message does not parse; the rest is not checked."""
-    opened = _open_regular(path, 16 + 10)
-    if opened is None:
-        return None
-    fd, size = opened
-    try:
+
+    def read(fd: int, size: int) -> dict[str, str] | None:
         head = os.pread(fd, 16, 0)
         if head[: len(ARROW_FILE_MAGIC)] != ARROW_FILE_MAGIC:
             return None
@@ -388,36 +415,34 @@ def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict
         first, meta_len = struct.unpack_from("<Ii", head, 8)
         if first != _CONTINUATION or meta_len <= 0 or 16 + meta_len > size - 10:
             return None
-        message = os.pread(fd, 8 + meta_len, 8)
-        meta = pa.ipc.read_schema(pa.py_buffer(message)).metadata or {}
-        if keys is None:
-            return {k.decode(): v.decode() for k, v in meta.items()}
-        wanted = {k.encode(): k for k in keys}
-        return {wanted[k]: v.decode() for k, v in meta.items() if k in wanted}
-    except (OSError, pa.ArrowException, UnicodeDecodeError):
-        return None
-    finally:
-        os.close(fd)
+        try:
+            meta = pa.ipc.read_schema(pa.py_buffer(os.pread(fd, 8 + meta_len, 8))).metadata or {}
+            if keys is None:
+                return {k.decode(): v.decode() for k, v in meta.items()}
+            wanted = {k.encode(): k for k in keys}
+            return {wanted[k]: v.decode() for k, v in meta.items() if k in wanted}
+        except (pa.ArrowException, UnicodeDecodeError):
+            return None
+
+    return _on_regular(path, 16 + 10, read)
 
 
 def footer_bytes(path: str) -> tuple[bytes, int] | None:
     """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists. None
     when there is no sound footer or the file is not regular or unreadable. Two positional reads: every shard index a
     reader loads is checked against its shard's footer this way."""
-    opened = _open_regular(path, 8 + 10)
-    if opened is None:
-        return None
-    fd, size = opened
-    try:
+
+    def read(fd: int, size: int) -> tuple[bytes, int] | None:
         got = _footer(lambda at, n: os.pread(fd, n, at), size)
         if got is None:
             return None
         fb = _Flat(got[0])
-        return got[0] + got[1], fb.count(fb.root(), 3, _BLOCK_WIDTH)
-    except (OSError, _CorruptError):
-        return None
-    finally:
-        os.close(fd)
+        try:
+            return got[0] + got[1], fb.count(fb.root(), 3, _BLOCK.size)
+        except _CorruptError:
+            return None
+
+    return _on_regular(path, 8 + 10, read)
 
 
 # -- schemas and buffers ---------------------------------------------------------
@@ -516,54 +541,46 @@ def _budget(size: int) -> tuple[int, float]:
 
 
 def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return f"{n} B"  # pragma: no cover - the loop always returns
+    return f"{n:.1f} TB"
 
 
 def conform(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
     """``batch`` with exactly ``columns``, in :data:`tracer.schema.SPAN_SCHEMA` types (missing ones as nulls)."""
+    schema = pa.schema([S.SPAN_SCHEMA.field(c) for c in columns])
     names = batch.schema.names
     arrays = []
-    for c in columns:
-        target = S.SPAN_SCHEMA.field(c).type
-        if c in names:
-            arr = batch.column(names.index(c))
-            arrays.append(arr if arr.type == target else arr.cast(target))
-        else:
-            arrays.append(pa.nulls(batch.num_rows, target))
-    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([S.SPAN_SCHEMA.field(c) for c in columns]))
+    for f in schema:
+        arr = batch.column(names.index(f.name)) if f.name in names else pa.nulls(batch.num_rows, f.type)
+        arrays.append(arr if arr.type == f.type else arr.cast(f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 # -- the reader ----------------------------------------------------------------------
 
 
+@dataclasses.dataclass(eq=False)
 class TraceFileBatches:
     """The batches of one trace file (from :func:`read_batches`); iterate once, then read :attr:`result`."""
 
-    def __init__(
-        self,
-        path: str,
-        columns: list[str] | None,
-        batch_numbers: Iterable[int] | None,
-        expect_size: int | None,
-        resume: tuple[int, int] | None = None,
-        trust_footer: bool = False,
-    ) -> None:
-        self.path = path
-        self.expect_size = expect_size
-        self.resume = resume
-        self.trust_footer = trust_footer
-        self.columns = columns
-        self.batch_numbers = None if batch_numbers is None else sorted(set(batch_numbers))
-        self.result = FileRead(path)
-        #: The file's own schema (with its metadata) once known.
-        self.schema: pa.Schema | None = None
-        # Found by :meth:`_walk_chosen`, so :meth:`_read` does not read and parse them a second time.
-        self._first_schema: pa.Schema | None = None
-        self._footer_offsets: list[int] | None = None
+    path: str
+    columns: list[str] | None
+    batch_numbers: list[int] | None  # sorted, distinct
+    expect_size: int | None
+    resume: tuple[int, int] | None
+    trust_footer: bool
+    result: FileRead = dataclasses.field(init=False)
+    #: The file's own schema (with its metadata) once known.
+    schema: pa.Schema | None = dataclasses.field(default=None, init=False)
+    # Found by :meth:`_walk_chosen`, so :meth:`_head` does not read and parse them a second time.
+    _first_schema: pa.Schema | None = dataclasses.field(default=None, init=False)
+    _footer_blocks: list[tuple[int, int, int]] | None = dataclasses.field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.result = FileRead(self.path)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         for batch, _ in self.with_metadata():
@@ -575,7 +592,9 @@ class TraceFileBatches:
         if src is None:
             return
         try:
-            yield from self._read(src)
+            head = self._head(src)
+            if head is not None:
+                yield from self._batches(src, *head)
         finally:
             src.close()
 
@@ -613,13 +632,11 @@ class TraceFileBatches:
         if self.resume is not None:
             offset, count = self.resume
             try:
-                first = _read_message(src, start, size)
-                if first is not None and first.kind == _SCHEMA and first.end <= offset <= size and count >= 0:
-                    schema = pa.ipc.read_schema(pa.py_buffer(src.read_at(first.offset, first.end - first.offset)))
-                    if not any(pa.types.is_dictionary(f.type) for f in schema):
-                        rest, stop, at_eos = _walk(src, offset, size)
-                        return [first, *rest], stop, at_eos, count
-            except (_TornError, _CorruptError, OSError, pa.ArrowException, UnicodeDecodeError):
+                plain = _plain_schema(src, start, size)
+                if plain is not None and plain[0].end <= offset <= size and count >= 0:
+                    rest, stop, at_eos = _walk(src, offset, size)
+                    return [plain[0], *rest], stop, at_eos, count
+            except _UNREADABLE:
                 pass  # read it the ordinary way, which says what is wrong
         messages, stop, at_eos = _walk(src, start, size)
         return messages, stop, at_eos, 0
@@ -629,15 +646,12 @@ class TraceFileBatches:
         file whose footer an index vouches for (:mod:`tracer.index.shard`): the footer is the one its writer wrote, so
         batches are where it says, and only those read are parsed."""
         try:
-            first = _read_message(src, start, size)
+            plain = _plain_schema(src, start, size)
             blocks = _footer_blocks(src, size)
-            if first is None or first.kind != _SCHEMA or blocks is None:
-                return None
-            schema = pa.ipc.read_schema(pa.py_buffer(src.read_at(first.offset, first.end - first.offset)))
-            if any(pa.types.is_dictionary(f.type) for f in schema):
+            if plain is None or blocks is None:
                 return None
             chosen = set(self.batch_numbers or ())
-            messages = [first]
+            messages = [plain[0]]
             for i, (offset, meta_len, body_len) in enumerate(blocks):
                 if i in chosen:
                     msg = _read_message(src, offset, size)
@@ -647,15 +661,10 @@ class TraceFileBatches:
                     body = offset + meta_len
                     msg = _Message(offset, body, body + body_len, _RECORD_BATCH, 0, [], False)
                 messages.append(msg)
-            self._first_schema, self._footer_offsets = schema, [b[0] for b in blocks]
+            self._first_schema, self._footer_blocks = plain[1], blocks
             return messages
-        except (_TornError, _CorruptError, OSError, pa.ArrowException, UnicodeDecodeError):
+        except _UNREADABLE:
             return None
-
-    def _read(self, src: _Source) -> Iterator[tuple[pa.RecordBatch, Any]]:
-        head = self._head(src)
-        if head is not None:
-            yield from self._batches(src, *head)
 
     def _head(self, src: _Source) -> tuple[list[_Message], list[_Message], int, str | None, int, pa.Schema] | None:
         """The file's messages, its batches, how many are skipped, why it stops, where its stream starts
@@ -671,11 +680,8 @@ class TraceFileBatches:
             res.skipped = "not a readable trace file: " + (stop or "it does not start with an Arrow schema")
             res.repairable = True
             return None
-        schema_msg = messages[0]
         try:
-            self.schema = schema = self._first_schema or pa.ipc.read_schema(
-                pa.py_buffer(src.read_at(schema_msg.offset, schema_msg.end - schema_msg.offset))
-            )
+            self.schema = schema = self._first_schema or _schema_at(src, messages[0])
             schema.names  # noqa: B018 - field names in bytes that are not UTF-8 fail here
         except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:
             res.skipped, res.repairable = f"not a readable trace file: {type(exc).__name__}: {exc}", True
@@ -700,9 +706,10 @@ class TraceFileBatches:
         res.batches_in_file = len(batches)
         res.end = messages[-1].end
         if res.file_format:
-            listed = self._footer_offsets if self._footer_offsets is not None else _footer_batches(src, size)
             walked = [m.offset for m in batches[skipped:]]
-            if listed is not None and len(listed) == len(batches) and listed[skipped:] == walked and not stop:
+            blocks = self._footer_blocks if self._footer_blocks is not None else _footer_blocks(src, size)
+            listed = [] if blocks is None else [b[0] for b in blocks]
+            if blocks is not None and len(listed) == len(batches) and listed[skipped:] == walked and not stop:
                 res.closed = True
             elif ended_at_eos or stop:
                 # Something follows the last batch but it is not a footer that lists the batches: damage.
@@ -729,7 +736,7 @@ class TraceFileBatches:
         names = list(S.SPAN_COLUMNS) if columns is None else columns
         # Only span columns are ever decoded, even "as written" (for repair): a column the readers
         # never return must not decide, by failing to decompress, how much of a file they all keep.
-        fields = [i for i, f in enumerate(schema_names) if f in (S.SPAN_COLUMNS if columns is None else columns)]
+        fields = [i for i, f in enumerate(schema_names) if f in names]
         project = columns is not None or len(fields) < len(schema_names)
         wanted = _wanted_buffers(schema, fields) if project else None
         per_row = max(len(fields), len(names))
@@ -737,16 +744,11 @@ class TraceFileBatches:
         if columns is None and project:
             self.schema = pa.schema([schema.field(i) for i in fields], metadata=schema.metadata)
         budget, expansion = _budget(size)
-        spent = 0
-        try:
-            # Dictionaries are decoded along with the batches after them: charge them up front.
-            spent = sum(_cost(src, m, None, 1) for m in messages if m.kind == _DICTIONARY)
-        except _CorruptError as exc:
-            res.damage = str(exc)
-            return
         # One handle for the scan (positional reads) and pyarrow: the bytes checked are the bytes decoded.
         data = src.handle
         try:
+            # Dictionaries are decoded along with the batches after them: charge them up front.
+            spent = sum(_cost(src, m, None, 1) for m in messages if m.kind == _DICTIONARY)
             reader: Any = None
             use_footer = res.file_format and res.closed
             if use_footer:
@@ -836,7 +838,8 @@ def read_batches(
         unknown = [c for c in cols if c not in S.SPAN_COLUMNS]
         if unknown:
             raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
-    return TraceFileBatches(os.fspath(path), cols, batch_numbers, expect_size, resume, trust_footer)
+    chosen = None if batch_numbers is None else sorted(set(batch_numbers))
+    return TraceFileBatches(os.fspath(path), cols, chosen, expect_size, resume, trust_footer)
 
 
 def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
@@ -848,16 +851,12 @@ def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
         raise OSError(f"{file}: {reading.result.skipped}")
     try:
         start = 8 if src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC else 0
-        try:
-            msg = _read_message(src, start, reading.result.size)
-        except (_TornError, _CorruptError) as exc:
-            raise OSError(f"{file}: not a readable trace file: {exc}") from None
+        msg = _read_message(src, start, reading.result.size)
         if msg is None or msg.kind != _SCHEMA:
-            raise OSError(f"{file}: not a readable trace file: it does not start with an Arrow schema")
-        try:
-            return pa.ipc.read_schema(pa.py_buffer(src.read_at(msg.offset, msg.end - msg.offset)))
-        except pa.ArrowException as exc:
-            raise OSError(f"{file}: not a readable trace file: {exc}") from None
+            raise _CorruptError("it does not start with an Arrow schema")
+        return _schema_at(src, msg)
+    except (_TornError, _CorruptError, pa.ArrowException) as exc:
+        raise OSError(f"{file}: not a readable trace file: {exc}") from None
     finally:
         src.close()
 
@@ -880,8 +879,6 @@ def write_replacing(target: str, tmp: str, write: Callable[[BinaryIO], object]) 
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(tmp)
-        except OSError:
-            pass
         raise

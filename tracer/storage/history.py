@@ -14,6 +14,8 @@ list. Raw readers see the reference as written (``docs/format.md`` shows how to 
 from __future__ import annotations
 
 import collections
+import functools
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,19 +41,19 @@ HISTORY_COLUMNS = (S.TRACE_ID, S.SPAN_ID, S.OUTPUTS)
 _MARKER = f'"{S.HISTORY_EXTENDS}"'
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
-    """Length of the longest common prefix of the lists or tuples ``a`` and ``b[start:]`` (slices compare in C)."""
-    n = min(len(a), len(b) - start)
-    if n <= 0:
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of the lists or tuples ``a`` and ``b`` (slices compare in C)."""
+    n = min(len(a), len(b))
+    if n == 0:
         return 0
     if type(b) is not type(a):
         b = tuple(b) if type(a) is tuple else list(b)
-    if a[:n] == b[start : start + n]:
+    if a[:n] == b[:n]:
         return n
     lo, hi = 0, n  # a[:lo] matches, a[:hi] does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if a[lo:mid] == b[start + lo : start + mid]:
+        if a[lo:mid] == b[lo:mid]:
             lo = mid
         else:
             hi = mid
@@ -71,8 +73,7 @@ class HistoryTracker:
     """The writer's side: remembers each live trajectory's last llm context and rewrites the next prompt. Writer thread
     only, on prepared values in written order; it holds references to the id lists, never copies."""
 
-    def __init__(self, max_held_ids: int = MAX_HELD_IDS) -> None:
-        self.max_held_ids = max_held_ids
+    def __init__(self) -> None:
         #: trajectory key -> (span id, response field, whole prompt ids, response ids)
         self._last: collections.OrderedDict[Any, tuple[str, str | None, Sequence[int], Sequence[int]]] = (
             collections.OrderedDict()
@@ -114,11 +115,11 @@ class HistoryTracker:
                     S.HISTORY_IDS: prompt[k:],
                 }
         size = len(prompt) + len(response)
-        if size > self.max_held_ids:
+        if size > MAX_HELD_IDS:
             return
         self._last[key] = (span_id, field, prompt, response)
         self._held += size
-        while self._held > self.max_held_ids and self._last:
+        while self._held > MAX_HELD_IDS and self._last:
             _, (_, _, old_prompt, old_response) = self._last.popitem(last=False)
             self._held -= len(old_prompt) + len(old_response)
 
@@ -134,14 +135,7 @@ def _dumps(value: Any) -> str:
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode("utf-8")
     except TypeError:  # a lone surrogate (written escaped by the json module): same fallback as the writer
-        import json
-
         return json.dumps(value)
-
-
-def has_references(inputs: pa.ChunkedArray | pa.Array) -> bool:
-    """Whether any value of an ``inputs`` column holds a history reference (one substring scan)."""
-    return bool(pc.any(pc.fill_null(pc.match_substring(inputs, _MARKER), False)).as_py())
 
 
 def expand_history(table: pa.Table) -> pa.Table:
@@ -151,12 +145,12 @@ def expand_history(table: pa.Table) -> pa.Table:
     if S.INPUTS not in table.column_names or table.num_rows == 0:
         return table
     inputs = table.column(S.INPUTS)
-    if not has_references(inputs):
+    marked = pc.fill_null(pc.match_substring(inputs, _MARKER), False)  # one substring scan
+    if not pc.any(marked).as_py():
         return table
     missing_cols = [c for c in HISTORY_COLUMNS if c not in table.column_names]
     if missing_cols:
         raise ValueError(f"expand_history needs the columns {', '.join(missing_cols)} to rebuild prompt_ids")
-    marked = pc.fill_null(pc.match_substring(inputs, _MARKER), False)
     marked_rows = pc.indices_nonzero(marked).to_pylist()
     trace_col = table.column(S.TRACE_ID)
     traces = pc.unique(pc.take(trace_col, pa.array(marked_rows, pa.int64())))
@@ -166,13 +160,11 @@ def expand_history(table: pa.Table) -> pa.Table:
     sub_inputs = sub.column(S.INPUTS).to_pylist()
     sub_outputs = sub.column(S.OUTPUTS).to_pylist()
     trace_of = sub.column(S.TRACE_ID).to_pylist()
-    parsed: dict[int, Any] = {}
     resolved: dict[int, list[int] | str] = {}
 
+    @functools.cache
     def inputs_of(i: int) -> Any:
-        if i not in parsed:
-            parsed[i] = _loads(sub_inputs[i])
-        return parsed[i]
+        return _loads(sub_inputs[i])
 
     def resolve(i: int, depth: int = 0) -> list[int] | str:
         """Row ``i``'s full prompt_ids, or why it cannot be rebuilt."""

@@ -61,30 +61,16 @@ def listing(run_dir: str) -> tuple[list[str], dict[str, Any]]:
     OSError when the directory cannot be listed."""
     listed = sorted(e.name for e in os.scandir(run_dir) if e.name.endswith(FILE_SUFFIX) and not e.is_dir())
     index = load_index(run_dir)
-    hidden = replaced_files(run_dir, index, set(listed))
+    hidden = replaced_files(index, set(listed))
     return [n for n in listed if n not in hidden], index
 
 
-def replaced_files(run_dir: str, index: dict[str, Any], listed: set[str] | None = None) -> set[str]:
-    """Names readers must skip: replaced by compacted files that exist. ``index`` is loaded *after* ``listed`` was
-    taken; with ``listed``, a compacted file exists only if the listing has it, so every row is read exactly once even
-    while a compaction renames its output."""
-
-    def exists(name: str) -> bool:
-        if listed is not None:
-            return name in listed
-        if _uri.is_remote(run_dir):
-            try:
-                _uri.file_size(_uri.join_uri(run_dir, name))
-            except OSError:
-                return False
-            return True
-        return os.path.exists(os.path.join(run_dir, name))
-
+def replaced_files(index: dict[str, Any], listed: set[str]) -> set[str]:
+    """Names readers must skip: replaced by compacted files in ``listed``. ``index`` is loaded *after* ``listed`` was
+    taken, so every row is read exactly once even while a compaction renames its output."""
     hidden: set[str] = set()
     for name, entry in index["files"].items():
-        group = entry.get("group", [name])
-        if entry.get("replaces") and all(exists(g) for g in group):
+        if entry.get("replaces") and all(g in listed for g in entry.get("group", [name])):
             hidden.update(entry["replaces"])
     return hidden
 

@@ -22,20 +22,13 @@ POLL_S = 0.01
 @contextlib.contextmanager
 def reading(run_dir: str) -> Iterator[None]:
     """Hold the shared lock of ``run_dir`` (a local directory) for the duration of the block."""
-    fd = None
-    if not is_remote(run_dir):
-        try:
-            fd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            fcntl.flock(fd, fcntl.LOCK_SH)
-        except OSError:
-            if fd is not None:
-                os.close(fd)
-            fd = None
-    try:
+    with contextlib.ExitStack() as held:
+        if not is_remote(run_dir):
+            with contextlib.suppress(OSError):
+                fd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+                held.callback(os.close, fd)  # releases the lock
+                fcntl.flock(fd, fcntl.LOCK_SH)
         yield
-    finally:
-        if fd is not None:
-            os.close(fd)  # releases the lock
 
 
 def try_exclusive(run_dir: str, wait_s: float) -> int | None:

@@ -8,6 +8,7 @@ ones and files sound but not for this reader are left as they are. Repairing twi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -45,48 +46,34 @@ class RepairResult:
         return self.read.batches if self.action == REPAIRED else 0
 
 
-def repaired_name(path: str) -> str:
-    """``x.arrow`` -> ``x.repaired.arrow``."""
-    stem = path[: -len(S.FILE_SUFFIX)] if path.endswith(S.FILE_SUFFIX) else path
-    return stem + REPAIRED_SUFFIX
-
-
 def repair_file(path: str | os.PathLike[str]) -> RepairResult:
     """Repair one local trace file (see the module docstring); never deletes anything."""
     file = os.fspath(path)
     reading = read_batches(file)
-    target = repaired_name(file)
+    target = file.removesuffix(S.FILE_SUFFIX) + REPAIRED_SUFFIX  # x.arrow -> x.repaired.arrow
     tmp = f"{target}.tmp-{secrets.token_hex(4)}"
-    sink = writer = None
     try:
-        for batch, custom in reading.with_metadata():
-            if writer is None:
-                assert reading.schema is not None
-                sink = open(tmp, "wb")  # noqa: SIM115 - closed below
-                writer = pa.ipc.new_stream(
-                    sink, reading.schema, options=pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))
-                )
-            writer.write_batch(batch, custom_metadata=custom)
-        result = reading.result
-        if result.sound or (result.skipped and not result.repairable):
-            return RepairResult(file, SOUND if result.sound else LEFT, result)
-        out = RepairResult(file, REPAIRED, result, damaged_to=file + DAMAGED_SUFFIX)
-        if writer is not None and sink is not None:
-            writer.close()
+        with contextlib.ExitStack() as opened:
             writer = None
-            sink.flush()
-            os.fsync(sink.fileno())
-            sink.close()
-            sink = None
-            os.replace(tmp, target)
-            out.repaired_to = target
+            for batch, custom in reading.with_metadata():
+                if writer is None:
+                    sink = opened.enter_context(open(tmp, "wb"))
+                    options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))
+                    writer = opened.enter_context(pa.ipc.new_stream(sink, reading.schema, options=options))
+                writer.write_batch(batch, custom_metadata=custom)
+            result = reading.result
+            if result.sound or (result.skipped and not result.repairable):
+                return RepairResult(file, SOUND if result.sound else LEFT, result)
+            out = RepairResult(file, REPAIRED, result, damaged_to=file + DAMAGED_SUFFIX)
+            if writer is not None:
+                writer.close()
+                sink.flush()
+                os.fsync(sink.fileno())
+                os.replace(tmp, target)
+                out.repaired_to = target
         os.replace(file, out.damaged_to)
         fsync_dir(os.path.dirname(file) or ".")
         return out
     finally:
-        if writer is not None:
-            writer.close()
-        if sink is not None:
-            sink.close()
-        if os.path.exists(tmp):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)

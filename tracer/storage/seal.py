@@ -14,21 +14,20 @@ seal standing). A file found closed is not opened again while its size, mtime an
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import errno
 import fcntl
-import io
 import os
 import re
 import stat
-import struct
 import threading
 import time
 
 import pyarrow as pa
 
 from tracer import schema as S
-from tracer.storage.files import ARROW_FILE_MAGIC, EOS_MARKER, Layout, ends_closed, read_layout
+from tracer.storage.files import ARROW_FILE_MAGIC, EOS_MARKER, ends_closed, footer_for, read_layout
 from tracer.storage.uri import is_remote
 from tracer.storage.writer import OnClose, host_label
 
@@ -47,8 +46,6 @@ SEALED = "sealed"
 ALREADY_CLOSED = "closed"
 LIVE = "live"
 NOT_SEALED = "not sealed"
-
-_BLOCK = struct.Struct("<qi4xq")  # Arrow File.fbs Block: offset, metaDataLength, (pad), bodyLength
 
 #: Files found closed, by path: (size, mtime, inode) then; while that is the same, the file is not opened again.
 _closed: collections.OrderedDict[str, tuple[int, int, int]] = collections.OrderedDict()
@@ -106,48 +103,6 @@ def _writer_gone(path: str, fd: int, file_format: bool, max_age_s: float) -> str
     return ""
 
 
-def footer_for(layout: Layout) -> bytes:
-    """The bytes pyarrow writes when it closes an IPC file with ``layout``'s schema and batches. Everything after the
-    last batch: end-of-stream marker, footer, footer length, magic."""
-    schema = pa.ipc.read_schema(pa.py_buffer(layout.schema_message))
-    # pyarrow builds the footer (schema, metadata version) for as many empty batches; then the
-    # fixed-width Block entries of the batch vector are overwritten with where the real ones are.
-    sink = io.BytesIO()
-    with pa.ipc.new_file(sink, schema) as writer:
-        empty = pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
-        for _ in layout.batches:
-            writer.write_batch(empty)
-    data = bytearray(sink.getvalue())
-    (footer_len,) = struct.unpack_from("<i", data, len(data) - 10)
-    footer_at = len(data) - 10 - footer_len
-    footer = bytearray(data[footer_at : len(data) - 10])
-    root = struct.unpack_from("<I", footer, 0)[0]
-    vtable = root - struct.unpack_from("<i", footer, root)[0]
-    vt_size = struct.unpack_from("<H", footer, vtable)[0]
-    slot = 3  # Footer.recordBatches
-    field = struct.unpack_from("<H", footer, vtable + 4 + 2 * slot)[0] if 4 + 2 * slot + 2 <= vt_size else 0
-    if not field:
-        if layout.batches:
-            raise ValueError("pyarrow's footer has no batch list")
-    else:
-        pos = root + field
-        vec = pos + struct.unpack_from("<I", footer, pos)[0]
-        (count,) = struct.unpack_from("<I", footer, vec)
-        if count != len(layout.batches):
-            raise ValueError(f"pyarrow's footer lists {count} batches, not {len(layout.batches)}")
-        for i, block in enumerate(layout.batches):
-            _BLOCK.pack_into(footer, vec + 4 + i * _BLOCK.size, *block)
-    return EOS_MARKER + bytes(footer) + struct.pack("<i", footer_len) + ARROW_FILE_MAGIC
-
-
-def _remember_closed(file: str, stamp: tuple[int, int, int]) -> None:
-    with _closed_lock:
-        _closed[file] = stamp
-        _closed.move_to_end(file)
-        while len(_closed) > CLOSED_CACHE_ENTRIES:
-            _closed.popitem(last=False)
-
-
 def seal_if_abandoned(
     path: str | os.PathLike[str], max_age_s: float | None = None, on_sealed: OnClose | None = None
 ) -> SealResult:
@@ -156,10 +111,8 @@ def seal_if_abandoned(
     sealed (readers pass :func:`tracer.index.shard.write_index`)."""
     result = _seal(os.fspath(path), max_age_s)
     if on_sealed is not None and result.action == SEALED:
-        try:
+        with contextlib.suppress(Exception):  # derived data only: the seal stands
             on_sealed(result.path)
-        except Exception:  # derived data only: the seal stands
-            pass
     return result
 
 
@@ -177,7 +130,11 @@ def _seal(file: str, max_age_s: float | None) -> SealResult:
         if _closed.get(file) == stamp:
             return SealResult(file, ALREADY_CLOSED)
     if ends_closed(file):
-        _remember_closed(file, stamp)
+        with _closed_lock:
+            _closed[file] = stamp
+            _closed.move_to_end(file)
+            while len(_closed) > CLOSED_CACHE_ENTRIES:
+                _closed.popitem(last=False)
         return SealResult(file, ALREADY_CLOSED)
     limit = seal_after_s() if max_age_s is None else max_age_s
     try:

@@ -24,6 +24,14 @@ MAX_LAG_BYTES = 1024 * 1024
 MAX_ARROW_BYTES = 4 * 1024 * 1024 * 1024
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+_KINDS = {
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 class SideFileWarning(UserWarning):
@@ -46,7 +54,7 @@ def checked(path: str, max_bytes: int) -> os.stat_result | None:
         refuse(path, f"cannot be looked at ({exc.strerror or exc})")
         return None
     if not stat.S_ISREG(st.st_mode):
-        refuse(path, f"not a regular file ({_kind(st.st_mode)})")
+        refuse(path, f"not a regular file ({_KINDS.get(stat.S_IFMT(st.st_mode), 'not a plain file')})")
         return None
     if st.st_size > max_bytes:
         refuse(path, f"{st.st_size} bytes, over the {max_bytes} a side file may have")
@@ -56,46 +64,27 @@ def checked(path: str, max_bytes: int) -> os.stat_result | None:
 
 def read_bytes(path: str, max_bytes: int) -> bytes | None:
     """The content of the side file ``path`` (local or a URI), checked as the module says; None when refused."""
-    if _uri.is_remote(path):
-        try:
+    try:
+        if _uri.is_remote(path):
             with _uri.open_input(path) as f:
                 data: bytes = f.read(max_bytes + 1)
-        except OSError:
-            return None
-        if len(data) > max_bytes:
-            refuse(path, f"over the {max_bytes} bytes a side file may have")
-            return None
-        return data
-    if checked(path, max_bytes) is None:
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        else:
+            if checked(path, max_bytes) is None:
+                return None
+            with os.fdopen(os.open(path, os.O_RDONLY | _NOFOLLOW), "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:  # replaced since the lstat
+                    refuse(path, "changed into something that is not a small regular file")
+                    return None
+                data = f.read(max_bytes + 1)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        refuse(path, f"cannot be opened ({exc.strerror or exc})")
+        if not _uri.is_remote(path):
+            refuse(path, f"cannot be read ({exc.strerror or exc})")
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:  # replaced since the lstat
-            refuse(path, "changed into something that is not a small regular file")
-            return None
-        chunks = []
-        left = max_bytes + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-    except OSError as exc:
-        refuse(path, f"cannot be read ({exc.strerror or exc})")
-        return None
-    finally:
-        os.close(fd)
     if len(data) > max_bytes:
-        refuse(path, f"grew past the {max_bytes} bytes a side file may have")
+        refuse(path, f"over the {max_bytes} bytes a side file may have")
         return None
     return data
 
@@ -117,20 +106,6 @@ def read_json(path: str, max_bytes: int, valid: Callable[[Any], bool], what: str
     return value
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a plain file"
-
-
 def is_int(v: Any) -> bool:
     """An integer as JSON gives one (a JSON ``true`` is a bool, not an int)."""
     return type(v) is int
@@ -143,18 +118,3 @@ def is_number(v: Any) -> bool:
 
 def is_str_list(v: Any) -> bool:
     return isinstance(v, list) and all(type(s) is str for s in v)
-
-
-__all__ = [
-    "MAX_ARROW_BYTES",
-    "MAX_JSON_BYTES",
-    "MAX_LAG_BYTES",
-    "SideFileWarning",
-    "checked",
-    "is_int",
-    "is_number",
-    "is_str_list",
-    "read_bytes",
-    "read_json",
-    "refuse",
-]

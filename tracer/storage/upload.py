@@ -12,11 +12,13 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
 import re
 import secrets
+import shutil
 import tempfile
 import threading
 import time
@@ -24,8 +26,10 @@ import weakref
 from collections.abc import Callable
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from tracer import schema as S
+from tracer.storage.files import write_replacing
 from tracer.storage.repair import REPAIRED, SOUND, repair_file
 from tracer.storage.uri import filesystem, join_uri, strip_query
 from tracer.storage.writer import SpanWriter
@@ -67,8 +71,6 @@ def _stem_of(name: str) -> str:
 
 def _try_lock(path: str) -> int | None:
     """Open and exclusively flock ``path``; the fd, or None if another process holds it."""
-    import fcntl
-
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -103,8 +105,6 @@ def prepare_for_upload(path: str) -> str | None:
 def upload_file(local: str, dest_uri: str) -> str:
     """Upload one closed trace file into ``dest_uri`` (a prefix); return the object's URI. The object appears whole or
     not at all; the local file is removed once the object's size matches."""
-    import pyarrow.fs as pafs
-
     name = os.path.basename(local)
     final_uri = join_uri(dest_uri, name)
     fs, final = filesystem(final_uri)
@@ -114,8 +114,7 @@ def upload_file(local: str, dest_uri: str) -> str:
     target = final if atomic else f"{final}{PARTIAL_MARK}{secrets.token_hex(4)}"
     size = os.path.getsize(local)
     with open(local, "rb") as src, fs.open_output_stream(target) as dst:
-        while chunk := src.read(UPLOAD_CHUNK_BYTES):
-            dst.write(chunk)
+        shutil.copyfileobj(src, dst, UPLOAD_CHUNK_BYTES)
     if not atomic:
         fs.move(target, final)
     info = fs.get_file_info(final)
@@ -128,18 +127,10 @@ def upload_file(local: str, dest_uri: str) -> str:
 def _write_destination(staging: str, dest_uri: str) -> None:
     os.makedirs(staging, exist_ok=True)
     path = os.path.join(staging, DESTINATION_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            if f.read().strip() == dest_uri:
-                return
-    except OSError:
-        pass
-    tmp = f"{path}.{secrets.token_hex(4)}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(dest_uri + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
+        if f.read().strip() == dest_uri:
+            return
+    write_replacing(path, f"{path}.{secrets.token_hex(4)}", lambda f: f.write(dest_uri.encode() + b"\n"))
 
 
 def claim_orphans(staging: str, own_stem: str | None = None) -> tuple[list[str], dict[str, int]]:
@@ -193,8 +184,7 @@ def recover(staging: str, dest_uri: str | None = None) -> tuple[list[str], list[
                 failed.append(f"{path}: {type(exc).__name__}: {exc}")
     finally:
         for stem, fd in locks.items():
-            left = any(_stem_of(n) == stem for n in os.listdir(staging) if n.endswith(S.FILE_SUFFIX))
-            if left:
+            if any(_stem_of(n) == stem for n in os.listdir(staging) if n.endswith(S.FILE_SUFFIX)):
                 os.close(fd)
             else:
                 _release(staging, stem, fd)
@@ -206,19 +196,16 @@ def _close_at_exit(ref: weakref.ref[UploadingSpanWriter]) -> None:
     if writer is None or writer._pid != os.getpid():
         return  # a forked child must not close (and so corrupt) its parent's file
     try:
-        if writer.at_exit is not None:
-            writer.at_exit()  # the owner flushes what it buffers, then closes this writer
-        else:
-            writer.close()
+        (writer.at_exit or writer.close)()  # the owner flushes what it buffers, then closes this writer
     except Exception as exc:  # never fail interpreter exit
         logger.warning("rollout-trace: uploading at exit failed: %s (files stay in %s)", exc, writer.run_dir)
 
 
 class UploadingSpanWriter(SpanWriter):
     """A :class:`SpanWriter` into a local staging directory that uploads each closed file to ``dest_uri``. Files close
-    (and upload) at ``max_file_bytes`` or ``upload_interval_s`` old. ``report(kind, detail, exc)`` gets upload problems;
-    ``staging`` defaults to :func:`staging_dir_for` ``dest_uri``. ``at_exit`` runs at interpreter exit instead of
-    :meth:`close` (the recorder's shutdown), before pyarrow finalizes S3."""
+    (and upload) at ``max_file_bytes`` or ``upload_interval_s`` old. ``report(kind, detail, exc)`` gets upload problems.
+    ``at_exit`` runs at interpreter exit instead of :meth:`close` (the recorder's shutdown), before pyarrow finalizes
+    S3."""
 
     def __init__(
         self,
@@ -228,15 +215,14 @@ class UploadingSpanWriter(SpanWriter):
         max_file_bytes: int = 256 * 1024 * 1024,
         upload_interval_s: float = 60.0,
         report: Callable[[str, str, BaseException | None], None] | None = None,
-        staging: str | None = None,
         at_exit: Callable[[], object] | None = None,
     ) -> None:
-        staging = staging or staging_dir_for(dest_uri)
+        staging = staging_dir_for(dest_uri)
         super().__init__(staging, metadata, compression_level, max_file_bytes, on_close=None)  # no index: remote
         self.dest_uri = dest_uri
         self._pid = os.getpid()
         self.upload_interval_s = float(upload_interval_s)
-        self._report = report
+        self._report = report or (lambda kind, detail, exc: None)
         self.at_exit = at_exit
         self._lock = threading.RLock()
         self._upload_lock = threading.Lock()
@@ -244,7 +230,6 @@ class UploadingSpanWriter(SpanWriter):
         self._opened_at = 0.0
         #: (local path, needs repair check, not before monotonic time, attempts)
         self._pending: collections.deque[tuple[str, bool, float, int]] = collections.deque()
-        self.uploaded: list[str] = []
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -254,14 +239,12 @@ class UploadingSpanWriter(SpanWriter):
         except (ValueError, TypeError, pa.ArrowInvalid):
             raise
         except Exception as exc:  # unreachable now: uploads retry later
-            if report is not None:
-                report("upload failed", f"cannot reach {dest_uri}: {type(exc).__name__}: {exc}", exc)
+            self._report("upload failed", f"cannot reach {dest_uri}: {type(exc).__name__}: {exc}", exc)
         # pyarrow finalizes S3 at exit; upload before that (atexit runs handlers last-in first-out).
         atexit.register(_close_at_exit, weakref.ref(self))
         self._lock_fd: int | None = _try_lock(os.path.join(staging, self._stem + LOCK_SUFFIX))
         orphans, self._orphan_locks = claim_orphans(staging, self._stem)
-        for path in orphans:
-            self._pending.append((path, True, 0.0, 0))
+        self._pending.extend((path, True, 0.0, 0) for path in orphans)
         if orphans:
             self._start()
 
@@ -352,29 +335,19 @@ class UploadingSpanWriter(SpanWriter):
                     ready = prepare_for_upload(path) if check else path
                     if ready is None:
                         continue
-                    self.uploaded.append(upload_file(ready, self.dest_uri))
+                    upload_file(ready, self.dest_uri)
                 except NotUploadableError as exc:
-                    if self._report is not None:
-                        self._report("upload failed", f"{path} kept in staging, not uploaded: {exc}", exc)
+                    self._report("upload failed", f"{path} kept in staging, not uploaded: {exc}", exc)
                 except Exception as exc:
                     attempts += 1
-                    if self._report is not None:
-                        self._report(
-                            "upload failed",
-                            f"{path} -> {self.dest_uri} (attempt {attempts}; kept in staging, retried): "
-                            f"{type(exc).__name__}: {exc}",
-                            exc,
-                        )
+                    self._report(
+                        "upload failed",
+                        f"{path} -> {self.dest_uri} (attempt {attempts}; kept in staging, retried): "
+                        f"{type(exc).__name__}: {exc}",
+                        exc,
+                    )
                     later.append((path, check, time.monotonic() + min(MAX_RETRY_S, 2.0**attempts), attempts))
             self._pending.extend(later)
-            self._release_orphan_locks()
-
-    def _release_orphan_locks(self) -> None:
-        waiting = {_stem_of(os.path.basename(p)) for p, *_ in tuple(self._pending)}
-        for stem in [s for s in self._orphan_locks if s not in waiting]:
-            _release(self.run_dir, stem, self._orphan_locks.pop(stem))
-
-    @property
-    def pending(self) -> list[str]:
-        """Staged files not uploaded yet."""
-        return [p for p, *_ in tuple(self._pending)]
+            waiting = {_stem_of(os.path.basename(p)) for p, *_ in tuple(self._pending)}
+            for stem in [s for s in self._orphan_locks if s not in waiting]:
+                _release(self.run_dir, stem, self._orphan_locks.pop(stem))

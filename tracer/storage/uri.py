@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from tracer import schema as S
 
@@ -38,8 +39,6 @@ def strip_query(uri: str) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _filesystem_for_dir(dir_uri: str) -> tuple[Any, str]:
-    import pyarrow.fs as pafs
-
     try:
         fs, path = pafs.FileSystem.from_uri(dir_uri)
         return fs, path.rstrip("/")
@@ -52,10 +51,7 @@ def _filesystem_for_dir(dir_uri: str) -> tuple[Any, str]:
         raise ValueError(
             f"{dir_uri!r}: pyarrow cannot open this kind of URI; pip install fsspec and the package for its scheme"
         ) from None
-    match = _URI.match(dir_uri)
-    assert match is not None
-    protocol = match.group(1)
-    inner = fsspec.filesystem(protocol)
+    inner = fsspec.filesystem(dir_uri.split("://", 1)[0])
     return pafs.PyFileSystem(pafs.FSSpecHandler(inner)), inner._strip_protocol(strip_query(dir_uri)).rstrip("/")
 
 
@@ -72,8 +68,6 @@ def filesystem(uri: str) -> tuple[Any, str]:
 def list_remote(uri: str) -> list[str]:
     """Trace files under ``uri`` (a file, or a prefix searched recursively) as URIs, sorted; FileNotFoundError
     when nothing exists there."""
-    import pyarrow.fs as pafs
-
     fs, path = filesystem(uri)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File:
@@ -99,8 +93,6 @@ def file_size(file: str) -> int:
     """Size in bytes of a local path or a URI (OSError when it does not exist or cannot be reached)."""
     if not is_remote(file):
         return os.path.getsize(file)
-    import pyarrow.fs as pafs
-
     fs, path = filesystem(file)
     info = fs.get_file_info(path)
     if info.type != pafs.FileType.File:

@@ -10,6 +10,7 @@ process ends: how :mod:`tracer.storage.seal` tells a dead writer. A cleanly clos
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -33,16 +34,12 @@ def host_label() -> str:
 
 
 def fsync_dir(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class SpanWriter:
@@ -80,10 +77,10 @@ class SpanWriter:
         self._seq += 1
         self._file = open(self.path, "wb")  # noqa: SIM115 - closed in _close
         self.paths.append(self.path)
-        try:  # held until the file is closed: readers seal the file only once it is gone
+        # Held until the file is closed: readers seal it only once it is gone. Without flock here, sealers fall back
+        # to the process id and the file's age.
+        with contextlib.suppress(OSError):
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            pass  # no flock here: sealers fall back to the process id and the file's age
         self._stream = pa.ipc.new_file(self._file, self.schema, options=self.options)
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -117,11 +114,9 @@ class SpanWriter:
 
     def _let_go(self) -> None:
         """Forget the current file without writing to it again (no footer: it has one, or it is abandoned)."""
-        try:
+        with contextlib.suppress(Exception):
             if self._file is not None:
                 self._file.close()
-        except Exception:
-            pass
         self._file = None
         self._stream = None
 
@@ -129,11 +124,9 @@ class SpanWriter:
         self._let_go()
         # A file with no complete batch holds nothing; left behind, it would only make every reader warn.
         if self._batches == 0 and self.path is not None:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 os.remove(self.path)
                 self.paths.remove(self.path)
-            except (OSError, ValueError):
-                pass
 
     def close(self) -> None:
         """End the current file cleanly (footer, fsync; its lock goes with the descriptor), then ``on_close``."""
@@ -148,7 +141,5 @@ class SpanWriter:
             self._file = None
             self._stream = None
         if self._on_close is not None and self.path is not None:
-            try:
+            with contextlib.suppress(Exception):  # derived data only: the file and its spans are whole
                 self._on_close(self.path)
-            except Exception:  # derived data only: the file and its spans are whole
-                pass

@@ -59,7 +59,7 @@ def test_a_stop_at_any_request_loses_and_duplicates_nothing(
 
     with monkeypatch.context() as patch:
         for method in ("save_index", "replace", "remove"):
-            patch.setattr(_compact._RemoteDir, method, counting(getattr(_compact._RemoteDir, method)))
+            patch.setattr(_compact._Dir, method, counting(getattr(_compact._Dir, method)))
         with pytest.raises(Crash):
             _compact.compact(bucket, delete_after_s=0)
     assert _span_ids(run) == before
