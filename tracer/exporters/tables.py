@@ -49,6 +49,8 @@ VAL_METRIC_PREFIX = "rollout_trace_val/"
 #: Table keys: training and validation trajectories.
 TABLE_KEY = "rollout_trace/table"
 VAL_TABLE_KEY = "rollout_trace_val/table"
+#: Metric carrying the rollout step of each logged step (wandb's charts use it as x-axis).
+STEP_KEY = "rollout_trace/step"
 
 #: Longest text kept in one table cell; longer text is cut with a note saying how much.
 MAX_CELL_CHARS = 100_000
@@ -104,14 +106,13 @@ def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] |
 @dataclasses.dataclass
 class StepData:
     """Everything a table backend logs for one step: rows (:data:`TABLE_COLUMNS`), validation rows up to
-    the cap (``val_dropped``: left out), metrics with their prefixes, and ``raw_metrics`` by validate."""
+    the cap (``val_dropped``: left out) and metrics with their prefixes."""
 
     step: int | None
     rows: list[list[Any]] = dataclasses.field(default_factory=list)
     val_rows: list[list[Any]] = dataclasses.field(default_factory=list)
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     val_dropped: int = 0
-    raw_metrics: dict[bool, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 # -- reading files ---------------------------------------------------------------
