@@ -1,13 +1,9 @@
 """One exporter interface: a :class:`Sink` per backend (the wire), driven two ways.
 
-:class:`LiveDriver` (``tracer.init(backend=...)``) is fed the recorder's durable
-span batches, groups them into finished trajectories and complete steps on a
-thread of its own, retries, and never blocks or raises into the rollout.
-:func:`export_files` (``rollout-trace export``) reads a trace path step chunk by
-step chunk into the same sink. A step is complete when a trajectory of a later
-step arrived, or at flush, shutdown or the end of the files. A backend is a
-module with a sink class plus one entry in :data:`tracer.backends.BACKENDS`
-(:mod:`tracer.exporters.console` is the smallest).
+:class:`LiveDriver` (``tracer.init(backend=...)``) feeds it the recorder's durable batches, a finished trajectory
+and a complete step at a time, on a thread of its own; :func:`export_files` (``rollout-trace export``) feeds it the
+trace files step chunk by step chunk. A step is complete when a later step arrived, or at flush, shutdown or the
+end of the files. A backend is a sink class plus one entry in :data:`tracer.backends.BACKENDS`.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
@@ -202,39 +198,29 @@ class VerifyResult:
     ) -> VerifyResult:
         """Compare what was sent (``rows``, ``metrics``) with what was read back."""
         got = {t: r for t, r in found.rows.items() if t in rows} if found.shared else dict(found.rows)
-        missing = [t for t in rows if t not in got]
-        unexpected = [t for t in got if t not in rows]
-        mismatched = [t for t in rows if t in got and not same_value(rows[t], got[t])]
-        where = f" in {found.where}" if found.where else ""
-        row_ok = not (missing or unexpected or mismatched)
-        lines = [
-            f"verify {backend}: {'OK' if row_ok else 'FAILED'}: {len(got)} trajectory rows read back{where}, "
-            f"{len(rows)} expected; {len(missing)} missing, {len(unexpected)} unexpected, "
-            f"{len(mismatched)} with a different reward"
-        ]
-        m_missing: list[tuple[Any, str]] = []
-        m_wrong: list[tuple[Any, str]] = []
-        if found.metrics is not None:
-            m_missing = [k for k in metrics if k not in found.metrics]
-            m_wrong = [k for k in metrics if k in found.metrics and not same_value(metrics[k], found.metrics[k])]
-            m_ok = not (m_missing or m_wrong)
-            lines.append(
-                f"verify {backend}: {'OK' if m_ok else 'FAILED'}: {len(metrics)} step metric values expected, "
-                f"{len(m_missing)} missing, {len(m_wrong)} different"
-            )
-        return cls(
-            backend,
-            row_ok and not (m_missing or m_wrong),
-            len(rows),
-            len(got),
-            missing,
-            unexpected,
-            mismatched,
-            len(metrics) if found.metrics is not None else 0,
-            m_missing,
-            m_wrong,
-            lines,
+        out = cls(
+            backend, True, len(rows), len(got), [t for t in rows if t not in got], [t for t in got if t not in rows]
         )
+        out.mismatched = [t for t in rows if t in got and not same_value(rows[t], got[t])]
+        where = f" in {found.where}" if found.where else ""
+        row_ok = not (out.missing or out.unexpected or out.mismatched)
+        out.lines.append(
+            f"verify {backend}: {'OK' if row_ok else 'FAILED'}: {len(got)} trajectory rows read back{where}, "
+            f"{len(rows)} expected; {len(out.missing)} missing, {len(out.unexpected)} unexpected, "
+            f"{len(out.mismatched)} with a different reward"
+        )
+        if found.metrics is not None:
+            there = found.metrics
+            out.metrics_expected = len(metrics)
+            out.metrics_missing = [k for k in metrics if k not in there]
+            out.metrics_mismatched = [k for k in metrics if k in there and not same_value(metrics[k], there[k])]
+            bad = out.metrics_missing or out.metrics_mismatched
+            out.lines.append(
+                f"verify {backend}: {'FAILED' if bad else 'OK'}: {len(metrics)} step metric values expected, "
+                f"{len(out.metrics_missing)} missing, {len(out.metrics_mismatched)} different"
+            )
+        out.ok = row_ok and not (out.metrics_missing or out.metrics_mismatched)
+        return out
 
     def merge(self, other: VerifyResult) -> VerifyResult:
         """Both results as one (several destinations of one export)."""
@@ -284,42 +270,9 @@ class ExportReport:
 # -- the interface a backend implements --------------------------------------------
 
 
-class Sink(Protocol):
-    """The wire of one backend, built as ``SinkClass(options)``; every method may raise.
-
-    :class:`SinkBase` documents the attributes and has defaults for all but :meth:`write`.
-    """
-
-    span_columns: ClassVar[Sequence[str] | None]
-    streams: ClassVar[bool]
-    refused: list[tuple[str, int, str]]
-    destination: str
-
-    @property
-    def timeout_s(self) -> float:
-        """Seconds a driver waits for one call into the sink."""
-
-    def confirms(self) -> bool:
-        """True when :meth:`read_back` is local and cheap: the file driver then always counts what arrived."""
-
-    def open(self, target: Target) -> set[str]:
-        """Open the destination for a run; return the trace ids already there (skipped post hoc)."""
-
-    def write(self, batch: StepBatch) -> Written:
-        """Write one step's trajectories (and its metrics when ``batch.metrics`` is set); may buffer."""
-
-    def flush(self) -> None:
-        """Send whatever :meth:`write` buffered."""
-
-    def close(self) -> list[str]:
-        """Flush and release the destination; return notes for the report (where it is)."""
-
-    def read_back(self) -> ReadBack:
-        """Read what the destination holds (after :meth:`close`), for ``--verify``."""
-
-
 class SinkBase:
-    """Defaults for a :class:`Sink`: all span columns, whole steps, nothing buffered or there before, no read-back."""
+    """The wire of one backend, built as ``SinkClass(options)``; every method may raise. A backend implements
+    :meth:`write`; the defaults: all span columns, whole steps, nothing buffered or there before, no read-back."""
 
     #: Span columns :attr:`Trajectory.spans` carries (None: all; empty: none, and the file driver reads none).
     span_columns: ClassVar[Sequence[str] | None] = None
@@ -348,7 +301,7 @@ class SinkBase:
         yield path, None, None
 
     def open(self, target: Target) -> set[str]:
-        """Nothing is there before."""
+        """Open the destination for a run; return the trace ids already there (skipped post hoc)."""
         return set()
 
     def payloads(self, trajectories: Sequence[Trajectory], build: Any) -> list[tuple[Trajectory, Any]]:
@@ -366,41 +319,22 @@ class SinkBase:
         return out
 
     def write(self, batch: StepBatch) -> Written:
-        """Write one step's trajectories: what every backend implements."""
+        """Write one step's trajectories (and its metrics when ``batch.metrics`` is set); may buffer."""
         raise NotImplementedError
 
     def flush(self) -> None:
-        """Nothing is buffered."""
+        """Send whatever :meth:`write` buffered."""
 
     def close(self) -> list[str]:
-        """Nothing to release."""
+        """Flush and release the destination; return notes for the report (where it is)."""
         return []
 
     def read_back(self) -> ReadBack:
-        """Not supported unless a backend reads itself back."""
+        """Read what the destination holds (after :meth:`close`), for ``--verify``."""
         raise NotImplementedError(f"{type(self).__name__} cannot be read back for --verify")
 
 
 # -- the live driver ---------------------------------------------------------------
-
-
-class Driver(Protocol):
-    """What the recorder holds per live backend (:class:`LiveDriver`)."""
-
-    def export(self, batch: pa.RecordBatch) -> None:
-        """Queue a durable batch of spans; never block."""
-
-    def flush(self, timeout: float | None) -> bool:
-        """Write everything queued now; True when done within ``timeout``."""
-
-    def shutdown(self, timeout: float | None) -> None:
-        """Write everything queued (up to ``timeout`` seconds), close the sink, stop."""
-
-    def stop(self, deadline: Deadline) -> None:
-        """Begin :meth:`shutdown` without waiting: write what is queued until ``deadline``, then close."""
-
-    def failures(self) -> list[str]:
-        """What failed since the last call (one line each, with what to do); empty when all went."""
 
 
 def _sort_key(t: Trajectory) -> tuple[Any, ...]:
@@ -430,7 +364,7 @@ class LiveDriver:
 
     def __init__(
         self,
-        sink: Sink,
+        sink: SinkBase,
         backend: str,
         target: Target,
         run_dir: str,
@@ -732,6 +666,11 @@ class LiveDriver:
             logger.warning("rollout-trace %s exporter: %s (logged once)", self.backend, message)
 
 
+#: What a backend implements, and what the recorder holds per live backend.
+Sink = SinkBase
+Driver = LiveDriver
+
+
 def _shutdown_before_backends() -> None:
     """At exit, before the backends' own teardowns: drain and close the tracer (within its ``shutdown_timeout_s``)."""
     from tracer.record import recorder
@@ -765,7 +704,7 @@ def live_target(config: TraceConfig) -> Target:
 # -- the file driver ---------------------------------------------------------------
 
 
-def _call(sink: Sink, label: str, fn: Any, what: str, left: float | None = None) -> Any:
+def _call(sink: SinkBase, label: str, fn: Any, what: str, left: float | None = None) -> Any:
     """``fn()`` bounded by the sink's ``timeout_s`` (and ``left``), said while it waits (:func:`call_within`)."""
     where = f" at {sink.destination}" if sink.destination else ""
     return call_within(fn, f"{label}{where}: {what}", sink.timeout_s if left is None else min(sink.timeout_s, left))
