@@ -16,11 +16,14 @@ import secrets
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from tracer.storage import side_files
 from tracer.storage import uri as _uri
 from tracer.storage.writer import host_label
+
+if TYPE_CHECKING:
+    from tracer.exporters.base import LiveDriver
 
 logger = logging.getLogger("rollout_trace")
 
@@ -97,17 +100,6 @@ class DriverProgress:
     dropped_spans: int
 
 
-class Observed(Protocol):
-    """What :func:`observe` needs of a live driver (:class:`~tracer.exporters.base.LiveDriver`)."""
-
-    run_dir: str
-    backend: str
-
-    def progress(self) -> DriverProgress:
-        """A snapshot of what the driver has shipped and holds."""
-        ...
-
-
 class _Reporter:
     """The lag file of one driver: remembers since when each waiting trajectory waits."""
 
@@ -121,7 +113,7 @@ class _Reporter:
         self.last_write = -1e18
         self.failed = False
 
-    def look(self, driver: Observed, final: bool) -> None:
+    def look(self, driver: LiveDriver, final: bool) -> None:
         now = time.monotonic()
         if not final and now - self.last_look < OBSERVE_EVERY_S:
             return
@@ -157,10 +149,10 @@ class _Reporter:
         os.replace(tmp, self.path)
 
 
-_REPORTERS: weakref.WeakKeyDictionary[Observed, _Reporter] = weakref.WeakKeyDictionary()
+_REPORTERS: weakref.WeakKeyDictionary[LiveDriver, _Reporter] = weakref.WeakKeyDictionary()
 
 
-def observe(driver: Observed, final: bool = False) -> None:
+def observe(driver: LiveDriver, final: bool = False) -> None:
     """Look at a live driver's progress and, every :data:`WRITE_EVERY_S` (and when ``final``), rewrite its lag file.
 
     Never raises: a lag file that cannot be written is given up on with one log line.

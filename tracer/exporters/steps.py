@@ -79,7 +79,7 @@ class TableSink(SinkBase):
         return ReadBack(rows, metrics, where=self.destination)
 
     def write(self, batch: StepBatch) -> Written:
-        """Build the step's rows and metrics and log them at the backend's next step (the rollout step while it rises)."""
+        """Log the step's rows and metrics at the backend's next step (the rollout step while it rises)."""
         data = StepData(batch.step)
         for validate, values in (batch.metrics or {}).items():
             prefix = VAL_METRIC_PREFIX if validate else METRIC_PREFIX

@@ -11,6 +11,7 @@ MLflow versions in :data:`FAST_PATH_VERSIONS` whole traces go to the store's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -112,12 +113,7 @@ def _mlflow() -> Any:
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     """Tracking URI in force: the argument, else ``MLFLOW_TRACKING_URI``, else ``./mlflow.db``."""
-    if tracking_uri:
-        return tracking_uri
-    env = os.environ.get(ENV_TRACKING_URI)
-    if env:
-        return env
-    return "sqlite:///" + os.path.abspath(DEFAULT_DB_FILE)
+    return tracking_uri or os.environ.get(ENV_TRACKING_URI) or "sqlite:///" + os.path.abspath(DEFAULT_DB_FILE)
 
 
 def fast_path_available() -> bool:
@@ -171,22 +167,15 @@ class _Destination:
         self.project = project
         self.experiment = experiment
         exp = self.client.get_experiment_by_name(project)
-        if exp is None:
-            try:
-                self.experiment_id = self.client.create_experiment(project)
-            except Exception:
-                exp = self.client.get_experiment_by_name(project)  # created meanwhile
-                if exp is None:
-                    raise
-                self.experiment_id = exp.experiment_id
-        else:
+        try:
+            self.experiment_id = exp.experiment_id if exp is not None else self.client.create_experiment(project)
+        except Exception:
+            exp = self.client.get_experiment_by_name(project)  # created meanwhile
+            if exp is None:
+                raise
             self.experiment_id = exp.experiment_id
         self.run_id = self._find_or_create_run()
-        if method == "auto":
-            method = "fast" if fast_path_available() else "public"
-        if method not in ("fast", "public"):
-            raise ValueError(f"method must be 'auto', 'fast' or 'public', not {method!r}")
-        self.method = method
+        self.method = ("fast" if fast_path_available() else "public") if method == "auto" else method
         self._sql_store: Any = None
         if method == "fast":
             from mlflow.tracing.client import TracingClient
@@ -292,10 +281,8 @@ class _Destination:
 
     def finish(self) -> None:
         """Mark the run finished (it stays usable for later exports)."""
-        try:
+        with contextlib.suppress(Exception):
             self.client.set_terminated(self.run_id)
-        except Exception:
-            pass
 
 
 def _write_sql_tags(store: Any, trajectories: Sequence[TrajectoryData], run_id: str) -> None:
@@ -539,7 +526,7 @@ class MlflowSink(SinkBase):
         notes = [
             f"{dest.project}/{dest.experiment}: sent {self._sent} trajectories ({self._spans} spans) to MLflow "
             f"experiment {dest.project!r} (id {dest.experiment_id}), run {dest.experiment!r} (id {dest.run_id}) at "
-            f"{dest.tracking_uri} {_METHOD_WORDS.get(dest.method, f'({dest.method} path)')}; "
+            f"{dest.tracking_uri} {_METHOD_WORDS[dest.method]}; "
             f"logged {self._metrics_logged} step metrics"
         ]
         if self._skipped:

@@ -351,21 +351,15 @@ class _Outputs:
             self.report.refused.append(f"{name}: {self.broken[key]}")
             return
         if key not in self.writers:
-            self.writers[key] = (
-                SpanWriter(
-                    os.path.join(self.out_dir, _safe(key[0]), _safe(key[1])), self._meta(key), on_close=shard_closed
-                ),
-                [],
-                [],
-            )
+            folder = os.path.join(self.out_dir, _safe(key[0]), _safe(key[1]))
+            self.writers[key] = (SpanWriter(folder, self._meta(key), on_close=shard_closed), [], [])
         _, buf, names = self.writers[key]
         buf.append(batch)
         names.append(name)
         self.report.trajectories += 1
         self.report.spans += batch.num_rows
-        if (
-            sum(b.num_rows for b in buf) >= WRITE_BATCH_ROWS or len(names) == 1
-        ):  # the first at once: a bad folder shows early
+        # The first at once: a bad folder fails early.
+        if len(names) == 1 or sum(b.num_rows for b in buf) >= WRITE_BATCH_ROWS:
             self._write(key)
 
     def _write(self, key: tuple[str, str]) -> None:
@@ -373,7 +367,7 @@ class _Outputs:
         if not buf:
             return
         try:
-            writer.write(_concat(buf))
+            writer.write(pa.Table.from_batches(buf, schema=S.SPAN_SCHEMA).combine_chunks().to_batches()[0])
         except Exception as exc:
             why = f"cannot write under {writer.run_dir!r} ({type(exc).__name__}: {short_error(exc)})"
             self.broken[key] = why
@@ -418,8 +412,3 @@ class _Outputs:
             S.META_PID: str(os.getpid()),
             S.META_CREATED_NS: str(time.time_ns()),
         }
-
-
-def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    """One record batch of several (same schema)."""
-    return pa.Table.from_batches(batches, schema=S.SPAN_SCHEMA).combine_chunks().to_batches()[0]

@@ -124,13 +124,13 @@ class SpanData:
     span_type: str
     start_ns: int
     end_ns: int
-    error: bool
-    status_message: str
-    inputs: Any
-    outputs: Any
-    attributes: dict[str, Any]
+    error: bool = False
+    status_message: str = ""
+    inputs: Any = None
+    outputs: Any = None
+    attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: ``(name, time_ns, attributes)`` of span events (the exception of a failed span).
-    events: list[tuple[str, int, dict[str, str]]]
+    events: list[tuple[str, int, dict[str, str]]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -372,20 +372,7 @@ def trajectory_data(
         root_hex = otel_span_hex(trace_id + ":root")
         attrs = {ATTR_SYNTHETIC: True, ATTR_KIND: S.KIND_ROLLOUT, ATTR_STATUS: S.STATUS_INCOMPLETE}
         spans.append(
-            SpanData(
-                root_hex,
-                None,
-                "trajectory",
-                "AGENT",
-                summary[S.START_NS],
-                summary[S.END_NS],
-                False,
-                "",
-                None,
-                None,
-                attrs,
-                [],
-            )
+            SpanData(root_hex, None, "trajectory", "AGENT", summary[S.START_NS], summary[S.END_NS], attributes=attrs)
         )
     for r in _order(rows):
         parent = r[S.PARENT_SPAN_ID]
