@@ -186,14 +186,13 @@ class OtlpSink(SinkBase):
             attrs["input.value"], attrs["output.value"] = row.get(S.INPUTS), row.get(S.OUTPUTS)
         turn = span_turn(row)
         if kind == S.KIND_LLM and turn is not None:
+            request = (row.get(S.INPUTS), row.get(S.ATTRIBUTES))
             attrs.update(
                 {
                     GEN_AI_OPERATION: "chat",
                     "gen_ai.provider.name": SERVICE_NAME,
-                    "gen_ai.request.model": _lookup(MODEL_KEYS, row.get(S.INPUTS), row.get(S.ATTRIBUTES)),
-                    "gen_ai.request.temperature": _number(
-                        _lookup(TEMPERATURE_KEYS, row.get(S.INPUTS), row.get(S.ATTRIBUTES))
-                    ),
+                    "gen_ai.request.model": _lookup(MODEL_KEYS, *request),
+                    "gen_ai.request.temperature": _number(_lookup(TEMPERATURE_KEYS, *request)),
                     "gen_ai.usage.input_tokens": turn.prompt_token_count,
                     "gen_ai.usage.output_tokens": turn.token_count,
                     "gen_ai.response.finish_reasons": [turn.finish_reason] if turn.finish_reason else None,
@@ -209,13 +208,8 @@ class OtlpSink(SinkBase):
                 attrs["gen_ai.output.messages"] = json.dumps([_parts_message(shown)], ensure_ascii=False)
         elif kind == S.KIND_TOOL and turn is not None:
             shown = next((t for t in turns if t.span_id == row[S.SPAN_ID]), turn)
-            attrs.update(
-                {
-                    GEN_AI_OPERATION: "execute_tool",
-                    "gen_ai.tool.name": shown.tool_name or row[S.NAME],
-                    "gen_ai.tool.call.id": shown.tool_call_id,
-                }
-            )
+            attrs[GEN_AI_OPERATION], attrs["gen_ai.tool.call.id"] = "execute_tool", shown.tool_call_id
+            attrs["gen_ai.tool.name"] = shown.tool_name or row[S.NAME]
             if content:
                 attrs["gen_ai.tool.call.arguments"], attrs["gen_ai.tool.call.result"] = turn.arguments, shown.text
         return attrs
@@ -261,9 +255,6 @@ class OtlpSink(SinkBase):
             is_root = r[S.PARENT_SPAN_ID] is None
             if is_root:
                 attrs.update(self._root_attrs(summary))
-                span_events = self._evaluations(summary, int(r[S.END_NS]))
-            else:
-                span_events = []
             span = tp.Span(
                 trace_id=bytes.fromhex(r[S.TRACE_ID]),
                 span_id=bytes.fromhex(r[S.SPAN_ID]),
@@ -272,7 +263,7 @@ class OtlpSink(SinkBase):
                 start_time_unix_nano=int(r[S.START_NS]),
                 end_time_unix_nano=int(r[S.END_NS]),
                 attributes=self._attrs(attrs),
-                events=span_events,
+                events=self._evaluations(summary, int(r[S.END_NS])) if is_root else [],
             )
             if not is_root:
                 span.parent_span_id = bytes.fromhex(r[S.PARENT_SPAN_ID])
@@ -287,7 +278,6 @@ class OtlpSink(SinkBase):
 
     def request(self, spans: Sequence[Any]) -> Any:
         """The ``ExportTraceServiceRequest`` of some trajectories' spans."""
-        tp = self.trace_pb
         resource_attrs = {
             "service.name": SERVICE_NAME,
             ATTR_PREFIX + "project": self.target.project if self.target else None,
@@ -295,7 +285,7 @@ class OtlpSink(SinkBase):
             # OpenInference's resource attribute: Phoenix files traces under this project (else under "default").
             "openinference.project.name": self.target.project if self.target else None,
         }
-        rs = tp.ResourceSpans()
+        rs = self.trace_pb.ResourceSpans()
         rs.resource.attributes.extend(self._attrs(resource_attrs))
         scope = rs.scope_spans.add()
         scope.scope.name = "rollout_trace"

@@ -71,10 +71,6 @@ def cut(text: str, limit: int = MAX_CELL_CHARS) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters cut by rollout-trace]"
 
 
-#: A trajectory's turns as readable text.
-render_conversation = render_turns
-
-
 def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] | pa.Table) -> list[Any]:
     """One table row (:data:`TABLE_COLUMNS`) from a summary row and the trajectory's span rows (any order)."""
     turns = trajectory_turns(spans).get(traj[S.TRACE_ID], [])
@@ -95,7 +91,7 @@ def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] |
         "tool_errors": traj.get(S.NUM_TOOL_ERRORS),
         "status": traj.get(S.STATUS),
         "latency_s": latency,
-        "conversation": cut(render_conversation(turns)),
+        "conversation": cut(render_turns(turns)),
         "prompt": cut(prompt),
         "response": cut(response),
         "trace_id": traj.get(S.TRACE_ID),
@@ -137,19 +133,17 @@ def open_run(path: TracePaths, steps: Iterable[int] | None = None, since_step: i
     files = list_trace_files(p)
     if not files:
         raise FileNotFoundError(f"no trace files (*{S.FILE_SUFFIX}) under {p!r}")
-    project = experiment = None
-    log_val = 10
-    for f in files:
+    meta: Mapping[str, Any] = {}
+    for f in files:  # the first readable file's names and cap
         try:
             meta = read_file_metadata(f)
+            break
         except (OSError, pa.ArrowException):
             continue
-        project = meta.get(S.META_PROJECT) or project
-        experiment = meta.get(S.META_EXPERIMENT) or experiment
-        config = _loads(meta.get(S.META_CONFIG))
-        if isinstance(config, Mapping) and isinstance(config.get("log_val_generations"), int):
-            log_val = config["log_val_generations"]
-        break
+    config = _loads(meta.get(S.META_CONFIG))
+    cap = config.get("log_val_generations") if isinstance(config, Mapping) else None
+    log_val = cap if isinstance(cap, int) else 10
+    project, experiment = meta.get(S.META_PROJECT) or None, meta.get(S.META_EXPERIMENT) or None
     table = read_trajectories(p)
     mask = None
     if steps is not None:
@@ -233,14 +227,12 @@ class Progress:
 
     def _draw(self, now: float) -> None:
         rate = self.done / max(now - self._start, 1e-9)
-        if not self.total:  # total unknown (an import): a count
-            sys.stderr.write(f"\r{self.label}: {self.done} trajectories ({rate:.0f}/s)")
-            sys.stderr.flush()
-            return
-        frac = min(self.done / self.total, 1.0)
-        width = 30
-        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        sys.stderr.write(f"\r{self.label} [{bar}] {self.done}/{self.total} trajectories ({rate:.0f}/s)")
+        if self.total:
+            filled = int(min(self.done / self.total, 1.0) * 30)
+            text = f"{self.label} [{'#' * filled}{'-' * (30 - filled)}] {self.done}/{self.total}"
+        else:  # total unknown (an import): a count
+            text = f"{self.label}: {self.done}"
+        sys.stderr.write(f"\r{text} trajectories ({rate:.0f}/s)")
         sys.stderr.flush()
 
     def close(self) -> None:

@@ -177,7 +177,7 @@ class _Destination:
         self.run_id = self._find_or_create_run()
         self.method = ("fast" if fast_path_available() else "public") if method == "auto" else method
         self._sql_store: Any = None
-        if method == "fast":
+        if self.method == "fast":
             from mlflow.tracing.client import TracingClient
 
             self._tracing = TracingClient(tracking_uri)
