@@ -628,13 +628,8 @@ class LiveDriver:
                 return fn()
             except Exception as exc:
                 left = self._deadline.left()
-                hung = isinstance(exc, BackendTimeoutError)  # another attempt would wait on the same stuck call
-                if (
-                    attempt == self.retries
-                    or hung
-                    or (stopping and attempt >= 2)
-                    or (left is not None and left < delay)
-                ):
+                last = attempt == self.retries or (stopping and attempt >= 2) or (left is not None and left < delay)
+                if last or isinstance(exc, BackendTimeoutError):  # hung: another attempt would wait on the same call
                     self._fail(
                         "write failed",
                         f"{what} not written after {attempt} attempts ({type(exc).__name__}: {exc}); "
@@ -680,21 +675,16 @@ def _shutdown_before_backends() -> None:
         rec.shutdown(rec.config.shutdown_timeout_s)
 
 
-def _with_run_config(recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """What a backend's run records: the training run's config (``run_config``) at the top, the tracer's under ``rollout_trace``."""
-    run_config = recorded.get("run_config")
-    out = dict(run_config) if isinstance(run_config, Mapping) else {}
-    out["rollout_trace"] = {k: v for k, v in recorded.items() if k != "run_config"}
-    return out
-
-
 def live_target(config: TraceConfig) -> Target:
-    """The run a live driver opens its sink for: this process's project, experiment and config."""
+    """The run a live driver opens its sink for: this process's names; as config, the training run's
+    (``run_config``) with the tracer's under ``rollout_trace``."""
+    recorded = config.to_dict()
+    run_config = recorded.pop("run_config", None)
     return Target(
         config.project_name,
         config.experiment_name,
         config.log_val_generations,
-        _with_run_config(config.to_dict()),
+        {**(run_config if isinstance(run_config, Mapping) else {}), "rollout_trace": recorded},
         live=True,
         redact=config.redact,
         redact_patterns=tuple(config.redact_patterns),

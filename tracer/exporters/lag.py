@@ -65,15 +65,9 @@ class LagRecord:
     def describe(self, now: float | None = None) -> str:
         """One line: ``mlflow (host pid 12): 40 shipped, 3 waiting (oldest 12.0 s), ...``."""
         now = time.time() if now is None else now
-        parts = [f"{self.shipped} shipped", f"{self.waiting} waiting"]
-        if self.waiting:
-            parts[-1] += f" (oldest {self.oldest_waiting_s:.1f} s)"
-        if self.failed:
-            parts.append(f"{self.failed} failed")
-        if self.queued_spans:
-            parts.append(f"{self.queued_spans} spans queued")
-        if self.dropped_spans:
-            parts.append(f"{self.dropped_spans} spans dropped")
+        oldest = f" (oldest {self.oldest_waiting_s:.1f} s)" if self.waiting else ""
+        counts = ((self.failed, "failed"), (self.queued_spans, "spans queued"), (self.dropped_spans, "spans dropped"))
+        parts = [f"{self.shipped} shipped", f"{self.waiting} waiting{oldest}", *(f"{n} {w}" for n, w in counts if n)]
         age = max(now - self.written_at, 0.0)
         if self.final:
             state = "finished"

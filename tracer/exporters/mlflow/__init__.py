@@ -53,6 +53,7 @@ from tracer.exporters.mlflow.spans import (
     TAG_TRACE_NAME,
     TrajectoryData,
     count_tokens,
+    dumps,
     mlflow_trace_id,
     trajectory_data,
 )
@@ -123,13 +124,6 @@ def fast_path_available() -> bool:
 
 
 # -- sending -----------------------------------------------------------------
-
-
-def _dumps(value: Any) -> str:
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:  # values orjson refuses (ints beyond 64 bits, ...)
-        return json.dumps(value, ensure_ascii=False, default=str)
 
 
 #: MLflow keeps a param value of at most this many characters.
@@ -329,20 +323,20 @@ def _mlflow_spans(t: TrajectoryData, tags_as_attributes: bool = True) -> list[An
     from opentelemetry.trace import SpanContext, Status, StatusCode
 
     trace_int = int(t.otel_trace_hex, 16)
-    request_id = _dumps(t.mlflow_trace_id)
+    request_id = dumps(t.mlflow_trace_id)
     resource = Resource.get_empty()
     out = []
     for i, s in enumerate(t.spans):
-        attrs = {k: _dumps(v) for k, v in s.attributes.items()}
+        attrs = {k: dumps(v) for k, v in s.attributes.items()}
         attrs[MLFLOW_REQUEST_ID] = request_id
-        attrs[MLFLOW_SPAN_TYPE] = _dumps(s.span_type)
+        attrs[MLFLOW_SPAN_TYPE] = dumps(s.span_type)
         if s.inputs is not None:
-            attrs[MLFLOW_INPUTS] = _dumps(s.inputs)
+            attrs[MLFLOW_INPUTS] = dumps(s.inputs)
         if s.outputs is not None:
-            attrs[MLFLOW_OUTPUTS] = _dumps(s.outputs)
+            attrs[MLFLOW_OUTPUTS] = dumps(s.outputs)
         if i == 0 and tags_as_attributes and not t.partial:
             for key, value in t.tags.items():
-                attrs[MLFLOW_TRACE_TAG_PREFIX + key] = _dumps(value)
+                attrs[MLFLOW_TRACE_TAG_PREFIX + key] = dumps(value)
         parent = SpanContext(trace_int, int(s.parent_id, 16), is_remote=False) if s.parent_id else None
         otel = ReadableSpan(
             name=s.name,

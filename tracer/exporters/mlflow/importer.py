@@ -19,7 +19,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
 import pyarrow as pa
 
 import tracer.exporters.mlflow.spans as M  # noqa: N812 - the span mapping, short
@@ -55,12 +54,7 @@ class ImportReport:
 
 
 def _json(value: Any) -> str | None:
-    if value is None:
-        return None
-    try:
-        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
-    except TypeError:
-        return json.dumps(value, default=str)
+    return None if value is None else M.dumps(value)
 
 
 def _hex(value: str, n: int) -> str:

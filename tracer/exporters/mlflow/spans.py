@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
 from tracer import schema as S
@@ -159,6 +160,14 @@ def _loads(text: Any) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def dumps(value: Any) -> str:
+    """``value`` as JSON text: orjson's, else (ints beyond 64 bits, ...) the standard library's, unknown types as text."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def count_tokens(tokens: Any, keys: Sequence[str]) -> int:
