@@ -288,7 +288,7 @@ class SinkBase:
 
     @property
     def timeout_s(self) -> float:
-        """Seconds a driver waits for one call into this sink (its ``timeout_s`` option, else :data:`CALL_TIMEOUT_S`)."""
+        """Seconds a driver waits for one call into this sink (option ``timeout_s``, else :data:`CALL_TIMEOUT_S`)."""
         return float(self.options.get("timeout_s") or CALL_TIMEOUT_S)
 
     def confirms(self) -> bool:
@@ -703,7 +703,7 @@ def _call(sink: SinkBase, label: str, fn: Any, what: str, left: float | None = N
 def _send_run(
     sink: SinkBase, call: Any, run: Any, target: Target, report: ExportReport, progress: bool
 ) -> tuple[set[str], Written, list[str]]:
-    """Open ``sink``, write ``run`` step chunk by step chunk, close; return (ids there before, what was written, notes)."""
+    """Open ``sink``, write ``run`` step chunk by step chunk, close; return (ids there before, written, notes)."""
     existing: set[str] = set()
     total = Written()
     redactor = target.redactor()

@@ -99,7 +99,7 @@ def _without_redacted(value: Any) -> Any:
 
 
 def live_backends(run_dir: str) -> dict[str, dict[str, Any]]:
-    """Backend -> the options its live exporter had (less redacted values), for each backend ``run_dir`` was recorded live to."""
+    """Backend -> the options its live exporter had (less redacted values), per backend ``run_dir`` was recorded to."""
     out: dict[str, dict[str, Any]] = {}
     for _, config in recorded_configs(run_dir):
         for name in recorded_backends(config):

@@ -58,7 +58,7 @@ class LagRecord:
     path: str = ""
 
     def stale(self, now: float | None = None) -> bool:
-        """Not final and not rewritten for :data:`STALE_AFTER_WRITES` of its intervals (at least 1 s each): gone or stuck."""
+        """Not final and not rewritten for :data:`STALE_AFTER_WRITES` intervals (of at least 1 s): gone or stuck."""
         now = time.time() if now is None else now
         return not self.final and now - self.written_at > STALE_AFTER_WRITES * max(self.every_s, 1.0)
 
@@ -83,7 +83,7 @@ class LagRecord:
 
 @dataclasses.dataclass(frozen=True)
 class DriverProgress:
-    """What a live driver has shipped and still holds at one moment (:meth:`LiveDriver.progress`), as in :class:`LagRecord`."""
+    """What a live driver has shipped and holds at one moment (:meth:`LiveDriver.progress`), like :class:`LagRecord`."""
 
     shipped: int
     failed: int

@@ -1,12 +1,10 @@
 """OTLP/HTTP export: every trajectory as an OpenTelemetry trace, with the GenAI conventions.
 
-Trace and span ids are the files' own, so a receiver that upserts keeps one copy.
-The root is ``invoke_agent`` with the RL keys under ``rollout_trace.*`` and the
-reward and each numeric reward component as ``gen_ai.evaluation.result`` events;
-llm spans are ``chat`` (model, temperature, token usage, finish reasons), tool spans
-``execute_tool``. Content (messages, tool arguments and results, inputs and outputs)
-is sent only with the ``content`` option. ``log_reward`` rows are not spans: the
-reward is on the root. Protobuf over HTTP POST, with the standard library.
+Trace and span ids are the files' own, so a receiver that upserts keeps one copy. The root is ``invoke_agent`` with the
+RL keys under ``rollout_trace.*`` and the reward and each numeric reward component as ``gen_ai.evaluation.result``
+events; llm spans are ``chat`` (model, temperature, token usage, finish reasons), tool spans ``execute_tool``. Content
+(messages, tool arguments and results, inputs and outputs) is sent only with the ``content`` option. ``log_reward`` rows
+are not spans: the reward is on the root. Protobuf over HTTP POST, with the standard library.
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ ADVANTAGE = "advantage"
 
 
 def traces_url(endpoint: str | None) -> str:
-    """The URL to POST to: ``endpoint`` (or the OTEL environment variables), ``/v1/traces`` added when it has no path."""
+    """The URL to POST to: ``endpoint`` (or the OTEL environment variables), ``/v1/traces`` added to a bare host."""
     if endpoint is None:
         given = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         if given:

@@ -1,8 +1,7 @@
 """SwanLab exporter: per-step trajectory tables, conversations and rollout metrics.
 
-Each step logs tables of its training and validation trajectories, the first
-:data:`MAX_TEXTS` conversations as ``swanlab.Text`` and its metrics. Modes:
-``local`` (browsed with ``swanlab watch``; needs ``swanboard``, else written as
+Each step logs tables of its training and validation trajectories, the first :data:`MAX_TEXTS` conversations as
+``swanlab.Text`` and its metrics. Modes: ``local`` (browsed with ``swanlab watch``; needs ``swanboard``, else written as
 ``offline``, the same files), ``offline`` (``swanlab sync`` later), ``online``.
 """
 

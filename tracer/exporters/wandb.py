@@ -1,10 +1,9 @@
 """WandB exporter: per-step trajectory tables and rollout metrics.
 
-Each step logs an incremental table's new rows (``rollout_trace/table``;
-``rollout_trace_val/table``, at most ``log_val_generations``) and its metrics
-(``rollout_trace/...``) against ``rollout_trace/step``. A step with more rows than a
-logged table keeps (``wandb.Table.MAX_ROWS``) is split into several increments at the
-same step, and the report says so.
+Each step logs an incremental table's new rows (``rollout_trace/table``; ``rollout_trace_val/table``, at most
+``log_val_generations``) and its metrics (``rollout_trace/...``) against ``rollout_trace/step``. A step with more rows
+than a logged table keeps (``wandb.Table.MAX_ROWS``) is split into several increments at the same step, and the report
+says so.
 """
 
 from __future__ import annotations

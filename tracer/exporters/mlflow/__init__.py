@@ -1,12 +1,10 @@
 """MLflow exporter: one MLflow trace per trajectory, linked to a run with per-step metrics.
 
-The project is the MLflow experiment; the experiment is a run in it (tagged
-``rollout_trace.experiment_name``) that every trace links to and that holds the
-step metrics (``rollout/...``, ``val/...``) at ``step=``. Trace ids derive from
-ours and the experiment (:func:`mlflow_trace_id`): sending again upserts. On the
-MLflow versions in :data:`FAST_PATH_VERSIONS` whole traces go to the store's
-``log_spans`` in batches; other versions use the public span API (12-18 traces/s).
-:func:`import_traces` reads MLflow traces back into trace files.
+The project is the MLflow experiment; the experiment is a run in it (tagged ``rollout_trace.experiment_name``) that
+every trace links to and that holds the step metrics (``rollout/...``, ``val/...``) at ``step=``. Trace ids derive from
+ours and the experiment (:func:`mlflow_trace_id`): sending again upserts. On the MLflow versions in
+:data:`FAST_PATH_VERSIONS` whole traces go to the store's ``log_spans`` in batches; other versions use the public span
+API (12-18 traces/s). :func:`import_traces` reads MLflow traces back into trace files.
 """
 
 from __future__ import annotations
@@ -260,15 +258,13 @@ class _Destination:
         """Log per-step metrics on the run (idempotent: same values, same timestamps)."""
         from mlflow.entities import Metric
 
-        batch = []
-        for (step, validate), values in metrics.items():
-            if step is None:
-                continue
-            ts = timestamps.get((step, validate), 0)
-            for key, value in values.items():
-                if value is None or not math.isfinite(value):
-                    continue
-                batch.append(Metric(METRIC_PREFIX[validate] + key, float(value), ts, int(step)))
+        batch = [
+            Metric(METRIC_PREFIX[validate] + key, float(value), timestamps.get((step, validate), 0), int(step))
+            for (step, validate), values in metrics.items()
+            if step is not None
+            for key, value in values.items()
+            if value is not None and math.isfinite(value)
+        ]
         for i in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
         return len(batch)
@@ -388,7 +384,7 @@ def _send_public(t: TrajectoryData, experiment_id: str, run_id: str) -> str:
 
 
 def _groups(path: str, experiment: str | None) -> dict[tuple[str, str], list[str]]:
-    """The trace files under ``path`` by recorded (project, experiment); ``experiment`` (MLflow's) overrides the project."""
+    """The trace files under ``path`` by recorded (project, experiment); ``experiment`` (MLflow's) overrides project."""
     groups: dict[tuple[str, str], list[str]] = {}
     for file in list_trace_files(path):
         try:

@@ -1,8 +1,7 @@
 """Read MLflow traces back into trace files (``rollout-trace import mlflow``).
 
-Traces this exporter wrote come back as the rows they were made from. Any other
-trace is mapped too: span types give kinds, the root is the rollout span, non-MLflow
-attributes are ours, an exception event is the error, a ``reward`` tag a
+Traces this exporter wrote come back as the rows they were made from. Any other trace is mapped too: span types give
+kinds, the root is the rollout span, non-MLflow attributes are ours, an exception event is the error, a ``reward`` tag a
 ``log_reward`` row. Every text goes through the redactor before it is written.
 """
 
@@ -96,11 +95,15 @@ def _float(value: Any) -> float | None:
         return None
 
 
-def _strip_added(value: Any, added: Any) -> Any:
-    if added is None:
+def _strip_added(value: Any, added: Mapping[str, Any], side: str) -> Any:
+    """``value`` (a span's ``side``, inputs or outputs) without what the exporter added for MLflow's chat view."""
+    if side not in added:
+        return value
+    keys = added[side]
+    if keys is None:
         return None  # the original was null
-    if isinstance(value, dict) and isinstance(added, list):
-        return {k: v for k, v in value.items() if k not in added}
+    if isinstance(value, dict) and isinstance(keys, list):
+        return {k: v for k, v in value.items() if k not in keys}
     return value
 
 
@@ -190,11 +193,7 @@ def trace_rows(trace: Any) -> list[dict[str, Any]]:
         else:
             own = {k: v for k, v in attrs.items() if not k.startswith("mlflow.") and k not in M.OUR_ATTR_KEYS} or None
         added = attrs.get(M.ATTR_ADDED) or {}
-        inputs, outputs = s.inputs, s.outputs
-        if "inputs" in added:
-            inputs = _strip_added(inputs, added["inputs"])
-        if "outputs" in added:
-            outputs = _strip_added(outputs, added["outputs"])
+        inputs, outputs = _strip_added(s.inputs, added, "inputs"), _strip_added(s.outputs, added, "outputs")
         context = {col: attrs.get(attr, ctx[col]) for col, attr, _ in M.CONTEXT_KEYS}
         rows.append(
             {

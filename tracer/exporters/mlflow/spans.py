@@ -1,11 +1,9 @@
 """Trajectory (rows of SPAN_SCHEMA) <-> MLflow span data, without importing mlflow.
 
-One trajectory is one MLflow trace (id from ours and the experiment:
-:func:`mlflow_trace_id`, so re-sending upserts). Spans keep their times and parents;
-what MLflow has no slot for is under ``rollout_trace.*`` attributes, so
-:mod:`tracer.exporters.mlflow.importer` restores the rows exactly. The root and llm
-spans get OpenAI-style ``messages`` and ``choices`` for MLflow's chat view, listed in
-``rollout_trace.added`` so the import strips them.
+One trajectory is one MLflow trace (id from ours and the experiment: :func:`mlflow_trace_id`, so re-sending upserts).
+Spans keep their times and parents; what MLflow has no slot for is under ``rollout_trace.*`` attributes, so
+:mod:`tracer.exporters.mlflow.importer` restores the rows exactly. The root and llm spans get OpenAI-style ``messages``
+and ``choices`` for MLflow's chat view, listed in ``rollout_trace.added`` so the import strips them.
 """
 
 from __future__ import annotations
@@ -75,14 +73,9 @@ OUR_ATTR_KEYS: frozenset[str] = frozenset(v for k, v in list(globals().items()) 
 
 # Trace tags.
 TAG_TRACE_ID = "rollout_trace.trace_id"
-TAG_STEP = "step"
-TAG_SAMPLE = "sample_index"
-TAG_ROLLOUT_N = "rollout_n"
-TAG_VALIDATE = "validate"
 TAG_EXPERIMENT = "experiment_name"
 TAG_PROJECT = "project_name"
 TAG_REWARD = "reward"
-TAG_STATUS = "status"
 #: The trace's name in the MLflow UI: its root span's name (verl's ``agent_loop``).
 TAG_TRACE_NAME = "mlflow.traceName"
 #: Prefix of tags holding log_reward extras (``reward.advantage``).
@@ -103,10 +96,7 @@ def otel_span_hex(span_id: str) -> str:
 
 
 def namespaced_trace_hex(trace_id: str, experiment: str) -> str:
-    """32 hex chars for ``trace_id`` exported into the MLflow experiment ``experiment``.
-
-    MLflow trace ids are unique across a store; within one experiment the id is stable, so re-sending upserts.
-    """
+    """32 hex chars for ``trace_id`` in MLflow experiment ``experiment`` (ids are unique across a store)."""
     return hashlib.sha256(f"{experiment}\x00{trace_id}".encode()).hexdigest()[:32]
 
 
@@ -163,7 +153,7 @@ def _loads(text: Any) -> Any:
 
 
 def dumps(value: Any) -> str:
-    """``value`` as JSON text: orjson's, else (ints beyond 64 bits, ...) the standard library's, unknown types as text."""
+    """``value`` as JSON text: orjson's, else (ints beyond 64 bits, ...) the standard library's, other types as text."""
     try:
         return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
     except TypeError:
@@ -226,10 +216,10 @@ def _augment(value: Any, key: str, extra: Any, added: dict[str, Any], side: str)
 
 #: ``(column, span attribute, trace tag)`` of the context a trajectory's spans share.
 CONTEXT_KEYS = (
-    (S.STEP, ATTR_STEP, TAG_STEP),
-    (S.SAMPLE_INDEX, ATTR_SAMPLE, TAG_SAMPLE),
-    (S.ROLLOUT_N, ATTR_ROLLOUT_N, TAG_ROLLOUT_N),
-    (S.VALIDATE, ATTR_VALIDATE, TAG_VALIDATE),
+    (S.STEP, ATTR_STEP, "step"),
+    (S.SAMPLE_INDEX, ATTR_SAMPLE, "sample_index"),
+    (S.ROLLOUT_N, ATTR_ROLLOUT_N, "rollout_n"),
+    (S.VALIDATE, ATTR_VALIDATE, "validate"),
 )
 
 
@@ -309,10 +299,8 @@ def _span_data(
     events: list[tuple[str, int, dict[str, str]]] = []
     if r[S.STATUS] == S.STATUS_ERROR and isinstance(error, Mapping):
         exc = {f"exception.{k}": str(error.get(f, "")) for k, f in _EXCEPTION_KEYS}
-        events.append(("exception", r[S.END_NS], exc))
-    message = ""
-    if failed:
-        message = str(error.get("message", "")) if isinstance(error, Mapping) else r[S.STATUS]
+        events = [("exception", r[S.END_NS], exc)]
+    message = (str(error.get("message", "")) if isinstance(error, Mapping) else r[S.STATUS]) if failed else ""
     return SpanData(
         span_id=otel_span_hex(r[S.SPAN_ID]),
         parent_id=parent_hex,
@@ -340,7 +328,7 @@ def _tags(
             TAG_TRACE_ID: trace_id,
             TAG_PROJECT: project,
             TAG_EXPERIMENT: experiment,
-            TAG_STATUS: summary[S.STATUS],
+            "status": summary[S.STATUS],
             TAG_TRACE_NAME: root.name,
         }
         tags.update({tag: _tag_value(summary[col]) for col, _, tag in CONTEXT_KEYS if summary[col] is not None})
