@@ -74,10 +74,9 @@ class Trajectory:
 
 @dataclasses.dataclass
 class StepBatch:
-    """One step's trajectories not handed over before (by sample index and rollout), as
-    :meth:`Sink.write` gets them; ``metrics`` (``{validate: step_metrics values}``) and
-    ``summaries`` cover every trajectory of the step so far; ``metrics`` is None while the
-    step is not complete (only sinks that stream get such batches)."""
+    """One step's trajectories not handed over before (by sample index and rollout), as :meth:`Sink.write` gets them;
+    ``metrics`` (``{validate: step_metrics values}``) and ``summaries`` cover every trajectory of the step so far;
+    ``metrics`` is None while the step is not complete (only sinks that stream get such batches)."""
 
     step: int | None
     trajectories: list[Trajectory]

@@ -294,8 +294,7 @@ class OtlpSink(SinkBase):
 
     def post(self, body: bytes) -> tuple[int, str]:
         """POST one protobuf request; return the receiver's ``partial_success`` (spans rejected, its message).
-        RuntimeError when the receiver answers with an error status, ConnectionError when it cannot be reached.
-        """
+        RuntimeError when the receiver answers with an error status, ConnectionError when it cannot be reached."""
         req = urllib.request.Request(
             self.url,
             data=body,

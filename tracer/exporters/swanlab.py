@@ -36,10 +36,6 @@ MAX_TEXTS = 8
 SWANLAB_FILE_IDENT = b":SWL"
 
 
-def _swanlab() -> Any:
-    return import_backend("swanlab", "swanlab")
-
-
 def effective_mode(mode: str) -> tuple[str, str | None]:
     """The mode to run in and a note when ``local`` falls back to ``offline`` (no swanboard)."""
     if mode == "local" and importlib.util.find_spec("swanboard") is None:
@@ -88,7 +84,7 @@ class SwanlabSink(TableSink):
 
     def start(self, target: Target) -> Any:
         """Start (or, live, join) the run."""
-        swanlab = _swanlab()
+        swanlab = import_backend("swanlab", "swanlab")
         self.note: str | None = None
         self.mode = self.options["mode"]
         self.owned = not (target.live and swanlab.has_run())
@@ -105,7 +101,7 @@ class SwanlabSink(TableSink):
 
     def log_step(self, data: StepData, step: int) -> list[str]:
         """Log the step's tables, first :data:`MAX_TEXTS` conversation texts and metrics at ``step``."""
-        swanlab = _swanlab()
+        swanlab = import_backend("swanlab", "swanlab")
 
         def table(rows: list[list[Any]]) -> Any:
             out = swanlab.echarts.Table()

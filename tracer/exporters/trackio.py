@@ -21,17 +21,13 @@ from tracer.extras import import_backend
 TRACKIO_STEP = "step"
 
 
-def _trackio() -> Any:
-    return import_backend("trackio", "trackio")
-
-
 class TrackioSink(TableSink):
     """Per-step tables and metrics into one trackio run (a run of its own per export, and per live recorder)."""
 
     def start(self, target: Target) -> Any:
         """Start the run."""
         self._project, self._name = (self.run_names(target)[k] for k in ("project", "name"))
-        run = _trackio().init(
+        run = import_backend("trackio", "trackio").init(
             project=self._project,
             name=self._name,
             config=dict(target.run_config or {}),
@@ -43,7 +39,7 @@ class TrackioSink(TableSink):
 
     def log_step(self, data: StepData, step: int) -> list[str]:
         """Log the step's tables and metrics at ``step``."""
-        trackio = _trackio()
+        trackio = import_backend("trackio", "trackio")
         self.run.log(self.payload(data, lambda rows: trackio.Table(columns=list(TABLE_COLUMNS), data=rows)), step=step)
         return []
 

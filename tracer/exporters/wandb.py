@@ -32,10 +32,6 @@ from tracer.extras import import_backend
 WANDB_FILE_IDENT = b":W&B"
 
 
-def _wandb() -> Any:
-    return import_backend("wandb", "wandb")
-
-
 def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, str], float]]:
     """Rows (``trace_id -> reward``) and step metrics a finished wandb run holds.
 
@@ -88,7 +84,7 @@ class WandbSink(TableSink):
 
     def start(self, target: Target) -> Any:
         """Start the run, its step metric and its two incremental tables."""
-        wandb, o = _wandb(), self.options
+        wandb, o = import_backend("wandb", "wandb"), self.options
         proxy = o["proxy"]
         if o["run_dir"] is not None:
             os.makedirs(o["run_dir"], exist_ok=True)
@@ -120,7 +116,7 @@ class WandbSink(TableSink):
                 notes.append(
                     f"step {data.step}: {len(rows)} rows of {key} split into {len(parts[key])} table increments "
                     f"of at most {self.max_rows} rows (a logged wandb table keeps at most wandb.Table.MAX_ROWS = "
-                    f"{_wandb().Table.MAX_ROWS}), all logged at that step"
+                    f"{import_backend('wandb', 'wandb').Table.MAX_ROWS}), all logged at that step"
                 )
         payload = self.payload(data)
         for i in range(max((len(p) for p in parts.values()), default=0) or 1):
@@ -143,7 +139,7 @@ class WandbSink(TableSink):
         if self.run is None:
             return []
         self.run.finish()
-        wandb = _wandb()
+        wandb = import_backend("wandb", "wandb")
         if wandb.run is None:
             wandb.teardown()
         notes = [f"wandb run files: {self.destination}"]

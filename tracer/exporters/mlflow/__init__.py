@@ -106,10 +106,6 @@ _METHOD_WORDS = {
 }
 
 
-def _mlflow() -> Any:
-    return import_backend("mlflow", "mlflow")
-
-
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     """Tracking URI in force: the argument, else ``MLFLOW_TRACKING_URI``, else ``./mlflow.db``."""
     return tracking_uri or os.environ.get(ENV_TRACKING_URI) or "sqlite:///" + os.path.abspath(DEFAULT_DB_FILE)
@@ -117,7 +113,7 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
 
 def fast_path_available() -> bool:
     """True when the installed mlflow is one the fast path was checked on."""
-    version = getattr(_mlflow(), "__version__", "")
+    version = getattr(import_backend("mlflow", "mlflow"), "__version__", "")
     return any(version.startswith(v) for v in FAST_PATH_VERSIONS)
 
 
@@ -150,7 +146,7 @@ class _Destination:
     """An MLflow experiment and run, and how traces are sent there."""
 
     def __init__(self, tracking_uri: str, project: str, experiment: str, method: str = "auto") -> None:
-        mlflow = _mlflow()
+        mlflow = import_backend("mlflow", "mlflow")
         from mlflow.tracking import MlflowClient
 
         check_tracking_uri(tracking_uri)  # a server that is down: said in seconds, not after MLflow's retries
@@ -236,7 +232,7 @@ class _Destination:
             ids = [t.mlflow_trace_id for t in trajectories]
         else:
             ids = [_send_public(t, self.experiment_id, self.run_id) for t in trajectories]
-            _mlflow().flush_trace_async_logging()
+            import_backend("mlflow", "mlflow").flush_trace_async_logging()
         for i in range(0, len(ids), LINK_BATCH):
             self.client.link_traces_to_run(ids[i : i + LINK_BATCH], self.run_id)
         return ids
@@ -351,7 +347,7 @@ def _mlflow_spans(t: TrajectoryData, tags_as_attributes: bool = True) -> list[An
 
 def _send_public(t: TrajectoryData, experiment_id: str, run_id: str) -> str:
     """Write one trajectory with MLflow's public span API (slow; every version)."""
-    mlflow = _mlflow()
+    mlflow = import_backend("mlflow", "mlflow")
     entities: Any = mlflow.entities
 
     live: dict[str, Any] = {}
@@ -381,20 +377,6 @@ def _send_public(t: TrajectoryData, experiment_id: str, run_id: str) -> str:
 
 
 # -- reading the files ---------------------------------------------------------
-
-
-def _groups(path: str, experiment: str | None) -> dict[tuple[str, str], list[str]]:
-    """The trace files under ``path`` by recorded (project, experiment); ``experiment`` (MLflow's) overrides project."""
-    groups: dict[tuple[str, str], list[str]] = {}
-    for file in list_trace_files(path):
-        try:
-            meta = read_file_metadata(file)
-        except Exception:
-            meta = {}
-        project = experiment or meta.get(S.META_PROJECT) or "rollout_trace"
-        exp = meta.get(S.META_EXPERIMENT) or "default"
-        groups.setdefault((project, exp), []).append(file)
-    return groups
 
 
 def _span_response_tokens(spans: Sequence[dict[str, Any]]) -> int:
@@ -448,8 +430,16 @@ class MlflowSink(SinkBase):
 
     @classmethod
     def sources(cls, path: str, options: Mapping[str, Any]) -> Iterator[tuple[TracePaths, str | None, str | None]]:
-        """One destination per (project, experiment) recorded in the files, each read from its own file list."""
-        groups = _groups(path, options.get("experiment"))
+        """One destination per (project, experiment) recorded in the files, each read from its own file list
+        (option ``experiment``, the MLflow experiment, overrides the recorded project)."""
+        groups: dict[tuple[str, str], list[str]] = {}
+        for file in list_trace_files(path):
+            try:
+                meta = read_file_metadata(file)
+            except Exception:
+                meta = {}
+            project = options.get("experiment") or meta.get(S.META_PROJECT) or "rollout_trace"
+            groups.setdefault((project, meta.get(S.META_EXPERIMENT) or "default"), []).append(file)
         if not groups:
             raise FileNotFoundError(f"no trace files (*{S.FILE_SUFFIX}) under {path!r}")
         for (project, experiment), files in groups.items():
