@@ -505,31 +505,29 @@ class LiveDriver:
             parts = self._pending.pop(tid, None)
             if parts:
                 self._take(expand_history(pa.Table.from_batches(parts)))  # multi-turn prompt_ids made whole
-        force = stopping or flushing
-        steps = sorted(self._due, key=_step_order)
         out: list[StepBatch] = []
-        for step in steps:
-            complete = force or (step is not None and self._newest is not None and step < self._newest)
+        for step in sorted(self._due, key=_step_order):
+            complete = stopping or flushing or (step is not None and self._newest is not None and step < self._newest)
             held = self._held.pop(step, [])
+            if not (complete or (self.sink.streams and held)):
+                self._held[step] = held
+                continue
+            summaries = list(self._seen.get(step, {}).values())
             if complete:
                 self._due.discard(step)
-                summaries = list(self._seen.get(step, {}).values())
-                out.append(StepBatch(step, sorted(held, key=_sort_key), _metrics_of(summaries), summaries))
-            elif self.sink.streams and held:
-                out.append(StepBatch(step, sorted(held, key=_sort_key), None, list(self._seen.get(step, {}).values())))
-            else:
-                self._held[step] = held
+            out.append(
+                StepBatch(step, sorted(held, key=_sort_key), _metrics_of(summaries) if complete else None, summaries)
+            )
         if out:
             self._write(out, stopping)
         self._forget_old_steps()
 
     def _absorb(self, batch: pa.RecordBatch, now: float) -> None:
         traces = batch.column(batch.schema.get_field_index(S.TRACE_ID))
-        parents = batch.column(batch.schema.get_field_index(S.PARENT_SPAN_ID))
         order: dict[str, list[int]] = {}
         for i, tid in enumerate(traces.to_pylist()):
             order.setdefault(tid, []).append(i)
-        roots = {traces[i].as_py() for i in range(batch.num_rows) if not parents[i].is_valid}
+        roots = set(traces.filter(batch.column(batch.schema.get_field_index(S.PARENT_SPAN_ID)).is_null()).to_pylist())
         for tid, rows in order.items():
             self._pending.setdefault(tid, []).append(batch.take(pa.array(rows, pa.int64())))
             if tid in roots:
@@ -793,11 +791,6 @@ def recorded_backends(config: Mapping[str, Any]) -> list[str]:
     return [n for n in names if isinstance(n, str)]
 
 
-def _recorded_live_to(path: TracePaths, backend: str) -> bool:
-    """True when the run was recorded with ``backend`` as a live backend: all it lacks is a catch-up."""
-    return any(backend in recorded_backends(config) for _, config in recorded_configs(path))
-
-
 def export_files(
     path: str | os.PathLike[str],
     to: str,
@@ -838,7 +831,8 @@ def export_files(
         call = functools.partial(_call, sink, to)
         existing, total, notes = _send_run(sink, call, run, target, report, progress)
         _count(report, sink, total, to)
-        if total.sent and (existing or _recorded_live_to(read_path, to)):
+        # Sent to a destination that had some, or that the run was recorded live to: all it lacked was a catch-up.
+        if total.sent and (existing or any(to in recorded_backends(c) for _, c in recorded_configs(read_path))):
             report.caught_up += total.sent
             report.details.append(
                 f"caught up {total.sent} trajectories the destination did not have yet "

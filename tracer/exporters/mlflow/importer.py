@@ -261,9 +261,7 @@ def import_traces(
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
         exp = call_within(
-            functools.partial(client.get_experiment_by_name, experiment),
-            f"mlflow at {tracking_uri}: experiment",
-            timeout_s,
+            lambda: client.get_experiment_by_name(experiment), f"mlflow at {tracking_uri}: experiment", timeout_s
         )
     except BackendTimeoutError as exc:
         raise BackendTimeoutError(f"{exc}; check that the server answers its API, then import again") from None
