@@ -133,7 +133,6 @@ class _Reporter:
             queued_spans=progress.queued_spans,
             dropped_spans=progress.dropped_spans,
             final=final,
-            every_s=WRITE_EVERY_S,
         )
         data = dataclasses.asdict(record)
         del data["path"]  # where the file is, filled in by read_lag

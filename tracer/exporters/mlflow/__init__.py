@@ -474,15 +474,14 @@ class MlflowSink(SinkBase):
                 written.skipped += 1
                 continue
             reward = None if self._live else (t.summary[S.REWARD], t.summary[S.REWARD_INFO])
+            written.sent += 1  # a refused one is taken back out with its refusal
             try:
                 data = trajectory_data(t.spans, dest.project, dest.experiment, reward=reward)
             except Exception as exc:  # this trajectory's content: refuse it alone, the rest go
-                written.sent += 1  # taken back out with the refusal
                 self.refused.append((tid, 0, f"{type(exc).__name__}: {short_error(exc)}"))
                 continue
             self._response.setdefault(key, []).append(data.response_tokens)
             self._pending.append(data)
-            written.sent += 1
             written.spans += len(data.spans)
         self._skipped += written.skipped
         while len(self._pending) >= dest.batch_size:

@@ -387,16 +387,10 @@ class _Outputs:
                 self.report.files.extend(writer.paths)
 
     def _meta(self, key: tuple[str, str]) -> dict[str, str]:
+        config = {"project_name": key[0], "experiment_name": key[1], "imported_from": self.tracking_uri}
         return {
             S.META_SCHEMA_VERSION: S.SCHEMA_VERSION,
-            S.META_CONFIG: json.dumps(
-                {
-                    "project_name": key[0],
-                    "experiment_name": key[1],
-                    "imported_from": self.tracking_uri,
-                    "mlflow_experiment": self.experiment,
-                }
-            ),
+            S.META_CONFIG: json.dumps({**config, "mlflow_experiment": self.experiment}),
             S.META_PROJECT: key[0],
             S.META_EXPERIMENT: key[1],
             S.META_HOST: socket.gethostname(),
