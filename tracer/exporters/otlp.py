@@ -75,12 +75,7 @@ def _cut(text: str) -> str:
 
 def _lookup(keys: Sequence[str], *sources: Any) -> Any:
     """The first value under one of ``keys`` in ``sources`` (JSON text or mappings), top level or one level down."""
-    for source in sources:
-        if isinstance(source, str):
-            try:
-                source = json.loads(source)
-            except ValueError:
-                continue
+    for source in map(S.parse_json_or_text, sources):
         if not isinstance(source, Mapping):
             continue
         for level in (source, *(v for v in source.values() if isinstance(v, Mapping))):
@@ -122,10 +117,7 @@ def _span_rows(traj: Trajectory) -> list[dict[str, Any]]:
 
 def _reward_info(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The trajectory's reward components (``reward_info``, JSON text) as a dict (empty when none or not an object)."""
-    try:
-        info = json.loads(summary.get(S.REWARD_INFO) or "{}")
-    except (TypeError, ValueError):
-        return {}
+    info = S.parse_json_or_text(summary.get(S.REWARD_INFO))
     return info if isinstance(info, dict) else {}
 
 

@@ -63,8 +63,7 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
             for item in record.media.value.items:
                 with open(os.path.join(directory, "media", "echarts", item.filename), encoding="utf-8") as f:
                     table = json.load(f)
-                for row in table.get("rowData", []):
-                    rows[row[S.TRACE_ID]] = row[S.REWARD]
+                rows.update((row[S.TRACE_ID], row[S.REWARD]) for row in table.get("rowData", []))
         elif kind == "scalar":
             scalars[(record.scalar.step, record.scalar.key)] = record.scalar.value.number
     # Metrics are keyed by the rollout step each logged step carries.

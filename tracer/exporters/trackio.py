@@ -68,8 +68,7 @@ def read_back(project: str, run: str) -> tuple[dict[str, float | None], dict[tup
         rollout_step = entry.get(STEP_KEY, entry.get(TRACKIO_STEP))
         for key, value in entry.items():
             if key in (TABLE_KEY, VAL_TABLE_KEY) and isinstance(value, Mapping):
-                for row in value.get("_value") or ():
-                    rows[row[S.TRACE_ID]] = row[S.REWARD]
+                rows.update((row[S.TRACE_ID], row[S.REWARD]) for row in value.get("_value") or ())
             elif key.startswith("rollout_trace") and key != STEP_KEY and isinstance(value, (int, float)):
                 metrics[(rollout_step, key)] = float(value)
     return rows, metrics

@@ -39,16 +39,12 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
     """
     rows: dict[str, float | None] = {}
     for key in (TABLE_KEY, VAL_TABLE_KEY):
-        pattern = os.path.join(
-            directory, "files", "media", "table", *key.split("/")[:-1], key.split("/")[-1] + "_*.table.json"
-        )
+        pattern = os.path.join(directory, "files", "media", "table", *key.split("/")) + "_*.table.json"
         for file in sorted(glob.glob(pattern)):
             with open(file, encoding="utf-8") as f:
                 table = json.load(f)
-            cols = table["columns"]
-            t, r = cols.index("trace_id"), cols.index("reward")
-            for row in table["data"]:
-                rows[row[t]] = row[r]
+            t, r = table["columns"].index("trace_id"), table["columns"].index("reward")
+            rows.update((row[t], row[r]) for row in table["data"])
     metrics: dict[tuple[Any, str], float] = {}
     files = glob.glob(os.path.join(directory, "*.wandb"))
     if files:
@@ -62,11 +58,8 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
             items = {(i.key or "/".join(i.nested_key)): i.value_json for i in record.history.item}
             step = json.loads(items[STEP_KEY]) if STEP_KEY in items else None
             for key, value in items.items():
-                if (
-                    key.startswith((METRIC_PREFIX, VAL_METRIC_PREFIX))
-                    and key != STEP_KEY
-                    and not key.startswith((TABLE_KEY + "/", VAL_TABLE_KEY + "/"))
-                ):
+                ours = key.startswith((METRIC_PREFIX, VAL_METRIC_PREFIX)) and key != STEP_KEY
+                if ours and not key.startswith((TABLE_KEY + "/", VAL_TABLE_KEY + "/")):
                     metrics[(step, key)] = float(json.loads(value))
     return rows, metrics
 
