@@ -1,7 +1,5 @@
-"""Console backend: one readable summary line per step on the log (logger ``rollout_trace``, INFO).
-
-Printed to stderr too (option ``print``; live ``backend_options={"console_print": False}``),
-once the step is complete, validation on its own line::
+"""Console backend: one summary line per complete step (validation on its own line) on the log (logger
+``rollout_trace``, INFO) and on stderr (option ``print``; live ``backend_options={"console_print": False}``)::
 
     rollout-trace step 3: reward 0.625 ± 0.484 [0, 1] | turns 2.0 | tool calls 1.0, errors 25.0% | 8 trajectories, 0 failed | latency p50 1.20s p95 3.41s
 

@@ -88,7 +88,7 @@ class TableSink(SinkBase):
         # Late spans (t.state LATE): the row is logged already; nothing was there before a table export.
         new = [t for t in batch.trajectories if t.state == NEW]
         validation = [t for t in new if t.summary[S.VALIDATE]]
-        data.val_dropped = max(len(validation) - room, 0)
+        dropped = max(len(validation) - room, 0)
         shown = [t for t in new if not t.summary[S.VALIDATE]] + validation[:room]
         refused_before = len(self.refused)
         for t, row in self.payloads(shown, lambda t: trajectory_row(t.summary, t.spans)):
@@ -101,13 +101,12 @@ class TableSink(SinkBase):
         notes = list(self.log_step(data, at))
         self._last_backend_step, self._last_step = at, step
         self._val_written[step] = self._val_written.get(step, 0) + len(data.val_rows)
-        if data.val_dropped:
+        if dropped:
             notes.append(
-                f"step {step}: {data.val_dropped} validation trajectories left out of the table "
-                f"(log_val_generations={self.cap})"
+                f"step {step}: {dropped} validation trajectories left out of the table (log_val_generations={self.cap})"
             )
         refused = len(self.refused) - refused_before  # counted as sent: the drivers take them back out
-        written = Written(sent=len(data.rows) + len(data.val_rows) + refused, skipped=data.val_dropped, notes=notes)
+        written = Written(sent=len(data.rows) + len(data.val_rows) + refused, skipped=dropped, notes=notes)
         for row in (*data.rows, *data.val_rows):
             written.rows[row[COL[S.TRACE_ID]]] = row[COL[S.REWARD]]
         if step is not None:

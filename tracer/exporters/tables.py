@@ -101,14 +101,12 @@ def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] |
 
 @dataclasses.dataclass
 class StepData:
-    """Everything a table backend logs for one step: rows (:data:`TABLE_COLUMNS`), validation rows up to
-    the cap (``val_dropped``: left out) and metrics with their prefixes."""
+    """What a table backend logs for one step: rows (:data:`TABLE_COLUMNS`), capped validation rows, metrics."""
 
     step: int | None
     rows: list[list[Any]] = dataclasses.field(default_factory=list)
     val_rows: list[list[Any]] = dataclasses.field(default_factory=list)
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    val_dropped: int = 0
 
 
 # -- reading files ---------------------------------------------------------------
