@@ -316,10 +316,10 @@ class OtlpSink(SinkBase):
 
     def write(self, batch: StepBatch) -> Written:
         """Send the batch's new trajectories (late rewards are not re-sent: the root went out already)."""
-        written = Written()
         todo = [t for t in batch.trajectories if t.state == NEW and t.spans]
         built = self.payloads(todo, self.trajectory_spans)  # a trajectory whose spans cannot be built: refused alone
-        written.sent += len(todo) - len(built)  # taken back out with the refusals
+        # The refused count as sent (taken back out with the refusals); late rewards are skipped.
+        written = Written(sent=len(todo) - len(built), skipped=len(batch.trajectories) - len(todo))
         for i in range(0, len(built), TRAJECTORIES_PER_REQUEST):
             chunk = built[i : i + TRAJECTORIES_PER_REQUEST]
             part = [t for t, _ in chunk]
@@ -340,7 +340,6 @@ class OtlpSink(SinkBase):
                     f"the OTLP receiver at {self.url} rejected {rejected} of {spans} spans of {len(part)} "
                     f"trajectories (step {batch.step}){said}; see the receiver's log, then export again"
                 )
-        written.skipped += len(batch.trajectories) - len(todo)
         return written
 
     def close(self) -> list[str]:

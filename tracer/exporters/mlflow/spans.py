@@ -194,11 +194,6 @@ def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The trajectory's row of TRAJECTORY_SCHEMA: :func:`tracer.summary.summarize` of its rows."""
-    return summarize(pa.Table.from_pylist(rows, schema=S.SPAN_SCHEMA)).to_pylist()[0]
-
-
 def _chat_completion(message: Mapping[str, Any], finish_reason: Any) -> list[dict[str, Any]]:
     return [{"index": 0, "message": dict(message), "finish_reason": finish_reason or "stop"}]
 
@@ -357,7 +352,7 @@ def trajectory_data(
     trace_id = rows[0][S.TRACE_ID]
     ids = {r[S.SPAN_ID] for r in rows}
     root_row = root_span(rows)
-    summary = _summarise(rows)
+    summary = summarize(pa.Table.from_pylist(rows, schema=S.SPAN_SCHEMA)).to_pylist()[0]
     if reward is not None and reward[0] is not None:
         summary[S.REWARD], summary[S.REWARD_INFO] = reward
     chat = _Chat(rows, trace_id)
