@@ -168,33 +168,28 @@ def iter_step_chunks(
     counts: dict[int | None, int] = {}
     for step, n in zip(table[S.STEP].to_pylist(), table[S.NUM_SPANS].to_pylist(), strict=True):
         counts[step] = counts.get(step, 0) + (n or 0)
-    ordered = sorted(counts, key=lambda s: (s is None, s or 0))
-    chunks: list[list[int | None]] = [[]]
+    chunk: list[int | None] = []
     size = 0
-    for step in ordered:
-        if chunks[-1] and size + counts[step] > SPANS_PER_CHUNK:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(step)
+    for step in sorted(counts, key=lambda s: (s is None, s or 0)):
+        if chunk and size + counts[step] > SPANS_PER_CHUNK:
+            yield _read_chunk(run, chunk, columns)
+            chunk, size = [], 0
+        chunk.append(step)
         size += counts[step]
-    for chunk in chunks:
-        yield _read_chunk(run, chunk, columns)
+    yield _read_chunk(run, chunk, columns)
 
 
 def _read_chunk(
     run: RunFiles, steps: list[int | None], columns: Sequence[str] | None
 ) -> tuple[pa.Table, dict[str, list[dict[str, Any]]]]:
-    numbered = [s for s in steps if s is not None]
     table = run.trajectories
-    mask = pc.is_in(table[S.STEP], value_set=pa.array(numbered, pa.int64()))
-    if None in steps:
-        mask = pc.or_(pc.fill_null(mask, False), pc.is_null(table[S.STEP]))
-    trajs = table.filter(pc.fill_null(mask, False))
+    trajs = table.filter(pc.is_in(table[S.STEP], value_set=pa.array(steps, pa.int64()), skip_nulls=False))
     if columns is not None and not columns:
         return trajs, {}
     ids = trajs[S.TRACE_ID].to_pylist()
     wanted = None if columns is None else list(dict.fromkeys([S.TRACE_ID, *columns]))
-    spans = read_spans(run.path, columns=wanted, steps=numbered if None not in steps else None, trace_ids=ids)
+    numbered = None if None in steps else [s for s in steps if s is not None]
+    spans = read_spans(run.path, columns=wanted, steps=numbered, trace_ids=ids)
     by_trace: dict[str, list[dict[str, Any]]] = {}
     for r in spans.to_pylist():
         by_trace.setdefault(r[S.TRACE_ID], []).append(r)
