@@ -169,11 +169,9 @@ class ReadBack:
 
 @dataclasses.dataclass
 class VerifyResult:
-    """Whether a destination holds what was sent (``ok``: nothing missing, unexpected or different).
-
-    Rows are trace ids (``mismatched``: another reward), metrics ``(step, key)``;
-    ``metrics_expected`` is 0 when metrics are not checked; ``lines`` say it in words.
-    """
+    """Whether a destination holds what was sent (``ok``: nothing missing, unexpected or different). Rows are trace
+    ids (``mismatched``: another reward), metrics ``(step, key)`` (``metrics_expected`` 0: metrics not checked);
+    ``lines`` say it in words."""
 
     backend: str
     ok: bool
@@ -355,10 +353,9 @@ def _metrics_of(summaries: Sequence[dict[str, Any]]) -> dict[bool, dict[str, flo
 class LiveDriver:
     """Feeds a sink from the recorder: queue, group into steps, retry, never raise.
 
-    :meth:`export` only queues. The driver's thread finishes a trajectory ``grace_s`` after its root span (so
-    rewards logged just after are in) and writes a step once a later step arrived or at :meth:`flush`/
-    :meth:`shutdown`. Past ``max_queued_spans`` the oldest batches are dropped (counted; the files hold them); a
-    write is tried ``retries`` times.
+    :meth:`export` only queues. The driver's thread finishes a trajectory ``grace_s`` after its root span (so rewards
+    logged just after are in) and writes a step once a later step arrived or at :meth:`flush`/:meth:`shutdown`. Past
+    ``max_queued_spans`` the oldest batches are dropped (counted; the files hold them); a write gets ``retries`` tries.
     """
 
     def __init__(

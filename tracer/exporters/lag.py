@@ -147,9 +147,7 @@ _REPORTERS: weakref.WeakKeyDictionary[LiveDriver, _Reporter] = weakref.WeakKeyDi
 
 def observe(driver: LiveDriver, final: bool = False) -> None:
     """Look at a live driver's progress and, every :data:`WRITE_EVERY_S` (and when ``final``), rewrite its lag file.
-
-    Never raises: a lag file that cannot be written is given up on with one log line.
-    """
+    Never raises: a lag file that cannot be written is given up on with one log line."""
     reporter = None
     try:
         reporter = _REPORTERS.get(driver)
@@ -192,11 +190,8 @@ def valid_lag(data: Any) -> bool:
 
 
 def read_lag(path: str | os.PathLike[str]) -> list[LagRecord]:
-    """The lag files under ``path`` (a run folder, searched recursively), by backend, host and pid.
-
-    Files refused by :mod:`tracer.storage.side_files` (a FIFO, a link, too large, not a lag record)
-    are named in a warning and left out.
-    """
+    """The lag files under ``path`` (a run folder, searched recursively), by backend, host and pid; files refused
+    by :mod:`tracer.storage.side_files` (a FIFO, a link, too large, not a lag record) are named in a warning."""
     root = os.fspath(path)
     if _uri.is_remote(root) or not os.path.exists(root):
         return []

@@ -157,11 +157,8 @@ def open_run(path: TracePaths, steps: Iterable[int] | None = None, since_step: i
 def iter_step_chunks(
     run: RunFiles, columns: Sequence[str] | None = ROW_SPAN_COLUMNS
 ) -> Iterator[tuple[pa.Table, dict[str, list[dict[str, Any]]]]]:
-    """Yield ``(trajectories, spans_by_trace)`` for groups of whole steps, in step order.
-
-    Each group holds about :data:`SPANS_PER_CHUNK` spans. ``columns``: the span columns to read (None: all;
-    empty: none, ``spans_by_trace`` is then empty).
-    """
+    """Yield ``(trajectories, spans_by_trace)`` for groups of whole steps of about :data:`SPANS_PER_CHUNK` spans, in
+    step order; ``columns``: the span columns to read (None: all; empty: none, ``spans_by_trace`` is then empty)."""
     table = run.trajectories
     if table.num_rows == 0:
         return
@@ -247,8 +244,8 @@ _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 def read_leveldb_log(path: str | os.PathLike[str], ident: bytes) -> list[bytes]:
     """Records of a LevelDB-log framed file (wandb's ``.wandb``, swanlab's ``.swanlab``), a torn tail ignored.
 
-    A 7-byte header (``ident``, magic, version), then 32 KiB blocks of
-    ``crc32c:u32 length:u16 type:u8 data`` fragments. ValueError when the file does not start with ``ident``.
+    A 7-byte header (``ident``, magic, version), then 32 KiB blocks of ``crc32c:u32 length:u16 type:u8 data``
+    fragments. ValueError when the file does not start with ``ident``.
     """
     with open(path, "rb") as f:
         data = f.read()

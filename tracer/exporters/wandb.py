@@ -33,10 +33,8 @@ WANDB_FILE_IDENT = b":W&B"
 
 
 def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, str], float]]:
-    """Rows (``trace_id -> reward``) and step metrics a finished wandb run holds.
-
-    Reads the table increments under ``files/media/table`` and the history records of the ``.wandb`` file.
-    """
+    """Rows (``trace_id -> reward``) and step metrics a finished wandb run holds: its table increments under
+    ``files/media/table`` and the history records of its ``.wandb`` file."""
     rows: dict[str, float | None] = {}
     for key in (TABLE_KEY, VAL_TABLE_KEY):
         pattern = os.path.join(directory, "files", "media", "table", *key.split("/")) + "_*.table.json"
@@ -65,12 +63,10 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
 
 
 class WandbSink(TableSink):
-    """Per-step tables and metrics into one wandb run (options ``mode``, ``run_dir``: wandb's ``dir``,
-    ``proxy``: verl's ``wandb_proxy``, ``max_rows`` per table increment).
-
-    Live, the run is named after the experiment, grouped by it, started on the driver's thread at the first
-    write, in ``WANDB_MODE``/wandb's mode. Post hoc, every export is a new run (mode ``offline`` by default).
-    """
+    """Per-step tables and metrics into one wandb run (options ``mode``, ``run_dir``: wandb's ``dir``, ``proxy``:
+    verl's ``wandb_proxy``, ``max_rows`` per table increment). Live, the run is named after the experiment, grouped
+    by it, started on the driver's thread at the first write, in ``WANDB_MODE``/wandb's mode. Post hoc, every export
+    is a new run (mode ``offline`` by default)."""
 
     read_files = staticmethod(read_back)
     same_again = True

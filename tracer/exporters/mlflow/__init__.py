@@ -411,11 +411,9 @@ def _read_back(dest: _Destination) -> ReadBack:
 
 
 class MlflowSink(SinkBase):
-    """One MLflow trace per trajectory as soon as the driver has it, a step's metrics once it is complete.
-
-    Post hoc, trajectories already in the experiment are skipped but counted in the metrics:
-    exporting again creates no duplicates and catches up what a live export missed.
-    """
+    """One MLflow trace per trajectory as soon as the driver has it, a step's metrics once it is complete. Post hoc,
+    trajectories already in the experiment are skipped but counted in the metrics: exporting again creates no
+    duplicates and catches up what a live export missed."""
 
     streams: ClassVar[bool] = True
 

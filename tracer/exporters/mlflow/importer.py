@@ -325,11 +325,8 @@ def import_traces(
 
 
 class _Outputs:
-    """One writer per (project, experiment) under the output folder; a folder that fails refuses its own traces alone.
-
-    When a folder's writer fails (a name refused, a full disk), the traces it held move to
-    :attr:`ImportReport.refused` and later traces of that folder are refused at once.
-    """
+    """One writer per (project, experiment) under the output folder. When a folder's writer fails (a name refused,
+    a full disk), the traces it held move to :attr:`ImportReport.refused`, and so do later traces of that folder."""
 
     def __init__(self, out_dir: str, tracking_uri: str, experiment: str, report: ImportReport) -> None:
         self.out_dir, self.tracking_uri, self.experiment, self.report = out_dir, tracking_uri, experiment, report

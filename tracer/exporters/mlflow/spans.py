@@ -344,11 +344,9 @@ def trajectory_data(
     reward: tuple[float | None, str | None] | None = None,
     partial: bool = False,
 ) -> TrajectoryData:
-    """Convert the span rows of one trajectory to what an MLflow trace holds.
-
-    ``reward``: ``(reward, reward_info JSON)`` known from outside the rows (logged by another process). ``partial``: the
-    rows are late spans of a trajectory already sent: parents kept, no root added, only the reward tagged.
-    """
+    """The span rows of one trajectory as an MLflow trace. ``reward``: ``(reward, reward_info JSON)`` known from
+    outside the rows (logged by another process). ``partial``: the rows are late spans of a trajectory already sent:
+    parents kept, no root added, only the reward tagged."""
     trace_id = rows[0][S.TRACE_ID]
     ids = {r[S.SPAN_ID] for r in rows}
     root_row = root_span(rows)
