@@ -165,23 +165,18 @@ class _Destination:
         self.run_id = self._find_or_create_run()
         self.method = ("fast" if fast_path_available() else "public") if method == "auto" else method
         self._sql_store: Any = None
+        #: Traces per :meth:`send`.
+        self.batch_size = PUBLIC_BATCH_TRACES
         if self.method == "fast":
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
             from mlflow.tracing.client import TracingClient
 
             self._tracing = TracingClient(tracking_uri)
-            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
             # SQL stores: tags and the run link in one statement per batch (MLflow: ~11 queries a trace).
             self._sql_store = self._tracing.store if isinstance(self._tracing.store, SqlAlchemyStore) else None
+            self.batch_size = SQL_BATCH_TRACES if self._sql_store is not None else BATCH_TRACES
         else:
             mlflow.set_tracking_uri(tracking_uri)
-
-    @property
-    def batch_size(self) -> int:
-        """Traces per :meth:`send`."""
-        if self.method == "public":
-            return PUBLIC_BATCH_TRACES
-        return SQL_BATCH_TRACES if self._sql_store is not None else BATCH_TRACES
 
     def _find_or_create_run(self) -> str:
         # MLflow's filter syntax has no escape for quotes: names with one are matched here.
