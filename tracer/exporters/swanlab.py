@@ -36,16 +36,6 @@ MAX_TEXTS = 8
 SWANLAB_FILE_IDENT = b":SWL"
 
 
-def effective_mode(mode: str) -> tuple[str, str | None]:
-    """The mode to run in and a note when ``local`` falls back to ``offline`` (no swanboard)."""
-    if mode == "local" and importlib.util.find_spec("swanboard") is None:
-        return "offline", (
-            "swanlab local mode needs the swanboard package (pip install swanboard); wrote an offline run "
-            "instead, with the same files"
-        )
-    return mode, None
-
-
 def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, str], float]]:
     """Rows (``trace_id -> reward``) and step metrics a finished SwanLab run's files hold."""
     from swanlab.proto.swanlab.record.v1 import record_pb2
@@ -88,8 +78,12 @@ class SwanlabSink(TableSink):
         self.mode = self.options["mode"]
         self.owned = not (target.live and swanlab.has_run())
         if self.owned:
-            if self.mode is not None:
-                self.mode, self.note = effective_mode(self.mode)
+            if self.mode == "local" and importlib.util.find_spec("swanboard") is None:
+                self.mode = "offline"
+                self.note = (
+                    "swanlab local mode needs the swanboard package (pip install swanboard); wrote an offline run "
+                    "instead, with the same files"
+                )
             if self.options["log_dir"] is not None:
                 os.makedirs(self.options["log_dir"], exist_ok=True)
             run = swanlab.init(**self.run_names(target), mode=self.mode, log_dir=self.options["log_dir"])
