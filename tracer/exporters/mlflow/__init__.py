@@ -206,10 +206,6 @@ class _Destination:
             if not token:
                 return
 
-    def existing_trace_ids(self) -> dict[str, str]:
-        """Our trace ids already in the experiment -> their MLflow trace ids."""
-        return {t.info.tags[TAG_TRACE_ID]: t.info.trace_id for t in self.traces() if t.info.tags.get(TAG_TRACE_ID)}
-
     def send(self, trajectories: Sequence[TrajectoryData]) -> list[str]:
         """Write these traces and link them to the run; return their MLflow ids."""
         late = [t for t in trajectories if t.partial]
@@ -449,7 +445,9 @@ class MlflowSink(SinkBase):
             self.options.get("method") or "auto",
         )
         _log_run_config(self._dest, target.run_config)
-        return set() if target.live else set(self._dest.existing_trace_ids())
+        if target.live:
+            return set()
+        return {t.info.tags[TAG_TRACE_ID] for t in self._dest.traces() if t.info.tags.get(TAG_TRACE_ID)}
 
     def write(self, batch: StepBatch) -> Written:
         """Queue the step's new trajectories (and late spans) as traces; log its metrics when complete."""
