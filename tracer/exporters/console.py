@@ -42,13 +42,6 @@ def format_step_line(step: int | None, metrics: Mapping[str, float], validate: b
     )
 
 
-def emit(line: str, print_too: bool = True) -> None:
-    """Write ``line`` to the ``rollout_trace`` logger (INFO) and, unless told not to, to stderr."""
-    logger.info(line)
-    if print_too:
-        print(line, file=sys.stderr, flush=True)
-
-
 class ConsoleSink(SinkBase):
     """One summary line per complete step (training, and validation when present)."""
 
@@ -57,7 +50,10 @@ class ConsoleSink(SinkBase):
     def write(self, batch: StepBatch) -> Written:
         """Write the step's lines."""
         for validate, values in sorted((batch.metrics or {}).items()):
-            emit(format_step_line(batch.step, values, validate), bool(self.options["print"]))
+            line = format_step_line(batch.step, values, validate)
+            logger.info(line)
+            if self.options["print"]:
+                print(line, file=sys.stderr, flush=True)
         return Written(sent=sum(1 for t in batch.trajectories if t.state == NEW))
 
 

@@ -107,8 +107,7 @@ class TableSink(SinkBase):
             )
         refused = len(self.refused) - refused_before  # counted as sent: the drivers take them back out
         written = Written(sent=len(data.rows) + len(data.val_rows) + refused, skipped=dropped, notes=notes)
-        for row in (*data.rows, *data.val_rows):
-            written.rows[row[COL[S.TRACE_ID]]] = row[COL[S.REWARD]]
+        written.rows.update((r[COL[S.TRACE_ID]], r[COL[S.REWARD]]) for r in (*data.rows, *data.val_rows))
         if step is not None:
             written.metrics.update({(step, k): v for k, v in data.metrics.items()})
         return written
