@@ -242,14 +242,6 @@ class _Chat:
         return prompt_msgs, _chat_completion(reply, finish)
 
 
-def _llm_usage(attrs: dict[str, Any], own_attrs: Any) -> None:
-    """Put an llm span's token counts where MLflow's chat view reads them."""
-    tokens = own_attrs.get(S.ATTR_TOKENS) if isinstance(own_attrs, Mapping) else None
-    n_in, n_out = count_tokens(tokens, PROMPT_TOKEN_KEYS), count_tokens(tokens, RESPONSE_TOKEN_KEYS)
-    if n_in or n_out:
-        attrs[MLFLOW_CHAT_USAGE] = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
-
-
 #: ``(exception event attribute, key of our error JSON)``.
 _EXCEPTION_KEYS = (("type", "type"), ("message", "message"), ("stacktrace", "traceback"))
 
@@ -278,7 +270,10 @@ def _span_data(
     added: dict[str, Any] = {}
     if kind == S.KIND_LLM:
         attrs[MLFLOW_MESSAGE_FORMAT] = "openai"
-        _llm_usage(attrs, own_attrs)
+        tokens = own_attrs.get(S.ATTR_TOKENS) if isinstance(own_attrs, Mapping) else None
+        n_in, n_out = count_tokens(tokens, PROMPT_TOKEN_KEYS), count_tokens(tokens, RESPONSE_TOKEN_KEYS)
+        if n_in or n_out:  # where MLflow's chat view reads token counts
+            attrs[MLFLOW_CHAT_USAGE] = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
         prompt_msgs, choices = chat.llm_view(r, inputs)
         inputs = _augment(inputs, "messages", prompt_msgs, added, "inputs")
         outputs = _augment(outputs, "choices", choices, added, "outputs")
