@@ -124,11 +124,8 @@ def _error(s: Any, attrs: Mapping[str, Any], failed: bool) -> Any:
     if error is None and failed and M.ATTR_STATUS not in attrs:
         exc = next((e for e in s.events if e.name == "exception"), None)
         ea = exc.attributes if exc is not None else {}
-        error = {
-            "type": ea.get("exception.type", ""),
-            "message": ea.get("exception.message", s.status.description or ""),
-            "traceback": ea.get("exception.stacktrace", ""),
-        }
+        error = {f: ea.get(f"exception.{k}", "") for k, f in M.EXCEPTION_KEYS}
+        error["message"] = ea.get("exception.message", s.status.description or "")
     return error
 
 

@@ -243,7 +243,7 @@ class _Chat:
 
 
 #: ``(exception event attribute, key of our error JSON)``.
-_EXCEPTION_KEYS = (("type", "type"), ("message", "message"), ("stacktrace", "traceback"))
+EXCEPTION_KEYS = (("type", "type"), ("message", "message"), ("stacktrace", "traceback"))
 
 
 def _span_data(
@@ -288,7 +288,7 @@ def _span_data(
     failed = r[S.STATUS] in (S.STATUS_ERROR, S.STATUS_CANCELLED)
     events: list[tuple[str, int, dict[str, str]]] = []
     if r[S.STATUS] == S.STATUS_ERROR and isinstance(error, Mapping):
-        exc = {f"exception.{k}": str(error.get(f, "")) for k, f in _EXCEPTION_KEYS}
+        exc = {f"exception.{k}": str(error.get(f, "")) for k, f in EXCEPTION_KEYS}
         events = [("exception", r[S.END_NS], exc)]
     message = (str(error.get("message", "")) if isinstance(error, Mapping) else r[S.STATUS]) if failed else ""
     return SpanData(
