@@ -1,9 +1,8 @@
 """Exporters: ship trace files (or live batches) to MLflow, WandB, SwanLab, OTLP, the console.
 
-A backend is a :class:`~tracer.exporters.base.Sink` registered in
-:data:`tracer.backends.BACKENDS`, fed by :class:`~tracer.exporters.base.LiveDriver`
-(``tracer.init(backend=...)``) or :func:`export_files` (``rollout-trace export``).
-Importing this package imports no backend library.
+A backend is a :class:`~tracer.exporters.base.Sink` registered in :data:`tracer.backends.BACKENDS`, fed by
+:class:`~tracer.exporters.base.LiveDriver` (``tracer.init(backend=...)``) or :func:`export_files` (``rollout-trace
+export``). Importing this package imports no backend library.
 """
 
 from __future__ import annotations

@@ -30,13 +30,10 @@ def live_options(name: str, config: TraceConfig) -> dict[str, Any]:
     nested = given.get(name)
     nested = nested if isinstance(nested, Mapping) else {}
     found: dict[str, Any] = {}
-    for option in entry.options:
-        if not option.live:
-            continue
-        if option.name in nested:
-            found[option.name] = nested[option.name]
-        elif (option.live_key or f"{name}_{option.name}") in given:
-            found[option.name] = given[option.live_key or f"{name}_{option.name}"]
+    for option in (o for o in entry.options if o.live):
+        flat = option.live_key or f"{name}_{option.name}"
+        if option.name in nested or flat in given:
+            found[option.name] = nested[option.name] if option.name in nested else given[flat]
     try:
         return resolve_options(name, found, live=True)
     except ExportOptionError as exc:

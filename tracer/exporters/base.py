@@ -1,13 +1,9 @@
 """One exporter interface: a :class:`Sink` per backend (the wire), driven two ways.
 
-:class:`LiveDriver` (``tracer.init(backend=...)``) is fed the recorder's durable
-span batches, groups them into finished trajectories and complete steps on a
-thread of its own, retries, and never blocks or raises into the rollout.
-:func:`export_files` (``rollout-trace export``) reads a trace path step chunk by
-step chunk into the same sink. A step is complete when a trajectory of a later
-step arrived, or at flush, shutdown or the end of the files. A backend is a
-module with a sink class plus one entry in :data:`tracer.backends.BACKENDS`
-(:mod:`tracer.exporters.console` is the smallest).
+:class:`LiveDriver` (``tracer.init(backend=...)``) feeds it the recorder's durable batches, a finished trajectory
+and a complete step at a time, on a thread of its own; :func:`export_files` (``rollout-trace export``) feeds it the
+trace files step chunk by step chunk. A step is complete when a later step arrived, or at flush, shutdown or the
+end of the files. A backend is a sink class plus one entry in :data:`tracer.backends.BACKENDS`.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
@@ -78,10 +74,9 @@ class Trajectory:
 
 @dataclasses.dataclass
 class StepBatch:
-    """One step's trajectories not handed over before (by sample index and rollout), as
-    :meth:`Sink.write` gets them; ``metrics`` (``{validate: step_metrics values}``) and
-    ``summaries`` cover every trajectory of the step so far; ``metrics`` is None while the
-    step is not complete (only sinks that stream get such batches)."""
+    """One step's trajectories not handed over before (by sample index and rollout), as :meth:`Sink.write` gets them;
+    ``metrics`` (``{validate: step_metrics values}``) and ``summaries`` cover every trajectory of the step so far;
+    ``metrics`` is None while the step is not complete (only sinks that stream get such batches)."""
 
     step: int | None
     trajectories: list[Trajectory]
@@ -174,11 +169,9 @@ class ReadBack:
 
 @dataclasses.dataclass
 class VerifyResult:
-    """Whether a destination holds what was sent (``ok``: nothing missing, unexpected or different).
-
-    Rows are trace ids (``mismatched``: another reward), metrics ``(step, key)``;
-    ``metrics_expected`` is 0 when metrics are not checked; ``lines`` say it in words.
-    """
+    """Whether a destination holds what was sent (``ok``: nothing missing, unexpected or different). Rows are trace
+    ids (``mismatched``: another reward), metrics ``(step, key)`` (``metrics_expected`` 0: metrics not checked);
+    ``lines`` say it in words."""
 
     backend: str
     ok: bool
@@ -202,39 +195,29 @@ class VerifyResult:
     ) -> VerifyResult:
         """Compare what was sent (``rows``, ``metrics``) with what was read back."""
         got = {t: r for t, r in found.rows.items() if t in rows} if found.shared else dict(found.rows)
-        missing = [t for t in rows if t not in got]
-        unexpected = [t for t in got if t not in rows]
-        mismatched = [t for t in rows if t in got and not same_value(rows[t], got[t])]
-        where = f" in {found.where}" if found.where else ""
-        row_ok = not (missing or unexpected or mismatched)
-        lines = [
-            f"verify {backend}: {'OK' if row_ok else 'FAILED'}: {len(got)} trajectory rows read back{where}, "
-            f"{len(rows)} expected; {len(missing)} missing, {len(unexpected)} unexpected, "
-            f"{len(mismatched)} with a different reward"
-        ]
-        m_missing: list[tuple[Any, str]] = []
-        m_wrong: list[tuple[Any, str]] = []
-        if found.metrics is not None:
-            m_missing = [k for k in metrics if k not in found.metrics]
-            m_wrong = [k for k in metrics if k in found.metrics and not same_value(metrics[k], found.metrics[k])]
-            m_ok = not (m_missing or m_wrong)
-            lines.append(
-                f"verify {backend}: {'OK' if m_ok else 'FAILED'}: {len(metrics)} step metric values expected, "
-                f"{len(m_missing)} missing, {len(m_wrong)} different"
-            )
-        return cls(
-            backend,
-            row_ok and not (m_missing or m_wrong),
-            len(rows),
-            len(got),
-            missing,
-            unexpected,
-            mismatched,
-            len(metrics) if found.metrics is not None else 0,
-            m_missing,
-            m_wrong,
-            lines,
+        out = cls(
+            backend, True, len(rows), len(got), [t for t in rows if t not in got], [t for t in got if t not in rows]
         )
+        out.mismatched = [t for t in rows if t in got and not same_value(rows[t], got[t])]
+        where = f" in {found.where}" if found.where else ""
+        row_ok = not (out.missing or out.unexpected or out.mismatched)
+        out.lines.append(
+            f"verify {backend}: {'OK' if row_ok else 'FAILED'}: {len(got)} trajectory rows read back{where}, "
+            f"{len(rows)} expected; {len(out.missing)} missing, {len(out.unexpected)} unexpected, "
+            f"{len(out.mismatched)} with a different reward"
+        )
+        if found.metrics is not None:
+            there = found.metrics
+            out.metrics_expected = len(metrics)
+            out.metrics_missing = [k for k in metrics if k not in there]
+            out.metrics_mismatched = [k for k in metrics if k in there and not same_value(metrics[k], there[k])]
+            bad = out.metrics_missing or out.metrics_mismatched
+            out.lines.append(
+                f"verify {backend}: {'FAILED' if bad else 'OK'}: {len(metrics)} step metric values expected, "
+                f"{len(out.metrics_missing)} missing, {len(out.metrics_mismatched)} different"
+            )
+        out.ok = row_ok and not (out.metrics_missing or out.metrics_mismatched)
+        return out
 
     def merge(self, other: VerifyResult) -> VerifyResult:
         """Both results as one (several destinations of one export)."""
@@ -284,42 +267,9 @@ class ExportReport:
 # -- the interface a backend implements --------------------------------------------
 
 
-class Sink(Protocol):
-    """The wire of one backend, built as ``SinkClass(options)``; every method may raise.
-
-    :class:`SinkBase` documents the attributes and has defaults for all but :meth:`write`.
-    """
-
-    span_columns: ClassVar[Sequence[str] | None]
-    streams: ClassVar[bool]
-    refused: list[tuple[str, int, str]]
-    destination: str
-
-    @property
-    def timeout_s(self) -> float:
-        """Seconds a driver waits for one call into the sink."""
-
-    def confirms(self) -> bool:
-        """True when :meth:`read_back` is local and cheap: the file driver then always counts what arrived."""
-
-    def open(self, target: Target) -> set[str]:
-        """Open the destination for a run; return the trace ids already there (skipped post hoc)."""
-
-    def write(self, batch: StepBatch) -> Written:
-        """Write one step's trajectories (and its metrics when ``batch.metrics`` is set); may buffer."""
-
-    def flush(self) -> None:
-        """Send whatever :meth:`write` buffered."""
-
-    def close(self) -> list[str]:
-        """Flush and release the destination; return notes for the report (where it is)."""
-
-    def read_back(self) -> ReadBack:
-        """Read what the destination holds (after :meth:`close`), for ``--verify``."""
-
-
 class SinkBase:
-    """Defaults for a :class:`Sink`: all span columns, whole steps, nothing buffered or there before, no read-back."""
+    """The wire of one backend, built as ``SinkClass(options)``; every method may raise. A backend implements
+    :meth:`write`; the defaults: all span columns, whole steps, nothing buffered or there before, no read-back."""
 
     #: Span columns :attr:`Trajectory.spans` carries (None: all; empty: none, and the file driver reads none).
     span_columns: ClassVar[Sequence[str] | None] = None
@@ -335,7 +285,7 @@ class SinkBase:
 
     @property
     def timeout_s(self) -> float:
-        """Seconds a driver waits for one call into this sink (its ``timeout_s`` option, else :data:`CALL_TIMEOUT_S`)."""
+        """Seconds a driver waits for one call into this sink (option ``timeout_s``, else :data:`CALL_TIMEOUT_S`)."""
         return float(self.options.get("timeout_s") or CALL_TIMEOUT_S)
 
     def confirms(self) -> bool:
@@ -348,7 +298,7 @@ class SinkBase:
         yield path, None, None
 
     def open(self, target: Target) -> set[str]:
-        """Nothing is there before."""
+        """Open the destination for a run; return the trace ids already there (skipped post hoc)."""
         return set()
 
     def payloads(self, trajectories: Sequence[Trajectory], build: Any) -> list[tuple[Trajectory, Any]]:
@@ -366,41 +316,22 @@ class SinkBase:
         return out
 
     def write(self, batch: StepBatch) -> Written:
-        """Write one step's trajectories: what every backend implements."""
+        """Write one step's trajectories (and its metrics when ``batch.metrics`` is set); may buffer."""
         raise NotImplementedError
 
     def flush(self) -> None:
-        """Nothing is buffered."""
+        """Send whatever :meth:`write` buffered."""
 
     def close(self) -> list[str]:
-        """Nothing to release."""
+        """Flush and release the destination; return notes for the report (where it is)."""
         return []
 
     def read_back(self) -> ReadBack:
-        """Not supported unless a backend reads itself back."""
+        """Read what the destination holds (after :meth:`close`), for ``--verify``."""
         raise NotImplementedError(f"{type(self).__name__} cannot be read back for --verify")
 
 
 # -- the live driver ---------------------------------------------------------------
-
-
-class Driver(Protocol):
-    """What the recorder holds per live backend (:class:`LiveDriver`)."""
-
-    def export(self, batch: pa.RecordBatch) -> None:
-        """Queue a durable batch of spans; never block."""
-
-    def flush(self, timeout: float | None) -> bool:
-        """Write everything queued now; True when done within ``timeout``."""
-
-    def shutdown(self, timeout: float | None) -> None:
-        """Write everything queued (up to ``timeout`` seconds), close the sink, stop."""
-
-    def stop(self, deadline: Deadline) -> None:
-        """Begin :meth:`shutdown` without waiting: write what is queued until ``deadline``, then close."""
-
-    def failures(self) -> list[str]:
-        """What failed since the last call (one line each, with what to do); empty when all went."""
 
 
 def _sort_key(t: Trajectory) -> tuple[Any, ...]:
@@ -422,15 +353,14 @@ def _metrics_of(summaries: Sequence[dict[str, Any]]) -> dict[bool, dict[str, flo
 class LiveDriver:
     """Feeds a sink from the recorder: queue, group into steps, retry, never raise.
 
-    :meth:`export` only queues. The driver's thread finishes a trajectory ``grace_s`` after its root span (so
-    rewards logged just after are in) and writes a step once a later step arrived or at :meth:`flush`/
-    :meth:`shutdown`. Past ``max_queued_spans`` the oldest batches are dropped (counted; the files hold them); a
-    write is tried ``retries`` times.
+    :meth:`export` only queues. The driver's thread finishes a trajectory ``grace_s`` after its root span (so rewards
+    logged just after are in) and writes a step once a later step arrived or at :meth:`flush`/:meth:`shutdown`. Past
+    ``max_queued_spans`` the oldest batches are dropped (counted; the files hold them); a write gets ``retries`` tries.
     """
 
     def __init__(
         self,
-        sink: Sink,
+        sink: SinkBase,
         backend: str,
         target: Target,
         run_dir: str,
@@ -572,31 +502,29 @@ class LiveDriver:
             parts = self._pending.pop(tid, None)
             if parts:
                 self._take(expand_history(pa.Table.from_batches(parts)))  # multi-turn prompt_ids made whole
-        force = stopping or flushing
-        steps = sorted(self._due, key=_step_order)
         out: list[StepBatch] = []
-        for step in steps:
-            complete = force or (step is not None and self._newest is not None and step < self._newest)
+        for step in sorted(self._due, key=_step_order):
+            complete = stopping or flushing or (step is not None and self._newest is not None and step < self._newest)
             held = self._held.pop(step, [])
+            if not (complete or (self.sink.streams and held)):
+                self._held[step] = held
+                continue
+            summaries = list(self._seen.get(step, {}).values())
             if complete:
                 self._due.discard(step)
-                summaries = list(self._seen.get(step, {}).values())
-                out.append(StepBatch(step, sorted(held, key=_sort_key), _metrics_of(summaries), summaries))
-            elif self.sink.streams and held:
-                out.append(StepBatch(step, sorted(held, key=_sort_key), None, list(self._seen.get(step, {}).values())))
-            else:
-                self._held[step] = held
+            out.append(
+                StepBatch(step, sorted(held, key=_sort_key), _metrics_of(summaries) if complete else None, summaries)
+            )
         if out:
             self._write(out, stopping)
         self._forget_old_steps()
 
     def _absorb(self, batch: pa.RecordBatch, now: float) -> None:
         traces = batch.column(batch.schema.get_field_index(S.TRACE_ID))
-        parents = batch.column(batch.schema.get_field_index(S.PARENT_SPAN_ID))
         order: dict[str, list[int]] = {}
         for i, tid in enumerate(traces.to_pylist()):
             order.setdefault(tid, []).append(i)
-        roots = {traces[i].as_py() for i in range(batch.num_rows) if not parents[i].is_valid}
+        roots = set(traces.filter(batch.column(batch.schema.get_field_index(S.PARENT_SPAN_ID)).is_null()).to_pylist())
         for tid, rows in order.items():
             self._pending.setdefault(tid, []).append(batch.take(pa.array(rows, pa.int64())))
             if tid in roots:
@@ -694,13 +622,8 @@ class LiveDriver:
                 return fn()
             except Exception as exc:
                 left = self._deadline.left()
-                hung = isinstance(exc, BackendTimeoutError)  # another attempt would wait on the same stuck call
-                if (
-                    attempt == self.retries
-                    or hung
-                    or (stopping and attempt >= 2)
-                    or (left is not None and left < delay)
-                ):
+                last = attempt == self.retries or (stopping and attempt >= 2) or (left is not None and left < delay)
+                if last or isinstance(exc, BackendTimeoutError):  # hung: another attempt would wait on the same call
                     self._fail(
                         "write failed",
                         f"{what} not written after {attempt} attempts ({type(exc).__name__}: {exc}); "
@@ -732,6 +655,11 @@ class LiveDriver:
             logger.warning("rollout-trace %s exporter: %s (logged once)", self.backend, message)
 
 
+#: What a backend implements, and what the recorder holds per live backend.
+Sink = SinkBase
+Driver = LiveDriver
+
+
 def _shutdown_before_backends() -> None:
     """At exit, before the backends' own teardowns: drain and close the tracer (within its ``shutdown_timeout_s``)."""
     from tracer.record import recorder
@@ -741,21 +669,16 @@ def _shutdown_before_backends() -> None:
         rec.shutdown(rec.config.shutdown_timeout_s)
 
 
-def _with_run_config(recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """What a backend's run records: the training run's config (``run_config``) at the top, the tracer's under ``rollout_trace``."""
-    run_config = recorded.get("run_config")
-    out = dict(run_config) if isinstance(run_config, Mapping) else {}
-    out["rollout_trace"] = {k: v for k, v in recorded.items() if k != "run_config"}
-    return out
-
-
 def live_target(config: TraceConfig) -> Target:
-    """The run a live driver opens its sink for: this process's project, experiment and config."""
+    """The run a live driver opens its sink for: this process's names; as config, the training run's
+    (``run_config``) with the tracer's under ``rollout_trace``."""
+    recorded = config.to_dict()
+    run_config = recorded.pop("run_config", None)
     return Target(
         config.project_name,
         config.experiment_name,
         config.log_val_generations,
-        _with_run_config(config.to_dict()),
+        {**(run_config if isinstance(run_config, Mapping) else {}), "rollout_trace": recorded},
         live=True,
         redact=config.redact,
         redact_patterns=tuple(config.redact_patterns),
@@ -765,7 +688,7 @@ def live_target(config: TraceConfig) -> Target:
 # -- the file driver ---------------------------------------------------------------
 
 
-def _call(sink: Sink, label: str, fn: Any, what: str, left: float | None = None) -> Any:
+def _call(sink: SinkBase, label: str, fn: Any, what: str, left: float | None = None) -> Any:
     """``fn()`` bounded by the sink's ``timeout_s`` (and ``left``), said while it waits (:func:`call_within`)."""
     where = f" at {sink.destination}" if sink.destination else ""
     return call_within(fn, f"{label}{where}: {what}", sink.timeout_s if left is None else min(sink.timeout_s, left))
@@ -774,7 +697,7 @@ def _call(sink: Sink, label: str, fn: Any, what: str, left: float | None = None)
 def _send_run(
     sink: SinkBase, call: Any, run: Any, target: Target, report: ExportReport, progress: bool
 ) -> tuple[set[str], Written, list[str]]:
-    """Open ``sink``, write ``run`` step chunk by step chunk, close; return (ids there before, what was written, notes)."""
+    """Open ``sink``, write ``run`` step chunk by step chunk, close; return (ids there before, written, notes)."""
     existing: set[str] = set()
     total = Written()
     redactor = target.redactor()
@@ -865,11 +788,6 @@ def recorded_backends(config: Mapping[str, Any]) -> list[str]:
     return [n for n in names if isinstance(n, str)]
 
 
-def _recorded_live_to(path: TracePaths, backend: str) -> bool:
-    """True when the run was recorded with ``backend`` as a live backend: all it lacks is a catch-up."""
-    return any(backend in recorded_backends(config) for _, config in recorded_configs(path))
-
-
 def export_files(
     path: str | os.PathLike[str],
     to: str,
@@ -910,7 +828,8 @@ def export_files(
         call = functools.partial(_call, sink, to)
         existing, total, notes = _send_run(sink, call, run, target, report, progress)
         _count(report, sink, total, to)
-        if total.sent and (existing or _recorded_live_to(read_path, to)):
+        # Sent to a destination that had some, or that the run was recorded live to: all it lacked was a catch-up.
+        if total.sent and (existing or any(to in recorded_backends(c) for _, c in recorded_configs(read_path))):
             report.caught_up += total.sent
             report.details.append(
                 f"caught up {total.sent} trajectories the destination did not have yet "

@@ -38,10 +38,8 @@ class Deadline:
 
 
 def call_within(fn: Callable[[], T], what: str, timeout_s: float | None, say: Callable[[str], None] | None = None) -> T:
-    """``fn()``, waited for at most ``timeout_s`` seconds, with a line every :data:`REPORT_EVERY_S` while waiting.
-
-    ``fn``'s exception is raised as is; BackendTimeoutError (naming ``what``) when it did not return in time.
-    """
+    """``fn()``, waited for at most ``timeout_s`` seconds, with a line every :data:`REPORT_EVERY_S` while waiting;
+    ``fn``'s exception is raised as is, BackendTimeoutError (naming ``what``) when it did not return in time."""
     box: dict[str, object] = {}
     done = threading.Event()
 

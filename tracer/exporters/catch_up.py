@@ -99,7 +99,7 @@ def _without_redacted(value: Any) -> Any:
 
 
 def live_backends(run_dir: str) -> dict[str, dict[str, Any]]:
-    """Backend -> the options its live exporter had (less redacted values), for each backend ``run_dir`` was recorded live to."""
+    """Backend -> the options its live exporter had (less redacted values), per backend ``run_dir`` was recorded to."""
     out: dict[str, dict[str, Any]] = {}
     for _, config in recorded_configs(run_dir):
         for name in recorded_backends(config):
@@ -138,8 +138,8 @@ def catch_up_run(run_dir: str, deadline: float) -> list[CaughtUp]:
 def catch_up(root: str, since: float, timeout_s: float) -> list[CaughtUp]:
     """Catch up every run folder under ``root`` written since ``since`` (epoch seconds), within ``timeout_s``.
 
-    Never raises; logs one line per run and backend (a warning with the ``rollout-trace export``
-    command when not all went). Past ``timeout_s`` it returns what is done.
+    Never raises; logs one line per run and backend (a warning with the ``rollout-trace export`` command when not all
+    went). Past ``timeout_s`` it returns what is done.
     """
     results: list[CaughtUp] = []
     runs: list[str] = []

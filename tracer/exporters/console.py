@@ -1,7 +1,5 @@
-"""Console backend: one readable summary line per step on the log (logger ``rollout_trace``, INFO).
-
-Printed to stderr too (option ``print``; live ``backend_options={"console_print": False}``),
-once the step is complete, validation on its own line::
+"""Console backend: one summary line per complete step (validation on its own line) on the log (logger
+``rollout_trace``, INFO) and on stderr (option ``print``; live ``backend_options={"console_print": False}``)::
 
     rollout-trace step 3: reward 0.625 ± 0.484 [0, 1] | turns 2.0 | tool calls 1.0, errors 25.0% | 8 trajectories, 0 failed | latency p50 1.20s p95 3.41s
 
@@ -44,13 +42,6 @@ def format_step_line(step: int | None, metrics: Mapping[str, float], validate: b
     )
 
 
-def emit(line: str, print_too: bool = True) -> None:
-    """Write ``line`` to the ``rollout_trace`` logger (INFO) and, unless told not to, to stderr."""
-    logger.info(line)
-    if print_too:
-        print(line, file=sys.stderr, flush=True)
-
-
 class ConsoleSink(SinkBase):
     """One summary line per complete step (training, and validation when present)."""
 
@@ -59,7 +50,10 @@ class ConsoleSink(SinkBase):
     def write(self, batch: StepBatch) -> Written:
         """Write the step's lines."""
         for validate, values in sorted((batch.metrics or {}).items()):
-            emit(format_step_line(batch.step, values, validate), bool(self.options["print"]))
+            line = format_step_line(batch.step, values, validate)
+            logger.info(line)
+            if self.options["print"]:
+                print(line, file=sys.stderr, flush=True)
         return Written(sent=sum(1 for t in batch.trajectories if t.state == NEW))
 
 

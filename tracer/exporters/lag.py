@@ -16,11 +16,14 @@ import secrets
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from tracer.storage import side_files
 from tracer.storage import uri as _uri
 from tracer.storage.writer import host_label
+
+if TYPE_CHECKING:
+    from tracer.exporters.base import LiveDriver
 
 logger = logging.getLogger("rollout_trace")
 
@@ -55,22 +58,16 @@ class LagRecord:
     path: str = ""
 
     def stale(self, now: float | None = None) -> bool:
-        """Not final and not rewritten for :data:`STALE_AFTER_WRITES` of its intervals (at least 1 s each): gone or stuck."""
+        """Not final and not rewritten for :data:`STALE_AFTER_WRITES` intervals (of at least 1 s): gone or stuck."""
         now = time.time() if now is None else now
         return not self.final and now - self.written_at > STALE_AFTER_WRITES * max(self.every_s, 1.0)
 
     def describe(self, now: float | None = None) -> str:
         """One line: ``mlflow (host pid 12): 40 shipped, 3 waiting (oldest 12.0 s), ...``."""
         now = time.time() if now is None else now
-        parts = [f"{self.shipped} shipped", f"{self.waiting} waiting"]
-        if self.waiting:
-            parts[-1] += f" (oldest {self.oldest_waiting_s:.1f} s)"
-        if self.failed:
-            parts.append(f"{self.failed} failed")
-        if self.queued_spans:
-            parts.append(f"{self.queued_spans} spans queued")
-        if self.dropped_spans:
-            parts.append(f"{self.dropped_spans} spans dropped")
+        oldest = f" (oldest {self.oldest_waiting_s:.1f} s)" if self.waiting else ""
+        counts = ((self.failed, "failed"), (self.queued_spans, "spans queued"), (self.dropped_spans, "spans dropped"))
+        parts = [f"{self.shipped} shipped", f"{self.waiting} waiting{oldest}", *(f"{n} {w}" for n, w in counts if n)]
         age = max(now - self.written_at, 0.0)
         if self.final:
             state = "finished"
@@ -86,7 +83,7 @@ class LagRecord:
 
 @dataclasses.dataclass(frozen=True)
 class DriverProgress:
-    """What a live driver has shipped and still holds at one moment (:meth:`LiveDriver.progress`), as in :class:`LagRecord`."""
+    """What a live driver has shipped and holds at one moment (:meth:`LiveDriver.progress`), like :class:`LagRecord`."""
 
     shipped: int
     failed: int
@@ -95,17 +92,6 @@ class DriverProgress:
     running: int
     queued_spans: int
     dropped_spans: int
-
-
-class Observed(Protocol):
-    """What :func:`observe` needs of a live driver (:class:`~tracer.exporters.base.LiveDriver`)."""
-
-    run_dir: str
-    backend: str
-
-    def progress(self) -> DriverProgress:
-        """A snapshot of what the driver has shipped and holds."""
-        ...
 
 
 class _Reporter:
@@ -121,7 +107,7 @@ class _Reporter:
         self.last_write = -1e18
         self.failed = False
 
-    def look(self, driver: Observed, final: bool) -> None:
+    def look(self, driver: LiveDriver, final: bool) -> None:
         now = time.monotonic()
         if not final and now - self.last_look < OBSERVE_EVERY_S:
             return
@@ -147,7 +133,6 @@ class _Reporter:
             queued_spans=progress.queued_spans,
             dropped_spans=progress.dropped_spans,
             final=final,
-            every_s=WRITE_EVERY_S,
         )
         data = dataclasses.asdict(record)
         del data["path"]  # where the file is, filled in by read_lag
@@ -157,14 +142,12 @@ class _Reporter:
         os.replace(tmp, self.path)
 
 
-_REPORTERS: weakref.WeakKeyDictionary[Observed, _Reporter] = weakref.WeakKeyDictionary()
+_REPORTERS: weakref.WeakKeyDictionary[LiveDriver, _Reporter] = weakref.WeakKeyDictionary()
 
 
-def observe(driver: Observed, final: bool = False) -> None:
+def observe(driver: LiveDriver, final: bool = False) -> None:
     """Look at a live driver's progress and, every :data:`WRITE_EVERY_S` (and when ``final``), rewrite its lag file.
-
-    Never raises: a lag file that cannot be written is given up on with one log line.
-    """
+    Never raises: a lag file that cannot be written is given up on with one log line."""
     reporter = None
     try:
         reporter = _REPORTERS.get(driver)
@@ -207,11 +190,8 @@ def valid_lag(data: Any) -> bool:
 
 
 def read_lag(path: str | os.PathLike[str]) -> list[LagRecord]:
-    """The lag files under ``path`` (a run folder, searched recursively), by backend, host and pid.
-
-    Files refused by :mod:`tracer.storage.side_files` (a FIFO, a link, too large, not a lag record)
-    are named in a warning and left out.
-    """
+    """The lag files under ``path`` (a run folder, searched recursively), by backend, host and pid; files refused
+    by :mod:`tracer.storage.side_files` (a FIFO, a link, too large, not a lag record) are named in a warning."""
     root = os.fspath(path)
     if _uri.is_remote(root) or not os.path.exists(root):
         return []

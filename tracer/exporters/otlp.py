@@ -1,12 +1,10 @@
 """OTLP/HTTP export: every trajectory as an OpenTelemetry trace, with the GenAI conventions.
 
-Trace and span ids are the files' own, so a receiver that upserts keeps one copy.
-The root is ``invoke_agent`` with the RL keys under ``rollout_trace.*`` and the
-reward and each numeric reward component as ``gen_ai.evaluation.result`` events;
-llm spans are ``chat`` (model, temperature, token usage, finish reasons), tool spans
-``execute_tool``. Content (messages, tool arguments and results, inputs and outputs)
-is sent only with the ``content`` option. ``log_reward`` rows are not spans: the
-reward is on the root. Protobuf over HTTP POST, with the standard library.
+Trace and span ids are the files' own, so a receiver that upserts keeps one copy. The root is ``invoke_agent`` with the
+RL keys under ``rollout_trace.*`` and the reward and each numeric reward component as ``gen_ai.evaluation.result``
+events; llm spans are ``chat`` (model, temperature, token usage, finish reasons), tool spans ``execute_tool``. Content
+(messages, tool arguments and results, inputs and outputs) is sent only with the ``content`` option. ``log_reward`` rows
+are not spans: the reward is on the root. Protobuf over HTTP POST, with the standard library.
 """
 
 from __future__ import annotations
@@ -26,62 +24,35 @@ from tracer.exporters.bounded import CALL_TIMEOUT_S
 from tracer.extras import import_backend
 from tracer.summary import ROLE_ASSISTANT, ROLE_TOOL, Turn, content_text, span_turn, trajectory_turns
 
-#: Environment variables OpenTelemetry's exporters read, in the order they are tried.
-ENV_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 #: Endpoint when none is given: an OpenTelemetry collector on this machine.
 DEFAULT_ENDPOINT = "http://127.0.0.1:4318"
-#: Path of the traces service under an endpoint given without one.
-TRACES_PATH = "/v1/traces"
 #: Trajectories per HTTP request.
 TRAJECTORIES_PER_REQUEST = 64
 #: Longest attribute value sent, in characters (receivers refuse huge attributes).
 MAX_ATTRIBUTE_CHARS = 65_536
 SERVICE_NAME = "rollout-trace"
-
-# Attribute names (OpenTelemetry GenAI semantic conventions, and this project's).
+#: Attribute names follow the OpenTelemetry GenAI semantic conventions; this project's own have this prefix.
+ATTR_PREFIX = "rollout_trace."
 GEN_AI_OPERATION = "gen_ai.operation.name"
-GEN_AI_AGENT_NAME = "gen_ai.agent.name"
-GEN_AI_CONVERSATION = "gen_ai.conversation.id"
-GEN_AI_PROVIDER = "gen_ai.provider.name"
-GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
-GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
-GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
-GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-GEN_AI_FINISH_REASONS = "gen_ai.response.finish_reasons"
-GEN_AI_TOOL_NAME = "gen_ai.tool.name"
-GEN_AI_TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
-GEN_AI_TOOL_RESULT = "gen_ai.tool.call.result"
-GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
-GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
-GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
-GEN_AI_EVALUATION_EVENT = "gen_ai.evaluation.result"
-GEN_AI_EVALUATION_NAME = "gen_ai.evaluation.name"
-GEN_AI_EVALUATION_SCORE = "gen_ai.evaluation.score.value"
 #: Keys of an llm span's inputs or attributes (or one level down) giving the request's model and temperature.
 MODEL_KEYS = ("model", "model_name", "model_path")
 TEMPERATURE_KEYS = ("temperature",)
 #: The reward component that is the RL advantage, not an evaluation.
 ADVANTAGE = "advantage"
-ATTR_PREFIX = "rollout_trace."
-ATTR_INPUT = "input.value"
-ATTR_OUTPUT = "output.value"
-#: Resource attribute naming the Phoenix project (OpenInference's convention): the run's project.
-OPENINFERENCE_PROJECT = "openinference.project.name"
 
 
 def traces_url(endpoint: str | None) -> str:
-    """The URL to POST to: ``endpoint`` (or the OTEL environment variables), ``/v1/traces`` added when it has no path."""
+    """The URL to POST to: ``endpoint`` (or the OTEL environment variables), ``/v1/traces`` added to a bare host."""
     if endpoint is None:
-        given = os.environ.get(ENV_TRACES_ENDPOINT)
+        given = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         if given:
             return given
-        endpoint = os.environ.get(ENV_ENDPOINT) or DEFAULT_ENDPOINT
+        endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_ENDPOINT
     parts = urllib.parse.urlsplit(endpoint)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"otlp endpoint {endpoint!r} is not an http(s) URL; e.g. --endpoint http://127.0.0.1:4318")
     if parts.path in ("", "/"):
-        return endpoint.rstrip("/") + TRACES_PATH
+        return endpoint.rstrip("/") + "/v1/traces"
     return endpoint
 
 
@@ -104,12 +75,7 @@ def _cut(text: str) -> str:
 
 def _lookup(keys: Sequence[str], *sources: Any) -> Any:
     """The first value under one of ``keys`` in ``sources`` (JSON text or mappings), top level or one level down."""
-    for source in sources:
-        if isinstance(source, str):
-            try:
-                source = json.loads(source)
-            except ValueError:
-                continue
+    for source in map(S.parse_json_or_text, sources):
         if not isinstance(source, Mapping):
             continue
         for level in (source, *(v for v in source.values() if isinstance(v, Mapping))):
@@ -151,10 +117,7 @@ def _span_rows(traj: Trajectory) -> list[dict[str, Any]]:
 
 def _reward_info(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The trajectory's reward components (``reward_info``, JSON text) as a dict (empty when none or not an object)."""
-    try:
-        info = json.loads(summary.get(S.REWARD_INFO) or "{}")
-    except (TypeError, ValueError):
-        return {}
+    info = S.parse_json_or_text(summary.get(S.REWARD_INFO))
     return info if isinstance(info, dict) else {}
 
 
@@ -208,22 +171,21 @@ class OtlpSink(SinkBase):
     def _span_attrs(self, row: Mapping[str, Any], summary: Mapping[str, Any], turns: list[Turn]) -> dict[str, Any]:
         kind = row[S.KIND]
         content = bool(self.options.get("content"))
-        attrs: dict[str, Any] = {ATTR_PREFIX + "kind": kind, GEN_AI_CONVERSATION: summary[S.TRACE_ID]}
+        attrs: dict[str, Any] = {ATTR_PREFIX + "kind": kind, "gen_ai.conversation.id": summary[S.TRACE_ID]}
         if content:
-            attrs[ATTR_INPUT], attrs[ATTR_OUTPUT] = row.get(S.INPUTS), row.get(S.OUTPUTS)
+            attrs["input.value"], attrs["output.value"] = row.get(S.INPUTS), row.get(S.OUTPUTS)
         turn = span_turn(row)
         if kind == S.KIND_LLM and turn is not None:
+            request = (row.get(S.INPUTS), row.get(S.ATTRIBUTES))
             attrs.update(
                 {
                     GEN_AI_OPERATION: "chat",
-                    GEN_AI_PROVIDER: SERVICE_NAME,
-                    GEN_AI_REQUEST_MODEL: _lookup(MODEL_KEYS, row.get(S.INPUTS), row.get(S.ATTRIBUTES)),
-                    GEN_AI_REQUEST_TEMPERATURE: _number(
-                        _lookup(TEMPERATURE_KEYS, row.get(S.INPUTS), row.get(S.ATTRIBUTES))
-                    ),
-                    GEN_AI_INPUT_TOKENS: turn.prompt_token_count,
-                    GEN_AI_OUTPUT_TOKENS: turn.token_count,
-                    GEN_AI_FINISH_REASONS: [turn.finish_reason] if turn.finish_reason else None,
+                    "gen_ai.provider.name": SERVICE_NAME,
+                    "gen_ai.request.model": _lookup(MODEL_KEYS, *request),
+                    "gen_ai.request.temperature": _number(_lookup(TEMPERATURE_KEYS, *request)),
+                    "gen_ai.usage.input_tokens": turn.prompt_token_count,
+                    "gen_ai.usage.output_tokens": turn.token_count,
+                    "gen_ai.response.finish_reasons": [turn.finish_reason] if turn.finish_reason else None,
                 }
             )
             if content:
@@ -232,26 +194,21 @@ class OtlpSink(SinkBase):
                 if not before and turn.prompt_text is not None:
                     before = [Turn(role="user", text=turn.prompt_text, content=turn.prompt_text)]
                 shown = turns[pos] if pos is not None else turn
-                attrs[GEN_AI_INPUT_MESSAGES] = json.dumps([_parts_message(t) for t in before], ensure_ascii=False)
-                attrs[GEN_AI_OUTPUT_MESSAGES] = json.dumps([_parts_message(shown)], ensure_ascii=False)
+                attrs["gen_ai.input.messages"] = json.dumps([_parts_message(t) for t in before], ensure_ascii=False)
+                attrs["gen_ai.output.messages"] = json.dumps([_parts_message(shown)], ensure_ascii=False)
         elif kind == S.KIND_TOOL and turn is not None:
             shown = next((t for t in turns if t.span_id == row[S.SPAN_ID]), turn)
-            attrs.update(
-                {
-                    GEN_AI_OPERATION: "execute_tool",
-                    GEN_AI_TOOL_NAME: shown.tool_name or row[S.NAME],
-                    GEN_AI_TOOL_CALL_ID: shown.tool_call_id,
-                }
-            )
+            attrs[GEN_AI_OPERATION], attrs["gen_ai.tool.call.id"] = "execute_tool", shown.tool_call_id
+            attrs["gen_ai.tool.name"] = shown.tool_name or row[S.NAME]
             if content:
-                attrs[GEN_AI_TOOL_ARGUMENTS], attrs[GEN_AI_TOOL_RESULT] = turn.arguments, shown.text
+                attrs["gen_ai.tool.call.arguments"], attrs["gen_ai.tool.call.result"] = turn.arguments, shown.text
         return attrs
 
     def _root_attrs(self, summary: Mapping[str, Any]) -> dict[str, Any]:
         info = _reward_info(summary)
         return {
             GEN_AI_OPERATION: "invoke_agent",
-            GEN_AI_AGENT_NAME: summary[S.NAME],
+            "gen_ai.agent.name": summary[S.NAME],
             ATTR_PREFIX + S.STEP: summary[S.STEP],
             ATTR_PREFIX + S.SAMPLE_INDEX: summary[S.SAMPLE_INDEX],
             ATTR_PREFIX + S.ROLLOUT_N: summary[S.ROLLOUT_N],
@@ -269,8 +226,8 @@ class OtlpSink(SinkBase):
         return [
             self.trace_pb.Span.Event(
                 time_unix_nano=at_ns,
-                name=GEN_AI_EVALUATION_EVENT,
-                attributes=self._attrs({GEN_AI_EVALUATION_NAME: name, GEN_AI_EVALUATION_SCORE: score}),
+                name="gen_ai.evaluation.result",
+                attributes=self._attrs({"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.value": score}),
             )
             for name, score in scores.items()
             if score is not None
@@ -288,9 +245,6 @@ class OtlpSink(SinkBase):
             is_root = r[S.PARENT_SPAN_ID] is None
             if is_root:
                 attrs.update(self._root_attrs(summary))
-                span_events = self._evaluations(summary, int(r[S.END_NS]))
-            else:
-                span_events = []
             span = tp.Span(
                 trace_id=bytes.fromhex(r[S.TRACE_ID]),
                 span_id=bytes.fromhex(r[S.SPAN_ID]),
@@ -299,7 +253,7 @@ class OtlpSink(SinkBase):
                 start_time_unix_nano=int(r[S.START_NS]),
                 end_time_unix_nano=int(r[S.END_NS]),
                 attributes=self._attrs(attrs),
-                events=span_events,
+                events=self._evaluations(summary, int(r[S.END_NS])) if is_root else [],
             )
             if not is_root:
                 span.parent_span_id = bytes.fromhex(r[S.PARENT_SPAN_ID])
@@ -314,15 +268,14 @@ class OtlpSink(SinkBase):
 
     def request(self, spans: Sequence[Any]) -> Any:
         """The ``ExportTraceServiceRequest`` of some trajectories' spans."""
-        tp = self.trace_pb
         resource_attrs = {
             "service.name": SERVICE_NAME,
             ATTR_PREFIX + "project": self.target.project if self.target else None,
             ATTR_PREFIX + "experiment": self.target.experiment if self.target else None,
-            # Phoenix files traces under this project (else under "default").
-            OPENINFERENCE_PROJECT: self.target.project if self.target else None,
+            # OpenInference's resource attribute: Phoenix files traces under this project (else under "default").
+            "openinference.project.name": self.target.project if self.target else None,
         }
-        rs = tp.ResourceSpans()
+        rs = self.trace_pb.ResourceSpans()
         rs.resource.attributes.extend(self._attrs(resource_attrs))
         scope = rs.scope_spans.add()
         scope.scope.name = "rollout_trace"
@@ -333,8 +286,7 @@ class OtlpSink(SinkBase):
 
     def post(self, body: bytes) -> tuple[int, str]:
         """POST one protobuf request; return the receiver's ``partial_success`` (spans rejected, its message).
-        RuntimeError when the receiver answers with an error status, ConnectionError when it cannot be reached.
-        """
+        RuntimeError when the receiver answers with an error status, ConnectionError when it cannot be reached."""
         req = urllib.request.Request(
             self.url,
             data=body,
@@ -364,10 +316,10 @@ class OtlpSink(SinkBase):
 
     def write(self, batch: StepBatch) -> Written:
         """Send the batch's new trajectories (late rewards are not re-sent: the root went out already)."""
-        written = Written()
         todo = [t for t in batch.trajectories if t.state == NEW and t.spans]
         built = self.payloads(todo, self.trajectory_spans)  # a trajectory whose spans cannot be built: refused alone
-        written.sent += len(todo) - len(built)  # taken back out with the refusals
+        # The refused count as sent (taken back out with the refusals); late rewards are skipped.
+        written = Written(sent=len(todo) - len(built), skipped=len(batch.trajectories) - len(todo))
         for i in range(0, len(built), TRAJECTORIES_PER_REQUEST):
             chunk = built[i : i + TRAJECTORIES_PER_REQUEST]
             part = [t for t, _ in chunk]
@@ -388,7 +340,6 @@ class OtlpSink(SinkBase):
                     f"the OTLP receiver at {self.url} rejected {rejected} of {spans} spans of {len(part)} "
                     f"trajectories (step {batch.step}){said}; see the receiver's log, then export again"
                 )
-        written.skipped += len(batch.trajectories) - len(todo)
         return written
 
     def close(self) -> list[str]:

@@ -7,6 +7,7 @@ metrics under the ``rollout_trace/`` and ``rollout_trace_val/`` prefixes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
@@ -15,37 +16,40 @@ from tracer.exporters.tables import (
     COL,
     METRIC_PREFIX,
     ROW_SPAN_COLUMNS,
+    STEP_KEY,
+    TABLE_KEY,
     VAL_METRIC_PREFIX,
+    VAL_TABLE_KEY,
     StepData,
     trajectory_row,
 )
 
 
-def backend_step(step: int | None, last_backend: int, last_step: int | None, same_again: bool) -> int:
-    """The backend's step to log rollout ``step`` at: the step itself while it rises, else one past the last
-    (``same_again``: a step published again is logged at the backend step it had)."""
-    if step is not None and step == last_step:
-        return last_backend if same_again else last_backend + 1
-    return step if step is not None and step > last_backend else last_backend + 1
-
-
 class TableSink(SinkBase):
-    """Base of sinks that log per-step tables and metrics to a run that :meth:`start` returns."""
+    """Base of sinks that log per-step tables and metrics to the run that :meth:`open` starts."""
 
     span_columns: ClassVar[tuple[str, ...]] = ROW_SPAN_COLUMNS
     #: Reads a finished run's files back: ``directory -> (rows, metrics)``.
     read_files: ClassVar[Any] = None
+    #: A step published again (late trajectories) is logged at the backend step it had, not one later.
+    same_again: ClassVar[bool] = False
 
     def __init__(self, options: Any) -> None:
         super().__init__(options)
         self.cap = 10
         self._val_written: dict[int | None, int] = {}
-        #: The backend's run (``directory``, ``log_step(data)``, ``finish()``); None before :meth:`open`.
+        #: The backend's run; None before :meth:`open`.
         self.run: Any = None
         self.destination = self.options.get("run_dir") or self.options.get("log_dir") or ""
+        self._last_backend_step = -1
+        self._last_step: int | None = None
 
     def start(self, target: Target) -> Any:
-        """Start the backend's run for ``target``."""
+        """Start the backend's run for ``target`` (and set :attr:`destination` to its directory)."""
+        raise NotImplementedError
+
+    def log_step(self, data: StepData, step: int) -> list[str]:
+        """Send one step's new rows and its metrics at backend step ``step``; return notes for the report."""
         raise NotImplementedError
 
     def run_names(self, target: Target) -> dict[str, Any]:
@@ -54,52 +58,56 @@ class TableSink(SinkBase):
         name = self.options.get("experiment") or target.experiment
         return {"project": project, "name": name, "group": target.experiment, "config": target.run_config}
 
+    def payload(self, data: StepData, table: Callable[[list[list[Any]]], Any] | None = None) -> dict[str, Any]:
+        """The step's metrics, its rollout step and, given ``table``, ``table(rows)`` of its nonempty row lists."""
+        out: dict[str, Any] = dict(data.metrics)
+        if table is not None:
+            out.update({k: table(rows) for k, rows in ((TABLE_KEY, data.rows), (VAL_TABLE_KEY, data.val_rows)) if rows})
+        if data.step is not None:
+            out[STEP_KEY] = data.step
+        return out
+
     def open(self, target: Target) -> set[str]:
         """Keep the run's validation cap and start the run."""
         self.cap = target.log_val_generations
         self.run = self.start(target)
-        self.destination = getattr(self.run, "directory", self.destination)
         return set()
-
-    def log_step(self, data: StepData) -> list[str]:
-        """Send one step's new rows and its metrics; return notes for the report."""
-        assert self.run is not None, "open() first"
-        notes: list[str] = self.run.log_step(data)
-        return notes
 
     def read_back(self) -> ReadBack:
         """The rows and metrics of the finished run's files."""
-        assert self.run is not None, "open() first"
-        rows, metrics = type(self).read_files(self.run.directory)
-        return ReadBack(rows, metrics, where=self.run.directory)
+        rows, metrics = type(self).read_files(self.destination)
+        return ReadBack(rows, metrics, where=self.destination)
 
     def write(self, batch: StepBatch) -> Written:
-        """Build the step's rows and metrics and log them."""
+        """Log the step's rows and metrics at the backend's next step (the rollout step while it rises)."""
         data = StepData(batch.step)
         for validate, values in (batch.metrics or {}).items():
             prefix = VAL_METRIC_PREFIX if validate else METRIC_PREFIX
             data.metrics.update({prefix + k: float(v) for k, v in values.items()})
-            data.raw_metrics[validate] = dict(values)
         room = max(self.cap - self._val_written.get(batch.step, 0), 0)
         # Late spans (t.state LATE): the row is logged already; nothing was there before a table export.
         new = [t for t in batch.trajectories if t.state == NEW]
         validation = [t for t in new if t.summary[S.VALIDATE]]
-        data.val_dropped = max(len(validation) - room, 0)
+        dropped = max(len(validation) - room, 0)
         shown = [t for t in new if not t.summary[S.VALIDATE]] + validation[:room]
         refused_before = len(self.refused)
         for t, row in self.payloads(shown, lambda t: trajectory_row(t.summary, t.spans)):
             (data.val_rows if t.summary[S.VALIDATE] else data.rows).append(row)
-        notes = list(self.log_step(data))
-        self._val_written[batch.step] = self._val_written.get(batch.step, 0) + len(data.val_rows)
-        if data.val_dropped:
+        last, step = self._last_backend_step, batch.step
+        if step is not None and step == self._last_step:
+            at = last if self.same_again else last + 1
+        else:
+            at = step if step is not None and step > last else last + 1
+        notes = list(self.log_step(data, at))
+        self._last_backend_step, self._last_step = at, step
+        self._val_written[step] = self._val_written.get(step, 0) + len(data.val_rows)
+        if dropped:
             notes.append(
-                f"step {data.step}: {data.val_dropped} validation trajectories left out of the table "
-                f"(log_val_generations={self.cap})"
+                f"step {step}: {dropped} validation trajectories left out of the table (log_val_generations={self.cap})"
             )
         refused = len(self.refused) - refused_before  # counted as sent: the drivers take them back out
-        written = Written(sent=len(data.rows) + len(data.val_rows) + refused, skipped=data.val_dropped, notes=notes)
-        for row in (*data.rows, *data.val_rows):
-            written.rows[row[COL[S.TRACE_ID]]] = row[COL[S.REWARD]]
-        if data.step is not None:
-            written.metrics.update({(data.step, k): v for k, v in data.metrics.items()})
+        written = Written(sent=len(data.rows) + len(data.val_rows) + refused, skipped=dropped, notes=notes)
+        written.rows.update((r[COL[S.TRACE_ID]], r[COL[S.REWARD]]) for r in (*data.rows, *data.val_rows))
+        if step is not None:
+            written.metrics.update({(step, k): v for k, v in data.metrics.items()})
         return written

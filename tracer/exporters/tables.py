@@ -49,6 +49,8 @@ VAL_METRIC_PREFIX = "rollout_trace_val/"
 #: Table keys: training and validation trajectories.
 TABLE_KEY = "rollout_trace/table"
 VAL_TABLE_KEY = "rollout_trace_val/table"
+#: Metric carrying the rollout step of each logged step (wandb's charts use it as x-axis).
+STEP_KEY = "rollout_trace/step"
 
 #: Longest text kept in one table cell; longer text is cut with a note saying how much.
 MAX_CELL_CHARS = 100_000
@@ -67,10 +69,6 @@ def cut(text: str, limit: int = MAX_CELL_CHARS) -> str:
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n[... {len(text) - limit} more characters cut by rollout-trace]"
-
-
-#: A trajectory's turns as readable text.
-render_conversation = render_turns
 
 
 def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] | pa.Table) -> list[Any]:
@@ -93,7 +91,7 @@ def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] |
         "tool_errors": traj.get(S.NUM_TOOL_ERRORS),
         "status": traj.get(S.STATUS),
         "latency_s": latency,
-        "conversation": cut(render_conversation(turns)),
+        "conversation": cut(render_turns(turns)),
         "prompt": cut(prompt),
         "response": cut(response),
         "trace_id": traj.get(S.TRACE_ID),
@@ -103,15 +101,12 @@ def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] |
 
 @dataclasses.dataclass
 class StepData:
-    """Everything a table backend logs for one step: rows (:data:`TABLE_COLUMNS`), validation rows up to
-    the cap (``val_dropped``: left out), metrics with their prefixes, and ``raw_metrics`` by validate."""
+    """What a table backend logs for one step: rows (:data:`TABLE_COLUMNS`), capped validation rows, metrics."""
 
     step: int | None
     rows: list[list[Any]] = dataclasses.field(default_factory=list)
     val_rows: list[list[Any]] = dataclasses.field(default_factory=list)
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    val_dropped: int = 0
-    raw_metrics: dict[bool, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 # -- reading files ---------------------------------------------------------------
@@ -136,19 +131,17 @@ def open_run(path: TracePaths, steps: Iterable[int] | None = None, since_step: i
     files = list_trace_files(p)
     if not files:
         raise FileNotFoundError(f"no trace files (*{S.FILE_SUFFIX}) under {p!r}")
-    project = experiment = None
-    log_val = 10
-    for f in files:
+    meta: Mapping[str, Any] = {}
+    for f in files:  # the first readable file's names and cap
         try:
             meta = read_file_metadata(f)
+            break
         except (OSError, pa.ArrowException):
             continue
-        project = meta.get(S.META_PROJECT) or project
-        experiment = meta.get(S.META_EXPERIMENT) or experiment
-        config = _loads(meta.get(S.META_CONFIG))
-        if isinstance(config, Mapping) and isinstance(config.get("log_val_generations"), int):
-            log_val = config["log_val_generations"]
-        break
+    config = _loads(meta.get(S.META_CONFIG))
+    cap = config.get("log_val_generations") if isinstance(config, Mapping) else None
+    log_val = cap if isinstance(cap, int) else 10
+    project, experiment = meta.get(S.META_PROJECT) or None, meta.get(S.META_EXPERIMENT) or None
     table = read_trajectories(p)
     mask = None
     if steps is not None:
@@ -164,44 +157,36 @@ def open_run(path: TracePaths, steps: Iterable[int] | None = None, since_step: i
 def iter_step_chunks(
     run: RunFiles, columns: Sequence[str] | None = ROW_SPAN_COLUMNS
 ) -> Iterator[tuple[pa.Table, dict[str, list[dict[str, Any]]]]]:
-    """Yield ``(trajectories, spans_by_trace)`` for groups of whole steps, in step order.
-
-    Each group holds about :data:`SPANS_PER_CHUNK` spans. ``columns``: the span columns to read (None: all;
-    empty: none, ``spans_by_trace`` is then empty).
-    """
+    """Yield ``(trajectories, spans_by_trace)`` for groups of whole steps of about :data:`SPANS_PER_CHUNK` spans, in
+    step order; ``columns``: the span columns to read (None: all; empty: none, ``spans_by_trace`` is then empty)."""
     table = run.trajectories
     if table.num_rows == 0:
         return
     counts: dict[int | None, int] = {}
     for step, n in zip(table[S.STEP].to_pylist(), table[S.NUM_SPANS].to_pylist(), strict=True):
         counts[step] = counts.get(step, 0) + (n or 0)
-    ordered = sorted(counts, key=lambda s: (s is None, s or 0))
-    chunks: list[list[int | None]] = [[]]
+    chunk: list[int | None] = []
     size = 0
-    for step in ordered:
-        if chunks[-1] and size + counts[step] > SPANS_PER_CHUNK:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(step)
+    for step in sorted(counts, key=lambda s: (s is None, s or 0)):
+        if chunk and size + counts[step] > SPANS_PER_CHUNK:
+            yield _read_chunk(run, chunk, columns)
+            chunk, size = [], 0
+        chunk.append(step)
         size += counts[step]
-    for chunk in chunks:
-        yield _read_chunk(run, chunk, columns)
+    yield _read_chunk(run, chunk, columns)
 
 
 def _read_chunk(
     run: RunFiles, steps: list[int | None], columns: Sequence[str] | None
 ) -> tuple[pa.Table, dict[str, list[dict[str, Any]]]]:
-    numbered = [s for s in steps if s is not None]
     table = run.trajectories
-    mask = pc.is_in(table[S.STEP], value_set=pa.array(numbered, pa.int64()))
-    if None in steps:
-        mask = pc.or_(pc.fill_null(mask, False), pc.is_null(table[S.STEP]))
-    trajs = table.filter(pc.fill_null(mask, False))
+    trajs = table.filter(pc.is_in(table[S.STEP], value_set=pa.array(steps, pa.int64()), skip_nulls=False))
     if columns is not None and not columns:
         return trajs, {}
     ids = trajs[S.TRACE_ID].to_pylist()
     wanted = None if columns is None else list(dict.fromkeys([S.TRACE_ID, *columns]))
-    spans = read_spans(run.path, columns=wanted, steps=numbered if None not in steps else None, trace_ids=ids)
+    numbered = None if None in steps else [s for s in steps if s is not None]
+    spans = read_spans(run.path, columns=wanted, steps=numbered, trace_ids=ids)
     by_trace: dict[str, list[dict[str, Any]]] = {}
     for r in spans.to_pylist():
         by_trace.setdefault(r[S.TRACE_ID], []).append(r)
@@ -232,14 +217,12 @@ class Progress:
 
     def _draw(self, now: float) -> None:
         rate = self.done / max(now - self._start, 1e-9)
-        if not self.total:  # total unknown (an import): a count
-            sys.stderr.write(f"\r{self.label}: {self.done} trajectories ({rate:.0f}/s)")
-            sys.stderr.flush()
-            return
-        frac = min(self.done / self.total, 1.0)
-        width = 30
-        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        sys.stderr.write(f"\r{self.label} [{bar}] {self.done}/{self.total} trajectories ({rate:.0f}/s)")
+        if self.total:
+            filled = int(min(self.done / self.total, 1.0) * 30)
+            text = f"{self.label} [{'#' * filled}{'-' * (30 - filled)}] {self.done}/{self.total}"
+        else:  # total unknown (an import): a count
+            text = f"{self.label}: {self.done}"
+        sys.stderr.write(f"\r{text} trajectories ({rate:.0f}/s)")
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -261,8 +244,8 @@ _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 def read_leveldb_log(path: str | os.PathLike[str], ident: bytes) -> list[bytes]:
     """Records of a LevelDB-log framed file (wandb's ``.wandb``, swanlab's ``.swanlab``), a torn tail ignored.
 
-    A 7-byte header (``ident``, magic, version), then 32 KiB blocks of
-    ``crc32c:u32 length:u16 type:u8 data`` fragments. ValueError when the file does not start with ``ident``.
+    A 7-byte header (``ident``, magic, version), then 32 KiB blocks of ``crc32c:u32 length:u16 type:u8 data``
+    fragments. ValueError when the file does not start with ``ident``.
     """
     with open(path, "rb") as f:
         data = f.read()

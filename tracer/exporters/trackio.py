@@ -13,34 +13,21 @@ from typing import Any
 from tracer import schema as S
 from tracer.exporters.base import ExportReport, ReadBack, Target
 from tracer.exporters.base import export_files as _export_files
-from tracer.exporters.steps import TableSink, backend_step
-from tracer.exporters.tables import TABLE_COLUMNS, TABLE_KEY, VAL_TABLE_KEY, StepData
+from tracer.exporters.steps import TableSink
+from tracer.exporters.tables import STEP_KEY, TABLE_COLUMNS, TABLE_KEY, VAL_TABLE_KEY, StepData
 from tracer.extras import import_backend
 
-#: Metric key carrying the rollout step of each logged trackio step.
-STEP_KEY = "rollout_trace/step"
 #: Key of trackio's own step in each logged entry of its store.
 TRACKIO_STEP = "step"
-
-
-def _trackio() -> Any:
-    return import_backend("trackio", "trackio")
 
 
 class TrackioSink(TableSink):
     """Per-step tables and metrics into one trackio run (a run of its own per export, and per live recorder)."""
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        super().__init__(options)
-        self._project = ""
-        self._name: str | None = None
-        self._last_step = -1
-        self._last_rollout_step: int | None = None
-
     def start(self, target: Target) -> Any:
         """Start the run."""
         self._project, self._name = (self.run_names(target)[k] for k in ("project", "name"))
-        run = _trackio().init(
+        run = import_backend("trackio", "trackio").init(
             project=self._project,
             name=self._name,
             config=dict(target.run_config or {}),
@@ -50,18 +37,10 @@ class TrackioSink(TableSink):
         self._name = getattr(run, "name", self._name)
         return run
 
-    def log_step(self, data: StepData) -> list[str]:
-        """Log the step's tables and metrics at that step (a step published again goes one step later)."""
-        assert self.run is not None, "open() first"
-        step = backend_step(data.step, self._last_step, self._last_rollout_step, same_again=False)
-        payload: dict[str, Any] = dict(data.metrics)
-        for key, rows in ((TABLE_KEY, data.rows), (VAL_TABLE_KEY, data.val_rows)):
-            if rows:
-                payload[key] = _trackio().Table(columns=list(TABLE_COLUMNS), data=[list(r) for r in rows])
-        if data.step is not None:
-            payload[STEP_KEY] = data.step
-        self.run.log(payload, step=step)
-        self._last_step, self._last_rollout_step = step, data.step
+    def log_step(self, data: StepData, step: int) -> list[str]:
+        """Log the step's tables and metrics at ``step``."""
+        trackio = import_backend("trackio", "trackio")
+        self.run.log(self.payload(data, lambda rows: trackio.Table(columns=list(TABLE_COLUMNS), data=rows)), step=step)
         return []
 
     def close(self) -> list[str]:
@@ -75,7 +54,6 @@ class TrackioSink(TableSink):
 
     def read_back(self) -> ReadBack:
         """The rows and metrics the finished run holds in trackio's local store."""
-        assert self.run is not None, "open() first"
         rows, metrics = read_back(self._project, str(self._name))
         return ReadBack(rows, metrics, where=f"trackio {self._project}/{self._name}")
 
@@ -90,8 +68,7 @@ def read_back(project: str, run: str) -> tuple[dict[str, float | None], dict[tup
         rollout_step = entry.get(STEP_KEY, entry.get(TRACKIO_STEP))
         for key, value in entry.items():
             if key in (TABLE_KEY, VAL_TABLE_KEY) and isinstance(value, Mapping):
-                for row in value.get("_value") or ():
-                    rows[row[S.TRACE_ID]] = row[S.REWARD]
+                rows.update((row[S.TRACE_ID], row[S.REWARD]) for row in value.get("_value") or ())
             elif key.startswith("rollout_trace") and key != STEP_KEY and isinstance(value, (int, float)):
                 metrics[(rollout_step, key)] = float(value)
     return rows, metrics

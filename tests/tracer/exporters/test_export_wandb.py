@@ -29,8 +29,9 @@ from export_fixtures import (  # noqa: E402
 )
 
 import tracer  # noqa: E402
+from tracer.backends import resolve_options  # noqa: E402
 from tracer.exporters import wandb as wandb_export  # noqa: E402
-from tracer.exporters.base import ReadBack, VerifyResult  # noqa: E402
+from tracer.exporters.base import ReadBack, Target, VerifyResult  # noqa: E402
 
 #: The recorded config's cap on validation rows per step (the fixture records 3).
 VAL_CAP = 2
@@ -204,12 +205,13 @@ def test_live_backend_without_its_library_fails_at_init(tmp_path: Any, monkeypat
 def test_wandb_proxy_option_reaches_the_run_settings(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """verl's wandb_proxy is passed to wandb as its HTTPS and HTTP proxy."""
     wandb_env(monkeypatch, tmp_path / "wandb")
-    run = wandb_export.WandbRun(project=PROJECT, name="proxy", mode="offline", proxy="http://127.0.0.1:3128")
+    sink = wandb_export.WandbSink(resolve_options("wandb", {"proxy": "http://127.0.0.1:3128"}))
+    sink.open(Target(PROJECT, "proxy"))
     try:
-        assert run.run.settings.https_proxy == "http://127.0.0.1:3128"
-        assert run.run.settings.http_proxy == "http://127.0.0.1:3128"
+        assert sink.run.settings.https_proxy == "http://127.0.0.1:3128"
+        assert sink.run.settings.http_proxy == "http://127.0.0.1:3128"
     finally:
-        run.finish()
+        sink.close()
 
 
 def test_verify_catches_a_changed_reward(exported: dict[str, Any], tmp_path: Any) -> None:

@@ -1,16 +1,15 @@
 """MLflow exporter: one MLflow trace per trajectory, linked to a run with per-step metrics.
 
-The project is the MLflow experiment; the experiment is a run in it (tagged
-``rollout_trace.experiment_name``) that every trace links to and that holds the
-step metrics (``rollout/...``, ``val/...``) at ``step=``. Trace ids derive from
-ours and the experiment (:func:`mlflow_trace_id`): sending again upserts. On the
-MLflow versions in :data:`FAST_PATH_VERSIONS` whole traces go to the store's
-``log_spans`` in batches; other versions use the public span API (12-18 traces/s).
-:func:`import_traces` reads MLflow traces back into trace files.
+The project is the MLflow experiment; the experiment is a run in it (tagged ``rollout_trace.experiment_name``) that
+every trace links to and that holds the step metrics (``rollout/...``, ``val/...``) at ``step=``. Trace ids derive from
+ours and the experiment (:func:`mlflow_trace_id`): sending again upserts. On the MLflow versions in
+:data:`FAST_PATH_VERSIONS` whole traces go to the store's ``log_spans`` in batches; other versions use the public span
+API (12-18 traces/s). :func:`import_traces` reads MLflow traces back into trace files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -52,6 +51,7 @@ from tracer.exporters.mlflow.spans import (
     TAG_TRACE_NAME,
     TrajectoryData,
     count_tokens,
+    dumps,
     mlflow_trace_id,
     trajectory_data,
 )
@@ -106,34 +106,18 @@ _METHOD_WORDS = {
 }
 
 
-def _mlflow() -> Any:
-    return import_backend("mlflow", "mlflow")
-
-
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     """Tracking URI in force: the argument, else ``MLFLOW_TRACKING_URI``, else ``./mlflow.db``."""
-    if tracking_uri:
-        return tracking_uri
-    env = os.environ.get(ENV_TRACKING_URI)
-    if env:
-        return env
-    return "sqlite:///" + os.path.abspath(DEFAULT_DB_FILE)
+    return tracking_uri or os.environ.get(ENV_TRACKING_URI) or "sqlite:///" + os.path.abspath(DEFAULT_DB_FILE)
 
 
 def fast_path_available() -> bool:
     """True when the installed mlflow is one the fast path was checked on."""
-    version = getattr(_mlflow(), "__version__", "")
+    version = getattr(import_backend("mlflow", "mlflow"), "__version__", "")
     return any(version.startswith(v) for v in FAST_PATH_VERSIONS)
 
 
 # -- sending -----------------------------------------------------------------
-
-
-def _dumps(value: Any) -> str:
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:  # values orjson refuses (ints beyond 64 bits, ...)
-        return json.dumps(value, ensure_ascii=False, default=str)
 
 
 #: MLflow keeps a param value of at most this many characters.
@@ -162,7 +146,7 @@ class _Destination:
     """An MLflow experiment and run, and how traces are sent there."""
 
     def __init__(self, tracking_uri: str, project: str, experiment: str, method: str = "auto") -> None:
-        mlflow = _mlflow()
+        mlflow = import_backend("mlflow", "mlflow")
         from mlflow.tracking import MlflowClient
 
         check_tracking_uri(tracking_uri)  # a server that is down: said in seconds, not after MLflow's retries
@@ -171,40 +155,28 @@ class _Destination:
         self.project = project
         self.experiment = experiment
         exp = self.client.get_experiment_by_name(project)
-        if exp is None:
-            try:
-                self.experiment_id = self.client.create_experiment(project)
-            except Exception:
-                exp = self.client.get_experiment_by_name(project)  # created meanwhile
-                if exp is None:
-                    raise
-                self.experiment_id = exp.experiment_id
-        else:
+        try:
+            self.experiment_id = exp.experiment_id if exp is not None else self.client.create_experiment(project)
+        except Exception:
+            exp = self.client.get_experiment_by_name(project)  # created meanwhile
+            if exp is None:
+                raise
             self.experiment_id = exp.experiment_id
         self.run_id = self._find_or_create_run()
-        if method == "auto":
-            method = "fast" if fast_path_available() else "public"
-        if method not in ("fast", "public"):
-            raise ValueError(f"method must be 'auto', 'fast' or 'public', not {method!r}")
-        self.method = method
+        self.method = ("fast" if fast_path_available() else "public") if method == "auto" else method
         self._sql_store: Any = None
-        if method == "fast":
+        #: Traces per :meth:`send`.
+        self.batch_size = PUBLIC_BATCH_TRACES
+        if self.method == "fast":
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
             from mlflow.tracing.client import TracingClient
 
             self._tracing = TracingClient(tracking_uri)
-            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
             # SQL stores: tags and the run link in one statement per batch (MLflow: ~11 queries a trace).
             self._sql_store = self._tracing.store if isinstance(self._tracing.store, SqlAlchemyStore) else None
+            self.batch_size = SQL_BATCH_TRACES if self._sql_store is not None else BATCH_TRACES
         else:
             mlflow.set_tracking_uri(tracking_uri)
-
-    @property
-    def batch_size(self) -> int:
-        """Traces per :meth:`send`."""
-        if self.method == "public":
-            return PUBLIC_BATCH_TRACES
-        return SQL_BATCH_TRACES if self._sql_store is not None else BATCH_TRACES
 
     def _find_or_create_run(self) -> str:
         # MLflow's filter syntax has no escape for quotes: names with one are matched here.
@@ -234,10 +206,6 @@ class _Destination:
             if not token:
                 return
 
-    def existing_trace_ids(self) -> dict[str, str]:
-        """Our trace ids already in the experiment -> their MLflow trace ids."""
-        return {t.info.tags[TAG_TRACE_ID]: t.info.trace_id for t in self.traces() if t.info.tags.get(TAG_TRACE_ID)}
-
     def send(self, trajectories: Sequence[TrajectoryData]) -> list[str]:
         """Write these traces and link them to the run; return their MLflow ids."""
         late = [t for t in trajectories if t.partial]
@@ -255,7 +223,7 @@ class _Destination:
             ids = [t.mlflow_trace_id for t in trajectories]
         else:
             ids = [_send_public(t, self.experiment_id, self.run_id) for t in trajectories]
-            _mlflow().flush_trace_async_logging()
+            import_backend("mlflow", "mlflow").flush_trace_async_logging()
         for i in range(0, len(ids), LINK_BATCH):
             self.client.link_traces_to_run(ids[i : i + LINK_BATCH], self.run_id)
         return ids
@@ -277,25 +245,21 @@ class _Destination:
         """Log per-step metrics on the run (idempotent: same values, same timestamps)."""
         from mlflow.entities import Metric
 
-        batch = []
-        for (step, validate), values in metrics.items():
-            if step is None:
-                continue
-            ts = timestamps.get((step, validate), 0)
-            for key, value in values.items():
-                if value is None or not math.isfinite(value):
-                    continue
-                batch.append(Metric(METRIC_PREFIX[validate] + key, float(value), ts, int(step)))
+        batch = [
+            Metric(METRIC_PREFIX[validate] + key, float(value), timestamps.get((step, validate), 0), int(step))
+            for (step, validate), values in metrics.items()
+            if step is not None
+            for key, value in values.items()
+            if value is not None and math.isfinite(value)
+        ]
         for i in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
         return len(batch)
 
     def finish(self) -> None:
         """Mark the run finished (it stays usable for later exports)."""
-        try:
+        with contextlib.suppress(Exception):
             self.client.set_terminated(self.run_id)
-        except Exception:
-            pass
 
 
 def _write_sql_tags(store: Any, trajectories: Sequence[TrajectoryData], run_id: str) -> None:
@@ -342,20 +306,20 @@ def _mlflow_spans(t: TrajectoryData, tags_as_attributes: bool = True) -> list[An
     from opentelemetry.trace import SpanContext, Status, StatusCode
 
     trace_int = int(t.otel_trace_hex, 16)
-    request_id = _dumps(t.mlflow_trace_id)
+    request_id = dumps(t.mlflow_trace_id)
     resource = Resource.get_empty()
     out = []
     for i, s in enumerate(t.spans):
-        attrs = {k: _dumps(v) for k, v in s.attributes.items()}
+        attrs = {k: dumps(v) for k, v in s.attributes.items()}
         attrs[MLFLOW_REQUEST_ID] = request_id
-        attrs[MLFLOW_SPAN_TYPE] = _dumps(s.span_type)
+        attrs[MLFLOW_SPAN_TYPE] = dumps(s.span_type)
         if s.inputs is not None:
-            attrs[MLFLOW_INPUTS] = _dumps(s.inputs)
+            attrs[MLFLOW_INPUTS] = dumps(s.inputs)
         if s.outputs is not None:
-            attrs[MLFLOW_OUTPUTS] = _dumps(s.outputs)
+            attrs[MLFLOW_OUTPUTS] = dumps(s.outputs)
         if i == 0 and tags_as_attributes and not t.partial:
             for key, value in t.tags.items():
-                attrs[MLFLOW_TRACE_TAG_PREFIX + key] = _dumps(value)
+                attrs[MLFLOW_TRACE_TAG_PREFIX + key] = dumps(value)
         parent = SpanContext(trace_int, int(s.parent_id, 16), is_remote=False) if s.parent_id else None
         otel = ReadableSpan(
             name=s.name,
@@ -374,7 +338,7 @@ def _mlflow_spans(t: TrajectoryData, tags_as_attributes: bool = True) -> list[An
 
 def _send_public(t: TrajectoryData, experiment_id: str, run_id: str) -> str:
     """Write one trajectory with MLflow's public span API (slow; every version)."""
-    mlflow = _mlflow()
+    mlflow = import_backend("mlflow", "mlflow")
     entities: Any = mlflow.entities
 
     live: dict[str, Any] = {}
@@ -404,20 +368,6 @@ def _send_public(t: TrajectoryData, experiment_id: str, run_id: str) -> str:
 
 
 # -- reading the files ---------------------------------------------------------
-
-
-def _groups(path: str, experiment: str | None) -> dict[tuple[str, str], list[str]]:
-    """The trace files under ``path`` by recorded (project, experiment); ``experiment`` (MLflow's) overrides the project."""
-    groups: dict[tuple[str, str], list[str]] = {}
-    for file in list_trace_files(path):
-        try:
-            meta = read_file_metadata(file)
-        except Exception:
-            meta = {}
-        project = experiment or meta.get(S.META_PROJECT) or "rollout_trace"
-        exp = meta.get(S.META_EXPERIMENT) or "default"
-        groups.setdefault((project, exp), []).append(file)
-    return groups
 
 
 def _span_response_tokens(spans: Sequence[dict[str, Any]]) -> int:
@@ -452,11 +402,9 @@ def _read_back(dest: _Destination) -> ReadBack:
 
 
 class MlflowSink(SinkBase):
-    """One MLflow trace per trajectory as soon as the driver has it, a step's metrics once it is complete.
-
-    Post hoc, trajectories already in the experiment are skipped but counted in the metrics:
-    exporting again creates no duplicates and catches up what a live export missed.
-    """
+    """One MLflow trace per trajectory as soon as the driver has it, a step's metrics once it is complete. Post hoc,
+    trajectories already in the experiment are skipped but counted in the metrics: exporting again creates no
+    duplicates and catches up what a live export missed."""
 
     streams: ClassVar[bool] = True
 
@@ -471,8 +419,16 @@ class MlflowSink(SinkBase):
 
     @classmethod
     def sources(cls, path: str, options: Mapping[str, Any]) -> Iterator[tuple[TracePaths, str | None, str | None]]:
-        """One destination per (project, experiment) recorded in the files, each read from its own file list."""
-        groups = _groups(path, options.get("experiment"))
+        """One destination per (project, experiment) recorded in the files, each read from its own file list
+        (option ``experiment``, the MLflow experiment, overrides the recorded project)."""
+        groups: dict[tuple[str, str], list[str]] = {}
+        for file in list_trace_files(path):
+            try:
+                meta = read_file_metadata(file)
+            except Exception:
+                meta = {}
+            project = options.get("experiment") or meta.get(S.META_PROJECT) or "rollout_trace"
+            groups.setdefault((project, meta.get(S.META_EXPERIMENT) or "default"), []).append(file)
         if not groups:
             raise FileNotFoundError(f"no trace files (*{S.FILE_SUFFIX}) under {path!r}")
         for (project, experiment), files in groups.items():
@@ -489,7 +445,9 @@ class MlflowSink(SinkBase):
             self.options.get("method") or "auto",
         )
         _log_run_config(self._dest, target.run_config)
-        return set() if target.live else set(self._dest.existing_trace_ids())
+        if target.live:
+            return set()
+        return {t.info.tags[TAG_TRACE_ID] for t in self._dest.traces() if t.info.tags.get(TAG_TRACE_ID)}
 
     def write(self, batch: StepBatch) -> Written:
         """Queue the step's new trajectories (and late spans) as traces; log its metrics when complete."""
@@ -507,15 +465,14 @@ class MlflowSink(SinkBase):
                 written.skipped += 1
                 continue
             reward = None if self._live else (t.summary[S.REWARD], t.summary[S.REWARD_INFO])
+            written.sent += 1  # a refused one is taken back out with its refusal
             try:
                 data = trajectory_data(t.spans, dest.project, dest.experiment, reward=reward)
             except Exception as exc:  # this trajectory's content: refuse it alone, the rest go
-                written.sent += 1  # taken back out with the refusal
                 self.refused.append((tid, 0, f"{type(exc).__name__}: {short_error(exc)}"))
                 continue
             self._response.setdefault(key, []).append(data.response_tokens)
             self._pending.append(data)
-            written.sent += 1
             written.spans += len(data.spans)
         self._skipped += written.skipped
         while len(self._pending) >= dest.batch_size:
@@ -539,7 +496,7 @@ class MlflowSink(SinkBase):
         notes = [
             f"{dest.project}/{dest.experiment}: sent {self._sent} trajectories ({self._spans} spans) to MLflow "
             f"experiment {dest.project!r} (id {dest.experiment_id}), run {dest.experiment!r} (id {dest.run_id}) at "
-            f"{dest.tracking_uri} {_METHOD_WORDS.get(dest.method, f'({dest.method} path)')}; "
+            f"{dest.tracking_uri} {_METHOD_WORDS[dest.method]}; "
             f"logged {self._metrics_logged} step metrics"
         ]
         if self._skipped:

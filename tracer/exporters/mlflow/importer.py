@@ -1,8 +1,7 @@
 """Read MLflow traces back into trace files (``rollout-trace import mlflow``).
 
-Traces this exporter wrote come back as the rows they were made from. Any other
-trace is mapped too: span types give kinds, the root is the rollout span, non-MLflow
-attributes are ours, an exception event is the error, a ``reward`` tag a
+Traces this exporter wrote come back as the rows they were made from. Any other trace is mapped too: span types give
+kinds, the root is the rollout span, non-MLflow attributes are ours, an exception event is the error, a ``reward`` tag a
 ``log_reward`` row. Every text goes through the redactor before it is written.
 """
 
@@ -19,7 +18,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
 import pyarrow as pa
 
 import tracer.exporters.mlflow.spans as M  # noqa: N812 - the span mapping, short
@@ -55,12 +53,7 @@ class ImportReport:
 
 
 def _json(value: Any) -> str | None:
-    if value is None:
-        return None
-    try:
-        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
-    except TypeError:
-        return json.dumps(value, default=str)
+    return None if value is None else M.dumps(value)
 
 
 def _hex(value: str, n: int) -> str:
@@ -102,11 +95,15 @@ def _float(value: Any) -> float | None:
         return None
 
 
-def _strip_added(value: Any, added: Any) -> Any:
-    if added is None:
+def _strip_added(value: Any, added: Mapping[str, Any], side: str) -> Any:
+    """``value`` (a span's ``side``, inputs or outputs) without what the exporter added for MLflow's chat view."""
+    if side not in added:
+        return value
+    keys = added[side]
+    if keys is None:
         return None  # the original was null
-    if isinstance(value, dict) and isinstance(added, list):
-        return {k: v for k, v in value.items() if k not in added}
+    if isinstance(value, dict) and isinstance(keys, list):
+        return {k: v for k, v in value.items() if k not in keys}
     return value
 
 
@@ -127,11 +124,8 @@ def _error(s: Any, attrs: Mapping[str, Any], failed: bool) -> Any:
     if error is None and failed and M.ATTR_STATUS not in attrs:
         exc = next((e for e in s.events if e.name == "exception"), None)
         ea = exc.attributes if exc is not None else {}
-        error = {
-            "type": ea.get("exception.type", ""),
-            "message": ea.get("exception.message", s.status.description or ""),
-            "traceback": ea.get("exception.stacktrace", ""),
-        }
+        error = {f: ea.get(f"exception.{k}", "") for k, f in M.EXCEPTION_KEYS}
+        error["message"] = ea.get("exception.message", s.status.description or "")
     return error
 
 
@@ -196,11 +190,7 @@ def trace_rows(trace: Any) -> list[dict[str, Any]]:
         else:
             own = {k: v for k, v in attrs.items() if not k.startswith("mlflow.") and k not in M.OUR_ATTR_KEYS} or None
         added = attrs.get(M.ATTR_ADDED) or {}
-        inputs, outputs = s.inputs, s.outputs
-        if "inputs" in added:
-            inputs = _strip_added(inputs, added["inputs"])
-        if "outputs" in added:
-            outputs = _strip_added(outputs, added["outputs"])
+        inputs, outputs = _strip_added(s.inputs, added, "inputs"), _strip_added(s.outputs, added, "outputs")
         context = {col: attrs.get(attr, ctx[col]) for col, attr, _ in M.CONTEXT_KEYS}
         rows.append(
             {
@@ -268,9 +258,7 @@ def import_traces(
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
         exp = call_within(
-            functools.partial(client.get_experiment_by_name, experiment),
-            f"mlflow at {tracking_uri}: experiment",
-            timeout_s,
+            lambda: client.get_experiment_by_name(experiment), f"mlflow at {tracking_uri}: experiment", timeout_s
         )
     except BackendTimeoutError as exc:
         raise BackendTimeoutError(f"{exc}; check that the server answers its API, then import again") from None
@@ -334,11 +322,8 @@ def import_traces(
 
 
 class _Outputs:
-    """One writer per (project, experiment) under the output folder; a folder that fails refuses its own traces alone.
-
-    When a folder's writer fails (a name refused, a full disk), the traces it held move to
-    :attr:`ImportReport.refused` and later traces of that folder are refused at once.
-    """
+    """One writer per (project, experiment) under the output folder. When a folder's writer fails (a name refused,
+    a full disk), the traces it held move to :attr:`ImportReport.refused`, and so do later traces of that folder."""
 
     def __init__(self, out_dir: str, tracking_uri: str, experiment: str, report: ImportReport) -> None:
         self.out_dir, self.tracking_uri, self.experiment, self.report = out_dir, tracking_uri, experiment, report
@@ -351,21 +336,15 @@ class _Outputs:
             self.report.refused.append(f"{name}: {self.broken[key]}")
             return
         if key not in self.writers:
-            self.writers[key] = (
-                SpanWriter(
-                    os.path.join(self.out_dir, _safe(key[0]), _safe(key[1])), self._meta(key), on_close=shard_closed
-                ),
-                [],
-                [],
-            )
+            folder = os.path.join(self.out_dir, _safe(key[0]), _safe(key[1]))
+            self.writers[key] = (SpanWriter(folder, self._meta(key), on_close=shard_closed), [], [])
         _, buf, names = self.writers[key]
         buf.append(batch)
         names.append(name)
         self.report.trajectories += 1
         self.report.spans += batch.num_rows
-        if (
-            sum(b.num_rows for b in buf) >= WRITE_BATCH_ROWS or len(names) == 1
-        ):  # the first at once: a bad folder shows early
+        # The first at once: a bad folder fails early.
+        if len(names) == 1 or sum(b.num_rows for b in buf) >= WRITE_BATCH_ROWS:
             self._write(key)
 
     def _write(self, key: tuple[str, str]) -> None:
@@ -373,7 +352,7 @@ class _Outputs:
         if not buf:
             return
         try:
-            writer.write(_concat(buf))
+            writer.write(pa.Table.from_batches(buf, schema=S.SPAN_SCHEMA).combine_chunks().to_batches()[0])
         except Exception as exc:
             why = f"cannot write under {writer.run_dir!r} ({type(exc).__name__}: {short_error(exc)})"
             self.broken[key] = why
@@ -402,24 +381,13 @@ class _Outputs:
                 self.report.files.extend(writer.paths)
 
     def _meta(self, key: tuple[str, str]) -> dict[str, str]:
+        config = {"project_name": key[0], "experiment_name": key[1], "imported_from": self.tracking_uri}
         return {
             S.META_SCHEMA_VERSION: S.SCHEMA_VERSION,
-            S.META_CONFIG: json.dumps(
-                {
-                    "project_name": key[0],
-                    "experiment_name": key[1],
-                    "imported_from": self.tracking_uri,
-                    "mlflow_experiment": self.experiment,
-                }
-            ),
+            S.META_CONFIG: json.dumps({**config, "mlflow_experiment": self.experiment}),
             S.META_PROJECT: key[0],
             S.META_EXPERIMENT: key[1],
             S.META_HOST: socket.gethostname(),
             S.META_PID: str(os.getpid()),
             S.META_CREATED_NS: str(time.time_ns()),
         }
-
-
-def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    """One record batch of several (same schema)."""
-    return pa.Table.from_batches(batches, schema=S.SPAN_SCHEMA).combine_chunks().to_batches()[0]

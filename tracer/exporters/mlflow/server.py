@@ -20,10 +20,8 @@ class TrackingUriError(ConnectionError):
 
 
 def check_tracking_uri(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """Raise :class:`TrackingUriError` naming ``uri`` when it cannot be used; return quietly otherwise.
-
-    An ``http(s)`` URI must answer ``GET /health`` within ``timeout_s``; other schemes are left to MLflow.
-    """
+    """Raise :class:`TrackingUriError` naming ``uri`` when it cannot be used: an ``http(s)`` URI must answer
+    ``GET /health`` within ``timeout_s``; other schemes are left to MLflow."""
     try:
         parts = urllib.parse.urlsplit(uri)
     except ValueError as exc:

@@ -1,11 +1,9 @@
 """Trajectory (rows of SPAN_SCHEMA) <-> MLflow span data, without importing mlflow.
 
-One trajectory is one MLflow trace (id from ours and the experiment:
-:func:`mlflow_trace_id`, so re-sending upserts). Spans keep their times and parents;
-what MLflow has no slot for is under ``rollout_trace.*`` attributes, so
-:mod:`tracer.exporters.mlflow.importer` restores the rows exactly. The root and llm
-spans get OpenAI-style ``messages`` and ``choices`` for MLflow's chat view, listed in
-``rollout_trace.added`` so the import strips them.
+One trajectory is one MLflow trace (id from ours and the experiment: :func:`mlflow_trace_id`, so re-sending upserts).
+Spans keep their times and parents; what MLflow has no slot for is under ``rollout_trace.*`` attributes, so
+:mod:`tracer.exporters.mlflow.importer` restores the rows exactly. The root and llm spans get OpenAI-style ``messages``
+and ``choices`` for MLflow's chat view, listed in ``rollout_trace.added`` so the import strips them.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
 from tracer import schema as S
@@ -74,14 +73,9 @@ OUR_ATTR_KEYS: frozenset[str] = frozenset(v for k, v in list(globals().items()) 
 
 # Trace tags.
 TAG_TRACE_ID = "rollout_trace.trace_id"
-TAG_STEP = "step"
-TAG_SAMPLE = "sample_index"
-TAG_ROLLOUT_N = "rollout_n"
-TAG_VALIDATE = "validate"
 TAG_EXPERIMENT = "experiment_name"
 TAG_PROJECT = "project_name"
 TAG_REWARD = "reward"
-TAG_STATUS = "status"
 #: The trace's name in the MLflow UI: its root span's name (verl's ``agent_loop``).
 TAG_TRACE_NAME = "mlflow.traceName"
 #: Prefix of tags holding log_reward extras (``reward.advantage``).
@@ -102,10 +96,7 @@ def otel_span_hex(span_id: str) -> str:
 
 
 def namespaced_trace_hex(trace_id: str, experiment: str) -> str:
-    """32 hex chars for ``trace_id`` exported into the MLflow experiment ``experiment``.
-
-    MLflow trace ids are unique across a store; within one experiment the id is stable, so re-sending upserts.
-    """
+    """32 hex chars for ``trace_id`` in MLflow experiment ``experiment`` (ids are unique across a store)."""
     return hashlib.sha256(f"{experiment}\x00{trace_id}".encode()).hexdigest()[:32]
 
 
@@ -124,13 +115,13 @@ class SpanData:
     span_type: str
     start_ns: int
     end_ns: int
-    error: bool
-    status_message: str
-    inputs: Any
-    outputs: Any
-    attributes: dict[str, Any]
+    error: bool = False
+    status_message: str = ""
+    inputs: Any = None
+    outputs: Any = None
+    attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: ``(name, time_ns, attributes)`` of span events (the exception of a failed span).
-    events: list[tuple[str, int, dict[str, str]]]
+    events: list[tuple[str, int, dict[str, str]]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -159,6 +150,14 @@ def _loads(text: Any) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def dumps(value: Any) -> str:
+    """``value`` as JSON text: orjson's, else (ints beyond 64 bits, ...) the standard library's, other types as text."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def count_tokens(tokens: Any, keys: Sequence[str]) -> int:
@@ -195,11 +194,6 @@ def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The trajectory's row of TRAJECTORY_SCHEMA: :func:`tracer.summary.summarize` of its rows."""
-    return summarize(pa.Table.from_pylist(rows, schema=S.SPAN_SCHEMA)).to_pylist()[0]
-
-
 def _chat_completion(message: Mapping[str, Any], finish_reason: Any) -> list[dict[str, Any]]:
     return [{"index": 0, "message": dict(message), "finish_reason": finish_reason or "stop"}]
 
@@ -217,10 +211,10 @@ def _augment(value: Any, key: str, extra: Any, added: dict[str, Any], side: str)
 
 #: ``(column, span attribute, trace tag)`` of the context a trajectory's spans share.
 CONTEXT_KEYS = (
-    (S.STEP, ATTR_STEP, TAG_STEP),
-    (S.SAMPLE_INDEX, ATTR_SAMPLE, TAG_SAMPLE),
-    (S.ROLLOUT_N, ATTR_ROLLOUT_N, TAG_ROLLOUT_N),
-    (S.VALIDATE, ATTR_VALIDATE, TAG_VALIDATE),
+    (S.STEP, ATTR_STEP, "step"),
+    (S.SAMPLE_INDEX, ATTR_SAMPLE, "sample_index"),
+    (S.ROLLOUT_N, ATTR_ROLLOUT_N, "rollout_n"),
+    (S.VALIDATE, ATTR_VALIDATE, "validate"),
 )
 
 
@@ -248,16 +242,8 @@ class _Chat:
         return prompt_msgs, _chat_completion(reply, finish)
 
 
-def _llm_usage(attrs: dict[str, Any], own_attrs: Any) -> None:
-    """Put an llm span's token counts where MLflow's chat view reads them."""
-    tokens = own_attrs.get(S.ATTR_TOKENS) if isinstance(own_attrs, Mapping) else None
-    n_in, n_out = count_tokens(tokens, PROMPT_TOKEN_KEYS), count_tokens(tokens, RESPONSE_TOKEN_KEYS)
-    if n_in or n_out:
-        attrs[MLFLOW_CHAT_USAGE] = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
-
-
 #: ``(exception event attribute, key of our error JSON)``.
-_EXCEPTION_KEYS = (("type", "type"), ("message", "message"), ("stacktrace", "traceback"))
+EXCEPTION_KEYS = (("type", "type"), ("message", "message"), ("stacktrace", "traceback"))
 
 
 def _span_data(
@@ -284,7 +270,10 @@ def _span_data(
     added: dict[str, Any] = {}
     if kind == S.KIND_LLM:
         attrs[MLFLOW_MESSAGE_FORMAT] = "openai"
-        _llm_usage(attrs, own_attrs)
+        tokens = own_attrs.get(S.ATTR_TOKENS) if isinstance(own_attrs, Mapping) else None
+        n_in, n_out = count_tokens(tokens, PROMPT_TOKEN_KEYS), count_tokens(tokens, RESPONSE_TOKEN_KEYS)
+        if n_in or n_out:  # where MLflow's chat view reads token counts
+            attrs[MLFLOW_CHAT_USAGE] = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
         prompt_msgs, choices = chat.llm_view(r, inputs)
         inputs = _augment(inputs, "messages", prompt_msgs, added, "inputs")
         outputs = _augment(outputs, "choices", choices, added, "outputs")
@@ -299,11 +288,9 @@ def _span_data(
     failed = r[S.STATUS] in (S.STATUS_ERROR, S.STATUS_CANCELLED)
     events: list[tuple[str, int, dict[str, str]]] = []
     if r[S.STATUS] == S.STATUS_ERROR and isinstance(error, Mapping):
-        exc = {f"exception.{k}": str(error.get(f, "")) for k, f in _EXCEPTION_KEYS}
-        events.append(("exception", r[S.END_NS], exc))
-    message = ""
-    if failed:
-        message = str(error.get("message", "")) if isinstance(error, Mapping) else r[S.STATUS]
+        exc = {f"exception.{k}": str(error.get(f, "")) for k, f in EXCEPTION_KEYS}
+        events = [("exception", r[S.END_NS], exc)]
+    message = (str(error.get("message", "")) if isinstance(error, Mapping) else r[S.STATUS]) if failed else ""
     return SpanData(
         span_id=otel_span_hex(r[S.SPAN_ID]),
         parent_id=parent_hex,
@@ -331,7 +318,7 @@ def _tags(
             TAG_TRACE_ID: trace_id,
             TAG_PROJECT: project,
             TAG_EXPERIMENT: experiment,
-            TAG_STATUS: summary[S.STATUS],
+            "status": summary[S.STATUS],
             TAG_TRACE_NAME: root.name,
         }
         tags.update({tag: _tag_value(summary[col]) for col, _, tag in CONTEXT_KEYS if summary[col] is not None})
@@ -352,16 +339,13 @@ def trajectory_data(
     reward: tuple[float | None, str | None] | None = None,
     partial: bool = False,
 ) -> TrajectoryData:
-    """Convert the span rows of one trajectory to what an MLflow trace holds.
-
-    ``reward``: ``(reward, reward_info JSON)`` known from outside the rows (logged by another process).
-    ``partial``: the rows are late spans of a trajectory already sent: parents kept, no root added, only the
-    reward tagged.
-    """
+    """The span rows of one trajectory as an MLflow trace. ``reward``: ``(reward, reward_info JSON)`` known from
+    outside the rows (logged by another process). ``partial``: the rows are late spans of a trajectory already sent:
+    parents kept, no root added, only the reward tagged."""
     trace_id = rows[0][S.TRACE_ID]
     ids = {r[S.SPAN_ID] for r in rows}
     root_row = root_span(rows)
-    summary = _summarise(rows)
+    summary = summarize(pa.Table.from_pylist(rows, schema=S.SPAN_SCHEMA)).to_pylist()[0]
     if reward is not None and reward[0] is not None:
         summary[S.REWARD], summary[S.REWARD_INFO] = reward
     chat = _Chat(rows, trace_id)
@@ -372,20 +356,7 @@ def trajectory_data(
         root_hex = otel_span_hex(trace_id + ":root")
         attrs = {ATTR_SYNTHETIC: True, ATTR_KIND: S.KIND_ROLLOUT, ATTR_STATUS: S.STATUS_INCOMPLETE}
         spans.append(
-            SpanData(
-                root_hex,
-                None,
-                "trajectory",
-                "AGENT",
-                summary[S.START_NS],
-                summary[S.END_NS],
-                False,
-                "",
-                None,
-                None,
-                attrs,
-                [],
-            )
+            SpanData(root_hex, None, "trajectory", "AGENT", summary[S.START_NS], summary[S.END_NS], attributes=attrs)
         )
     for r in _order(rows):
         parent = r[S.PARENT_SPAN_ID]
