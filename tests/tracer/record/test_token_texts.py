@@ -293,3 +293,22 @@ def test_long_sequences_decode_as_the_joined_bytes(case: tuple[list[bytes], list
     assert len(long_ids) >= NUMPY_DECODE_IDS
     table = table_of(vocab)
     assert table.decode(long_ids) == b"".join(vocab[i] for i in long_ids).decode("utf-8", "replace")
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=vocab_and_ids(), cuts=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=5))
+def test_offsets_of_a_batch_of_long_sequences_match_their_pieces(
+    case: tuple[list[bytes], list[int]], cuts: list[int]
+) -> None:
+    """Property: decoding a batch of long sequences, then asking each one's offsets (in any order, the same
+    table across batches) gives the offsets its pieces spell, as a fresh table does."""
+    vocab, ids = case
+    base = (ids or [0]) * (NUMPY_DECODE_IDS // len(ids or [0]) + 1)
+    table = table_of(vocab)
+    for _ in range(2):  # two batches on one table
+        batch = [base[c:] for c in cuts]
+        texts = [table.decode(s) for s in batch]
+        for s, text in reversed(list(zip(batch, texts))):
+            ends = table.ends(s, None, text)
+            pieces = table_of(vocab).pieces(s, None)
+            assert ends is not None and split_text(text, ends.tolist()) == pieces
