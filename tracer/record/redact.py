@@ -282,24 +282,30 @@ GATE_MIN_CHARS = 16384
 
 def gate_pattern(values: Iterable[str] = ()) -> str:
     """An RE2 pattern every text a rule changes matches: a key that :func:`is_secret_key` may take before its
-    ``:``/``=``, a trigger of a credential shape or of URL credentials, or one of the secret ``values``
-    (RE2's case folding covers ASCII's)."""
+    ``:``/``=``, a trigger of a credential shape or of URL credentials, or one of the secret ``values``.
+
+    Letters match in any ASCII case as the rules take them (classes, not ``(?i)``: RE2 folds Unicode case
+    more slowly).
+    """
     sep = "[-_.]*"
 
+    def cased(word: str) -> str:
+        return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
     def before(tail: str) -> str:  # a key ending in ``tail`` is a secret's only after these two letters
-        pairs = sorted({sep.join(e[-len(tail) - 2 : -len(tail)]) for e in SECRET_KEY_ENDINGS if e.endswith(tail)})
-        return "(?:" + "|".join(pairs) + ")" + sep
+        pairs = {e[-len(tail) - 2 : -len(tail)] for e in SECRET_KEY_ENDINGS if e.endswith(tail)}
+        return "(?:" + "|".join(sorted(sep.join(map(cased, p)) for p in pairs)) + ")" + sep
 
     keys = [
-        before("key") + "key",
-        before("keyid") + "key[-_]?id",
-        *sorted((re.escape(t) for w, ts in KEY_TAILS.items() if w != "key" for t in ts), key=len, reverse=True),
+        before("key") + cased("key"),
+        before("keyid") + cased("key") + "[-_]?" + cased("id"),
+        *sorted((cased(t) for w, ts in KEY_TAILS.items() if w != "key" for t in ts), key=len, reverse=True),
     ]
     parts = [
-        "(?i:(?:" + "|".join(keys) + r")(?:\\*[\"'])? ?[:=])",
+        "(?:" + "|".join(keys) + r")(?:\\*[\"'])? ?[:=]",
         *map(re.escape, TRIGGERS),
         TOKEN_TAIL.pattern,
-        "(?i:" + "|".join(map(re.escape, FOLDED_TRIGGERS)) + ")",
+        *map(cased, FOLDED_TRIGGERS),
         re.escape(URL_TRIGGER) + _USERINFO + URL_GATE,
         *("".join(f"\\x{{{ord(c):x}}}" for c in v) for v in values),
     ]
