@@ -235,3 +235,10 @@ def test_value_redacts_every_string_in_lists_and_keeps_lists_of_numbers(data: li
     assert "Zq9vXw2kk8" not in repr(clean)
     if all(type(v) in (int, float, bool) for v in data):
         assert clean is data
+
+
+def test_records_pyarrow_refuses_are_decided_in_python() -> None:
+    """A chunk holding text pyarrow cannot take (a lone surrogate) is still scanned record by record."""
+    redactor = Redactor(environ={})
+    assert redactor.records_to_scan([[PADDING], ["\ud800 api_key=abc123xyz"]], set()) == [False, True]
+    assert redactor.records_to_scan([[PADDING], ["\ud800 plain"]], set()) is None
