@@ -254,7 +254,7 @@ class Redactor:
         clean = self.text(text)
         if clean == text:
             return text, ends
-        return clean, moved_ends(ends.tolist() if hasattr(ends, "tolist") else list(ends), text, clean)
+        return clean, moved_ends(ends if hasattr(ends, "tolist") else list(ends), text, clean)
 
     def value(self, data: Any, depth: int = 0, done: frozenset[int] | set[int] = frozenset()) -> Any:
         """``data`` (JSON-ready) with every string redacted, keys too; ``done``: ids of strings already redacted."""
@@ -432,8 +432,9 @@ def _common_length(a: str, b: str, limit: int, part: Callable[[str, int], str]) 
     return lo
 
 
-def moved_ends(ends: list[int], old: str, new: str) -> list[int]:
-    """Token ends in ``old`` moved to ``new``, which differs from it in one stretch (a redaction).
+def moved_ends(ends: Any, old: str, new: str) -> Any:
+    """Token ends in ``old`` (a list, or a 1-D numpy array: one comes back) moved to ``new``, which differs
+    from it in one stretch (a redaction).
 
     The stretch goes to the token where it starts, the other tokens it covers show ``""``, later ones keep
     their text: every token it touches shows the mask, none the secret.
@@ -448,6 +449,11 @@ def moved_ends(ends: list[int], old: str, new: str) -> list[int]:
     first = min(bisect.bisect_right(ends, head), n - 1)
     last = max(first, min(bisect.bisect_left(ends, i2), n - 1))
     delta = j2 - i2
+    if not isinstance(ends, list):
+        out = ends.copy()
+        out[first:last] = j2
+        out[last:] += delta
+        return out
     return [*ends[:first], *([j2] * (last - first)), *(int(e) + delta for e in ends[last:])]
 
 

@@ -8,6 +8,7 @@ import functools
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -258,6 +259,8 @@ def check_masked(pieces: list[str], lo: int, hi: int) -> None:
     text = "".join(pieces)
     ends = [len("".join(pieces[: k + 1])) for k in range(len(pieces))]
     clean, moved = Redactor().text_and_ends(text, ends)
+    clean_too, moved_array = Redactor().text_and_ends(text, np.array(ends, dtype=np.int64))
+    assert clean_too == clean and moved_array.tolist() == moved  # a numpy array of offsets moves the same
     out = split_text(clean, moved)
     assert out is not None and len(out) == len(pieces) and "".join(out) == clean
     assert SECRET not in clean and REDACTED in clean
