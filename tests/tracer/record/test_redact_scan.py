@@ -141,6 +141,7 @@ def test_every_text_a_pattern_would_change_is_scanned_and_redacted(parts: list[s
         assert redactor.text(text) == ungated
         assert _search_all(redactor.gate, [text]) == [True]
         assert redactor.records_to_scan([[PADDING], [PADDING, text]], set()) == [False, True]
+        assert redactor.records_to_scan([["plain", "words"], ["x", text]], set()) == [False, True]
 
 
 def test_a_chunk_of_long_plain_records_is_not_scanned() -> None:
