@@ -14,7 +14,8 @@ call receives Python lists, as verl's agent loop hands them over.
    per-token text, no JSON, no redaction.
 
 The three run alternating in one process; the figure is the median of the
-rounds. ``--random-ids`` also measures ids drawn uniformly from the
+rounds (wall clock), with the ratios of the process's CPU seconds beside it
+(all threads: less moved by other work on a shared machine). ``--random-ids`` also measures ids drawn uniformly from the
 vocabulary (they decode to odd bytes and split characters: the slow path of
 per-token text).
 
@@ -32,7 +33,6 @@ import argparse
 import asyncio
 import gc
 import glob
-import json
 import multiprocessing as mp
 import os
 import random
@@ -51,6 +51,9 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 import tracer  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import write_result  # noqa: E402
 
 PROMPT, RESPONSE = 512, 2048
 LEVEL = 1
@@ -106,22 +109,23 @@ async def program(engine: Engine, data: list[tuple[list[int], list[int], list[fl
             await engine.generate(p, {"temperature": 1.0})
 
 
-def run_ours(tok: Any, data: list[Any], out_dir: str, token2text: bool) -> float:
+def run_ours(tok: Any, data: list[Any], out_dir: str, token2text: bool) -> tuple[float, float]:
+    """Wall and process CPU seconds from the first call until everything is durable."""
     tracer.init(output_dir=out_dir, token2text=token2text, tokenizer=tok)
     engine = Engine(tok)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     asyncio.run(program(engine, data))
     result = tracer.flush()
-    elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0, time.process_time() - c0
     tracer.shutdown()
     assert result.ok, result.message
     return elapsed
 
 
-def run_floor(tok: Any, arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]], path: str) -> float:
-    """The same ids, logprobs and decoded texts as one zstd Arrow stream: nothing else."""
+def run_floor(tok: Any, arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]], path: str) -> tuple[float, float]:
+    """The same ids, logprobs and decoded texts as one zstd Arrow stream: nothing else (wall, CPU seconds)."""
     backend = tok.backend_tokenizer
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     prompts = [p for p, _, _ in arrays]
     responses = [r for _, r, _ in arrays]
     lps = [lp for _, _, lp in arrays]
@@ -148,7 +152,7 @@ def run_floor(tok: Any, arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
             w.write_table(table, max_chunksize=8192)
         f.flush()
         os.fsync(f.fileno())
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def check_token_texts(out_dir: str) -> int:
@@ -255,14 +259,17 @@ def measure(tok: Any, data: list[Any], tmp: str, rounds: int, label: str) -> dic
     run_ours(tok, data[:8], os.path.join(tmp, f"{label}-warm-i"), False)
     run_floor(tok, arrays[:8], os.path.join(tmp, f"{label}-warm.arrow"))
     times: dict[str, list[float]] = {"token2text": [], "ids_only": [], "floor": []}
+    cpu: dict[str, list[float]] = {k: [] for k in times}
     for r in range(rounds):
         for name in times:
             gc.collect()
             path = os.path.join(tmp, f"{label}-{name}-{r}")
             if name == "floor":
-                times[name].append(run_floor(tok, arrays, path + ".arrow"))
+                wall, used = run_floor(tok, arrays, path + ".arrow")
             else:
-                times[name].append(run_ours(tok, data, path, name == "token2text"))
+                wall, used = run_ours(tok, data, path, name == "token2text")
+            times[name].append(wall)
+            cpu[name].append(used)
         assert check_token_texts(os.path.join(tmp, f"{label}-token2text-{r}")) == len(data)
         print(
             f"{label} round {r}: " + ", ".join(f"{k} {tokens / v[-1] / 1e6:.2f} M tokens/s" for k, v in times.items()),
@@ -273,10 +280,14 @@ def measure(tok: Any, data: list[Any], tmp: str, rounds: int, label: str) -> dic
     out = {**{f"{k}_mtok_s": v for k, v in rate.items()}}
     out["vs_ids"] = med["token2text"] / med["ids_only"]
     out["vs_floor"] = med["token2text"] / med["floor"]
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    out["cpu_vs_ids"] = med_cpu["token2text"] / med_cpu["ids_only"]
+    out["cpu_vs_floor"] = med_cpu["token2text"] / med_cpu["floor"]
     print(
         f"{label}, median of {rounds}: token2text {rate['token2text']:.2f}, ids only {rate['ids_only']:.2f}, "
         f"floor {rate['floor']:.2f} M tokens/s; token2text / ids only {out['vs_ids']:.2f}x, "
-        f"/ floor {out['vs_floor']:.2f}x"
+        f"/ floor {out['vs_floor']:.2f}x; CPU seconds: {out['cpu_vs_ids']:.2f}x ids only, "
+        f"{out['cpu_vs_floor']:.2f}x floor; load {os.getloadavg()[0]:.1f}"
     )
     return out
 
@@ -337,15 +348,14 @@ def main() -> None:
         "command": "python bench/bench_tokens.py --random-ids --json bench/results/bench_tokens.json",
         "figure": (
             f"{txt['vs_ids']:.2f}x ids only, {txt['vs_floor']:.2f}x floor (token2text {txt['token2text_mtok_s']:.2f}, "
-            f"ids only {txt['ids_only_mtok_s']:.2f}, floor {txt['floor_mtok_s']:.2f} M tokens/s)"
+            f"ids only {txt['ids_only_mtok_s']:.2f}, floor {txt['floor_mtok_s']:.2f} M tokens/s; CPU seconds "
+            f"{txt['cpu_vs_ids']:.2f}x ids only, {txt['cpu_vs_floor']:.2f}x floor)"
         ),
         "target": "token2text <= 2x ids only and <= 4x the floor",
         "met": bool(txt["vs_ids"] <= 2 and txt["vs_floor"] <= 4),
         "measured": time.strftime("%Y-%m-%d", time.gmtime()),
     }
-    with open(args.json, "w", encoding="utf-8") as f:
-        json.dump(row, f, indent=2)
-        f.write("\n")
+    write_result(args.json, row)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,9 @@ class PieceTable:
         self._lengths: np.ndarray | None = None
         #: ``bytes`` joined, where each id's bytes start in it, their lengths (built on first use).
         self._joined: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        #: id(ids) -> (ids, their array) of the sequences decoded since :meth:`ends` last ran, for it to reuse.
+        self._arrays: dict[int, tuple[Sequence[int], np.ndarray]] = {}
+        self._ends_ran = False
         backend = _backend(tokenizer)
         if backend is not None:
             self._build(tokenizer, backend)
@@ -169,6 +172,10 @@ class PieceTable:
         arr = np.fromiter(ids, np.int64, len(ids))
         if int(arr.max()) >= len(lengths):
             raise IndexError(f"token id {int(arr.max())} outside the table")
+        if self._ends_ran:  # a new batch: the last one's arrays go
+            self._ends_ran = False
+            self._arrays.clear()
+        self._arrays[id(ids)] = (ids, arr)
         n = lengths[arr]
         ends = np.cumsum(n)
         # Byte k of the output is byte (k - where its token starts in the output) of that token's bytes.
@@ -204,8 +211,10 @@ class PieceTable:
             lengths = self._lengths
             if lengths is None:
                 lengths = self._lengths = np.fromiter((-1 if t is None else len(t) for t in self.texts), np.int64)
+            self._ends_ran = True
+            kept = self._arrays.pop(id(ids), None)
             try:
-                arr = np.fromiter(ids, np.int64, n)
+                arr = kept[1] if kept is not None and kept[0] is ids else np.fromiter(ids, np.int64, n)
             except (OverflowError, TypeError, ValueError):
                 arr = None
             if arr is not None and (checked or int(arr.min()) >= 0) and int(arr.max()) < len(lengths):

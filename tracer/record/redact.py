@@ -6,7 +6,9 @@ Three rules, each replacing with ``"<redacted>"``: the value of a mapping key th
 shapes (``sk-...``, ``hf_...``, GitHub/AWS keys, ``Bearer``/``Basic`` headers, ``user:password@``), the
 values of secret environment variables and the config's extra patterns, wherever they appear. Strings are
 redacted as the final text they are, before JSON encoding; a text holding none of the triggers
-(:class:`TriggerScan`, :func:`key_values`) is not searched further.
+(:class:`TriggerScan`, :func:`key_values`) is not searched further. The writer's chunks are gated first by
+RE2 searches of all their records at once (:func:`gate_patterns`, in pyarrow): only records they match
+are walked.
 """
 
 from __future__ import annotations
@@ -50,11 +52,11 @@ SECRET_VALUE_PATTERNS = (
     r"(?ai:basic)\s+[A-Za-z0-9+/]{8,}={0,2}",  # Authorization: Basic base64(user:password)
 )
 
-#: Credentials inside a larger text: the first group is kept, the rest replaced.
-SECRET_CONTEXT_PATTERNS = (
-    # scheme://user:password@host -> scheme://<redacted>@host
-    r"([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@:\"'<>]*:[^\s/@\"'<>]+(?=@)",
-)
+#: The ``user:password`` of ``scheme://user:password@host`` (replaced where a scheme precedes it).
+_USERINFO = r"[^\s/@:\"'<>]*:[^\s/@\"'<>]+"
+URL_USERINFO = re.compile(f"://({_USERINFO})(?=@)")
+#: Characters of a URL scheme (one letter, then any of these).
+_SCHEME_CHARS = frozenset(string.ascii_letters + string.digits + "+.-")
 
 #: How every key name :func:`is_secret_key` accepts ends, as written in a text (lower-cased), by the word it
 #: starts with: a key with its value is found at each occurrence of the word, then the rest of its ending, a
@@ -170,46 +172,36 @@ class Redactor:
         parts.extend(SECRET_VALUE_PATTERNS)
         parts.extend(extra)
         self._pattern = re.compile("|".join(f"(?:{p})" for p in parts))
-        self._context = re.compile("|".join(SECRET_CONTEXT_PATTERNS))
         # Text holding no trigger skips the regex; configured patterns have no known trigger.
         self._scan = None if extra else TriggerScan((*TRIGGERS, *values))
+        #: RE2 patterns one of which every text some rule changes matches (None with configured patterns).
+        self.gate = None if extra else gate_patterns(values)
         self._folded = TriggerScan(FOLDED_TRIGGERS)
-
-    def _may_match(self, text: str) -> bool:
-        """Whether ``text`` may hold a secret the patterns find (False: it certainly holds none)."""
-        scan = self._scan
-        return (
-            scan is None
-            or scan.found(text)
-            or (URL_GATE in text and URL_TRIGGER in text)
-            or TOKEN_TAIL.search(text) is not None
-            or self._folded.found(text.lower())
-            or bool(key_values(text))
-        )
 
     def records_to_scan(self, strings: list[list[str]], opaque: set[int]) -> list[bool] | None:
         """Which records may hold a secret, from record i's strings ``strings[i]``; None: no record.
 
-        ``opaque`` records (text the encoder could not list) are always scanned.
+        One search of :attr:`gate` over all records at once (RE2, in pyarrow) where they are long; short ones
+        are redacted (their strings joined at NUL) to decide. ``opaque`` records (text the encoder could not
+        list) are always scanned.
         """
         n = len(strings)
-        if self._scan is None:
+        if self.gate is None:
             return [True] * n
-        may_match = self._may_match
-        if not opaque:
-            blob = "\x00".join("\x00".join(s) for s in strings)
-            if not may_match(blob):
-                return None
-        flags = []
-        for i, record in enumerate(strings):
-            flags.append(i in opaque or may_match("\x00".join(record)))
-        return flags
+        joined = ["\x00".join(s) for s in strings]
+        may = _search_all(self.gate, joined) if sum(map(len, joined)) >= GATE_MIN_CHARS else None
+        if may is None:
+            blob = "\x00".join(joined)  # it changes wherever one of the records does
+            may = [False] * n if self.text(blob) == blob else [self.text(t) != t for t in joined]
+        for i in opaque:
+            may[i] = True
+        return may if any(may) else None
 
     def texts(self, values: list[Any]) -> list[Any]:
-        """Redact a column of values (non-strings pass unchanged); one scan of the joined column first."""
+        """Redact a column of values (non-strings pass unchanged); one redaction of the joined column first."""
         if self._scan is not None:
             blob = "\x00".join(v for v in values if type(v) is str)
-            if not self._may_match(blob):
+            if self.text(blob) == blob:
                 return values
         return [self.text(v) if type(v) is str else v for v in values]
 
@@ -233,18 +225,21 @@ class Redactor:
         scan = self._scan
         if scan is None:
             return self.text_ungated(value)
-        value = redact_key_values(value)
-        if scan.found(value) or TOKEN_TAIL.search(value) is not None or self._folded.found(value.lower()):
+        lowered = _lower(value)
+        clean = redact_key_values(value, lowered)
+        if clean is not value:
+            value, lowered = clean, _lower(clean)
+        if scan.found(value) or TOKEN_TAIL.search(value) is not None or self._folded.found(lowered):
             value = self._pattern.sub(REDACTED, value)
         if URL_GATE in value and URL_TRIGGER in value:
-            value = self._context.sub(_keep_prefix, value)
+            value = URL_USERINFO.sub(_url_userinfo, value)
         return value
 
     def text_ungated(self, value: str) -> str:
         """:meth:`text` without the pre-scan: every pattern searched (what the pre-scan must agree with)."""
         value = redact_key_values(value)
         value = self._pattern.sub(REDACTED, value)
-        return self._context.sub(_keep_prefix, value)
+        return URL_USERINFO.sub(_url_userinfo, value)
 
     def pieces(self, pieces: list[str]) -> list[str]:
         """Per-token texts redacted as the one text they spell (see :func:`moved_ends`)."""
@@ -260,7 +255,7 @@ class Redactor:
         clean = self.text(text)
         if clean == text:
             return text, ends
-        return clean, moved_ends(ends.tolist() if hasattr(ends, "tolist") else list(ends), text, clean)
+        return clean, moved_ends(ends if hasattr(ends, "tolist") else list(ends), text, clean)
 
     def value(self, data: Any, depth: int = 0, done: frozenset[int] | set[int] = frozenset()) -> Any:
         """``data`` (JSON-ready) with every string redacted, keys too; ``done``: ids of strings already redacted."""
@@ -275,14 +270,64 @@ class Redactor:
                 out[key] = REDACTED if type(k) is str and is_secret_key(k) else self.value(v, depth + 1, done)
             return out
         if isinstance(data, (list, tuple)):
-            if _NUMBERS.issuperset(map(type, data)):  # token ids, logprobs: nothing to redact
+            try:  # token ids, logprobs: nothing to redact (of JSON-ready values, only numbers add to a float)
+                sum(data, 0.0)
                 return data
-            return [self.value(v, depth + 1, done) for v in data]
+            except (TypeError, OverflowError):
+                return [self.value(v, depth + 1, done) for v in data]
         return data
 
 
-#: Element types of lists the redactor passes as they are.
-_NUMBERS = frozenset({int, float, bool, type(None)})
+#: Texts of a chunk shorter than this in all are decided in Python (compiling the RE2 gate costs ~0.1 ms).
+GATE_MIN_CHARS = 16384
+
+
+def gate_patterns(values: Iterable[str] = ()) -> tuple[str, str]:
+    """Two RE2 patterns, one of which every text a rule changes matches: a key that :func:`is_secret_key` may
+    take before its ``:``/``=``; or a trigger of a credential shape or of URL credentials, or one of the
+    secret ``values``.
+
+    Letters match in any ASCII case as the rules take them (classes, not ``(?i)``: RE2 folds Unicode case
+    more slowly). Two searches cost less than one of both (a smaller automaton each).
+    """
+    sep = "[-_.]*"
+
+    def cased(word: str) -> str:
+        return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
+    def before(tail: str) -> str:  # a key ending in ``tail`` is a secret's only after these two letters
+        pairs = {e[-len(tail) - 2 : -len(tail)] for e in SECRET_KEY_ENDINGS if e.endswith(tail)}
+        return "(?:" + "|".join(sorted(sep.join(map(cased, p)) for p in pairs)) + ")" + sep
+
+    keys = [
+        before("key") + cased("key"),
+        before("keyid") + cased("key") + "[-_]?" + cased("id"),
+        *sorted((cased(t) for w, ts in KEY_TAILS.items() if w != "key" for t in ts), key=len, reverse=True),
+    ]
+    triggers = [
+        *map(re.escape, TRIGGERS),
+        TOKEN_TAIL.pattern,
+        *map(cased, FOLDED_TRIGGERS),
+        re.escape(URL_TRIGGER) + _USERINFO + URL_GATE,
+        *("".join(f"\\x{{{ord(c):x}}}" for c in v) for v in values),
+    ]
+    return "(?:" + "|".join(keys) + r")(?:\\*[\"'])? ?[:=]", "|".join(triggers)
+
+
+def _search_all(patterns: Iterable[str], texts: list[str]) -> list[bool] | None:
+    """Whether one of the RE2 ``patterns`` occurs in each of ``texts`` (pyarrow); None where pyarrow refuses them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        array = pa.array(texts, pa.large_string())
+        found = None
+        for pattern in patterns:
+            hit = pc.match_substring_regex(array, pattern)
+            found = hit if found is None else pc.or_(found, hit)
+    except (pa.ArrowException, UnicodeError, ValueError, TypeError):  # lone surrogates, say
+        return None
+    return [True] * len(texts) if found is None else found.to_pylist()
 
 
 #: Characters ranked from rarest to commonest in prompts and replies: a trigger is searched for at its rarest.
@@ -388,8 +433,9 @@ def _common_length(a: str, b: str, limit: int, part: Callable[[str, int], str]) 
     return lo
 
 
-def moved_ends(ends: list[int], old: str, new: str) -> list[int]:
-    """Token ends in ``old`` moved to ``new``, which differs from it in one stretch (a redaction).
+def moved_ends(ends: Any, old: str, new: str) -> Any:
+    """Token ends in ``old`` (a list, or a 1-D numpy array: one comes back) moved to ``new``, which differs
+    from it in one stretch (a redaction).
 
     The stretch goes to the token where it starts, the other tokens it covers show ``""``, later ones keep
     their text: every token it touches shows the mask, none the secret.
@@ -404,22 +450,33 @@ def moved_ends(ends: list[int], old: str, new: str) -> list[int]:
     first = min(bisect.bisect_right(ends, head), n - 1)
     last = max(first, min(bisect.bisect_left(ends, i2), n - 1))
     delta = j2 - i2
+    if not isinstance(ends, list):
+        out = ends.copy()
+        out[first:last] = j2
+        out[last:] += delta
+        return out
     return [*ends[:first], *([j2] * (last - first)), *(int(e) + delta for e in ends[last:])]
 
 
-def _keep_prefix(match: re.Match[str]) -> str:
-    prefix = next((g for g in match.groups() if g is not None), "")
-    return prefix + REDACTED
+def _url_userinfo(match: re.Match[str]) -> str:
+    """A :data:`URL_USERINFO` match redacted where a scheme (a letter among scheme characters) ends at it."""
+    text, k = match.string, match.start()
+    while k > 0 and text[k - 1] in _SCHEME_CHARS:
+        k -= 1
+        if text[k].isalpha():
+            return "://" + REDACTED
+    return match.group()
 
 
-def redact_key_values(text: str) -> str:
+def redact_key_values(text: str, lowered: str | None = None) -> str:
     """``text`` with the value of every secret-named key written in it (JSON, reprs, forms, headers) replaced.
 
     A quoted value is replaced inside its quotes; a bracketed one (``auth=('user', 'pw')``) whole.
+    ``lowered``: :func:`_lower` of ``text``, where the caller has it.
     """
     out: list[str] = []
     done = 0
-    for m in key_values(text):
+    for m in key_values(text, lowered):
         start = m.start()
         if start < done:
             continue
@@ -449,13 +506,12 @@ def redact_key_values(text: str) -> str:
     return "".join(out)
 
 
-def key_values(text: str) -> list[re.Match[str]]:
+def key_values(text: str, lowered: str | None = None) -> list[re.Match[str]]:
     """Where ``text`` writes a key ending like a secret's with a value after it (any letter case), in order."""
     if ":" not in text and "=" not in text:  # two C scans spare the eleven below (prose)
         return []
-    lowered = text.lower()
-    if len(lowered) != len(text):  # a letter whose lower case is longer: keep the positions
-        lowered = text.translate(_ASCII_LOWER)
+    if lowered is None:
+        lowered = _lower(text)
     found = []
     for word, pattern in _KEY_VALUE.items():
         pos = lowered.find(word)
@@ -467,6 +523,12 @@ def key_values(text: str) -> list[re.Match[str]]:
     if len(found) > 1:
         found.sort(key=lambda m: m.start())
     return found
+
+
+def _lower(text: str) -> str:
+    """``text`` lower-cased, its characters where they were (ASCII letters only where a lower case is longer)."""
+    lowered = text.lower()
+    return lowered if len(lowered) == len(text) else text.translate(_ASCII_LOWER)
 
 
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import re
+import string
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracer.record.redact import FOLDED_TRIGGERS, MAX_ANCHOR_HITS, REDACTED, Redactor, TriggerScan
+from tracer.record.redact import (
+    FOLDED_TRIGGERS,
+    GATE_MIN_CHARS,
+    MAX_ANCHOR_HITS,
+    REDACTED,
+    SECRET_KEY_ENDINGS,
+    URL_USERINFO,
+    Redactor,
+    TriggerScan,
+    _search_all,
+    _url_userinfo,
+    is_secret_key,
+)
 from tracer.record.redact import TRIGGERS as EXACT
 
 #: Both trigger sets: the scan is the same for each (the folded ones search the lower-cased text); and
@@ -108,16 +123,71 @@ _SECRET_PIECES = st.one_of(
 )
 
 
+#: Prose with no secret, long enough that a chunk holding it is searched by the RE2 gate.
+PADDING = "The reply explains each step and the reward it earned. " * (GATE_MIN_CHARS // 50)
+
+
 @settings(max_examples=600, deadline=None)
-@given(parts=st.lists(_SECRET_PIECES, max_size=12))
-def test_every_text_a_pattern_would_change_is_scanned_and_redacted(parts: list[str]) -> None:
-    """Property: the trigger gate never skips a text the redaction patterns would change (any letter case)."""
+@given(parts=st.lists(_SECRET_PIECES, max_size=12), value=st.sampled_from(["", "Zq9-vXw2+kk/8é\\x", "12345678"]))
+def test_every_text_a_pattern_would_change_is_scanned_and_redacted(parts: list[str], value: str) -> None:
+    """Property: neither gate (Python's triggers, RE2's pattern) skips a text the rules would change."""
     text = "".join(parts)
-    redactor = Redactor(environ={})
+    redactor = Redactor(environ={"MY_TOKEN": value} if value else {})
+    if value and len(parts) % 2:
+        text += value
     ungated = redactor.text_ungated(text)
     if ungated != text:
         assert redactor.records_to_scan([[text]], set()) == [True]
         assert redactor.text(text) == ungated
+        assert _search_all(redactor.gate, [text]) == [True]
+        assert redactor.records_to_scan([[PADDING], [PADDING, text]], set()) == [False, True]
+        assert redactor.records_to_scan([["plain", "words"], ["x", text]], set()) == [False, True]
+
+
+def test_a_chunk_of_long_plain_records_is_not_scanned() -> None:
+    """Code and prose whose ``key=`` names no secret pass the RE2 gate of a long chunk unscanned."""
+    redactor = Redactor(environ={})
+    code = 'def f(key: str, ids_key="a", token_ids=None):\n    key = groups[key]\n    TURN_KEY = "x"\n' * 200
+    assert redactor.records_to_scan([[PADDING], [code]], set()) is None
+    assert redactor.records_to_scan([[PADDING], [code], ["prompt", "api_key=abc123xyz"]], {0}) == [True, False, True]
+
+
+_SEPARATORS = st.lists(st.sampled_from(["", "", "", "_", "-", ".", "__"]), min_size=16, max_size=16)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    prefix=st.text(alphabet=string.ascii_letters + string.digits + "_-.", max_size=6),
+    ending=st.sampled_from(SECRET_KEY_ENDINGS),
+    seps=_SEPARATORS,
+    flips=st.lists(st.booleans(), min_size=16, max_size=16),
+    form=st.sampled_from(["{k}=v", '"{k}": "v"', "{k}: v", "{k} = v", "\\'{k}\\': 'v'"]),
+)
+def test_the_gate_matches_every_secret_key_spelling(
+    prefix: str, ending: str, seps: list[str], flips: list[bool], form: str
+) -> None:
+    """Property: a secret key's value the rules redact, separators anywhere in the key, any case, passes the gate."""
+    spelled = "".join(c.swapcase() if f else c for c, f in zip(ending, flips))
+    key = prefix + "".join(c + s for c, s in zip(spelled[:-1], seps)) + spelled[-1]
+    text = form.format(k=key)
+    redactor = Redactor(environ={})
+    if redactor.text_ungated(text) != text:
+        assert is_secret_key(key)
+        assert _search_all(redactor.gate, [text]) == [True], key
+
+
+#: The URL rule as one regular expression: a scheme, then ``user:password`` before ``@``.
+_URL_REFERENCE = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@:\"'<>]*:[^\s/@\"'<>]+(?=@)")
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    parts=st.lists(st.sampled_from(["://", "@", ":", "/", "a", "Z", "1", "+", "-", " ", "pw", "'", "é"]), max_size=16)
+)
+def test_url_credentials_are_redacted_as_the_reference_rule_does(parts: list[str]) -> None:
+    """Property: the ``://``-anchored URL rule changes a text exactly as the whole-URL regular expression does."""
+    text = "".join(parts)
+    assert URL_USERINFO.sub(_url_userinfo, text) == _URL_REFERENCE.sub(lambda m: m.group(1) + REDACTED, text)
 
 
 def test_mixed_case_headers_and_parameters_are_redacted() -> None:
@@ -145,3 +215,31 @@ def test_underscores_and_urls_without_a_credential_skip_the_patterns() -> None:
     ):
         assert redactor.records_to_scan([[plain, secret]], set()) == [True], secret
         assert REDACTED in redactor.text(plain + secret), secret
+
+
+_JSON_SCALARS = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(),
+    st.booleans(),
+    st.none(),
+    st.just("api_key=Zq9vXw2kk8"),
+    st.just("plain"),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.lists(st.one_of(_JSON_SCALARS, st.lists(_JSON_SCALARS, max_size=4)), max_size=12))
+def test_value_redacts_every_string_in_lists_and_keeps_lists_of_numbers(data: list[object]) -> None:
+    """Property: Redactor.value leaves no secret in a list of any JSON values; a list of numbers comes back as is."""
+    redactor = Redactor(environ={})
+    clean = redactor.value(data)
+    assert "Zq9vXw2kk8" not in repr(clean)
+    if all(type(v) in (int, float, bool) for v in data):
+        assert clean is data
+
+
+def test_records_pyarrow_refuses_are_decided_in_python() -> None:
+    """A chunk holding text pyarrow cannot take (a lone surrogate) is still scanned record by record."""
+    redactor = Redactor(environ={})
+    assert redactor.records_to_scan([[PADDING], ["\ud800 api_key=abc123xyz"]], set()) == [False, True]
+    assert redactor.records_to_scan([[PADDING], ["\ud800 plain"]], set()) is None

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import tracer
-from tracer.record.redact import REDACTED, Redactor, is_secret_key
+from tracer.record.redact import GATE_MIN_CHARS, REDACTED, Redactor, is_secret_key
 
 #: The last word of a secret-named key, and what may come before it.
 SECRET_WORDS = (
@@ -98,6 +98,9 @@ def _key_for(form: str, key: str) -> str:
     return key
 
 
+#: Prose with no secret, long enough that a chunk holding it is searched by the RE2 gate.
+LONG_PROSE = "Each step of the rollout is scored, and the group shares one prompt. " * (GATE_MIN_CHARS // 60)
+
 PLANTED = st.lists(
     st.tuples(st.sampled_from(sorted(FORMS)), SECRET_KEYS, SECRET_VALUES, FILLER, FILLER),
     min_size=1,
@@ -139,6 +142,7 @@ def test_secrets_written_as_text_never_reach_the_files(items: list[tuple[str, st
     def failing(request: object) -> None:
         raise ValueError(f"bad request {request!r}")
 
+    tool(LONG_PROSE)  # a chunk this long is searched by the RE2 gate first
     for value, _ in planted:
         tool(value)
         tool({"nested": [value]})
@@ -165,6 +169,16 @@ def test_secrets_written_as_text_never_reach_an_exporters_payload(items: list[tu
         }
         assert secret not in json.dumps(redactor.value(payload)), (value, secret)
         assert secret not in redactor.text(json.dumps(payload)), (value, secret)
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=PLANTED)
+def test_every_planted_secret_passes_the_gate_of_a_long_chunk(items: list[tuple[str, str, str, str, str]]) -> None:
+    """Property: in a chunk long enough for the RE2 gate, exactly the records with a planted secret are scanned."""
+    redactor = Redactor(environ={})
+    for value, _ in _planted(items):
+        text = value if isinstance(value, str) else json.dumps(value)
+        assert redactor.records_to_scan([[LONG_PROSE], ["request", text]], set()) == [False, True], text
 
 
 #: Keys that are no secret, some close to one (``monkey``, ``bypass``, ``tokenizer``, ``max_tokens``).

@@ -8,6 +8,7 @@ import functools
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -258,6 +259,8 @@ def check_masked(pieces: list[str], lo: int, hi: int) -> None:
     text = "".join(pieces)
     ends = [len("".join(pieces[: k + 1])) for k in range(len(pieces))]
     clean, moved = Redactor().text_and_ends(text, ends)
+    clean_too, moved_array = Redactor().text_and_ends(text, np.array(ends, dtype=np.int64))
+    assert clean_too == clean and moved_array.tolist() == moved  # a numpy array of offsets moves the same
     out = split_text(clean, moved)
     assert out is not None and len(out) == len(pieces) and "".join(out) == clean
     assert SECRET not in clean and REDACTED in clean
@@ -293,3 +296,22 @@ def test_long_sequences_decode_as_the_joined_bytes(case: tuple[list[bytes], list
     assert len(long_ids) >= NUMPY_DECODE_IDS
     table = table_of(vocab)
     assert table.decode(long_ids) == b"".join(vocab[i] for i in long_ids).decode("utf-8", "replace")
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=vocab_and_ids(), cuts=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=5))
+def test_offsets_of_a_batch_of_long_sequences_match_their_pieces(
+    case: tuple[list[bytes], list[int]], cuts: list[int]
+) -> None:
+    """Property: decoding a batch of long sequences, then asking each one's offsets (in any order, the same
+    table across batches) gives the offsets its pieces spell, as a fresh table does."""
+    vocab, ids = case
+    base = (ids or [0]) * (NUMPY_DECODE_IDS // len(ids or [0]) + 1)
+    table = table_of(vocab)
+    for _ in range(2):  # two batches on one table
+        batch = [base[c:] for c in cuts]
+        texts = [table.decode(s) for s in batch]
+        for s, text in reversed(list(zip(batch, texts))):
+            ends = table.ends(s, None, text)
+            pieces = table_of(vocab).pieces(s, None)
+            assert ends is not None and split_text(text, ends.tolist()) == pieces
