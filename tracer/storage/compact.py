@@ -573,13 +573,11 @@ def write_parquet(path: str | os.PathLike[str], out: str | os.PathLike[str] | No
             done.write(b"")
         return target, counted[0]
     tmp = f"{target}.tmp-{secrets.token_hex(4)}"
+    old = f"{target}.old-{secrets.token_hex(4)}"
     write(reader, tmp)
-    old = None
-    if os.path.exists(target):
-        old = f"{target}.old-{secrets.token_hex(4)}"
+    with contextlib.suppress(FileNotFoundError):
         os.replace(target, old)
     os.replace(tmp, target)
     fsync_dir(os.path.dirname(os.path.abspath(target)))
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
     return target, counted[0]
