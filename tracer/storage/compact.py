@@ -437,9 +437,7 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
     exist (or whose complete ``.tmp`` is renamed now) deletes the originals it replaces; otherwise step 3 was never
     reached: its entries and partial outputs go, the originals stay."""
     changed = False
-    groups: dict[tuple[str, ...], list[str]] = {}
-    for name, entry in index["files"].items():
-        groups.setdefault(tuple(entry.get("group", [name])), []).append(name)
+    groups = dict.fromkeys(tuple(entry.get("group", [name])) for name, entry in index["files"].items())
     for group in groups:
         if not all(d.exists(g) or d.exists(g + ".tmp") for g in group):
             for g in group:
