@@ -207,7 +207,6 @@ def _parse_header(meta: bytes, offset: int, body: int) -> _Message:
 
 class _Source:
     def __init__(self, path: str) -> None:
-        self.path = path
         self.handle: Any = _uri.open_input(path)
 
     def read_at(self, offset: int, n: int) -> bytes:
