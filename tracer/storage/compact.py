@@ -345,12 +345,10 @@ def _plan_dir(
             size = 0
         groups[-1].append(full)
         size += nbytes
-    return index, [MergeUnit(d.path, tuple(group), _new_name()) for group in groups]
-
-
-def _new_name() -> str:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    return f"compacted_{stamp}_{secrets.token_hex(4)}{S.FILE_SUFFIX}"
+    return index, [
+        MergeUnit(d.path, tuple(g), f"compacted_{stamp}_{secrets.token_hex(4)}{S.FILE_SUFFIX}") for g in groups
+    ]
 
 
 def merge_unit(unit: MergeUnit) -> MergeResult:
