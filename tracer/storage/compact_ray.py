@@ -119,10 +119,8 @@ def write_parquet_ray(
     path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, address: str | None = None
 ) -> tuple[str, int]:
     """:func:`tracer.storage.compact.write_parquet` as one Ray task on the cluster; returns (directory, rows)."""
-    src = os.fspath(path)
-    dest = None if out is None else os.fspath(out)
     with connected(address) as ray:
-        result: tuple[str, int] = ray.get(ray.remote(num_cpus=1)(write_parquet).remote(src, dest))
+        result: tuple[str, int] = ray.get(ray.remote(num_cpus=1)(write_parquet).remote(path, out))
     return result
 
 
