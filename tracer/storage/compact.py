@@ -345,12 +345,10 @@ def _plan_dir(
             size = 0
         groups[-1].append(full)
         size += nbytes
-    return index, [MergeUnit(d.path, tuple(group), _new_name()) for group in groups]
-
-
-def _new_name() -> str:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    return f"compacted_{stamp}_{secrets.token_hex(4)}{S.FILE_SUFFIX}"
+    return index, [
+        MergeUnit(d.path, tuple(g), f"compacted_{stamp}_{secrets.token_hex(4)}{S.FILE_SUFFIX}") for g in groups
+    ]
 
 
 def merge_unit(unit: MergeUnit) -> MergeResult:
@@ -437,9 +435,7 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
     exist (or whose complete ``.tmp`` is renamed now) deletes the originals it replaces; otherwise step 3 was never
     reached: its entries and partial outputs go, the originals stay."""
     changed = False
-    groups: dict[tuple[str, ...], list[str]] = {}
-    for name, entry in index["files"].items():
-        groups.setdefault(tuple(entry.get("group", [name])), []).append(name)
+    groups = dict.fromkeys(tuple(entry.get("group", [name])) for name, entry in index["files"].items())
     for group in groups:
         if not all(d.exists(g) or d.exists(g + ".tmp") for g in group):
             for g in group:
@@ -573,13 +569,11 @@ def write_parquet(path: str | os.PathLike[str], out: str | os.PathLike[str] | No
             done.write(b"")
         return target, counted[0]
     tmp = f"{target}.tmp-{secrets.token_hex(4)}"
+    old = f"{target}.old-{secrets.token_hex(4)}"
     write(reader, tmp)
-    old = None
-    if os.path.exists(target):
-        old = f"{target}.old-{secrets.token_hex(4)}"
+    with contextlib.suppress(FileNotFoundError):
         os.replace(target, old)
     os.replace(tmp, target)
     fsync_dir(os.path.dirname(os.path.abspath(target)))
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
     return target, counted[0]

@@ -41,11 +41,9 @@ class ClusterUnreachableError(ConnectionError):
 
 
 def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """Fail fast when ``address`` (``host:port`` or ``ray://host:port``) does not accept a connection.
-
-    Ray itself retries for minutes. ``None``, ``""``, ``"auto"`` and ``"local"`` are left to Ray. Raises
-    ValueError when ``address`` is not ``host:port``, ClusterUnreachableError when nothing answers there.
-    """
+    """Fail fast when ``address`` (``host:port`` or ``ray://host:port``) does not accept a connection: Ray itself
+    retries for minutes. ``None``, ``""``, ``"auto"`` and ``"local"`` are left to Ray. Raises ValueError when
+    ``address`` is not ``host:port``, ClusterUnreachableError when nothing answers there."""
     if not address or address in ("auto", "local"):
         return
     host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
@@ -94,14 +92,11 @@ def compact_ray(
     retries: int = DEFAULT_RETRIES,
     merge: Callable[[MergeUnit], MergeResult] = merge_unit,
 ) -> CompactReport:
-    """Compact every run directory under ``path`` with one Ray task per merge; see the module docstring.
-
-    ``path`` is a URI or a path every node sees. ``address`` (``host:port``, ``ray://host:port``) defaults to
-    ``$RAY_ADDRESS``, else a cluster on this machine (one already initialised here is used). ``retries``: reruns
-    of a task whose worker died. ``merge``: what each task runs (default
-    :func:`~tracer.storage.compact.merge_unit`; a wrapper returns its result). Failed merges are in
-    :attr:`CompactReport.failed`.
-    """
+    """Compact every run directory under ``path`` with one Ray task per merge; see the module docstring. ``path`` is a
+    URI or a path every node sees. ``address`` (``host:port``, ``ray://host:port``) defaults to ``$RAY_ADDRESS``, else
+    a cluster on this machine (one already initialised here is used). ``retries``: reruns of a task whose worker died.
+    ``merge``: what each task runs (default :func:`~tracer.storage.compact.merge_unit`; a wrapper returns its result).
+    Failed merges are in :attr:`CompactReport.failed`."""
     dirs = run_dirs(path)  # a bad path fails before a cluster is started
     with connected(address) as ray:
         task = ray.remote(num_cpus=1, max_retries=retries)(merge)
@@ -124,10 +119,8 @@ def write_parquet_ray(
     path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, address: str | None = None
 ) -> tuple[str, int]:
     """:func:`tracer.storage.compact.write_parquet` as one Ray task on the cluster; returns (directory, rows)."""
-    src = os.fspath(path)
-    dest = None if out is None else os.fspath(out)
     with connected(address) as ray:
-        result: tuple[str, int] = ray.get(ray.remote(num_cpus=1)(write_parquet).remote(src, dest))
+        result: tuple[str, int] = ray.get(ray.remote(num_cpus=1)(write_parquet).remote(path, out))
     return result
 
 

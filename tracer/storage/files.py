@@ -56,33 +56,30 @@ class _TornError(Exception):
 
 @dataclasses.dataclass
 class FileRead:
-    """What reading one trace file found.
-
-    Attributes:
-        size: Its size on disk when reading began.
-        file_format: True for an IPC *file* (with footer), False for a stream.
-        batches: Record batches returned to the caller (``rows`` their spans).
-        batches_in_file: Complete record batches the file holds (whether read or not).
-        closed: The file ended cleanly (end-of-stream marker, or a sound footer).
-        skipped: Why nothing was read: the file as a whole is not a usable trace file.
-        repairable: ``skipped`` or ``damage`` is something repair can set aside (torn, empty, not Arrow).
-        damage: Why reading stopped before the end (a torn or corrupt batch).
-        refused: What was refused for its declared size (see the module docstring).
-        end: Where the last complete message ends (the ``resume`` offset of a later read).
-    """
+    """What reading one trace file found."""
 
     path: str
+    #: Its size on disk when reading began.
     size: int = 0
+    #: True for an IPC *file* (with footer), False for a stream.
     file_format: bool = False
     schema_version: str = ""
+    #: Record batches returned to the caller (``rows`` their spans).
     batches: int = 0
     rows: int = 0
+    #: Complete record batches the file holds (whether read or not).
     batches_in_file: int = 0
+    #: The file ended cleanly (end-of-stream marker, or a sound footer).
     closed: bool = False
+    #: Why nothing was read: the file as a whole is not a usable trace file.
     skipped: str = ""
+    #: ``skipped`` or ``damage`` is something repair can set aside (torn, empty, not Arrow).
     repairable: bool = False
+    #: Why reading stopped before the end (a torn or corrupt batch).
     damage: str = ""
+    #: What was refused for its declared size (see the module docstring).
     refused: str = ""
+    #: Where the last complete message ends (the ``resume`` offset of a later read).
     end: int = 0
 
     @property
@@ -207,7 +204,6 @@ def _parse_header(meta: bytes, offset: int, body: int) -> _Message:
 
 class _Source:
     def __init__(self, path: str) -> None:
-        self.path = path
         self.handle: Any = _uri.open_input(path)
 
     def read_at(self, offset: int, n: int) -> bytes:
@@ -816,23 +812,15 @@ def read_batches(
     resume: tuple[int, int] | None = None,
     trust_footer: bool = False,
 ) -> TraceFileBatches:
-    """The record batches of one trace file, as far as they can be read safely.
-
-    Args:
-        path: A local path or a URI.
-        columns: Span columns to return, conformed to :data:`tracer.schema.SPAN_SCHEMA` (missing ones as
-            nulls). None: every span column the file has, as written, with each batch's custom metadata.
-        batch_numbers: Read only these record batches, if the file has ``expect_size`` (else every batch).
-        resume: ``(offset, batches)`` from an earlier read of this append-only file (:attr:`FileRead.end`,
-            :attr:`FileRead.batches_in_file`): walk from there and return only later batches (numbering
-            unchanged). Ignored when it does not fit the file.
-        trust_footer: With ``batch_numbers`` and a fitting ``expect_size``, locate those batches by the footer
-            instead of walking every message (files whose shard index vouches for the footer).
-
-    Returns:
-        An iterable of batches whose ``result`` (a :class:`FileRead`), after iterating, says what was kept,
-        damaged, skipped or refused. Nothing raises for a damaged file.
-    """
+    """The record batches of one trace file (a local path or a URI), as far as they can be read safely; nothing raises
+    for a damaged file. ``columns``: span columns to return, conformed to :data:`tracer.schema.SPAN_SCHEMA` (missing
+    ones as nulls); None: every span column the file has, as written, with each batch's custom metadata.
+    ``batch_numbers``: read only these record batches, if the file has ``expect_size`` (else every batch). ``resume``:
+    ``(offset, batches)`` from an earlier read of this append-only file (:attr:`FileRead.end`,
+    :attr:`FileRead.batches_in_file`): walk from there and return only later batches (numbering unchanged); ignored
+    when it does not fit the file. ``trust_footer``: with ``batch_numbers`` and a fitting ``expect_size``, locate those
+    batches by the footer instead of walking every message (files whose shard index vouches for the footer). After
+    iterating, the result's ``result`` (a :class:`FileRead`) says what was kept, damaged, skipped or refused."""
     cols = None if columns is None else list(columns)
     if cols is not None:
         unknown = [c for c in cols if c not in S.SPAN_COLUMNS]
