@@ -589,17 +589,6 @@ _CHECKED_KEYS = frozenset(
 )
 
 
-def _counts_and_steps(rows: list[Any], steps: list[Any]) -> bool:
-    """``rows`` are counts (ints >= 0) and ``steps`` lists of ints and Nones, as JSON gave them. One pass over each, by
-    type (a JSON ``true`` is a bool, not an int, so ``type`` and not ``isinstance``): run on every index a process
-    loads, so kept cheap."""
-    if rows and ({type(r) for r in rows} != {int} or min(rows) < 0):
-        return False
-    if {type(s) for s in steps} - {list}:
-        return False
-    return not {type(v) for v in itertools.chain.from_iterable(steps)} - {int, _NONE}
-
-
 def _check(shard: str, side: str, size: int) -> ShardIndex | None:
     try:
         got = closed_file_metadata(side, _CHECKED_KEYS) or {}
@@ -614,7 +603,10 @@ def _check(shard: str, side: str, size: int) -> ShardIndex | None:
         if not (isinstance(rows, list) and isinstance(steps, list) and len(rows) == len(steps) == footer[1]):
             return None
         buckets = int(got[S.META_INDEX_BUCKETS])
-        if buckets < 1 or not _counts_and_steps(rows, steps):
+        # Counts and steps checked by type, not isinstance (a JSON true is a bool), in one cheap pass each.
+        if buckets < 1 or (rows and ({type(r) for r in rows} != {int} or min(rows) < 0)):
+            return None
+        if {type(s) for s in steps} - {list} or {type(v) for v in itertools.chain(*steps)} - {int, _NONE}:
             return None
         names: Any = orjson.loads(got[S.META_INDEX_NAMES]) if S.META_INDEX_NAMES in got else None
         if names is not None and not (isinstance(names, list) and {type(n) for n in names} <= {str}):

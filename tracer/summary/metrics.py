@@ -238,17 +238,15 @@ def _partials_part(p: pa.Table) -> _Part:
     vals = []
     for c in _PART_LISTS:
         lists = _column(p, c)
-        flat = pc.list_flatten(lists)
-        if not len(flat):  # what indexes store
-            vals.append((np.zeros(0), np.zeros(0, dtype=np.int64)))
-            continue
-        vals.append(
-            (
-                np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64),
-                np.asarray(pc.list_parent_indices(lists).to_numpy(), dtype=np.int64),
-            )
-        )
+        parents = np.asarray(pc.list_parent_indices(lists).to_numpy(), dtype=np.int64)
+        vals.append((np.asarray(_values(lists)[0], dtype=np.float64), parents))
     return _Part(step, null, validate, sums, tuple(vals))
+
+
+def _values(lists: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
+    """A list column's values, flat, and where each row's list starts among them (one more: the end)."""
+    flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
+    return flat, np.asarray(lists.offsets.to_numpy()) - lists.offsets[0].as_py()
 
 
 def _groups(parts: Sequence[_Part]) -> tuple[np.ndarray, dict[str, Any], int]:
@@ -318,11 +316,7 @@ def _merged(partials: pa.Table) -> bool:
     if len(set(keys)) != len(keys):
         return False
     for c in _PART_LISTS:
-        lists = partials.column(c).combine_chunks()
-        values = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
-        if len(values) < 2:
-            continue
-        starts = np.asarray(lists.offsets.to_numpy()) - lists.offsets[0].as_py()
+        values, starts = _values(partials.column(c).combine_chunks())
         falls = np.flatnonzero(values[1:] < values[:-1]) + 1  # positions where a value is below the one before
         if not np.isin(falls, starts).all():  # ... anywhere but at the start of a row's list
             return False
@@ -351,13 +345,8 @@ def _value_metrics(partials: pa.Table) -> dict[str, list[float]]:
     if _stored_metrics(partials):
         return {m: partials.column(m).to_pylist() for m in S.VALUE_METRICS}
 
-    def values(c: str) -> tuple[np.ndarray, np.ndarray]:
-        lists = partials.column(c).combine_chunks()
-        flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
-        return flat, np.asarray(lists.offsets.to_numpy()) - lists.offsets[0].as_py()
-
-    rewards, r_at = values(S.PART_REWARDS)
-    lats, l_at = values(S.PART_LATENCIES)
+    rewards, r_at = _values(partials.column(S.PART_REWARDS).combine_chunks())
+    lats, l_at = _values(partials.column(S.PART_LATENCIES).combine_chunks())
     mean, std, low, high = _moments(np.asarray(rewards, dtype=np.float64), r_at)
     rows = range(partials.num_rows)
     return {
