@@ -30,6 +30,7 @@ from tracer.extras import import_backend
 from tracer.index.closed import shard_closed
 from tracer.record.redact import Redactor
 from tracer.storage.writer import SpanWriter
+from tracer.summary import log_reward_row
 
 #: Experiment name of imported traces that do not name one.
 DEFAULT_IMPORT_EXPERIMENT = "mlflow-import"
@@ -140,21 +141,9 @@ def _reward_row(tags: Mapping[str, str], rows: list[dict[str, Any]], trace_id: s
         if k.startswith(M.TAG_REWARD_PREFIX)
     }
     root_row = next((r for r in rows if r[S.PARENT_SPAN_ID] is None), rows[0])
-    return {
-        **{k: root_row[k] for k in (S.TRACE_ID, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)},
-        S.SPAN_ID: _hex(trace_id + ":reward", 16),
-        S.PARENT_SPAN_ID: root_row[S.SPAN_ID],
-        S.NAME: S.REWARD_SPAN_NAME,
-        S.KIND: S.KIND_REWARD,
-        S.START_NS: root_row[S.END_NS],
-        S.END_NS: root_row[S.END_NS],
-        S.STATUS: S.STATUS_OK,
-        S.ERROR: None,
-        S.REWARD: reward,
-        S.INPUTS: None,
-        S.OUTPUTS: None,
-        S.ATTRIBUTES: _json(extras or None),
-    }
+    return log_reward_row(
+        root_row, _hex(trace_id + ":reward", 16), root_row[S.SPAN_ID], root_row[S.END_NS], reward, _json(extras or None)
+    )
 
 
 def trace_rows(trace: Any) -> list[dict[str, Any]]:
