@@ -283,11 +283,12 @@ def measure(tok: Any, data: list[Any], tmp: str, rounds: int, label: str) -> dic
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     out["cpu_vs_ids"] = med_cpu["token2text"] / med_cpu["ids_only"]
     out["cpu_vs_floor"] = med_cpu["token2text"] / med_cpu["floor"]
+    out["load"] = os.getloadavg()[0]
     print(
         f"{label}, median of {rounds}: token2text {rate['token2text']:.2f}, ids only {rate['ids_only']:.2f}, "
         f"floor {rate['floor']:.2f} M tokens/s; token2text / ids only {out['vs_ids']:.2f}x, "
         f"/ floor {out['vs_floor']:.2f}x; CPU seconds: {out['cpu_vs_ids']:.2f}x ids only, "
-        f"{out['cpu_vs_floor']:.2f}x floor; load {os.getloadavg()[0]:.1f}"
+        f"{out['cpu_vs_floor']:.2f}x floor; load {out['load']:.1f}"
     )
     return out
 
@@ -349,7 +350,8 @@ def main() -> None:
         "figure": (
             f"{txt['vs_ids']:.2f}x ids only, {txt['vs_floor']:.2f}x floor (token2text {txt['token2text_mtok_s']:.2f}, "
             f"ids only {txt['ids_only_mtok_s']:.2f}, floor {txt['floor_mtok_s']:.2f} M tokens/s; CPU seconds "
-            f"{txt['cpu_vs_ids']:.2f}x ids only, {txt['cpu_vs_floor']:.2f}x floor)"
+            f"{txt['cpu_vs_ids']:.2f}x ids only, {txt['cpu_vs_floor']:.2f}x floor; load {txt['load']:.1f} on "
+            f"{os.cpu_count()} cores)"
         ),
         "target": "token2text <= 2x ids only and <= 4x the floor",
         "met": bool(txt["vs_ids"] <= 2 and txt["vs_floor"] <= 4),

@@ -421,12 +421,13 @@ class TriggerScan:
         return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
 
 
-def _common_length(a: str, b: str, limit: int, part: Callable[[str, int], str]) -> int:
-    """The largest ``k <= limit`` with ``part(a, k) == part(b, k)`` (a common prefix or suffix), by bisection."""
+def _common_length(a: str, b: str, limit: int, window: Callable[[str, int, int], str]) -> int:
+    """The largest ``k <= limit`` whose first (or last) ``k`` characters ``a`` and ``b`` share, by bisection:
+    ``window(s, i, j)`` is characters ``i:j`` from that end, and only the window still in doubt is compared."""
     lo, hi = 0, limit
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if part(a, mid) == part(b, mid):
+        if window(a, lo, mid) == window(b, lo, mid):
             lo = mid
         else:
             hi = mid - 1
@@ -444,8 +445,8 @@ def moved_ends(ends: Any, old: str, new: str) -> Any:
     if n == 0:
         return ends
     limit = min(len(old), len(new))
-    head = _common_length(old, new, limit, lambda s, k: s[:k])
-    tail = _common_length(old, new, limit - head, lambda s, k: s[len(s) - k :])
+    head = _common_length(old, new, limit, lambda s, i, j: s[i:j])
+    tail = _common_length(old, new, limit - head, lambda s, i, j: s[len(s) - j : len(s) - i])
     i2, j2 = len(old) - tail, len(new) - tail
     first = min(bisect.bisect_right(ends, head), n - 1)
     last = max(first, min(bisect.bisect_left(ends, i2), n - 1))
