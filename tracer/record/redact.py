@@ -205,21 +205,6 @@ class Redactor:
                 return values
         return [self.text(v) if type(v) is str else v for v in values]
 
-    def batch(self, batch: Any) -> Any:
-        """A ``pyarrow.RecordBatch`` with every string column redacted (JSON too, as text); itself if unchanged."""
-        import pyarrow as pa
-
-        columns = list(batch.columns)
-        changed = False
-        for i, column in enumerate(columns):
-            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-                values = column.to_pylist()
-                clean = self.texts(values)
-                if clean is not values and clean != values:
-                    columns[i] = pa.array(clean, type=column.type)
-                    changed = True
-        return pa.RecordBatch.from_arrays(columns, schema=batch.schema) if changed else batch
-
     def text(self, value: str) -> str:
         """``value`` with every secret replaced by ``<redacted>``; each rule runs only where its triggers are."""
         scan = self._scan
@@ -590,10 +575,3 @@ def is_secret_key(key: str) -> bool:
         or bool(SECRET_KEY_PATTERN.match(key))
         or bool(_PASS_WORD.search(key))
     )
-
-
-def redact_config(data: dict[str, Any], extra_patterns: Iterable[str] = ()) -> dict[str, Any]:
-    """A config dict as it may be written to file metadata: every string redacted, patterns hidden."""
-    redactor = Redactor(extra_patterns)
-    out: dict[str, Any] = redactor.value(data)
-    return out
