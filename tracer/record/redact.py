@@ -14,6 +14,7 @@ are walked.
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import itertools
 import math
@@ -139,10 +140,7 @@ def looks_random(value: str) -> bool:
     classes = sum((any(c.islower() for c in value), any(c.isupper() for c in value), any(c.isdigit() for c in value)))
     if classes < 2 or (classes == 2 and len(value) < 32):
         return False
-    counts: dict[str, int] = {}
-    for c in value:
-        counts[c] = counts.get(c, 0) + 1
-    entropy = -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
+    entropy = -sum(n / len(value) * math.log2(n / len(value)) for n in collections.Counter(value).values())
     return entropy >= 3.5
 
 
@@ -168,9 +166,7 @@ class Redactor:
     def __init__(self, extra_patterns: Iterable[str] = (), environ: dict[str, str] | None = None) -> None:
         values = secret_env_values(environ)
         extra = list(extra_patterns)
-        parts = [re.escape(v) for v in values]
-        parts.extend(SECRET_VALUE_PATTERNS)
-        parts.extend(extra)
+        parts = [*map(re.escape, values), *SECRET_VALUE_PATTERNS, *extra]
         self._pattern = re.compile("|".join(f"(?:{p})" for p in parts))
         # Text holding no trigger skips the regex; configured patterns have no known trigger.
         self._scan = None if extra else TriggerScan((*TRIGGERS, *values))
