@@ -43,24 +43,11 @@ DEFAULT_PASS_THRESHOLD = 1.0
 RUN_CONFIG_KEY = "run_config"
 
 COMPARE_SCHEMA = pa.schema(
-    [
-        pa.field(S.VALIDATE, pa.bool_()),
-        pa.field(S.SAMPLE_INDEX, pa.string()),
-        pa.field(QUESTION, pa.string()),
-        pa.field(STEPS_A, pa.string()),
-        pa.field(STEPS_B, pa.string()),
-        pa.field(PROMPT, pa.string()),
-        pa.field(ROLLOUTS_A, pa.int64()),
-        pa.field(ROLLOUTS_B, pa.int64()),
-        pa.field(REWARD_A, pa.float64()),
-        pa.field(REWARD_B, pa.float64()),
-        pa.field(DELTA, pa.float64()),
-        pa.field(PASS_RATE_A, pa.float64()),
-        pa.field(PASS_RATE_B, pa.float64()),
-        pa.field(PASS_RATE_DELTA, pa.float64()),
-        pa.field(TRACE_ID_A, pa.string()),
-        pa.field(TRACE_ID_B, pa.string()),
-    ]
+    [(S.VALIDATE, pa.bool_())]
+    + [(c, pa.string()) for c in (S.SAMPLE_INDEX, QUESTION, STEPS_A, STEPS_B, PROMPT)]
+    + [(c, pa.int64()) for c in (ROLLOUTS_A, ROLLOUTS_B)]
+    + [(c, pa.float64()) for c in (REWARD_A, REWARD_B, DELTA, PASS_RATE_A, PASS_RATE_B, PASS_RATE_DELTA)]
+    + [(c, pa.string()) for c in (TRACE_ID_A, TRACE_ID_B)]
 )
 
 

@@ -51,17 +51,13 @@ def question_of(turns: Sequence[Turn], generated: int | None = None) -> str | No
         skip = len(assistant) - generated if generated and generated <= len(assistant) else 0
         first = assistant[skip]
     user = next((t for t in reversed(turns[:first]) if t.role == ROLE_USER), None)
-    if user is None:
-        return None
-    return _untemplated(_text(user))
+    return None if user is None else _untemplated(_text(user))
 
 
 def answer_of(turns: Sequence[Turn]) -> str | None:
     """The final answer: the last assistant turn's text (None when the model never replied)."""
     last = next((t for t in reversed(turns) if t.role == ROLE_ASSISTANT), None)
-    if last is None:
-        return None
-    return _text(last) or (last.response_text or "")
+    return None if last is None else _text(last) or (last.response_text or "")
 
 
 def questions_and_answers(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, tuple[str | None, str | None]]:

@@ -230,17 +230,8 @@ def _advantage(info: Any) -> float | None:
 
 
 def _keys(summary: Mapping[str, Any], advantage: float | None) -> dict[str, Any]:
-    return {
-        S.REWARD: summary[S.REWARD],
-        ADVANTAGE: advantage,
-        S.STEP: summary[S.STEP],
-        S.SAMPLE_INDEX: summary[S.SAMPLE_INDEX],
-        S.ROLLOUT_N: summary[S.ROLLOUT_N],
-        S.VALIDATE: bool(summary[S.VALIDATE]),
-        S.TRACE_ID: summary[S.TRACE_ID],
-        S.STATUS: summary[S.STATUS],
-        NUM_TURNS: summary[S.NUM_LLM_CALLS],
-    }
+    keys = {c: summary[c] for c in (S.REWARD, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.TRACE_ID, S.STATUS)}
+    return {**keys, ADVANTAGE: advantage, S.VALIDATE: bool(summary[S.VALIDATE]), NUM_TURNS: summary[S.NUM_LLM_CALLS]}
 
 
 def trajectory_rows(summary: Mapping[str, Any], spans: Sequence[Mapping[str, Any]], per: str) -> list[dict[str, Any]]:
@@ -285,10 +276,9 @@ def trajectory_rows(summary: Mapping[str, Any], spans: Sequence[Mapping[str, Any
 
 
 def _check(per: str, fmt: str) -> None:
-    if per not in PER_CHOICES:
-        raise DatasetOptionError(f"per {per!r} is not valid; give {' or '.join(PER_CHOICES)}")
-    if fmt not in FORMAT_CHOICES:
-        raise DatasetOptionError(f"format {fmt!r} is not valid; give {' or '.join(FORMAT_CHOICES)}")
+    for option, value, choices in (("per", per, PER_CHOICES), ("format", fmt, FORMAT_CHOICES)):
+        if value not in choices:
+            raise DatasetOptionError(f"{option} {value!r} is not valid; give {' or '.join(choices)}")
 
 
 def iter_dataset(

@@ -104,13 +104,8 @@ def _join_by_key(
             by_key.setdefault((r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE])), r[S.TRACE_ID])
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for key, row in sorted(merged.items(), key=lambda kv: kv[0][0] is not None):
-        tid = key[0] if key[0] is not None else by_key.get(key[1:5])
-        new_key = (tid, *key[1:])
-        row[S.TRACE_ID] = tid
-        if new_key in out:
-            out[new_key].update({k: v for k, v in row.items() if v is not None})
-        else:
-            out[new_key] = row
+        row[S.TRACE_ID] = tid = key[0] if key[0] is not None else by_key.get(key[1:5])
+        out.setdefault((tid, *key[1:]), {}).update({k: v for k, v in row.items() if v is not None})
     return out
 
 

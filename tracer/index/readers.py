@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -61,10 +60,10 @@ def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | No
         own = table.filter(pc.fill_null(pc.not_equal(tid, ""), False)) if extra else table
         rows.append(own.append_column("_file", pa.array(np.full(own.num_rows, n, dtype=np.int64))))
         keyed = table.filter(pc.is_null(tid)) if extra else table.slice(0, 0)
-        keys.append(pa.table({"_key": _key_of(keyed), "_file": pa.array([n] * keyed.num_rows, pa.int64())}))
+        keys.append(pa.table({"_key": _key(keyed), "_file": pa.array([n] * keyed.num_rows, pa.int64())}))
     for n, spans in plain_spans.items():
         keyed = spans.filter(pc.fill_null(pc.equal(spans.column(S.TRACE_ID), ""), True))
-        keys.append(pa.table({"_key": _key_of(keyed), "_file": pa.array([n] * keyed.num_rows, pa.int64())}))
+        keys.append(pa.table({"_key": _key(keyed), "_file": pa.array([n] * keyed.num_rows, pa.int64())}))
         plain_ids.append(spans.column(S.TRACE_ID).combine_chunks())
     indexed = pa.concat_tables(rows)
     tid = indexed.column(S.TRACE_ID).combine_chunks()  # one array to hash (the other columns stay as read)
@@ -80,7 +79,7 @@ def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | No
     all_keys = pa.concat_tables(keys)
     if all_keys.num_rows:
         by_key = all_keys.group_by("_key", use_threads=False).aggregate([("_file", "min"), ("_file", "max")])
-        at = pc.index_in(_key_of(indexed), value_set=by_key.column("_key").combine_chunks())
+        at = pc.index_in(_key(indexed), value_set=by_key.column("_key").combine_chunks())
         lo = pc.take(by_key.column("_file_min").combine_chunks(), at)
         hi = pc.take(by_key.column("_file_max").combine_chunks(), at)
         file_no = indexed.column("_file")
@@ -106,11 +105,6 @@ def _from_indexes(path: TracePaths, steps: list[int] | None, validate: bool | No
         ]
         parts.append(summarize(pa.concat_tables(pieces)))
     return _in_order(pa.concat_tables(parts))
-
-
-def _key_of(t: pa.Table) -> Any:
-    """The join key of log_reward rows without a trace id (see :func:`_key`), per row of ``t``."""
-    return _key(t.column(S.STEP), t.column(S.SAMPLE_INDEX), t.column(S.ROLLOUT_N), t.column(S.VALIDATE))
 
 
 def read_step_partials(path: TracePaths, value_metrics: bool = False) -> pa.Table:

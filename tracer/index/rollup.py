@@ -163,17 +163,6 @@ def _write(run_dir: str, r: Rollup) -> None:
     fsync_dir(run_dir)
 
 
-def _locked(run_dir: str, wait_s: float) -> int | None:
-    """The update lock of ``run_dir`` as an fd to close; None when another update keeps it past ``wait_s``
-    (where the filesystem has no locks, the fd without one)."""
-    # Read-only: an flock needs no write access, and no file is kept open for writing while it waits.
-    fd = os.open(os.path.join(run_dir, LOCK_NAME), os.O_RDONLY | os.O_CREAT, 0o644)
-    if exclusive_within(fd, wait_s):
-        return fd
-    os.close(fd)
-    return None
-
-
 @dataclasses.dataclass
 class _File:
     path: str
@@ -210,7 +199,8 @@ def update(run_dir: str, of_files: PartialsOfFiles, wait_s: float = LOCK_WAIT_S)
     """Bring the rollup of the local ``run_dir`` up to date with its closed, indexed files (aggregated by
     ``of_files``); False when another update kept the lock past ``wait_s`` or nothing is closed. Raises what
     the filesystem raises."""
-    fd = _locked(run_dir, wait_s)
+    # Read-only: an flock needs no write access, and no file is kept open for writing while it waits.
+    fd = exclusive_within(os.open(os.path.join(run_dir, LOCK_NAME), os.O_RDONLY | os.O_CREAT, 0o644), wait_s)
     if fd is None:
         return False
     try:

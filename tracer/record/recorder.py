@@ -12,10 +12,8 @@ import collections
 import dataclasses
 import functools
 import itertools
-import json
 import os
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -35,7 +33,7 @@ from tracer.record.span_encoder import SpanEncoder
 from tracer.record.trajectories import CALLER, Trajectories
 from tracer.storage.upload import UploadingSpanWriter
 from tracer.storage.uri import is_remote, join_uri
-from tracer.storage.writer import SpanWriter
+from tracer.storage.writer import SpanWriter, file_meta
 
 if TYPE_CHECKING:
     from tracer.exporters.base import Driver
@@ -313,16 +311,8 @@ class Recorder:
 def _open_writer(rec: Recorder) -> SpanWriter:
     """The recorder's file writer; for a remote output, one that stages locally and uploads each closed file."""
     c = rec.config
-    meta = {
-        S.META_SCHEMA_VERSION: S.SCHEMA_VERSION,
-        S.META_CONFIG: json.dumps(c.to_dict()),
-        S.META_PROJECT: c.project_name,
-        S.META_EXPERIMENT: c.experiment_name,
-        S.META_HOST: socket.gethostname(),
-        S.META_PID: str(os.getpid()),
-        S.META_CREATED_NS: str(time.time_ns()),
-        **({S.META_SAMPLING: json.dumps(rec.sampler.parameters())} if rec.sampler is not None else {}),
-    }
+    sampling = rec.sampler.parameters() if rec.sampler is not None else None
+    meta = file_meta(c.to_dict(), c.project_name, c.experiment_name, sampling)
     sizes = (c.compression_level, c.max_file_bytes)
     if not is_remote(c.output_dir):
         return SpanWriter(c.run_dir, meta, *sizes, on_close=shard_closed)

@@ -354,8 +354,9 @@ def ends_closed(path: str) -> bool:
     return tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC)
 
 
-def _footer(read_at: Callable[[int, int], bytes], size: int) -> tuple[bytes, bytes] | None:
-    """An IPC file's footer and the 10 bytes after it (its length, the magic), read by ``read_at(offset, n)``."""
+def _footer(read_at: Callable[[int, int], bytes], size: int, use: Callable[[_Flat, bytes], _T]) -> _T | None:
+    """``use(footer, the 10 bytes after it (its length, the magic))`` of an IPC file read by ``read_at(offset, n)``;
+    None without a sound footer."""
     tail = read_at(size - 10, 10) if size >= 8 + 10 else b""
     if len(tail) != 10 or tail[4:] != ARROW_FILE_MAGIC:
         return None
@@ -363,19 +364,17 @@ def _footer(read_at: Callable[[int, int], bytes], size: int) -> tuple[bytes, byt
     if footer_len <= 0 or footer_len > size - 18:
         return None
     footer = read_at(size - 10 - footer_len, footer_len)
-    return (footer, tail) if len(footer) == footer_len else None
+    if len(footer) != footer_len:
+        return None
+    try:
+        return use(_Flat(footer), tail)
+    except _CorruptError:
+        return None
 
 
 def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None:
     """``(offset, metadata length, body length)`` of each record batch an IPC file's footer lists; None without a sound footer."""
-    got = _footer(src.read_at, size)
-    if got is None:
-        return None
-    fb = _Flat(got[0])
-    try:
-        return [(int(b[0]), int(b[1]), int(b[2])) for b in fb.structs(fb.root(), 3, "<qi4xq")]
-    except _CorruptError:
-        return None
+    return _footer(src.read_at, size, lambda fb, _: [(b[0], b[1], b[2]) for b in fb.structs(fb.root(), 3, "<qi4xq")])
 
 
 def _on_regular(path: str, min_size: int, use: Callable[[int, int], _T]) -> _T | None:
@@ -427,18 +426,12 @@ def footer_bytes(path: str) -> tuple[bytes, int] | None:
     """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists. None
     when there is no sound footer or the file is not regular or unreadable. Two positional reads: every shard index a
     reader loads is checked against its shard's footer this way."""
+    return _on_regular(path, 8 + 10, lambda fd, size: _footer(lambda at, n: os.pread(fd, n, at), size, _with_count))
 
-    def read(fd: int, size: int) -> tuple[bytes, int] | None:
-        got = _footer(lambda at, n: os.pread(fd, n, at), size)
-        if got is None:
-            return None
-        fb = _Flat(got[0])
-        try:
-            return got[0] + got[1], fb.count(fb.root(), 3, _BLOCK.size)
-        except _CorruptError:
-            return None
 
-    return _on_regular(path, 8 + 10, read)
+def _with_count(fb: _Flat, tail: bytes) -> tuple[bytes, int]:
+    """The footer with the 10 bytes after it, and how many batches it lists."""
+    return fb.data + tail, fb.count(fb.root(), 3, _BLOCK.size)
 
 
 # -- schemas and buffers ---------------------------------------------------------

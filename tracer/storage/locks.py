@@ -38,23 +38,21 @@ def try_exclusive(run_dir: str, wait_s: float) -> int | None:
         fd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
         return None
-    if exclusive_within(fd, wait_s):
-        return fd
-    os.close(fd)
-    return None
+    return exclusive_within(fd, wait_s)
 
 
-def exclusive_within(fd: int, wait_s: float) -> bool:
-    """Take ``fd``'s exclusive ``flock``, retrying every :data:`POLL_S` for at most ``wait_s``. True when it is held, or
-    when the filesystem cannot lock (nothing better is possible there); False when others kept it."""
+def exclusive_within(fd: int, wait_s: float) -> int | None:
+    """``fd`` once its exclusive ``flock`` is held, retrying every :data:`POLL_S` for at most ``wait_s``, or where the
+    filesystem cannot lock (nothing better is possible there); None, ``fd`` closed, when others kept it."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
+            return fd
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                return False
+                os.close(fd)
+                return None
             time.sleep(POLL_S)
         except OSError:
-            return True
+            return fd

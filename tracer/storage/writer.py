@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import secrets
@@ -31,6 +32,20 @@ OnClose = Callable[[str], object]
 def host_label() -> str:
     """This host's name as it appears in file names (safe characters only)."""
     return re.sub(r"[^A-Za-z0-9.-]+", "-", socket.gethostname())[:64] or "host"
+
+
+def file_meta(config: dict[str, Any], project: str, experiment: str, sampling: Any = None) -> dict[str, str]:
+    """A new run file's metadata: schema version, config, project, experiment, host, pid, creation time."""
+    return {
+        S.META_SCHEMA_VERSION: S.SCHEMA_VERSION,
+        S.META_CONFIG: json.dumps(config),
+        S.META_PROJECT: project,
+        S.META_EXPERIMENT: experiment,
+        S.META_HOST: socket.gethostname(),
+        S.META_PID: str(os.getpid()),
+        S.META_CREATED_NS: str(time.time_ns()),
+        **({S.META_SAMPLING: json.dumps(sampling)} if sampling is not None else {}),
+    }
 
 
 def fsync_dir(path: str) -> None:

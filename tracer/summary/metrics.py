@@ -92,23 +92,15 @@ GROUP_METRICS = ("reward/zero_std_frac",)
 def zero_std_groups(trajectories: pa.Table) -> pa.Table:
     """Per (step, validate, sample_index) group with rewards: ``rollouts`` (how many) and ``zero_std`` (at least
     two and all equal: no GRPO learning signal)."""
-    t = trajectories.select([S.STEP, S.VALIDATE, S.SAMPLE_INDEX, S.REWARD])
+    keys = [S.STEP, S.VALIDATE, S.SAMPLE_INDEX]
+    t = trajectories.select([*keys, S.REWARD])
     t = t.filter(pc.is_valid(t.column(S.REWARD)))
     t = t.set_column(1, S.VALIDATE, pc.fill_null(t.column(S.VALIDATE), False))
-    g = t.group_by([S.STEP, S.VALIDATE, S.SAMPLE_INDEX], use_threads=False).aggregate(
-        [(S.REWARD, "min"), (S.REWARD, "max"), (S.REWARD, "count")]
-    )
+    g = t.group_by(keys, use_threads=False).aggregate([(S.REWARD, "min"), (S.REWARD, "max"), (S.REWARD, "count")])
     count = g.column(f"{S.REWARD}_count")
     same = pc.and_(pc.greater_equal(count, 2), pc.equal(g.column(f"{S.REWARD}_min"), g.column(f"{S.REWARD}_max")))
-    return pa.table(
-        {
-            S.STEP: g.column(S.STEP),
-            S.VALIDATE: g.column(S.VALIDATE),
-            S.SAMPLE_INDEX: g.column(S.SAMPLE_INDEX),
-            "rollouts": count,
-            "zero_std": same,
-        }
-    )
+    g = g.select([*keys, f"{S.REWARD}_count"]).rename_columns([*keys, "rollouts"])
+    return g.append_column("zero_std", same)
 
 
 def zero_std_fractions(trajectories: pa.Table) -> dict[tuple[int | None, bool], float]:

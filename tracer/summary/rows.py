@@ -42,15 +42,15 @@ def _positions(n: int) -> pa.Array:
     return pa.array(range(n), pa.int64())
 
 
-def _key(step: Any, sample: Any, rollout: Any, validate: Any) -> Any:
-    """One string per row naming (step, sample_index, rollout_n, validate), nulls equal nulls; the sample comes
-    last with a prefix, so no sample text can make two keys collide."""
+def _key(t: pa.Table) -> Any:
+    """One string per row of ``t`` naming (step, sample_index, rollout_n, validate), nulls equal nulls; the sample
+    comes last with a prefix, so no sample text can make two keys collide."""
     null = "\x00"
     parts = [
-        pc.fill_null(pc.cast(step, pa.string()), null),
-        pc.fill_null(pc.cast(rollout, pa.string()), null),
-        pc.cast(pc.fill_null(validate, False), pa.string()),
-        pc.fill_null(pc.binary_join_element_wise("s", sample, ""), null),
+        pc.fill_null(pc.cast(t[S.STEP], pa.string()), null),
+        pc.fill_null(pc.cast(t[S.ROLLOUT_N], pa.string()), null),
+        pc.cast(pc.fill_null(t[S.VALIDATE], False), pa.string()),
+        pc.fill_null(pc.binary_join_element_wise("s", t[S.SAMPLE_INDEX], ""), null),
     ]
     return pc.binary_join_element_wise(*parts, "\x1f")
 
@@ -224,13 +224,8 @@ def _rewards(logs: pa.Table, own: pa.Table, first: pa.Table) -> tuple[pa.Array, 
     no_tid = pc.invert(log_tid)
     if pc.any(no_tid).as_py():
         keyed = logs.filter(no_tid)
-        k_keys, k_pos = _latest(
-            keyed,
-            _key(keyed[S.STEP], keyed[S.SAMPLE_INDEX], keyed[S.ROLLOUT_N], keyed[S.VALIDATE]),
-            pc.filter(lpos, no_tid),
-        )
-        traj_keys = _key(first[S.STEP], first[S.SAMPLE_INDEX], first[S.ROLLOUT_N], first[S.VALIDATE])
-        chosen = pc.coalesce(chosen, pc.take(k_pos, pc.index_in(traj_keys, value_set=k_keys)))
+        k_keys, k_pos = _latest(keyed, _key(keyed), pc.filter(lpos, no_tid))
+        chosen = pc.coalesce(chosen, pc.take(k_pos, pc.index_in(_key(first), value_set=k_keys)))
     log_reward = pc.take(logs[S.REWARD], chosen)
     log_info = pc.take(logs[S.ATTRIBUTES], chosen)
     ops = own.filter(pc.and_(body, pc.and_(pc.equal(kind, S.KIND_REWARD), pc.is_valid(own[S.REWARD]))))
@@ -244,11 +239,5 @@ def _rewards(logs: pa.Table, own: pa.Table, first: pa.Table) -> tuple[pa.Array, 
 def _in_order(trajectories: pa.Table) -> pa.Table:
     """Trajectory rows by step, sample, rollout, start time and trace id (nulls last): :func:`summarize`'s order."""
     return trajectories.sort_by(
-        [
-            (S.STEP, "ascending"),
-            (S.SAMPLE_INDEX, "ascending"),
-            (S.ROLLOUT_N, "ascending"),
-            (S.START_NS, "ascending"),
-            (S.TRACE_ID, "ascending"),
-        ]
+        [(c, "ascending") for c in (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.START_NS, S.TRACE_ID)]
     )

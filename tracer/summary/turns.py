@@ -322,10 +322,7 @@ def _tool_arguments(inputs: Any) -> str | None:
     if inputs is None:
         return None
     if isinstance(inputs, Mapping):
-        for key in ("arguments", "parameters"):
-            if key in inputs:
-                v = inputs[key]
-                return v if isinstance(v, str) else _dumps(v)
+        inputs = next((inputs[k] for k in ("arguments", "parameters") if k in inputs), inputs)
     return inputs if isinstance(inputs, str) else _dumps(inputs)
 
 

@@ -11,10 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-import json
 import os
-import socket
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +26,7 @@ from tracer.exporters.tables import Progress
 from tracer.extras import import_backend
 from tracer.index.closed import shard_closed
 from tracer.record.redact import Redactor
-from tracer.storage.writer import SpanWriter
+from tracer.storage.writer import SpanWriter, file_meta
 from tracer.summary import log_reward_row
 
 #: Experiment name of imported traces that do not name one.
@@ -371,12 +368,4 @@ class _Outputs:
 
     def _meta(self, key: tuple[str, str]) -> dict[str, str]:
         config = {"project_name": key[0], "experiment_name": key[1], "imported_from": self.tracking_uri}
-        return {
-            S.META_SCHEMA_VERSION: S.SCHEMA_VERSION,
-            S.META_CONFIG: json.dumps({**config, "mlflow_experiment": self.experiment}),
-            S.META_PROJECT: key[0],
-            S.META_EXPERIMENT: key[1],
-            S.META_HOST: socket.gethostname(),
-            S.META_PID: str(os.getpid()),
-            S.META_CREATED_NS: str(time.time_ns()),
-        }
+        return file_meta({**config, "mlflow_experiment": self.experiment}, key[0], key[1])
