@@ -278,7 +278,8 @@ class SinkBase:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.options = dict(options)
-        #: ``(trace_id, spans, why)`` of trajectories refused after :meth:`write` counted them (drivers take them out).
+        #: ``(trace_id, spans, why)`` of trajectories refused after :meth:`write` counted them and ``spans`` of their
+        #: spans in :attr:`Written.spans` (drivers take them out).
         self.refused: list[tuple[str, int, str]] = []
         #: Where the destination is, for messages (a URL, a directory); set by :meth:`open`.
         self.destination = ""
@@ -303,16 +304,14 @@ class SinkBase:
 
     def payloads(self, trajectories: Sequence[Trajectory], build: Any) -> list[tuple[Trajectory, Any]]:
         """``(trajectory, build(trajectory))`` for each; one whose payload cannot be built goes to
-        :attr:`refused` alone (count it as sent: the drivers take it back out)."""
+        :attr:`refused` alone, with no spans (count it as sent, not its spans: the drivers take it back out)."""
         out = []
         for t in trajectories:
             try:
                 out.append((t, build(t)))
             except Exception as exc:
                 why = f"{type(exc).__name__}: {short_error(exc)}"
-                self.refused.append(
-                    (str(t.summary.get(S.TRACE_ID)), len(t.spans), f"its payload cannot be built ({why})")
-                )
+                self.refused.append((str(t.summary.get(S.TRACE_ID)), 0, f"its payload cannot be built ({why})"))
         return out
 
     def write(self, batch: StepBatch) -> Written:
