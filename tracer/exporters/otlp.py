@@ -315,8 +315,8 @@ class OtlpSink(SinkBase):
         """Send the batch's new trajectories (late rewards are not re-sent: the root went out already)."""
         todo = [t for t in batch.trajectories if t.state == NEW and t.spans]
         built = self.payloads(todo, self.trajectory_spans)  # a trajectory whose spans cannot be built: refused alone
-        # The refused count as sent (taken back out with the refusals); late rewards are skipped.
-        written = Written(sent=len(todo) - len(built), skipped=len(batch.trajectories) - len(todo))
+        # The refused count as sent (the drivers take them back out); late rewards are skipped.
+        written = Written(sent=len(todo), skipped=len(batch.trajectories) - len(todo))
         for i in range(0, len(built), TRAJECTORIES_PER_REQUEST):
             chunk = built[i : i + TRAJECTORIES_PER_REQUEST]
             part = [t for t, _ in chunk]
@@ -324,7 +324,6 @@ class OtlpSink(SinkBase):
             rejected, why = self.post(req.SerializeToString())
             spans = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
             written.spans += spans
-            written.sent += len(part)
             written.rows.update({t.summary[S.TRACE_ID]: t.summary[S.REWARD] for t in part})
             said = f": {why}" if why else ""
             if rejected >= spans:  # every span of the request refused: none of its trajectories is there
