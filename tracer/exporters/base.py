@@ -761,11 +761,9 @@ def _confirm(report: ExportReport, sink: SinkBase, total: Written, backend: str,
     try:
         found = call(sink.read_back, "read-back")
     except Exception as exc:
-        found, error = None, f"{type(exc).__name__}: {exc}"
-    if found is None:
         report.problems.append(
             f"{backend}: what was written cannot be read back from {sink.destination or 'the destination'} "
-            f"({error}); check its disk and export again"
+            f"({type(exc).__name__}: {exc}); check its disk and export again"
         )
         return
     result = VerifyResult.compare(backend, total.rows, total.metrics, found)
