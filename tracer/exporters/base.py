@@ -51,6 +51,10 @@ LATE = "late"  # spans arriving after their trajectory was written (a reward log
 
 #: Steps this far behind the newest forget their trajectories (later ones get metrics over the late ones only).
 KEEP_STEPS = 8
+#: Spans a live driver queues; past them the oldest batches are dropped (the files hold them).
+MAX_QUEUED_SPANS = 500_000
+#: Tries a live driver gives one write.
+WRITE_TRIES = 5
 #: Seconds before a live driver whose destination failed to open tries again.
 OPEN_RETRY_S = 30.0
 #: Free bytes below which a destination's disk counts as full (in messages about a destination that hangs).
@@ -278,7 +282,8 @@ class SinkBase:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.options = dict(options)
-        #: ``(trace_id, spans, why)`` of trajectories refused after :meth:`write` counted them (drivers take them out).
+        #: ``(trace_id, spans, why)`` of trajectories refused after :meth:`write` counted them and ``spans`` of their
+        #: spans in :attr:`Written.spans` (drivers take them out).
         self.refused: list[tuple[str, int, str]] = []
         #: Where the destination is, for messages (a URL, a directory); set by :meth:`open`.
         self.destination = ""
@@ -303,16 +308,14 @@ class SinkBase:
 
     def payloads(self, trajectories: Sequence[Trajectory], build: Any) -> list[tuple[Trajectory, Any]]:
         """``(trajectory, build(trajectory))`` for each; one whose payload cannot be built goes to
-        :attr:`refused` alone (count it as sent: the drivers take it back out)."""
+        :attr:`refused` alone, with no spans (count it as sent, not its spans: the drivers take it back out)."""
         out = []
         for t in trajectories:
             try:
                 out.append((t, build(t)))
             except Exception as exc:
                 why = f"{type(exc).__name__}: {short_error(exc)}"
-                self.refused.append(
-                    (str(t.summary.get(S.TRACE_ID)), len(t.spans), f"its payload cannot be built ({why})")
-                )
+                self.refused.append((str(t.summary.get(S.TRACE_ID)), 0, f"its payload cannot be built ({why})"))
         return out
 
     def write(self, batch: StepBatch) -> Written:
@@ -355,26 +358,16 @@ class LiveDriver:
 
     :meth:`export` only queues. The driver's thread finishes a trajectory ``grace_s`` after its root span (so rewards
     logged just after are in) and writes a step once a later step arrived or at :meth:`flush`/:meth:`shutdown`. Past
-    ``max_queued_spans`` the oldest batches are dropped (counted; the files hold them); a write gets ``retries`` tries.
+    :data:`MAX_QUEUED_SPANS` the oldest batches are dropped (counted; the files hold them); a write gets
+    :data:`WRITE_TRIES` tries.
     """
 
-    def __init__(
-        self,
-        sink: SinkBase,
-        backend: str,
-        target: Target,
-        run_dir: str,
-        grace_s: float,
-        max_queued_spans: int = 500_000,
-        retries: int = 5,
-    ) -> None:
+    def __init__(self, sink: SinkBase, backend: str, target: Target, run_dir: str, grace_s: float) -> None:
         self.sink = sink
         self.backend = backend
         self.target = target
         self.run_dir = run_dir
         self.grace_s = grace_s
-        self.max_queued_spans = max_queued_spans
-        self.retries = retries
         self.trajectories_written = 0
         self.trajectories_failed = 0
         self.spans_dropped = 0
@@ -409,7 +402,7 @@ class LiveDriver:
         with self._lock:
             self._queue.append(batch)
             self._queued_spans += batch.num_rows
-            while self._queued_spans > self.max_queued_spans and len(self._queue) > 1:
+            while self._queued_spans > MAX_QUEUED_SPANS and len(self._queue) > 1:
                 old = self._queue.popleft()
                 self._queued_spans -= old.num_rows
                 self.spans_dropped += old.num_rows
@@ -615,14 +608,14 @@ class LiveDriver:
             self._written.update(t.summary[S.TRACE_ID] for t in batch.trajectories)
 
     def _retry(self, fn: Any, stopping: bool, what: str) -> Any:
-        """``fn()``'s result, tried up to :attr:`retries` times with backoff; None when every attempt failed."""
+        """``fn()``'s result, tried up to :data:`WRITE_TRIES` times with backoff; None when every attempt failed."""
         delay = 0.5
-        for attempt in range(1, self.retries + 1):
+        for attempt in range(1, WRITE_TRIES + 1):
             try:
                 return fn()
             except Exception as exc:
                 left = self._deadline.left()
-                last = attempt == self.retries or (stopping and attempt >= 2) or (left is not None and left < delay)
+                last = attempt == WRITE_TRIES or (stopping and attempt >= 2) or (left is not None and left < delay)
                 if last or isinstance(exc, BackendTimeoutError):  # hung: another attempt would wait on the same call
                     self._fail(
                         "write failed",
@@ -762,11 +755,9 @@ def _confirm(report: ExportReport, sink: SinkBase, total: Written, backend: str,
     try:
         found = call(sink.read_back, "read-back")
     except Exception as exc:
-        found, error = None, f"{type(exc).__name__}: {exc}"
-    if found is None:
         report.problems.append(
             f"{backend}: what was written cannot be read back from {sink.destination or 'the destination'} "
-            f"({error}); check its disk and export again"
+            f"({type(exc).__name__}: {exc}); check its disk and export again"
         )
         return
     result = VerifyResult.compare(backend, total.rows, total.metrics, found)

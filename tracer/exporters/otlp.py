@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.exporters.base import NEW, SinkBase, StepBatch, Target, Trajectory, Written
 from tracer.exporters.bounded import CALL_TIMEOUT_S
+from tracer.exporters.tables import number
 from tracer.extras import import_backend
 from tracer.summary import ROLE_ASSISTANT, ROLE_TOOL, Turn, content_text, span_turn, trajectory_turns
 
@@ -84,10 +85,6 @@ def _lookup(keys: Sequence[str], *sources: Any) -> Any:
                 if isinstance(value, (str, int, float)) and not isinstance(value, bool):
                     return value
     return None
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _parts_message(turn: Turn) -> dict[str, Any]:
@@ -182,7 +179,7 @@ class OtlpSink(SinkBase):
                     GEN_AI_OPERATION: "chat",
                     "gen_ai.provider.name": SERVICE_NAME,
                     "gen_ai.request.model": _lookup(MODEL_KEYS, *request),
-                    "gen_ai.request.temperature": _number(_lookup(TEMPERATURE_KEYS, *request)),
+                    "gen_ai.request.temperature": number(_lookup(TEMPERATURE_KEYS, *request)),
                     "gen_ai.usage.input_tokens": turn.prompt_token_count,
                     "gen_ai.usage.output_tokens": turn.token_count,
                     "gen_ai.response.finish_reasons": [turn.finish_reason] if turn.finish_reason else None,
@@ -213,7 +210,7 @@ class OtlpSink(SinkBase):
             ATTR_PREFIX + S.SAMPLE_INDEX: summary[S.SAMPLE_INDEX],
             ATTR_PREFIX + S.ROLLOUT_N: summary[S.ROLLOUT_N],
             ATTR_PREFIX + S.VALIDATE: bool(summary[S.VALIDATE]),
-            ATTR_PREFIX + ADVANTAGE: _number(info.get(ADVANTAGE)),
+            ATTR_PREFIX + ADVANTAGE: number(info.get(ADVANTAGE)),
             ATTR_PREFIX + S.REWARD: summary[S.REWARD],
             ATTR_PREFIX + S.STATUS: summary[S.STATUS],
             ATTR_PREFIX + S.REWARD_INFO: summary[S.REWARD_INFO],
@@ -221,8 +218,8 @@ class OtlpSink(SinkBase):
 
     def _evaluations(self, summary: Mapping[str, Any], at_ns: int) -> list[Any]:
         """The reward and each numeric reward component (the advantage aside) as ``gen_ai.evaluation.result`` events."""
-        scores = {S.REWARD: _number(summary[S.REWARD])}
-        scores.update({str(k): _number(v) for k, v in _reward_info(summary).items() if k != ADVANTAGE})
+        scores = {S.REWARD: number(summary[S.REWARD])}
+        scores.update({str(k): number(v) for k, v in _reward_info(summary).items() if k != ADVANTAGE})
         return [
             self.trace_pb.Span.Event(
                 time_unix_nano=at_ns,
@@ -318,8 +315,8 @@ class OtlpSink(SinkBase):
         """Send the batch's new trajectories (late rewards are not re-sent: the root went out already)."""
         todo = [t for t in batch.trajectories if t.state == NEW and t.spans]
         built = self.payloads(todo, self.trajectory_spans)  # a trajectory whose spans cannot be built: refused alone
-        # The refused count as sent (taken back out with the refusals); late rewards are skipped.
-        written = Written(sent=len(todo) - len(built), skipped=len(batch.trajectories) - len(todo))
+        # The refused count as sent (the drivers take them back out); late rewards are skipped.
+        written = Written(sent=len(todo), skipped=len(batch.trajectories) - len(todo))
         for i in range(0, len(built), TRAJECTORIES_PER_REQUEST):
             chunk = built[i : i + TRAJECTORIES_PER_REQUEST]
             part = [t for t, _ in chunk]
@@ -327,7 +324,6 @@ class OtlpSink(SinkBase):
             rejected, why = self.post(req.SerializeToString())
             spans = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
             written.spans += spans
-            written.sent += len(part)
             written.rows.update({t.summary[S.TRACE_ID]: t.summary[S.REWARD] for t in part})
             said = f": {why}" if why else ""
             if rejected >= spans:  # every span of the request refused: none of its trajectories is there

@@ -90,7 +90,6 @@ class TableSink(SinkBase):
         validation = [t for t in new if t.summary[S.VALIDATE]]
         dropped = max(len(validation) - room, 0)
         shown = [t for t in new if not t.summary[S.VALIDATE]] + validation[:room]
-        refused_before = len(self.refused)
         for t, row in self.payloads(shown, lambda t: trajectory_row(t.summary, t.spans)):
             (data.val_rows if t.summary[S.VALIDATE] else data.rows).append(row)
         last, step = self._last_backend_step, batch.step
@@ -105,8 +104,7 @@ class TableSink(SinkBase):
             notes.append(
                 f"step {step}: {dropped} validation trajectories left out of the table (log_val_generations={self.cap})"
             )
-        refused = len(self.refused) - refused_before  # counted as sent: the drivers take them back out
-        written = Written(sent=len(data.rows) + len(data.val_rows) + refused, skipped=dropped, notes=notes)
+        written = Written(sent=len(shown), skipped=dropped, notes=notes)  # the drivers take the refused back out
         written.rows.update((r[COL[S.TRACE_ID]], r[COL[S.REWARD]]) for r in (*data.rows, *data.val_rows))
         if step is not None:
             written.metrics.update({(step, k): v for k, v in data.metrics.items()})

@@ -71,6 +71,16 @@ def cut(text: str, limit: int = MAX_CELL_CHARS) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters cut by rollout-trace]"
 
 
+def number(value: Any) -> float | None:
+    """``value`` as a float when it is a number (not a bool) within the float range, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int past the float range
+        return None
+
+
 def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] | pa.Table) -> list[Any]:
     """One table row (:data:`TABLE_COLUMNS`) from a summary row and the trajectory's span rows (any order)."""
     turns = trajectory_turns(spans).get(traj[S.TRACE_ID], [])
@@ -85,7 +95,7 @@ def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] |
         "rollout_n": traj.get(S.ROLLOUT_N),
         "validate": bool(traj.get(S.VALIDATE)),
         "reward": traj.get(S.REWARD),
-        "advantage": float(advantage) if isinstance(advantage, (int, float)) else None,
+        "advantage": number(advantage),
         "turns": traj.get(S.NUM_LLM_CALLS),
         "tool_calls": traj.get(S.NUM_TOOL_CALLS),
         "tool_errors": traj.get(S.NUM_TOOL_ERRORS),

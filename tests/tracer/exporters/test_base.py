@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 
 import pytest
 from export_fixtures import EXPERIMENT, PROJECT, STEPS, TRAIN_PER_STEP, VAL_PER_STEP, record_rollouts, wandb_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tracer
 from tracer.backends import resolve_options
@@ -30,6 +32,7 @@ from tracer.exporters import (
     Written,
     export_files,
 )
+from tracer.exporters.tables import TABLE_COLUMNS, trajectory_row
 
 
 def record_run(output_dir: Any, **init: Any) -> str:
@@ -225,3 +228,20 @@ def test_a_sink_defined_here_works_live_from_files_and_on_the_cli(
     assert files == cli
     assert sum(len(v) for v in files.values()) == tracer.read_trajectories(run_dir).num_rows
     assert report.verify is not None and report.verify.ok
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    advantage=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.integers(2**1023, 10**400),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+        max_leaves=6,
+    )
+)
+def test_a_rows_advantage_is_a_float_or_none_whatever_reward_info_holds(advantage: Any) -> None:
+    """Any JSON value as ``reward_info``'s advantage (ints past the float range too) gives a row, its advantage a
+    float when it is a number within the float range and None otherwise."""
+    summary = {"trace_id": "t", "reward_info": {"advantage": advantage}}
+    row = dict(zip(TABLE_COLUMNS, trajectory_row(summary, []), strict=True))
+    in_range = type(advantage) in (int, float) and (type(advantage) is float or abs(advantage) < 2**1024)
+    assert row["advantage"] == (float(advantage) if in_range else None) or advantage != advantage

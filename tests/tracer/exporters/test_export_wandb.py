@@ -11,6 +11,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow.compute as pc
+import pyarrow.ipc as pa_ipc
 import pytest
 
 pytest.importorskip("wandb")
@@ -228,3 +230,31 @@ def test_verify_catches_a_changed_reward(exported: dict[str, Any], tmp_path: Any
     assert not result.ok and len(result.mismatched) == 1 and not (result.missing or result.metrics_mismatched)
     assert result.lines[0].startswith("verify wandb: FAILED:") and "1 with a different reward" in result.lines[0]
     assert result.lines[1].startswith("verify wandb: OK:")
+
+
+def test_an_advantage_past_the_float_range_is_a_row_without_advantage(tmp_path: Any, monkeypatch: Any) -> None:
+    """An int advantage past the float range (10**400) leaves the row's advantage empty; the report counts every
+    trajectory sent, none refused, and no spans (a table holds rows)."""
+    wandb_env(monkeypatch, tmp_path / "wandb")
+    cfg = tracer.init(project_name=PROJECT, experiment_name=EXPERIMENT, backend="arrow", output_dir=str(tmp_path / "t"))
+    generate = tracer.rollout_trace_op(kind="llm", name="generate")(lambda prompt: prompt + " 4")
+    for n, advantage in enumerate((10**400, -(10**400), 0.5)):
+        with tracer.rollout_trace_attr(sample_index=0, step=1, rollout_n=n):
+            generate("2 + 2?")
+            tracer.log_reward(1.0, advantage=advantage)
+    tracer.shutdown()
+    # The recorder writes such an int as a string; a file from another writer holds the JSON number itself.
+    (file,) = glob.glob(os.path.join(cfg.run_dir, "*.arrow"))
+    table = pa_ipc.open_file(file).read_all()
+    column = table.schema.get_field_index("attributes")
+    unquoted = pc.replace_substring_regex(table["attributes"], r'"advantage":"(-?\d+)"', r'"advantage":\1')
+    with pa_ipc.new_file(file, table.schema) as out:
+        out.write_table(table.set_column(column, table.schema.field(column), unquoted))
+    report = wandb_export.export_files(cfg.run_dir, progress=False, verify=True)
+    import wandb
+
+    wandb.teardown()
+    rows = _table_rows(_run_files(report), "rollout_trace/table")
+    assert sorted((r["rollout_n"], r["advantage"]) for r in rows) == [(0, None), (1, None), (2, 0.5)]
+    assert (report.trajectories_sent, report.trajectories_refused, report.spans_sent) == (3, 0, 0)
+    assert report.complete, report.details

@@ -313,10 +313,8 @@ def _mlflow_spans(t: TrajectoryData, tags_as_attributes: bool = True) -> list[An
         attrs = {k: dumps(v) for k, v in s.attributes.items()}
         attrs[MLFLOW_REQUEST_ID] = request_id
         attrs[MLFLOW_SPAN_TYPE] = dumps(s.span_type)
-        if s.inputs is not None:
-            attrs[MLFLOW_INPUTS] = dumps(s.inputs)
-        if s.outputs is not None:
-            attrs[MLFLOW_OUTPUTS] = dumps(s.outputs)
+        sides = {MLFLOW_INPUTS: s.inputs, MLFLOW_OUTPUTS: s.outputs}
+        attrs.update({k: dumps(v) for k, v in sides.items() if v is not None})
         if i == 0 and tags_as_attributes and not t.partial:
             for key, value in t.tags.items():
                 attrs[MLFLOW_TRACE_TAG_PREFIX + key] = dumps(value)
@@ -343,9 +341,7 @@ def _send_public(t: TrajectoryData, experiment_id: str, run_id: str) -> str:
 
     live: dict[str, Any] = {}
     for i, s in enumerate(t.spans):
-        kwargs: dict[str, Any] = {}
-        if i == 0:
-            kwargs = {"tags": t.tags, "metadata": {TRACE_META_SOURCE_RUN: run_id}, "experiment_id": experiment_id}
+        first = {"tags": t.tags, "metadata": {TRACE_META_SOURCE_RUN: run_id}, "experiment_id": experiment_id}
         span = mlflow.start_span_no_context(
             s.name,
             span_type=s.span_type,
@@ -354,7 +350,7 @@ def _send_public(t: TrajectoryData, experiment_id: str, run_id: str) -> str:
             # MLflow picks random ids here: keep ours so the import restores the tree.
             attributes={ATTR_SPAN_ID: s.span_id, **s.attributes},
             start_time_ns=s.start_ns,
-            **kwargs,
+            **(first if i == 0 else {}),
         )
         live[s.span_id] = span
     for s in reversed(t.spans):
