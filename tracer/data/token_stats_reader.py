@@ -22,21 +22,14 @@ from tracer.record.token_stats import (
 from tracer.summary import (
     ROLE_ASSISTANT,
     ROLLOUT_LOGPROBS,
+    TOKEN_STATS_KEY_COLUMNS,
     TOKEN_STATS_SOURCE,
-    TURN,
     TURN_SPAN_COLUMNS,
     trajectory_turns,
 )
 
-_KEY_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
-    (S.TRACE_ID, pa.string()),
-    (S.STEP, pa.int64()),
-    (S.SAMPLE_INDEX, pa.string()),
-    (S.ROLLOUT_N, pa.int64()),
-    (S.VALIDATE, pa.bool_()),
-    (TURN, pa.int64()),
-    (TOKEN_STATS_SOURCE, pa.string()),
-)
+#: Types of :data:`tracer.summary.TOKEN_STATS_KEY_COLUMNS`, in order.
+_KEY_TYPES = (pa.string(), pa.int64(), pa.string(), pa.int64(), pa.bool_(), pa.int64(), pa.string())
 _ROW_COLUMNS = [S.TRACE_ID, S.NAME, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE, S.END_NS, S.INPUTS]
 
 
@@ -73,7 +66,7 @@ def read_token_stats(
         if not isinstance(turn, int) or not isinstance(body.get(TOKEN_STATS_ARRAYS_KEY), Mapping):
             continue
         key = (r[S.TRACE_ID], r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE]), turn)
-        row = merged.setdefault(key, dict(zip((n for n, _ in _KEY_FIELDS), key, strict=False)))
+        row = merged.setdefault(key, dict(zip(TOKEN_STATS_KEY_COLUMNS, key, strict=False)))
         if isinstance(body.get(TOKEN_STATS_SOURCE_KEY), str):
             row[TOKEN_STATS_SOURCE] = body[TOKEN_STATS_SOURCE_KEY]
         for name, value in body[TOKEN_STATS_ARRAYS_KEY].items():
@@ -85,7 +78,9 @@ def read_token_stats(
     if rollout_logprobs and merged:
         _fill_rollout_logprobs(path, merged, steps)
         names[ROLLOUT_LOGPROBS] = None
-    fields = [pa.field(n, t) for n, t in _KEY_FIELDS] + [pa.field(n, pa.list_(pa.float64())) for n in names]
+    fields = [pa.field(n, t) for n, t in zip(TOKEN_STATS_KEY_COLUMNS, _KEY_TYPES, strict=True)] + [
+        pa.field(n, pa.list_(pa.float64())) for n in names
+    ]
     rows = [{f.name: row.get(f.name) for f in fields} for row in merged.values()]
     return pa.Table.from_pylist(rows, schema=pa.schema(fields))
 

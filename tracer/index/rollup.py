@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import dataclasses
 import os
 import threading
@@ -221,10 +222,8 @@ def _remove_leftovers(run_dir: str) -> None:
     """Temporary files of updates that died before their rename (only the lock's holder writes one)."""
     for e in os.scandir(run_dir):
         if e.name.startswith(ROLLUP_NAME + ".") and e.name.endswith(".tmp"):
-            try:
+            with contextlib.suppress(OSError):
                 os.remove(e.path)
-            except OSError:
-                pass
 
 
 #: Rounds an update runs while files keep closing during it.
@@ -286,10 +285,8 @@ def _whole(r: Rollup) -> pa.Table:
 def update_quietly(run_dir: str, of_files: PartialsOfFiles) -> None:
     """:func:`update`, for writers, seals and compaction: any failure leaves the rollup as it was (readers
     then read the files' indexes), never reaching the caller."""
-    try:
+    with contextlib.suppress(Exception):
         update(run_dir, of_files)
-    except Exception:
-        pass
 
 
 _pending: dict[str, PartialsOfFiles] = {}

@@ -125,14 +125,10 @@ class ShardIndexBuilder:
         self.batch_rows.append(batch.num_rows)
         steps = pc.unique(batch.column(S.STEP)).to_pylist()
         self.batch_steps.append(sorted(steps, key=lambda s: (s is None, s or 0)))
-        at = batch.schema.get_field_index(S.NAME)
-        if self.names is not None:
-            if at < 0:
-                self.names = None
-            else:
-                self.names.update(n for n in pc.unique(batch.column(at)).to_pylist() if isinstance(n, str))
-                if len(self.names) > MAX_INDEX_NAMES:
-                    self.names = None
+        if self.names is not None and S.NAME in batch.schema.names:
+            self.names.update(n for n in pc.unique(batch.column(S.NAME)).to_pylist() if isinstance(n, str))
+        if S.NAME not in batch.schema.names or len(self.names or ()) > MAX_INDEX_NAMES:
+            self.names = None
 
     def build(self) -> pa.Table:
         """The index table of the batches added (see the module docstring)."""
@@ -194,6 +190,7 @@ def write_shard_index(shard: str, builder: ShardIndexBuilder) -> None:
     if footer is None or footer[1] != len(builder.batch_rows):
         raise ValueError(f"{shard}: no footer listing its {len(builder.batch_rows)} batches")
     table = builder.build()
+    steps_text, sorted_values = _steps_meta(table, builder.step_partials)
     meta = {
         S.META_INDEX_VERSION: INDEX_VERSION,
         S.META_INDEX_OF: os.path.basename(shard),
@@ -202,9 +199,8 @@ def write_shard_index(shard: str, builder: ShardIndexBuilder) -> None:
         S.META_INDEX_BATCH_ROWS: json.dumps(builder.batch_rows),
         S.META_INDEX_BATCH_STEPS: json.dumps(builder.batch_steps),
         S.META_INDEX_BUCKETS: str(INDEX_BUCKETS),
+        S.META_INDEX_STEPS: steps_text,
     }
-    steps = _steps_meta(table, builder.step_partials)
-    meta[S.META_INDEX_STEPS] = steps[0]
     if builder.names is not None:
         meta[S.META_INDEX_NAMES] = json.dumps(sorted(builder.names))
     ids = table.column(S.TRACE_ID).to_pylist()
@@ -212,7 +208,7 @@ def write_shard_index(shard: str, builder: ShardIndexBuilder) -> None:
     order = np.argsort(place, kind="stable")
     counts = np.bincount(place, minlength=INDEX_BUCKETS + 1)
     table = table.take(pa.array(order)).combine_chunks()
-    for name, values in zip(SORTED_COLUMNS, steps[1], strict=True):
+    for name, values in zip(SORTED_COLUMNS, sorted_values, strict=True):
         padded = pa.concat_arrays([values, pa.nulls(table.num_rows - len(values), pa.float64())])
         table = table.set_column(table.schema.get_field_index(name), INDEX_SCHEMA.field(name), padded)
     whole = table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=INDEX_SCHEMA)
@@ -391,11 +387,10 @@ def _steps_meta(table: pa.Table, step_partials: PartialsOf) -> tuple[str, tuple[
     lists = [partials.column(c).combine_chunks() for c in (S.PART_REWARDS, S.PART_LATENCIES)]
     values = (pc.list_flatten(lists[0]).cast(pa.float64()), pc.list_flatten(lists[1]).cast(pa.float64()))
     counts = [pc.list_value_length(v).to_pylist() for v in lists]
+    empty = pa.array([[]] * partials.num_rows, pa.list_(pa.float64()))
     for c in (S.PART_REWARDS, S.PART_LATENCIES):  # stored empty: the values are the sorted columns
         at = partials.schema.get_field_index(c)
-        partials = partials.set_column(
-            at, partials.schema.field(at), pa.array([[]] * partials.num_rows, pa.list_(pa.float64()))
-        )
+        partials = partials.set_column(at, partials.schema.field(at), empty)
     meta = {S.META_STEPS_VALUE_COUNTS: json.dumps(counts)}
     if rows.num_rows:
         least, greatest = pc.min_max(rows.column(S.TRACE_ID)).values()

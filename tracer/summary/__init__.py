@@ -40,7 +40,6 @@ from tracer.summary.metrics import TOKEN_STATS_KEY_COLUMNS as TOKEN_STATS_KEY_CO
 from tracer.summary.metrics import TOKEN_STATS_SOURCE as TOKEN_STATS_SOURCE
 from tracer.summary.metrics import TRAINER_LOGPROBS as TRAINER_LOGPROBS
 from tracer.summary.metrics import TURN as TURN
-from tracer.summary.metrics import VALUE_COLUMNS as VALUE_COLUMNS
 from tracer.summary.metrics import merge_step_partials as merge_step_partials
 from tracer.summary.metrics import partial_metrics as partial_metrics
 from tracer.summary.metrics import step_counts as step_counts

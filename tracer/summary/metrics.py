@@ -146,12 +146,8 @@ def step_counts(trajectories: pa.Table) -> pa.Table:
     return _merge_parts([_rows_part(trajectories, counts=True, values=False)])
 
 
-#: Trajectory columns the values of the aggregates come from (rewards and latencies, by step and split).
-VALUE_COLUMNS = (S.STEP, S.VALIDATE, S.REWARD, S.START_NS, S.END_NS)
-
-
 def step_values(trajectories: pa.Table) -> pa.Table:
-    """:func:`step_partials` without the counts (zero): the values of rows with at least :data:`VALUE_COLUMNS`."""
+    """:func:`step_partials` without the counts (zero): the values of rows with step, validate, reward and times."""
     return _merge_parts([_rows_part(trajectories, counts=False, values=True)])
 
 
@@ -339,16 +335,10 @@ def _value_metrics(partials: pa.Table) -> dict[str, list[float]]:
 
     rewards, r_at = _values(partials.column(S.PART_REWARDS).combine_chunks())
     lats, l_at = _values(partials.column(S.PART_LATENCIES).combine_chunks())
-    mean, std, low, high = _moments(np.asarray(rewards, dtype=np.float64), r_at)
+    moments = _moments(np.asarray(rewards, dtype=np.float64), r_at)  # reward mean, std, min, max
     rows = range(partials.num_rows)
-    return {
-        "reward/mean": mean,
-        "reward/std": std,
-        "reward/min": low,
-        "reward/max": high,
-        "latency_s/p50": [_percentile(lats[l_at[i] : l_at[i + 1]], 0.5) for i in rows],
-        "latency_s/p95": [_percentile(lats[l_at[i] : l_at[i + 1]], 0.95) for i in rows],
-    }
+    quantiles = [[_percentile(lats[l_at[i] : l_at[i + 1]], q) for i in rows] for q in (0.5, 0.95)]
+    return dict(zip(S.VALUE_METRICS, [*moments, *quantiles], strict=True))
 
 
 def with_value_metrics(partials: pa.Table) -> pa.Table:
@@ -379,16 +369,12 @@ def partial_metrics(
         calls = sums[S.NUM_TOOL_CALLS][i]
         out[(step, bool(val))] = {
             "trajectories": float(n),
-            "reward/mean": by_value["reward/mean"][i],
-            "reward/std": by_value["reward/std"][i],
-            "reward/min": by_value["reward/min"][i],
-            "reward/max": by_value["reward/max"][i],
+            **{m: by_value[m][i] for m in S.VALUE_METRICS[:4]},
             "turns/mean": sums[S.NUM_LLM_CALLS][i] / n,
             "tool_calls/mean": calls / n,
             "tool_error_rate": (sums[S.NUM_TOOL_ERRORS][i] / calls) if calls else 0.0,
             "errors": float(sums[S.PART_NOT_OK][i]),
-            "latency_s/p50": by_value["latency_s/p50"][i],
-            "latency_s/p95": by_value["latency_s/p95"][i],
+            **{m: by_value[m][i] for m in S.VALUE_METRICS[4:]},
         }
     if token_stats is not None:
         mismatch = token_stat_metrics(token_stats)

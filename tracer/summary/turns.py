@@ -166,15 +166,11 @@ def _first(d: Mapping[str, Any], keys: Sequence[str], kind: type | tuple[type, .
     return None, None
 
 
-def _is_message(value: Any) -> bool:
-    return isinstance(value, Mapping) and isinstance(value.get("role"), str)
-
-
 def _messages(value: Any) -> list[Mapping[str, Any]] | None:
     """A chat message list, or None when ``value`` is not one."""
-    if isinstance(value, list) and value and all(_is_message(m) for m in value):
-        return value
-    return None
+    if not isinstance(value, list) or not value:
+        return None
+    return value if all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in value) else None
 
 
 def _tool_calls(value: Any) -> tuple[ToolCall, ...]:
@@ -216,29 +212,18 @@ def _logprobs(value: Any) -> list[float | None] | None:
     return None
 
 
-@dataclasses.dataclass
-class _Reply:
-    text: str | None = None
-    token_ids: list[int] | None = None
-    ids_key: str | None = None
-    token_texts: list[str] | None = None
-    logprobs: list[float | None] | None = None
-    finish_reason: str | None = None
-    tool_calls: tuple[ToolCall, ...] = ()
-
-
-def _reply(out: Any) -> _Reply:
-    """What an llm span returned, in any recognised shape."""
+def _reply(out: Any) -> dict[str, Any]:
+    """What an llm span returned, in any recognised shape, as :class:`Turn` fields (and ``ids_key``)."""
     if out is None:
-        return _Reply()
+        return {}
     if isinstance(out, str):
-        return _Reply(text=out)
+        return {"text": out}
     msgs = _messages(out)
     if msgs is not None:
         last = next((m for m in reversed(msgs) if m.get("role") == ROLE_ASSISTANT), msgs[-1])
-        return _Reply(text=content_text(last.get("content")), tool_calls=_tool_calls(last.get("tool_calls")))
+        return {"text": content_text(last.get("content")), "tool_calls": _tool_calls(last.get("tool_calls"))}
     if not isinstance(out, Mapping):
-        return _Reply(text=_dumps(out))
+        return {"text": _dumps(out)}
     choices = out.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):  # OpenAI chat completion
         ch = choices[0]
@@ -249,13 +234,13 @@ def _reply(out: Any) -> _Reply:
         texts = None
         if isinstance(lps, Mapping) and isinstance(lps.get("content"), list):
             texts = [str(e.get("token", "")) for e in lps["content"] if isinstance(e, Mapping)]
-        return _Reply(
-            text=text if isinstance(text, str) else None,
-            token_texts=texts,
-            logprobs=_logprobs(lps),
-            finish_reason=_str(ch.get("finish_reason")),
-            tool_calls=_tool_calls(msg.get("tool_calls")),
-        )
+        return {
+            "text": text if isinstance(text, str) else None,
+            "token_texts": texts,
+            "logprobs": _logprobs(lps),
+            "finish_reason": _str(ch.get("finish_reason")),
+            "tool_calls": _tool_calls(msg.get("tool_calls")),
+        }
     outputs = out.get("outputs")
     if isinstance(outputs, list) and outputs and isinstance(outputs[0], Mapping):  # vLLM RequestOutput
         out = outputs[0]
@@ -270,16 +255,16 @@ def _reply(out: Any) -> _Reply:
     _, finish = _first(out, _FINISH_KEYS, str)
     calls = _tool_calls(out.get("tool_calls"))
     if ids is None and text is None and lps is None and not calls:
-        return _Reply(text=_dumps(out))
-    return _Reply(
-        text=content_text(text),
-        token_ids=ids,
-        ids_key=ids_key,
-        token_texts=texts if texts is not None and all(isinstance(x, str) for x in texts) else None,
-        logprobs=_logprobs(lps),
-        finish_reason=finish,
-        tool_calls=calls,
-    )
+        return {"text": _dumps(out)}
+    return {
+        "text": content_text(text),
+        "token_ids": ids,
+        "ids_key": ids_key,
+        "token_texts": texts if texts is not None and all(isinstance(x, str) for x in texts) else None,
+        "logprobs": _logprobs(lps),
+        "finish_reason": finish,
+        "tool_calls": calls,
+    }
 
 
 def _str(value: Any) -> str | None:
@@ -390,26 +375,22 @@ def _span_fields(row: Mapping[str, Any]) -> dict[str, Any]:
 def _llm_turn(row: Mapping[str, Any]) -> Turn:
     """The assistant turn an llm span (or a root returning a reply) recorded."""
     reply = _reply(_loads(row.get(S.OUTPUTS)))
+    ids_key, ids = reply.pop("ids_key", None), reply.get("token_ids")
     prompt_text, prompt_ids, _ = _prompt(_loads(row.get(S.INPUTS)))
-    recorded, truncated, prompt_count = _token_meta(_loads(row.get(S.ATTRIBUTES)), reply.ids_key)
+    recorded, truncated, prompt_count = _token_meta(_loads(row.get(S.ATTRIBUTES)), ids_key)
     if prompt_count is None and prompt_ids is not None:
         prompt_count = len(prompt_ids)
     return Turn(
         role=ROLE_ASSISTANT,
-        text=reply.text,
-        content=reply.text,
-        tool_calls=reply.tool_calls,
+        content=reply.get("text"),
         prompt_text=prompt_text,
         prompt_ids=prompt_ids,
-        response_text=reply.text,
-        token_ids=reply.token_ids,
-        token_texts=reply.token_texts,
-        logprobs=reply.logprobs,
-        finish_reason=reply.finish_reason,
-        token_count=recorded if recorded is not None else (len(reply.token_ids) if reply.token_ids else None),
+        response_text=reply.get("text"),
+        token_count=recorded if recorded is not None else (len(ids) if ids else None),
         truncated=truncated,
         prompt_token_count=prompt_count,
         error=_error(row),
+        **reply,
         **_span_fields(row),
     )
 
