@@ -219,12 +219,7 @@ def _message(turn: Turn) -> dict[str, Any]:
 
 def _advantage(info: Any) -> float | None:
     """The advantage in a reward_info JSON text (None when absent or not a number)."""
-    if not isinstance(info, str):
-        return None
-    try:
-        parsed = orjson.loads(info)
-    except orjson.JSONDecodeError:
-        return None
+    parsed = S.parse_json_or_text(info)
     adv = parsed.get("advantage") if isinstance(parsed, Mapping) else None
     return float(adv) if isinstance(adv, (int, float)) and not isinstance(adv, bool) else None
 
@@ -253,10 +248,8 @@ def trajectory_rows(summary: Mapping[str, Any], spans: Sequence[Mapping[str, Any
             }
         ]
     rows = []
-    n = 0
-    for i, turn in enumerate(turns):
-        if turn.role != ROLE_ASSISTANT:
-            continue
+    for n, i in enumerate(i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT):
+        turn = turns[i]
         ids = [int(x) for x in turn.token_ids or ()]
         lps = list(turn.logprobs or ())[: len(ids)]
         rows.append(
@@ -271,7 +264,6 @@ def trajectory_rows(summary: Mapping[str, Any], spans: Sequence[Mapping[str, Any
                 EXACT: not turn.truncated and turn.token_ids is not None,
             }
         )
-        n += 1
     return rows
 
 
@@ -367,18 +359,3 @@ def write_dataset(
         if stale not in writers and os.path.exists(stale):
             os.remove(stale)  # a split this export has no rows for must not keep an older export's rows
     return counts
-
-
-__all__ = [
-    "DATASET_COLUMNS",
-    "DATASET_FIELDS",
-    "DATASET_SCHEMA",
-    "DatasetOptionError",
-    "filter_mask",
-    "iter_dataset",
-    "parse_steps",
-    "select",
-    "to_dataset",
-    "trajectory_rows",
-    "write_dataset",
-]

@@ -333,17 +333,3 @@ def _after_fork() -> None:  # the child has no worker, and the lock may have bee
 
 os.register_at_fork(after_in_child=_after_fork)
 atexit.register(wait_idle)  # a process that ends (a CLI read that sealed shards) lets its update finish, 2 s at most
-
-
-__all__ = [
-    "LOCK_NAME",
-    "ROLLUP_NAME",
-    "ROLLUP_VERSION",
-    "Rollup",
-    "covering",
-    "load_rollup",
-    "update",
-    "update_later",
-    "update_quietly",
-    "wait_idle",
-]

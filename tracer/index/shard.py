@@ -312,8 +312,6 @@ class ShardIndex:
         if table is None:
             return None
         hit = table.filter(pc.fill_null(pc.is_in(table.column(S.TRACE_ID), value_set=trace_ids), False))
-        if hit.num_rows == 0:
-            return []
         return sorted(set(pc.list_flatten(hit.column(S.INDEX_BATCHES)).to_pylist()))
 
 
@@ -358,8 +356,7 @@ def _read_buckets(index: ShardIndex, wanted: list[int]) -> pa.Table | None:
         reader = _bucket_reader(index)
         if reader.num_record_batches != index._buckets + 1:
             return None
-        parts = [reader.get_batch(b) for b in wanted]
-        table = pa.Table.from_batches(parts, schema=expected) if parts else expected.empty_table()
+        table = pa.Table.from_batches([reader.get_batch(b) for b in wanted], schema=expected)
     except (OSError, ValueError, pa.ArrowException):
         return None
     return _checked(table, expected, len(index.batch_rows))
@@ -568,25 +565,11 @@ def load_shard_index(shard: str) -> ShardIndex | None:
 
 
 _NONE = type(None)
-#: What :func:`_check` reads of a shard index's metadata (other keys, large ones among them, are not decoded).
-_CHECKED_KEYS = frozenset(
-    {
-        S.META_INDEX_VERSION,
-        S.META_INDEX_OF,
-        S.META_INDEX_SIZE,
-        S.META_INDEX_FOOTER,
-        S.META_INDEX_BATCH_ROWS,
-        S.META_INDEX_BATCH_STEPS,
-        S.META_INDEX_BUCKETS,
-        S.META_INDEX_NAMES,
-        S.META_INDEX_STEPS,  # kept undecoded for landing_sources: the schema message is read once
-    }
-)
 
 
 def _check(shard: str, side: str, size: int) -> ShardIndex | None:
     try:
-        got = closed_file_metadata(side, _CHECKED_KEYS) or {}
+        got = closed_file_metadata(side) or {}
         said = tuple(got.get(k) for k in (S.META_INDEX_VERSION, S.META_INDEX_OF, S.META_INDEX_SIZE))
         if said != (INDEX_VERSION, os.path.basename(shard), str(size)):
             return None
@@ -618,22 +601,3 @@ def _check(shard: str, side: str, size: int) -> ShardIndex | None:
         None if names is None else frozenset(names),
         _steps_text=got.get(S.META_INDEX_STEPS),
     )
-
-
-__all__ = [
-    "INDEX_SCHEMA",
-    "INDEX_VERSION",
-    "SORTED_COLUMNS",
-    "ShardIndex",
-    "ShardIndexBuilder",
-    "StoredPartials",
-    "builder",
-    "load_shard_index",
-    "shard_index_path",
-    "step_sources",
-    "stored_step_partials",
-    "trace_hashes",
-    "warn_no_index",
-    "write_index",
-    "write_shard_index",
-]

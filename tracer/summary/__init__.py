@@ -1,31 +1,19 @@
-"""The trajectory model: one summary row and one list of turns per trajectory.
+"""The trajectory model: one summary row and one list of turns per trajectory, read by every consumer.
 
-Every consumer (the viewer, each exporter, the console) reads trajectories through this module:
 :func:`summarize` gives rows of :data:`tracer.schema.TRAJECTORY_SCHEMA`, :func:`trajectory_turns` each
-trajectory's :class:`Turn` list (:func:`trajectory_messages` in OpenAI chat format).
+trajectory's :class:`Turn` list (:func:`trajectory_messages`: OpenAI chat format); the output shapes agent code
+returns (verl's, OpenAI's, vLLM's, this project's rollout) are recognised in :mod:`tracer.summary.turns` only.
 
-The definitions, once:
-
-* A **trajectory** is every trace id of the spans (log_reward rows with a
-  trace id included; one with only those has no spans and no root).
-* The **root** is a span without a parent (a ``kind="rollout"`` one first,
-  then the earliest; never a ``log_reward`` row). The **first row** is the
-  root, else the earliest span, else the earliest ``log_reward`` row (ties:
-  the earlier row); step, sample, rollout and validate come from it.
-* **Status** is the root's; ``"incomplete"`` when there is no root (spans
-  are written when they end, so a root that never ended is absent).
-* **Reward**: the latest ``log_reward`` row (by end time, ties: the later
-  row) with the trajectory's trace id; else the latest ``log_reward`` row
-  without a trace id whose ``(step, sample_index, rollout_n, validate)``
-  equals the trajectory's (a reward logged by another process; nulls equal
-  nulls, a null validate is False); else the last ``kind="reward"`` op with a
-  reward. ``reward_info`` is the chosen ``log_reward`` row's attributes.
-* Counts and times cover every span but ``log_reward`` rows (times: those
-  rows' when there is nothing else).
-
-The output shapes agent code returns (this project's rollout, verl's ``TokenOutput``, ``AgentLoopOutput`` and
-tool results, OpenAI chat completions, vLLM ``RequestOutput`` dicts, strings) are recognised in
-:mod:`tracer.summary.turns` only.
+* A **trajectory** is every trace id of the spans (one with only ``log_reward`` rows has no spans and no root).
+* The **root** is a span without a parent (``kind="rollout"`` first, then the earliest; never a ``log_reward``
+  row). The **first row** is the root, else the earliest span, else the earliest ``log_reward`` row (ties: the
+  earlier row); step, sample, rollout and validate come from it.
+* **Status** is the root's; ``"incomplete"`` without a root (spans are written when they end).
+* **Reward**: the latest ``log_reward`` row (by end time, ties: the later row) with the trajectory's trace id;
+  else the latest one without a trace id whose ``(step, sample_index, rollout_n, validate)`` equals the
+  trajectory's (a reward logged by another process; nulls equal nulls, a null validate is False); else the last
+  ``kind="reward"`` op with a reward. ``reward_info`` is the chosen ``log_reward`` row's attributes.
+* Counts and times cover every span but ``log_reward`` rows (times: those rows' when there is nothing else).
 """
 
 from __future__ import annotations
