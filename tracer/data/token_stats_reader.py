@@ -6,7 +6,6 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -58,10 +57,7 @@ def read_token_stats(
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     names: dict[str, None] = {}
     for r in spans.to_pylist():
-        try:
-            body = orjson.loads(r[S.INPUTS] or "null")
-        except orjson.JSONDecodeError:
-            continue
+        body = S.parse_json_or_text(r[S.INPUTS])
         turn = body.get(TOKEN_STATS_TURN_KEY) if isinstance(body, Mapping) else None
         if not isinstance(turn, int) or not isinstance(body.get(TOKEN_STATS_ARRAYS_KEY), Mapping):
             continue

@@ -264,8 +264,7 @@ def _sharing(
             if (pc.sum(stored[n].partials.column(S.PART_TRAJECTORIES)).as_py() or 0) != len(own):
                 return None  # not what its aggregates count
         hashes[n] = np.asarray(own, dtype=np.uint64)
-    every = np.concatenate(list(hashes.values()))
-    ordered = np.sort(every)
+    ordered = np.sort(np.concatenate(list(hashes.values())))
     twice = ordered[1:][ordered[1:] == ordered[:-1]]
     if not len(twice):
         return set()
@@ -289,8 +288,6 @@ def _sharing(
     hits = pa.table({S.TRACE_ID: pa.concat_arrays(hit_ids), "_file": pa.concat_arrays(hit_files)})
     counts = hits.group_by(S.TRACE_ID, use_threads=False).aggregate([("_file", "count_distinct")])
     many = counts.filter(pc.greater(counts.column("_file_count_distinct"), 1)).column(S.TRACE_ID).combine_chunks()
-    if not len(many):
-        return set()
     return set(pc.unique(hits.filter(pc.is_in(hits.column(S.TRACE_ID), value_set=many)).column("_file")).to_pylist())
 
 

@@ -22,7 +22,7 @@ import orjson
 import pyarrow as pa
 
 from tracer import schema as S
-from tracer.index.shard import ShardIndex, cached, load_shard_index, stored_step_partials
+from tracer.index.shard import ShardIndex, _checked, cached, load_shard_index, stored_step_partials
 from tracer.storage import side_files
 from tracer.storage.files import write_replacing
 from tracer.storage.index import listing
@@ -94,11 +94,9 @@ def _read_table(path: str) -> pa.Table | None:
     try:
         with pa.memory_map(path) as source:
             table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(use_threads=False)).read_all()
-        for chunk in table.to_batches():
-            chunk.validate(full=True)
     except (OSError, ValueError, pa.ArrowException):
         return None
-    return table.replace_schema_metadata(None)
+    return _checked(table, S.ROLLUP_SCHEMA)
 
 
 def _read(path: str) -> Rollup | None:
@@ -134,11 +132,9 @@ def covering(run_dir: str, files: Sequence[str]) -> Rollup | None:
     if got is None or len(got.files) != len(files):
         return None
     try:
-        if any(got.files.get(os.path.basename(f)) != stamp_of(os.stat(f)) for f in files):
-            return None
+        return None if any(got.files.get(os.path.basename(f)) != stamp_of(os.stat(f)) for f in files) else got
     except OSError:
         return None
-    return got
 
 
 def _write(run_dir: str, r: Rollup) -> None:
@@ -152,7 +148,6 @@ def _write(run_dir: str, r: Rollup) -> None:
         "loose": r.keyed,
     }
     path = os.path.join(run_dir, ROLLUP_NAME)
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     schema = S.ROLLUP_SCHEMA.with_metadata({META_ROLLUP: orjson.dumps(meta).decode()})
     table = with_value_metrics(_whole(r).select(S.STEP_PARTIALS_SCHEMA.names).cast(S.STEP_PARTIALS_SCHEMA))
 
@@ -160,7 +155,7 @@ def _write(run_dir: str, r: Rollup) -> None:
         with pa.ipc.new_file(f, schema) as w:
             w.write_table(table.combine_chunks())
 
-    write_replacing(path, tmp, write)
+    write_replacing(path, f"{path}.{os.getpid()}.{threading.get_ident()}.tmp", write)
     fsync_dir(run_dir)
 
 

@@ -45,7 +45,6 @@ from tracer.summary.rewards import RewardRecord as RewardRecord
 from tracer.summary.rewards import log_reward_row as log_reward_row
 from tracer.summary.rewards import reward_source as reward_source
 from tracer.summary.rewards import trajectory_rewards as trajectory_rewards
-from tracer.summary.rows import SMALL_SUMMARY_SPANS as SMALL_SUMMARY_SPANS
 from tracer.summary.rows import SUMMARY_SPAN_COLUMNS as SUMMARY_SPAN_COLUMNS
 from tracer.summary.rows import summarize as summarize
 from tracer.summary.tokens import MASK_ENV as MASK_ENV

@@ -11,21 +11,9 @@ import pyarrow.compute as pc
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.summary.turns import is_log_reward
 
-#: Span columns :func:`summarize` needs.
-SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
-    S.TRACE_ID,
-    S.PARENT_SPAN_ID,
-    S.NAME,
-    S.KIND,
-    S.STATUS,
-    S.START_NS,
-    S.END_NS,
-    S.STEP,
-    S.SAMPLE_INDEX,
-    S.ROLLOUT_N,
-    S.VALIDATE,
-    S.REWARD,
-    S.ATTRIBUTES,
+#: Span columns :func:`summarize` needs: all but span ids, errors and payloads.
+SUMMARY_SPAN_COLUMNS: tuple[str, ...] = tuple(
+    c for c in S.SPAN_COLUMNS if c not in (S.SPAN_ID, S.ERROR, S.INPUTS, S.OUTPUTS)
 )
 
 #: The columns a trajectory takes from its first row besides its name and status: its key.

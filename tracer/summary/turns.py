@@ -14,20 +14,9 @@ from tracer import schema as S  # noqa: N812 - the schema module, short as in tr
 from tracer.record.pieces import split_text
 from tracer.schema import parse_json_or_text as _loads
 
-#: Span columns :func:`trajectory_turns` reads (missing ones count as null).
-TURN_SPAN_COLUMNS: tuple[str, ...] = (
-    S.TRACE_ID,
-    S.SPAN_ID,
-    S.PARENT_SPAN_ID,
-    S.NAME,
-    S.KIND,
-    S.START_NS,
-    S.END_NS,
-    S.STATUS,
-    S.ERROR,
-    S.INPUTS,
-    S.OUTPUTS,
-    S.ATTRIBUTES,
+#: Span columns :func:`trajectory_turns` reads (missing ones count as null): all but the keys and the reward.
+TURN_SPAN_COLUMNS: tuple[str, ...] = tuple(
+    c for c in S.SPAN_COLUMNS if c not in (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE, S.REWARD)
 )
 
 
@@ -138,10 +127,8 @@ class Turn:
                 for c in self.tool_calls
             ]
         if self.role == ROLE_TOOL:
-            if self.tool_call_id is not None:
-                out["tool_call_id"] = self.tool_call_id
-            if self.tool_name is not None:
-                out["name"] = self.tool_name
+            named = {"tool_call_id": self.tool_call_id, "name": self.tool_name}
+            out.update({k: v for k, v in named.items() if v is not None})
         return out
 
 
@@ -476,11 +463,9 @@ def _attach_parsed_calls(turns: list[Turn], out: Any) -> None:
     if not (isinstance(out, list) and len(out) == 2 and isinstance(out[1], list)):
         return
     calls = _tool_calls(out[1])
-    for i in range(len(turns) - 1, -1, -1):
-        if turns[i].role == ROLE_ASSISTANT:
-            if not turns[i].tool_calls and calls:
-                turns[i] = dataclasses.replace(turns[i], tool_calls=calls)
-            return
+    last = next((i for i in reversed(range(len(turns))) if turns[i].role == ROLE_ASSISTANT), None)
+    if last is not None and calls and not turns[last].tool_calls:
+        turns[last] = dataclasses.replace(turns[last], tool_calls=calls)
 
 
 def _merge(msgs: Sequence[Mapping[str, Any]], spans: list[Turn]) -> list[Turn]:
