@@ -7,6 +7,7 @@ loads its Parquet splits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -120,9 +121,6 @@ class DatasetOptionError(ValueError):
     """A bad ``steps``, ``split``, ``filter``, ``per`` or ``format`` value (the message names it and the fix)."""
 
 
-# -- selection ---------------------------------------------------------------------
-
-
 def parse_steps(spec: str | int | Iterable[int] | None, available: Sequence[int]) -> list[int] | None:
     """The steps ``spec`` selects among ``available`` (None: all): an int, ints, or text ``"3"``, ``"1,4"``,
     ``"2-5"``, ``"4-"`` (4 and later), ``"last:3"`` (3 latest), parts combined; DatasetOptionError for other text."""
@@ -187,8 +185,7 @@ def select(
     t = run.trajectories
     if split is not None and split not in SPLIT_CHOICES:
         raise DatasetOptionError(f"split {split!r} is not valid; give {' or '.join(SPLIT_CHOICES)}")
-    recorded = [s for s in t[S.STEP].to_pylist() if s is not None]
-    wanted = parse_steps(steps, recorded)
+    wanted = parse_steps(steps, [s for s in t[S.STEP].to_pylist() if s is not None])
     mask = filter_mask(t, filters)
     if wanted is not None:
         mask = pc.and_(mask, pc.fill_null(pc.is_in(t[S.STEP], value_set=pa.array(wanted, pa.int64())), False))
@@ -196,9 +193,6 @@ def select(
         mask = pc.and_(mask, pc.equal(pc.fill_null(t[S.VALIDATE], False), split == SPLIT_VALIDATION))
     chosen = t.filter(mask)
     return dataclasses.replace(run, trajectories=chosen, not_selected=run.not_selected + t.num_rows - chosen.num_rows)
-
-
-# -- rows ----------------------------------------------------------------------------
 
 
 def _message(turn: Turn) -> dict[str, Any]:
@@ -331,7 +325,7 @@ def write_dataset(
     os.makedirs(folder, exist_ok=True)
     writers: dict[str, Any] = {}
     counts: dict[str, int] = {}
-    try:
+    with contextlib.ExitStack() as stack:
         for table in tables:
             for split in SPLIT_CHOICES:
                 part = split_of(table, split)
@@ -339,10 +333,10 @@ def write_dataset(
                     continue
                 name = os.path.join(folder, f"{split}.{format}")
                 if name not in writers:
-                    writers[name] = (
+                    writers[name] = stack.enter_context(
                         pq.ParquetWriter(name, DATASET_SCHEMA, compression="zstd")
                         if format == FORMAT_PARQUET
-                        else open(name, "wb")  # noqa: SIM115 - closed below
+                        else open(name, "wb")  # noqa: SIM115 - closed by the stack
                     )
                 w = writers[name]
                 if format == FORMAT_PARQUET:
@@ -351,9 +345,6 @@ def write_dataset(
                     for row in part.to_pylist():
                         w.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
                 counts[name] = counts.get(name, 0) + part.num_rows
-    finally:
-        for w in writers.values():
-            w.close()
     for split in SPLIT_CHOICES:
         stale = os.path.join(folder, f"{split}.{format}")
         if stale not in writers and os.path.exists(stale):

@@ -132,9 +132,7 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
     keyed_steps: set[int | None] = set()
     rest: set[int] = set()  # files read with read_trajectories
     for n, (file, shard) in enumerate(files):
-        got, cols = (
-            _shard_index.landing_sources(shard, _shard_index.SORTED_COLUMNS) if shard is not None else (None, None)
-        )
+        got, cols = _shard_index.landing_sources(shard, _shard_index.SORTED_COLUMNS) if shard else (None, None)
         if got is None:
             rest.add(n)
             spans = read_spans(file, columns=[S.TRACE_ID, S.STEP])

@@ -216,10 +216,8 @@ def write_shard_index(shard: str, builder: ShardIndexBuilder) -> None:
     def write(f: BinaryIO) -> None:
         # Uncompressed: readers decode nothing (the landing page reads every row).
         with pa.ipc.new_file(f, INDEX_SCHEMA.with_metadata(meta)) as w:
-            at = 0
-            for n in counts.tolist():  # one batch per bucket, empty ones too: batch i is bucket i
+            for at, n in zip((np.cumsum(counts) - counts).tolist(), counts.tolist()):  # batch i is bucket i
                 w.write_batch(whole.slice(at, n))
-                at += n
 
     target = shard_index_path(shard)
     write_replacing(target, target + ".tmp", write)

@@ -71,6 +71,7 @@ def log_reward_row(
     """A ``log_reward`` row of :data:`tracer.schema.SPAN_SCHEMA` ending at ``end_ns``, with ``keys``' trace id,
     step, sample, rollout and validate (``attributes``: JSON text)."""
     return {
+        **dict.fromkeys(S.SPAN_COLUMNS),
         **{k: keys[k] for k in (S.TRACE_ID, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)},
         S.SPAN_ID: span_id,
         S.PARENT_SPAN_ID: parent_span_id,
@@ -79,9 +80,6 @@ def log_reward_row(
         S.START_NS: end_ns,
         S.END_NS: end_ns,
         S.STATUS: S.STATUS_OK,
-        S.ERROR: None,
         S.REWARD: reward,
-        S.INPUTS: None,
-        S.OUTPUTS: None,
         S.ATTRIBUTES: attributes,
     }

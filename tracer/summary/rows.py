@@ -63,13 +63,10 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
     def latest(idx: list[int]) -> dict[str, Any] | None:
         return rows[max(idx, key=lambda i: (rows[i][S.END_NS], i))] if idx else None
 
-    def rank(i: int) -> tuple[int, int, int]:
+    def rank(i: int) -> tuple[int, int, int]:  # rollout roots, other roots, other spans, log_reward rows
         r = rows[i]
-        if is_log_reward(r):
-            return (3, r[S.START_NS], i)
-        if r[S.PARENT_SPAN_ID] is None:
-            return (0 if r[S.KIND] == S.KIND_ROLLOUT else 1, r[S.START_NS], i)
-        return (2, r[S.START_NS], i)
+        tier = 3 if is_log_reward(r) else 2 if r[S.PARENT_SPAN_ID] is not None else int(r[S.KIND] != S.KIND_ROLLOUT)
+        return (tier, r[S.START_NS], i)
 
     def key(r: Mapping[str, Any]) -> tuple[Any, ...]:
         return (r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE]))
@@ -82,8 +79,7 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
         body = [rows[i] for i in idx if not is_log_reward(rows[i])]
         chosen = latest([i for i in logs if rows[i][S.TRACE_ID] == tid])
         if chosen is None:
-            k = key(first)
-            chosen = latest([i for i in logs if not rows[i][S.TRACE_ID] and key(rows[i]) == k])
+            chosen = latest([i for i in logs if not rows[i][S.TRACE_ID] and key(rows[i]) == key(first)])
         if chosen is None:  # the last reward op with a reward
             ops = [i for i in idx if rows[i][S.KIND] == S.KIND_REWARD and rows[i][S.REWARD] is not None]
             chosen = latest([i for i in ops if not is_log_reward(rows[i])])
