@@ -77,8 +77,7 @@ def read_token_stats(
     fields = [pa.field(n, t) for n, t in zip(TOKEN_STATS_KEY_COLUMNS, _KEY_TYPES, strict=True)] + [
         pa.field(n, pa.list_(pa.float64())) for n in names
     ]
-    rows = [{f.name: row.get(f.name) for f in fields} for row in merged.values()]
-    return pa.Table.from_pylist(rows, schema=pa.schema(fields))
+    return pa.Table.from_pylist(list(merged.values()), schema=pa.schema(fields))
 
 
 def _join_by_key(
@@ -87,12 +86,9 @@ def _join_by_key(
     """Rows without a trace id get the one ``(step, sample_index, rollout_n, validate)`` names, as rewards do;
     rows of the same turn merge, the trace id's own arrays winning."""
     steps = sorted({k[1] for k in merged if k[0] is None and k[1] is not None})
-    trajectories = read_trajectories(path, steps=steps) if steps else None
     by_key: dict[tuple[Any, ...], str] = {}
-    if trajectories is not None:
-        cols = [S.TRACE_ID, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE]
-        for r in trajectories.select(cols).to_pylist():
-            by_key.setdefault((r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE])), r[S.TRACE_ID])
+    for r in read_trajectories(path, steps=steps).to_pylist() if steps else []:
+        by_key.setdefault((r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE])), r[S.TRACE_ID])
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for key, row in sorted(merged.items(), key=lambda kv: kv[0][0] is not None):
         row[S.TRACE_ID] = tid = key[0] if key[0] is not None else by_key.get(key[1:5])
@@ -113,6 +109,5 @@ def _fill_rollout_logprobs(
         if row.get(ROLLOUT_LOGPROBS) is not None or not key[0]:
             continue
         llm = [t for t in by_trace.get(key[0], []) if t.role == ROLE_ASSISTANT]
-        turn = key[-1]
-        if turn < len(llm) and llm[turn].logprobs is not None:
-            row[ROLLOUT_LOGPROBS] = [_number(x) for x in llm[turn].logprobs]
+        if key[-1] < len(llm) and llm[key[-1]].logprobs is not None:
+            row[ROLLOUT_LOGPROBS] = [_number(x) for x in llm[key[-1]].logprobs]

@@ -179,9 +179,8 @@ def _ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
     """An integer column as int64 (0 where null) and where it is null (None: nowhere)."""
     if arr.null_count == 0:
         return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64), None
-    return np.asarray(pc.fill_null(arr, 0).to_numpy(), dtype=np.int64), np.asarray(
-        arr.is_null().to_numpy(zero_copy_only=False)
-    )
+    null = np.asarray(arr.is_null().to_numpy(zero_copy_only=False))
+    return np.asarray(pc.fill_null(arr, 0).to_numpy(), dtype=np.int64), null
 
 
 def _keys(t: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -214,8 +214,7 @@ def _reply(out: Any) -> dict[str, Any]:
     choices = out.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):  # OpenAI chat completion
         ch = choices[0]
-        message = ch.get("message")
-        msg: Mapping[str, Any] = message if isinstance(message, Mapping) else {}
+        msg: Mapping[str, Any] = ch["message"] if isinstance(ch.get("message"), Mapping) else {}
         text = content_text(msg.get("content")) if msg else ch.get("text")
         lps = ch.get("logprobs")
         texts = None
@@ -350,13 +349,8 @@ def span_turn(row: Mapping[str, Any]) -> Turn | None:
 
 
 def _span_fields(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "status": row.get(S.STATUS),
-        "span_id": row.get(S.SPAN_ID),
-        "name": row.get(S.NAME),
-        "start_ns": row.get(S.START_NS),
-        "end_ns": row.get(S.END_NS),
-    }
+    """The :class:`Turn` fields named as the span columns they copy."""
+    return {c: row.get(c) for c in (S.STATUS, S.SPAN_ID, S.NAME, S.START_NS, S.END_NS)}
 
 
 def _llm_turn(row: Mapping[str, Any]) -> Turn:
