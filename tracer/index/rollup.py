@@ -200,7 +200,11 @@ def update(run_dir: str, of_files: PartialsOfFiles, wait_s: float = LOCK_WAIT_S)
     if fd is None:
         return False
     try:
-        _remove_leftovers(run_dir)
+        # Temp files of updates that died before their rename (only the lock's holder writes one).
+        for e in os.scandir(run_dir):
+            if e.name.startswith(ROLLUP_NAME + ".") and e.name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    os.remove(e.path)
         # Files other writers closed while this update ran are taken too (they may have given up waiting).
         for _ in range(MAX_ROUNDS):
             wrote = _step(run_dir, of_files)
@@ -211,14 +215,6 @@ def update(run_dir: str, of_files: PartialsOfFiles, wait_s: float = LOCK_WAIT_S)
         return True
     finally:
         os.close(fd)
-
-
-def _remove_leftovers(run_dir: str) -> None:
-    """Temporary files of updates that died before their rename (only the lock's holder writes one)."""
-    for e in os.scandir(run_dir):
-        if e.name.startswith(ROLLUP_NAME + ".") and e.name.endswith(".tmp"):
-            with contextlib.suppress(OSError):
-                os.remove(e.path)
 
 
 #: Rounds an update runs while files keep closing during it.
@@ -236,11 +232,7 @@ def _step(run_dir: str, of_files: PartialsOfFiles) -> bool | None:
         new = [f for n, f in by_name.items() if n not in current.files]
         if not new:
             return False
-        joins = (
-            current.keyed
-            or any(f.keyed for f in new)
-            or any(_overlap(f.range, r) for f in new for r in current.ranges.values())
-        )
+        joins = current.keyed or any(f.keyed or any(_overlap(f.range, r) for r in current.ranges.values()) for f in new)
         if not joins:  # nothing of the new files belongs to a covered trajectory: merge what they add
             added = of_files([f.path for f in new])
             _write(run_dir, Rollup(partials=merge_step_partials([_whole(current), added]), **_described(files)))

@@ -48,12 +48,8 @@ def trajectory_tokens(turns: Sequence[Turn]) -> TrajectoryTokens:
     seq: list[int] | None = list(prompt) if prompt is not None else None
     exact = prompt is not None
     for k, turn in enumerate(model):
-        if turn.truncated or (
-            turn.prompt_token_count is not None
-            and turn.prompt_ids is not None
-            and len(turn.prompt_ids) < turn.prompt_token_count
-        ):
-            exact = False
+        cut = turn.prompt_ids is not None and len(turn.prompt_ids) < (turn.prompt_token_count or 0)
+        exact = exact and not (turn.truncated or cut)
         if k > 0:
             p = list(turn.prompt_ids) if turn.prompt_ids is not None else None
             if seq is not None and p is not None and p[: len(seq)] == seq:
