@@ -211,22 +211,19 @@ def _message(turn: Turn) -> dict[str, Any]:
     }
 
 
-def _advantage(info: Any) -> float | None:
-    """The advantage in a reward_info JSON text (None when absent or not a number)."""
-    parsed = S.parse_json_or_text(info)
-    adv = parsed.get("advantage") if isinstance(parsed, Mapping) else None
-    return float(adv) if isinstance(adv, (int, float)) and not isinstance(adv, bool) else None
-
-
-def _keys(summary: Mapping[str, Any], advantage: float | None) -> dict[str, Any]:
+def _keys(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns a trajectory's rows share; the advantage is its reward_info's (None when absent or not a number)."""
     keys = {c: summary[c] for c in (S.REWARD, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.TRACE_ID, S.STATUS)}
-    return {**keys, ADVANTAGE: advantage, S.VALIDATE: bool(summary[S.VALIDATE]), NUM_TURNS: summary[S.NUM_LLM_CALLS]}
+    info = S.parse_json_or_text(summary.get(S.REWARD_INFO))
+    adv = info.get("advantage") if isinstance(info, Mapping) else None
+    adv = float(adv) if isinstance(adv, (int, float)) and not isinstance(adv, bool) else None
+    return {**keys, ADVANTAGE: adv, S.VALIDATE: bool(summary[S.VALIDATE]), NUM_TURNS: summary[S.NUM_LLM_CALLS]}
 
 
 def trajectory_rows(summary: Mapping[str, Any], spans: Sequence[Mapping[str, Any]], per: str) -> list[dict[str, Any]]:
     """The dataset rows of one trajectory: its summary row and its span rows."""
     turns = trajectory_turns(spans).get(summary[S.TRACE_ID], [])
-    keys = _keys(summary, _advantage(summary.get(S.REWARD_INFO)))
+    keys = _keys(summary)
     if per == PER_TRAJECTORY:
         tokens = trajectory_tokens(span_turns(spans))
         return [

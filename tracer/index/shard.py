@@ -585,17 +585,8 @@ def _check(shard: str, side: str, size: int) -> ShardIndex | None:
         if {type(s) for s in steps} - {list} or {type(v) for v in itertools.chain(*steps)} - {int, _NONE}:
             return None
         names: Any = orjson.loads(got[S.META_INDEX_NAMES]) if S.META_INDEX_NAMES in got else None
-        if names is not None and not (isinstance(names, list) and {type(n) for n in names} <= {str}):
-            names = None  # not what a writer writes: the shard's name column answers instead
+        # None when absent or not what a writer writes: the shard's name column answers instead.
+        names = frozenset(names) if isinstance(names, list) and {type(n) for n in names} <= {str} else None
     except (OSError, ValueError, KeyError, UnicodeDecodeError, pa.ArrowException):
         return None
-    return ShardIndex(
-        shard,
-        size,
-        rows,
-        steps,
-        side,
-        buckets,
-        None if names is None else frozenset(names),
-        _steps_text=got.get(S.META_INDEX_STEPS),
-    )
+    return ShardIndex(shard, size, rows, steps, side, buckets, names, _steps_text=got.get(S.META_INDEX_STEPS))

@@ -22,10 +22,8 @@ SOURCE_OP = "reward_op"
 
 @dataclasses.dataclass(frozen=True)
 class RewardRecord:
-    """One reward a trajectory received, logged at ``end_ns``, with the row's other attributes as ``info``.
-
-    ``source``: :data:`SOURCE_RECORDED`, :data:`SOURCE_OP`, or the ``module:function`` a rescore ran.
-    """
+    """One reward a trajectory received, logged at ``end_ns``, with the row's other attributes as ``info``;
+    ``source``: :data:`SOURCE_RECORDED`, :data:`SOURCE_OP`, or the ``module:function`` a rescore ran."""
 
     reward: float | None
     source: str

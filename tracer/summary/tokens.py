@@ -19,9 +19,8 @@ class TrajectoryTokens:
 
     Attributes:
         prompt_ids: The first model call's prompt ids (None when not recorded).
-        response_ids: Each model turn's tokens, with the tokens spliced in between turns (tool results,
-            template) where the next call's prompt shows them.
-        response_mask: Per response id: :data:`MASK_MODEL` for a model token, :data:`MASK_ENV` spliced in.
+        response_ids: Each model turn's tokens, and between them the tokens the next call's prompt shows (tool
+            results, template). ``response_mask``: :data:`MASK_MODEL` or :data:`MASK_ENV` per response id.
         logprobs: Per response id: the model's logprob (None where unknown and for spliced-in tokens).
         exact: False when a token list was cut by ``max_tokens`` or a call's prompt does not extend the previous
             prompt and reply (its spliced-in tokens are then left out); mask 1 tokens are all recorded either way.

@@ -463,12 +463,8 @@ def _attach_parsed_calls(turns: list[Turn], out: Any) -> None:
 
 
 def _merge(msgs: Sequence[Mapping[str, Any]], spans: list[Turn]) -> list[Turn]:
-    """Root messages, each assistant/tool message joined to its llm/tool span.
-
-    The i-th assistant message is the i-th llm span when their counts agree;
-    a tool message takes the next unused tool span of its name (else the next
-    unused tool span when the counts agree).
-    """
+    """Root messages joined to their spans: the i-th assistant message to the i-th llm span when their counts agree,
+    a tool message to the next unused tool span of its name (else, when the counts agree, the next unused one)."""
     turns = [_message_turn(m) for m in msgs]
     llm = [s for s in spans if s.role == ROLE_ASSISTANT]
     assistant = [i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT]
