@@ -109,19 +109,9 @@ def _read(path: str) -> Rollup | None:
             return None
         files = {str(n): (int(a), int(b), int(c)) for n, (a, b, c) in meta["files"].items()}
         ranges = {str(n): (None if r is None else (str(r[0]), str(r[1]))) for n, r in meta["ranges"].items()}
-        names = meta["names"]
-        if set(ranges) != set(files):
-            return None
-        return Rollup(
-            files=files,
-            partials=None,
-            steps=[int(s) for s in meta["steps"]],
-            rows=int(meta["rows"]),
-            names=None if names is None else frozenset(str(n) for n in names),
-            ranges=ranges,
-            keyed=bool(meta["loose"]),
-            path=path,
-        )
+        names = None if meta["names"] is None else frozenset(str(n) for n in meta["names"])
+        steps, rows, keyed = [int(s) for s in meta["steps"]], int(meta["rows"]), bool(meta["loose"])
+        return Rollup(files, None, steps, rows, names, ranges, keyed, path) if set(ranges) == set(files) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException):
         return None
 

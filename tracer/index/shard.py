@@ -255,13 +255,8 @@ def warn_no_index(shard: str, exc: BaseException) -> None:
     if _index_warned.is_set():
         return
     _index_warned.set()
-    logger.warning(
-        "rollout-trace: no index written for %s (%s: %s); readers read its spans instead "
-        "(further failures to write an index are not logged)",
-        shard,
-        type(exc).__name__,
-        exc,
-    )
+    why = "readers read its spans instead (further failures to write an index are not logged)"
+    logger.warning("rollout-trace: no index written for %s (%s: %s); %s", shard, type(exc).__name__, exc, why)
 
 
 @dataclasses.dataclass

@@ -9,15 +9,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
-from tracer.summary.turns import is_log_reward
+from tracer.summary.turns import _KEY_COLUMNS, is_log_reward
 
 #: Span columns :func:`summarize` needs: all but span ids, errors and payloads.
 SUMMARY_SPAN_COLUMNS: tuple[str, ...] = tuple(
     c for c in S.SPAN_COLUMNS if c not in (S.SPAN_ID, S.ERROR, S.INPUTS, S.OUTPUTS)
 )
 
-#: The columns a trajectory takes from its first row besides its name and status: its key.
-_KEY_COLUMNS = (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)
 #: A trajectory's counts, in :data:`tracer.schema.TRAJECTORY_SCHEMA`'s order.
 _COUNTS = (S.NUM_SPANS, S.NUM_LLM_CALLS, S.NUM_TOOL_CALLS, S.NUM_TOOL_ERRORS, S.NUM_ERRORS)
 #: Span tables up to this many rows are summarised in Python: Arrow's per-call cost dominates there.

@@ -14,10 +14,10 @@ from tracer import schema as S  # noqa: N812 - the schema module, short as in tr
 from tracer.record.pieces import split_text
 from tracer.schema import parse_json_or_text as _loads
 
+#: A trajectory's key: the columns it takes from its first row besides its name and status.
+_KEY_COLUMNS = (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)
 #: Span columns :func:`trajectory_turns` reads (missing ones count as null): all but the keys and the reward.
-TURN_SPAN_COLUMNS: tuple[str, ...] = tuple(
-    c for c in S.SPAN_COLUMNS if c not in (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE, S.REWARD)
-)
+TURN_SPAN_COLUMNS: tuple[str, ...] = tuple(c for c in S.SPAN_COLUMNS if c not in (*_KEY_COLUMNS, S.REWARD))
 
 
 def text_field_name(ids_field: str) -> str:
