@@ -277,9 +277,7 @@ def iter_dataset(
     run = select(open_run(path), steps, split, filters)
     columns = tuple(dict.fromkeys((*TURN_SPAN_COLUMNS, S.REWARD)))
     for trajs, spans in iter_step_chunks(run, columns):
-        rows: list[dict[str, Any]] = []
-        for summary in trajs.to_pylist():
-            rows.extend(trajectory_rows(summary, spans.get(summary[S.TRACE_ID], []), per))
+        rows = [r for t in trajs.to_pylist() for r in trajectory_rows(t, spans.get(t[S.TRACE_ID], []), per)]
         yield pa.Table.from_pylist(rows, schema=DATASET_SCHEMA)
 
 

@@ -183,8 +183,7 @@ def _write(folder: str, rows: list[dict[str, Any]], name: str) -> str:
             break
         except (OSError, pa.ArrowException):
             continue
-    meta[META_RESCORE] = name
-    meta[S.META_CREATED_NS] = str(time.time_ns())
+    meta |= {META_RESCORE: name, S.META_CREATED_NS: str(time.time_ns())}
     writer = SpanWriter(folder, meta, on_close=shard_closed)
     try:
         for i in range(0, len(rows), 4096):

@@ -202,9 +202,8 @@ def _rows_part(t: pa.Table | pa.RecordBatch, *, counts: bool, values: bool) -> _
         start, s_null = _ints(_column(t, S.START_NS))
         end, e_null = _ints(_column(t, S.END_NS))
         lat = (end - start).astype(np.float64) / 1e9  # int64 wraps as Arrow's subtract does
-        l_ok = None
-        if s_null is not None or e_null is not None:
-            l_ok = ~np.logical_or(False if s_null is None else s_null, False if e_null is None else e_null)
+        nulls = [n for n in (s_null, e_null) if n is not None]
+        l_ok = ~np.logical_or.reduce(nulls) if nulls else None
         vals = tuple((v, None) if ok is None else (v[ok], np.flatnonzero(ok)) for v, ok in ((r, r_ok), (lat, l_ok)))
     return _Part(step, null, validate, sums, vals)
 
@@ -262,8 +261,7 @@ def _merge_parts(parts: Sequence[_Part]) -> pa.Table:
             g = group[at0 : at0 + len(p.step)]
             for i in range(len(_PART_SUMS)):  # float weights: exact while a sum stays below 2**53
                 sums[i] += np.bincount(g, weights=p.sums[i], minlength=groups).astype(np.int64)
-    for i, c in enumerate(_PART_SUMS):
-        out[c] = pa.array(sums[i], pa.int64())
+    out.update({c: pa.array(sums[i], pa.int64()) for i, c in enumerate(_PART_SUMS)})
     by_group: tuple[np.ndarray, np.ndarray] | None = None  # (groups, their stable order), shared by equal groups
     for k, c in enumerate(_PART_LISTS):
         chunks = [

@@ -51,8 +51,7 @@ def trajectory_rewards(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[st
         if is_log_reward(r):
             attrs = _loads(r.get(S.ATTRIBUTES))
             info = {k: v for k, v in attrs.items() if k != REWARD_SOURCE_KEY} if isinstance(attrs, Mapping) else {}
-            rec = RewardRecord(r.get(S.REWARD), reward_source(attrs), end, info)
-            out.setdefault(tid, []).append((1, end, i, rec))
+            out.setdefault(tid, []).append((1, end, i, RewardRecord(r.get(S.REWARD), reward_source(attrs), end, info)))
         elif r.get(S.REWARD) is not None:
             out.setdefault(tid, []).append((0, end, i, RewardRecord(r[S.REWARD], SOURCE_OP, end, {})))
     return {tid: [rec for *_, rec in sorted(recs, key=lambda x: x[:3])] for tid, recs in out.items()}

@@ -53,12 +53,10 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
     """:func:`summarize` of a few span rows in Python: Arrow's kernels cost ~5 ms a call for one trajectory
     (bench/bench_summary.py), and live exporters summarise trajectories one at a time as they finish."""
     by_trace: dict[str, list[int]] = {}
-    logs: list[int] = []
     for i, r in enumerate(rows):
         if r[S.TRACE_ID]:
             by_trace.setdefault(r[S.TRACE_ID], []).append(i)
-        if is_log_reward(r):
-            logs.append(i)
+    logs = [i for i, r in enumerate(rows) if is_log_reward(r)]
 
     def latest(idx: list[int]) -> dict[str, Any] | None:
         return rows[max(idx, key=lambda i: (rows[i][S.END_NS], i))] if idx else None

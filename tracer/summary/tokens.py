@@ -42,8 +42,7 @@ def trajectory_tokens(turns: Sequence[Turn]) -> TrajectoryTokens:
     lps: list[float | None] = []
     if not model:
         return TrajectoryTokens(None, ids, mask, lps, True)
-    first = model[0].prompt_ids
-    prompt = list(first) if first is not None else None
+    prompt = None if model[0].prompt_ids is None else list(model[0].prompt_ids)
     seq: list[int] | None = list(prompt) if prompt is not None else None
     exact = prompt is not None
     for k, turn in enumerate(model):
