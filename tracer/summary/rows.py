@@ -181,8 +181,6 @@ def _by_trajectory(own: pa.Table) -> tuple[pa.Table, pa.Table]:
 def _rewards(logs: pa.Table, own: pa.Table, first: pa.Table) -> tuple[pa.Array, pa.Array]:
     """Each trajectory's reward and reward info (``first``: its first rows, in trace id order)."""
     trace_ids = first[S.TRACE_ID]
-    body = own["_body"]
-    kind = own[S.KIND]
     # log_reward by trace id, else by key; else the last reward op.
     logs = logs.take(pc.sort_indices(logs, sort_keys=[(S.END_NS, "ascending"), ("_pos", "ascending")]))
     lpos = _positions(logs.num_rows)
@@ -196,7 +194,7 @@ def _rewards(logs: pa.Table, own: pa.Table, first: pa.Table) -> tuple[pa.Array, 
         chosen = pc.coalesce(chosen, pc.take(k_pos, pc.index_in(_key(first), value_set=k_keys)))
     log_reward = pc.take(logs[S.REWARD], chosen)
     log_info = pc.take(logs[S.ATTRIBUTES], chosen)
-    ops = own.filter(pc.and_(body, pc.and_(pc.equal(kind, S.KIND_REWARD), pc.is_valid(own[S.REWARD]))))
+    ops = own.filter(pc.and_(own["_body"], pc.and_(pc.equal(own[S.KIND], S.KIND_REWARD), pc.is_valid(own[S.REWARD]))))
     ops = ops.take(pc.sort_indices(ops, sort_keys=[(S.END_NS, "ascending"), ("_pos", "ascending")]))
     op_keys, op_pos = _latest(ops, ops[S.TRACE_ID], _positions(ops.num_rows))
     op_reward = pc.take(ops[S.REWARD], pc.take(op_pos, pc.index_in(trace_ids, value_set=op_keys)))

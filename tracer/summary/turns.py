@@ -118,18 +118,15 @@ class Turn:
             return dict(self.message)
         out: dict[str, Any] = {"role": self.role, "content": self.text if self.text is not None else ""}
         if self.tool_calls:
-            out["tool_calls"] = [
-                {
-                    **({"id": c.id} if c.id is not None else {}),
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in self.tool_calls
-            ]
+            out["tool_calls"] = [{k: v for k, v in _openai_call(c).items() if v is not None} for c in self.tool_calls]
         if self.role == ROLE_TOOL:
             named = {"tool_call_id": self.tool_call_id, "name": self.tool_name}
             out.update({k: v for k, v in named.items() if v is not None})
         return out
+
+
+def _openai_call(c: ToolCall) -> dict[str, Any]:
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
 def _dumps(value: Any) -> str:
