@@ -52,8 +52,8 @@ if frame is not None:
     self_obj = args[0] if has_self else None
     a = args[1:] if has_self else args
     if a and not _IMMUTABLE.issuperset(map(type, a)):
-        a = _capture_args(rec, a)
-    k = _capture_args(rec, kwargs) if kwargs else None
+        a = _guarded(rec, capture_args, a, "arguments")
+    k = _guarded(rec, capture, kwargs, "arguments") if kwargs else None
     token = _set(frame)
     start = _time_ns()
 """
@@ -64,9 +64,9 @@ if token is not None:
     _reset(token)
 end = _time_ns()
 if exc is None:
-    o = out if type(out) in _IMMUTABLE else _capture_out(rec, out)
+    o = out if type(out) in _IMMUTABLE else _guarded(rec, capture, out, "return value")
 else:
-    o, exc = None, _capture_error(rec, exc)
+    o, exc = None, _guarded(rec, capture_error, exc, "exception")
 record = (frame[0], parent_sid, frame[1], spec, frame[2], start, end, exc, a, k, o, self_obj)
 buf = rec.buffer
 if len(buf) < rec.fast_limit:
@@ -193,28 +193,21 @@ def _append(rec: _recorder.Recorder, record: tuple[Any, ...]) -> None:
         _internal_error(rec, "recording a span", err)
 
 
-def _capture_args(rec: _recorder.Recorder, args: Any) -> Any:
+def _guarded(rec: _recorder.Recorder, fn: Callable[[Any], Any], value: Any, what: str) -> Any:
+    """``fn(value)`` (a capture); a failure of the tracer's is counted and ``what`` is written as a placeholder."""
     try:
-        return capture_args(args) if type(args) is tuple else capture(args)
+        return fn(value)
     except Exception as exc:
-        _internal_error(rec, "capturing arguments", exc)
-        return (Placeholder(f"<arguments not captured: {type(exc).__name__}>"),)
+        _internal_error(rec, f"capturing {what}", exc)
+        return _NOT_CAPTURED[fn](f"<{what} not captured: {type(exc).__name__}>")
 
 
-def _capture_out(rec: _recorder.Recorder, out: Any) -> Any:
-    try:
-        return capture(out)
-    except Exception as exc:
-        _internal_error(rec, "capturing a return value", exc)
-        return Placeholder(f"<return value not captured: {type(exc).__name__}>")
-
-
-def _capture_error(rec: _recorder.Recorder, exc: BaseException) -> BaseException:
-    try:
-        return capture_error(exc)
-    except Exception as err:
-        _internal_error(rec, "capturing an exception", err)
-        return RuntimeError(f"<exception not captured: {type(err).__name__}>")
+#: What stands for a value :func:`_guarded` could not capture, by the capture that failed.
+_NOT_CAPTURED: dict[Callable[[Any], Any], Callable[[str], Any]] = {
+    capture_args: lambda text: (Placeholder(text),),
+    capture: Placeholder,
+    capture_error: RuntimeError,
+}
 
 
 def _internal_error(rec: _recorder.Recorder, what: str, exc: BaseException) -> None:
@@ -391,7 +384,7 @@ class _Yields:
     def add(self, item: Any) -> Any:
         self.count += 1
         if self.count <= MAX_YIELDED_RECORDED:
-            self.items.append(_capture_out(self.rec, item))
+            self.items.append(_guarded(self.rec, capture, item, "return value"))
         return item
 
     def close(self, exc: BaseException | None, value: Any = None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import statistics
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -70,17 +71,12 @@ class Group:
     @property
     def exact_mean(self) -> Fraction | None:
         """Mean of the values, exactly (None without any): groups rank by it."""
-        if not self.values:
-            return None
-        return sum((Fraction(v) for v in self.values), Fraction(0)) / len(self.values)
+        return statistics.mean(map(Fraction, self.values)) if self.values else None
 
     @property
     def exact_variance(self) -> Fraction | None:
         """Population variance of the values, exactly (None without any): groups rank by it."""
-        m = self.exact_mean
-        if m is None:
-            return None
-        return sum(((Fraction(v) - m) ** 2 for v in self.values), Fraction(0)) / len(self.values)
+        return statistics.pvariance(map(Fraction, self.values)) if self.values else None
 
 
 def _as_float(x: Fraction | None) -> float | None:
@@ -93,37 +89,33 @@ def _as_float(x: Fraction | None) -> float | None:
         return math.inf if x > 0 else -math.inf
 
 
-def variance_rank(group: Group) -> tuple[int, Fraction, float]:
+def variance_rank(group: Group) -> tuple[int, Fraction]:
     """Sort key of ``variance``: values that differ (largest variance first), then all equal, then none."""
     var = group.exact_variance
-    if var is None:
-        return (2, Fraction(0), group.score)
-    differ = len(set(group.values)) > 1
-    return (0 if differ else 1, -var, group.score)
+    return (2, Fraction(0)) if var is None else (0 if len(set(group.values)) > 1 else 1, -var)
 
 
 def choose_groups(strategy: str, groups: Sequence[Group], limit: int) -> list[tuple[Group, str | None]]:
-    """The groups ``strategy`` keeps, at most ``limit``, in any order the same, with their ``extremes`` rank or None."""
+    """The groups ``strategy`` keeps, at most ``limit``, in any order the same, with their ``extremes`` rank or None.
+
+    Ties go to the lower seeded score (sorts are stable over the score order).
+    """
     if limit <= 0:
         return []
+    by_score = sorted(groups, key=lambda g: (g.score, str(g.key)))
     if strategy == UNIFORM:
-        return [(g, None) for g in sorted(groups, key=lambda g: (g.score, str(g.key)))[:limit]]
+        return [(g, None) for g in by_score[:limit]]
     if strategy == VARIANCE:
-        return [(g, None) for g in sorted(groups, key=lambda g: (*variance_rank(g), str(g.key)))[:limit]]
+        return [(g, None) for g in sorted(by_score, key=variance_rank)[:limit]]
     if strategy != EXTREMES:
         raise ValueError(f"unknown sample_strategy {strategy!r}; choose {UNIFORM}, {EXTREMES} or {VARIANCE}")
-    known = [g for g in groups if g.values]
-    unknown = sorted((g for g in groups if not g.values), key=lambda g: (g.score, str(g.key)))
-    n_high = (limit + 1) // 2
+    known = [g for g in by_score if g.values]
     means = {id(g): g.exact_mean or Fraction(0) for g in known}
-    high = sorted(known, key=lambda g: (-means[id(g)], g.score, str(g.key)))[:n_high]
+    high = sorted(known, key=lambda g: -means[id(g)])[: (limit + 1) // 2]
     taken = {id(g) for g in high}
-    rest = [g for g in known if id(g) not in taken]
-    low = sorted(rest, key=lambda g: (means[id(g)], g.score, str(g.key)))[: limit - len(high)]
-    ranked: list[tuple[Group, str | None]] = [(g, RANK_HIGH) for g in high]
-    ranked += [(g, RANK_LOW) for g in low]
-    ranked += [(g, None) for g in unknown[: limit - len(ranked)]]
-    return ranked
+    low = sorted((g for g in known if id(g) not in taken), key=lambda g: means[id(g)])[: limit - len(high)]
+    unknown = [(g, None) for g in by_score if not g.values]
+    return [*((g, RANK_HIGH) for g in high), *((g, RANK_LOW) for g in low), *unknown][:limit]
 
 
 def response_tokens(reply: Any) -> int | None:
