@@ -1,10 +1,9 @@
 """Call-time snapshots of arguments and return values, and the one guard on user objects.
 
-A snapshot copies builtin containers (subclasses through the builtin's methods), arrays, tensors and the
-plain attributes of objects with default attribute access: no user code runs on the caller's or the writer's
-thread. Anything else becomes a :class:`Deferred`, computed by one daemon worker and waited for at most
-:data:`USER_CALL_TIMEOUT_S`; a call past it is abandoned, counted and written as a placeholder, and past
-:data:`MAX_STUCK_CALLS` abandoned calls still running no new one starts until one returns.
+A snapshot copies builtin containers, arrays, tensors and plain attributes: no user code runs on the caller's
+or the writer's thread. Anything else becomes a :class:`Deferred`, computed by one daemon worker and waited for
+at most :data:`USER_CALL_TIMEOUT_S` (then abandoned, counted, written as a placeholder; past
+:data:`MAX_STUCK_CALLS` abandoned calls still running, no new one starts until one returns).
 """
 
 from __future__ import annotations
@@ -55,10 +54,8 @@ _INT_CHECK_OPTS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATAC
 
 
 def int_kind(value: list[Any] | tuple[Any, ...]) -> int:
-    """Whether ``value`` (a list or tuple) holds only plain ints of at most 64 bits (token ids), and their sign.
-
-    :data:`NON_NEGATIVE_INTS` (empty too), :data:`INTS` or :data:`NOT_INTS`, in one C pass: orjson's text must
-    hold only digits, commas and minus signs. Enum members whose value is such an int count as that int.
+    """:data:`NON_NEGATIVE_INTS` (empty too), :data:`INTS` or :data:`NOT_INTS`: whether ``value`` (a list or tuple)
+    holds only ints of at most 64 bits (int enum members count), and their sign; one C pass of orjson's text.
     """
     if not value:
         return NON_NEGATIVE_INTS
@@ -76,10 +73,10 @@ def int_kind(value: list[Any] | tuple[Any, ...]) -> int:
 
 
 def _gc_untrack() -> Callable[[Any], None] | None:
-    """CPython's ``PyObject_GC_UnTrack``, checked to work on a fresh tuple; None where it is not there.
+    """CPython's ``PyObject_GC_UnTrack``, checked on a fresh tuple; None where it is not there.
 
-    A flat capture of scalars can be in no cycle; untracking it at once spares the collector reading its
-    items while the span waits in the buffer (~3.7 us a span of 512 ids, against ~0.2 us for this call).
+    A flat capture of scalars is in no cycle: untracking it spares the collector reading it while it waits in
+    the buffer (~3.7 us a span of 512 ids, against ~0.2 us for this call).
     """
     if sys.implementation.name != "cpython":
         return None
@@ -289,9 +286,8 @@ def capture_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
 def capture(value: Any, depth: int = 0) -> Any:
     """A copy of ``value`` that later mutation cannot change; never runs the user's code, never raises.
 
-    What cannot be copied becomes its repr off this thread (:class:`Deferred`) or a :class:`Placeholder`.
-    In a captured value, an exact ``tuple`` is an id sequence :func:`int_kind` found
-    :data:`NON_NEGATIVE_INTS`: the writer takes it as checked token ids (``Encoder.prepare_captured``).
+    What cannot be copied becomes a :class:`Deferred` repr or a :class:`Placeholder`. An exact ``tuple`` in a
+    capture is a checked id sequence (:data:`NON_NEGATIVE_INTS`): ``Encoder.prepare_captured`` trusts it.
     """
     cls = type(value)
     if cls in IMMUTABLE_TYPES:
@@ -555,20 +551,13 @@ def safe_repr(value: Any) -> str:
     return Deferred(repr, value).run()
 
 
-#: How :func:`convert` carries a result of each target type through the worker's text.
-_CODECS: dict[type, tuple[Callable[[Any], str], Callable[[str], Any]]] = {
-    int: (lambda v: str(int(v)), int),
-    bool: (lambda v: "1" if v else "0", lambda t: {"1": True, "0": False}[t]),
-    float: (lambda v: float(v).hex(), float.fromhex),
-}
-
-
 def convert(to: type, value: Any) -> Any:
     """``to(value)`` for ``to`` in int, bool, float, guarded like :func:`as_text`; None when it fails or blocks."""
     try:
         if plain_number(value):
             return to(value)
-        encode, decode = _CODECS[to]
-        return decode(call_bounded(lambda v: encode(to(v)), value))
-    except Exception:  # the user's method raised, or the placeholder text is no number
+        # The worker's text is the result's repr (a bool's as 0 or 1): a placeholder's text is no number.
+        text = call_bounded(lambda v: repr(int(to(v)) if to is bool else to(v)), value)
+        return bool(int(text)) if to is bool else to(text)
+    except Exception:  # the user's method raised, or blocked
         return None
