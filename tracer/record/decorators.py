@@ -181,7 +181,7 @@ def _open_slow(rec: _recorder.Recorder, spec: OpSpec, parent: Any) -> tuple[Any,
     try:
         opened = rec.open_span(spec, parent)
     except Exception as exc:
-        _internal_error(rec, "opening a span", exc)
+        rec.problems.report("internal error", f"opening a span: {type(exc).__name__}: {exc}", exc)
         return None, None
     return (None, None) if opened is None else opened
 
@@ -190,7 +190,7 @@ def _append(rec: _recorder.Recorder, record: tuple[Any, ...]) -> None:
     try:
         rec.append(record)
     except Exception as err:
-        _internal_error(rec, "recording a span", err)
+        rec.problems.report("internal error", f"recording a span: {type(err).__name__}: {err}", err)
 
 
 def _guarded(rec: _recorder.Recorder, fn: Callable[[Any], Any], value: Any, what: str) -> Any:
@@ -198,7 +198,7 @@ def _guarded(rec: _recorder.Recorder, fn: Callable[[Any], Any], value: Any, what
     try:
         return fn(value)
     except Exception as exc:
-        _internal_error(rec, f"capturing {what}", exc)
+        rec.problems.report("internal error", f"capturing {what}: {type(exc).__name__}: {exc}", exc)
         return _NOT_CAPTURED[fn](f"<{what} not captured: {type(exc).__name__}>")
 
 
@@ -208,11 +208,6 @@ _NOT_CAPTURED: dict[Callable[[Any], Any], Callable[[str], Any]] = {
     capture: Placeholder,
     capture_error: RuntimeError,
 }
-
-
-def _internal_error(rec: _recorder.Recorder, what: str, exc: BaseException) -> None:
-    """Count a tracer failure; never let it reach the user's code (except strict mode, in flush)."""
-    rec.problems.report("internal error", f"{what}: {type(exc).__name__}: {exc}", exc)
 
 
 @overload
@@ -238,12 +233,12 @@ def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | N
             return type(fn)(decorate(fn.__func__))
         spec = OpSpec(fn, name, kind)
         if inspect.isgeneratorfunction(fn):
-            return _trace_generator(fn, spec)  # type: ignore[return-value]
+            return _trace_generator(fn, spec)
         if inspect.isasyncgenfunction(fn):
-            return _trace_async_generator(fn, spec)  # type: ignore[return-value]
+            return _trace_async_generator(fn, spec)
         if inspect.iscoroutinefunction(fn):
-            return _trace_async(fn, spec)  # type: ignore[return-value]
-        return _trace_plain(fn, spec)  # type: ignore[return-value]
+            return _trace_async(fn, spec)
+        return _trace_plain(fn, spec)
 
     if func is not None:
         if not callable(func) and not isinstance(func, (classmethod, staticmethod)):
@@ -346,28 +341,6 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
 
 #: Yielded items of a traced generator kept as its outputs (the count is always kept).
 MAX_YIELDED_RECORDED = 1000
-
-
-_trace_plain: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
-_trace_async: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
-_trace_generator: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
-_trace_async_generator: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
-#: Opens a span (see _OPEN): the open span, or None when the call is not recorded.
-_open_call: Callable[[_recorder.Recorder, OpSpec, tuple[Any, ...], dict[str, Any]], Span | None]
-#: Closes an open span (see _CLOSE); returns ``out``.
-_close: Callable[[_recorder.Recorder, Span, BaseException | None, Any], Any]
-
-
-def _build() -> None:
-    """Compile the opener and closer into the wrappers and into _open_call/_close."""
-    global _trace_plain, _trace_async, _trace_generator, _trace_async_generator, _open_call, _close
-    blocks = {"open": _indent(_OPEN, 8), "close": _indent(_CLOSE, 8), "close_on_error": _indent(_CLOSE, 12)}
-    _trace_plain = _compile(_WRAPPER.format(async_="", await_="", **blocks), "plain wrapper")["wrap"]
-    _trace_async = _compile(_WRAPPER.format(async_="async ", await_="await ", **blocks), "async wrapper")["wrap"]
-    functions = _compile(_FUNCTIONS.format(open=_indent(_OPEN, 4), close=_indent(_CLOSE, 4)), "span opener")
-    _open_call, _close = functions["_open_call"], functions["_close"]
-    forms = [{key: pair[i] for key, pair in _GENERATOR_FORMS.items()} for i in (0, 1)]
-    _trace_generator, _trace_async_generator = (_compile(_GENERATOR.format(**f), "generator")["wrap"] for f in forms)
 
 
 class _Yields:
@@ -497,4 +470,14 @@ def propagate(fn: F) -> F:
     return run  # type: ignore[return-value]
 
 
-_build()
+# Compiled last: a template's namespace is a copy of this module's names as they are then.
+_BLOCKS = {"open": _indent(_OPEN, 8), "close": _indent(_CLOSE, 8), "close_on_error": _indent(_CLOSE, 12)}
+_trace_plain = _compile(_WRAPPER.format(async_="", await_="", **_BLOCKS), "plain wrapper")["wrap"]
+_trace_async = _compile(_WRAPPER.format(async_="async ", await_="await ", **_BLOCKS), "async wrapper")["wrap"]
+#: The generators' opener (None: not recorded) and closer (returns ``out``): see _OPEN and _CLOSE.
+_FUNCS = _compile(_FUNCTIONS.format(open=_indent(_OPEN, 4), close=_indent(_CLOSE, 4)), "span opener")
+_open_call, _close = _FUNCS["_open_call"], _FUNCS["_close"]
+_trace_generator, _trace_async_generator = (
+    _compile(_GENERATOR.format(**{k: pair[i] for k, pair in _GENERATOR_FORMS.items()}), "generator")["wrap"]
+    for i in (0, 1)
+)
