@@ -1,10 +1,8 @@
 """Per-token text for token2text: a table from token id to its text and bytes, built once per tokenizer.
 
-A sequence's pieces are a list lookup and its text a join of bytes decoded once (~27 M tokens/s against
-~11.6 M for ``decode_batch``). Rendering is documented in ``docs/format.md``: a character split over
-byte-level tokens shows in the token holding its last byte, the ones before show ``""``. A span stores
-each token's end in the text (``*_token_offsets``) when the pieces spell it, else the pieces
-(``*_token_texts``); :func:`token_texts_of` reads either back.
+A sequence's pieces are a list lookup and its text a join of bytes (~27 M tokens/s against ~11.6 M for
+``decode_batch``); rendering is documented in ``docs/format.md``. :func:`token_texts_of` reads back a span's
+token ends in its text (``*_token_offsets``) or, where the pieces do not spell it, the pieces (``*_token_texts``).
 """
 
 from __future__ import annotations
@@ -37,17 +35,9 @@ _lock = threading.Lock()
 @functools.lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: the printable character standing for each byte."""
-    keep = (
-        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    chars = keep[:]
-    extra = 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(keep, chars)}
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in keep]  # shown as the characters from 256 on, in byte order
+    return {chr(c): b for b, c in zip(keep + moved, keep + list(range(256, 256 + len(moved))))}
 
 
 def batch_decode(tokenizer: Any, sequences: list[list[int]]) -> list[str]:
@@ -153,10 +143,8 @@ class PieceTable:
             return False
 
     def decode(self, ids: Sequence[int], checked: bool = False) -> str:
-        """The whole sequence's text from the byte table (only when :attr:`exact_text`); IndexError outside it.
-
-        ``checked``: the caller knows no id is negative (skips the check).
-        """
+        """The sequence's text from the byte table (when :attr:`exact_text`); IndexError outside it or for a negative
+        id (``checked``: the caller knows there is none)."""
         if not checked and ids and min(ids) < 0:
             raise IndexError(f"negative token id {min(ids)}")
         if len(ids) < NUMPY_DECODE_IDS:
@@ -183,10 +171,7 @@ class PieceTable:
         return joined[index].tobytes().decode("utf-8", "replace")
 
     def pieces(self, ids: Sequence[int], tokenizer: Any, checked: bool = False) -> list[str]:
-        """One text per token of ``ids`` (see the module docstring for split characters).
-
-        ``checked``: the caller knows no id is negative (skips the check).
-        """
+        """One text per token of ``ids`` (``checked``: the caller knows no id is negative)."""
         texts = self.texts
         try:
             if not checked and ids and min(ids) < 0:
