@@ -44,25 +44,12 @@ def install(drain: Callable[[float], object], timeout_s: float) -> None:
     _wrap_ray()
 
 
-def uninstall() -> None:
-    """Forget ``drain`` and give the signals back their previous handlers (tests use it)."""
-    global _drain
-    with _lock:
-        _drain = None
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig, previous in list(_previous.items()):
-        if getattr(signal.getsignal(sig), _MARK, False):
-            signal.signal(sig, previous)
-        _previous.pop(sig, None)
-
-
-def drain_now(reason: str) -> bool:
-    """Run the installed drain with the configured bound; True when it finished in time; never raises."""
+def drain_now(reason: str) -> None:
+    """Run the installed drain with the configured bound; an overrun or a failure is logged, never raised."""
     with _lock:
         drain, timeout = _drain, _timeout_s
     if drain is None:
-        return True
+        return
     errors: list[BaseException] = []
 
     def work() -> None:
@@ -81,11 +68,8 @@ def drain_now(reason: str) -> bool:
             reason,
             timeout,
         )
-        return False
-    if errors:
+    elif errors:
         logger.warning("rollout-trace: %s: drain failed (%s: %s)", reason, type(errors[0]).__name__, errors[0])
-        return False
-    return True
 
 
 def _on_signal(signum: int, frame: Any) -> None:

@@ -95,8 +95,6 @@ class Recorder:
         self.writer = _open_writer(self)
         self._start_thread()
 
-    # -- caller's path -----------------------------------------------------
-
     def append(self, record: tuple[Any, ...]) -> None:
         """Add a finished span; the slow path when the buffer is filling up."""
         if self.closed:
@@ -159,8 +157,6 @@ class Recorder:
         self.problems.report("internal error", f"{what}: {type(exc).__name__}: {exc}", exc)
         if self.strict:
             raise exc
-
-    # -- writer thread -----------------------------------------------------
 
     def _start_thread(self) -> None:
         with self._thread_lock:
@@ -242,8 +238,6 @@ class Recorder:
                 self.redactor.value(decisions) if self.redactor is not None else decisions
             )
         return meta
-
-    # -- flush and shutdown -------------------------------------------------
 
     def flush(self, timeout: float | None = 30.0) -> FlushResult:
         """Wait until everything recorded before this call is durable."""

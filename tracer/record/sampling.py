@@ -230,8 +230,6 @@ class StepSampler:
             out.update(by=self.by, candidates_per_step=self.candidates, decide_after_s=self.decide_after_s)
         return out
 
-    # -- caller's path ---------------------------------------------------
-
     def admit(self, step: Any, validate: Any, sample_index: Any) -> Sample | None:
         """Return the sample's state if it is (so far) chosen, else None."""
         bkey = (step, bool(validate))
@@ -284,8 +282,6 @@ class StepSampler:
             if not other.decided:
                 self._decide(okey, other, BY_EVICTED)
         return bucket
-
-    # -- writer thread ---------------------------------------------------
 
     def observe(self, traj: Any, ended: bool, log_reward: Any, op_reward: Any, reply: Any) -> None:
         """Note what one span of a held trajectory says (writer thread, spans in recording order).
