@@ -145,20 +145,16 @@ class Deferred(Placeholder):
         try:
             text = fn(value)
         except BaseException as exc:  # the user's method raised: say so in the text
-            text = f"<{_type_name(value)}: {_describe_fn(fn)} failed: {type(exc).__name__}>"
+            text = f"<{_what(fn, value)} failed: {type(exc).__name__}>"
         if type(text) is not str:
-            text = f"<{_type_name(value)}: {_describe_fn(fn)} returned a {type(text).__name__}>"
+            text = f"<{_what(fn, value)} returned a {type(text).__name__}>"
         elif len(text) > MAX_TEXT_CHARS:
             text = text[:MAX_TEXT_CHARS] + f"... <{len(text) - MAX_TEXT_CHARS} more chars>"
         return text
 
 
-def _type_name(value: Any) -> str:
-    return str(getattr(type(value), "__name__", "object"))
-
-
-def _describe_fn(fn: Callable[[Any], Any]) -> str:
-    return str(getattr(fn, "__name__", "call"))
+def _what(fn: Callable[[Any], Any] | None, value: Any) -> str:
+    return f"{type(value).__name__}: {getattr(fn, '__name__', 'call')}"
 
 
 class _Guard:
@@ -246,8 +242,7 @@ class _Guard:
         return result
 
     def _give_up(self, d: Deferred, why: str) -> None:
-        fn = d._fn
-        what = f"{_type_name(d._value)}: {_describe_fn(fn) if fn is not None else 'call'}"
+        what = _what(d._fn, d._value)
         d._result, d._fn, d._value = f"<{what} not recorded: {why}>", None, None
         rec = getattr(sys.modules.get("tracer.record.recorder"), "ACTIVE", None)
         if rec is not None:  # counted where tracer.flush() and the warnings report it

@@ -9,6 +9,7 @@ from outside cannot be hooked: the files and the next ``rollout-trace export`` k
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -94,11 +95,9 @@ def _install_signals() -> None:
         current = signal.getsignal(sig)
         if current is None or getattr(current, _MARK, False):  # None: installed from C, cannot chain to it
             continue
-        try:
+        with contextlib.suppress(ValueError, OSError):
             signal.signal(sig, _on_signal)
-        except (ValueError, OSError):
-            continue
-        _previous[sig] = current
+            _previous[sig] = current
 
 
 def _draining(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:

@@ -8,6 +8,7 @@ is decided. Each decision is written into the next batch's metadata (:data:`trac
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import math
@@ -128,10 +129,8 @@ def response_tokens(reply: Any) -> int | None:
     for key in RESPONSE_ID_KEYS:
         ids = reply.get(key) if isinstance(reply, Mapping) else getattr(reply, key, None)
         if ids is not None and not isinstance(ids, (str, bytes)):
-            try:
+            with contextlib.suppress(TypeError):
                 return len(ids)
-            except TypeError:
-                continue
     return None
 
 
