@@ -457,12 +457,11 @@ _STAND_INS: dict[type, type] = {}
 #: Causes and contexts followed from one exception.
 MAX_ERROR_CHAIN = 8
 
-_ARGS = BaseException.__dict__["args"]
-_TRACEBACK = BaseException.__dict__["__traceback__"]
-_CAUSE = BaseException.__dict__["__cause__"]
-_CONTEXT = BaseException.__dict__["__context__"]
-_SUPPRESS = BaseException.__dict__["__suppress_context__"]
-_DICT_OF = BaseException.__dict__["__dict__"]
+#: BaseException's own descriptors: reading through them runs no ``__getattribute__`` of the user's.
+_ARGS, _TRACEBACK, _CAUSE, _CONTEXT, _SUPPRESS, _DICT_OF = map(
+    BaseException.__dict__.__getitem__,
+    ("args", "__traceback__", "__cause__", "__context__", "__suppress_context__", "__dict__"),
+)
 #: The two cancellation errors (recorded as ``cancelled``, not ``error``).
 CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
 
@@ -514,10 +513,8 @@ def _plain_error(exc: BaseException, depth: int) -> bool:
     notes = _DICT_OF.__get__(exc).get("__notes__")
     if notes is not None and not (type(notes) is list and all(type(n) is str for n in notes)):
         return False  # traceback formatting would str() them
-    cause, context = _CAUSE.__get__(exc), _CONTEXT.__get__(exc)
-    if cause is not None and not (depth + 1 < MAX_ERROR_CHAIN and _plain_error(cause, depth + 1)):
-        return False
-    return context is None or (depth + 1 < MAX_ERROR_CHAIN and _plain_error(context, depth + 1))
+    chain = [e for e in (_CAUSE.__get__(exc), _CONTEXT.__get__(exc)) if e is not None]
+    return all(depth + 1 < MAX_ERROR_CHAIN and _plain_error(e, depth + 1) for e in chain)
 
 
 #: Modules of the numbers :func:`as_text`, :func:`convert` and ``log_reward`` convert directly: no user code.
