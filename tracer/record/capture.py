@@ -225,11 +225,8 @@ class _Guard:
                             self.cond.wait(0.01)  # another thread is starting the worker
                         continue
                 cur = self.current
-                if cur is None:
-                    self.cond.wait(USER_CALL_TIMEOUT_S)
-                    continue
-                left = cur._started + USER_CALL_TIMEOUT_S - time.monotonic()
-                if left > 0:
+                left = USER_CALL_TIMEOUT_S + (0.0 if cur is None else cur._started - time.monotonic())
+                if cur is None or left > 0:
                     self.cond.wait(left)
                     continue
                 # The call running now is past its bound: abandon it (and its thread).
@@ -318,7 +315,7 @@ def _capture_dict(value: dict[Any, Any], depth: int) -> dict[Any, Any]:
 # What capture() does with instances of a class, decided once per class.
 _SEQUENCE, _DICT, _NUMPY, _TORCH, _BYTES, _ARRAY, _OBJECT, _REPR, _KEEP = range(9)
 _KINDS: dict[type, tuple[int, tuple[Any, ...]]] = {}
-#: Classes remembered by :func:`_kind_of` (classes made at run time would otherwise grow it).
+#: Classes remembered by a cache by class (classes made at run time would otherwise grow it).
 MAX_REMEMBERED_CLASSES = 4096
 #: Builtin sequences: a subclass's items are read through the builtin's own ``__iter__``.
 _SEQUENCES: tuple[type, ...] = (list, tuple, set, frozenset, collections.deque)
@@ -332,13 +329,8 @@ def _remember(cache: dict[type, Any], cls: type, value: Any) -> Any:
     return value
 
 
-def _kind_of(cls: type) -> tuple[int, tuple[Any, ...]]:
-    """How to snapshot instances of ``cls`` without running its code (see :func:`capture`); cached."""
-    known = _KINDS.get(cls)
-    return known if known is not None else _remember(_KINDS, cls, _classify(cls))
-
-
 def _classify(cls: type) -> tuple[int, tuple[Any, ...]]:
+    """How to snapshot instances of ``cls`` without running its code (see :func:`capture`), kept in _KINDS."""
     if issubclass(cls, (Placeholder, ObjectSnapshot)):
         return _KEEP, ()  # captured already
     try:
@@ -391,7 +383,7 @@ def _attribute_readers(cls: type) -> tuple[int, tuple[Any, ...]]:
 
 
 def _capture_other(value: Any, cls: type, depth: int) -> Any:
-    kind, extra = _kind_of(cls)
+    kind, extra = _KINDS.get(cls) or _remember(_KINDS, cls, _classify(cls))
     if kind == _KEEP:
         return value
     if kind == _SEQUENCE:
@@ -420,7 +412,7 @@ def instance_attribute(value: Any, name: str) -> Any:
     """``value``'s own attribute ``name`` (its ``__dict__`` or a slot), else a plain value its class holds
     under that name (verl's agent loops keep their tokenizer on the class), else None; never runs the
     user's code: properties, other descriptors and ``__getattr__`` are not called."""
-    kind, extra = _kind_of(type(value))
+    kind, extra = _KINDS.get(type(value)) or _remember(_KINDS, type(value), _classify(type(value)))
     if kind != _OBJECT:
         return None
     try:
