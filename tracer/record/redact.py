@@ -13,7 +13,6 @@ import collections
 import functools
 import itertools
 import math
-import operator
 import os
 import re
 import string
@@ -302,48 +301,30 @@ def _search_all(patterns: Iterable[str], texts: list[str]) -> list[bool] | None:
 
 #: Characters ranked from rarest to commonest in prompts and replies: a trigger is searched for at its rarest.
 _RARE_FIRST = "=_-:/@#$%&|~^`\\KQJZXVWYUFGBHPRMDCLNOISTAEqjzxkvwyfgbpumcldhrsnioate"
-#: Occurrences of one anchor character checked one by one before the text is split at it instead.
+#: Occurrences of one anchor character checked one by one before its triggers are searched for whole instead.
 MAX_ANCHOR_HITS = 16
-#: A common anchor with at most this many triggers has them searched for whole instead of splitting the text.
-MAX_WHOLE_WHEN_COMMON = 2
 #: A trigger whose rarest character ranks past this is searched for whole.
 _ANCHOR_RANK_LIMIT = _RARE_FIRST.index("T")
 
 
 class TriggerScan:
-    """``any(t in text for t in triggers)``, with one pass per anchor character (a trigger's rarest) instead of
-    one per trigger; where the anchor is common in a text, the text is split at it once and compared in C.
+    """``any(t in text for t in triggers)``, with one pass per anchor character (a trigger's rarest) instead of one
+    per trigger; where the anchor is common in a text, the triggers it anchors are searched for whole.
     """
 
     def __init__(self, triggers: Iterable[str]) -> None:
         #: anchor -> {(offset of the anchor in the trigger, trigger length): triggers}
         self.anchored: dict[str, dict[tuple[int, int], set[str]]] = {}
-        #: anchor -> (text before it, text after it) of each trigger holding it once
-        self.split_parts: dict[str, list[tuple[str, str]]] = {}
-        #: anchor -> triggers searched for whole when it is common
-        self.split_whole: dict[str, list[str]] = {}
         self.whole: list[str] = []
         for t in dict.fromkeys(triggers):
-            if not t:
-                self.whole.append(t)
-                continue
+            # -1: a character outside the ranking (rare: non-ASCII, digits) is best
             rank, i = min(
-                (_RARE_FIRST.index(c) if c in _RARE_FIRST else -1, n) for n, c in enumerate(t)
-            )  # -1: a character outside the ranking (rare: non-ASCII, digits) is best
-            if rank > _ANCHOR_RANK_LIMIT or len(t) > 64:
+                ((_RARE_FIRST.index(c) if c in _RARE_FIRST else -1, n) for n, c in enumerate(t)), default=(0, 0)
+            )
+            if not t or rank > _ANCHOR_RANK_LIMIT or len(t) > 64:
                 self.whole.append(t)
-                continue
-            self.anchored.setdefault(t[i], {}).setdefault((i, len(t)), set()).add(t)
-            if t.count(t[i]) == 1:
-                self.split_parts.setdefault(t[i], []).append((t[:i], t[i + 1 :]))
             else:
-                self.split_whole.setdefault(t[i], []).append(t)
-        for anchor in list(self.split_parts):
-            parts = self.split_parts[anchor]
-            if len(parts) <= MAX_WHOLE_WHEN_COMMON:
-                # Splitting costs more than a search or two of the whole text.
-                self.split_whole.setdefault(anchor, []).extend(b + anchor + a for b, a in parts)
-                del self.split_parts[anchor]
+                self.anchored.setdefault(t[i], {}).setdefault((i, len(t)), set()).add(t)
 
     def found(self, text: str) -> bool:
         """True when some trigger occurs in ``text``."""
@@ -358,34 +339,13 @@ class TriggerScan:
                     if pos >= i and text[pos - i : pos - i + n] in ts:
                         return True
                 hits += 1
-                if hits > MAX_ANCHOR_HITS:  # a common character here: split the text at it
-                    if self._found_split(text, anchor, max(0, pos - 64)):
+                if hits > MAX_ANCHOR_HITS:  # a common character here: its triggers are searched for whole
+                    start = max(0, pos - 64)
+                    if any(text.find(t, start) != -1 for ts in groups.values() for t in ts):
                         return True
                     break
                 pos = text.find(anchor, pos + 1)
         return False
-
-    def _found_split(self, text: str, anchor: str, start: int) -> bool:
-        """Whether a trigger anchored on ``anchor`` occurs in ``text[start:]``, by splitting it at the anchor."""
-        parts = self.split_parts.get(anchor, [])
-        if parts:
-            pieces = text[start:].split(anchor)
-            before = tuple(b for b, _ in parts)
-            after = tuple(a for _, a in parts)
-            rest = pieces[1:]
-            # One side of every trigger empty (``key=``, ``hf_``): one C pass over the pieces decides.
-            if not any(after):
-                found = any(map(str.endswith, itertools.islice(pieces, len(rest)), itertools.repeat(before)))
-            elif not any(before):
-                found = any(map(str.startswith, rest, itertools.repeat(after)))
-            else:  # gaps where some trigger's start ends the piece and some trigger's end starts the next
-                ends = map(str.endswith, pieces, itertools.repeat(before))
-                starts = map(str.startswith, rest, itertools.repeat(after))
-                maybe = itertools.compress(range(len(rest)), map(operator.and_, ends, starts))
-                found = any(any(pieces[k].endswith(b) and rest[k].startswith(a) for b, a in parts) for k in maybe)
-            if found:
-                return True
-        return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
 
 
 def _common_length(a: str, b: str, limit: int, window: Callable[[str, int, int], str]) -> int:
