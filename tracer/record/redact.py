@@ -85,7 +85,6 @@ _BARE_VALUE = re.compile(r"(?ai:(?:bearer|basic|token|digest|negotiate)[ \t]+)?[
 _LINE_VALUE = re.compile(r"[^\r\n,;}\]]*[^\s,;}\]]")
 #: Unquoted values that hold nothing to hide (``api_key=None`` in a repr).
 _EMPTY_VALUES = frozenset({"none", "null", "true", "false", "nil", "undefined"})
-_CLOSE = {"(": ")", "[": "]", "{": "}"}
 
 #: Substrings every match of the OpenAI/Anthropic and AWS patterns above contains.
 TRIGGERS = ("sk-", "AKIA")
@@ -477,7 +476,7 @@ def _value_span(text: str, at: int, key_quote: str | None, join: str) -> tuple[i
             k += 1
     # A value that is not a string keeps the key's mapping valid as a quoted placeholder.
     wrap = key_quote or ""
-    if at < len(text) and text[at] in _CLOSE:
+    if at < len(text) and text[at] in "([{":
         return at, _group_end(text, at), wrap
     m = (_LINE_VALUE if key_quote is None and join == ":" else _BARE_VALUE).match(text, at)
     end = at if m is None else m.end()

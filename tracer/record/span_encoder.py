@@ -91,9 +91,7 @@ class SpanEncoder:
         if not self.config.token2text:
             return None
         tok = self._configured_tokenizer
-        if tok is not None:
-            return tok
-        return instance_attribute(self_obj, "tokenizer") if self_obj is not None else None
+        return tok if tok is not None or self_obj is None else instance_attribute(self_obj, "tokenizer")
 
     @functools.cached_property
     def _configured_tokenizer(self) -> Any:
