@@ -392,8 +392,7 @@ def log_reward(
         return
     try:
         validate = validate if validate is None else convert(bool, validate)
-        step = step if step is None else convert(int, step)
-        rollout_n = rollout_n if rollout_n is None else convert(int, rollout_n)
+        step, rollout_n = convert(int, step), convert(int, rollout_n)  # None stays None
         traj = named_trajectory(rec, "log_reward", step, sample_index, rollout_n, validate)
         if not traj.recording:
             return
@@ -418,12 +417,8 @@ def _reward_value(reward: Any) -> tuple[float, str | None]:
     cls = type(reward)
     if cls is float:
         return reward, None
-    if (
-        cls is bool
-        or not (issubclass(cls, numbers.Real) or issubclass(cls, decimal.Decimal))
-        or cls.__module__ == "numpy"
-        and cls.__name__ == "bool_"
-    ):
+    numpy_bool = cls.__module__ == "numpy" and cls.__name__ == "bool_"
+    if cls is bool or numpy_bool or not issubclass(cls, (numbers.Real, decimal.Decimal)):
         shown = repr(reward) if cls in _IMMUTABLE else f"a {cls.__name__}"
         raise TypeError(
             f"log_reward: reward must be a real number (int, float, Decimal, Fraction, numpy scalar), got {cls.__name__} {shown}"
