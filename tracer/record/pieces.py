@@ -119,20 +119,13 @@ class PieceTable:
         if not isinstance(backend.decoder, decoders.ByteLevel):
             return None
         table = _byte_decoder()
-        out: list[bytes] = []
-        for i in range(n):
-            if i in added:
-                out.append(added[i].encode("utf-8"))
-                continue
-            tok = backend.id_to_token(i)
-            if tok is None:
-                out.append(b"")
-                continue
-            try:
-                out.append(bytes(table[c] for c in tok))
-            except KeyError:
-                return None
-        return out
+        try:  # a character outside the byte alphabet: not byte-level after all
+            return [
+                added[i].encode("utf-8") if i in added else bytes(table[c] for c in backend.id_to_token(i) or "")
+                for i in range(n)
+            ]
+        except KeyError:
+            return None
 
     def _check(self, tokenizer: Any, n: int) -> bool:
         rng = random.Random(0)
