@@ -176,10 +176,8 @@ class Encoder:
         return out
 
     def _prepare_other(self, value: Any, cls: type, tokenizer: Any, meta: dict[str, Any], path: str, depth: int) -> Any:
-        if cls is array.array:  # capture's copy of one
-            return self.prepare(value.tolist(), tokenizer, meta, path, depth + 1)
         module = cls.__module__
-        if module == "numpy" or module.startswith("numpy.") or (module == "torch" and cls.__name__ == "Tensor"):
+        if cls is array.array or module.split(".")[0] == "numpy" or (module == "torch" and cls.__name__ == "Tensor"):
             try:
                 return self.prepare(value.tolist(), tokenizer, meta, path, depth + 1)
             except Exception:

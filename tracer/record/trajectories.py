@@ -91,13 +91,10 @@ class Trajectories:
                 sample = self.sampler.admit(step, validate, sample_index)
             finally:
                 CALLER.busy = busy
-            if sample is None:
-                traj.recording = False
-            else:
+            if sample is not None:
                 traj.sample = sample
                 sample.trajectories.append(traj)
-                if sample.state == OUT:
-                    traj.recording = False
+            traj.recording = sample is not None and sample.state != OUT
         if remember and sample_index is not None:
             key = (step, sample_index, rollout_n, bool(validate))
             with self._lock:
