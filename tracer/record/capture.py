@@ -299,7 +299,29 @@ def capture(value: Any, depth: int = 0) -> Any:
     if cls is dict:
         return _capture_dict(value, depth)
     try:
-        return _capture_other(value, cls, depth)
+        kind, extra = _KINDS.get(cls) or _remember(_KINDS, cls, _classify(cls))
+        if kind == _KEEP:
+            return value
+        if kind == _SEQUENCE:
+            return [capture(v, depth + 1) for v in extra[0](value)]
+        if kind == _DICT:
+            return _capture_dict(value, depth)
+        if kind == _NUMPY:
+            if getattr(value, "dtype", None) is not None and value.dtype.hasobject:
+                return capture(value.tolist(), depth)  # the user's objects inside: each one guarded
+            copy = getattr(value, "copy", None)
+            return copy() if copy is not None else value
+        if kind == _TORCH:
+            return value.detach().to("cpu", copy=True)
+        if kind == _BYTES:
+            return memoryview(value).tobytes()  # the buffer itself: a subclass's __bytes__ is never called
+        if kind == _ARRAY:
+            return array.array.__getitem__(value, slice(None))  # a copy in C; the writer converts it in bulk
+        if kind == _OBJECT:
+            attrs = _read_attributes(value, extra[0], extra[1])
+            if attrs and len(attrs) <= MAX_SNAPSHOT_ATTRS:
+                return ObjectSnapshot(cls.__name__, {k: capture(v, depth + 1) for k, v in attrs.items()})
+        return deferred(repr, value)
     except Exception as exc:  # a torch or numpy copy that fails (out of memory, ...)
         return Placeholder(f"<{cls.__name__}: not captured: {type(exc).__name__}>")
 
@@ -380,32 +402,6 @@ def _attribute_readers(cls: type) -> tuple[int, tuple[Any, ...]]:
     if not has_dict and not slots:
         return _REPR, ()
     return _OBJECT, (has_dict, tuple(slots))
-
-
-def _capture_other(value: Any, cls: type, depth: int) -> Any:
-    kind, extra = _KINDS.get(cls) or _remember(_KINDS, cls, _classify(cls))
-    if kind == _KEEP:
-        return value
-    if kind == _SEQUENCE:
-        return [capture(v, depth + 1) for v in extra[0](value)]
-    if kind == _DICT:
-        return _capture_dict(value, depth)
-    if kind == _NUMPY:
-        if getattr(value, "dtype", None) is not None and value.dtype.hasobject:
-            return capture(value.tolist(), depth)  # the user's objects inside: each one guarded
-        copy = getattr(value, "copy", None)
-        return copy() if copy is not None else value
-    if kind == _TORCH:
-        return value.detach().to("cpu", copy=True)
-    if kind == _BYTES:
-        return memoryview(value).tobytes()  # the buffer itself: a subclass's __bytes__ is never called
-    if kind == _ARRAY:
-        return array.array.__getitem__(value, slice(None))  # a copy in C; the writer converts it in bulk
-    if kind == _OBJECT:
-        attrs = _read_attributes(value, extra[0], extra[1])
-        if attrs and len(attrs) <= MAX_SNAPSHOT_ATTRS:
-            return ObjectSnapshot(cls.__name__, {k: capture(v, depth + 1) for k, v in attrs.items()})
-    return deferred(repr, value)
 
 
 def instance_attribute(value: Any, name: str) -> Any:

@@ -41,8 +41,18 @@ def install(drain: Callable[[float], object], timeout_s: float) -> None:
     global _drain, _timeout_s
     with _lock:
         _drain, _timeout_s = drain, float(timeout_s)
-    _install_signals()
-    _wrap_ray()
+    # signal.signal works only on the main thread; atexit and the Ray wrappers still apply elsewhere.
+    for sig in SIGNALS if threading.current_thread() is threading.main_thread() else ():
+        current = signal.getsignal(sig)
+        if current is None or getattr(current, _MARK, False):  # None: installed from C, cannot chain to it
+            continue
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, _on_signal)
+            _previous[sig] = current
+    for module, name in (("ray", "shutdown"), ("ray.actor", "exit_actor")):  # where Ray is imported already
+        fn = getattr(sys.modules.get(module), name, None)
+        if callable(fn) and not getattr(fn, _MARK, False):
+            setattr(sys.modules[module], name, _draining(fn, f"{module}.{name}()"))
 
 
 def drain_now(reason: str) -> None:
@@ -88,18 +98,6 @@ def _on_signal(signum: int, frame: Any) -> None:
 setattr(_on_signal, _MARK, True)
 
 
-def _install_signals() -> None:
-    if threading.current_thread() is not threading.main_thread():
-        return  # signal.signal works only there; atexit and the Ray wrappers still apply
-    for sig in SIGNALS:
-        current = signal.getsignal(sig)
-        if current is None or getattr(current, _MARK, False):  # None: installed from C, cannot chain to it
-            continue
-        with contextlib.suppress(ValueError, OSError):
-            signal.signal(sig, _on_signal)
-            _previous[sig] = current
-
-
 def _draining(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -108,14 +106,3 @@ def _draining(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
 
     setattr(wrapper, _MARK, True)
     return wrapper
-
-
-def _wrap_ray() -> None:
-    """Drain before ``ray.shutdown()`` and ``ray.actor.exit_actor()`` (only when Ray is imported already)."""
-    ray: Any = sys.modules.get("ray")
-    if ray is None:
-        return
-    for module, label, name in ((ray, "ray", "shutdown"), (sys.modules.get("ray.actor"), "ray.actor", "exit_actor")):
-        fn = getattr(module, name, None)
-        if callable(fn) and not getattr(fn, _MARK, False):
-            setattr(module, name, _draining(fn, f"{label}.{name}()"))

@@ -54,16 +54,6 @@ def batch_decode(tokenizer: Any, sequences: list[list[int]]) -> list[str]:
     return [tokenizer.decode(s) for s in sequences]
 
 
-def _backend(tokenizer: Any) -> Any:
-    """The ``tokenizers.Tokenizer`` under a transformers fast tokenizer, or the tokenizer itself if it is one."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None and callable(getattr(tokenizer, "id_to_token", None)):
-        backend = tokenizer
-    if backend is None or not callable(getattr(backend, "get_vocab_size", None)):
-        return None
-    return backend
-
-
 class PieceTable:
     """Each token id's text (and bytes, for byte-level BPE) for one tokenizer (no reference to it is kept)."""
 
@@ -82,8 +72,11 @@ class PieceTable:
         #: id(ids) -> (ids, their array) of the sequences decoded since :meth:`ends` last ran, for it to reuse.
         self._arrays: dict[int, tuple[Sequence[int], np.ndarray]] = {}
         self._ends_ran = False
-        backend = _backend(tokenizer)
-        if backend is not None:
+        # The tokenizers.Tokenizer under a transformers fast tokenizer, or the tokenizer itself if it is one.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None and callable(getattr(tokenizer, "id_to_token", None)):
+            backend = tokenizer
+        if backend is not None and callable(getattr(backend, "get_vocab_size", None)):
             self._build(tokenizer, backend)
 
     def _build(self, tokenizer: Any, backend: Any) -> None:
