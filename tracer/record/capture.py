@@ -374,16 +374,7 @@ def _classify(cls: type) -> tuple[int, tuple[Any, ...]]:
         return _ARRAY, ()
     if issubclass(cls, (type, BaseException)) or not _builtin_getattribute(cls):
         return _REPR, ()
-    return _attribute_readers(cls)
-
-
-def _builtin_getattribute(cls: type) -> bool:
-    """Attribute lookup on instances of ``cls`` is a builtin's (no ``__getattribute__`` of the user's)."""
-    return type(cls.__getattribute__) is types.WrapperDescriptorType
-
-
-def _attribute_readers(cls: type) -> tuple[int, tuple[Any, ...]]:
-    """An instance's ``__dict__`` and slot descriptors, when both are the builtin ones (no user code reads them)."""
+    # Instances whose __dict__ and slot descriptors are the builtin ones: no user code reads them.
     has_dict = False
     slots: list[tuple[str, Any]] = []
     for klass in cls.__mro__:
@@ -402,6 +393,11 @@ def _attribute_readers(cls: type) -> tuple[int, tuple[Any, ...]]:
     if not has_dict and not slots:
         return _REPR, ()
     return _OBJECT, (has_dict, tuple(slots))
+
+
+def _builtin_getattribute(cls: type) -> bool:
+    """Attribute lookup on instances of ``cls`` is a builtin's (no ``__getattribute__`` of the user's)."""
+    return type(cls.__getattribute__) is types.WrapperDescriptorType
 
 
 def instance_attribute(value: Any, name: str) -> Any:

@@ -129,7 +129,28 @@ class Encoder:
             return self.prepare({"__type__": value.type_name, **value.attrs}, tokenizer, meta, path, depth + 1)
         captured, self._captured = self._captured, False  # what follows was not captured as it is
         try:
-            return self._prepare_other(value, cls, tokenizer, meta, path, depth)
+            module = cls.__module__
+            if cls is array.array or module.split(".")[0] == "numpy" or (module, cls.__name__) == ("torch", "Tensor"):
+                try:
+                    return self.prepare(value.tolist(), tokenizer, meta, path, depth + 1)
+                except Exception:
+                    return self._opaque(safe_repr(value))
+            if isinstance(value, (bytes, bytearray, memoryview)):
+                raw = bytes(value)
+                try:
+                    return self.prepare(raw.decode("utf-8"), tokenizer, meta, path, depth)
+                except UnicodeDecodeError:
+                    return {"__bytes_b64__": base64.b64encode(raw).decode("ascii")}
+            if isinstance(value, float):
+                return float(value) if math.isfinite(value) else f"<{float(value)!r}>"
+            if isinstance(value, int):
+                return int(value)
+            if isinstance(value, BaseException):
+                return self.prepare({"__type__": cls.__name__, "message": str(value)}, tokenizer, meta, path, depth)
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                fields = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
+                return self.prepare({"__type__": cls.__name__, **fields}, tokenizer, meta, path, depth + 1)
+            return self._opaque(safe_repr(value))
         finally:
             self._captured = captured
 
@@ -174,30 +195,6 @@ class Encoder:
                     continue
             out[key] = self.prepare(v, tokenizer, meta, f"{path}{key}.", depth + 1)
         return out
-
-    def _prepare_other(self, value: Any, cls: type, tokenizer: Any, meta: dict[str, Any], path: str, depth: int) -> Any:
-        module = cls.__module__
-        if cls is array.array or module.split(".")[0] == "numpy" or (module == "torch" and cls.__name__ == "Tensor"):
-            try:
-                return self.prepare(value.tolist(), tokenizer, meta, path, depth + 1)
-            except Exception:
-                return self._opaque(safe_repr(value))
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            raw = bytes(value)
-            try:
-                return self.prepare(raw.decode("utf-8"), tokenizer, meta, path, depth)
-            except UnicodeDecodeError:
-                return {"__bytes_b64__": base64.b64encode(raw).decode("ascii")}
-        if isinstance(value, float):
-            return float(value) if math.isfinite(value) else f"<{float(value)!r}>"
-        if isinstance(value, int):
-            return int(value)
-        if isinstance(value, BaseException):
-            return self.prepare({"__type__": type(value).__name__, "message": str(value)}, tokenizer, meta, path, depth)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            fields = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
-            return self.prepare({"__type__": cls.__name__, **fields}, tokenizer, meta, path, depth + 1)
-        return self._opaque(safe_repr(value))
 
     def _opaque(self, text: str) -> str:
         self.opaque.add(len(self.strings) - 1)

@@ -8,6 +8,7 @@ token ends in its text (``*_token_offsets``) or, where the pieces do not spell i
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 import random
 import threading
@@ -76,10 +77,8 @@ class PieceTable:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None and callable(getattr(tokenizer, "id_to_token", None)):
             backend = tokenizer
-        if backend is not None and callable(getattr(backend, "get_vocab_size", None)):
-            self._build(tokenizer, backend)
-
-    def _build(self, tokenizer: Any, backend: Any) -> None:
+        if backend is None or not callable(getattr(backend, "get_vocab_size", None)):
+            return
         n = int(backend.get_vocab_size(with_added_tokens=True))
         if not 0 < n <= MAX_TABLE_IDS:
             return
@@ -87,7 +86,10 @@ class PieceTable:
         raw = self._byte_level_bytes(backend, n, added)
         if raw is not None:
             self.use_bytes(raw)
-            self.exact_text = self._check(tokenizer, n)
+            rng = random.Random(0)  # random sequences decoded both ways: does the table reproduce the tokenizer?
+            seqs = [[rng.randrange(n) for _ in range(CHECK_LENGTH)] for _ in range(CHECK_SEQUENCES)]
+            with contextlib.suppress(Exception):
+                self.exact_text = batch_decode(tokenizer, seqs) == [self.decode(s) for s in seqs]
             if self.exact_text:
                 return
             self.bytes = []
@@ -119,14 +121,6 @@ class PieceTable:
             ]
         except KeyError:
             return None
-
-    def _check(self, tokenizer: Any, n: int) -> bool:
-        rng = random.Random(0)
-        seqs = [[rng.randrange(n) for _ in range(CHECK_LENGTH)] for _ in range(CHECK_SEQUENCES)]
-        try:
-            return batch_decode(tokenizer, seqs) == [self.decode(s) for s in seqs]
-        except Exception:
-            return False
 
     def decode(self, ids: Sequence[int], checked: bool = False) -> str:
         """The sequence's text from the byte table (when :attr:`exact_text`); IndexError outside it or for a negative

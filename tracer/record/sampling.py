@@ -366,14 +366,8 @@ class StepSampler:
         return ready
 
     def _complete(self, bucket: _Bucket) -> bool:
-        for sample in bucket.admitted.values():
-            for traj in sample.trajectories:
-                seen = sample.seen.get(traj.root_span_id)
-                if seen is None or not seen.ended:
-                    return False
-                if self.by == BY_REWARD and seen.reward is None:
-                    return False
-        return True
+        seen = [s.seen.get(t.root_span_id) for s in bucket.admitted.values() for t in s.trajectories]
+        return all(x is not None and x.ended and (self.by != BY_REWARD or x.reward is not None) for x in seen)
 
     def _group(self, sample: Sample) -> Group:
         seen = [sample.seen.get(traj.root_span_id) for traj in sample.trajectories]
