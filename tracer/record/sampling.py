@@ -233,7 +233,21 @@ class StepSampler:
         """Return the sample's state if it is (so far) chosen, else None."""
         bkey = (step, bool(validate))
         with self._lock:
-            bucket = self._buckets.get(bkey) or self._new_bucket(bkey)
+            bucket = self._buckets.get(bkey)
+            if bucket is None:
+                bucket = self._buckets[bkey] = _Bucket()
+                # A later step ends the earlier ones: uniform decides them now, the others a writer cycle later.
+                for okey, other in self._buckets.items() if isinstance(step, int) else ():
+                    if isinstance(okey[0], int) and okey[0] < step and not other.decided:
+                        if not self.watches:
+                            self._decide(okey, other, BY_LATER_STEP)
+                        elif other.due_epoch is None:
+                            other.due_epoch = self._epoch
+                if len(self._buckets) > MAX_BUCKETS:
+                    okey = next(iter(self._buckets))
+                    other = self._buckets.pop(okey)
+                    if not other.decided:
+                        self._decide(okey, other, BY_EVICTED)
             sample = bucket.admitted.get(sample_index)
             if sample is not None:
                 return sample if sample.state != OUT else None
@@ -262,25 +276,6 @@ class StepSampler:
             sample = bucket.admitted[sample_index] = Sample(sample_index, score, PENDING)
             bucket.last_admit = time.monotonic()
             return sample
-
-    def _new_bucket(self, bkey: tuple[Any, bool]) -> _Bucket:
-        bucket = _Bucket()
-        step = bkey[0]
-        # A later step starting ends the earlier ones: uniform decides them now, the others a writer cycle later.
-        if isinstance(step, int):
-            for okey, other in self._buckets.items():
-                if isinstance(okey[0], int) and okey[0] < step and not other.decided:
-                    if not self.watches:
-                        self._decide(okey, other, BY_LATER_STEP)
-                    elif other.due_epoch is None:
-                        other.due_epoch = self._epoch
-        self._buckets[bkey] = bucket
-        if len(self._buckets) > MAX_BUCKETS:
-            okey = next(iter(self._buckets))
-            other = self._buckets.pop(okey)
-            if not other.decided:
-                self._decide(okey, other, BY_EVICTED)
-        return bucket
 
     def observe(self, traj: Any, ended: bool, log_reward: Any, op_reward: Any, reply: Any) -> None:
         """Note what one span of a held trajectory says (writer thread, spans in recording order).
