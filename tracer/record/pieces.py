@@ -159,10 +159,24 @@ class PieceTable:
             out = list(map(texts.__getitem__, ids))
         except IndexError:  # ids outside the table (or a tokenizer without one)
             out = self._slow(ids, tokenizer)
-        if None in out:
-            if self.bytes:
-                return _split_characters(self.bytes, ids, out)
+        if None in out and not self.bytes:
             out = self._slow(ids, tokenizer)
+        elif None in out:  # byte-level: a character split over tokens shows in its last byte's token
+            table, total, k = self.bytes, len(ids), 0
+            while k < total:
+                if out[k] is not None:
+                    k += 1
+                    continue
+                dec = codecs.getincrementaldecoder("utf-8")("replace")
+                while k < total:
+                    i = ids[k]
+                    out[k] = dec.decode(table[i] if 0 <= i < len(table) else b"")
+                    k += 1
+                    if not dec.getstate()[0] and (k >= total or out[k] is not None):
+                        break
+                tail = dec.decode(b"", final=True)
+                if tail:
+                    out[k - 1] = (out[k - 1] or "") + tail
         return out  # type: ignore[return-value]
 
     def ends(self, ids: Sequence[int], tokenizer: Any, text: str, checked: bool = False) -> np.ndarray | None:
@@ -188,9 +202,7 @@ class PieceTable:
                     out = np.cumsum(per)
                     return out if int(out[-1]) == len(text) else None
         pieces = self.pieces(ids, tokenizer, checked)
-        if "".join(pieces) != text:
-            return None
-        return np.cumsum(np.fromiter(map(len, pieces), np.int64, n))
+        return np.cumsum(np.fromiter(map(len, pieces), np.int64, n)) if "".join(pieces) == text else None
 
     def _slow(self, ids: Sequence[int], tokenizer: Any) -> list[str | None]:
         texts, extra = self.texts, self._extra
@@ -204,28 +216,6 @@ class PieceTable:
                 extra.clear()
             extra.update(zip(missing, decoded))
         return [texts[i] if 0 <= i < len(texts) else extra[i] for i in ids]
-
-
-def _split_characters(table: list[bytes], ids: Sequence[int], out: list[str | None]) -> list[str]:
-    """Fill the byte-level pieces ``out`` lacks (None): each split character goes to its last byte's token."""
-    n = len(table)
-    total = len(ids)
-    k = 0
-    while k < total:
-        if out[k] is not None:
-            k += 1
-            continue
-        dec = codecs.getincrementaldecoder("utf-8")("replace")
-        while k < total:
-            i = ids[k]
-            out[k] = dec.decode(table[i] if 0 <= i < n else b"")
-            k += 1
-            if not dec.getstate()[0] and (k >= total or out[k] is not None):
-                break
-        tail = dec.decode(b"", final=True)
-        if tail:
-            out[k - 1] = (out[k - 1] or "") + tail
-    return out  # type: ignore[return-value]
 
 
 def piece_table(tokenizer: Any) -> PieceTable:
