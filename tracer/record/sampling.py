@@ -378,8 +378,7 @@ class StepSampler:
                     sample.state = IN
                 kept.append({S.SAMPLE_INDEX: sample.key, "trajectories": len(sample.trajectories)})
         else:
-            groups = {s.key: self._group(s) for s in bucket.admitted.values()}
-            chosen = choose_groups(self.strategy, list(groups.values()), self.limit)
+            chosen = choose_groups(self.strategy, [self._group(s) for s in bucket.admitted.values()], self.limit)
             keep = {g.key for g, _ in chosen}
             for key in list(bucket.admitted):
                 sample = bucket.admitted[key]
@@ -437,12 +436,9 @@ def read_sampling(path: TracePaths) -> list[dict[str, Any]]:
         customs = [custom for _, custom in batches.with_metadata()]
         schema_meta = batches.schema.metadata if batches.schema is not None else None
         out.extend({**d, "file": file} for d in file_decisions(file, schema_meta, customs))
-    out.sort(
-        key=lambda d: (
-            d["file"],
-            d[SOURCE_FILE],
-            d[S.STEP] if isinstance(d.get(S.STEP), int) else -1,
-            bool(d.get(S.VALIDATE)),
-        )
-    )
-    return out
+
+    def order(d: dict[str, Any]) -> tuple[Any, ...]:
+        step = d.get(S.STEP)
+        return d["file"], d[SOURCE_FILE], step if isinstance(step, int) else -1, bool(d.get(S.VALIDATE))
+
+    return sorted(out, key=order)
