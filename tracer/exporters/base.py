@@ -1,9 +1,8 @@
 """One exporter interface: a :class:`Sink` per backend (the wire), driven two ways.
 
-:class:`LiveDriver` (``tracer.init(backend=...)``) feeds it the recorder's durable batches, a finished trajectory
-and a complete step at a time, on a thread of its own; :func:`export_files` (``rollout-trace export``) feeds it the
-trace files step chunk by step chunk. A step is complete when a later step arrived, or at flush, shutdown or the
-end of the files. A backend is a sink class plus one entry in :data:`tracer.backends.BACKENDS`.
+:class:`LiveDriver` (``tracer.init(backend=...)``) feeds it the recorder's durable batches on a thread of its own;
+:func:`export_files` (``rollout-trace export``) feeds it the trace files step chunk by step chunk. A step is complete
+when a later step arrived, or at flush, shutdown or the end of the files.
 """
 
 from __future__ import annotations
@@ -120,19 +119,15 @@ _ID_COLUMNS = frozenset((S.TRACE_ID, S.SPAN_ID, S.PARENT_SPAN_ID))
 
 def redact_rows(redactor: Redactor, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``rows`` (span or trajectory rows) with every string and list of strings redacted, ids aside."""
-    out = []
-    for row in rows:
-        clean = {}
-        for key, value in row.items():
-            if key in _ID_COLUMNS:
-                pass
-            elif type(value) is str:
-                value = redactor.text(value)
-            elif type(value) is list and value and all(type(v) is str for v in value):
-                value = redactor.pieces(value)  # per-token texts: a secret split over tokens is caught
-            clean[key] = value
-        out.append(clean)
-    return out
+    return [{k: v if k in _ID_COLUMNS else _redact_value(redactor, v) for k, v in row.items()} for row in rows]
+
+
+def _redact_value(redactor: Redactor, value: Any) -> Any:
+    if type(value) is str:
+        return redactor.text(value)
+    if type(value) is list and value and all(type(v) is str for v in value):
+        return redactor.pieces(value)  # per-token texts: a secret split over tokens is caught
+    return value
 
 
 @dataclasses.dataclass
@@ -199,10 +194,8 @@ class VerifyResult:
     ) -> VerifyResult:
         """Compare what was sent (``rows``, ``metrics``) with what was read back."""
         got = {t: r for t, r in found.rows.items() if t in rows} if found.shared else dict(found.rows)
-        out = cls(
-            backend, True, len(rows), len(got), [t for t in rows if t not in got], [t for t in got if t not in rows]
-        )
-        out.mismatched = [t for t in rows if t in got and not same_value(rows[t], got[t])]
+        out = cls(backend, True, len(rows), len(got), unexpected=[t for t in got if t not in rows])
+        out.missing, out.mismatched = _diff(rows, got)
         where = f" in {found.where}" if found.where else ""
         row_ok = not (out.missing or out.unexpected or out.mismatched)
         out.lines.append(
@@ -211,10 +204,8 @@ class VerifyResult:
             f"{len(out.mismatched)} with a different reward"
         )
         if found.metrics is not None:
-            there = found.metrics
             out.metrics_expected = len(metrics)
-            out.metrics_missing = [k for k in metrics if k not in there]
-            out.metrics_mismatched = [k for k in metrics if k in there and not same_value(metrics[k], there[k])]
+            out.metrics_missing, out.metrics_mismatched = _diff(metrics, found.metrics)
             bad = out.metrics_missing or out.metrics_mismatched
             out.lines.append(
                 f"verify {backend}: {'FAILED' if bad else 'OK'}: {len(metrics)} step metric values expected, "
@@ -227,6 +218,11 @@ class VerifyResult:
         """Both results as one (several destinations of one export)."""
         summed = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)[2:]}
         return VerifyResult(self.backend, self.ok and other.ok, **summed)
+
+
+def _diff(sent: Mapping[Any, float | None], there: Mapping[Any, float | None]) -> tuple[list[Any], list[Any]]:
+    """``(missing, mismatched)``: keys of ``sent`` not ``there``, and those there with another value."""
+    return [k for k in sent if k not in there], [k for k in sent if k in there and not same_value(sent[k], there[k])]
 
 
 def short_error(exc: BaseException, limit: int = 300) -> str:
@@ -736,42 +732,6 @@ def _disk_full(destination: str) -> str:
     return f" (the disk of {destination} is full: free space)" if full else ""
 
 
-def _count(report: ExportReport, sink: SinkBase, total: Written, backend: str) -> None:
-    """Add what one destination accepted to ``report``: what the sink wrote, less what it refused."""
-    for tid, spans, why in sink.refused:
-        total.sent -= 1
-        total.spans -= spans
-        total.rows.pop(tid, None)
-        report.trajectories_refused += 1
-        report.details.append(f"refused by {backend}, not sent: trajectory {tid}: {why}")
-    report.trajectories_sent += total.sent
-    report.spans_sent += total.spans
-    report.details.extend(total.notes)
-    report.problems.extend(total.problems)
-
-
-def _confirm(report: ExportReport, sink: SinkBase, total: Written, backend: str, verify: bool, call: Any) -> None:
-    """Read the destination back: for ``--verify``, and always where it is local files (a full disk cuts them short)."""
-    try:
-        found = call(sink.read_back, "read-back")
-    except Exception as exc:
-        report.problems.append(
-            f"{backend}: what was written cannot be read back from {sink.destination or 'the destination'} "
-            f"({type(exc).__name__}: {exc}); check its disk and export again"
-        )
-        return
-    result = VerifyResult.compare(backend, total.rows, total.metrics, found)
-    if verify:
-        report.verify = result if report.verify is None else report.verify.merge(result)
-        report.details.extend(result.lines)
-    elif not result.ok:
-        report.problems.append(
-            f"{backend}: {found.where or 'the destination'} holds {result.found} of the {result.expected} "
-            f"trajectories written ({len(result.missing)} missing, {len(result.metrics_missing)} step metric "
-            "values missing): its files stop early (a full disk?); free space and export again"
-        )
-
-
 def recorded_backends(config: Mapping[str, Any]) -> list[str]:
     """The backend names a recorded config gives (``backend`` is one name or a list of them)."""
     named = config.get("backend")
@@ -818,7 +778,16 @@ def export_files(
         sink = sink_class(options)
         call = functools.partial(_call, sink, to)
         existing, total, notes = _send_run(sink, call, run, target, report, progress)
-        _count(report, sink, total, to)
+        for tid, spans, why in sink.refused:  # counted as written: what the destination accepted is less
+            total.sent -= 1
+            total.spans -= spans
+            total.rows.pop(tid, None)
+            report.trajectories_refused += 1
+            report.details.append(f"refused by {to}, not sent: trajectory {tid}: {why}")
+        report.trajectories_sent += total.sent
+        report.spans_sent += total.spans
+        report.details.extend(total.notes)
+        report.problems.extend(total.problems)
         # Sent to a destination that had some, or that the run was recorded live to: all it lacked was a catch-up.
         if total.sent and (existing or any(to in recorded_backends(c) for _, c in recorded_configs(read_path))):
             report.caught_up += total.sent
@@ -830,6 +799,25 @@ def export_files(
         report.details.extend(notes)
         if run.not_selected:
             report.details.append(f"{run.not_selected} trajectories outside the selected steps not exported")
-        if verify or sink.confirms():
-            _confirm(report, sink, total, to, verify, call)
+        if not (verify or sink.confirms()):
+            continue
+        # Read back for --verify, and always where the destination is local files (a full disk cuts them short).
+        try:
+            found = call(sink.read_back, "read-back")
+        except Exception as exc:
+            report.problems.append(
+                f"{to}: what was written cannot be read back from {sink.destination or 'the destination'} "
+                f"({type(exc).__name__}: {exc}); check its disk and export again"
+            )
+            continue
+        result = VerifyResult.compare(to, total.rows, total.metrics, found)
+        if verify:
+            report.verify = result if report.verify is None else report.verify.merge(result)
+            report.details.extend(result.lines)
+        elif not result.ok:
+            report.problems.append(
+                f"{to}: {found.where or 'the destination'} holds {result.found} of the {result.expected} "
+                f"trajectories written ({len(result.missing)} missing, {len(result.metrics_missing)} step metric "
+                "values missing): its files stop early (a full disk?); free space and export again"
+            )
     return report
