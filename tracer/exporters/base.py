@@ -442,18 +442,10 @@ class LiveDriver:
         with self._lock:
             queued, dropped = self._queued_spans, self.spans_dropped
         in_grace = dict(self._root_seen)
-        held = tuple(
-            str(t.summary.get(S.TRACE_ID) or f"#{id(t)}") for ts in list(self._held.values()) for t in list(ts)
-        )
-        return lag.DriverProgress(
-            shipped=self.trajectories_written,
-            failed=self.trajectories_failed,
-            in_grace=in_grace,
-            held=held,
-            running=sum(1 for tid in list(self._pending) if tid not in in_grace),
-            queued_spans=queued,
-            dropped_spans=dropped,
-        )
+        held = tuple(str(t.summary.get(S.TRACE_ID) or f"#{id(t)}") for ts in list(self._held.values()) for t in ts)
+        running = sum(1 for tid in list(self._pending) if tid not in in_grace)
+        done, failed = self.trajectories_written, self.trajectories_failed
+        return lag.DriverProgress(done, failed, in_grace, held, running, queued, dropped)
 
     # -- the thread --------------------------------------------------------------
 

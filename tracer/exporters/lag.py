@@ -120,21 +120,9 @@ class _Reporter:
         if not final and now - self.last_write < WRITE_EVERY_S:
             return
         self.last_write = now
-        record = LagRecord(
-            backend=self.backend,
-            host=host_label(),
-            pid=os.getpid(),
-            written_at=time.time(),
-            shipped=progress.shipped,
-            failed=progress.failed,
-            waiting=len(self.since),
-            oldest_waiting_s=round(max(oldest, 0.0), 3),
-            running=progress.running,
-            queued_spans=progress.queued_spans,
-            dropped_spans=progress.dropped_spans,
-            final=final,
-        )
-        data = dataclasses.asdict(record)
+        fields = {k: getattr(progress, k) for k in ("shipped", "failed", "running", "queued_spans", "dropped_spans")}
+        fields.update(waiting=len(self.since), oldest_waiting_s=round(max(oldest, 0.0), 3), final=final)
+        data = dataclasses.asdict(LagRecord(self.backend, host_label(), os.getpid(), time.time(), **fields))
         del data["path"]  # where the file is, filled in by read_lag
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:

@@ -162,7 +162,17 @@ class _Destination:
             if exp is None:
                 raise
             self.experiment_id = exp.experiment_id
-        self.run_id = self._find_or_create_run()
+        # MLflow's filter syntax has no escape for quotes: names with one are matched here.
+        quoted = "'" in experiment
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string="" if quoted else f"tags.`{RUN_TAG_EXPERIMENT}` = '{experiment}'",
+            max_results=1000 if quoted else 50,
+        )
+        run = next((r for r in runs if r.data.tags.get(RUN_TAG_EXPERIMENT) == experiment), None)
+        if run is None:
+            run = self.client.create_run(self.experiment_id, run_name=experiment, tags={RUN_TAG_EXPERIMENT: experiment})
+        self.run_id = str(run.info.run_id)
         self.method = ("fast" if fast_path_available() else "public") if method == "auto" else method
         self._sql_store: Any = None
         #: Traces per :meth:`send`.
@@ -178,22 +188,6 @@ class _Destination:
         else:
             mlflow.set_tracking_uri(tracking_uri)
 
-    def _find_or_create_run(self) -> str:
-        # MLflow's filter syntax has no escape for quotes: names with one are matched here.
-        quoted = "'" in self.experiment
-        runs = self.client.search_runs(
-            [self.experiment_id],
-            filter_string="" if quoted else f"tags.`{RUN_TAG_EXPERIMENT}` = '{self.experiment}'",
-            max_results=1000 if quoted else 50,
-        )
-        for run in runs:
-            if run.data.tags.get(RUN_TAG_EXPERIMENT) == self.experiment:
-                return str(run.info.run_id)
-        run = self.client.create_run(
-            self.experiment_id, run_name=self.experiment, tags={RUN_TAG_EXPERIMENT: self.experiment}
-        )
-        return str(run.info.run_id)
-
     def traces(self, **search: Any) -> Iterator[Any]:
         """The experiment's traces (without spans), page by page; ``search``: more of ``search_traces``'s arguments."""
         token = None
@@ -208,10 +202,15 @@ class _Destination:
 
     def send(self, trajectories: Sequence[TrajectoryData]) -> list[str]:
         """Write these traces and link them to the run; return their MLflow ids."""
-        late = [t for t in trajectories if t.partial]
-        if late:
-            self._send_late(late)
-            trajectories = [t for t in trajectories if not t.partial]
+        late = [t for t in trajectories if t.partial]  # late spans (a reward logged after the trace went)
+        if late and self.method == "fast":
+            self._tracing.log_spans(self.experiment_id, [s for t in late for s in _mlflow_spans(t)])
+            for t in late:
+                for key, value in t.tags.items():
+                    self.client.set_trace_tag(t.mlflow_trace_id, key, value)
+        elif late:  # the public API cannot add spans to a finished trace; the files hold them
+            logger.debug("rollout-trace mlflow exporter: %d late span groups left in the files", len(late))
+        trajectories = [t for t in trajectories if not t.partial]
         if not trajectories:
             return []
         if self.method == "fast":
@@ -227,34 +226,6 @@ class _Destination:
         for i in range(0, len(ids), LINK_BATCH):
             self.client.link_traces_to_run(ids[i : i + LINK_BATCH], self.run_id)
         return ids
-
-    def _send_late(self, late: Sequence[TrajectoryData]) -> None:
-        """Add late spans (a reward logged after its trajectory was shipped) to their traces."""
-        if self.method != "fast":
-            # The public API cannot add spans to a finished trace; the files hold them.
-            logger.debug("rollout-trace mlflow exporter: %d late span groups left in the files", len(late))
-            return
-        self._tracing.log_spans(self.experiment_id, [s for t in late for s in _mlflow_spans(t)])
-        for t in late:
-            for key, value in t.tags.items():
-                self.client.set_trace_tag(t.mlflow_trace_id, key, value)
-
-    def log_step_metrics(
-        self, metrics: dict[tuple[int | None, bool], dict[str, float]], timestamps: dict[tuple[int | None, bool], int]
-    ) -> int:
-        """Log per-step metrics on the run (idempotent: same values, same timestamps)."""
-        from mlflow.entities import Metric
-
-        batch = [
-            Metric(METRIC_PREFIX[validate] + key, float(value), timestamps.get((step, validate), 0), int(step))
-            for (step, validate), values in metrics.items()
-            if step is not None
-            for key, value in values.items()
-            if value is not None and math.isfinite(value)
-        ]
-        for i in range(0, len(batch), 1000):
-            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
-        return len(batch)
 
     def finish(self) -> None:
         """Mark the run finished (it stays usable for later exports)."""
@@ -377,13 +348,8 @@ def _span_response_tokens(spans: Sequence[dict[str, Any]]) -> int:
     return total
 
 
-def _step_timestamps(summaries: Sequence[dict[str, Any]]) -> dict[tuple[int | None, bool], int]:
-    """Per (step, validate): the end of its last trajectory, in ms (a stable metric timestamp)."""
-    out: dict[tuple[int | None, bool], int] = {}
-    for t in summaries:
-        key = (t[S.STEP], bool(t[S.VALIDATE]))
-        out[key] = max(out.get(key, 0), (t[S.END_NS] or 0) // 1_000_000)
-    return out
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 def _read_back(dest: _Destination) -> ReadBack:
@@ -512,47 +478,54 @@ class MlflowSink(SinkBase):
         """Send the first ``n`` queued traces; when the batch fails, one by one, refusing only the bad ones."""
         dest = self._destination()
         chunk = self._pending[:n]
+        went: list[TrajectoryData] = []
+        failed: list[tuple[TrajectoryData, Exception]] = []
         try:
             dest.send(chunk)
             went = chunk
         except Exception as exc:
             logger.debug("rollout-trace mlflow exporter: a batch of %d failed (%s); sending one by one", n, exc)
-            went = self._send_one_by_one(dest, chunk)
+            for t in chunk:
+                try:
+                    dest.send([t])
+                    went.append(t)
+                except Exception as one:
+                    failed.append((t, one))
+                    if not went and not self._sent and len(failed) >= MAX_REFUSED_BEFORE_GIVING_UP:
+                        raise  # the first few all fail: the destination is broken, stop here with its error
+        for t, error in failed:  # refused alone: recorded, the rest went
+            if t.partial:
+                logger.warning("rollout-trace mlflow exporter: late spans of %s not sent: %s", t.trace_id, error)
+                continue
+            self.refused.append((t.trace_id, len(t.spans), f"{type(error).__name__}: {short_error(error)}"))
         del self._pending[:n]
         whole = [t for t in went if not t.partial]
         self._sent += len(whole)
         self._spans += sum(len(t.spans) for t in whole)
 
-    def _send_one_by_one(self, dest: _Destination, chunk: Sequence[TrajectoryData]) -> list[TrajectoryData]:
-        """Send each trace alone; a refused one is recorded in :attr:`refused` unless every one fails."""
-        went: list[TrajectoryData] = []
-        failed: list[tuple[TrajectoryData, Exception]] = []
-        for t in chunk:
-            try:
-                dest.send([t])
-                went.append(t)
-            except Exception as exc:
-                failed.append((t, exc))
-                if not went and not self._sent and len(failed) >= MAX_REFUSED_BEFORE_GIVING_UP:
-                    raise  # the first few all fail: the destination is broken, stop here with its error
-        for t, error in failed:
-            if t.partial:
-                logger.warning("rollout-trace mlflow exporter: late spans of %s not sent: %s", t.trace_id, error)
-                continue
-            self.refused.append((t.trace_id, len(t.spans), f"{type(error).__name__}: {short_error(error)}"))
-        return went
-
     def _log_metrics(self, batch: StepBatch) -> None:
-        metrics: dict[tuple[int | None, bool], dict[str, float]] = {}
+        """Log a complete step's metrics on the run (idempotent: same values, same timestamps)."""
+        from mlflow.entities import Metric
+
+        step, dest = batch.step, self._destination()
+        if step is None:
+            return
+        metrics: list[Any] = []
         for validate, values in (batch.metrics or {}).items():
-            key = (batch.step, validate)
-            metrics[key] = dict(values)
-            lengths = self._response.get(key)
+            values = dict(values)
+            lengths = self._response.get((step, validate))
             if lengths:
-                metrics[key]["response_length/mean"] = sum(lengths) / len(lengths)
-        self._metrics_logged += self._destination().log_step_metrics(metrics, _step_timestamps(batch.summaries))
-        if self._live and batch.step is not None:
-            for old in [k for k in self._response if k[0] is not None and k[0] < batch.step - KEEP_STEPS]:
+                values["response_length/mean"] = sum(lengths) / len(lengths)
+            # The end of the step's last trajectory, in ms: a stable timestamp.
+            ends = (t[S.END_NS] or 0 for t in batch.summaries if bool(t[S.VALIDATE]) == validate)
+            at = max(ends, default=0) // 1_000_000
+            prefix = METRIC_PREFIX[validate]
+            metrics += [Metric(prefix + k, float(v), at, int(step)) for k, v in values.items() if _finite(v)]
+        for i in range(0, len(metrics), 1000):
+            dest.client.log_batch(dest.run_id, metrics=metrics[i : i + 1000])
+        self._metrics_logged += len(metrics)
+        if self._live:
+            for old in [k for k in self._response if k[0] is not None and k[0] < step - KEEP_STEPS]:
                 del self._response[old]
 
 

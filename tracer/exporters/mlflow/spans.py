@@ -90,9 +90,7 @@ _HEX16 = re.compile(r"^[0-9a-f]{16}$")
 
 def otel_span_hex(span_id: str) -> str:
     """Our span id as 16 hex chars (itself when it already is)."""
-    if _HEX16.match(span_id) and int(span_id, 16):
-        return span_id
-    return hashlib.sha256(span_id.encode()).hexdigest()[:16]
+    return span_id if _HEX16.match(span_id) and int(span_id, 16) else hashlib.sha256(span_id.encode()).hexdigest()[:16]
 
 
 def namespaced_trace_hex(trace_id: str, experiment: str) -> str:
@@ -141,9 +139,8 @@ class TrajectoryData:
 
 
 def _loads(text: Any) -> Any:
-    """A JSON column parsed with the standard library, which (unlike ``tracer.read.parse_json_or_text``'s
-    orjson) decodes lone surrogates, so that a hostile value is refused by MLflow's UTF-8 encoding,
-    trajectory by trajectory, instead of reaching the trace as unparsed JSON text."""
+    """A JSON column parsed with the standard library, which (unlike orjson) decodes lone surrogates: a hostile value
+    is then refused by MLflow's UTF-8 encoding, trajectory by trajectory, instead of reaching it as JSON text."""
     if not isinstance(text, str):
         return text
     try:
@@ -167,15 +164,6 @@ def count_tokens(tokens: Any, keys: Sequence[str]) -> int:
     return sum(int(tokens[k]) for k in keys if isinstance(tokens.get(k), (int, float)))
 
 
-def _tag_value(value: Any) -> str:
-    # str() of the value, as verl's MLflow backend writes tags ('False', '3'): its searches find ours.
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, float) and value.is_integer():
-        return repr(value)
-    return str(value)
-
-
 def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows with every parent before its children (roots first), by start time."""
     by_parent: dict[Any, list[dict[str, Any]]] = {}
@@ -194,10 +182,6 @@ def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _chat_completion(message: Mapping[str, Any], finish_reason: Any) -> list[dict[str, Any]]:
-    return [{"index": 0, "message": dict(message), "finish_reason": finish_reason or "stop"}]
-
-
 def _augment(value: Any, key: str, extra: Any, added: dict[str, Any], side: str) -> Any:
     """Add ``key: extra`` to a dict-valued input/output, recording what was added."""
     if value is None:
@@ -207,6 +191,10 @@ def _augment(value: Any, key: str, extra: Any, added: dict[str, Any], side: str)
         added[side] = [key]
         return {**value, key: extra}
     return value
+
+
+def _chat_completion(message: Mapping[str, Any], finish_reason: Any) -> list[dict[str, Any]]:
+    return [{"index": 0, "message": dict(message), "finish_reason": finish_reason or "stop"}]
 
 
 #: ``(column, span attribute, trace tag)`` of the context a trajectory's spans share.
@@ -238,8 +226,7 @@ class _Chat:
             prompt = own.prompt_text if own is not None else None
             prompt_msgs = [{"role": "user", "content": prompt if prompt is not None else json.dumps(inputs)}]
             reply = own.as_message() if own is not None else {"role": "assistant", "content": ""}
-        finish = own.finish_reason if own is not None else None
-        return prompt_msgs, _chat_completion(reply, finish)
+        return prompt_msgs, _chat_completion(reply, own.finish_reason if own is not None else None)
 
 
 #: ``(exception event attribute, key of our error JSON)``.
@@ -321,14 +308,15 @@ def _tags(
             "status": summary[S.STATUS],
             TAG_TRACE_NAME: root.name,
         }
-        tags.update({tag: _tag_value(summary[col]) for col, _, tag in CONTEXT_KEYS if summary[col] is not None})
+        # str() of the value, as verl's MLflow backend writes tags ('False', '3'): its searches find ours.
+        tags.update({tag: str(summary[col]) for col, _, tag in CONTEXT_KEYS if summary[col] is not None})
     if summary[S.REWARD] is not None:
-        tags[TAG_REWARD] = _tag_value(summary[S.REWARD])
+        tags[TAG_REWARD] = str(summary[S.REWARD])
     info = _loads(summary[S.REWARD_INFO])
     if isinstance(info, Mapping):
         for k, v in info.items():
             if isinstance(v, (int, float, str, bool)):
-                tags[TAG_REWARD_PREFIX + str(k)] = _tag_value(v)
+                tags[TAG_REWARD_PREFIX + str(k)] = str(v)
     return tags
 
 
