@@ -463,7 +463,11 @@ class LiveDriver:
             if flushing or (not self._pending and not self._queue):
                 self._idle.set()
             if stopping:
-                self._close()
+                try:
+                    for note in self._call(self.sink.close, "close") if self._opened else []:
+                        logger.debug("rollout-trace %s exporter: %s", self.backend, note)
+                except Exception as exc:
+                    self._fail("close", f"could not close ({type(exc).__name__}: {exc})")
                 self._idle.set()
                 return
 
@@ -474,7 +478,15 @@ class LiveDriver:
             self._queued_spans = 0
         now = time.monotonic()
         for batch in batches:
-            self._absorb(batch, now)
+            traces = batch.column(S.TRACE_ID)
+            order: dict[str, list[int]] = {}
+            for i, tid in enumerate(traces.to_pylist()):
+                order.setdefault(tid, []).append(i)
+            roots = set(traces.filter(batch.column(S.PARENT_SPAN_ID).is_null()).to_pylist())
+            for tid, rows in order.items():
+                self._pending.setdefault(tid, []).append(batch.take(pa.array(rows, pa.int64())))
+                if tid in roots:
+                    self._root_seen.setdefault(tid, now)
         ready = [t for t, seen in self._root_seen.items() if stopping or flushing or now - seen >= self.grace_s]
         if stopping:
             ready.extend(t for t in self._pending if t not in self._root_seen)
@@ -498,18 +510,10 @@ class LiveDriver:
             )
         if out:
             self._write(out, stopping)
-        self._forget_old_steps()
-
-    def _absorb(self, batch: pa.RecordBatch, now: float) -> None:
-        traces = batch.column(batch.schema.get_field_index(S.TRACE_ID))
-        order: dict[str, list[int]] = {}
-        for i, tid in enumerate(traces.to_pylist()):
-            order.setdefault(tid, []).append(i)
-        roots = set(traces.filter(batch.column(batch.schema.get_field_index(S.PARENT_SPAN_ID)).is_null()).to_pylist())
-        for tid, rows in order.items():
-            self._pending.setdefault(tid, []).append(batch.take(pa.array(rows, pa.int64())))
-            if tid in roots:
-                self._root_seen.setdefault(tid, now)
+        # Steps far behind the newest forget their trajectories (later late ones get metrics of their own).
+        if (newest := self._newest) is not None:
+            for old in [s for s in self._seen if s is not None and s < newest - KEEP_STEPS and s not in self._due]:
+                self._seen.pop(old, None)
 
     def _take(self, spans: pa.Table) -> None:
         """Turn one finished trajectory's spans into a held :class:`Trajectory` (or drop it)."""
@@ -539,13 +543,6 @@ class LiveDriver:
         self._due.add(step)
         if step is not None and (self._newest is None or step > self._newest):
             self._newest = step
-
-    def _forget_old_steps(self) -> None:
-        if self._newest is None:
-            return
-        for old in [s for s in self._seen if s is not None and s < self._newest - KEEP_STEPS]:
-            if old not in self._due:
-                self._seen.pop(old, None)
 
     def _open(self) -> None:
         if self._opened:
@@ -614,15 +611,6 @@ class LiveDriver:
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
         return None
-
-    def _close(self) -> None:
-        if not self._opened:
-            return
-        try:
-            for note in self._call(self.sink.close, "close"):
-                logger.debug("rollout-trace %s exporter: %s", self.backend, note)
-        except Exception as exc:
-            self._fail("close", f"could not close ({type(exc).__name__}: {exc})")
 
     def _fail(self, kind: str, message: str) -> None:
         """Keep ``message`` for the next :meth:`failures` and log it (once per ``kind``)."""

@@ -242,25 +242,23 @@ class OtlpSink(SinkBase):
             is_root = r[S.PARENT_SPAN_ID] is None
             if is_root:
                 attrs.update(self._root_attrs(summary))
-            span = tp.Span(
-                trace_id=bytes.fromhex(r[S.TRACE_ID]),
-                span_id=bytes.fromhex(r[S.SPAN_ID]),
-                name=str(r[S.NAME]),
-                kind=tp.Span.SPAN_KIND_CLIENT if r[S.KIND] == S.KIND_LLM else tp.Span.SPAN_KIND_INTERNAL,
-                start_time_unix_nano=int(r[S.START_NS]),
-                end_time_unix_nano=int(r[S.END_NS]),
-                attributes=self._attrs(attrs),
-                events=self._evaluations(summary, int(r[S.END_NS])) if is_root else [],
+            err = r.get(S.ERROR)
+            ok = r[S.STATUS] == S.STATUS_OK
+            status = tp.Status(code=tp.Status.STATUS_CODE_ERROR, message=_cut(str(r[S.STATUS] if err is None else err)))
+            out.append(
+                tp.Span(
+                    trace_id=bytes.fromhex(r[S.TRACE_ID]),
+                    span_id=bytes.fromhex(r[S.SPAN_ID]),
+                    parent_span_id=b"" if is_root else bytes.fromhex(r[S.PARENT_SPAN_ID]),
+                    name=str(r[S.NAME]),
+                    kind=tp.Span.SPAN_KIND_CLIENT if r[S.KIND] == S.KIND_LLM else tp.Span.SPAN_KIND_INTERNAL,
+                    start_time_unix_nano=int(r[S.START_NS]),
+                    end_time_unix_nano=int(r[S.END_NS]),
+                    attributes=self._attrs(attrs),
+                    events=self._evaluations(summary, int(r[S.END_NS])) if is_root else [],
+                    status=tp.Status(code=tp.Status.STATUS_CODE_OK) if ok else status,
+                )
             )
-            if not is_root:
-                span.parent_span_id = bytes.fromhex(r[S.PARENT_SPAN_ID])
-            if r[S.STATUS] == S.STATUS_OK:
-                span.status.code = tp.Status.STATUS_CODE_OK
-            else:
-                span.status.code = tp.Status.STATUS_CODE_ERROR
-                err = r.get(S.ERROR)
-                span.status.message = _cut(str(err) if err is not None else str(r[S.STATUS]))
-            out.append(span)
         return out
 
     def request(self, spans: Sequence[Any]) -> Any:

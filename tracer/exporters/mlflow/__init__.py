@@ -126,113 +126,6 @@ MLFLOW_PARAM_CHARS = 6000
 MLFLOW_PARAMS_PER_BATCH = 100
 
 
-def _log_run_config(dest: _Destination, run_config: Mapping[str, Any]) -> None:
-    """Log the run's config as MLflow params (dotted keys); a param already logged with another value stays."""
-    from mlflow.entities import Param
-
-    params = [
-        Param(k, (v if isinstance(v, str) else json.dumps(v, default=str))[:MLFLOW_PARAM_CHARS])
-        for k, v in flatten_config(run_config).items()
-    ]
-    for i in range(0, len(params), MLFLOW_PARAMS_PER_BATCH):
-        try:
-            dest.client.log_batch(dest.run_id, params=params[i : i + MLFLOW_PARAMS_PER_BATCH])
-        except Exception as exc:  # a changed value of an existing param: keep the run going
-            logger.warning("rollout-trace mlflow exporter: run config not logged as params: %s", exc)
-            return
-
-
-class _Destination:
-    """An MLflow experiment and run, and how traces are sent there."""
-
-    def __init__(self, tracking_uri: str, project: str, experiment: str, method: str = "auto") -> None:
-        mlflow = import_backend("mlflow", "mlflow")
-        from mlflow.tracking import MlflowClient
-
-        check_tracking_uri(tracking_uri)  # a server that is down: said in seconds, not after MLflow's retries
-        self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        self.project = project
-        self.experiment = experiment
-        exp = self.client.get_experiment_by_name(project)
-        try:
-            self.experiment_id = exp.experiment_id if exp is not None else self.client.create_experiment(project)
-        except Exception:
-            exp = self.client.get_experiment_by_name(project)  # created meanwhile
-            if exp is None:
-                raise
-            self.experiment_id = exp.experiment_id
-        # MLflow's filter syntax has no escape for quotes: names with one are matched here.
-        quoted = "'" in experiment
-        runs = self.client.search_runs(
-            [self.experiment_id],
-            filter_string="" if quoted else f"tags.`{RUN_TAG_EXPERIMENT}` = '{experiment}'",
-            max_results=1000 if quoted else 50,
-        )
-        run = next((r for r in runs if r.data.tags.get(RUN_TAG_EXPERIMENT) == experiment), None)
-        if run is None:
-            run = self.client.create_run(self.experiment_id, run_name=experiment, tags={RUN_TAG_EXPERIMENT: experiment})
-        self.run_id = str(run.info.run_id)
-        self.method = ("fast" if fast_path_available() else "public") if method == "auto" else method
-        self._sql_store: Any = None
-        #: Traces per :meth:`send`.
-        self.batch_size = PUBLIC_BATCH_TRACES
-        if self.method == "fast":
-            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-            from mlflow.tracing.client import TracingClient
-
-            self._tracing = TracingClient(tracking_uri)
-            # SQL stores: tags and the run link in one statement per batch (MLflow: ~11 queries a trace).
-            self._sql_store = self._tracing.store if isinstance(self._tracing.store, SqlAlchemyStore) else None
-            self.batch_size = SQL_BATCH_TRACES if self._sql_store is not None else BATCH_TRACES
-        else:
-            mlflow.set_tracking_uri(tracking_uri)
-
-    def traces(self, **search: Any) -> Iterator[Any]:
-        """The experiment's traces (without spans), page by page; ``search``: more of ``search_traces``'s arguments."""
-        token = None
-        while True:
-            page = self.client.search_traces(
-                locations=[self.experiment_id], include_spans=False, max_results=500, page_token=token, **search
-            )
-            yield from page
-            token = page.token
-            if not token:
-                return
-
-    def send(self, trajectories: Sequence[TrajectoryData]) -> list[str]:
-        """Write these traces and link them to the run; return their MLflow ids."""
-        late = [t for t in trajectories if t.partial]  # late spans (a reward logged after the trace went)
-        if late and self.method == "fast":
-            self._tracing.log_spans(self.experiment_id, [s for t in late for s in _mlflow_spans(t)])
-            for t in late:
-                for key, value in t.tags.items():
-                    self.client.set_trace_tag(t.mlflow_trace_id, key, value)
-        elif late:  # the public API cannot add spans to a finished trace; the files hold them
-            logger.debug("rollout-trace mlflow exporter: %d late span groups left in the files", len(late))
-        trajectories = [t for t in trajectories if not t.partial]
-        if not trajectories:
-            return []
-        if self.method == "fast":
-            sql = self._sql_store is not None
-            spans = [s for t in trajectories for s in _mlflow_spans(t, tags_as_attributes=not sql)]
-            self._tracing.log_spans(self.experiment_id, spans)
-            if sql:
-                _write_sql_tags(self._sql_store, trajectories, self.run_id)
-            ids = [t.mlflow_trace_id for t in trajectories]
-        else:
-            ids = [_send_public(t, self.experiment_id, self.run_id) for t in trajectories]
-            import_backend("mlflow", "mlflow").flush_trace_async_logging()
-        for i in range(0, len(ids), LINK_BATCH):
-            self.client.link_traces_to_run(ids[i : i + LINK_BATCH], self.run_id)
-        return ids
-
-    def finish(self) -> None:
-        """Mark the run finished (it stays usable for later exports)."""
-        with contextlib.suppress(Exception):
-            self.client.set_terminated(self.run_id)
-
-
 def _write_sql_tags(store: Any, trajectories: Sequence[TrajectoryData], run_id: str) -> None:
     """Upsert the traces' tags and their ``mlflow.sourceRun`` metadata in one transaction (SQL stores)."""
     import importlib
@@ -352,17 +245,6 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
-def _read_back(dest: _Destination) -> ReadBack:
-    """Our trace ids and reward tags of the traces linked to the destination's run."""
-    found: dict[str, float | None] = {}
-    for trace in dest.traces(run_id=dest.run_id):
-        tags = trace.info.tags
-        if tags.get(TAG_EXPERIMENT) == dest.experiment and tags.get(TAG_TRACE_ID):
-            tagged = tags.get(TAG_REWARD)
-            found[tags[TAG_TRACE_ID]] = float(tagged) if tagged is not None else None
-    return ReadBack(found, shared=True, where=f"MLflow run {dest.run_id}")
-
-
 class MlflowSink(SinkBase):
     """One MLflow trace per trajectory as soon as the driver has it, a step's metrics once it is complete. Post hoc,
     trajectories already in the experiment are skipped but counted in the metrics: exporting again creates no
@@ -372,7 +254,7 @@ class MlflowSink(SinkBase):
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         super().__init__(options)
-        self._dest: _Destination | None = None
+        self.client: Any = None  # set by :meth:`_connect`, with the experiment and run
         self._live = False
         self._pending: list[TrajectoryData] = []
         self._response: dict[tuple[int | None, bool], list[int]] = {}
@@ -397,29 +279,117 @@ class MlflowSink(SinkBase):
             yield (path if len(groups) == 1 else files), project, experiment
 
     def open(self, target: Target) -> set[str]:
-        """Find or create the experiment and run; return our trace ids already there (post hoc)."""
+        """Find or create the experiment and run, log the run config as params; return our trace ids there (post hoc)."""
         self._live = target.live
         project = self.options.get("experiment") or target.project or "rollout_trace"
-        self._dest = _Destination(
-            resolve_tracking_uri(self.options.get("tracking_uri")),
-            project,
-            target.experiment or "default",
-            self.options.get("method") or "auto",
-        )
-        _log_run_config(self._dest, target.run_config)
+        self._connect(project, target.experiment or "default", self.options.get("method") or "auto")
+        from mlflow.entities import Param
+
+        params = [
+            Param(k, (v if isinstance(v, str) else json.dumps(v, default=str))[:MLFLOW_PARAM_CHARS])
+            for k, v in flatten_config(target.run_config).items()
+        ]
+        for i in range(0, len(params), MLFLOW_PARAMS_PER_BATCH):
+            try:
+                self.client.log_batch(self.run_id, params=params[i : i + MLFLOW_PARAMS_PER_BATCH])
+            except Exception as exc:  # a changed value of an existing param: keep the run going
+                logger.warning("rollout-trace mlflow exporter: run config not logged as params: %s", exc)
+                break
         if target.live:
             return set()
-        return {t.info.tags[TAG_TRACE_ID] for t in self._dest.traces() if t.info.tags.get(TAG_TRACE_ID)}
+        return {t.info.tags[TAG_TRACE_ID] for t in self._traces() if t.info.tags.get(TAG_TRACE_ID)}
+
+    def _connect(self, project: str, experiment: str, method: str = "auto") -> None:
+        """Find or create MLflow experiment ``project`` and its run ``experiment``; pick how traces are sent."""
+        mlflow = import_backend("mlflow", "mlflow")
+        from mlflow.tracking import MlflowClient
+
+        tracking_uri = self.destination
+        check_tracking_uri(tracking_uri)  # a server that is down: said in seconds, not after MLflow's retries
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.project = project
+        self.experiment = experiment
+        exp = self.client.get_experiment_by_name(project)
+        try:
+            self.experiment_id = exp.experiment_id if exp is not None else self.client.create_experiment(project)
+        except Exception:
+            exp = self.client.get_experiment_by_name(project)  # created meanwhile
+            if exp is None:
+                raise
+            self.experiment_id = exp.experiment_id
+        # MLflow's filter syntax has no escape for quotes: names with one are matched here.
+        quoted = "'" in experiment
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string="" if quoted else f"tags.`{RUN_TAG_EXPERIMENT}` = '{experiment}'",
+            max_results=1000 if quoted else 50,
+        )
+        run = next((r for r in runs if r.data.tags.get(RUN_TAG_EXPERIMENT) == experiment), None)
+        if run is None:
+            run = self.client.create_run(self.experiment_id, run_name=experiment, tags={RUN_TAG_EXPERIMENT: experiment})
+        self.run_id = str(run.info.run_id)
+        self.method = ("fast" if fast_path_available() else "public") if method == "auto" else method
+        self._sql_store: Any = None
+        #: Traces per :meth:`_write_traces`.
+        self.batch_size = PUBLIC_BATCH_TRACES
+        if self.method == "fast":
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+            from mlflow.tracing.client import TracingClient
+
+            self._tracing = TracingClient(tracking_uri)
+            # SQL stores: tags and the run link in one statement per batch (MLflow: ~11 queries a trace).
+            self._sql_store = self._tracing.store if isinstance(self._tracing.store, SqlAlchemyStore) else None
+            self.batch_size = SQL_BATCH_TRACES if self._sql_store is not None else BATCH_TRACES
+        else:
+            mlflow.set_tracking_uri(tracking_uri)
+
+    def _traces(self, **search: Any) -> Iterator[Any]:
+        """The experiment's traces (without spans), page by page; ``search``: more of ``search_traces``'s arguments."""
+        token = None
+        while True:
+            page = self.client.search_traces(
+                locations=[self.experiment_id], include_spans=False, max_results=500, page_token=token, **search
+            )
+            yield from page
+            token = page.token
+            if not token:
+                return
+
+    def _write_traces(self, trajectories: Sequence[TrajectoryData]) -> list[str]:
+        """Write these traces and link them to the run; return their MLflow ids."""
+        late = [t for t in trajectories if t.partial]  # late spans (a reward logged after the trace went)
+        if late and self.method == "fast":
+            self._tracing.log_spans(self.experiment_id, [s for t in late for s in _mlflow_spans(t)])
+            for t in late:
+                for key, value in t.tags.items():
+                    self.client.set_trace_tag(t.mlflow_trace_id, key, value)
+        elif late:  # the public API cannot add spans to a finished trace; the files hold them
+            logger.debug("rollout-trace mlflow exporter: %d late span groups left in the files", len(late))
+        trajectories = [t for t in trajectories if not t.partial]
+        if not trajectories:
+            return []
+        if self.method == "fast":
+            sql = self._sql_store is not None
+            spans = [s for t in trajectories for s in _mlflow_spans(t, tags_as_attributes=not sql)]
+            self._tracing.log_spans(self.experiment_id, spans)
+            if sql:
+                _write_sql_tags(self._sql_store, trajectories, self.run_id)
+            ids = [t.mlflow_trace_id for t in trajectories]
+        else:
+            ids = [_send_public(t, self.experiment_id, self.run_id) for t in trajectories]
+            import_backend("mlflow", "mlflow").flush_trace_async_logging()
+        for i in range(0, len(ids), LINK_BATCH):
+            self.client.link_traces_to_run(ids[i : i + LINK_BATCH], self.run_id)
+        return ids
 
     def write(self, batch: StepBatch) -> Written:
         """Queue the step's new trajectories (and late spans) as traces; log its metrics when complete."""
-        dest = self._destination()
         written = Written()
         for t in batch.trajectories:
             key = (t.summary[S.STEP], bool(t.summary[S.VALIDATE]))
             tid = t.summary[S.TRACE_ID]
             if t.state == LATE:
-                self._pending.append(trajectory_data(t.spans, dest.project, dest.experiment, partial=True))
+                self._pending.append(trajectory_data(t.spans, self.project, self.experiment, partial=True))
                 continue
             written.rows[tid] = t.summary[S.REWARD]
             if t.state == EXISTING:
@@ -429,7 +399,7 @@ class MlflowSink(SinkBase):
             reward = None if self._live else (t.summary[S.REWARD], t.summary[S.REWARD_INFO])
             written.sent += 1  # a refused one is taken back out with its refusal
             try:
-                data = trajectory_data(t.spans, dest.project, dest.experiment, reward=reward)
+                data = trajectory_data(t.spans, self.project, self.experiment, reward=reward)
             except Exception as exc:  # this trajectory's content: refuse it alone, the rest go
                 self.refused.append((tid, 0, f"{type(exc).__name__}: {short_error(exc)}"))
                 continue
@@ -437,8 +407,8 @@ class MlflowSink(SinkBase):
             self._pending.append(data)
             written.spans += len(data.spans)
         self._skipped += written.skipped
-        while len(self._pending) >= dest.batch_size:
-            self._send(dest.batch_size)
+        while len(self._pending) >= self.batch_size:
+            self._send(self.batch_size)
         if batch.metrics is not None:
             self._log_metrics(batch)
         return written
@@ -450,44 +420,34 @@ class MlflowSink(SinkBase):
 
     def close(self) -> list[str]:
         """Send what is queued, mark the run finished, and say where everything went."""
-        dest = self._dest
-        if dest is None:
+        if self.client is None:
             return []
         self.flush()
-        dest.finish()
+        with contextlib.suppress(Exception):  # the run stays usable for later exports
+            self.client.set_terminated(self.run_id)
         notes = [
-            f"{dest.project}/{dest.experiment}: sent {self._sent} trajectories ({self._spans} spans) to MLflow "
-            f"experiment {dest.project!r} (id {dest.experiment_id}), run {dest.experiment!r} (id {dest.run_id}) at "
-            f"{dest.tracking_uri} {_METHOD_WORDS[dest.method]}; "
+            f"{self.project}/{self.experiment}: sent {self._sent} trajectories ({self._spans} spans) to MLflow "
+            f"experiment {self.project!r} (id {self.experiment_id}), run {self.experiment!r} (id {self.run_id}) at "
+            f"{self.destination} {_METHOD_WORDS[self.method]}; "
             f"logged {self._metrics_logged} step metrics"
         ]
         if self._skipped:
             notes.append(f"skipped {self._skipped} trajectories already in MLflow")
         return notes
 
-    def read_back(self) -> ReadBack:
-        """The traces linked to the run, with their reward tags."""
-        return _read_back(self._destination())
-
-    def _destination(self) -> _Destination:
-        if self._dest is None:
-            raise RuntimeError("MlflowSink.open() was not called")
-        return self._dest
-
     def _send(self, n: int) -> None:
         """Send the first ``n`` queued traces; when the batch fails, one by one, refusing only the bad ones."""
-        dest = self._destination()
         chunk = self._pending[:n]
         went: list[TrajectoryData] = []
         failed: list[tuple[TrajectoryData, Exception]] = []
         try:
-            dest.send(chunk)
+            self._write_traces(chunk)
             went = chunk
         except Exception as exc:
             logger.debug("rollout-trace mlflow exporter: a batch of %d failed (%s); sending one by one", n, exc)
             for t in chunk:
                 try:
-                    dest.send([t])
+                    self._write_traces([t])
                     went.append(t)
                 except Exception as one:
                     failed.append((t, one))
@@ -507,7 +467,7 @@ class MlflowSink(SinkBase):
         """Log a complete step's metrics on the run (idempotent: same values, same timestamps)."""
         from mlflow.entities import Metric
 
-        step, dest = batch.step, self._destination()
+        step = batch.step
         if step is None:
             return
         metrics: list[Any] = []
@@ -522,11 +482,21 @@ class MlflowSink(SinkBase):
             prefix = METRIC_PREFIX[validate]
             metrics += [Metric(prefix + k, float(v), at, int(step)) for k, v in values.items() if _finite(v)]
         for i in range(0, len(metrics), 1000):
-            dest.client.log_batch(dest.run_id, metrics=metrics[i : i + 1000])
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
         self._metrics_logged += len(metrics)
         if self._live:
             for old in [k for k in self._response if k[0] is not None and k[0] < step - KEEP_STEPS]:
                 del self._response[old]
+
+    def read_back(self) -> ReadBack:
+        """Our trace ids and reward tags of the traces linked to the run."""
+        found: dict[str, float | None] = {}
+        for trace in self._traces(run_id=self.run_id):
+            tags = trace.info.tags
+            if tags.get(TAG_EXPERIMENT) == self.experiment and tags.get(TAG_TRACE_ID):
+                tagged = tags.get(TAG_REWARD)
+                found[tags[TAG_TRACE_ID]] = float(tagged) if tagged is not None else None
+        return ReadBack(found, shared=True, where=f"MLflow run {self.run_id}")
 
 
 def export_files(path: str | os.PathLike[str], **options: Any) -> ExportReport:
@@ -549,8 +519,9 @@ def verify_export(
     for read_path, project, exp in MlflowSink.sources(os.fspath(path), {"experiment": experiment}):
         run = open_run(read_path, wanted, since_step)
         expected = dict(zip(run.trajectories[S.TRACE_ID].to_pylist(), run.trajectories[S.REWARD].to_pylist()))
-        dest = _Destination(uri, project or "rollout_trace", exp or "default")
-        one = VerifyResult.compare(BACKEND, expected, {}, _read_back(dest))
+        sink = MlflowSink({"tracking_uri": uri})
+        sink._connect(project or "rollout_trace", exp or "default")
+        one = VerifyResult.compare(BACKEND, expected, {}, sink.read_back())
         result = one if result is None else result.merge(one)
     assert result is not None  # sources() yields at least once or raises
     return result.ok, result.lines
