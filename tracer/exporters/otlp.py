@@ -112,12 +112,6 @@ def _span_rows(traj: Trajectory) -> list[dict[str, Any]]:
     return [r for r in traj.spans if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)]
 
 
-def _reward_info(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The trajectory's reward components (``reward_info``, JSON text) as a dict (empty when none or not an object)."""
-    info = S.parse_json_or_text(summary.get(S.REWARD_INFO))
-    return info if isinstance(info, dict) else {}
-
-
 class OtlpSink(SinkBase):
     """POSTs each trajectory as an OTLP trace to an OTLP/HTTP endpoint (protobuf)."""
 
@@ -201,9 +195,16 @@ class OtlpSink(SinkBase):
                 attrs["gen_ai.tool.call.arguments"], attrs["gen_ai.tool.call.result"] = turn.arguments, shown.text
         return attrs
 
-    def _root_attrs(self, summary: Mapping[str, Any]) -> dict[str, Any]:
-        info = _reward_info(summary)
-        return {
+    def trajectory_spans(self, traj: Trajectory) -> list[Any]:
+        """The OTLP spans of one trajectory (``log_reward`` rows left out: the reward is on the root, with the reward
+        and each numeric reward component but the advantage as a ``gen_ai.evaluation.result`` event)."""
+        tp = self.trace_pb
+        summary = traj.summary
+        rows = _span_rows(traj)
+        turns = trajectory_turns(rows).get(summary[S.TRACE_ID], [])
+        info = S.parse_json_or_text(summary.get(S.REWARD_INFO))
+        info = info if isinstance(info, dict) else {}
+        root_attrs = {
             GEN_AI_OPERATION: "invoke_agent",
             "gen_ai.agent.name": summary[S.NAME],
             ATTR_PREFIX + S.STEP: summary[S.STEP],
@@ -215,33 +216,23 @@ class OtlpSink(SinkBase):
             ATTR_PREFIX + S.STATUS: summary[S.STATUS],
             ATTR_PREFIX + S.REWARD_INFO: summary[S.REWARD_INFO],
         }
-
-    def _evaluations(self, summary: Mapping[str, Any], at_ns: int) -> list[Any]:
-        """The reward and each numeric reward component (the advantage aside) as ``gen_ai.evaluation.result`` events."""
         scores = {S.REWARD: number(summary[S.REWARD])}
-        scores.update({str(k): number(v) for k, v in _reward_info(summary).items() if k != ADVANTAGE})
-        return [
-            self.trace_pb.Span.Event(
-                time_unix_nano=at_ns,
-                name="gen_ai.evaluation.result",
-                attributes=self._attrs({"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.value": score}),
-            )
-            for name, score in scores.items()
-            if score is not None
-        ]
-
-    def trajectory_spans(self, traj: Trajectory) -> list[Any]:
-        """The OTLP spans of one trajectory (``log_reward`` rows left out: the reward is on the root)."""
-        tp = self.trace_pb
-        summary = traj.summary
-        rows = _span_rows(traj)
-        turns = trajectory_turns(rows).get(summary[S.TRACE_ID], [])
+        scores.update({str(k): number(v) for k, v in info.items() if k != ADVANTAGE})
+        scores = {k: v for k, v in scores.items() if v is not None}
         out = []
         for r in rows:
             attrs = self._span_attrs(r, summary, turns)
             is_root = r[S.PARENT_SPAN_ID] is None
             if is_root:
-                attrs.update(self._root_attrs(summary))
+                attrs.update(root_attrs)
+            events = [
+                tp.Span.Event(
+                    time_unix_nano=int(r[S.END_NS]),
+                    name="gen_ai.evaluation.result",
+                    attributes=self._attrs({"gen_ai.evaluation.name": k, "gen_ai.evaluation.score.value": v}),
+                )
+                for k, v in (scores.items() if is_root else ())
+            ]
             err = r.get(S.ERROR)
             ok = r[S.STATUS] == S.STATUS_OK
             status = tp.Status(code=tp.Status.STATUS_CODE_ERROR, message=_cut(str(r[S.STATUS] if err is None else err)))
@@ -255,7 +246,7 @@ class OtlpSink(SinkBase):
                     start_time_unix_nano=int(r[S.START_NS]),
                     end_time_unix_nano=int(r[S.END_NS]),
                     attributes=self._attrs(attrs),
-                    events=self._evaluations(summary, int(r[S.END_NS])) if is_root else [],
+                    events=events,
                     status=tp.Status(code=tp.Status.STATUS_CODE_OK) if ok else status,
                 )
             )
