@@ -350,13 +350,11 @@ def _metrics_of(summaries: Sequence[dict[str, Any]]) -> dict[bool, dict[str, flo
 
 
 class LiveDriver:
-    """Feeds a sink from the recorder: queue, group into steps, retry, never raise.
+    """Feeds a sink from the recorder on a thread of its own: queue, group into steps, retry, never raise.
 
-    :meth:`export` only queues. The driver's thread finishes a trajectory ``grace_s`` after its root span (so rewards
-    logged just after are in) and writes a step once a later step arrived or at :meth:`flush`/:meth:`shutdown`. Past
-    :data:`MAX_QUEUED_SPANS` the oldest batches are dropped (counted; the files hold them); a write gets
-    :data:`WRITE_TRIES` tries.
-    """
+    A trajectory is finished ``grace_s`` after its root span (rewards logged just after are in); a step is written
+    once a later step arrived or at :meth:`flush`/:meth:`shutdown`. Past :data:`MAX_QUEUED_SPANS` the oldest batches
+    are dropped (counted; the files hold them)."""
 
     def __init__(self, sink: SinkBase, backend: str, target: Target, run_dir: str, grace_s: float) -> None:
         self.sink = sink

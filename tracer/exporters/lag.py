@@ -144,11 +144,9 @@ def observe(driver: LiveDriver, final: bool = False) -> None:
             if not run_dir or _uri.is_remote(run_dir):
                 return  # an object-store run has no local folder to put the file in
             reporter = _REPORTERS[driver] = _Reporter(run_dir, driver.backend)
-        if reporter.failed:
-            return
-        if not os.path.isdir(os.path.dirname(reporter.path)):
-            return  # nothing written yet: the run folder appears with the first shard
-        reporter.look(driver, final)
+        # Not before the run folder is there (it appears with the first shard).
+        if not reporter.failed and os.path.isdir(os.path.dirname(reporter.path)):
+            reporter.look(driver, final)
     except Exception as exc:
         if reporter is not None:
             reporter.failed = True
@@ -187,9 +185,7 @@ def read_lag(path: str | os.PathLike[str]) -> list[LagRecord]:
     found: list[LagRecord] = []
     for d, dirs, names in os.walk(folder):
         dirs.sort()
-        for name in sorted(names):
-            if not (name.startswith(LAG_PREFIX) and name.endswith(LAG_SUFFIX)):
-                continue
+        for name in sorted(n for n in names if n.startswith(LAG_PREFIX) and n.endswith(LAG_SUFFIX)):
             file = os.path.join(d, name)
             data = side_files.read_json(file, side_files.MAX_LAG_BYTES, valid_lag, "a lag record")
             if data is not None:

@@ -196,8 +196,7 @@ class OtlpSink(SinkBase):
         return attrs
 
     def trajectory_spans(self, traj: Trajectory) -> list[Any]:
-        """The OTLP spans of one trajectory (``log_reward`` rows left out: the reward is on the root, with the reward
-        and each numeric reward component but the advantage as a ``gen_ai.evaluation.result`` event)."""
+        """The OTLP spans of one trajectory (``log_reward`` rows left out: the reward is on the root)."""
         tp = self.trace_pb
         summary = traj.summary
         rows = _span_rows(traj)

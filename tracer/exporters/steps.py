@@ -1,9 +1,5 @@
-"""TableSink: what the table-shaped sinks (WandB, SwanLab, trackio) share.
-
-A :class:`~tracer.exporters.base.StepBatch` becomes a :class:`~tracer.exporters.tables.StepData`:
-one row per new trajectory, validation rows capped at ``log_val_generations`` per step,
-metrics under the ``rollout_trace/`` and ``rollout_trace_val/`` prefixes.
-"""
+"""TableSink: what the table sinks (WandB, SwanLab, trackio) share: a :class:`~tracer.exporters.base.StepBatch` as
+one table row per new trajectory (validation rows capped at ``log_val_generations`` per step) and its metrics."""
 
 from __future__ import annotations
 

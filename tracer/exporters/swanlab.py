@@ -63,11 +63,8 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
 
 
 class SwanlabSink(TableSink):
-    """Per-step tables, conversations and metrics into one SwanLab run.
-
-    Live, the process's active run (``swanlab.get_run()``, left running at :meth:`close`), else one named after
-    the experiment started at the first write. Post hoc, every export is a run of its own (mode ``local`` by default).
-    """
+    """Per-step tables, conversations and metrics into one SwanLab run: live, the process's active run (left running at
+    :meth:`close`), else one named after the experiment; post hoc, a run of its own (mode ``local`` by default)."""
 
     read_files = staticmethod(read_back)
 

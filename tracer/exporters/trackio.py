@@ -1,8 +1,5 @@
-"""trackio exporter: per-step trajectory tables and rollout metrics in a trackio run.
-
-Runs live in a local SQLite store under ``TRACKIO_DIR`` (``trackio show`` opens it); each step logs the same
-tables as wandb's and its metrics.
-"""
+"""trackio exporter: wandb's per-step tables and metrics in a trackio run (a local SQLite store under ``TRACKIO_DIR``,
+which ``trackio show`` opens)."""
 
 from __future__ import annotations
 

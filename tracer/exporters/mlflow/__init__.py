@@ -117,9 +117,6 @@ def fast_path_available() -> bool:
     return any(version.startswith(v) for v in FAST_PATH_VERSIONS)
 
 
-# -- sending -----------------------------------------------------------------
-
-
 #: MLflow keeps a param value of at most this many characters.
 MLFLOW_PARAM_CHARS = 6000
 #: Params per ``log_batch`` call (MLflow's limit is 100).
@@ -227,18 +224,10 @@ def _send_public(t: TrajectoryData, experiment_id: str, run_id: str) -> str:
     return str(live[t.spans[0].span_id].trace_id)
 
 
-# -- reading the files ---------------------------------------------------------
-
-
 def _span_response_tokens(spans: Sequence[dict[str, Any]]) -> int:
     """Response tokens of a trajectory's llm spans (from their ``tokens`` attribute)."""
-    total = 0
-    for r in spans:
-        if r.get(S.KIND) != S.KIND_LLM or not r.get(S.ATTRIBUTES):
-            continue
-        attrs = orjson.loads(r[S.ATTRIBUTES])
-        total += count_tokens(attrs.get(S.ATTR_TOKENS) if isinstance(attrs, dict) else None, RESPONSE_TOKEN_KEYS)
-    return total
+    llm = [orjson.loads(r[S.ATTRIBUTES]) for r in spans if r.get(S.KIND) == S.KIND_LLM and r.get(S.ATTRIBUTES)]
+    return sum(count_tokens(a.get(S.ATTR_TOKENS), RESPONSE_TOKEN_KEYS) for a in llm if isinstance(a, dict))
 
 
 def _finite(value: float | None) -> bool:

@@ -294,32 +294,6 @@ def _span_data(
     )
 
 
-def _tags(
-    summary: dict[str, Any], root: SpanData | None, trace_id: str, project: str, experiment: str
-) -> dict[str, str]:
-    """The trace's tags (with no ``root``, a partial trajectory's: the reward alone)."""
-    tags: dict[str, str] = {}
-    if root is not None:
-        root.attributes.update({ATTR_PROJECT: project, ATTR_EXPERIMENT: experiment, ATTR_TRACE_ID: trace_id})
-        tags = {
-            TAG_TRACE_ID: trace_id,
-            TAG_PROJECT: project,
-            TAG_EXPERIMENT: experiment,
-            "status": summary[S.STATUS],
-            TAG_TRACE_NAME: root.name,
-        }
-        # str() of the value, as verl's MLflow backend writes tags ('False', '3'): its searches find ours.
-        tags.update({tag: str(summary[col]) for col, _, tag in CONTEXT_KEYS if summary[col] is not None})
-    if summary[S.REWARD] is not None:
-        tags[TAG_REWARD] = str(summary[S.REWARD])
-    info = _loads(summary[S.REWARD_INFO])
-    if isinstance(info, Mapping):
-        for k, v in info.items():
-            if isinstance(v, (int, float, str, bool)):
-                tags[TAG_REWARD_PREFIX + str(k)] = str(v)
-    return tags
-
-
 def trajectory_data(
     rows: list[dict[str, Any]],
     project: str,
@@ -352,11 +326,28 @@ def trajectory_data(
         orphan = r is not root_row and (parent is None or not (parent in ids or partial))
         parent_hex = None if r is root_row else root_hex if orphan else otel_span_hex(parent)
         spans.append(_span_data(r, r is root_row, parent_hex, orphan, summary, chat))
+    tags: dict[str, str] = {}  # a partial trajectory's: the reward alone
+    if not partial:
+        spans[0].attributes.update({ATTR_PROJECT: project, ATTR_EXPERIMENT: experiment, ATTR_TRACE_ID: trace_id})
+        tags = {
+            TAG_TRACE_ID: trace_id,
+            TAG_PROJECT: project,
+            TAG_EXPERIMENT: experiment,
+            "status": summary[S.STATUS],
+            TAG_TRACE_NAME: spans[0].name,
+        }
+        # str() of the value, as verl's MLflow backend writes tags ('False', '3'): its searches find ours.
+        tags.update({tag: str(summary[col]) for col, _, tag in CONTEXT_KEYS if summary[col] is not None})
+    if summary[S.REWARD] is not None:
+        tags[TAG_REWARD] = str(summary[S.REWARD])
+    info = _loads(summary[S.REWARD_INFO])
+    extras = info.items() if isinstance(info, Mapping) else ()
+    tags.update({TAG_REWARD_PREFIX + str(k): str(v) for k, v in extras if isinstance(v, (int, float, str, bool))})
     return TrajectoryData(
         trace_id=trace_id,
         mlflow_trace_id=mlflow_trace_id(trace_id, project),
         otel_trace_hex=namespaced_trace_hex(trace_id, project),
-        tags=_tags(summary, None if partial else spans[0], trace_id, project, experiment),
+        tags=tags,
         spans=spans,
         summary=summary,
         response_tokens=sum(s.attributes.get(MLFLOW_CHAT_USAGE, {}).get("output_tokens", 0) for s in spans),
