@@ -389,8 +389,6 @@ class LiveDriver:
         self._thread = threading.Thread(target=self._run, name=f"rollout-trace-{backend}", daemon=True)
         self._thread.start()
 
-    # -- called by the recorder ------------------------------------------------
-
     def export(self, batch: pa.RecordBatch) -> None:
         """Queue a durable batch (writer thread; never blocks)."""
         with self._lock:
@@ -444,8 +442,6 @@ class LiveDriver:
         running = sum(1 for tid in list(self._pending) if tid not in in_grace)
         done, failed = self.trajectories_written, self.trajectories_failed
         return lag.DriverProgress(done, failed, in_grace, held, running, queued, dropped)
-
-    # -- the thread --------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
@@ -665,12 +661,11 @@ def _send_run(
     sink: SinkBase, call: Any, run: Any, target: Target, report: ExportReport, progress: bool
 ) -> tuple[set[str], Written, list[str]]:
     """Open ``sink``, write ``run`` step chunk by step chunk, close; return (ids there before, written, notes)."""
-    existing: set[str] = set()
     total = Written()
     redactor = target.redactor()
     bar = Progress(run.trajectories.num_rows, f"export {report.backend}", progress)
     try:
-        existing = call(functools.partial(sink.open, target), "open")
+        existing: set[str] = call(functools.partial(sink.open, target), "open")
         for trajs, spans in iter_step_chunks(run, sink.span_columns):
             by_step: dict[int | None, list[Trajectory]] = {}
             for summary in trajs.to_pylist():
@@ -681,9 +676,8 @@ def _send_run(
             for step in sorted(by_step, key=_step_order):
                 held = sorted(by_step[step], key=_sort_key)
                 batch = StepBatch(step, held, _metrics_of([t.summary for t in held]), [t.summary for t in held])
-                total.add(
-                    call(functools.partial(sink.write, batch), f"write of step {step} ({len(held)} trajectories)")
-                )
+                what = f"write of step {step} ({len(held)} trajectories)"
+                total.add(call(functools.partial(sink.write, batch), what))
                 bar.update(len(held))
         call(sink.flush, "flush")
         notes: list[str] = call(sink.close, "close")
@@ -702,7 +696,7 @@ def _send_run(
 
 
 def _disk_full(destination: str) -> str:
-    """``"; its disk is full"`` when ``destination`` is a local directory with no space left, else ``""``."""
+    """A note when ``destination`` is a local directory with no space left, else ``""``."""
     try:
         full = os.path.isdir(destination) and shutil.disk_usage(destination).free < DISK_FULL_BYTES
     except OSError:

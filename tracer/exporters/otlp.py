@@ -140,8 +140,6 @@ class OtlpSink(SinkBase):
         self.target = target
         return set()
 
-    # -- building the request --------------------------------------------------
-
     def _value(self, value: Any) -> Any:
         v = self.common_pb.AnyValue()
         if isinstance(value, bool):
@@ -266,8 +264,6 @@ class OtlpSink(SinkBase):
         scope.scope.name = "rollout_trace"
         scope.spans.extend(spans)
         return self.pb.ExportTraceServiceRequest(resource_spans=[rs])
-
-    # -- the wire ----------------------------------------------------------------
 
     def post(self, body: bytes) -> tuple[int, str]:
         """POST one protobuf request; return the receiver's ``partial_success`` (spans rejected, its message).

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
-from tracer.exporters.base import NEW, ReadBack, SinkBase, StepBatch, Target, Written
+from tracer.exporters.base import NEW, SinkBase, StepBatch, Target, Written
 from tracer.exporters.tables import (
     COL,
     METRIC_PREFIX,
@@ -25,8 +25,6 @@ class TableSink(SinkBase):
     """Base of sinks that log per-step tables and metrics to the run that :meth:`open` starts."""
 
     span_columns: ClassVar[tuple[str, ...]] = ROW_SPAN_COLUMNS
-    #: Reads a finished run's files back: ``directory -> (rows, metrics)``.
-    read_files: ClassVar[Any] = None
     #: A step published again (late trajectories) is logged at the backend step it had, not one later.
     same_again: ClassVar[bool] = False
 
@@ -68,11 +66,6 @@ class TableSink(SinkBase):
         self.cap = target.log_val_generations
         self.run = self.start(target)
         return set()
-
-    def read_back(self) -> ReadBack:
-        """The rows and metrics of the finished run's files."""
-        rows, metrics = type(self).read_files(self.destination)
-        return ReadBack(rows, metrics, where=self.destination)
 
     def write(self, batch: StepBatch) -> Written:
         """Log the step's rows and metrics at the backend's next step (the rollout step while it rises)."""

@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from tracer import schema as S
-from tracer.exporters.base import ExportReport, Target
+from tracer.exporters.base import ExportReport, ReadBack, Target
 from tracer.exporters.base import export_files as _export_files
 from tracer.exporters.steps import TableSink
 from tracer.exporters.tables import (
@@ -66,8 +66,6 @@ class SwanlabSink(TableSink):
     """Per-step tables, conversations and metrics into one SwanLab run: live, the process's active run (left running at
     :meth:`close`), else one named after the experiment; post hoc, a run of its own (mode ``local`` by default)."""
 
-    read_files = staticmethod(read_back)
-
     def start(self, target: Target) -> Any:
         """Start (or, live, join) the run."""
         swanlab = import_backend("swanlab", "swanlab")
@@ -110,6 +108,10 @@ class SwanlabSink(TableSink):
             payload[TEXT_KEY] = texts
         self.run.log(payload, step=step)
         return []
+
+    def read_back(self) -> ReadBack:
+        """The rows and metrics of the finished run's files."""
+        return ReadBack(*read_back(self.destination), where=self.destination)
 
     def confirms(self) -> bool:
         """A local or offline run is files here: read back after every export."""

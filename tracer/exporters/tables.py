@@ -60,9 +60,6 @@ SPANS_PER_CHUNK = 200_000
 ROW_SPAN_COLUMNS = tuple(c for c in S.SPAN_COLUMNS if c != S.SPAN_ID)
 
 
-# -- rows ----------------------------------------------------------------------
-
-
 def cut(text: str, limit: int = MAX_CELL_CHARS) -> str:
     """``text`` cut to ``limit`` characters, saying how much was cut."""
     if len(text) <= limit:
@@ -116,9 +113,6 @@ class StepData:
     rows: list[list[Any]] = dataclasses.field(default_factory=list)
     val_rows: list[list[Any]] = dataclasses.field(default_factory=list)
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-
-
-# -- reading files ---------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -196,9 +190,6 @@ def _read_chunk(
     return trajs, by_trace
 
 
-# -- progress --------------------------------------------------------------------
-
-
 class Progress:
     """A one-line progress bar of trajectories on stderr (silent when not ``enabled``; ``total`` 0: a count)."""
 
@@ -236,8 +227,7 @@ class Progress:
             sys.stderr.flush()
 
 
-# -- run files written by wandb and swanlab ------------------------------------------
-
+#: LevelDB-log framing of wandb's and swanlab's run files: block size, header size, fragment types.
 _LOG_BLOCK = 32 * 1024
 _LOG_HEADER = 7
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4

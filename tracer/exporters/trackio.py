@@ -51,8 +51,7 @@ class TrackioSink(TableSink):
 
     def read_back(self) -> ReadBack:
         """The rows and metrics the finished run holds in trackio's local store."""
-        rows, metrics = read_back(self._project, str(self._name))
-        return ReadBack(rows, metrics, where=f"trackio {self._project}/{self._name}")
+        return ReadBack(*read_back(self._project, str(self._name)), where=f"trackio {self._project}/{self._name}")
 
 
 def read_back(project: str, run: str) -> tuple[dict[str, float | None], dict[tuple[Any, str], float]]:
