@@ -559,17 +559,31 @@ class LiveDriver:
         return _call(self.sink, f"{self.backend} exporter", fn, what, self._deadline.left())
 
     def _write(self, batches: list[StepBatch], stopping: bool) -> None:
+        """Write each batch, tried up to :data:`WRITE_TRIES` times with backoff (fewer once stopping)."""
         for batch in batches:
             n = sum(1 for t in batch.trajectories if t.state == NEW)
-
-            def send(batch: StepBatch = batch) -> Written:
-                self._open()
-                written: Written = self._call(lambda: self.sink.write(batch), f"write of step {batch.step}")
-                self._call(self.sink.flush, "flush")
-                return written
-
-            what = f"{n} trajectories of step {batch.step}"
-            written = self._retry(send, stopping, what)
+            written: Written | None = None
+            delay = 0.5
+            for attempt in range(1, WRITE_TRIES + 1):
+                try:
+                    self._open()
+                    written = self._call(functools.partial(self.sink.write, batch), f"write of step {batch.step}")
+                    self._call(self.sink.flush, "flush")
+                    break
+                except Exception as exc:
+                    left = self._deadline.left()
+                    last = attempt == WRITE_TRIES or (stopping and attempt >= 2) or (left is not None and left < delay)
+                    if last or isinstance(exc, BackendTimeoutError):  # hung: another try would wait on the same call
+                        self._fail(
+                            "write failed",
+                            f"{n} trajectories of step {batch.step} not written after {attempt} attempts "
+                            f"({type(exc).__name__}: {exc}); the files hold them: "
+                            f"rollout-trace export {self.run_dir} --to {self.backend}",
+                        )
+                        written = None
+                        break
+                    time.sleep(delay)
+                    delay = min(delay * 2, 10.0)
             refused, self.sink.refused[:] = list(self.sink.refused), []
             if written is None:
                 self.trajectories_failed += n
@@ -585,26 +599,6 @@ class LiveDriver:
             if len(self._written) > WRITTEN_MEMORY:
                 self._written.clear()  # bounded memory; later late spans then count as trajectories of their own
             self._written.update(t.summary[S.TRACE_ID] for t in batch.trajectories)
-
-    def _retry(self, fn: Any, stopping: bool, what: str) -> Any:
-        """``fn()``'s result, tried up to :data:`WRITE_TRIES` times with backoff; None when every attempt failed."""
-        delay = 0.5
-        for attempt in range(1, WRITE_TRIES + 1):
-            try:
-                return fn()
-            except Exception as exc:
-                left = self._deadline.left()
-                last = attempt == WRITE_TRIES or (stopping and attempt >= 2) or (left is not None and left < delay)
-                if last or isinstance(exc, BackendTimeoutError):  # hung: another attempt would wait on the same call
-                    self._fail(
-                        "write failed",
-                        f"{what} not written after {attempt} attempts ({type(exc).__name__}: {exc}); "
-                        f"the files hold them: rollout-trace export {self.run_dir} --to {self.backend}",
-                    )
-                    return None
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
-        return None
 
     def _fail(self, kind: str, message: str) -> None:
         """Keep ``message`` for the next :meth:`failures` and log it (once per ``kind``)."""

@@ -33,13 +33,8 @@ SPAN_TYPE_BY_KIND = {
     S.KIND_REWARD: "EVALUATOR",
     S.KIND_SPAN: "CHAIN",
 }
-KIND_BY_SPAN_TYPE = {
-    "AGENT": S.KIND_ROLLOUT,
-    "CHAT_MODEL": S.KIND_LLM,
-    "LLM": S.KIND_LLM,
-    "TOOL": S.KIND_TOOL,
-    "EVALUATOR": S.KIND_REWARD,
-}
+#: And back, with MLflow's ``LLM`` as an llm span.
+KIND_BY_SPAN_TYPE = {**{t: k for k, t in SPAN_TYPE_BY_KIND.items()}, "LLM": S.KIND_LLM}
 
 # MLflow's reserved span attribute keys (mlflow.tracing.constant.SpanAttributeKey).
 MLFLOW_REQUEST_ID = "mlflow.traceRequestId"
