@@ -244,10 +244,7 @@ def _span_data(
     if r[S.REWARD] is not None:
         attrs[ATTR_REWARD] = r[S.REWARD] if math.isfinite(r[S.REWARD]) else str(r[S.REWARD])
     own_attrs, error = _loads(r[S.ATTRIBUTES]), _loads(r[S.ERROR])
-    if own_attrs is not None:
-        attrs[ATTR_ATTRIBUTES] = own_attrs
-    if error is not None:
-        attrs[ATTR_ERROR] = error
+    attrs.update({k: v for k, v in ((ATTR_ATTRIBUTES, own_attrs), (ATTR_ERROR, error)) if v is not None})
     inputs, outputs = _loads(r[S.INPUTS]), _loads(r[S.OUTPUTS])
     added: dict[str, Any] = {}
     if kind == S.KIND_LLM:
@@ -273,20 +270,9 @@ def _span_data(
         exc = {f"exception.{k}": str(error.get(f, "")) for k, f in EXCEPTION_KEYS}
         events = [("exception", r[S.END_NS], exc)]
     message = (str(error.get("message", "")) if isinstance(error, Mapping) else r[S.STATUS]) if failed else ""
-    return SpanData(
-        span_id=otel_span_hex(r[S.SPAN_ID]),
-        parent_id=parent_hex,
-        name=r[S.NAME],
-        span_type=SPAN_TYPE_BY_KIND.get(kind, "UNKNOWN"),
-        start_ns=r[S.START_NS],
-        end_ns=max(r[S.END_NS], r[S.START_NS]),
-        error=failed,
-        status_message=message,
-        inputs=inputs,
-        outputs=outputs,
-        attributes=attrs,
-        events=events,
-    )
+    names = (otel_span_hex(r[S.SPAN_ID]), parent_hex, r[S.NAME], SPAN_TYPE_BY_KIND.get(kind, "UNKNOWN"))
+    times = (r[S.START_NS], max(r[S.END_NS], r[S.START_NS]))
+    return SpanData(*names, *times, failed, message, inputs, outputs, attrs, events)
 
 
 def trajectory_data(
@@ -338,13 +324,6 @@ def trajectory_data(
     info = _loads(summary[S.REWARD_INFO])
     extras = info.items() if isinstance(info, Mapping) else ()
     tags.update({TAG_REWARD_PREFIX + str(k): str(v) for k, v in extras if isinstance(v, (int, float, str, bool))})
-    return TrajectoryData(
-        trace_id=trace_id,
-        mlflow_trace_id=mlflow_trace_id(trace_id, project),
-        otel_trace_hex=namespaced_trace_hex(trace_id, project),
-        tags=tags,
-        spans=spans,
-        summary=summary,
-        response_tokens=sum(s.attributes.get(MLFLOW_CHAT_USAGE, {}).get("output_tokens", 0) for s in spans),
-        partial=partial,
-    )
+    trace_ids = (trace_id, mlflow_trace_id(trace_id, project), namespaced_trace_hex(trace_id, project))
+    response_tokens = sum(s.attributes.get(MLFLOW_CHAT_USAGE, {}).get("output_tokens", 0) for s in spans)
+    return TrajectoryData(*trace_ids, tags, spans, summary, response_tokens, partial)
