@@ -28,11 +28,7 @@ from tracer.backends import load_sink, resolve_options
 from tracer.compare import read_run_config, recorded_configs
 from tracer.exporters import lag
 from tracer.exporters.bounded import CALL_TIMEOUT_S, BackendTimeoutError, Deadline, call_within
-from tracer.exporters.tables import (
-    Progress,
-    iter_step_chunks,
-    open_run,
-)
+from tracer.exporters.tables import Progress, iter_step_chunks, open_run
 from tracer.read import TracePaths
 from tracer.record.redact import Redactor
 from tracer.storage.history import expand_history
@@ -145,14 +141,10 @@ class Written:
     problems: list[str] = dataclasses.field(default_factory=list)
 
     def add(self, other: Written) -> None:
-        """Accumulate ``other`` into this one."""
-        self.sent += other.sent
-        self.skipped += other.skipped
-        self.spans += other.spans
-        self.rows.update(other.rows)
-        self.metrics.update(other.metrics)
-        self.notes.extend(other.notes)
-        self.problems.extend(other.problems)
+        """Accumulate ``other`` into this one (counts summed, rows and metrics updated, lines appended)."""
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            setattr(self, f.name, mine | theirs if isinstance(mine, dict) else mine + theirs)
 
 
 @dataclasses.dataclass

@@ -17,15 +17,7 @@ from tracer import schema as S
 from tracer.exporters.base import ExportReport, ReadBack, Target
 from tracer.exporters.base import export_files as _export_files
 from tracer.exporters.steps import TableSink
-from tracer.exporters.tables import (
-    COL,
-    STEP_KEY,
-    TABLE_COLUMNS,
-    TABLE_KEY,
-    VAL_TABLE_KEY,
-    StepData,
-    read_leveldb_log,
-)
+from tracer.exporters.tables import COL, STEP_KEY, TABLE_COLUMNS, TABLE_KEY, VAL_TABLE_KEY, StepData, read_leveldb_log
 from tracer.extras import import_backend
 
 #: Key of the per-step conversation texts.
