@@ -178,11 +178,7 @@ class VerifyResult:
 
     @classmethod
     def compare(
-        cls,
-        backend: str,
-        rows: Mapping[str, float | None],
-        metrics: Mapping[tuple[Any, str], float],
-        found: ReadBack,
+        cls, backend: str, rows: Mapping[str, float | None], metrics: Mapping[tuple[Any, str], float], found: ReadBack
     ) -> VerifyResult:
         """Compare what was sent (``rows``, ``metrics``) with what was read back."""
         got = {t: r for t, r in found.rows.items() if t in rows} if found.shared else dict(found.rows)

@@ -17,10 +17,8 @@ from tracer.exporters.base import NEW, SinkBase, StepBatch, Written
 logger = logging.getLogger("rollout_trace")
 
 
-def _num(value: float, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:.{digits}g}"
+def _num(value: float) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
 
 
 def format_step_line(step: int | None, metrics: Mapping[str, float], validate: bool = False) -> str:

@@ -269,10 +269,7 @@ class OtlpSink(SinkBase):
         """POST one protobuf request; return the receiver's ``partial_success`` (spans rejected, its message).
         RuntimeError when the receiver answers with an error status, ConnectionError when it cannot be reached."""
         req = urllib.request.Request(
-            self.url,
-            data=body,
-            method="POST",
-            headers={"Content-Type": "application/x-protobuf", **self.headers},
+            self.url, data=body, method="POST", headers={"Content-Type": "application/x-protobuf", **self.headers}
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 - a user-given http(s) URL

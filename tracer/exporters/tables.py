@@ -85,24 +85,18 @@ def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] |
     advantage = info.get("advantage") if isinstance(info, Mapping) else None
     start, end = traj.get(S.START_NS), traj.get(S.END_NS)
     latency = (end - start) / 1e9 if start is not None and end is not None else None
-    row = {
-        "step": traj.get(S.STEP),
-        "sample_index": traj.get(S.SAMPLE_INDEX),
-        "rollout_n": traj.get(S.ROLLOUT_N),
-        "validate": bool(traj.get(S.VALIDATE)),
-        "reward": traj.get(S.REWARD),
+    derived = {  # the other columns are the trajectory's own
+        S.VALIDATE: bool(traj.get(S.VALIDATE)),
         "advantage": number(advantage),
         "turns": traj.get(S.NUM_LLM_CALLS),
         "tool_calls": traj.get(S.NUM_TOOL_CALLS),
         "tool_errors": traj.get(S.NUM_TOOL_ERRORS),
-        "status": traj.get(S.STATUS),
         "latency_s": latency,
         "conversation": cut(render_turns(turns)),
         "prompt": cut(prompt),
         "response": cut(response),
-        "trace_id": traj.get(S.TRACE_ID),
     }
-    return [row[c] for c in TABLE_COLUMNS]
+    return [derived[c] if c in derived else traj.get(c) for c in TABLE_COLUMNS]
 
 
 @dataclasses.dataclass

@@ -502,13 +502,12 @@ def verify_export(
     since_step: int | None = None,
 ) -> tuple[bool, list[str]]:
     """``(ok, a line per destination)``: whether every trajectory of the files is in MLflow with the same reward."""
-    uri = resolve_tracking_uri(tracking_uri)
     wanted = [steps] if isinstance(steps, int) else steps
     result: VerifyResult | None = None
     for read_path, project, exp in MlflowSink.sources(os.fspath(path), {"experiment": experiment}):
         run = open_run(read_path, wanted, since_step)
         expected = dict(zip(run.trajectories[S.TRACE_ID].to_pylist(), run.trajectories[S.REWARD].to_pylist()))
-        sink = MlflowSink({"tracking_uri": uri})
+        sink = MlflowSink({"tracking_uri": tracking_uri})
         sink._connect(project or "rollout_trace", exp or "default")
         one = VerifyResult.compare(BACKEND, expected, {}, sink.read_back())
         result = one if result is None else result.merge(one)
