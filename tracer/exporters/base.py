@@ -350,9 +350,7 @@ class LiveDriver:
         self.target = target
         self.run_dir = run_dir
         self.grace_s = grace_s
-        self.trajectories_written = 0
-        self.trajectories_failed = 0
-        self.spans_dropped = 0
+        self.trajectories_written = self.trajectories_failed = self.spans_dropped = 0
         self._queue: collections.deque[pa.RecordBatch] = collections.deque()
         self._queued_spans = 0
         self._pending: dict[str, list[pa.RecordBatch]] = {}
@@ -362,17 +360,15 @@ class LiveDriver:
         self._due: set[int | None] = set()  # steps with trajectories whose metrics are not written yet
         self._written: set[str] = set()
         self._newest: int | None = None
-        self._opened = False
+        self._opened = self._stop = self._flush_now = False
         self._open_error: Exception | None = None
         self._open_failed_at = 0.0
         self._warned: set[str] = set()
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._lock = threading.Lock()
-        self._stop = False
         self._deadline = Deadline(None)
         self._redactor = target.redactor()
-        self._flush_now = False
         self._failures: list[str] = []
         self._thread = threading.Thread(target=self._run, name=f"rollout-trace-{backend}", daemon=True)
         self._thread.start()

@@ -99,9 +99,9 @@ def live_backends(run_dir: str) -> dict[str, dict[str, Any]]:
         for name in recorded_backends(config):
             if name == LOCAL_BACKEND or name not in BACKENDS or name in out:
                 continue
-            given = config.get("backend_options")
+            given = _without_redacted(config.get("backend_options") or {})
             try:
-                options = live_options(name, TraceConfig(backend_options=_without_redacted(given or {})))
+                options = live_options(name, TraceConfig(backend_options=given))
             except Exception:  # options the files hold that no longer parse: the backend's defaults
                 options = {}
             out[name] = {k: v for k, v in options.items() if v is not None}

@@ -103,8 +103,7 @@ class _Reporter:
         )
         self.backend = backend
         self.since: dict[str, float] = {}
-        self.last_look = -1e18
-        self.last_write = -1e18
+        self.last_look = self.last_write = -1e18
         self.failed = False
 
     def look(self, driver: LiveDriver, final: bool) -> None:
@@ -140,10 +139,9 @@ def observe(driver: LiveDriver, final: bool = False) -> None:
     try:
         reporter = _REPORTERS.get(driver)
         if reporter is None:
-            run_dir = driver.run_dir
-            if not run_dir or _uri.is_remote(run_dir):
+            if not driver.run_dir or _uri.is_remote(driver.run_dir):
                 return  # an object-store run has no local folder to put the file in
-            reporter = _REPORTERS[driver] = _Reporter(run_dir, driver.backend)
+            reporter = _REPORTERS[driver] = _Reporter(driver.run_dir, driver.backend)
         # Not before the run folder is there (it appears with the first shard).
         if not reporter.failed and os.path.isdir(os.path.dirname(reporter.path)):
             reporter.look(driver, final)

@@ -130,12 +130,10 @@ def _write_sql_tags(store: Any, trajectories: Sequence[TrajectoryData], run_id: 
     from mlflow.store.tracking.dbmodels.models import SqlTraceInfo, SqlTraceMetadata, SqlTraceTag
 
     internal: Any = importlib.import_module("mlflow.store.tracking.sqlalchemy_store")  # checked on 3.17.x
-    _bulk_upsert, _validate_trace_tag = internal._bulk_upsert, internal._validate_trace_tag
-
     tags, meta, names = [], [], {}
     for t in trajectories:
         for key, value in t.tags.items():
-            key, value = _validate_trace_tag(key, value)
+            key, value = internal._validate_trace_tag(key, value)
             if key == TAG_TRACE_NAME:
                 names[t.mlflow_trace_id] = value  # a column of the trace's row in SQL stores, not a tag row
                 continue
@@ -152,7 +150,7 @@ def _write_sql_tags(store: Any, trajectories: Sequence[TrajectoryData], run_id: 
                 )
                 session.execute(stmt, rows)
             else:
-                _bulk_upsert(session, model, rows)
+                internal._bulk_upsert(session, model, rows)
         for trace_id, name in names.items():
             session.query(SqlTraceInfo).filter(SqlTraceInfo.request_id == trace_id).update(
                 {SqlTraceInfo.trace_name: name}, synchronize_session=False

@@ -82,8 +82,7 @@ def _str(value: Any) -> str | None:
 def _bool(value: Any) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    return True if text in ("true", "1") else False if text in ("false", "0") else None
+    return {"true": True, "1": True, "false": False, "0": False}.get(str(value).strip().lower())
 
 
 def _float(value: Any) -> float | None:
