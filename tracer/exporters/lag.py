@@ -69,12 +69,9 @@ class LagRecord:
         counts = ((self.failed, "failed"), (self.queued_spans, "spans queued"), (self.dropped_spans, "spans dropped"))
         parts = [f"{self.shipped} shipped", f"{self.waiting} waiting{oldest}", *(f"{n} {w}" for n, w in counts if n)]
         age = max(now - self.written_at, 0.0)
-        if self.final:
-            state = "finished"
-        elif self.stale(now):
+        state = "finished" if self.final else f"updated {age:.0f} s ago"
+        if self.stale(now):  # never when final
             state = f"no update for {age:.0f} s: the process is gone or stuck"
-        else:
-            state = f"updated {age:.0f} s ago"
         behind = ""
         if (self.failed or self.dropped_spans or (self.final and self.waiting)) and os.path.dirname(self.path):
             behind = f"; catch up: rollout-trace export {os.path.dirname(self.path)} --to {self.backend}"

@@ -113,8 +113,7 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
 
 def fast_path_available() -> bool:
     """True when the installed mlflow is one the fast path was checked on."""
-    version = getattr(import_backend("mlflow", "mlflow"), "__version__", "")
-    return any(version.startswith(v) for v in FAST_PATH_VERSIONS)
+    return str(getattr(import_backend("mlflow", "mlflow"), "__version__", "")).startswith(FAST_PATH_VERSIONS)
 
 
 #: MLflow keeps a param value of at most this many characters.

@@ -154,9 +154,8 @@ def dumps(value: Any) -> str:
 
 def count_tokens(tokens: Any, keys: Sequence[str]) -> int:
     """Sum of the token counts under ``keys`` of a span's ``tokens`` attribute."""
-    if not isinstance(tokens, Mapping):
-        return 0
-    return sum(int(tokens[k]) for k in keys if isinstance(tokens.get(k), (int, float)))
+    numbers = [tokens.get(k) for k in keys] if isinstance(tokens, Mapping) else []
+    return sum(int(n) for n in numbers if isinstance(n, (int, float)))
 
 
 def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
