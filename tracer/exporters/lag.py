@@ -109,9 +109,8 @@ class _Reporter:
             return
         self.last_look = now
         progress = driver.progress()
-        waiting = {*progress.in_grace, *progress.held}
         # A held trajectory was in grace at an earlier look: it keeps the time it has waited since.
-        self.since = {k: self.since.get(k, progress.in_grace.get(k, now)) for k in waiting}
+        self.since = {k: self.since.get(k, progress.in_grace.get(k, now)) for k in {*progress.in_grace, *progress.held}}
         oldest = now - min(self.since.values()) if self.since else 0.0
         if not final and now - self.last_write < WRITE_EVERY_S:
             return

@@ -60,9 +60,7 @@ def traces_url(endpoint: str | None) -> str:
 def parse_headers(text: str | None) -> dict[str, str]:
     """``"k1=v1,k2=v2"`` (as ``OTEL_EXPORTER_OTLP_HEADERS``) as a dict."""
     out: dict[str, str] = {}
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
+    for item in filter(str.strip, (text or "").split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"otlp header {item!r} is not NAME=VALUE; e.g. --headers x-mlflow-experiment-id=1")

@@ -316,8 +316,7 @@ class MlflowSink(SinkBase):
         self.run_id = str(run.info.run_id)
         self.method = ("fast" if fast_path_available() else "public") if method == "auto" else method
         self._sql_store: Any = None
-        #: Traces per :meth:`_write_traces`.
-        self.batch_size = PUBLIC_BATCH_TRACES
+        self.batch_size = PUBLIC_BATCH_TRACES  # traces per :meth:`_write_traces`
         if self.method == "fast":
             from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
             from mlflow.tracing.client import TracingClient

@@ -163,10 +163,8 @@ def trace_rows(trace: Any) -> list[dict[str, Any]]:
         if not ours and s is root:
             kind = S.KIND_ROLLOUT
         failed = str(getattr(s.status.status_code, "value", s.status.status_code)) == "ERROR"
-        if ours:
-            own = attrs.get(M.ATTR_ATTRIBUTES)
-        else:
-            own = {k: v for k, v in attrs.items() if not k.startswith("mlflow.") and k not in M.OUR_ATTR_KEYS} or None
+        foreign = {k: v for k, v in attrs.items() if not k.startswith("mlflow.") and k not in M.OUR_ATTR_KEYS}
+        own = attrs.get(M.ATTR_ATTRIBUTES) if ours else foreign or None
         added = attrs.get(M.ATTR_ADDED) or {}
         inputs, outputs = _strip_added(s.inputs, added, "inputs"), _strip_added(s.outputs, added, "outputs")
         context = {col: attrs.get(attr, ctx[col]) for col, attr, _ in M.CONTEXT_KEYS}

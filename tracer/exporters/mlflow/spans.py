@@ -66,7 +66,6 @@ ATTR_EXPERIMENT = "rollout_trace.experiment_name"
 #: Every span attribute key this exporter writes itself (an importer tells them from the user's own).
 OUR_ATTR_KEYS: frozenset[str] = frozenset(v for k, v in list(globals().items()) if k.startswith("ATTR_"))
 
-# Trace tags.
 TAG_TRACE_ID = "rollout_trace.trace_id"
 TAG_EXPERIMENT = "experiment_name"
 TAG_PROJECT = "project_name"
