@@ -1,7 +1,5 @@
-"""Is the MLflow tracking destination there? Asked once, in seconds, before any MLflow call.
-
-MLflow's HTTP client retries a refused connection for minutes; ``/health`` answers in seconds.
-"""
+"""Is the MLflow tracking destination there? Asked once before any MLflow call: ``/health`` answers in seconds, where
+MLflow's HTTP client retries a refused connection for minutes."""
 
 from __future__ import annotations
 
