@@ -264,38 +264,29 @@ def compact_dirs(
     return report
 
 
-_ENDPOINT_TROUBLE = ("NETWORK_CONNECTION", "curlCode", "Could not connect", "Couldn't connect", "resolve host")
-_CREDENTIAL_TROUBLE = (
-    "ACCESS_DENIED",
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "HTTP status 403",
-    "credentials",
-    "ExpiredToken",
-)
+#: Words of a store's error ("|" between them) -> what to fix; the first match wins.
+_STORE_HINTS = {
+    "NETWORK_CONNECTION|curlCode|Could not connect|Couldn't connect|resolve host": (
+        "the storage endpoint for bucket {bucket!r} did not answer: set AWS_ENDPOINT_URL (or "
+        "?endpoint_override=host:port in the URI) to your S3-compatible server, or unset it for AWS"
+    ),
+    "ACCESS_DENIED|AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|HTTP status 403|credentials|ExpiredToken": (
+        "bucket {bucket!r} refused the credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+        "(or AWS_PROFILE), and AWS_DEFAULT_REGION to the bucket's region"
+    ),
+    "NO_SUCH_BUCKET|NoSuchBucket": (
+        "bucket {bucket!r} does not exist at this endpoint (check the name, AWS_ENDPOINT_URL and the region)"
+    ),
+    "": "{scheme}:// bucket {bucket!r}: check AWS_ENDPOINT_URL, the credentials (AWS_*) and the region",
+}
 
 
 def describe_store_error(uri: str, exc: BaseException) -> str:
     """One line for pyarrow's error ``exc`` compacting ``uri``: the bucket, what went wrong and which setting to fix."""
     scheme, _, rest = _uri.strip_query(uri).partition("://")
-    bucket = rest.split("/", 1)[0]
     text = " ".join(str(exc).split())
-    if any(k in text for k in _ENDPOINT_TROUBLE):
-        hint = (
-            f"the storage endpoint for bucket {bucket!r} did not answer: set AWS_ENDPOINT_URL (or "
-            "?endpoint_override=host:port in the URI) to your S3-compatible server, or unset it for AWS"
-        )
-    elif any(k in text for k in _CREDENTIAL_TROUBLE):
-        hint = (
-            f"bucket {bucket!r} refused the credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-            "(or AWS_PROFILE), and AWS_DEFAULT_REGION to the bucket's region"
-        )
-    elif "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
-        hint = f"bucket {bucket!r} does not exist at this endpoint (check the name, AWS_ENDPOINT_URL and the region)"
-    else:
-        hint = f"{scheme}:// bucket {bucket!r}: check AWS_ENDPOINT_URL, the credentials (AWS_*) and the region"
-    return f"{hint} ({type(exc).__name__}: {text[:300]})"
+    hint = next(h for words, h in _STORE_HINTS.items() if any(w in text for w in words.split("|")))
+    return f"{hint.format(scheme=scheme, bucket=rest.split('/', 1)[0])} ({type(exc).__name__}: {text[:300]})"
 
 
 def _plan_dir(

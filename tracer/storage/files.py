@@ -42,8 +42,6 @@ _CONTINUATION = 0xFFFFFFFF
 #: One Block of an IPC footer (File.fbs: offset, metaDataLength, padding, bodyLength).
 _BLOCK = struct.Struct("<qi4xq")
 _SCHEMA, _DICTIONARY, _RECORD_BATCH = 1, 2, 3
-_INT_WIDTH = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
-_UINT_WIDTH = {pa.uint8(): 8, pa.uint16(): 16, pa.uint32(): 32}
 
 
 class _CorruptError(ValueError):
@@ -119,12 +117,8 @@ class _Message:
 
 
 # -- flatbuffers, read by hand ---------------------------------------------------
-
-
 #: Stands for a batch before a resume point (never read).
 _SKIPPED = _Message(offset=-1, body=-1, end=-1, kind=_RECORD_BATCH, rows=0, buffers=[], compressed=False)
-
-
 #: Compiled struct layouts of :meth:`_Flat._get`, by format.
 _STRUCTS: dict[str, struct.Struct] = {}
 
@@ -220,15 +214,11 @@ def _read_message(src: _Source, offset: int, size: int) -> _Message | None:
     head = src.read_at(offset, 8)
     if len(head) < 4:
         raise _TornError(f"{size - offset} stray byte(s) at the end")
-    (first,) = struct.unpack_from("<I", head, 0)
-    if first == _CONTINUATION:
-        if len(head) < 8:
-            raise _TornError(f"message at byte {offset} cut inside its length")
-        (meta_len,) = struct.unpack_from("<i", head, 4)
-        start = offset + 8
-    else:  # framing of Arrow < 0.15: no continuation marker
-        meta_len = struct.unpack_from("<i", head, 0)[0]
-        start = offset + 4
+    prefix = 8 if struct.unpack_from("<I", head, 0)[0] == _CONTINUATION else 4  # Arrow < 0.15: no continuation
+    if len(head) < prefix:
+        raise _TornError(f"message at byte {offset} cut inside its length")
+    (meta_len,) = struct.unpack_from("<i", head, prefix - 4)
+    start = offset + prefix
     if meta_len == 0:
         return None
     if meta_len < 0:
@@ -261,14 +251,21 @@ def _schema_at(src: _Source, msg: _Message) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(src.read_at(msg.offset, msg.end - msg.offset)))
 
 
-def _plain_schema(src: _Source, start: int, size: int) -> tuple[_Message, pa.Schema] | None:
-    """The schema message at ``start`` and its schema when no field is dictionary-encoded (a batch is then found
-    without the messages before it); None otherwise."""
+def _start(src: _Source) -> int:
+    """Where the stream starts: after the magic of an IPC file."""
+    return 8 if src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC else 0
+
+
+def _first_schema(src: _Source, start: int, size: int) -> tuple[_Message, pa.Schema]:
     first = _read_message(src, start, size)
     if first is None or first.kind != _SCHEMA:
-        return None
-    schema = _schema_at(src, first)
-    return None if any(pa.types.is_dictionary(f.type) for f in schema) else (first, schema)
+        raise _CorruptError("it does not start with an Arrow schema")
+    return first, _schema_at(src, first)
+
+
+def _has_dictionary(schema: pa.Schema) -> bool:
+    """Whether a batch needs the dictionary messages before it (else it is read without the messages before it)."""
+    return any(pa.types.is_dictionary(f.type) for f in schema)
 
 
 #: What reading a header, a schema or a footer raises when the bytes are not what they should be.
@@ -277,10 +274,9 @@ _UNREADABLE = (_TornError, _CorruptError, OSError, pa.ArrowException, UnicodeDec
 
 @dataclasses.dataclass
 class Layout:
-    """Where the messages of a trace file are, for sealing it (see :mod:`tracer.storage.seal`). ``schema_message``
-    includes its prefix (empty: none); ``batches`` and ``dictionaries`` are ``(offset, metadata length, body length)``
-    as a footer lists them; ``stop`` says why the walk ended before the end (empty otherwise); ``at_eos``: it ended at
-    an end-of-stream marker (a footer may follow)."""
+    """Where the messages of a trace file are, for sealing it (:mod:`tracer.storage.seal`). ``batches`` and
+    ``dictionaries`` are ``(offset, metadata length, body length)`` as a footer lists them; ``stop`` and ``at_eos`` as
+    :class:`FileRead` says why the walk ended (an end-of-stream marker: a footer may follow)."""
 
     file_format: bool
     size: int
@@ -297,8 +293,7 @@ def read_layout(path: str) -> Layout:
     size = _uri.file_size(path)
     src = _Source(path)
     try:
-        file_format = size >= 8 and src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC
-        start = 8 if file_format else 0
+        start = _start(src) if size >= 8 else 0
         messages, stop, at_eos = _walk(src, start, size)
         schema = b""
         if messages and messages[0].kind == _SCHEMA:
@@ -308,7 +303,7 @@ def read_layout(path: str) -> Layout:
             for kind in (_RECORD_BATCH, _DICTIONARY)
         }
         end = messages[-1].end if messages else start
-        return Layout(file_format, size, schema, blocks[_RECORD_BATCH], blocks[_DICTIONARY], end, stop, at_eos)
+        return Layout(start == 8, size, schema, blocks[_RECORD_BATCH], blocks[_DICTIONARY], end, stop, at_eos)
     finally:
         src.close()
 
@@ -338,9 +333,8 @@ def footer_for(layout: Layout) -> bytes:
 
 
 def ends_closed(path: str) -> bool:
-    """True when ``path`` ends like a closed trace file: a stream's end-of-stream marker or a file's magic. Reads only
-    the last bytes; a sound footer is checked by :func:`read_batches`. Anything but a regular file (a FIFO would block
-    the open) is not closed."""
+    """True when ``path`` is a regular file that ends like a closed trace file: a stream's end-of-stream marker or a
+    file's magic (the footer itself is checked by :func:`read_batches`)."""
     n = len(EOS_MARKER)
     if not _uri.is_remote(path):  # a plain descriptor: readers call this for every shard they list
         tail = _on_regular(path, n, lambda fd, size: os.pread(fd, n, size - n))
@@ -372,15 +366,14 @@ def _footer(read_at: Callable[[int, int], bytes], size: int, use: Callable[[_Fla
         return None
 
 
-def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None:
+def _footer_blocks(src: _Source, size: int) -> list[tuple[int, ...]] | None:
     """``(offset, metadata length, body length)`` of each record batch an IPC file's footer lists; None without a sound footer."""
-    return _footer(src.read_at, size, lambda fb, _: [(b[0], b[1], b[2]) for b in fb.structs(fb.root(), 3, "<qi4xq")])
+    return _footer(src.read_at, size, lambda fb, _: fb.structs(fb.root(), 3, "<qi4xq"))
 
 
 def _on_regular(path: str, min_size: int, use: Callable[[int, int], _T]) -> _T | None:
-    """``use(descriptor, size)`` of the local ``path`` opened read-only; None when an OSError is raised, or unless it is
-    a regular file of at least ``min_size`` bytes: checked before the open (a device or FIFO is never opened) and again
-    on the descriptor (the path may change in between)."""
+    """``use(descriptor, size)`` of the local ``path`` opened read-only; None on OSError or unless it is a regular file
+    of at least ``min_size`` bytes, checked before the open (a FIFO is never opened) and on the descriptor."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
@@ -400,6 +393,7 @@ def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict
     """The schema metadata (only ``keys`` when given) of a local Arrow IPC *file* that ends closed, from its
     schema message alone; for the small files this library writes and checks itself (shard indexes). None when
     it is not such a file or the message does not parse; the rest is not checked."""
+    wanted = None if keys is None else {k.encode() for k in keys}
 
     def read(fd: int, size: int) -> dict[str, str] | None:
         head = os.pread(fd, 16, 0)
@@ -412,10 +406,7 @@ def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict
             return None
         try:
             meta = pa.ipc.read_schema(pa.py_buffer(os.pread(fd, 8 + meta_len, 8))).metadata or {}
-            if keys is None:
-                return {k.decode(): v.decode() for k, v in meta.items()}
-            wanted = {k.encode(): k for k in keys}
-            return {wanted[k]: v.decode() for k, v in meta.items() if k in wanted}
+            return {k.decode(): v.decode() for k, v in meta.items() if wanted is None or k in wanted}
         except (pa.ArrowException, UnicodeDecodeError):
             return None
 
@@ -423,15 +414,13 @@ def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict
 
 
 def footer_bytes(path: str) -> tuple[bytes, int] | None:
-    """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists. None
-    when there is no sound footer or the file is not regular or unreadable. Two positional reads: every shard index a
-    reader loads is checked against its shard's footer this way."""
-    return _on_regular(path, 8 + 10, lambda fd, size: _footer(lambda at, n: os.pread(fd, n, at), size, _with_count))
+    """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists; None
+    without a sound footer. Two positional reads: every shard index a reader loads is checked against it."""
 
+    def with_count(fb: _Flat, tail: bytes) -> tuple[bytes, int]:
+        return fb.data + tail, fb.count(fb.root(), 3, _BLOCK.size)
 
-def _with_count(fb: _Flat, tail: bytes) -> tuple[bytes, int]:
-    """The footer with the 10 bytes after it, and how many batches it lists."""
-    return fb.data + tail, fb.count(fb.root(), 3, _BLOCK.size)
+    return _on_regular(path, 8 + 10, lambda fd, size: _footer(lambda at, n: os.pread(fd, n, at), size, with_count))
 
 
 # -- schemas and buffers ---------------------------------------------------------
@@ -443,10 +432,10 @@ def compatible(found: pa.DataType, wanted: pa.DataType) -> bool:
         return True
     if pa.types.is_dictionary(found):
         return compatible(found.value_type, wanted)
-    if wanted in _INT_WIDTH:
-        if found in _INT_WIDTH:
-            return _INT_WIDTH[found] <= _INT_WIDTH[wanted]
-        return found in _UINT_WIDTH and _UINT_WIDTH[found] < _INT_WIDTH[wanted]
+    if pa.types.is_signed_integer(wanted):
+        if pa.types.is_signed_integer(found):
+            return bool(found.bit_width <= wanted.bit_width)
+        return pa.types.is_unsigned_integer(found) and found.bit_width < wanted.bit_width
     if pa.types.is_floating(wanted):
         return pa.types.is_floating(found) and found.bit_width <= wanted.bit_width
     if pa.types.is_string(wanted) or pa.types.is_large_string(wanted):
@@ -566,14 +555,13 @@ class TraceFileBatches:
     schema: pa.Schema | None = dataclasses.field(default=None, init=False)
     # Found by :meth:`_walk_chosen`, so :meth:`_head` does not read and parse them a second time.
     _first_schema: pa.Schema | None = dataclasses.field(default=None, init=False)
-    _footer_blocks: list[tuple[int, int, int]] | None = dataclasses.field(default=None, init=False)
+    _footer_blocks: list[tuple[int, ...]] | None = dataclasses.field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.result = FileRead(self.path)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        for batch, _ in self.with_metadata():
-            yield batch
+        return (batch for batch, _ in self.with_metadata())
 
     def with_metadata(self) -> Iterator[tuple[pa.RecordBatch, Any]]:
         """``(batch, custom metadata)`` pairs: conformed to ``columns``, or as written when ``columns`` is None."""
@@ -611,36 +599,32 @@ class TraceFileBatches:
             return None
 
     def _walk(self, src: _Source, start: int, size: int) -> tuple[list[_Message], str, bool, int]:
-        """:func:`_walk` from the start, or the schema message and then from :attr:`resume`; also how many batches that
-        skipped. A resume point is used only when it lies after the schema message and within the file, and the schema
-        has no dictionary-encoded field (dictionaries before the point would be missed)."""
+        """:func:`_walk` from the start, or the schema message and then from :attr:`resume` when that fits the file and
+        no dictionary would be missed; also how many batches that skipped."""
         if self.trust_footer and self.batch_numbers is not None and self.expect_size == size and start == 8:
             found = self._walk_chosen(src, start, size)
             if found is not None:
                 return found, "", False, 0
         if self.resume is not None:
             offset, count = self.resume
-            try:
-                plain = _plain_schema(src, start, size)
-                if plain is not None and plain[0].end <= offset <= size and count >= 0:
+            with contextlib.suppress(*_UNREADABLE):  # else read it the ordinary way, which says what is wrong
+                first, schema = _first_schema(src, start, size)
+                if not _has_dictionary(schema) and first.end <= offset <= size and count >= 0:
                     rest, stop, at_eos = _walk(src, offset, size)
-                    return [plain[0], *rest], stop, at_eos, count
-            except _UNREADABLE:
-                pass  # read it the ordinary way, which says what is wrong
+                    return [first, *rest], stop, at_eos, count
         messages, stop, at_eos = _walk(src, start, size)
         return messages, stop, at_eos, 0
 
     def _walk_chosen(self, src: _Source, start: int, size: int) -> list[_Message] | None:
-        """The schema and the chosen batches' headers only, the others where the footer puts them; None to walk. For a
-        file whose footer an index vouches for (:mod:`tracer.index.shard`): the footer is the one its writer wrote, so
-        batches are where it says, and only those read are parsed."""
+        """The schema and the chosen batches' headers only, the others where the footer (vouched for by its shard index)
+        puts them; None to walk."""
         try:
-            plain = _plain_schema(src, start, size)
+            first, schema = _first_schema(src, start, size)
             blocks = _footer_blocks(src, size)
-            if plain is None or blocks is None:
+            if blocks is None or _has_dictionary(schema):
                 return None
             chosen = set(self.batch_numbers or ())
-            messages = [plain[0]]
+            messages = [first]
             for i, (offset, meta_len, body_len) in enumerate(blocks):
                 if i in chosen:
                     msg = _read_message(src, offset, size)
@@ -650,19 +634,18 @@ class TraceFileBatches:
                     body = offset + meta_len
                     msg = _Message(offset, body, body + body_len, _RECORD_BATCH, 0, [], False)
                 messages.append(msg)
-            self._first_schema, self._footer_blocks = plain[1], blocks
+            self._first_schema, self._footer_blocks = schema, blocks
             return messages
         except _UNREADABLE:
             return None
 
-    def _head(self, src: _Source) -> tuple[list[_Message], list[_Message], int, str | None, int, pa.Schema] | None:
-        """The file's messages, its batches, how many are skipped, why it stops, where its stream starts
-        and its schema; None (with ``self.result`` saying why) when none of it can be read."""
+    def _head(self, src: _Source) -> tuple[list[_Message], list[_Message], int, str | None, pa.Schema] | None:
+        """The file's messages, its batches, how many are skipped, why it stops and its schema; None (with
+        ``self.result`` saying why) when none of it can be read."""
         res = self.result
         size = res.size
-        res.file_format = src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC
-        start = 8 if res.file_format else 0
-        # Walk the messages' headers: where each batch is, where the file stops making sense.
+        start = _start(src)
+        res.file_format = start == 8
         messages, stop, ended_at_eos, skipped = self._walk(src, start, size)
         res.closed = not res.file_format and ended_at_eos
         if not messages or messages[0].kind != _SCHEMA:
@@ -700,12 +683,10 @@ class TraceFileBatches:
             listed = [] if blocks is None else [b[0] for b in blocks]
             if blocks is not None and len(listed) == len(batches) and listed[skipped:] == walked and not stop:
                 res.closed = True
-            elif ended_at_eos or stop:
-                # Something follows the last batch but it is not a footer that lists the batches: damage.
+            elif ended_at_eos or stop:  # what follows the last batch is not a footer listing the batches
                 stop = stop or "footer missing or unreadable; batches read in order"
-            # else: the file ends right after a complete batch: still being written, or its writer is gone
-            # and nobody sealed it yet (tracer.storage.seal). Not damage.
-        return messages, batches, skipped, stop, start, schema
+            # else: it ends right after a complete batch (being written, or not sealed yet): not damage.
+        return messages, batches, skipped, stop, schema
 
     def _batches(
         self,
@@ -714,19 +695,16 @@ class TraceFileBatches:
         batches: list[_Message],
         skipped: int,
         stop: str | None,
-        start: int,
         schema: pa.Schema,
     ) -> Iterator[tuple[pa.RecordBatch, Any]]:
         """Decode the chosen batches within the file's budget; damage ends the read with its reason."""
         res = self.result
         size = res.size
-        schema_names = schema.names
         columns = self.columns
         names = list(S.SPAN_COLUMNS) if columns is None else columns
-        # Only span columns are ever decoded, even "as written" (for repair): a column the readers
-        # never return must not decide, by failing to decompress, how much of a file they all keep.
-        fields = [i for i, f in enumerate(schema_names) if f in names]
-        project = columns is not None or len(fields) < len(schema_names)
+        # Only span columns are decoded, even "as written": others must not decide how much of a file is kept.
+        fields = [i for i, f in enumerate(schema.names) if f in names]
+        project = columns is not None or len(fields) < len(schema.names)
         wanted = _wanted_buffers(schema, fields) if project else None
         per_row = max(len(fields), len(names))
         options = pa.ipc.IpcReadOptions(included_fields=fields if project else None)
@@ -742,8 +720,7 @@ class TraceFileBatches:
             use_footer = res.file_format and res.closed
             if use_footer:
                 try:
-                    # The footer's whole schema must be the first message's, whatever is projected:
-                    # otherwise a rotten footer would pass for some column sets and not others.
+                    # The whole footer schema, whatever is projected: a rotten one must fail for every column set.
                     if not pa.ipc.open_file(data).schema.equals(schema, check_metadata=True):
                         raise pa.ArrowInvalid("the footer's schema differs from the file's first message")
                     reader = pa.ipc.open_file(data, options=options)
@@ -751,13 +728,12 @@ class TraceFileBatches:
                     use_footer, res.closed, reader = False, False, None
                     stop = stop or f"footer unreadable ({type(exc).__name__}: {exc}); batches read in order"
             if reader is None:
-                data.seek(start)
+                data.seek(8 if res.file_format else 0)
                 reader = pa.ipc.open_stream(data, options=options)
             position = messages[0].end  # where the stream reader goes on from (after a positional read, seek)
             # Without a footer batches come in order: read them all (callers filter rows anyway).
             chosen = list(range(skipped, len(batches)))
-            # An append-only file keeps its batches' numbers: with no expected size, batch i of a file
-            # still being written is read by seeking to it (tracer.follow reads only the new batches).
+            # Batch i of an append-only file still being written is read by seeking to it (tracer.follow).
             seekable = self.expect_size is None and not any(m.kind == _DICTIONARY for m in messages)
             if self.batch_numbers is not None and (use_footer or seekable) and self.expect_size in (None, size):
                 chosen = [i for i in self.batch_numbers if skipped <= i < len(batches)]
@@ -808,12 +784,10 @@ def read_batches(
     """The record batches of one trace file (a local path or a URI), as far as they can be read safely; nothing raises
     for a damaged file. ``columns``: span columns to return, conformed to :data:`tracer.schema.SPAN_SCHEMA` (missing
     ones as nulls); None: every span column the file has, as written, with each batch's custom metadata.
-    ``batch_numbers``: read only these record batches, if the file has ``expect_size`` (else every batch). ``resume``:
-    ``(offset, batches)`` from an earlier read of this append-only file (:attr:`FileRead.end`,
-    :attr:`FileRead.batches_in_file`): walk from there and return only later batches (numbering unchanged); ignored
-    when it does not fit the file. ``trust_footer``: with ``batch_numbers`` and a fitting ``expect_size``, locate those
-    batches by the footer instead of walking every message (files whose shard index vouches for the footer). After
-    iterating, the result's ``result`` (a :class:`FileRead`) says what was kept, damaged, skipped or refused."""
+    ``batch_numbers``: read only these batches, if the file has ``expect_size`` (else every batch). ``resume``:
+    ``(FileRead.end, FileRead.batches_in_file)`` of an earlier read of this append-only file: return only later
+    batches (numbering unchanged; ignored when it does not fit). ``trust_footer``: find ``batch_numbers`` by the footer
+    (its shard index vouches for it). After iterating, ``result`` says what was kept, damaged, skipped or refused."""
     cols = None if columns is None else list(columns)
     if cols is not None:
         unknown = [c for c in cols if c not in S.SPAN_COLUMNS]
@@ -831,11 +805,7 @@ def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
     if src is None:
         raise OSError(f"{file}: {reading.result.skipped}")
     try:
-        start = 8 if src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC else 0
-        msg = _read_message(src, start, reading.result.size)
-        if msg is None or msg.kind != _SCHEMA:
-            raise _CorruptError("it does not start with an Arrow schema")
-        return _schema_at(src, msg)
+        return _first_schema(src, _start(src), reading.result.size)[1]
     except (_TornError, _CorruptError, pa.ArrowException) as exc:
         raise OSError(f"{file}: not a readable trace file: {exc}") from None
     finally:
