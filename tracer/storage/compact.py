@@ -2,24 +2,18 @@
 
 Shards whose writer is gone are sealed first (:mod:`tracer.storage.seal`). Rows are sorted by step, sample,
 rollout and trace; each record batch holds one step and ``_index.json`` says which. Only files read completely
-(:attr:`tracer.storage.files.FileRead.complete`) are merged; the rest stay untouched and are named in
-:attr:`CompactReport.set_aside`. The merged file keeps only the metadata its inputs agree on.
-
+are merged (the rest are named in :attr:`CompactReport.set_aside`), keeping the metadata they agree on.
 Every row is kept exactly once; a crash at any point is safe by the order of operations:
 
-1. write the merged files as ``*.tmp`` and fsync them;
+1. write the merged files as ``*.tmp`` and fsync them (possibly elsewhere: :mod:`tracer.storage.compact_ray`);
 2. write the index with the new entries and the names they replace (atomic rename);
 3. rename the ``*.tmp`` files to ``*.arrow`` (readers now skip the replaced files);
-4. under the directory's exclusive lock (:mod:`tracer.storage.locks`), delete
-   the originals, then drop the ``replaces`` lists from the index.
+4. under the directory's exclusive lock (readers hold it shared while they list and read; waited for up to
+   :data:`DELETE_WAIT_S`, else left to the next compaction), delete the originals, then the ``replaces`` lists.
 
-Each merged file gets its shard index (:mod:`tracer.index.shard`): written after step 3 locally, uploaded with
-step 1 on an object store; one that cannot be written never fails the compaction. Readers hold the shared lock
-while they read a listing, so step 4 waits up to :data:`DELETE_WAIT_S` and otherwise leaves the originals to the
-next compaction. Merges (step 1) may run elsewhere (:mod:`tracer.storage.compact_ray`).
-
-On object stores (:mod:`tracer.storage.uri`) step 3 is a server-side copy, the index one PUT, and step 4 deletes
-originals hidden for ``delete_after_s`` (:data:`REMOTE_DELETE_AFTER_S`); run one compaction of a prefix at a time.
+Each merged file gets its shard index (:mod:`tracer.index.shard`; never fails the compaction). On object stores
+step 3 is a server-side copy, the index one PUT, and step 4 deletes originals hidden for ``delete_after_s``
+(:data:`REMOTE_DELETE_AFTER_S`); run one compaction of a prefix at a time.
 """
 
 from __future__ import annotations
@@ -93,8 +87,7 @@ class CompactReport:
 
 @dataclasses.dataclass(frozen=True)
 class MergeUnit:
-    """One merge: input files of one run directory and the name of the compacted file they become. Plain strings only,
-    so a unit travels to another process or machine (a Ray task)."""
+    """One merge: input files of one run directory and the compacted file they become (plain strings: a Ray task)."""
 
     run_dir: str
     files: tuple[str, ...]
@@ -169,8 +162,8 @@ class _Dir:
             upload_file(os.path.join(stage, INDEX_NAME), self.path)  # readers see the old index or the new one
 
     def may_delete(self, entries: list[dict[str, Any]], delete_after_s: float) -> Callable[[], None] | None:
-        """How to let go once the originals may go; None while they must stay. Locally: the directory's exclusive
-        lock (readers hold it shared). On a store (no locks): once every entry hid its originals ``delete_after_s``."""
+        """How to let go once the originals may go (locally: the exclusive lock; on a store: once every entry hid its
+        originals ``delete_after_s``); None while they must stay."""
         if not self.remote:
             fd = try_exclusive(self.path, DELETE_WAIT_S)
             return None if fd is None else (lambda: os.close(fd))
@@ -203,8 +196,7 @@ def run_dirs(path: str | os.PathLike[str]) -> list[str]:
 
 @contextlib.contextmanager
 def compacting(run_dir: str) -> Iterator[None]:
-    """Hold the run directory's compaction lock: one compaction of a local directory at a time. Object stores have no
-    locks: run one compaction of a prefix at a time there."""
+    """Hold the compaction lock of a local run directory (object stores have none)."""
     if _uri.is_remote(run_dir):
         yield
         return
@@ -220,9 +212,8 @@ def compact(
     delete_after_s: float | None = None,
 ) -> CompactReport:
     """Compact every run directory under ``path`` (local or a URI); see the module docstring. ``seal_after_s``: seal
-    shards of other hosts unchanged this long (default :func:`tracer.storage.seal.seal_after_s`). ``delete_after_s``: on
-    object stores, how long replaced originals stay hidden before they are deleted (default
-    :data:`REMOTE_DELETE_AFTER_S`)."""
+    shards of other hosts unchanged this long (default :func:`tracer.storage.seal.seal_after_s`); ``delete_after_s``
+    defaults to :data:`REMOTE_DELETE_AFTER_S`."""
     return compact_dirs(run_dirs(path), target_bytes, seal_after_s, delete_after_s)
 
 
@@ -233,9 +224,8 @@ def compact_dirs(
     delete_after_s: float | None,
     merges: Callable[[list[MergeUnit]], Iterable[tuple[MergeUnit, MergeResult | str]]] | None = None,
 ) -> CompactReport:
-    """Compact ``dirs`` (from :func:`run_dirs`). ``merges`` runs the merges (:func:`merge_unit`), yielding each unit
-    with its result or why it failed, in any order (None: one after the other, here). This process alone holds the
-    compaction locks, writes the indexes, renames and deletes (steps 2-4 of the module docstring)."""
+    """Compact ``dirs`` (from :func:`run_dirs`). ``merges`` runs the merges (:func:`merge_unit`; None: one after the
+    other, here), yielding each unit with its result or why it failed; steps 2-4 happen here alone."""
     after_s = REMOTE_DELETE_AFTER_S if delete_after_s is None else delete_after_s
     report = CompactReport()
     with contextlib.ExitStack() as held:
@@ -292,8 +282,7 @@ def describe_store_error(uri: str, exc: BaseException) -> str:
 def _plan_dir(
     d: _Dir, target_bytes: int, report: CompactReport, seal_after_s: float | None, delete_after_s: float
 ) -> tuple[dict[str, Any], list[MergeUnit]]:
-    """Finish an interrupted compaction, seal abandoned shards, group the rest into merges of ``target_bytes``.
-    Returns the directory's index and the merges."""
+    """Finish an interrupted compaction, seal abandoned shards; the index and the merges of ``target_bytes``."""
     index = load_index(d.path)
     _finish_interrupted(d, index, report, delete_after_s)
     names = d.names()
@@ -319,7 +308,6 @@ def _plan_dir(
         elif not stat.S_ISREG(mode):
             report.set_aside.append((full, "not a regular file (a FIFO, device or directory): not opened"))
         else:
-            # No index at the seal: the shard is merged now, and the merged file gets one.
             sealing = seal_if_abandoned(full, seal_after_s, on_sealed=None)
             if sealing.action == SEALED:
                 report.sealed.append(full)
@@ -343,9 +331,8 @@ def _plan_dir(
 
 
 def merge_unit(unit: MergeUnit) -> MergeResult:
-    """Merge what of ``unit.files`` reads completely into ``<unit.name>.tmp`` (step 1 of the module docstring). Touches
-    neither the index nor the inputs, so it may run anywhere (a Ray task); a death here leaves at most a ``.tmp`` that
-    readers never list and the next compaction removes."""
+    """Merge what of ``unit.files`` reads completely into ``<unit.name>.tmp`` (step 1). Touches neither the index nor
+    the inputs, so it may run anywhere (a Ray task); a death leaves at most a ``.tmp``, which readers never list."""
     out = MergeResult(unit)
     batches: list[pa.RecordBatch] = []
     common: dict[bytes, bytes] | None = None  # the schema metadata every input agrees on
@@ -368,7 +355,7 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
             out.set_aside.append((file, result.describe() or "not read completely"))
     if not out.inputs:
         return out
-    table = pa.Table.from_batches(batches, schema=S.SPAN_SCHEMA) if batches else S.SPAN_SCHEMA.empty_table()
+    table = pa.Table.from_batches(batches, schema=S.SPAN_SCHEMA)
     del batches
     meta = {**(common or {}), S.META_SCHEMA_VERSION.encode(): S.SCHEMA_VERSION.encode()}
     meta[META_COMPACTED_FROM.encode()] = str(len(out.inputs)).encode()
@@ -422,9 +409,8 @@ def _finish_dir(d: _Dir, index: dict[str, Any], report: CompactReport, delete_af
 
 
 def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, delete_after_s: float) -> None:
-    """Bring the directory to a consistent state after a compaction stopped at any step. A group of outputs that all
-    exist (or whose complete ``.tmp`` is renamed now) deletes the originals it replaces; otherwise step 3 was never
-    reached: its entries and partial outputs go, the originals stay."""
+    """Bring the directory to a consistent state after a compaction stopped at any step: a group of outputs that all
+    exist (or whose ``.tmp`` is renamed now) deletes its originals; any other's entries and partial outputs go."""
     changed = False
     groups = dict.fromkeys(tuple(entry.get("group", [name])) for name, entry in index["files"].items())
     for group in groups:
@@ -465,8 +451,7 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
 
 
 def _write_remote_indexed(d: _Dir, name: str, table: pa.Table, schema: pa.Schema) -> dict[str, Any]:
-    """Upload ``table`` as ``name.tmp`` and then its shard index (ignored until the rename), both written first in a
-    local directory as writers write them."""
+    """Upload ``table`` as ``name.tmp``, then its shard index (ignored until the rename), both written locally first."""
     with tempfile.TemporaryDirectory(prefix="rollout-trace-compact-") as stage:
         local = os.path.join(stage, name)
         entry, builder = _write_compacted(local, table, schema)
@@ -522,10 +507,9 @@ PARQUET_DONE = "_SUCCESS"
 
 
 def write_parquet(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> tuple[str, int]:
-    """Write the spans under ``path`` as a Hive-style step-partitioned zstd Parquet dataset; return (directory, rows).
-    Spans without a step go under ``step=__HIVE_DEFAULT_PARTITION__``. The rows are those :func:`tracer.read_spans`
-    returns, read in batches. ``out`` (default ``path/parquet``) is replaced: written beside and renamed in; on object
-    stores written in place and marked complete by an empty ``_SUCCESS`` object."""
+    """Write the spans :func:`tracer.read_spans` returns under ``path`` as a Hive-style step-partitioned zstd Parquet
+    dataset (no step: ``step=__HIVE_DEFAULT_PARTITION__``); return (directory, rows). ``out`` (default ``path/parquet``)
+    is replaced: written beside and renamed in; on object stores written in place, then an empty ``_SUCCESS``."""
     import pyarrow.dataset as pds  # heavy (BENCHMARKS.md, `import tracer`): loaded by its one user, here
 
     src = os.fspath(path)

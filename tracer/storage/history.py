@@ -6,9 +6,8 @@ The writer (:class:`HistoryTracker`) stores, in the span's ``inputs`` JSON::
                    "prefix": k, "response": "response_ids", "ids": [...new ids...]}
 
 meaning the first ``k`` ids of (that span's full ``prompt_ids`` then its ``outputs[response]``), then ``ids``.
-:func:`expand_history` (called by :func:`tracer.read_spans`) is the one place that rebuilds the list. When the
-earlier span was not read, the reference stays, with ``"rollout_trace.missing"`` saying why: never a wrong
-list. Raw readers see the reference as written (``docs/format.md`` shows how to rebuild it).
+:func:`expand_history` (called by :func:`tracer.read_spans`) rebuilds the list; when the earlier span was not
+read, the reference stays, with ``"rollout_trace.missing"`` saying why (``docs/format.md``).
 """
 
 from __future__ import annotations
@@ -70,8 +69,8 @@ def _response(outputs: Any) -> tuple[str | None, Sequence[int]]:
 
 
 class HistoryTracker:
-    """The writer's side: remembers each live trajectory's last llm context and rewrites the next prompt. Writer thread
-    only, on prepared values in written order; it holds references to the id lists, never copies."""
+    """The writer's side (writer thread only): remembers each live trajectory's last llm context, by reference, and
+    rewrites the next prompt."""
 
     def __init__(self) -> None:
         #: trajectory key -> (span id, response field, whole prompt ids, response ids)
@@ -92,8 +91,8 @@ class HistoryTracker:
             self._held -= len(old[2]) + len(old[3])
 
     def encode(self, key: Any, span_id: str, inputs: Any, outputs: Any) -> None:
-        """Replace ``inputs["prompt_ids"]`` by a reference when it extends this trajectory's last llm context,
-        then remember this span's prompt and response for the next turn."""
+        """Replace ``inputs["prompt_ids"]`` by a reference when it extends this trajectory's last llm context; remember
+        this span's for the next turn."""
         if not isinstance(inputs, dict):
             return
         prompt = inputs.get(PROMPT_FIELD)
@@ -139,9 +138,8 @@ def _dumps(value: Any) -> str:
 
 
 def expand_history(table: pa.Table) -> pa.Table:
-    """``table`` (with ``inputs``, ``trace_id``, ``span_id``, ``outputs``) with every referenced ``prompt_ids``
-    rebuilt from its own rows; a reference whose base is absent, damaged or circular stays, with
-    ``rollout_trace.missing`` naming why. A table without ``inputs`` is returned as it is."""
+    """``table`` with every referenced ``prompt_ids`` rebuilt from its own rows (a reference that cannot be stays, with
+    ``rollout_trace.missing`` naming why); needs :data:`HISTORY_COLUMNS` beside ``inputs`` (else returned as it is)."""
     if S.INPUTS not in table.column_names or table.num_rows == 0:
         return table
     inputs = table.column(S.INPUTS)
@@ -151,15 +149,13 @@ def expand_history(table: pa.Table) -> pa.Table:
     missing_cols = [c for c in HISTORY_COLUMNS if c not in table.column_names]
     if missing_cols:
         raise ValueError(f"expand_history needs the columns {', '.join(missing_cols)} to rebuild prompt_ids")
-    marked_rows = pc.indices_nonzero(marked).to_pylist()
+    marked_rows = pc.indices_nonzero(marked)
     trace_col = table.column(S.TRACE_ID)
-    traces = pc.unique(pc.take(trace_col, pa.array(marked_rows, pa.int64())))
-    in_traces = pc.indices_nonzero(pc.fill_null(pc.is_in(trace_col, value_set=traces), False)).to_pylist()
-    sub = table.select([S.TRACE_ID, S.SPAN_ID, S.INPUTS, S.OUTPUTS]).take(pa.array(in_traces, pa.int64()))
-    rows = dict(zip(zip(sub.column(S.TRACE_ID).to_pylist(), sub.column(S.SPAN_ID).to_pylist()), range(sub.num_rows)))
-    sub_inputs = sub.column(S.INPUTS).to_pylist()
-    sub_outputs = sub.column(S.OUTPUTS).to_pylist()
-    trace_of = sub.column(S.TRACE_ID).to_pylist()
+    traces = pc.unique(trace_col.take(marked_rows))
+    in_traces = pc.indices_nonzero(pc.fill_null(pc.is_in(trace_col, value_set=traces), False))
+    sub = table.select([S.TRACE_ID, S.SPAN_ID, S.INPUTS, S.OUTPUTS]).take(in_traces)
+    trace_of, span_of, sub_inputs, sub_outputs = (column.to_pylist() for column in sub.columns)
+    rows = dict(zip(zip(trace_of, span_of), range(sub.num_rows)))
     resolved: dict[int, list[int] | str] = {}
 
     @functools.cache
@@ -206,9 +202,9 @@ def expand_history(table: pa.Table) -> pa.Table:
         resolved[i] = out
         return out
 
-    sub_index = {row: n for n, row in enumerate(in_traces)}
+    sub_index = {row: n for n, row in enumerate(in_traces.to_pylist())}
     new_values = []
-    for row in marked_rows:
+    for row in marked_rows.to_pylist():
         i = sub_index[row]
         data = inputs_of(i)
         ref = data.get(PROMPT_FIELD) if isinstance(data, dict) else None
@@ -224,8 +220,7 @@ def expand_history(table: pa.Table) -> pa.Table:
 
 
 def _replaced(inputs: pa.ChunkedArray, marked: pa.ChunkedArray, values: list[str]) -> pa.ChunkedArray:
-    """``inputs`` with its ``marked`` rows replaced by ``values``, in order. Chunk by chunk: one combined string array
-    could pass Arrow's 2 GiB limit."""
+    """``inputs`` with its ``marked`` rows replaced by ``values``, chunk by chunk (one string array could pass 2 GiB)."""
     chunks, start, used = [], 0, 0
     for chunk in inputs.chunks:
         mask = marked.slice(start, len(chunk)).combine_chunks()
