@@ -1,9 +1,7 @@
-"""``rollout-trace check``: validate trace files, and repair the damaged ones.
+"""``rollout-trace check``: validate trace files as the readers read them, and repair the damaged ones.
 
-Files are read as the readers read them (:func:`tracer.storage.files.read_batches`), so both agree on what is
-damaged: empty, not Arrow, torn, corrupt, refused for its size, skipped by the readers, or holding a
-``(trace_id, span_id)`` twice. Orphan spans and files without an end-of-stream marker are reported, not damage
-(a killed worker leaves both). ``--repair`` applies :func:`tracer.storage.repair.repair_file`.
+Damage: empty, not Arrow, torn, corrupt, refused for its size, skipped by the readers, or a ``(trace_id, span_id)``
+twice. Orphan spans and files without an end-of-stream marker (what a killed worker leaves) are reported only.
 """
 
 from __future__ import annotations

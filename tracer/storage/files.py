@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import os
 import stat
@@ -193,25 +194,15 @@ def _parse_header(meta: bytes, offset: int, body: int) -> _Message:
     return _Message(offset, body, body + body_len, kind, rows, buffers, compressed)
 
 
-# -- the source: local file or URI -----------------------------------------------
-
-
-class _Source:
-    def __init__(self, path: str) -> None:
-        self.handle: Any = _uri.open_input(path)
-
-    def read_at(self, offset: int, n: int) -> bytes:
-        return bytes(self.handle.read_at(n, offset))
-
-    def close(self) -> None:
-        self.handle.close()
+#: A pyarrow file, local or remote (:func:`tracer.storage.uri.open_input`): ``read_at(n, offset)`` gives bytes.
+_Source = Any
 
 
 def _read_message(src: _Source, offset: int, size: int) -> _Message | None:
     """The message starting at ``offset``; None at an end-of-stream marker or at the end of the file."""
     if offset == size:
         return None
-    head = src.read_at(offset, 8)
+    head = src.read_at(8, offset)
     if len(head) < 4:
         raise _TornError(f"{size - offset} stray byte(s) at the end")
     prefix = 8 if struct.unpack_from("<I", head, 0)[0] == _CONTINUATION else 4  # Arrow < 0.15: no continuation
@@ -225,7 +216,7 @@ def _read_message(src: _Source, offset: int, size: int) -> _Message | None:
         raise _CorruptError(f"message at byte {offset} declares a header of {meta_len} bytes")
     if start + meta_len > size:
         raise _TornError(f"message at byte {offset} declares a {meta_len}-byte header; {size - start} byte(s) are left")
-    meta = src.read_at(start, meta_len)
+    meta = src.read_at(meta_len, start)
     msg = _parse_header(meta, offset, start + meta_len)
     if msg.end > size:
         raise _TornError(f"batch at byte {offset} declares {msg.end - msg.body} body bytes; {size - msg.body} are left")
@@ -248,12 +239,12 @@ def _walk(src: _Source, start: int, size: int) -> tuple[list[_Message], str, boo
 
 
 def _schema_at(src: _Source, msg: _Message) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(src.read_at(msg.offset, msg.end - msg.offset)))
+    return pa.ipc.read_schema(pa.py_buffer(src.read_at(msg.end - msg.offset, msg.offset)))
 
 
 def _start(src: _Source) -> int:
     """Where the stream starts: after the magic of an IPC file."""
-    return 8 if src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC else 0
+    return 8 if src.read_at(len(ARROW_FILE_MAGIC), 0) == ARROW_FILE_MAGIC else 0
 
 
 def _first_schema(src: _Source, start: int, size: int) -> tuple[_Message, pa.Schema]:
@@ -291,21 +282,18 @@ class Layout:
 def read_layout(path: str) -> Layout:
     """Walk the message headers of a local trace file without decoding any batch (OSError: it cannot be opened)."""
     size = _uri.file_size(path)
-    src = _Source(path)
-    try:
+    with _uri.open_input(path) as src:
         start = _start(src) if size >= 8 else 0
         messages, stop, at_eos = _walk(src, start, size)
         schema = b""
         if messages and messages[0].kind == _SCHEMA:
-            schema = src.read_at(messages[0].offset, messages[0].end - messages[0].offset)
+            schema = src.read_at(messages[0].end - messages[0].offset, messages[0].offset)
         blocks = {
             kind: [(m.offset, m.body - m.offset, m.end - m.body) for m in messages if m.kind == kind]
             for kind in (_RECORD_BATCH, _DICTIONARY)
         }
         end = messages[-1].end if messages else start
         return Layout(start == 8, size, schema, blocks[_RECORD_BATCH], blocks[_DICTIONARY], end, stop, at_eos)
-    finally:
-        src.close()
 
 
 def footer_for(layout: Layout) -> bytes:
@@ -349,15 +337,15 @@ def ends_closed(path: str) -> bool:
 
 
 def _footer(read_at: Callable[[int, int], bytes], size: int, use: Callable[[_Flat, bytes], _T]) -> _T | None:
-    """``use(footer, the 10 bytes after it (its length, the magic))`` of an IPC file read by ``read_at(offset, n)``;
+    """``use(footer, the 10 bytes after it (its length, the magic))`` of an IPC file read by ``read_at(n, offset)``;
     None without a sound footer."""
-    tail = read_at(size - 10, 10) if size >= 8 + 10 else b""
+    tail = read_at(10, size - 10) if size >= 8 + 10 else b""
     if len(tail) != 10 or tail[4:] != ARROW_FILE_MAGIC:
         return None
     (footer_len,) = struct.unpack_from("<i", tail, 0)
     if footer_len <= 0 or footer_len > size - 18:
         return None
-    footer = read_at(size - 10 - footer_len, footer_len)
+    footer = read_at(footer_len, size - 10 - footer_len)
     if len(footer) != footer_len:
         return None
     try:
@@ -420,7 +408,7 @@ def footer_bytes(path: str) -> tuple[bytes, int] | None:
     def with_count(fb: _Flat, tail: bytes) -> tuple[bytes, int]:
         return fb.data + tail, fb.count(fb.root(), 3, _BLOCK.size)
 
-    return _on_regular(path, 8 + 10, lambda fd, size: _footer(lambda at, n: os.pread(fd, n, at), size, with_count))
+    return _on_regular(path, 8 + 10, lambda fd, size: _footer(functools.partial(os.pread, fd), size, with_count))
 
 
 # -- schemas and buffers ---------------------------------------------------------
@@ -503,7 +491,7 @@ def _cost(src: _Source, msg: _Message, wanted: set[int] | None, columns: int) ->
             continue
         if length < 8:
             raise _CorruptError(f"batch at byte {msg.offset}: compressed buffer {i} of {length} bytes has no length")
-        (declared,) = struct.unpack("<q", src.read_at(msg.body + offset, 8))
+        (declared,) = struct.unpack("<q", src.read_at(8, msg.body + offset))
         if declared < -1:
             raise _CorruptError(f"batch at byte {msg.offset}: buffer {i} declares {declared} bytes")
         total += length - 8 if declared == -1 else declared
@@ -568,12 +556,10 @@ class TraceFileBatches:
         src = self._open()
         if src is None:
             return
-        try:
+        with src:
             head = self._head(src)
             if head is not None:
                 yield from self._batches(src, *head)
-        finally:
-            src.close()
 
     def _open(self) -> _Source | None:
         res = self.result
@@ -593,7 +579,7 @@ class TraceFileBatches:
             res.skipped, res.repairable = "empty file (0 bytes)", True
             return None
         try:
-            return _Source(self.path)
+            return _uri.open_input(self.path)
         except OSError as exc:
             res.skipped = f"cannot open: {exc}"
             return None
@@ -712,7 +698,6 @@ class TraceFileBatches:
             self.schema = pa.schema([schema.field(i) for i in fields], metadata=schema.metadata)
         budget, expansion = _budget(size)
         # One handle for the scan (positional reads) and pyarrow: the bytes checked are the bytes decoded.
-        data = src.handle
         try:
             # Dictionaries are decoded along with the batches after them: charge them up front.
             spent = sum(_cost(src, m, None, 1) for m in messages if m.kind == _DICTIONARY)
@@ -721,15 +706,15 @@ class TraceFileBatches:
             if use_footer:
                 try:
                     # The whole footer schema, whatever is projected: a rotten one must fail for every column set.
-                    if not pa.ipc.open_file(data).schema.equals(schema, check_metadata=True):
+                    if not pa.ipc.open_file(src).schema.equals(schema, check_metadata=True):
                         raise pa.ArrowInvalid("the footer's schema differs from the file's first message")
-                    reader = pa.ipc.open_file(data, options=options)
+                    reader = pa.ipc.open_file(src, options=options)
                 except Exception as exc:  # a corrupt footer: read the batches in order instead
                     use_footer, res.closed, reader = False, False, None
                     stop = stop or f"footer unreadable ({type(exc).__name__}: {exc}); batches read in order"
             if reader is None:
-                data.seek(8 if res.file_format else 0)
-                reader = pa.ipc.open_stream(data, options=options)
+                src.seek(8 if res.file_format else 0)
+                reader = pa.ipc.open_stream(src, options=options)
             position = messages[0].end  # where the stream reader goes on from (after a positional read, seek)
             # Without a footer batches come in order: read them all (callers filter rows anyway).
             chosen = list(range(skipped, len(batches)))
@@ -753,7 +738,7 @@ class TraceFileBatches:
                     if use_footer:
                         batch, custom = reader.get_batch_with_custom_metadata(i)
                     else:
-                        data.seek(batches[i].offset if seekable else position)
+                        src.seek(batches[i].offset if seekable else position)
                         batch, custom = reader.read_next_batch_with_custom_metadata()
                         position = batches[i].end
                     # Full validation: a flipped byte in an offsets buffer must not reach to_pylist.
@@ -804,12 +789,11 @@ def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
     src = reading._open()
     if src is None:
         raise OSError(f"{file}: {reading.result.skipped}")
-    try:
-        return _first_schema(src, _start(src), reading.result.size)[1]
-    except (_TornError, _CorruptError, pa.ArrowException) as exc:
-        raise OSError(f"{file}: not a readable trace file: {exc}") from None
-    finally:
-        src.close()
+    with src:
+        try:
+            return _first_schema(src, _start(src), reading.result.size)[1]
+        except (_TornError, _CorruptError, pa.ArrowException) as exc:
+            raise OSError(f"{file}: not a readable trace file: {exc}") from None
 
 
 def major_version(version: str) -> int:

@@ -1,14 +1,9 @@
 """Sealing: closing a shard whose writer is gone (``ray.shutdown()``, ``os._exit``, SIGKILL).
 
-:func:`seal_if_abandoned` acts once the writer is gone: on this host, when no process holds the file's
-``flock`` (writers that do not lock: when the pid in its name no longer runs); on another host, when the file
-has not changed for :data:`SEAL_AFTER_S` (:data:`ENV_SEAL_AFTER_S`); a quiet writer then starts a new file.
-
-Sealing appends, under the file's ``flock``, exactly what pyarrow writes at close after the last complete
-batch (end-of-stream marker; for an IPC file also the footer, its length and the magic) and changes nothing
-written. A file torn inside a batch is not sealed (``rollout-trace check --repair`` handles it). The sealed
-shard goes to ``on_sealed`` (readers pass :func:`tracer.index.shard.write_index`; a failure there leaves the
-seal standing). A file found closed is not opened again while its size, mtime and inode stay the same.
+The writer is gone when, on this host, nobody holds the file's ``flock`` (or the pid in its name no longer
+runs); on another host, when the file has not changed for :data:`SEAL_AFTER_S` (a quiet writer then starts a new
+file). Sealing appends, under the ``flock``, exactly what pyarrow writes at close after the last complete batch
+and changes nothing written; a file torn inside a batch is left to ``rollout-trace check --repair``.
 """
 
 from __future__ import annotations
@@ -56,8 +51,8 @@ CLOSED_CACHE_ENTRIES = 65536
 
 @dataclasses.dataclass
 class SealResult:
-    """What :func:`seal_if_abandoned` did: ``action`` is ``"sealed"``, ``"closed"`` (nothing to do), ``"live"``
-    (its writer may still write) or ``"not sealed"``; ``why`` is one sentence for a report."""
+    """What :func:`seal_if_abandoned` did: ``action`` is ``"sealed"``, ``"closed"`` (already), ``"live"`` or
+    ``"not sealed"``; ``why`` is one sentence for a report."""
 
     path: str
     action: str
@@ -106,9 +101,9 @@ def _writer_gone(path: str, fd: int, file_format: bool, max_age_s: float) -> str
 def seal_if_abandoned(
     path: str | os.PathLike[str], max_age_s: float | None = None, on_sealed: OnClose | None = None
 ) -> SealResult:
-    """Close the local ``path`` as its writer would have if that writer is gone (see the module docstring). Never raises
-    for the file's sake. ``max_age_s`` overrides :func:`seal_after_s`; ``on_sealed`` gets the path of a shard this call
-    sealed (readers pass :func:`tracer.index.shard.write_index`)."""
+    """Close the local ``path`` as its writer would have if that writer is gone; never raises for the file's sake.
+    ``max_age_s`` overrides :func:`seal_after_s`; ``on_sealed`` gets the path of a shard this call sealed (its failure
+    leaves the seal standing). A file found closed is not opened again while its size, mtime and inode stay."""
     result = _seal(os.fspath(path), max_age_s)
     if on_sealed is not None and result.action == SEALED:
         with contextlib.suppress(Exception):  # derived data only: the seal stands
@@ -161,11 +156,9 @@ def _seal(file: str, max_age_s: float | None) -> SealResult:
         if layout.file_format and layout.dictionaries:
             return SealResult(file, NOT_SEALED, "holds dictionary batches, which sealing does not list")
         tail = footer_for(layout) if layout.file_format else EOS_MARKER
-        os.lseek(fd, layout.size, os.SEEK_SET)
-        view = memoryview(tail)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        written = 0
+        while written < len(tail):
+            written += os.pwrite(fd, tail[written:], layout.size + written)
         os.fsync(fd)
         return SealResult(file, SEALED, gone)
     except (OSError, ValueError, pa.ArrowException) as exc:
