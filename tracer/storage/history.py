@@ -162,58 +162,52 @@ def expand_history(table: pa.Table) -> pa.Table:
     def inputs_of(i: int) -> Any:
         return _loads(sub_inputs[i])
 
+    def prompt_of(i: int) -> Any:
+        data = inputs_of(i)
+        return data.get(PROMPT_FIELD) if isinstance(data, dict) else None
+
     def resolve(i: int, depth: int = 0) -> list[int] | str:
         """Row ``i``'s full prompt_ids, or why it cannot be rebuilt."""
-        if i in resolved:
-            return resolved[i]
-        resolved[i] = "circular reference"  # until resolved: a cycle finds this
-        data = inputs_of(i)
-        value = data.get(PROMPT_FIELD) if isinstance(data, dict) else None
-        out: list[int] | str
+        if i not in resolved:
+            resolved[i] = "circular reference"  # until resolved: a cycle finds this
+            resolved[i] = rebuild(i, depth)
+        return resolved[i]
+
+    def rebuild(i: int, depth: int) -> list[int] | str:
+        value = prompt_of(i)
         if isinstance(value, list):
-            out = value
-        elif not isinstance(value, dict) or S.HISTORY_EXTENDS not in value:
-            out = "no prompt_ids"
-        elif depth > 10_000:
-            out = "reference chain too long"
-        else:
-            base = rows.get((trace_of[i], value[S.HISTORY_EXTENDS]))
-            k, ids, field = value.get(S.HISTORY_PREFIX), value.get(S.HISTORY_IDS), value.get(S.HISTORY_RESPONSE)
-            if base is None:
-                out = f"earlier span {value[S.HISTORY_EXTENDS]!r} not in what was read"
-            elif type(k) is not int or type(ids) is not list:
-                out = "damaged reference"
-            else:
-                prefix = resolve(base, depth + 1)
-                if isinstance(prefix, str):
-                    out = f"earlier span {value[S.HISTORY_EXTENDS]!r}: {prefix}"
-                else:
-                    response: Any = []
-                    if field is not None:
-                        base_out = _loads(sub_outputs[base])
-                        response = base_out.get(field) if isinstance(base_out, dict) else None
-                    if type(response) is not list:
-                        out = f"earlier span {value[S.HISTORY_EXTENDS]!r} has no {field}"
-                    elif len(prefix) + len(response) < k:
-                        out = f"earlier span {value[S.HISTORY_EXTENDS]!r} holds fewer than {k} ids"
-                    else:
-                        ctx = prefix + response if len(prefix) < k else prefix
-                        out = ctx[:k] + ids
-        resolved[i] = out
-        return out
+            return value
+        if not isinstance(value, dict) or S.HISTORY_EXTENDS not in value:
+            return "no prompt_ids"
+        if depth > 10_000:
+            return "reference chain too long"
+        base, earlier = rows.get((trace_of[i], value[S.HISTORY_EXTENDS])), f"earlier span {value[S.HISTORY_EXTENDS]!r}"
+        k, ids, field = value.get(S.HISTORY_PREFIX), value.get(S.HISTORY_IDS), value.get(S.HISTORY_RESPONSE)
+        if base is None:
+            return f"{earlier} not in what was read"
+        if type(k) is not int or type(ids) is not list:
+            return "damaged reference"
+        prefix = resolve(base, depth + 1)
+        if isinstance(prefix, str):
+            return f"{earlier}: {prefix}"
+        outputs = {None: []} if field is None else _loads(sub_outputs[base])  # no field: no response ids
+        response = outputs.get(field) if isinstance(outputs, dict) else None
+        if type(response) is not list:
+            return f"{earlier} has no {field}"
+        if len(prefix) + len(response) < k:
+            return f"{earlier} holds fewer than {k} ids"
+        return (prefix + response if len(prefix) < k else prefix)[:k] + ids
 
     sub_index = {row: n for n, row in enumerate(in_traces.to_pylist())}
     new_values = []
     for row in marked_rows.to_pylist():
         i = sub_index[row]
-        data = inputs_of(i)
-        ref = data.get(PROMPT_FIELD) if isinstance(data, dict) else None
+        ref = prompt_of(i)
         if not isinstance(ref, dict) or S.HISTORY_EXTENDS not in ref:  # the marker text inside some string
             new_values.append(sub_inputs[i])
             continue
         full = resolve(i)
-        data = dict(data)
-        data[PROMPT_FIELD] = full if isinstance(full, list) else {**ref, S.HISTORY_MISSING: full}
+        data = {**inputs_of(i), PROMPT_FIELD: full if isinstance(full, list) else {**ref, S.HISTORY_MISSING: full}}
         new_values.append(_dumps(data))
     column = _replaced(inputs, marked, new_values)
     return table.set_column(table.column_names.index(S.INPUTS), S.INPUTS, column)

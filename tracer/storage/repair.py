@@ -1,9 +1,8 @@
-"""Repair of damaged trace files: one behaviour for ``check --repair`` and for the uploader.
+"""Repair of damaged trace files, for ``check --repair`` and the uploader.
 
-A file :func:`tracer.storage.files.read_batches` cannot read to its end, or at all while it is ours to fix
-(empty, not Arrow), has its readable batches written as written to ``<stem>.repaired.arrow`` (temporary name,
-fsync, rename) and is renamed ``<name>.damaged``, which readers skip; nothing is deleted. Sound files, open
-ones and files sound but not for this reader are left as they are. Repairing twice changes nothing more.
+A file :func:`tracer.storage.files.read_batches` cannot read to its end (or at all: empty, not Arrow) has its
+readable batches written as written to ``<stem>.repaired.arrow`` (temporary name, fsync, rename) and is renamed
+``<name>.damaged``, which readers skip; nothing is deleted. Other files are left as they are.
 """
 
 from __future__ import annotations

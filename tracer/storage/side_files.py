@@ -1,9 +1,7 @@
-"""The one way side files of a run directory are opened: ``_index.json``, ``_lag.*.json``, the rollup, shard indexes.
-
-A side file is data a reader can do without. ``lstat`` first refuses links, FIFOs, devices and directories
-unopened; a regular file over its kind's size cap is refused; the open follows no link and does not block and
-the descriptor is checked again; JSON is checked against its shape. A refused file is named in a
-:class:`SideFileWarning` and skipped; a missing one is skipped without a word.
+"""The one way side files of a run directory (data a reader can do without) are opened: ``_index.json``,
+``_lag.*.json``, the rollup, shard indexes. Links, FIFOs, devices, directories and files over their kind's size cap
+are refused unopened (the open follows no link and does not block; the descriptor is checked again); JSON is checked
+against its shape. A refused file is named in a :class:`SideFileWarning`; a missing one is skipped quietly.
 """
 
 from __future__ import annotations
