@@ -6,6 +6,7 @@ twice. Orphan spans and files without an end-of-stream marker (what a killed wor
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 from typing import Any
@@ -66,17 +67,16 @@ def _damage(read: Any) -> str:
 def check_path(path: TracePaths, repair: bool = False) -> CheckReport:
     """Validate every trace file under ``path``; with ``repair``, fix the damaged ones."""
     out = CheckReport()
-    seen: dict[tuple[str, str], int] = {}
+    seen: collections.Counter[tuple[str, str]] = collections.Counter()
     parents: list[tuple[str, str]] = []
     traces: set[str] = set()
     for file in list_trace_files(path):
         reading = read_batches(file, list(S.SPAN_COLUMNS))
         for batch in reading:
-            for tid, sid, pid in zip(*(batch.column(c).to_pylist() for c in (S.TRACE_ID, S.SPAN_ID, S.PARENT_SPAN_ID))):
-                seen[(tid, sid)] = seen.get((tid, sid), 0) + 1
-                traces.add(tid)
-                if pid is not None:
-                    parents.append((tid, pid))
+            tids, sids, pids = (batch.column(c).to_pylist() for c in (S.TRACE_ID, S.SPAN_ID, S.PARENT_SPAN_ID))
+            seen.update(zip(tids, sids))
+            traces.update(tids)
+            parents.extend((tid, pid) for tid, pid in zip(tids, pids) if pid is not None)
         read = reading.result
         report = FileReport(file, read.rows, read.batches, read.closed, _damage(read), read.schema_version)
         out.files.append(report)

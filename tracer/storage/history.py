@@ -84,11 +84,12 @@ class HistoryTracker:
         self._last.clear()
         self._held = 0
 
-    def end(self, key: Any) -> None:
-        """The trajectory ended: its context is no longer needed."""
+    def end(self, key: Any) -> Any:
+        """The trajectory ended: forget its context (returned; None when there is none)."""
         old = self._last.pop(key, None)
         if old is not None:
             self._held -= len(old[2]) + len(old[3])
+        return old
 
     def encode(self, key: Any, span_id: str, inputs: Any, outputs: Any) -> None:
         """Replace ``inputs["prompt_ids"]`` by a reference when it extends this trajectory's last llm context; remember
@@ -99,10 +100,9 @@ class HistoryTracker:
         if type(prompt) is not list and type(prompt) is not tuple:
             return
         field, response = _response(outputs)
-        prev = self._last.pop(key, None)
+        prev = self.end(key)
         if prev is not None:
             base_span, base_field, base_prompt, base_response = prev
-            self._held -= len(base_prompt) + len(base_response)
             k = _common_prefix(prompt, base_prompt) if base_span != span_id else 0
             if k == len(base_prompt):
                 k += _common_prefix(prompt[k:], base_response)
@@ -119,8 +119,7 @@ class HistoryTracker:
         self._last[key] = (span_id, field, prompt, response)
         self._held += size
         while self._held > MAX_HELD_IDS and self._last:
-            _, (_, _, old_prompt, old_response) = self._last.popitem(last=False)
-            self._held -= len(old_prompt) + len(old_response)
+            self.end(next(iter(self._last)))
 
 
 def _loads(text: Any) -> Any:

@@ -252,8 +252,7 @@ class UploadingSpanWriter(SpanWriter):
                 super().write(batch, batch_metadata)
             finally:
                 self._in_write = False
-            if self._stream is not None and time.monotonic() - self._opened_at >= self.upload_interval_s:
-                self._rotate()
+            self._rotate(old_only=True)
 
     def _abandon(self) -> None:
         path = self.path
@@ -279,8 +278,8 @@ class UploadingSpanWriter(SpanWriter):
             _release(self.run_dir, self._stem, self._lock_fd)
             self._lock_fd = None
 
-    def _rotate(self) -> None:
-        if self._stream is None:
+    def _rotate(self, old_only: bool = False) -> None:
+        if self._stream is None or (old_only and time.monotonic() - self._opened_at < self.upload_interval_s):
             return
         path = self.path
         SpanWriter.close(self)
@@ -301,8 +300,7 @@ class UploadingSpanWriter(SpanWriter):
             if self._stopping:
                 return
             with self._lock:
-                if self._stream is not None and time.monotonic() - self._opened_at >= self.upload_interval_s:
-                    self._rotate()
+                self._rotate(old_only=True)
             self._drain(retry=True)
 
     def _drain(self, retry: bool) -> None:

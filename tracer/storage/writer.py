@@ -145,10 +145,8 @@ class SpanWriter:
             self._stream.close()
             self._file.flush()
             os.fsync(self._file.fileno())
-            self._file.close()
         finally:
-            self._file = None
-            self._stream = None
+            self._let_go()
         if self._on_close is not None and self.path is not None:
             with contextlib.suppress(Exception):  # derived data only: the file and its spans are whole
                 self._on_close(self.path)
