@@ -588,9 +588,8 @@ class TraceFileBatches:
         """:func:`_walk` from the start, or the schema message and then from :attr:`resume` when that fits the file and
         no dictionary would be missed; also how many batches that skipped."""
         if self.trust_footer and self.batch_numbers is not None and self.expect_size == size and start == 8:
-            found = self._walk_chosen(src, start, size)
-            if found is not None:
-                return found, "", False, 0
+            with contextlib.suppress(*_UNREADABLE):  # else walk
+                return self._walk_chosen(src, start, size), "", False, 0
         if self.resume is not None:
             offset, count = self.resume
             with contextlib.suppress(*_UNREADABLE):  # else read it the ordinary way, which says what is wrong
@@ -601,29 +600,25 @@ class TraceFileBatches:
         messages, stop, at_eos = _walk(src, start, size)
         return messages, stop, at_eos, 0
 
-    def _walk_chosen(self, src: _Source, start: int, size: int) -> list[_Message] | None:
+    def _walk_chosen(self, src: _Source, start: int, size: int) -> list[_Message]:
         """The schema and the chosen batches' headers only, the others where the footer (vouched for by its shard index)
-        puts them; None to walk."""
-        try:
-            first, schema = _first_schema(src, start, size)
-            blocks = _footer_blocks(src, size)
-            if blocks is None or _has_dictionary(schema):
-                return None
-            chosen = set(self.batch_numbers or ())
-            messages = [first]
-            for i, (offset, meta_len, body_len) in enumerate(blocks):
-                if i in chosen:
-                    msg = _read_message(src, offset, size)
-                    if msg is None or msg.kind != _RECORD_BATCH or msg.end != offset + meta_len + body_len:
-                        return None
-                else:
-                    body = offset + meta_len
-                    msg = _Message(offset, body, body + body_len, _RECORD_BATCH, 0, [], False)
-                messages.append(msg)
-            self._first_schema, self._footer_blocks = schema, blocks
-            return messages
-        except _UNREADABLE:
-            return None
+        puts them; raises :data:`_UNREADABLE` when that cannot be trusted."""
+        first, schema = _first_schema(src, start, size)
+        blocks = _footer_blocks(src, size)
+        if blocks is None or _has_dictionary(schema):
+            raise _CorruptError("no footer to find batches by")
+        chosen = set(self.batch_numbers or ())
+        messages = [first]
+        for i, (offset, meta_len, body_len) in enumerate(blocks):
+            end = offset + meta_len + body_len
+            msg: _Message | None = _Message(offset, offset + meta_len, end, _RECORD_BATCH, 0, [], False)
+            if i in chosen:
+                msg = _read_message(src, offset, size)
+            if msg is None or msg.kind != _RECORD_BATCH or msg.end != end:
+                raise _CorruptError(f"batch {i} is not where the footer says")
+            messages.append(msg)
+        self._first_schema, self._footer_blocks = schema, blocks
+        return messages
 
     def _head(self, src: _Source) -> tuple[list[_Message], list[_Message], int, str | None, pa.Schema] | None:
         """The file's messages, its batches, how many are skipped, why it stops and its schema; None (with
