@@ -53,15 +53,10 @@ class CheckReport:
 
 
 def _damage(read: Any) -> str:
-    if read.skipped:
-        return read.skipped
-    parts = []
-    if read.damage:
-        what = "unreadable" if read.batches == 0 and not read.schema_version else "torn"
-        parts.append(f"{what} after {read.batches} complete batch(es), {read.rows} span(s) readable: {read.damage}")
-    if read.refused:
-        parts.append(read.refused)
-    return "; ".join(parts)
+    if read.skipped or read.refused or not read.damage:  # a read stops at the first refusal or damage: never both
+        return str(read.skipped or read.refused)
+    what = "unreadable" if read.batches == 0 and not read.schema_version else "torn"
+    return f"{what} after {read.batches} complete batch(es), {read.rows} span(s) readable: {read.damage}"
 
 
 def check_path(path: TracePaths, repair: bool = False) -> CheckReport:

@@ -99,7 +99,7 @@ class MergeResult:
     """What :func:`merge_unit` read and wrote; the index is not touched yet."""
 
     unit: MergeUnit
-    #: The files merged (read completely); the others are in ``skipped_open`` or ``set_aside``.
+    #: The files merged (read completely).
     inputs: list[str] = dataclasses.field(default_factory=list)
     #: The index entry of the written ``<name>.tmp`` (None when nothing was merged).
     entry: dict[str, Any] | None = None
@@ -500,9 +500,9 @@ def _write_compacted(path: str, table: pa.Table, schema: pa.Schema) -> tuple[dic
     return {"size": size, "rows": table.num_rows, "batch_steps": batch_steps, "format": "ipc-file"}, builder
 
 
-#: Where ``compact --format parquet`` writes, under the path compacted, unless told otherwise.
+#: Where ``compact --format parquet`` writes, under the path compacted, and (on object stores) the empty object
+#: written last into it (Spark's convention).
 PARQUET_DIR = "parquet"
-#: On object stores, the empty object written last into the Parquet dataset (Spark's convention).
 PARQUET_DONE = "_SUCCESS"
 
 

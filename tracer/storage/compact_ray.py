@@ -28,7 +28,6 @@ from tracer.storage.uri import is_remote
 
 #: How many times Ray reruns a merge whose worker died before it counts as failed (Ray's own default).
 DEFAULT_RETRIES = 3
-#: How long to wait for the cluster's address to accept a connection before saying it is unreachable.
 CONNECT_TIMEOUT_S = 5.0
 #: Environment variable Ray itself reads for the cluster's address.
 ENV_RAY_ADDRESS = "RAY_ADDRESS"

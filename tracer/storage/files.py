@@ -95,15 +95,10 @@ class FileRead:
         """One sentence for a warning or a report; empty when there is nothing to say."""
         if self.skipped:
             return f"{self.path}: skipped, {self.skipped}"
-        parts = []
-        if self.damage:
-            parts.append(
-                f"{self.path}: damaged after {self.batches} complete batch(es); recovered {self.rows} span(s) "
-                f"({self.damage})"
-            )
-        if self.refused:
-            parts.append(f"{self.path}: {self.refused}; kept {self.batches} batch(es), {self.rows} span(s)")
-        return "; ".join(parts)
+        if self.refused:  # a read stops at the first refusal or damage: never both
+            return f"{self.path}: {self.refused}; kept {self.batches} batch(es), {self.rows} span(s)"
+        kept = f"{self.batches} complete batch(es); recovered {self.rows} span(s)"
+        return f"{self.path}: damaged after {kept} ({self.damage})" if self.damage else ""
 
 
 @dataclasses.dataclass

@@ -18,9 +18,8 @@ from tracer import schema as S
 from tracer.storage.files import FileRead, read_batches
 from tracer.storage.writer import fsync_dir
 
-#: Suffix appended to a damaged original once repaired (readers skip it).
+#: Suffix appended to a damaged original once repaired (readers skip it); its readable batches go to REPAIRED_SUFFIX.
 DAMAGED_SUFFIX = ".damaged"
-#: Suffix of the file holding a damaged file's readable batches.
 REPAIRED_SUFFIX = ".repaired" + S.FILE_SUFFIX
 
 SOUND = "sound"

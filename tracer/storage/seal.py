@@ -45,7 +45,6 @@ NOT_SEALED = "not sealed"
 #: Files found closed, by path: (size, mtime, inode) then; while that is the same, the file is not opened again.
 _closed: collections.OrderedDict[str, tuple[int, int, int]] = collections.OrderedDict()
 _closed_lock = threading.Lock()
-#: How many closed files :data:`_closed` remembers.
 CLOSED_CACHE_ENTRIES = 65536
 
 

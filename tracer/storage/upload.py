@@ -35,24 +35,22 @@ from tracer.storage.writer import SpanWriter
 
 logger = logging.getLogger("rollout_trace")
 
-#: Environment variable: root of the local staging directories (default ``<tempdir>/rollout_trace_staging``).
-#: Put it on a disk that survives a restart, so the next run can upload what a crash left.
+#: Environment variable: root of the staging directories; on a disk that survives a restart, the next run uploads
+#: what a crash left.
 ENV_STAGING_DIR = "ROLLOUT_TRACE_STAGING_DIR"
 #: File in each staging directory naming the URI its files go to.
 DESTINATION_FILE = "DESTINATION"
-#: Suffix of a writer's lock file in the staging directory.
 LOCK_SUFFIX = ".lock"
 #: Marker in the name of an upload not yet renamed to its final name.
 PARTIAL_MARK = ".partial-"
 #: Filesystems on which one PUT makes the whole object appear at once.
 ATOMIC_PUT_FILESYSTEMS = ("s3", "gcs")
 UPLOAD_CHUNK_BYTES = 8 * 1024 * 1024
-#: Longest wait between retries of a failed upload.
 MAX_RETRY_S = 60.0
 
 
 def staging_root() -> str:
-    """The root of staging directories (``ROLLOUT_TRACE_STAGING_DIR`` or a temp folder)."""
+    """The root of staging directories (:data:`ENV_STAGING_DIR` or ``<tempdir>/rollout_trace_staging``)."""
     return os.environ.get(ENV_STAGING_DIR) or os.path.join(tempfile.gettempdir(), "rollout_trace_staging")
 
 
