@@ -162,8 +162,7 @@ class _Dir:
             upload_file(os.path.join(stage, INDEX_NAME), self.path)  # readers see the old index or the new one
 
     def may_delete(self, entries: list[dict[str, Any]], delete_after_s: float) -> Callable[[], None] | None:
-        """How to let go once the originals may go (locally: the exclusive lock; on a store: once every entry hid its
-        originals ``delete_after_s``); None while they must stay."""
+        """How to let go once the originals may go (the exclusive lock, or ``delete_after_s`` on a store); else None."""
         if not self.remote:
             fd = try_exclusive(self.path, DELETE_WAIT_S)
             return None if fd is None else (lambda: os.close(fd))
@@ -172,8 +171,7 @@ class _Dir:
 
 
 def run_dirs(path: str | os.PathLike[str]) -> list[str]:
-    """The run directories under ``path`` (those holding trace files), local paths or URIs, sorted. Raises
-    FileNotFoundError when ``path`` does not exist, ValueError when it is a file."""
+    """The run directories (holding trace files) under ``path``, sorted; FileNotFoundError, or ValueError for a file."""
     src = os.fspath(path)
     if _uri.is_remote(src):
         base = _uri.strip_query(src).rstrip("/")
@@ -471,8 +469,7 @@ def _write_remote_indexed(d: _Dir, name: str, table: pa.Table, schema: pa.Schema
 
 
 def _write_compacted(path: str, table: pa.Table, schema: pa.Schema) -> tuple[dict[str, Any], ShardIndexBuilder | None]:
-    """Write ``table`` (sorted by step) to the local ``path`` as an IPC file, one step per batch; return its index
-    entry and its shard index (None when that outgrew its memory)."""
+    """Write ``table`` to the local ``path``, one step per batch; its index entry and shard index (None: too big)."""
     batch_steps: list[int | None] = []
     builder: ShardIndexBuilder | None = _shard.builder(bounded=False)  # ``table`` is held whole anyway
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))

@@ -292,8 +292,7 @@ def read_layout(path: str) -> Layout:
 
 
 def footer_for(layout: Layout) -> bytes:
-    """The bytes pyarrow writes when it closes an IPC file with ``layout``'s schema and batches: end-of-stream
-    marker, footer, footer length, magic."""
+    """The bytes pyarrow writes after ``layout``'s batches when it closes an IPC file (end-of-stream marker, footer)."""
     schema = pa.ipc.read_schema(pa.py_buffer(layout.schema_message))
     # pyarrow builds the footer (schema, metadata version) for as many empty batches; then the
     # fixed-width Block entries of the batch vector are overwritten with where the real ones are.
@@ -332,8 +331,7 @@ def ends_closed(path: str) -> bool:
 
 
 def _footer(read_at: Callable[[int, int], bytes], size: int, use: Callable[[_Flat, bytes], _T]) -> _T | None:
-    """``use(footer, the 10 bytes after it (its length, the magic))`` of an IPC file read by ``read_at(n, offset)``;
-    None without a sound footer."""
+    """``use(footer, its length and the magic)`` of an IPC file read by ``read_at(n, offset)``; None without one."""
     tail = read_at(10, size - 10) if size >= 8 + 10 else b""
     if len(tail) != 10 or tail[4:] != ARROW_FILE_MAGIC:
         return None
@@ -350,7 +348,7 @@ def _footer(read_at: Callable[[int, int], bytes], size: int, use: Callable[[_Fla
 
 
 def _footer_blocks(src: _Source, size: int) -> list[tuple[int, ...]] | None:
-    """``(offset, metadata length, body length)`` of each record batch an IPC file's footer lists; None without a sound footer."""
+    """``(offset, metadata length, body length)`` of each batch an IPC file's footer lists; None without a footer."""
     return _footer(src.read_at, size, lambda fb, _: fb.structs(fb.root(), 3, "<qi4xq"))
 
 
@@ -373,9 +371,8 @@ def _on_regular(path: str, min_size: int, use: Callable[[int, int], _T]) -> _T |
 
 
 def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict[str, str] | None:
-    """The schema metadata (only ``keys`` when given) of a local Arrow IPC *file* that ends closed, from its
-    schema message alone; for the small files this library writes and checks itself (shard indexes). None when
-    it is not such a file or the message does not parse; the rest is not checked."""
+    """The schema metadata (only ``keys`` when given) of a local IPC *file* that ends closed, from its schema message
+    alone (shard indexes, which this library writes and checks itself); None when the message does not parse."""
     wanted = None if keys is None else {k.encode() for k in keys}
 
     def read(fd: int, size: int) -> dict[str, str] | None:
@@ -616,8 +613,7 @@ class TraceFileBatches:
         return messages
 
     def _head(self, src: _Source) -> tuple[list[_Message], list[_Message], int, str | None, pa.Schema] | None:
-        """The file's messages, its batches, how many are skipped, why it stops and its schema; None (with
-        ``self.result`` saying why) when none of it can be read."""
+        """The file's messages, its batches, how many are skipped, why it stops and its schema; else None."""
         res = self.result
         size = res.size
         start = _start(src)
@@ -795,8 +791,8 @@ def major_version(version: str) -> int:
 
 
 def write_replacing(target: str, tmp: str, write: Callable[[BinaryIO], object]) -> None:
-    """Write ``target`` whole or not at all: ``write`` fills ``tmp``, which is fsynced and renamed over
-    ``target``; on any failure ``tmp`` is removed and the failure raised (``target`` as it was)."""
+    """Write ``target`` whole or not at all: ``write`` fills ``tmp``, which is fsynced and renamed over ``target``
+    (removed on any failure, which is raised)."""
     try:
         with open(tmp, "wb") as f:
             write(f)

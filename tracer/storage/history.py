@@ -69,8 +69,7 @@ def _response(outputs: Any) -> tuple[str | None, Sequence[int]]:
 
 
 class HistoryTracker:
-    """The writer's side (writer thread only): remembers each live trajectory's last llm context, by reference, and
-    rewrites the next prompt."""
+    """The writer thread's side: remembers each trajectory's last llm context (by reference), rewrites the next one."""
 
     def __init__(self) -> None:
         #: trajectory key -> (span id, response field, whole prompt ids, response ids)
@@ -92,8 +91,7 @@ class HistoryTracker:
         return old
 
     def encode(self, key: Any, span_id: str, inputs: Any, outputs: Any) -> None:
-        """Replace ``inputs["prompt_ids"]`` by a reference when it extends this trajectory's last llm context; remember
-        this span's for the next turn."""
+        """Replace ``inputs["prompt_ids"]`` by a reference when it extends the trajectory's last llm context."""
         if not isinstance(inputs, dict):
             return
         prompt = inputs.get(PROMPT_FIELD)
@@ -213,7 +211,7 @@ def expand_history(table: pa.Table) -> pa.Table:
 
 
 def _replaced(inputs: pa.ChunkedArray, marked: pa.ChunkedArray, values: list[str]) -> pa.ChunkedArray:
-    """``inputs`` with its ``marked`` rows replaced by ``values``, chunk by chunk (one string array could pass 2 GiB)."""
+    """``inputs`` with its ``marked`` rows replaced by ``values``, by chunk (one string array could pass 2 GiB)."""
     chunks, start, used = [], 0, 0
     for chunk in inputs.chunks:
         mask = marked.slice(start, len(chunk)).combine_chunks()

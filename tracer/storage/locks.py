@@ -37,8 +37,7 @@ def try_exclusive(run_dir: str, wait_s: float) -> int | None:
 
 
 def exclusive_within(fd: int, wait_s: float) -> int | None:
-    """``fd`` once its exclusive ``flock`` is held (or the filesystem cannot lock), retrying every :data:`POLL_S` for at
-    most ``wait_s``; None, ``fd`` closed, when others kept it."""
+    """``fd`` once its exclusive ``flock`` is held (or cannot be), trying for ``wait_s``; else None, ``fd`` closed."""
     deadline = time.monotonic() + wait_s
     while True:
         try:

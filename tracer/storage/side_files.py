@@ -42,8 +42,8 @@ def refuse(path: str, why: str) -> None:
 
 
 def checked(path: str, max_bytes: int) -> os.stat_result | None:
-    """``lstat`` of the local ``path`` when it is a regular file of at most ``max_bytes``; else None. Nothing is opened.
-    A missing file gives None quietly; any other refusal is named in a warning."""
+    """``lstat`` of the local ``path`` when it is a regular file of at most ``max_bytes``; else None (with a warning
+    unless it is missing). Nothing is opened."""
     try:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):

@@ -98,8 +98,7 @@ def prepare_for_upload(path: str) -> str | None:
 
 
 def upload_file(local: str, dest_uri: str) -> str:
-    """Upload one closed trace file into the prefix ``dest_uri`` (whole or not at all); the object's URI. The local
-    file is removed once the object's size matches."""
+    """Upload one closed trace file into the prefix ``dest_uri``, whole or not at all, then remove it; its URI."""
     name = os.path.basename(local)
     final_uri = join_uri(dest_uri, name)
     fs, final = filesystem(final_uri)

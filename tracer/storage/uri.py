@@ -66,8 +66,7 @@ def filesystem(uri: str) -> tuple[Any, str]:
 
 
 def list_remote(uri: str) -> list[str]:
-    """Trace files under ``uri`` (a file, or a prefix searched recursively) as URIs, sorted; FileNotFoundError
-    when nothing exists there."""
+    """Trace files under ``uri`` (a file, or a prefix searched recursively), sorted; FileNotFoundError if none."""
     fs, path = filesystem(uri)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File:

@@ -56,8 +56,7 @@ def fsync_dir(path: str) -> None:
 
 
 class SpanWriter:
-    """Appends record batches of :data:`tracer.schema.SPAN_SCHEMA` to files in ``run_dir`` (created on first
-    write), a new one past ``max_file_bytes``; ``on_close`` gets each cleanly closed file's path."""
+    """Appends span batches to files in ``run_dir``, a new one past ``max_file_bytes``; ``on_close`` gets each one."""
 
     def __init__(
         self,
