@@ -1,8 +1,5 @@
-"""``rollout-trace check``: validate trace files as the readers read them, and repair the damaged ones.
-
-Damage: empty, not Arrow, torn, corrupt, refused for its size, skipped by the readers, or a ``(trace_id, span_id)``
-twice. Orphan spans and files without an end-of-stream marker (what a killed worker leaves) are reported only.
-"""
+"""``rollout-trace check``: validate trace files as the readers read them, and repair the damaged ones (empty, not
+Arrow, torn, corrupt, refused, skipped, or a span twice); orphan spans and open files are only reported."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """The one reader of trace files, whole or damaged: :func:`read_batches`.
 
-Every path that reads spans goes through here. The file's messages are walked by hand before pyarrow decodes
-anything, so that a torn file reads up to its last complete batch (:attr:`FileRead.damage` says where and why);
-a file whose span column types the readers cannot use is refused whole (:attr:`FileRead.skipped`); and memory
-stays bounded: a batch is decompressed only while the bytes it declares fit the file's budget,
-``max(MIN_BUDGET_BYTES, expansion x size on disk)``; it and every later batch are refused otherwise
-(:attr:`FileRead.refused`). Only regular files are opened (a FIFO would block).
+The messages are walked by hand before pyarrow decodes anything: a torn file reads up to its last complete batch
+(:attr:`FileRead.damage`); a file with span column types readers cannot use is skipped whole; a batch is
+decompressed only while the bytes it declares fit the file's budget, ``max(MIN_BUDGET_BYTES, expansion x size on
+disk)``, else it and the later ones are refused (:attr:`FileRead.refused`). Only regular files are opened.
 """
 
 from __future__ import annotations
@@ -317,17 +315,13 @@ def footer_for(layout: Layout) -> bytes:
 def ends_closed(path: str) -> bool:
     """True when ``path`` is a regular file that ends like a closed trace file: a stream's end-of-stream marker or a
     file's magic (the footer itself is checked by :func:`read_batches`)."""
-    n = len(EOS_MARKER)
+    n, tail = len(EOS_MARKER), None
     if not _uri.is_remote(path):  # a plain descriptor: readers call this for every shard they list
         tail = _on_regular(path, n, lambda fd, size: os.pread(fd, n, size - n))
-        return tail is not None and (tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC))
-    try:
-        with _uri.open_input(path) as f:
-            size = f.size()
-            tail = bytes(f.read_at(n, size - n)) if size >= n else b""
-    except OSError:
-        return False
-    return tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC)
+    else:
+        with contextlib.suppress(OSError), _uri.open_input(path) as f:
+            tail = f.read_at(n, f.size() - n) if f.size() >= n else None
+    return tail is not None and (tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC))
 
 
 def _footer(read_at: Callable[[int, int], bytes], size: int, use: Callable[[_Flat, bytes], _T]) -> _T | None:

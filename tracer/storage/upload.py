@@ -1,9 +1,8 @@
 """Staging and upload: ``output_dir`` on object storage or a remote filesystem (:mod:`tracer.storage.uri`).
 
-The recorder writes into a local staging directory, and :class:`UploadingSpanWriter` uploads each file once it
-is closed (by size, by age, or at shutdown): one PUT on S3 and GCS, else ``<name>.arrow.partial-<nonce>`` then a
-rename. Each writer holds an ``flock`` on ``<stem>.lock`` in staging; a writer that starts (or ``rollout-trace
-upload``) repairs and uploads the files whose lock nobody holds.
+The recorder writes into a local staging directory; :class:`UploadingSpanWriter` uploads each file once it is
+closed (one PUT on S3 and GCS, else a ``.partial-<nonce>`` name then a rename). A writer that starts, or
+``rollout-trace upload``, repairs and uploads the files whose ``<stem>.lock`` nobody holds.
 """
 
 from __future__ import annotations

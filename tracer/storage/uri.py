@@ -1,8 +1,5 @@
-"""URIs as trace paths (``s3://bucket/prefix``, ``gs://...``, anything pyarrow or fsspec resolves).
-
-Credentials and endpoints come from the usual places (``AWS_*`` variables, ``AWS_ENDPOINT_URL``, or URI
-options such as ``?endpoint_override=...``).
-"""
+"""URIs as trace paths (``s3://bucket/prefix``, ``gs://...``, anything pyarrow or fsspec resolves), with
+credentials and endpoints from the usual places (``AWS_*``, or URI options such as ``?endpoint_override=...``)."""
 
 from __future__ import annotations
 
