@@ -8,15 +8,14 @@ and changes nothing written; a file torn inside a batch is left to ``rollout-tra
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import errno
 import fcntl
+import functools
 import os
 import re
 import stat
-import threading
 import time
 
 import pyarrow as pa
@@ -42,9 +41,6 @@ ALREADY_CLOSED = "closed"
 LIVE = "live"
 NOT_SEALED = "not sealed"
 
-#: Files found closed, by path: (size, mtime, inode) then; while that is the same, the file is not opened again.
-_closed: collections.OrderedDict[str, tuple[int, int, int]] = collections.OrderedDict()
-_closed_lock = threading.Lock()
 CLOSED_CACHE_ENTRIES = 65536
 
 
@@ -56,6 +52,12 @@ class SealResult:
     path: str
     action: str
     why: str = ""
+
+
+@functools.lru_cache(maxsize=CLOSED_CACHE_ENTRIES)
+def _ends_closed(file: str, stamp: tuple[int, int, int]) -> bool:
+    """:func:`ends_closed` once per (size, mtime, inode) of ``file``: while they stay, it is not opened again."""
+    return ends_closed(file)
 
 
 def seal_after_s() -> float:
@@ -119,16 +121,7 @@ def _seal(file: str, max_age_s: float | None) -> SealResult:
             return SealResult(file, NOT_SEALED, "not a regular file")
     except OSError as exc:
         return SealResult(file, NOT_SEALED, str(exc))
-    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
-    with _closed_lock:
-        if _closed.get(file) == stamp:
-            return SealResult(file, ALREADY_CLOSED)
-    if ends_closed(file):
-        with _closed_lock:
-            _closed[file] = stamp
-            _closed.move_to_end(file)
-            while len(_closed) > CLOSED_CACHE_ENTRIES:
-                _closed.popitem(last=False)
+    if _ends_closed(file, (st.st_size, st.st_mtime_ns, st.st_ino)):
         return SealResult(file, ALREADY_CLOSED)
     limit = seal_after_s() if max_age_s is None else max_age_s
     try:
