@@ -113,8 +113,6 @@ class _Message:
 # -- flatbuffers, read by hand ---------------------------------------------------
 #: Stands for a batch before a resume point (never read).
 _SKIPPED = _Message(offset=-1, body=-1, end=-1, kind=_RECORD_BATCH, rows=0, buffers=[], compressed=False)
-#: Compiled struct layouts of :meth:`_Flat._get`, by format.
-_STRUCTS: dict[str, struct.Struct] = {}
 
 
 class _Flat:
@@ -124,10 +122,9 @@ class _Flat:
         self.data = data
 
     def _get(self, fmt: str, pos: int) -> Any:
-        layout = _STRUCTS.get(fmt) or _STRUCTS.setdefault(fmt, struct.Struct(fmt))
-        if pos < 0 or pos + layout.size > len(self.data):
+        if pos < 0 or pos + struct.calcsize(fmt) > len(self.data):  # struct caches compiled formats
             raise _CorruptError(f"header field at {pos} outside its {len(self.data)} bytes")
-        return layout.unpack_from(self.data, pos)[0]
+        return struct.unpack_from(fmt, self.data, pos)[0]
 
     def root(self) -> int:
         return int(self._get("<I", 0))
@@ -418,15 +415,11 @@ def compatible(found: pa.DataType, wanted: pa.DataType) -> bool:
 
 
 def _type_problem(schema: pa.Schema) -> str:
-    problems = []
-    for name in S.SPAN_COLUMNS:
-        i = schema.get_field_index(name)
-        if i < 0:
-            continue
-        found, wanted = schema.field(i).type, S.SPAN_SCHEMA.field(name).type
-        if not compatible(found, wanted):
-            problems.append(f"column {name!r} is {found}, readers need {wanted}")
-    return "; ".join(problems)
+    found = {name: schema.field(i).type for name in S.SPAN_COLUMNS if (i := schema.get_field_index(name)) >= 0}
+    wanted = {name: S.SPAN_SCHEMA.field(name).type for name in found}
+    return "; ".join(
+        f"column {n!r} is {t}, readers need {wanted[n]}" for n, t in found.items() if not compatible(t, wanted[n])
+    )
 
 
 def _buffer_count(t: pa.DataType) -> int | None:

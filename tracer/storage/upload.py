@@ -117,12 +117,6 @@ def upload_file(local: str, dest_uri: str) -> str:
     return final_uri
 
 
-def _write_destination(staging: str, dest_uri: str) -> None:
-    os.makedirs(staging, exist_ok=True)
-    path = os.path.join(staging, DESTINATION_FILE)
-    write_replacing(path, f"{path}.{secrets.token_hex(4)}", lambda f: f.write(dest_uri.encode() + b"\n"))
-
-
 def claim_orphans(staging: str, own_stem: str | None = None) -> tuple[list[str], dict[str, int]]:
     """Files in ``staging`` whose writer is gone, and the lock fds now held for them."""
     try:
@@ -218,7 +212,9 @@ class UploadingSpanWriter(SpanWriter):
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        _write_destination(staging, dest_uri)
+        os.makedirs(staging, exist_ok=True)
+        path = os.path.join(staging, DESTINATION_FILE)
+        write_replacing(path, f"{path}.{secrets.token_hex(4)}", lambda f: f.write(dest_uri.encode() + b"\n"))
         try:
             filesystem(join_uri(dest_uri, "x"))  # a bad URI fails here, not at the first upload
         except (ValueError, TypeError, pa.ArrowInvalid):
