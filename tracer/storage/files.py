@@ -244,11 +244,6 @@ def _first_schema(src: _Source, start: int, size: int) -> tuple[_Message, pa.Sch
     return first, _schema_at(src, first)
 
 
-def _has_dictionary(schema: pa.Schema) -> bool:
-    """Whether a batch needs the dictionary messages before it (else it is read without the messages before it)."""
-    return any(pa.types.is_dictionary(f.type) for f in schema)
-
-
 #: What reading a header, a schema or a footer raises when the bytes are not what they should be.
 _UNREADABLE = (_TornError, _CorruptError, OSError, pa.ArrowException, UnicodeDecodeError)
 
@@ -414,14 +409,6 @@ def compatible(found: pa.DataType, wanted: pa.DataType) -> bool:
     return False
 
 
-def _type_problem(schema: pa.Schema) -> str:
-    found = {name: schema.field(i).type for name in S.SPAN_COLUMNS if (i := schema.get_field_index(name)) >= 0}
-    wanted = {name: S.SPAN_SCHEMA.field(name).type for name in found}
-    return "; ".join(
-        f"column {n!r} is {t}, readers need {wanted[n]}" for n, t in found.items() if not compatible(t, wanted[n])
-    )
-
-
 def _buffer_count(t: pa.DataType) -> int | None:
     """IPC buffers of one field, children included; None for layouts not counted here."""
     if pa.types.is_null(t):
@@ -475,14 +462,6 @@ def _cost(src: _Source, msg: _Message, wanted: set[int] | None, columns: int) ->
             raise _CorruptError(f"batch at byte {msg.offset}: buffer {i} declares {declared} bytes")
         total += length - 8 if declared == -1 else declared
     return total
-
-
-def _budget(size: int) -> tuple[int, float]:
-    try:
-        expansion = float(os.environ.get(ENV_MAX_EXPANSION) or MAX_EXPANSION)
-    except ValueError:
-        expansion = MAX_EXPANSION
-    return max(MIN_BUDGET_BYTES, int(expansion * size)), expansion
 
 
 def _human(n: float) -> str:
@@ -573,7 +552,8 @@ class TraceFileBatches:
             offset, count = self.resume
             with contextlib.suppress(*_UNREADABLE):  # else read it the ordinary way, which says what is wrong
                 first, schema = _first_schema(src, start, size)
-                if not _has_dictionary(schema) and first.end <= offset <= size and count >= 0:
+                dictionaries = any(pa.types.is_dictionary(f.type) for f in schema)  # would be missed before offset
+                if not dictionaries and first.end <= offset <= size and count >= 0:
                     rest, stop, at_eos = _walk(src, offset, size)
                     return [first, *rest], stop, at_eos, count
         messages, stop, at_eos = _walk(src, start, size)
@@ -584,7 +564,7 @@ class TraceFileBatches:
         puts them; raises :data:`_UNREADABLE` when that cannot be trusted."""
         first, schema = _first_schema(src, start, size)
         blocks = _footer_blocks(src, size)
-        if blocks is None or _has_dictionary(schema):
+        if blocks is None or any(pa.types.is_dictionary(f.type) for f in schema):
             raise _CorruptError("no footer to find batches by")
         chosen = set(self.batch_numbers or ())
         messages = [first]
@@ -628,7 +608,11 @@ class TraceFileBatches:
                 "upgrade rollout-trace"
             )
             return None
-        problem = _type_problem(schema)
+        found = {name: schema.field(i).type for name in S.SPAN_COLUMNS if (i := schema.get_field_index(name)) >= 0}
+        wanted = {name: S.SPAN_SCHEMA.field(name).type for name in found}
+        problem = "; ".join(
+            f"column {n!r} is {t}, readers need {wanted[n]}" for n, t in found.items() if not compatible(t, wanted[n])
+        )
         if problem:
             res.skipped = f"column types readers cannot use: {problem}"
             return None
@@ -669,7 +653,11 @@ class TraceFileBatches:
         options = pa.ipc.IpcReadOptions(included_fields=fields if project else None)
         if columns is None and project:
             self.schema = pa.schema([schema.field(i) for i in fields], metadata=schema.metadata)
-        budget, expansion = _budget(size)
+        try:
+            expansion = float(os.environ.get(ENV_MAX_EXPANSION) or MAX_EXPANSION)
+        except ValueError:
+            expansion = MAX_EXPANSION
+        budget = max(MIN_BUDGET_BYTES, int(expansion * size))
         # One handle for the scan (positional reads) and pyarrow: the bytes checked are the bytes decoded.
         try:
             # Dictionaries are decoded along with the batches after them: charge them up front.

@@ -59,15 +59,6 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
-def _response(outputs: Any) -> tuple[str | None, Sequence[int]]:
-    if isinstance(outputs, dict):
-        for key in RESPONSE_FIELDS:
-            value = outputs.get(key)
-            if type(value) is list or type(value) is tuple:
-                return key, value
-    return None, ()
-
-
 class HistoryTracker:
     """The writer thread's side: remembers each trajectory's last llm context (by reference), rewrites the next one."""
 
@@ -97,7 +88,8 @@ class HistoryTracker:
         prompt = inputs.get(PROMPT_FIELD)
         if type(prompt) is not list and type(prompt) is not tuple:
             return
-        field, response = _response(outputs)
+        found = ((k, v) for k in RESPONSE_FIELDS if type(v := outputs.get(k)) in (list, tuple))
+        field, response = next(found, (None, ())) if isinstance(outputs, dict) else (None, ())
         prev = self.end(key)
         if prev is not None:
             base_span, base_field, base_prompt, base_response = prev

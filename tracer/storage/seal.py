@@ -68,16 +68,6 @@ def seal_after_s() -> float:
         return SEAL_AFTER_S
 
 
-def _pid_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process, among others
-        return True
-    return True
-
-
 def _writer_gone(path: str, fd: int, file_format: bool, max_age_s: float) -> str:
     """Why the writer of ``path`` is gone ("" while it may still write). Takes ``fd``'s lock when it can."""
     locks = True
@@ -92,8 +82,12 @@ def _writer_gone(path: str, fd: int, file_format: bool, max_age_s: float) -> str
     if name is not None and name["host"] == host_label():
         if locks and file_format:
             return "its writer no longer holds the file's lock"
-        if not _pid_runs(int(name["pid"])):
+        try:
+            os.kill(int(name["pid"]), 0)
+        except ProcessLookupError:
             return f"process {name['pid']} that wrote it no longer runs"
+        except OSError:  # another user's process, among others
+            pass
     if age >= max_age_s:
         return f"unchanged for {age:.0f} s (sealed after {max_age_s:g} s)"
     return ""

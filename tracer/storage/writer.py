@@ -98,8 +98,9 @@ class SpanWriter:
 
     def write(self, batch: pa.RecordBatch, batch_metadata: dict[str, str] | None = None) -> None:
         """Append ``batch`` durably; on failure the file is abandoned as it is (the next call starts a new one)."""
-        if self._stream is not None and self._sealed_meanwhile():
-            self._let_go()  # someone took the file for a dead writer's: its batches stay as sealed
+        with contextlib.suppress(OSError, ValueError):  # the file grew behind our back: sealed as a dead writer's
+            if self._stream is not None and os.fstat(self._file.fileno()).st_size != self._file.tell():
+                self._let_go()  # its batches stay as sealed
         try:
             if self._stream is None:
                 self._open()
@@ -113,13 +114,6 @@ class SpanWriter:
         self._batches += 1
         if self._file.tell() >= self.max_file_bytes:
             self.close()
-
-    def _sealed_meanwhile(self) -> bool:
-        """True when the file grew behind this writer's back (sealed after a long quiet spell)."""
-        try:
-            return bool(os.fstat(self._file.fileno()).st_size != self._file.tell())
-        except (OSError, ValueError):
-            return False
 
     def _let_go(self) -> None:
         with contextlib.suppress(Exception):
