@@ -139,9 +139,6 @@ class _Dir:
     def exists(self, name: str) -> bool:
         return bool(self.fs.get_file_info(self._key(name)).type == pafs.FileType.File)
 
-    def size(self, name: str) -> int:
-        return int(self.fs.get_file_info(self._key(name)).size)
-
     def remove(self, name: str) -> None:
         """Delete ``name`` if it exists."""
         if self.exists(name):
@@ -295,7 +292,7 @@ def _plan_dir(
             continue
         full = d.full(name)
         if d.remote:  # objects are whole files, uploaded once closed (sealed where they were written)
-            candidates.append((full, d.size(name)))
+            candidates.append((full, int(d.fs.get_file_info(d._key(name)).size)))
             continue
         try:
             mode = os.lstat(full).st_mode
@@ -363,10 +360,24 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
     assert table.num_rows == out.rows
     d = _Dir(unit.run_dir)
     schema = S.SPAN_SCHEMA.with_metadata(meta)
-    if d.remote:
-        out.entry = _write_remote_indexed(d, unit.name, table, schema)
-    else:
+    if not d.remote:
         out.entry, out.index = _write_compacted(d.full(unit.name + ".tmp"), table, schema)
+    else:  # written locally first; uploaded as name.tmp, then its shard index (ignored until the rename)
+        with tempfile.TemporaryDirectory(prefix="rollout-trace-compact-") as stage:
+            local = os.path.join(stage, unit.name)
+            out.entry, builder = _write_compacted(local, table, schema)
+            try:
+                if builder is not None:
+                    write_shard_index(local, builder)
+            except Exception as exc:
+                warn_no_index(d.full(unit.name), exc)
+            os.replace(local, local + ".tmp")
+            upload_file(local + ".tmp", d.path)
+            if os.path.exists(shard_index_path(local)):
+                try:
+                    upload_file(shard_index_path(local), d.path)
+                except Exception as exc:
+                    warn_no_index(d.full(unit.name), exc)
     d.sync()
     return out
 
@@ -446,26 +457,6 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
     if changed:
         d.sync()
         d.save_index(index)
-
-
-def _write_remote_indexed(d: _Dir, name: str, table: pa.Table, schema: pa.Schema) -> dict[str, Any]:
-    """Upload ``table`` as ``name.tmp``, then its shard index (ignored until the rename), both written locally first."""
-    with tempfile.TemporaryDirectory(prefix="rollout-trace-compact-") as stage:
-        local = os.path.join(stage, name)
-        entry, builder = _write_compacted(local, table, schema)
-        try:
-            if builder is not None:
-                write_shard_index(local, builder)
-        except Exception as exc:
-            warn_no_index(d.full(name), exc)
-        os.replace(local, local + ".tmp")
-        upload_file(local + ".tmp", d.path)
-        if os.path.exists(shard_index_path(local)):
-            try:
-                upload_file(shard_index_path(local), d.path)
-            except Exception as exc:
-                warn_no_index(d.full(name), exc)
-    return entry
 
 
 def _write_compacted(path: str, table: pa.Table, schema: pa.Schema) -> tuple[dict[str, Any], ShardIndexBuilder | None]:

@@ -735,10 +735,9 @@ def read_batches(
     batches (numbering unchanged; ignored when it does not fit). ``trust_footer``: find ``batch_numbers`` by the footer
     (its shard index vouches for it). After iterating, ``result`` says what was kept, damaged, skipped or refused."""
     cols = None if columns is None else list(columns)
-    if cols is not None:
-        unknown = [c for c in cols if c not in S.SPAN_COLUMNS]
-        if unknown:
-            raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
+    unknown = [c for c in cols or () if c not in S.SPAN_COLUMNS]
+    if unknown:
+        raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
     chosen = None if batch_numbers is None else sorted(set(batch_numbers))
     return TraceFileBatches(os.fspath(path), cols, chosen, expect_size, resume, trust_footer)
 

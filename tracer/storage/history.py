@@ -119,13 +119,6 @@ def _loads(text: Any) -> Any:
         return None
 
 
-def _dumps(value: Any) -> str:
-    try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode("utf-8")
-    except TypeError:  # a lone surrogate (written escaped by the json module): same fallback as the writer
-        return json.dumps(value)
-
-
 def expand_history(table: pa.Table) -> pa.Table:
     """``table`` with every referenced ``prompt_ids`` rebuilt from its own rows (a reference that cannot be stays, with
     ``rollout_trace.missing`` naming why); needs :data:`HISTORY_COLUMNS` beside ``inputs`` (else returned as it is)."""
@@ -197,7 +190,10 @@ def expand_history(table: pa.Table) -> pa.Table:
             continue
         full = resolve(i)
         data = {**inputs_of(i), PROMPT_FIELD: full if isinstance(full, list) else {**ref, S.HISTORY_MISSING: full}}
-        new_values.append(_dumps(data))
+        try:
+            new_values.append(orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS).decode("utf-8"))
+        except TypeError:  # a lone surrogate (written escaped by the json module): same fallback as the writer
+            new_values.append(json.dumps(data))
     column = _replaced(inputs, marked, new_values)
     return table.set_column(table.column_names.index(S.INPUTS), S.INPUTS, column)
 
