@@ -112,7 +112,6 @@ class MergeResult:
 
 
 def _index_name(name: str) -> str:
-    """The name of the shard index of the file ``name`` in the same directory."""
     return os.path.basename(shard_index_path(name))
 
 
@@ -140,7 +139,6 @@ class _Dir:
         return bool(self.fs.get_file_info(self._key(name)).type == pafs.FileType.File)
 
     def remove(self, name: str) -> None:
-        """Delete ``name`` if it exists."""
         if self.exists(name):
             self.fs.delete_file(self._key(name))
 

@@ -90,8 +90,7 @@ def compact_ray(
 ) -> CompactReport:
     """Compact every run directory under ``path`` (a URI or a path every node sees) with one Ray task per merge.
     ``address`` defaults to ``$RAY_ADDRESS``, else a cluster here; ``retries``: reruns of a task whose worker died;
-    ``merge``: what each task runs (a wrapper of the default returns its result). Failed merges are in
-    :attr:`CompactReport.failed`."""
+    ``merge``: what each task runs (a wrapper of the default). Failed merges are in :attr:`CompactReport.failed`."""
     dirs = run_dirs(path)  # a bad path fails before a cluster is started
     with connected(address) as ray:
         task = ray.remote(num_cpus=1, max_retries=retries)(merge)

@@ -1,9 +1,8 @@
 """Sampling decisions carried in trace files' metadata, and kept through compaction.
 
 The recorder writes each step's sampling decision into the custom metadata of the batch after it, under
-:data:`tracer.schema.BATCH_META_SAMPLING`: a JSON list, a later decision for the same ``(step, validate)``
-superseding an earlier one. Compaction moves them into the compacted file's schema metadata under the same key,
-each naming its ``source_file``. :func:`file_decisions` is the one reader of both places."""
+:data:`tracer.schema.BATCH_META_SAMPLING` (a JSON list; later decisions supersede); compaction moves them into the
+schema metadata, each naming its ``source_file``. :func:`file_decisions` is the one reader of both places."""
 
 from __future__ import annotations
 

@@ -110,7 +110,6 @@ class _Message:
     compressed: bool
 
 
-# -- flatbuffers, read by hand ---------------------------------------------------
 #: Stands for a batch before a resume point (never read).
 _SKIPPED = _Message(offset=-1, body=-1, end=-1, kind=_RECORD_BATCH, rows=0, buffers=[], compressed=False)
 
@@ -284,8 +283,7 @@ def read_layout(path: str) -> Layout:
 def footer_for(layout: Layout) -> bytes:
     """The bytes pyarrow writes after ``layout``'s batches when it closes an IPC file (end-of-stream marker, footer)."""
     schema = pa.ipc.read_schema(pa.py_buffer(layout.schema_message))
-    # pyarrow builds the footer (schema, metadata version) for as many empty batches; then the
-    # fixed-width Block entries of the batch vector are overwritten with where the real ones are.
+    # pyarrow builds the footer for as many empty batches; its fixed-width Blocks then say where the real ones are.
     sink = io.BytesIO()
     with pa.ipc.new_file(sink, schema) as writer:
         empty = pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
@@ -389,9 +387,6 @@ def footer_bytes(path: str) -> tuple[bytes, int] | None:
     return _on_regular(path, 8 + 10, lambda fd, size: _footer(functools.partial(os.pread, fd), size, with_count))
 
 
-# -- schemas and buffers ---------------------------------------------------------
-
-
 def compatible(found: pa.DataType, wanted: pa.DataType) -> bool:
     """True when a column of type ``found`` converts to ``wanted`` without loss for every value."""
     if found == wanted or pa.types.is_null(found):
@@ -481,9 +476,6 @@ def conform(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
         arr = batch.column(names.index(f.name)) if f.name in names else pa.nulls(batch.num_rows, f.type)
         arrays.append(arr if arr.type == f.type else arr.cast(f.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-# -- the reader ----------------------------------------------------------------------
 
 
 @dataclasses.dataclass(eq=False)

@@ -1,8 +1,7 @@
 """Repair of damaged trace files, for ``check --repair`` and the uploader.
 
 A file :func:`tracer.storage.files.read_batches` cannot read to its end (or at all: empty, not Arrow) has its
-readable batches written as written to ``<stem>.repaired.arrow`` (temporary name, fsync, rename) and is renamed
-``<name>.damaged``, which readers skip; nothing is deleted. Other files are left as they are.
+readable batches written to ``<stem>.repaired.arrow`` and is renamed ``<name>.damaged`` (readers skip it).
 """
 
 from __future__ import annotations

@@ -97,8 +97,7 @@ def seal_if_abandoned(
     path: str | os.PathLike[str], max_age_s: float | None = None, on_sealed: OnClose | None = None
 ) -> SealResult:
     """Close the local ``path`` as its writer would have if that writer is gone; never raises for the file's sake.
-    ``max_age_s`` overrides :func:`seal_after_s`; ``on_sealed`` gets the path of a shard this call sealed (its failure
-    leaves the seal standing). A file found closed is not opened again while its size, mtime and inode stay."""
+    ``max_age_s`` overrides :func:`seal_after_s`; ``on_sealed`` gets the path of a shard this call sealed."""
     result = _seal(os.fspath(path), max_age_s)
     if on_sealed is not None and result.action == SEALED:
         with contextlib.suppress(Exception):  # derived data only: the seal stands

@@ -182,9 +182,8 @@ def _close_at_exit(ref: weakref.ref[UploadingSpanWriter]) -> None:
 
 
 class UploadingSpanWriter(SpanWriter):
-    """A :class:`SpanWriter` into a staging directory that uploads each file to ``dest_uri`` once closed (at
-    ``max_file_bytes`` or ``upload_interval_s`` old). ``report(kind, detail, exc)`` gets upload problems; ``at_exit``
-    runs at interpreter exit instead of :meth:`close` (the recorder's shutdown), before pyarrow finalizes S3."""
+    """A :class:`SpanWriter` into a staging directory that uploads each closed file (``upload_interval_s`` old at most)
+    to ``dest_uri``; ``report(kind, detail, exc)`` gets problems; ``at_exit`` replaces :meth:`close` at exit."""
 
     def __init__(
         self,

@@ -1,9 +1,8 @@
 """SpanWriter: zstd-compressed Arrow IPC files, fsync'd per batch, rotated by size.
 
-Files are ``{run_dir}/{host}_{pid}_{start}_{nonce}_{seq}.arrow``, so writers never collide. Each is an Arrow IPC
-*file* (format version 2; version 1 wrote streams): a killed writer's complete batches read, and the footer written
-at close serves ``pyarrow.dataset``, Polars and DuckDB. An open file's writer holds its ``flock``, which the kernel
-drops however the process ends: how :mod:`tracer.storage.seal` tells a dead writer.
+Files are ``{run_dir}/{host}_{pid}_{start}_{nonce}_{seq}.arrow`` IPC *files* (format version 2; version 1 wrote
+streams), so writers never collide. An open file's writer holds its ``flock``, which the kernel drops however the
+process ends: how :mod:`tracer.storage.seal` tells a dead writer.
 """
 
 from __future__ import annotations
