@@ -103,7 +103,7 @@ def test_summarize_equals_the_reference(rows: list[dict[str, Any]], cut: int, sm
     table = pa.Table.from_pylist(rows, schema=tracer.schema.SPAN_SCHEMA)
     chunked = pa.concat_tables([table.slice(0, cut), table.slice(cut)])  # several chunks, as files give
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(summary, "SMALL_SUMMARY_SPANS", small)
+        mp.setattr(summary.rows, "SMALL_SUMMARY_SPANS", small)  # where summarize reads it
         got = summarize(chunked)
     assert got.schema == tracer.schema.TRAJECTORY_SCHEMA
     assert {r[S.TRACE_ID]: r for r in got.to_pylist()} == reference(rows)

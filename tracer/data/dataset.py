@@ -7,6 +7,7 @@ loads its Parquet splits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -120,9 +121,6 @@ class DatasetOptionError(ValueError):
     """A bad ``steps``, ``split``, ``filter``, ``per`` or ``format`` value (the message names it and the fix)."""
 
 
-# -- selection ---------------------------------------------------------------------
-
-
 def parse_steps(spec: str | int | Iterable[int] | None, available: Sequence[int]) -> list[int] | None:
     """The steps ``spec`` selects among ``available`` (None: all): an int, ints, or text ``"3"``, ``"1,4"``,
     ``"2-5"``, ``"4-"`` (4 and later), ``"last:3"`` (3 latest), parts combined; DatasetOptionError for other text."""
@@ -187,8 +185,7 @@ def select(
     t = run.trajectories
     if split is not None and split not in SPLIT_CHOICES:
         raise DatasetOptionError(f"split {split!r} is not valid; give {' or '.join(SPLIT_CHOICES)}")
-    recorded = [s for s in t[S.STEP].to_pylist() if s is not None]
-    wanted = parse_steps(steps, recorded)
+    wanted = parse_steps(steps, [s for s in t[S.STEP].to_pylist() if s is not None])
     mask = filter_mask(t, filters)
     if wanted is not None:
         mask = pc.and_(mask, pc.fill_null(pc.is_in(t[S.STEP], value_set=pa.array(wanted, pa.int64())), False))
@@ -196,9 +193,6 @@ def select(
         mask = pc.and_(mask, pc.equal(pc.fill_null(t[S.VALIDATE], False), split == SPLIT_VALIDATION))
     chosen = t.filter(mask)
     return dataclasses.replace(run, trajectories=chosen, not_selected=run.not_selected + t.num_rows - chosen.num_rows)
-
-
-# -- rows ----------------------------------------------------------------------------
 
 
 def _message(turn: Turn) -> dict[str, Any]:
@@ -217,27 +211,19 @@ def _message(turn: Turn) -> dict[str, Any]:
     }
 
 
-def _advantage(info: Any) -> float | None:
-    """The advantage in a reward_info JSON text (None when absent or not a number)."""
-    if not isinstance(info, str):
-        return None
-    try:
-        parsed = orjson.loads(info)
-    except orjson.JSONDecodeError:
-        return None
-    adv = parsed.get("advantage") if isinstance(parsed, Mapping) else None
-    return float(adv) if isinstance(adv, (int, float)) and not isinstance(adv, bool) else None
-
-
-def _keys(summary: Mapping[str, Any], advantage: float | None) -> dict[str, Any]:
+def _keys(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns a trajectory's rows share; the advantage is its reward_info's (None when absent or not a number)."""
     keys = {c: summary[c] for c in (S.REWARD, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.TRACE_ID, S.STATUS)}
-    return {**keys, ADVANTAGE: advantage, S.VALIDATE: bool(summary[S.VALIDATE]), NUM_TURNS: summary[S.NUM_LLM_CALLS]}
+    info = S.parse_json_or_text(summary.get(S.REWARD_INFO))
+    adv = info.get("advantage") if isinstance(info, Mapping) else None
+    adv = float(adv) if isinstance(adv, (int, float)) and not isinstance(adv, bool) else None
+    return {**keys, ADVANTAGE: adv, S.VALIDATE: bool(summary[S.VALIDATE]), NUM_TURNS: summary[S.NUM_LLM_CALLS]}
 
 
 def trajectory_rows(summary: Mapping[str, Any], spans: Sequence[Mapping[str, Any]], per: str) -> list[dict[str, Any]]:
     """The dataset rows of one trajectory: its summary row and its span rows."""
     turns = trajectory_turns(spans).get(summary[S.TRACE_ID], [])
-    keys = _keys(summary, _advantage(summary.get(S.REWARD_INFO)))
+    keys = _keys(summary)
     if per == PER_TRAJECTORY:
         tokens = trajectory_tokens(span_turns(spans))
         return [
@@ -253,10 +239,8 @@ def trajectory_rows(summary: Mapping[str, Any], spans: Sequence[Mapping[str, Any
             }
         ]
     rows = []
-    n = 0
-    for i, turn in enumerate(turns):
-        if turn.role != ROLE_ASSISTANT:
-            continue
+    for n, i in enumerate(i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT):
+        turn = turns[i]
         ids = [int(x) for x in turn.token_ids or ()]
         lps = list(turn.logprobs or ())[: len(ids)]
         rows.append(
@@ -271,7 +255,6 @@ def trajectory_rows(summary: Mapping[str, Any], spans: Sequence[Mapping[str, Any
                 EXACT: not turn.truncated and turn.token_ids is not None,
             }
         )
-        n += 1
     return rows
 
 
@@ -294,9 +277,7 @@ def iter_dataset(
     run = select(open_run(path), steps, split, filters)
     columns = tuple(dict.fromkeys((*TURN_SPAN_COLUMNS, S.REWARD)))
     for trajs, spans in iter_step_chunks(run, columns):
-        rows: list[dict[str, Any]] = []
-        for summary in trajs.to_pylist():
-            rows.extend(trajectory_rows(summary, spans.get(summary[S.TRACE_ID], []), per))
+        rows = [r for t in trajs.to_pylist() for r in trajectory_rows(t, spans.get(t[S.TRACE_ID], []), per)]
         yield pa.Table.from_pylist(rows, schema=DATASET_SCHEMA)
 
 
@@ -339,7 +320,7 @@ def write_dataset(
     os.makedirs(folder, exist_ok=True)
     writers: dict[str, Any] = {}
     counts: dict[str, int] = {}
-    try:
+    with contextlib.ExitStack() as stack:
         for table in tables:
             for split in SPLIT_CHOICES:
                 part = split_of(table, split)
@@ -347,10 +328,10 @@ def write_dataset(
                     continue
                 name = os.path.join(folder, f"{split}.{format}")
                 if name not in writers:
-                    writers[name] = (
+                    writers[name] = stack.enter_context(
                         pq.ParquetWriter(name, DATASET_SCHEMA, compression="zstd")
                         if format == FORMAT_PARQUET
-                        else open(name, "wb")  # noqa: SIM115 - closed below
+                        else open(name, "wb")  # noqa: SIM115 - closed by the stack
                     )
                 w = writers[name]
                 if format == FORMAT_PARQUET:
@@ -359,26 +340,8 @@ def write_dataset(
                     for row in part.to_pylist():
                         w.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
                 counts[name] = counts.get(name, 0) + part.num_rows
-    finally:
-        for w in writers.values():
-            w.close()
     for split in SPLIT_CHOICES:
         stale = os.path.join(folder, f"{split}.{format}")
         if stale not in writers and os.path.exists(stale):
             os.remove(stale)  # a split this export has no rows for must not keep an older export's rows
     return counts
-
-
-__all__ = [
-    "DATASET_COLUMNS",
-    "DATASET_FIELDS",
-    "DATASET_SCHEMA",
-    "DatasetOptionError",
-    "filter_mask",
-    "iter_dataset",
-    "parse_steps",
-    "select",
-    "to_dataset",
-    "trajectory_rows",
-    "write_dataset",
-]

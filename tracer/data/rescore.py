@@ -156,18 +156,16 @@ def rescore(
             new, extras = _reward_of(fn([t.as_message() for t in turns], response, info), name)
             old = summary[S.REWARD]
             before.append(old)
+            after.append(old if new is None else new)
             if new is None:
                 report.unscored += 1
-                after.append(old)
                 continue
-            after.append(new)
             report.trajectories += 1
             report.changed += 0 if same_value(old, new) else 1
-            root = root_span(own)
             # The recorded info goes forward, but not an advantage computed from the old reward.
             kept = {k: v for k, v in info.items() if k not in (ADVANTAGE_KEY, PREVIOUS_REWARD_KEY)}
             attrs = {**kept, **extras, REWARD_SOURCE_KEY: name, PREVIOUS_REWARD_KEY: old}
-            parent = root[S.SPAN_ID] if root is not None else None
+            parent = None if (root := root_span(own)) is None else root[S.SPAN_ID]
             attributes = json.dumps(attrs, default=str, ensure_ascii=False)
             rows.append(log_reward_row(summary, secrets.token_hex(8), parent, now, new, attributes))
     report.mean_before, report.mean_after = _mean(before), _mean(after)
@@ -185,8 +183,7 @@ def _write(folder: str, rows: list[dict[str, Any]], name: str) -> str:
             break
         except (OSError, pa.ArrowException):
             continue
-    meta[META_RESCORE] = name
-    meta[S.META_CREATED_NS] = str(time.time_ns())
+    meta |= {META_RESCORE: name, S.META_CREATED_NS: str(time.time_ns())}
     writer = SpanWriter(folder, meta, on_close=shard_closed)
     try:
         for i in range(0, len(rows), 4096):
@@ -206,8 +203,7 @@ def read_rewards(path: str | os.PathLike[str], *, latest_only: bool = False) -> 
     out: list[dict[str, Any]] = []
     for tid, records in trajectory_rewards(spans).items():
         for i, rec in enumerate(records):
-            last = i == len(records) - 1
-            if latest_only and not last:
+            if latest_only and i < len(records) - 1:
                 continue
             out.append(
                 {
@@ -215,7 +211,7 @@ def read_rewards(path: str | os.PathLike[str], *, latest_only: bool = False) -> 
                     S.REWARD: rec.reward,
                     REWARD_SOURCE: rec.source,
                     S.END_NS: rec.end_ns,
-                    REWARD_LATEST: last,
+                    REWARD_LATEST: i == len(records) - 1,
                     S.REWARD_INFO: json.dumps(dict(rec.info), default=str, ensure_ascii=False) if rec.info else None,
                 }
             )

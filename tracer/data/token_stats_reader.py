@@ -6,7 +6,6 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -22,21 +21,14 @@ from tracer.record.token_stats import (
 from tracer.summary import (
     ROLE_ASSISTANT,
     ROLLOUT_LOGPROBS,
+    TOKEN_STATS_KEY_COLUMNS,
     TOKEN_STATS_SOURCE,
-    TURN,
     TURN_SPAN_COLUMNS,
     trajectory_turns,
 )
 
-_KEY_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
-    (S.TRACE_ID, pa.string()),
-    (S.STEP, pa.int64()),
-    (S.SAMPLE_INDEX, pa.string()),
-    (S.ROLLOUT_N, pa.int64()),
-    (S.VALIDATE, pa.bool_()),
-    (TURN, pa.int64()),
-    (TOKEN_STATS_SOURCE, pa.string()),
-)
+#: Types of :data:`tracer.summary.TOKEN_STATS_KEY_COLUMNS`, in order.
+_KEY_TYPES = (pa.string(), pa.int64(), pa.string(), pa.int64(), pa.bool_(), pa.int64(), pa.string())
 _ROW_COLUMNS = [S.TRACE_ID, S.NAME, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE, S.END_NS, S.INPUTS]
 
 
@@ -65,15 +57,12 @@ def read_token_stats(
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     names: dict[str, None] = {}
     for r in spans.to_pylist():
-        try:
-            body = orjson.loads(r[S.INPUTS] or "null")
-        except orjson.JSONDecodeError:
-            continue
+        body = S.parse_json_or_text(r[S.INPUTS])
         turn = body.get(TOKEN_STATS_TURN_KEY) if isinstance(body, Mapping) else None
         if not isinstance(turn, int) or not isinstance(body.get(TOKEN_STATS_ARRAYS_KEY), Mapping):
             continue
         key = (r[S.TRACE_ID], r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE]), turn)
-        row = merged.setdefault(key, dict(zip((n for n, _ in _KEY_FIELDS), key, strict=False)))
+        row = merged.setdefault(key, dict(zip(TOKEN_STATS_KEY_COLUMNS, key, strict=False)))
         if isinstance(body.get(TOKEN_STATS_SOURCE_KEY), str):
             row[TOKEN_STATS_SOURCE] = body[TOKEN_STATS_SOURCE_KEY]
         for name, value in body[TOKEN_STATS_ARRAYS_KEY].items():
@@ -85,9 +74,10 @@ def read_token_stats(
     if rollout_logprobs and merged:
         _fill_rollout_logprobs(path, merged, steps)
         names[ROLLOUT_LOGPROBS] = None
-    fields = [pa.field(n, t) for n, t in _KEY_FIELDS] + [pa.field(n, pa.list_(pa.float64())) for n in names]
-    rows = [{f.name: row.get(f.name) for f in fields} for row in merged.values()]
-    return pa.Table.from_pylist(rows, schema=pa.schema(fields))
+    fields = [pa.field(n, t) for n, t in zip(TOKEN_STATS_KEY_COLUMNS, _KEY_TYPES, strict=True)] + [
+        pa.field(n, pa.list_(pa.float64())) for n in names
+    ]
+    return pa.Table.from_pylist(list(merged.values()), schema=pa.schema(fields))
 
 
 def _join_by_key(
@@ -96,12 +86,9 @@ def _join_by_key(
     """Rows without a trace id get the one ``(step, sample_index, rollout_n, validate)`` names, as rewards do;
     rows of the same turn merge, the trace id's own arrays winning."""
     steps = sorted({k[1] for k in merged if k[0] is None and k[1] is not None})
-    trajectories = read_trajectories(path, steps=steps) if steps else None
     by_key: dict[tuple[Any, ...], str] = {}
-    if trajectories is not None:
-        cols = [S.TRACE_ID, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE]
-        for r in trajectories.select(cols).to_pylist():
-            by_key.setdefault((r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE])), r[S.TRACE_ID])
+    for r in read_trajectories(path, steps=steps).to_pylist() if steps else []:
+        by_key.setdefault((r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE])), r[S.TRACE_ID])
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for key, row in sorted(merged.items(), key=lambda kv: kv[0][0] is not None):
         row[S.TRACE_ID] = tid = key[0] if key[0] is not None else by_key.get(key[1:5])
@@ -122,6 +109,5 @@ def _fill_rollout_logprobs(
         if row.get(ROLLOUT_LOGPROBS) is not None or not key[0]:
             continue
         llm = [t for t in by_trace.get(key[0], []) if t.role == ROLE_ASSISTANT]
-        turn = key[-1]
-        if turn < len(llm) and llm[turn].logprobs is not None:
-            row[ROLLOUT_LOGPROBS] = [_number(x) for x in llm[turn].logprobs]
+        if key[-1] < len(llm) and llm[key[-1]].logprobs is not None:
+            row[ROLLOUT_LOGPROBS] = [_number(x) for x in llm[key[-1]].logprobs]

@@ -18,6 +18,3 @@ def shard_closed(shard: str) -> None:
     """A writer closed ``shard`` cleanly: its index, then the run's rollup."""
     if write_index(shard):
         update_rollup(os.path.dirname(shard) or ".")
-
-
-__all__ = ["shard_closed", "update_rollup"]

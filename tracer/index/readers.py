@@ -132,9 +132,7 @@ def _partials_from_indexes(path: TracePaths) -> pa.Table:
     keyed_steps: set[int | None] = set()
     rest: set[int] = set()  # files read with read_trajectories
     for n, (file, shard) in enumerate(files):
-        got, cols = (
-            _shard_index.landing_sources(shard, _shard_index.SORTED_COLUMNS) if shard is not None else (None, None)
-        )
+        got, cols = _shard_index.landing_sources(shard, _shard_index.SORTED_COLUMNS) if shard else (None, None)
         if got is None:
             rest.add(n)
             spans = read_spans(file, columns=[S.TRACE_ID, S.STEP])
@@ -264,8 +262,7 @@ def _sharing(
             if (pc.sum(stored[n].partials.column(S.PART_TRAJECTORIES)).as_py() or 0) != len(own):
                 return None  # not what its aggregates count
         hashes[n] = np.asarray(own, dtype=np.uint64)
-    every = np.concatenate(list(hashes.values()))
-    ordered = np.sort(every)
+    ordered = np.sort(np.concatenate(list(hashes.values())))
     twice = ordered[1:][ordered[1:] == ordered[:-1]]
     if not len(twice):
         return set()
@@ -289,8 +286,6 @@ def _sharing(
     hits = pa.table({S.TRACE_ID: pa.concat_arrays(hit_ids), "_file": pa.concat_arrays(hit_files)})
     counts = hits.group_by(S.TRACE_ID, use_threads=False).aggregate([("_file", "count_distinct")])
     many = counts.filter(pc.greater(counts.column("_file_count_distinct"), 1)).column(S.TRACE_ID).combine_chunks()
-    if not len(many):
-        return set()
     return set(pc.unique(hits.filter(pc.is_in(hits.column(S.TRACE_ID), value_set=many)).column("_file")).to_pylist())
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import dataclasses
 import os
 import threading
@@ -21,7 +22,7 @@ import orjson
 import pyarrow as pa
 
 from tracer import schema as S
-from tracer.index.shard import ShardIndex, cached, load_shard_index, stored_step_partials
+from tracer.index.shard import ShardIndex, _checked, cached, load_shard_index, stored_step_partials
 from tracer.storage import side_files
 from tracer.storage.files import write_replacing
 from tracer.storage.index import listing
@@ -93,11 +94,9 @@ def _read_table(path: str) -> pa.Table | None:
     try:
         with pa.memory_map(path) as source:
             table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(use_threads=False)).read_all()
-        for chunk in table.to_batches():
-            chunk.validate(full=True)
     except (OSError, ValueError, pa.ArrowException):
         return None
-    return table.replace_schema_metadata(None)
+    return _checked(table, S.ROLLUP_SCHEMA)
 
 
 def _read(path: str) -> Rollup | None:
@@ -110,19 +109,9 @@ def _read(path: str) -> Rollup | None:
             return None
         files = {str(n): (int(a), int(b), int(c)) for n, (a, b, c) in meta["files"].items()}
         ranges = {str(n): (None if r is None else (str(r[0]), str(r[1]))) for n, r in meta["ranges"].items()}
-        names = meta["names"]
-        if set(ranges) != set(files):
-            return None
-        return Rollup(
-            files=files,
-            partials=None,
-            steps=[int(s) for s in meta["steps"]],
-            rows=int(meta["rows"]),
-            names=None if names is None else frozenset(str(n) for n in names),
-            ranges=ranges,
-            keyed=bool(meta["loose"]),
-            path=path,
-        )
+        names = None if meta["names"] is None else frozenset(str(n) for n in meta["names"])
+        steps, rows, keyed = [int(s) for s in meta["steps"]], int(meta["rows"]), bool(meta["loose"])
+        return Rollup(files, None, steps, rows, names, ranges, keyed, path) if set(ranges) == set(files) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException):
         return None
 
@@ -133,11 +122,9 @@ def covering(run_dir: str, files: Sequence[str]) -> Rollup | None:
     if got is None or len(got.files) != len(files):
         return None
     try:
-        if any(got.files.get(os.path.basename(f)) != stamp_of(os.stat(f)) for f in files):
-            return None
+        return None if any(got.files.get(os.path.basename(f)) != stamp_of(os.stat(f)) for f in files) else got
     except OSError:
         return None
-    return got
 
 
 def _write(run_dir: str, r: Rollup) -> None:
@@ -151,7 +138,6 @@ def _write(run_dir: str, r: Rollup) -> None:
         "loose": r.keyed,
     }
     path = os.path.join(run_dir, ROLLUP_NAME)
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     schema = S.ROLLUP_SCHEMA.with_metadata({META_ROLLUP: orjson.dumps(meta).decode()})
     table = with_value_metrics(_whole(r).select(S.STEP_PARTIALS_SCHEMA.names).cast(S.STEP_PARTIALS_SCHEMA))
 
@@ -159,7 +145,7 @@ def _write(run_dir: str, r: Rollup) -> None:
         with pa.ipc.new_file(f, schema) as w:
             w.write_table(table.combine_chunks())
 
-    write_replacing(path, tmp, write)
+    write_replacing(path, f"{path}.{os.getpid()}.{threading.get_ident()}.tmp", write)
     fsync_dir(run_dir)
 
 
@@ -204,7 +190,11 @@ def update(run_dir: str, of_files: PartialsOfFiles, wait_s: float = LOCK_WAIT_S)
     if fd is None:
         return False
     try:
-        _remove_leftovers(run_dir)
+        # Temp files of updates that died before their rename (only the lock's holder writes one).
+        for e in os.scandir(run_dir):
+            if e.name.startswith(ROLLUP_NAME + ".") and e.name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    os.remove(e.path)
         # Files other writers closed while this update ran are taken too (they may have given up waiting).
         for _ in range(MAX_ROUNDS):
             wrote = _step(run_dir, of_files)
@@ -215,16 +205,6 @@ def update(run_dir: str, of_files: PartialsOfFiles, wait_s: float = LOCK_WAIT_S)
         return True
     finally:
         os.close(fd)
-
-
-def _remove_leftovers(run_dir: str) -> None:
-    """Temporary files of updates that died before their rename (only the lock's holder writes one)."""
-    for e in os.scandir(run_dir):
-        if e.name.startswith(ROLLUP_NAME + ".") and e.name.endswith(".tmp"):
-            try:
-                os.remove(e.path)
-            except OSError:
-                pass
 
 
 #: Rounds an update runs while files keep closing during it.
@@ -242,11 +222,7 @@ def _step(run_dir: str, of_files: PartialsOfFiles) -> bool | None:
         new = [f for n, f in by_name.items() if n not in current.files]
         if not new:
             return False
-        joins = (
-            current.keyed
-            or any(f.keyed for f in new)
-            or any(_overlap(f.range, r) for f in new for r in current.ranges.values())
-        )
+        joins = current.keyed or any(f.keyed or any(_overlap(f.range, r) for r in current.ranges.values()) for f in new)
         if not joins:  # nothing of the new files belongs to a covered trajectory: merge what they add
             added = of_files([f.path for f in new])
             _write(run_dir, Rollup(partials=merge_step_partials([_whole(current), added]), **_described(files)))
@@ -286,10 +262,8 @@ def _whole(r: Rollup) -> pa.Table:
 def update_quietly(run_dir: str, of_files: PartialsOfFiles) -> None:
     """:func:`update`, for writers, seals and compaction: any failure leaves the rollup as it was (readers
     then read the files' indexes), never reaching the caller."""
-    try:
+    with contextlib.suppress(Exception):
         update(run_dir, of_files)
-    except Exception:
-        pass
 
 
 _pending: dict[str, PartialsOfFiles] = {}
@@ -336,17 +310,3 @@ def _after_fork() -> None:  # the child has no worker, and the lock may have bee
 
 os.register_at_fork(after_in_child=_after_fork)
 atexit.register(wait_idle)  # a process that ends (a CLI read that sealed shards) lets its update finish, 2 s at most
-
-
-__all__ = [
-    "LOCK_NAME",
-    "ROLLUP_NAME",
-    "ROLLUP_VERSION",
-    "Rollup",
-    "covering",
-    "load_rollup",
-    "update",
-    "update_later",
-    "update_quietly",
-    "wait_idle",
-]

@@ -125,14 +125,10 @@ class ShardIndexBuilder:
         self.batch_rows.append(batch.num_rows)
         steps = pc.unique(batch.column(S.STEP)).to_pylist()
         self.batch_steps.append(sorted(steps, key=lambda s: (s is None, s or 0)))
-        at = batch.schema.get_field_index(S.NAME)
-        if self.names is not None:
-            if at < 0:
-                self.names = None
-            else:
-                self.names.update(n for n in pc.unique(batch.column(at)).to_pylist() if isinstance(n, str))
-                if len(self.names) > MAX_INDEX_NAMES:
-                    self.names = None
+        if self.names is not None and S.NAME in batch.schema.names:
+            self.names.update(n for n in pc.unique(batch.column(S.NAME)).to_pylist() if isinstance(n, str))
+        if S.NAME not in batch.schema.names or len(self.names or ()) > MAX_INDEX_NAMES:
+            self.names = None
 
     def build(self) -> pa.Table:
         """The index table of the batches added (see the module docstring)."""
@@ -194,6 +190,7 @@ def write_shard_index(shard: str, builder: ShardIndexBuilder) -> None:
     if footer is None or footer[1] != len(builder.batch_rows):
         raise ValueError(f"{shard}: no footer listing its {len(builder.batch_rows)} batches")
     table = builder.build()
+    steps_text, sorted_values = _steps_meta(table, builder.step_partials)
     meta = {
         S.META_INDEX_VERSION: INDEX_VERSION,
         S.META_INDEX_OF: os.path.basename(shard),
@@ -202,9 +199,8 @@ def write_shard_index(shard: str, builder: ShardIndexBuilder) -> None:
         S.META_INDEX_BATCH_ROWS: json.dumps(builder.batch_rows),
         S.META_INDEX_BATCH_STEPS: json.dumps(builder.batch_steps),
         S.META_INDEX_BUCKETS: str(INDEX_BUCKETS),
+        S.META_INDEX_STEPS: steps_text,
     }
-    steps = _steps_meta(table, builder.step_partials)
-    meta[S.META_INDEX_STEPS] = steps[0]
     if builder.names is not None:
         meta[S.META_INDEX_NAMES] = json.dumps(sorted(builder.names))
     ids = table.column(S.TRACE_ID).to_pylist()
@@ -212,7 +208,7 @@ def write_shard_index(shard: str, builder: ShardIndexBuilder) -> None:
     order = np.argsort(place, kind="stable")
     counts = np.bincount(place, minlength=INDEX_BUCKETS + 1)
     table = table.take(pa.array(order)).combine_chunks()
-    for name, values in zip(SORTED_COLUMNS, steps[1], strict=True):
+    for name, values in zip(SORTED_COLUMNS, sorted_values, strict=True):
         padded = pa.concat_arrays([values, pa.nulls(table.num_rows - len(values), pa.float64())])
         table = table.set_column(table.schema.get_field_index(name), INDEX_SCHEMA.field(name), padded)
     whole = table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=INDEX_SCHEMA)
@@ -220,10 +216,8 @@ def write_shard_index(shard: str, builder: ShardIndexBuilder) -> None:
     def write(f: BinaryIO) -> None:
         # Uncompressed: readers decode nothing (the landing page reads every row).
         with pa.ipc.new_file(f, INDEX_SCHEMA.with_metadata(meta)) as w:
-            at = 0
-            for n in counts.tolist():  # one batch per bucket, empty ones too: batch i is bucket i
+            for at, n in zip((np.cumsum(counts) - counts).tolist(), counts.tolist()):  # batch i is bucket i
                 w.write_batch(whole.slice(at, n))
-                at += n
 
     target = shard_index_path(shard)
     write_replacing(target, target + ".tmp", write)
@@ -261,13 +255,8 @@ def warn_no_index(shard: str, exc: BaseException) -> None:
     if _index_warned.is_set():
         return
     _index_warned.set()
-    logger.warning(
-        "rollout-trace: no index written for %s (%s: %s); readers read its spans instead "
-        "(further failures to write an index are not logged)",
-        shard,
-        type(exc).__name__,
-        exc,
-    )
+    why = "readers read its spans instead (further failures to write an index are not logged)"
+    logger.warning("rollout-trace: no index written for %s (%s: %s); %s", shard, type(exc).__name__, exc, why)
 
 
 @dataclasses.dataclass
@@ -316,8 +305,6 @@ class ShardIndex:
         if table is None:
             return None
         hit = table.filter(pc.fill_null(pc.is_in(table.column(S.TRACE_ID), value_set=trace_ids), False))
-        if hit.num_rows == 0:
-            return []
         return sorted(set(pc.list_flatten(hit.column(S.INDEX_BATCHES)).to_pylist()))
 
 
@@ -362,8 +349,7 @@ def _read_buckets(index: ShardIndex, wanted: list[int]) -> pa.Table | None:
         reader = _bucket_reader(index)
         if reader.num_record_batches != index._buckets + 1:
             return None
-        parts = [reader.get_batch(b) for b in wanted]
-        table = pa.Table.from_batches(parts, schema=expected) if parts else expected.empty_table()
+        table = pa.Table.from_batches([reader.get_batch(b) for b in wanted], schema=expected)
     except (OSError, ValueError, pa.ArrowException):
         return None
     return _checked(table, expected, len(index.batch_rows))
@@ -391,11 +377,10 @@ def _steps_meta(table: pa.Table, step_partials: PartialsOf) -> tuple[str, tuple[
     lists = [partials.column(c).combine_chunks() for c in (S.PART_REWARDS, S.PART_LATENCIES)]
     values = (pc.list_flatten(lists[0]).cast(pa.float64()), pc.list_flatten(lists[1]).cast(pa.float64()))
     counts = [pc.list_value_length(v).to_pylist() for v in lists]
+    empty = pa.array([[]] * partials.num_rows, pa.list_(pa.float64()))
     for c in (S.PART_REWARDS, S.PART_LATENCIES):  # stored empty: the values are the sorted columns
         at = partials.schema.get_field_index(c)
-        partials = partials.set_column(
-            at, partials.schema.field(at), pa.array([[]] * partials.num_rows, pa.list_(pa.float64()))
-        )
+        partials = partials.set_column(at, partials.schema.field(at), empty)
     meta = {S.META_STEPS_VALUE_COUNTS: json.dumps(counts)}
     if rows.num_rows:
         least, greatest = pc.min_max(rows.column(S.TRACE_ID)).values()
@@ -573,25 +558,11 @@ def load_shard_index(shard: str) -> ShardIndex | None:
 
 
 _NONE = type(None)
-#: What :func:`_check` reads of a shard index's metadata (other keys, large ones among them, are not decoded).
-_CHECKED_KEYS = frozenset(
-    {
-        S.META_INDEX_VERSION,
-        S.META_INDEX_OF,
-        S.META_INDEX_SIZE,
-        S.META_INDEX_FOOTER,
-        S.META_INDEX_BATCH_ROWS,
-        S.META_INDEX_BATCH_STEPS,
-        S.META_INDEX_BUCKETS,
-        S.META_INDEX_NAMES,
-        S.META_INDEX_STEPS,  # kept undecoded for landing_sources: the schema message is read once
-    }
-)
 
 
 def _check(shard: str, side: str, size: int) -> ShardIndex | None:
     try:
-        got = closed_file_metadata(side, _CHECKED_KEYS) or {}
+        got = closed_file_metadata(side) or {}
         said = tuple(got.get(k) for k in (S.META_INDEX_VERSION, S.META_INDEX_OF, S.META_INDEX_SIZE))
         if said != (INDEX_VERSION, os.path.basename(shard), str(size)):
             return None
@@ -609,36 +580,8 @@ def _check(shard: str, side: str, size: int) -> ShardIndex | None:
         if {type(s) for s in steps} - {list} or {type(v) for v in itertools.chain(*steps)} - {int, _NONE}:
             return None
         names: Any = orjson.loads(got[S.META_INDEX_NAMES]) if S.META_INDEX_NAMES in got else None
-        if names is not None and not (isinstance(names, list) and {type(n) for n in names} <= {str}):
-            names = None  # not what a writer writes: the shard's name column answers instead
+        # None when absent or not what a writer writes: the shard's name column answers instead.
+        names = frozenset(names) if isinstance(names, list) and {type(n) for n in names} <= {str} else None
     except (OSError, ValueError, KeyError, UnicodeDecodeError, pa.ArrowException):
         return None
-    return ShardIndex(
-        shard,
-        size,
-        rows,
-        steps,
-        side,
-        buckets,
-        None if names is None else frozenset(names),
-        _steps_text=got.get(S.META_INDEX_STEPS),
-    )
-
-
-__all__ = [
-    "INDEX_SCHEMA",
-    "INDEX_VERSION",
-    "SORTED_COLUMNS",
-    "ShardIndex",
-    "ShardIndexBuilder",
-    "StoredPartials",
-    "builder",
-    "load_shard_index",
-    "shard_index_path",
-    "step_sources",
-    "stored_step_partials",
-    "trace_hashes",
-    "warn_no_index",
-    "write_index",
-    "write_shard_index",
-]
+    return ShardIndex(shard, size, rows, steps, side, buckets, names, _steps_text=got.get(S.META_INDEX_STEPS))

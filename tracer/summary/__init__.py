@@ -1,31 +1,19 @@
-"""The trajectory model: one summary row and one list of turns per trajectory.
+"""The trajectory model: one summary row and one list of turns per trajectory, read by every consumer.
 
-Every consumer (the viewer, each exporter, the console) reads trajectories through this module:
 :func:`summarize` gives rows of :data:`tracer.schema.TRAJECTORY_SCHEMA`, :func:`trajectory_turns` each
-trajectory's :class:`Turn` list (:func:`trajectory_messages` in OpenAI chat format).
+trajectory's :class:`Turn` list (:func:`trajectory_messages`: OpenAI chat format); the output shapes agent code
+returns (verl's, OpenAI's, vLLM's, this project's rollout) are recognised in :mod:`tracer.summary.turns` only.
 
-The definitions, once:
-
-* A **trajectory** is every trace id of the spans (log_reward rows with a
-  trace id included; one with only those has no spans and no root).
-* The **root** is a span without a parent (a ``kind="rollout"`` one first,
-  then the earliest; never a ``log_reward`` row). The **first row** is the
-  root, else the earliest span, else the earliest ``log_reward`` row (ties:
-  the earlier row); step, sample, rollout and validate come from it.
-* **Status** is the root's; ``"incomplete"`` when there is no root (spans
-  are written when they end, so a root that never ended is absent).
-* **Reward**: the latest ``log_reward`` row (by end time, ties: the later
-  row) with the trajectory's trace id; else the latest ``log_reward`` row
-  without a trace id whose ``(step, sample_index, rollout_n, validate)``
-  equals the trajectory's (a reward logged by another process; nulls equal
-  nulls, a null validate is False); else the last ``kind="reward"`` op with a
-  reward. ``reward_info`` is the chosen ``log_reward`` row's attributes.
-* Counts and times cover every span but ``log_reward`` rows (times: those
-  rows' when there is nothing else).
-
-The output shapes agent code returns (this project's rollout, verl's ``TokenOutput``, ``AgentLoopOutput`` and
-tool results, OpenAI chat completions, vLLM ``RequestOutput`` dicts, strings) are recognised in
-:mod:`tracer.summary.turns` only.
+* A **trajectory** is every trace id of the spans (one with only ``log_reward`` rows has no spans and no root).
+* The **root** is a span without a parent (``kind="rollout"`` first, then the earliest; never a ``log_reward``
+  row). The **first row** is the root, else the earliest span, else the earliest ``log_reward`` row (ties: the
+  earlier row); step, sample, rollout and validate come from it.
+* **Status** is the root's; ``"incomplete"`` without a root (spans are written when they end).
+* **Reward**: the latest ``log_reward`` row (by end time, ties: the later row) with the trajectory's trace id;
+  else the latest one without a trace id whose ``(step, sample_index, rollout_n, validate)`` equals the
+  trajectory's (a reward logged by another process; nulls equal nulls, a null validate is False); else the last
+  ``kind="reward"`` op with a reward. ``reward_info`` is the chosen ``log_reward`` row's attributes.
+* Counts and times cover every span but ``log_reward`` rows (times: those rows' when there is nothing else).
 """
 
 from __future__ import annotations
@@ -40,7 +28,6 @@ from tracer.summary.metrics import TOKEN_STATS_KEY_COLUMNS as TOKEN_STATS_KEY_CO
 from tracer.summary.metrics import TOKEN_STATS_SOURCE as TOKEN_STATS_SOURCE
 from tracer.summary.metrics import TRAINER_LOGPROBS as TRAINER_LOGPROBS
 from tracer.summary.metrics import TURN as TURN
-from tracer.summary.metrics import VALUE_COLUMNS as VALUE_COLUMNS
 from tracer.summary.metrics import merge_step_partials as merge_step_partials
 from tracer.summary.metrics import partial_metrics as partial_metrics
 from tracer.summary.metrics import step_counts as step_counts
@@ -58,7 +45,6 @@ from tracer.summary.rewards import RewardRecord as RewardRecord
 from tracer.summary.rewards import log_reward_row as log_reward_row
 from tracer.summary.rewards import reward_source as reward_source
 from tracer.summary.rewards import trajectory_rewards as trajectory_rewards
-from tracer.summary.rows import SMALL_SUMMARY_SPANS as SMALL_SUMMARY_SPANS
 from tracer.summary.rows import SUMMARY_SPAN_COLUMNS as SUMMARY_SPAN_COLUMNS
 from tracer.summary.rows import summarize as summarize
 from tracer.summary.tokens import MASK_ENV as MASK_ENV

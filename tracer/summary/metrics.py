@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
+from tracer.summary.turns import _KEY_COLUMNS
 
 
 def _percentile(ordered: Sequence[float] | np.ndarray, q: float) -> float:
@@ -35,15 +36,7 @@ TURN = "turn"
 #: Column of that table: where the arrays came from (``log_token_stats(source=...)``, e.g. ``"synthetic"``).
 TOKEN_STATS_SOURCE = "source"
 #: Columns of that table that are not arrays.
-TOKEN_STATS_KEY_COLUMNS: tuple[str, ...] = (
-    S.TRACE_ID,
-    S.STEP,
-    S.SAMPLE_INDEX,
-    S.ROLLOUT_N,
-    S.VALIDATE,
-    TURN,
-    TOKEN_STATS_SOURCE,
-)
+TOKEN_STATS_KEY_COLUMNS: tuple[str, ...] = (S.TRACE_ID, *_KEY_COLUMNS, TURN, TOKEN_STATS_SOURCE)
 
 
 def token_stat_metrics(token_stats: pa.Table) -> dict[tuple[int | None, bool], dict[str, float]]:
@@ -146,12 +139,8 @@ def step_counts(trajectories: pa.Table) -> pa.Table:
     return _merge_parts([_rows_part(trajectories, counts=True, values=False)])
 
 
-#: Trajectory columns the values of the aggregates come from (rewards and latencies, by step and split).
-VALUE_COLUMNS = (S.STEP, S.VALIDATE, S.REWARD, S.START_NS, S.END_NS)
-
-
 def step_values(trajectories: pa.Table) -> pa.Table:
-    """:func:`step_partials` without the counts (zero): the values of rows with at least :data:`VALUE_COLUMNS`."""
+    """:func:`step_partials` without the counts (zero): the values of rows with step, validate, reward and times."""
     return _merge_parts([_rows_part(trajectories, counts=False, values=True)])
 
 
@@ -183,9 +172,8 @@ def _ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
     """An integer column as int64 (0 where null) and where it is null (None: nowhere)."""
     if arr.null_count == 0:
         return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64), None
-    return np.asarray(pc.fill_null(arr, 0).to_numpy(), dtype=np.int64), np.asarray(
-        arr.is_null().to_numpy(zero_copy_only=False)
-    )
+    null = np.asarray(arr.is_null().to_numpy(zero_copy_only=False))
+    return np.asarray(pc.fill_null(arr, 0).to_numpy(), dtype=np.int64), null
 
 
 def _keys(t: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -214,9 +202,8 @@ def _rows_part(t: pa.Table | pa.RecordBatch, *, counts: bool, values: bool) -> _
         start, s_null = _ints(_column(t, S.START_NS))
         end, e_null = _ints(_column(t, S.END_NS))
         lat = (end - start).astype(np.float64) / 1e9  # int64 wraps as Arrow's subtract does
-        l_ok = None
-        if s_null is not None or e_null is not None:
-            l_ok = ~np.logical_or(False if s_null is None else s_null, False if e_null is None else e_null)
+        nulls = [n for n in (s_null, e_null) if n is not None]
+        l_ok = ~np.logical_or.reduce(nulls) if nulls else None
         vals = tuple((v, None) if ok is None else (v[ok], np.flatnonzero(ok)) for v, ok in ((r, r_ok), (lat, l_ok)))
     return _Part(step, null, validate, sums, vals)
 
@@ -274,8 +261,7 @@ def _merge_parts(parts: Sequence[_Part]) -> pa.Table:
             g = group[at0 : at0 + len(p.step)]
             for i in range(len(_PART_SUMS)):  # float weights: exact while a sum stays below 2**53
                 sums[i] += np.bincount(g, weights=p.sums[i], minlength=groups).astype(np.int64)
-    for i, c in enumerate(_PART_SUMS):
-        out[c] = pa.array(sums[i], pa.int64())
+    out.update({c: pa.array(sums[i], pa.int64()) for i, c in enumerate(_PART_SUMS)})
     by_group: tuple[np.ndarray, np.ndarray] | None = None  # (groups, their stable order), shared by equal groups
     for k, c in enumerate(_PART_LISTS):
         chunks = [
@@ -339,16 +325,10 @@ def _value_metrics(partials: pa.Table) -> dict[str, list[float]]:
 
     rewards, r_at = _values(partials.column(S.PART_REWARDS).combine_chunks())
     lats, l_at = _values(partials.column(S.PART_LATENCIES).combine_chunks())
-    mean, std, low, high = _moments(np.asarray(rewards, dtype=np.float64), r_at)
+    moments = _moments(np.asarray(rewards, dtype=np.float64), r_at)  # reward mean, std, min, max
     rows = range(partials.num_rows)
-    return {
-        "reward/mean": mean,
-        "reward/std": std,
-        "reward/min": low,
-        "reward/max": high,
-        "latency_s/p50": [_percentile(lats[l_at[i] : l_at[i + 1]], 0.5) for i in rows],
-        "latency_s/p95": [_percentile(lats[l_at[i] : l_at[i + 1]], 0.95) for i in rows],
-    }
+    quantiles = [[_percentile(lats[l_at[i] : l_at[i + 1]], q) for i in rows] for q in (0.5, 0.95)]
+    return dict(zip(S.VALUE_METRICS, [*moments, *quantiles], strict=True))
 
 
 def with_value_metrics(partials: pa.Table) -> pa.Table:
@@ -379,16 +359,12 @@ def partial_metrics(
         calls = sums[S.NUM_TOOL_CALLS][i]
         out[(step, bool(val))] = {
             "trajectories": float(n),
-            "reward/mean": by_value["reward/mean"][i],
-            "reward/std": by_value["reward/std"][i],
-            "reward/min": by_value["reward/min"][i],
-            "reward/max": by_value["reward/max"][i],
+            **{m: by_value[m][i] for m in S.VALUE_METRICS[:4]},
             "turns/mean": sums[S.NUM_LLM_CALLS][i] / n,
             "tool_calls/mean": calls / n,
             "tool_error_rate": (sums[S.NUM_TOOL_ERRORS][i] / calls) if calls else 0.0,
             "errors": float(sums[S.PART_NOT_OK][i]),
-            "latency_s/p50": by_value["latency_s/p50"][i],
-            "latency_s/p95": by_value["latency_s/p95"][i],
+            **{m: by_value[m][i] for m in S.VALUE_METRICS[4:]},
         }
     if token_stats is not None:
         mismatch = token_stat_metrics(token_stats)

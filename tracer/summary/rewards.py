@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.schema import parse_json_or_text as _loads
-from tracer.summary.turns import is_log_reward
+from tracer.summary.turns import _KEY_COLUMNS, is_log_reward
 
 #: log_reward attribute naming where a reward came from (``rollout-trace rescore`` sets it).
 REWARD_SOURCE_KEY = "reward_source"
@@ -22,10 +22,8 @@ SOURCE_OP = "reward_op"
 
 @dataclasses.dataclass(frozen=True)
 class RewardRecord:
-    """One reward a trajectory received, logged at ``end_ns``, with the row's other attributes as ``info``.
-
-    ``source``: :data:`SOURCE_RECORDED`, :data:`SOURCE_OP`, or the ``module:function`` a rescore ran.
-    """
+    """One reward a trajectory received, logged at ``end_ns``, with the row's other attributes as ``info``;
+    ``source``: :data:`SOURCE_RECORDED`, :data:`SOURCE_OP`, or the ``module:function`` a rescore ran."""
 
     reward: float | None
     source: str
@@ -53,8 +51,7 @@ def trajectory_rewards(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[st
         if is_log_reward(r):
             attrs = _loads(r.get(S.ATTRIBUTES))
             info = {k: v for k, v in attrs.items() if k != REWARD_SOURCE_KEY} if isinstance(attrs, Mapping) else {}
-            rec = RewardRecord(r.get(S.REWARD), reward_source(attrs), end, info)
-            out.setdefault(tid, []).append((1, end, i, rec))
+            out.setdefault(tid, []).append((1, end, i, RewardRecord(r.get(S.REWARD), reward_source(attrs), end, info)))
         elif r.get(S.REWARD) is not None:
             out.setdefault(tid, []).append((0, end, i, RewardRecord(r[S.REWARD], SOURCE_OP, end, {})))
     return {tid: [rec for *_, rec in sorted(recs, key=lambda x: x[:3])] for tid, recs in out.items()}
@@ -71,7 +68,8 @@ def log_reward_row(
     """A ``log_reward`` row of :data:`tracer.schema.SPAN_SCHEMA` ending at ``end_ns``, with ``keys``' trace id,
     step, sample, rollout and validate (``attributes``: JSON text)."""
     return {
-        **{k: keys[k] for k in (S.TRACE_ID, S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)},
+        **dict.fromkeys(S.SPAN_COLUMNS),
+        **{k: keys[k] for k in (S.TRACE_ID, *_KEY_COLUMNS)},
         S.SPAN_ID: span_id,
         S.PARENT_SPAN_ID: parent_span_id,
         S.NAME: S.REWARD_SPAN_NAME,
@@ -79,9 +77,6 @@ def log_reward_row(
         S.START_NS: end_ns,
         S.END_NS: end_ns,
         S.STATUS: S.STATUS_OK,
-        S.ERROR: None,
         S.REWARD: reward,
-        S.INPUTS: None,
-        S.OUTPUTS: None,
         S.ATTRIBUTES: attributes,
     }

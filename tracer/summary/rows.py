@@ -9,27 +9,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
-from tracer.summary.turns import is_log_reward
+from tracer.summary.turns import _KEY_COLUMNS, is_log_reward
 
-#: Span columns :func:`summarize` needs.
-SUMMARY_SPAN_COLUMNS: tuple[str, ...] = (
-    S.TRACE_ID,
-    S.PARENT_SPAN_ID,
-    S.NAME,
-    S.KIND,
-    S.STATUS,
-    S.START_NS,
-    S.END_NS,
-    S.STEP,
-    S.SAMPLE_INDEX,
-    S.ROLLOUT_N,
-    S.VALIDATE,
-    S.REWARD,
-    S.ATTRIBUTES,
+#: Span columns :func:`summarize` needs: all but span ids, errors and payloads.
+SUMMARY_SPAN_COLUMNS: tuple[str, ...] = tuple(
+    c for c in S.SPAN_COLUMNS if c not in (S.SPAN_ID, S.ERROR, S.INPUTS, S.OUTPUTS)
 )
 
-#: The columns a trajectory takes from its first row besides its name and status: its key.
-_KEY_COLUMNS = (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)
+#: A trajectory's counts, in :data:`tracer.schema.TRAJECTORY_SCHEMA`'s order.
+_COUNTS = (S.NUM_SPANS, S.NUM_LLM_CALLS, S.NUM_TOOL_CALLS, S.NUM_TOOL_ERRORS, S.NUM_ERRORS)
 #: Span tables up to this many rows are summarised in Python: Arrow's per-call cost dominates there.
 SMALL_SUMMARY_SPANS = 64
 
@@ -65,23 +53,18 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
     """:func:`summarize` of a few span rows in Python: Arrow's kernels cost ~5 ms a call for one trajectory
     (bench/bench_summary.py), and live exporters summarise trajectories one at a time as they finish."""
     by_trace: dict[str, list[int]] = {}
-    logs: list[int] = []
     for i, r in enumerate(rows):
         if r[S.TRACE_ID]:
             by_trace.setdefault(r[S.TRACE_ID], []).append(i)
-        if is_log_reward(r):
-            logs.append(i)
+    logs = [i for i, r in enumerate(rows) if is_log_reward(r)]
 
     def latest(idx: list[int]) -> dict[str, Any] | None:
         return rows[max(idx, key=lambda i: (rows[i][S.END_NS], i))] if idx else None
 
-    def rank(i: int) -> tuple[int, int, int]:
+    def rank(i: int) -> tuple[int, int, int]:  # rollout roots, other roots, other spans, log_reward rows
         r = rows[i]
-        if is_log_reward(r):
-            return (3, r[S.START_NS], i)
-        if r[S.PARENT_SPAN_ID] is None:
-            return (0 if r[S.KIND] == S.KIND_ROLLOUT else 1, r[S.START_NS], i)
-        return (2, r[S.START_NS], i)
+        tier = 3 if is_log_reward(r) else 2 if r[S.PARENT_SPAN_ID] is not None else int(r[S.KIND] != S.KIND_ROLLOUT)
+        return (tier, r[S.START_NS], i)
 
     def key(r: Mapping[str, Any]) -> tuple[Any, ...]:
         return (r[S.STEP], r[S.SAMPLE_INDEX], r[S.ROLLOUT_N], bool(r[S.VALIDATE]))
@@ -94,8 +77,7 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
         body = [rows[i] for i in idx if not is_log_reward(rows[i])]
         chosen = latest([i for i in logs if rows[i][S.TRACE_ID] == tid])
         if chosen is None:
-            k = key(first)
-            chosen = latest([i for i in logs if not rows[i][S.TRACE_ID] and key(rows[i]) == k])
+            chosen = latest([i for i in logs if not rows[i][S.TRACE_ID] and key(rows[i]) == key(first)])
         if chosen is None:  # the last reward op with a reward
             ops = [i for i in idx if rows[i][S.KIND] == S.KIND_REWARD and rows[i][S.REWARD] is not None]
             chosen = latest([i for i in ops if not is_log_reward(rows[i])])
@@ -128,8 +110,7 @@ def summarize(spans: pa.Table) -> pa.Table:
     """One :data:`tracer.schema.TRAJECTORY_SCHEMA` row per trajectory of ``spans`` (definitions: :mod:`tracer.summary`),
     by step, sample, rollout, start time and trace id. ``spans`` needs :data:`SUMMARY_SPAN_COLUMNS` (else
     ValueError naming them); spans without a trace id (keyed rewards) join by key and get no row of their own."""
-    have = set(spans.schema.names)
-    missing = [c for c in SUMMARY_SPAN_COLUMNS if c not in have]
+    missing = [c for c in SUMMARY_SPAN_COLUMNS if c not in spans.schema.names]
     if missing:
         raise ValueError(
             f"summarize: the span table lacks the column(s) {', '.join(missing)}; "
@@ -148,11 +129,10 @@ def summarize(spans: pa.Table) -> pa.Table:
     own, grouped = _by_trajectory(own)
     first = own.take(grouped["_spos_min"])
     has_root = pc.less_equal(first["_rank"], 1)
-    trace_ids = first[S.TRACE_ID]
     reward, info = _rewards(logs, own, first)
 
     columns = {
-        S.TRACE_ID: trace_ids,
+        S.TRACE_ID: first[S.TRACE_ID],
         S.NAME: pc.if_else(has_root, first[S.NAME], pa.scalar(None, pa.string())),
         **{c: first[c] for c in _KEY_COLUMNS},
         S.REWARD: reward,
@@ -160,14 +140,9 @@ def summarize(spans: pa.Table) -> pa.Table:
         S.STATUS: pc.if_else(has_root, first[S.STATUS], S.STATUS_INCOMPLETE),
         S.START_NS: pc.coalesce(grouped["_bstart_min"], grouped[f"{S.START_NS}_min"]),
         S.END_NS: pc.coalesce(grouped["_bend_max"], grouped[f"{S.END_NS}_max"]),
-        S.NUM_SPANS: grouped["_n_sum"],
-        S.NUM_LLM_CALLS: grouped["_llm_sum"],
-        S.NUM_TOOL_CALLS: grouped["_tool_sum"],
-        S.NUM_TOOL_ERRORS: grouped["_tool_err_sum"],
-        S.NUM_ERRORS: grouped["_err_sum"],
+        **{c: grouped[f"{c}_sum"] for c in _COUNTS},
     }
-    table = pa.table([columns[c] for c in S.TRAJECTORY_COLUMNS], schema=S.TRAJECTORY_SCHEMA)
-    return _in_order(table)
+    return _in_order(pa.table([columns[c] for c in S.TRAJECTORY_COLUMNS], schema=S.TRAJECTORY_SCHEMA))
 
 
 def _by_trajectory(own: pa.Table) -> tuple[pa.Table, pa.Table]:
@@ -185,28 +160,21 @@ def _by_trajectory(own: pa.Table) -> tuple[pa.Table, pa.Table]:
     own = own.append_column("_spos", _positions(own.num_rows))
     kind, status, body = own[S.KIND], own[S.STATUS], own["_body"]
     no_int = pa.scalar(None, pa.int64())
+    tool = pc.and_(body, pc.equal(kind, S.KIND_TOOL))
     derived = {
         "_bstart": pc.if_else(body, own[S.START_NS], no_int),
         "_bend": pc.if_else(body, own[S.END_NS], no_int),
-        "_n": _flag(body),
-        "_llm": _flag(pc.and_(body, pc.equal(kind, S.KIND_LLM))),
-        "_tool": _flag(pc.and_(body, pc.equal(kind, S.KIND_TOOL))),
-        "_tool_err": _flag(pc.and_(body, pc.and_(pc.equal(kind, S.KIND_TOOL), pc.not_equal(status, S.STATUS_OK)))),
-        "_err": _flag(pc.and_(body, pc.equal(status, S.STATUS_ERROR))),
+        # Per span, what it adds to each count column (summed per trajectory under the count's own name).
+        S.NUM_SPANS: _flag(body),
+        S.NUM_LLM_CALLS: _flag(pc.and_(body, pc.equal(kind, S.KIND_LLM))),
+        S.NUM_TOOL_CALLS: _flag(tool),
+        S.NUM_TOOL_ERRORS: _flag(pc.and_(tool, pc.not_equal(status, S.STATUS_OK))),
+        S.NUM_ERRORS: _flag(pc.and_(body, pc.equal(status, S.STATUS_ERROR))),
     }
     for name, col in derived.items():
         own = own.append_column(name, col)
-    sums = ("_n", "_llm", "_tool", "_tool_err", "_err")
-    grouped = own.group_by(S.TRACE_ID, use_threads=False).aggregate(
-        [
-            ("_spos", "min"),
-            ("_bstart", "min"),
-            ("_bend", "max"),
-            (S.START_NS, "min"),
-            (S.END_NS, "max"),
-            *((name, "sum") for name in sums),
-        ]
-    )
+    aggregates = [(c, "min") for c in ("_spos", "_bstart", S.START_NS)] + [(c, "max") for c in ("_bend", S.END_NS)]
+    grouped = own.group_by(S.TRACE_ID, use_threads=False).aggregate([*aggregates, *((c, "sum") for c in _COUNTS)])
     return own, grouped
 
 

@@ -19,9 +19,8 @@ class TrajectoryTokens:
 
     Attributes:
         prompt_ids: The first model call's prompt ids (None when not recorded).
-        response_ids: Each model turn's tokens, with the tokens spliced in between turns (tool results,
-            template) where the next call's prompt shows them.
-        response_mask: Per response id: :data:`MASK_MODEL` for a model token, :data:`MASK_ENV` spliced in.
+        response_ids: Each model turn's tokens, and between them the tokens the next call's prompt shows (tool
+            results, template). ``response_mask``: :data:`MASK_MODEL` or :data:`MASK_ENV` per response id.
         logprobs: Per response id: the model's logprob (None where unknown and for spliced-in tokens).
         exact: False when a token list was cut by ``max_tokens`` or a call's prompt does not extend the previous
             prompt and reply (its spliced-in tokens are then left out); mask 1 tokens are all recorded either way.
@@ -43,17 +42,12 @@ def trajectory_tokens(turns: Sequence[Turn]) -> TrajectoryTokens:
     lps: list[float | None] = []
     if not model:
         return TrajectoryTokens(None, ids, mask, lps, True)
-    first = model[0].prompt_ids
-    prompt = list(first) if first is not None else None
+    prompt = None if model[0].prompt_ids is None else list(model[0].prompt_ids)
     seq: list[int] | None = list(prompt) if prompt is not None else None
     exact = prompt is not None
     for k, turn in enumerate(model):
-        if turn.truncated or (
-            turn.prompt_token_count is not None
-            and turn.prompt_ids is not None
-            and len(turn.prompt_ids) < turn.prompt_token_count
-        ):
-            exact = False
+        cut = turn.prompt_ids is not None and len(turn.prompt_ids) < (turn.prompt_token_count or 0)
+        exact = exact and not (turn.truncated or cut)
         if k > 0:
             p = list(turn.prompt_ids) if turn.prompt_ids is not None else None
             if seq is not None and p is not None and p[: len(seq)] == seq:

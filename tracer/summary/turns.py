@@ -14,21 +14,10 @@ from tracer import schema as S  # noqa: N812 - the schema module, short as in tr
 from tracer.record.pieces import split_text
 from tracer.schema import parse_json_or_text as _loads
 
-#: Span columns :func:`trajectory_turns` reads (missing ones count as null).
-TURN_SPAN_COLUMNS: tuple[str, ...] = (
-    S.TRACE_ID,
-    S.SPAN_ID,
-    S.PARENT_SPAN_ID,
-    S.NAME,
-    S.KIND,
-    S.START_NS,
-    S.END_NS,
-    S.STATUS,
-    S.ERROR,
-    S.INPUTS,
-    S.OUTPUTS,
-    S.ATTRIBUTES,
-)
+#: A trajectory's key: the columns it takes from its first row besides its name and status.
+_KEY_COLUMNS = (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)
+#: Span columns :func:`trajectory_turns` reads (missing ones count as null): all but the keys and the reward.
+TURN_SPAN_COLUMNS: tuple[str, ...] = tuple(c for c in S.SPAN_COLUMNS if c not in (*_KEY_COLUMNS, S.REWARD))
 
 
 def text_field_name(ids_field: str) -> str:
@@ -138,10 +127,8 @@ class Turn:
                 for c in self.tool_calls
             ]
         if self.role == ROLE_TOOL:
-            if self.tool_call_id is not None:
-                out["tool_call_id"] = self.tool_call_id
-            if self.tool_name is not None:
-                out["name"] = self.tool_name
+            named = {"tool_call_id": self.tool_call_id, "name": self.tool_name}
+            out.update({k: v for k, v in named.items() if v is not None})
         return out
 
 
@@ -166,15 +153,11 @@ def _first(d: Mapping[str, Any], keys: Sequence[str], kind: type | tuple[type, .
     return None, None
 
 
-def _is_message(value: Any) -> bool:
-    return isinstance(value, Mapping) and isinstance(value.get("role"), str)
-
-
 def _messages(value: Any) -> list[Mapping[str, Any]] | None:
     """A chat message list, or None when ``value`` is not one."""
-    if isinstance(value, list) and value and all(_is_message(m) for m in value):
-        return value
-    return None
+    if not isinstance(value, list) or not value:
+        return None
+    return value if all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in value) else None
 
 
 def _tool_calls(value: Any) -> tuple[ToolCall, ...]:
@@ -216,46 +199,34 @@ def _logprobs(value: Any) -> list[float | None] | None:
     return None
 
 
-@dataclasses.dataclass
-class _Reply:
-    text: str | None = None
-    token_ids: list[int] | None = None
-    ids_key: str | None = None
-    token_texts: list[str] | None = None
-    logprobs: list[float | None] | None = None
-    finish_reason: str | None = None
-    tool_calls: tuple[ToolCall, ...] = ()
-
-
-def _reply(out: Any) -> _Reply:
-    """What an llm span returned, in any recognised shape."""
+def _reply(out: Any) -> dict[str, Any]:
+    """What an llm span returned, in any recognised shape, as :class:`Turn` fields (and ``ids_key``)."""
     if out is None:
-        return _Reply()
+        return {}
     if isinstance(out, str):
-        return _Reply(text=out)
+        return {"text": out}
     msgs = _messages(out)
     if msgs is not None:
         last = next((m for m in reversed(msgs) if m.get("role") == ROLE_ASSISTANT), msgs[-1])
-        return _Reply(text=content_text(last.get("content")), tool_calls=_tool_calls(last.get("tool_calls")))
+        return {"text": content_text(last.get("content")), "tool_calls": _tool_calls(last.get("tool_calls"))}
     if not isinstance(out, Mapping):
-        return _Reply(text=_dumps(out))
+        return {"text": _dumps(out)}
     choices = out.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):  # OpenAI chat completion
         ch = choices[0]
-        message = ch.get("message")
-        msg: Mapping[str, Any] = message if isinstance(message, Mapping) else {}
+        msg: Mapping[str, Any] = ch["message"] if isinstance(ch.get("message"), Mapping) else {}
         text = content_text(msg.get("content")) if msg else ch.get("text")
         lps = ch.get("logprobs")
         texts = None
         if isinstance(lps, Mapping) and isinstance(lps.get("content"), list):
             texts = [str(e.get("token", "")) for e in lps["content"] if isinstance(e, Mapping)]
-        return _Reply(
-            text=text if isinstance(text, str) else None,
-            token_texts=texts,
-            logprobs=_logprobs(lps),
-            finish_reason=_str(ch.get("finish_reason")),
-            tool_calls=_tool_calls(msg.get("tool_calls")),
-        )
+        return {
+            "text": text if isinstance(text, str) else None,
+            "token_texts": texts,
+            "logprobs": _logprobs(lps),
+            "finish_reason": _str(ch.get("finish_reason")),
+            "tool_calls": _tool_calls(msg.get("tool_calls")),
+        }
     outputs = out.get("outputs")
     if isinstance(outputs, list) and outputs and isinstance(outputs[0], Mapping):  # vLLM RequestOutput
         out = outputs[0]
@@ -270,16 +241,16 @@ def _reply(out: Any) -> _Reply:
     _, finish = _first(out, _FINISH_KEYS, str)
     calls = _tool_calls(out.get("tool_calls"))
     if ids is None and text is None and lps is None and not calls:
-        return _Reply(text=_dumps(out))
-    return _Reply(
-        text=content_text(text),
-        token_ids=ids,
-        ids_key=ids_key,
-        token_texts=texts if texts is not None and all(isinstance(x, str) for x in texts) else None,
-        logprobs=_logprobs(lps),
-        finish_reason=finish,
-        tool_calls=calls,
-    )
+        return {"text": _dumps(out)}
+    return {
+        "text": content_text(text),
+        "token_ids": ids,
+        "ids_key": ids_key,
+        "token_texts": texts if texts is not None and all(isinstance(x, str) for x in texts) else None,
+        "logprobs": _logprobs(lps),
+        "finish_reason": finish,
+        "tool_calls": calls,
+    }
 
 
 def _str(value: Any) -> str | None:
@@ -378,38 +349,29 @@ def span_turn(row: Mapping[str, Any]) -> Turn | None:
 
 
 def _span_fields(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "status": row.get(S.STATUS),
-        "span_id": row.get(S.SPAN_ID),
-        "name": row.get(S.NAME),
-        "start_ns": row.get(S.START_NS),
-        "end_ns": row.get(S.END_NS),
-    }
+    """The :class:`Turn` fields named as the span columns they copy."""
+    return {c: row.get(c) for c in (S.STATUS, S.SPAN_ID, S.NAME, S.START_NS, S.END_NS)}
 
 
 def _llm_turn(row: Mapping[str, Any]) -> Turn:
     """The assistant turn an llm span (or a root returning a reply) recorded."""
     reply = _reply(_loads(row.get(S.OUTPUTS)))
+    ids_key, ids = reply.pop("ids_key", None), reply.get("token_ids")
     prompt_text, prompt_ids, _ = _prompt(_loads(row.get(S.INPUTS)))
-    recorded, truncated, prompt_count = _token_meta(_loads(row.get(S.ATTRIBUTES)), reply.ids_key)
+    recorded, truncated, prompt_count = _token_meta(_loads(row.get(S.ATTRIBUTES)), ids_key)
     if prompt_count is None and prompt_ids is not None:
         prompt_count = len(prompt_ids)
     return Turn(
         role=ROLE_ASSISTANT,
-        text=reply.text,
-        content=reply.text,
-        tool_calls=reply.tool_calls,
+        content=reply.get("text"),
         prompt_text=prompt_text,
         prompt_ids=prompt_ids,
-        response_text=reply.text,
-        token_ids=reply.token_ids,
-        token_texts=reply.token_texts,
-        logprobs=reply.logprobs,
-        finish_reason=reply.finish_reason,
-        token_count=recorded if recorded is not None else (len(reply.token_ids) if reply.token_ids else None),
+        response_text=reply.get("text"),
+        token_count=recorded if recorded is not None else (len(ids) if ids else None),
         truncated=truncated,
         prompt_token_count=prompt_count,
         error=_error(row),
+        **reply,
         **_span_fields(row),
     )
 
@@ -495,20 +457,14 @@ def _attach_parsed_calls(turns: list[Turn], out: Any) -> None:
     if not (isinstance(out, list) and len(out) == 2 and isinstance(out[1], list)):
         return
     calls = _tool_calls(out[1])
-    for i in range(len(turns) - 1, -1, -1):
-        if turns[i].role == ROLE_ASSISTANT:
-            if not turns[i].tool_calls and calls:
-                turns[i] = dataclasses.replace(turns[i], tool_calls=calls)
-            return
+    last = next((i for i in reversed(range(len(turns))) if turns[i].role == ROLE_ASSISTANT), None)
+    if last is not None and calls and not turns[last].tool_calls:
+        turns[last] = dataclasses.replace(turns[last], tool_calls=calls)
 
 
 def _merge(msgs: Sequence[Mapping[str, Any]], spans: list[Turn]) -> list[Turn]:
-    """Root messages, each assistant/tool message joined to its llm/tool span.
-
-    The i-th assistant message is the i-th llm span when their counts agree;
-    a tool message takes the next unused tool span of its name (else the next
-    unused tool span when the counts agree).
-    """
+    """Root messages joined to their spans: the i-th assistant message to the i-th llm span when their counts agree,
+    a tool message to the next unused tool span of its name (else, when the counts agree, the next unused one)."""
     turns = [_message_turn(m) for m in msgs]
     llm = [s for s in spans if s.role == ROLE_ASSISTANT]
     assistant = [i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT]
