@@ -126,24 +126,21 @@ class TraceConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view of the config, as written into file metadata (secrets redacted)."""
-        from tracer.record.redact import REDACTED, Redactor, is_secret_key
+        from tracer.record.redact import REDACTED, Redactor
 
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "tokenizer" and value is not None and not isinstance(value, str):
-                value = _tokenizer_label(value)
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[f.name] = value
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        tok = self.tokenizer
+        if tok is not None and not isinstance(tok, str):
+            # The local folder it was loaded from (the viewer decodes with it), else ``<ClassName>``.
+            path = getattr(tok, "name_or_path", None)
+            local = isinstance(path, str) and path and os.path.exists(path)
+            out["tokenizer"] = os.path.abspath(str(path)) if local else f"<{type(tok).__name__}>"
         if self.redact:
-            for key in ("backend_options", "run_config"):
-                out[key] = _redact_keys(out[key], is_secret_key, REDACTED)
             # A pattern is often the literal secret itself: write how many, never what.
             out["redact_patterns"] = [REDACTED] * len(self.redact_patterns)
-        data: dict[str, Any] = json.loads(json.dumps(out, default=repr))
+        data: dict[str, Any] = json.loads(json.dumps(out, default=_jsonable))
         if self.redact:
-            # Secret values anywhere (sk-... in backend options, a token in a URL).
+            # Secret keys' values and secret values anywhere (sk-... in backend options, a token in a URL).
             redactor = Redactor(self.redact_patterns)
             for key in ("backend_options", "run_config", "output_dir", "tokenizer"):
                 data[key] = redactor.value(data[key])
@@ -213,7 +210,15 @@ class TraceConfig:
         if not self.enabled:
             return
         if not _URI_SCHEME.match(self.output_dir):
-            _check_creatable(self.output_dir, self.run_dir)
+            probe = os.path.abspath(self.run_dir)
+            while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+                probe = os.path.dirname(probe)
+            if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+                why = "is not writable" if os.path.isdir(probe) else "is a file, not a directory"
+                raise TraceConfigError(
+                    f"output_dir: {self.output_dir!r} cannot hold the run directory {self.run_dir!r}: {probe!r} "
+                    f"{why}; give a directory this user can write (output_dir=... or ${ENV_TRACE_DIR})"
+                )
         if self.token2text and self.tokenizer is not None:
             _check_tokenizer(self.tokenizer)
 
@@ -399,30 +404,8 @@ def dir_segment(key: str, name: Any) -> str:
 _URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def _tokenizer_label(tokenizer: Any) -> str:
-    """How a tokenizer object is recorded: the local folder it was loaded from (the viewer decodes with it), else ``<ClassName>``."""
-    path = getattr(tokenizer, "name_or_path", None)
-    if isinstance(path, str) and path and os.path.exists(path):
-        return os.path.abspath(path)
-    return f"<{type(tokenizer).__name__}>"
-
-
-def _check_creatable(output_dir: str, run_dir: str) -> None:
-    """Raise TraceConfigError unless ``run_dir`` exists as a writable directory or can be created."""
-    fix = f"give a directory this user can write (output_dir=... or ${ENV_TRACE_DIR})"
-    probe = os.path.abspath(run_dir)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    why = None if os.path.isdir(probe) else "is a file, not a directory"
-    if why is None and not os.access(probe, os.W_OK | os.X_OK):
-        why = "is not writable"
-    if why is not None:
-        raise TraceConfigError(
-            f"output_dir: {output_dir!r} cannot hold the run directory {run_dir!r}: {probe!r} {why}; {fix}"
-        )
+def _jsonable(value: Any) -> Any:
+    return dict(value) if isinstance(value, Mapping) else repr(value)
 
 
 def _check_tokenizer(tokenizer: Any) -> None:
@@ -452,17 +435,6 @@ def _check_tokenizer(tokenizer: Any) -> None:
         ) from None
 
 
-def _redact_keys(value: Any, is_secret: Any, mark: str) -> Any:
-    if isinstance(value, Mapping):
-        return {
-            k: mark if isinstance(k, str) and is_secret(k) else _redact_keys(v, is_secret, mark)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_redact_keys(v, is_secret, mark) for v in value]
-    return value
-
-
 def _check_known(where: str, fields: Iterable[str], names: set[str]) -> None:
     """Raise naming the fields not in ``names``, the closest valid ones and every valid one."""
     unknown = sorted(set(fields) - names)
@@ -488,9 +460,6 @@ def _env_config(names: set[str]) -> dict[str, Any]:
         raise TraceConfigError(f"{ENV_CONFIG}: must be a JSON object of config fields, not {type(data).__name__}")
     data = {_ALIASES.get(k, k): v for k, v in data.items()}
     _check_known(f"{ENV_CONFIG}: ", data, names)
-    for key in ("token_fields", "redact_patterns"):
-        if isinstance(data.get(key), list):
-            data[key] = tuple(data[key])
     return data
 
 
@@ -520,18 +489,12 @@ def _backend_list(backend: str | list[str] | tuple[str, ...] | None) -> list[str
 
 
 def _parse_backend(raw: Any) -> str | list[str] | None:
-    if raw is None:
-        return None
-    if isinstance(raw, (list, tuple)):
-        names = _backend_list(list(raw))
-    else:
+    if raw is not None and not isinstance(raw, (list, tuple)):
         text = str(raw).strip()
-        if text.startswith("[") and text.endswith("]"):
-            text = text[1:-1]
-        names = _backend_list([t.strip().strip("'\"") for t in text.split(",")])
-    if not names:
-        return None
-    return names[0] if len(names) == 1 else names
+        text = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+        raw = [t.strip().strip("'\"") for t in text.split(",")]
+    names = _backend_list(raw)
+    return (names[0] if len(names) == 1 else names) or None
 
 
 def _parse_value(key: str, raw: Any, type_name: str) -> Any:
@@ -540,29 +503,22 @@ def _parse_value(key: str, raw: Any, type_name: str) -> Any:
         return _parse_backend(raw)
     text = raw.strip() if isinstance(raw, str) else None
     optional = "None" in type_name
-    if text is not None and text.lower() in _NONE_WORDS and optional:
-        return None
-    if raw is None:
+    if raw is None or (optional and text is not None and text.lower() in _NONE_WORDS):
         if optional or type_name == "Any":
             return None
         raise TraceConfigError(f"{key}: null is not allowed here; give a {type_name} value")
-    base = type_name.replace(" | None", "").strip()
-    try:
-        if base in ("bool", "int", "float"):
-            return raw  # read and checked with every other source's values (TraceConfig.validate)
-        if base.startswith("tuple"):
-            if isinstance(raw, (list, tuple)):
-                return tuple(str(x) for x in raw)
-            assert text is not None
-            body = text[1:-1] if text.startswith("[") and text.endswith("]") else text
-            return tuple(p.strip().strip("'\"") for p in body.split(",") if p.strip())
-        if base.startswith("dict"):
-            if isinstance(raw, Mapping):
-                return dict(raw)
-            return dict(json.loads(text or "{}"))
-        if base == "str":
-            return str(raw)
-        return raw if text is None else text
-    except (ValueError, TypeError, json.JSONDecodeError):
-        allowed = ("a JSON object" if base.startswith("dict") else base) + (" (or null)" if optional else "")
-        raise TraceConfigError(f"{key}: cannot read {raw!r}; give {allowed}") from None
+    if type_name.startswith("tuple"):
+        if isinstance(raw, (list, tuple)):
+            return tuple(str(x) for x in raw)
+        assert text is not None
+        body = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+        return tuple(p.strip().strip("'\"") for p in body.split(",") if p.strip())
+    if type_name.startswith("dict"):
+        try:
+            return dict(raw) if isinstance(raw, Mapping) else dict(json.loads(text or "{}"))
+        except (ValueError, TypeError):
+            raise TraceConfigError(f"{key}: cannot read {raw!r}; give a JSON object") from None
+    if type_name == "str":
+        return str(raw)
+    # bool, int, float: read and checked with every other source's values (TraceConfig.validate); Any: as given
+    return text if text is not None and type_name == "Any" else raw
