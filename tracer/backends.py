@@ -42,12 +42,6 @@ class Option:
         """The option's CLI flag."""
         return self.flag or "--" + self.name.replace("_", "-")
 
-    def default_for(self, live: bool) -> Any:
-        """The default in force for live or post-hoc export."""
-        if live and self.live_default is not _SAME:
-            return self.live_default
-        return self.default
-
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
@@ -201,21 +195,18 @@ def load_sink(name: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
+_BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
 def _coerce(backend: str, option: Option, value: Any) -> Any:
     if value is None:
         return None
-    if option.type is bool and isinstance(value, str):
-        low = value.strip().lower()
-        if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-            raise ExportOptionError(f"{backend} option {option.name}={value!r} is not a boolean; give true or false")
-        value = low in ("1", "true", "yes", "on")
-    elif option.type in (int, float) and isinstance(value, str):
+    if isinstance(value, str) and option.type is not str:
         try:
-            value = option.type(value)
-        except ValueError:
-            raise ExportOptionError(
-                f"{backend} option {option.name}={value!r} is not a {option.type.__name__}"
-            ) from None
+            value = _BOOL_WORDS[value.strip().lower()] if option.type is bool else option.type(value)
+        except (KeyError, ValueError):
+            what = "boolean; give true or false" if option.type is bool else option.type.__name__
+            raise ExportOptionError(f"{backend} option {option.name}={value!r} is not a {what}") from None
     elif option.type is str and isinstance(value, os.PathLike):
         value = os.fspath(value)
     if option.choices is not None and value not in option.choices:
@@ -239,4 +230,8 @@ def resolve_options(name: str, options: Mapping[str, Any], live: bool = False) -
             raise ExportOptionError(
                 f"unknown {name} option {key!r}{did_you_mean([key], known)}; {name} options are: {valid}"
             )
-    return {o.name: _coerce(name, o, options.get(o.name, o.default_for(live))) for o in entry.options}
+    out = {}
+    for o in entry.options:
+        default = o.live_default if live and o.live_default is not _SAME else o.default
+        out[o.name] = _coerce(name, o, options.get(o.name, default))
+    return out

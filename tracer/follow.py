@@ -30,13 +30,7 @@ from tracer.summary import SUMMARY_SPAN_COLUMNS, summarize
 #: Span columns the follower keeps for every row it read: what the summary needs, plus the span id.
 FOLLOW_SPAN_COLUMNS: tuple[str, ...] = (*SUMMARY_SPAN_COLUMNS, S.SPAN_ID)
 
-_SORT_KEYS = [
-    (S.STEP, "ascending"),
-    (S.SAMPLE_INDEX, "ascending"),
-    (S.ROLLOUT_N, "ascending"),
-    (S.START_NS, "ascending"),
-    (S.TRACE_ID, "ascending"),
-]
+_SORT_KEYS = [(c, "ascending") for c in (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.START_NS, S.TRACE_ID)]
 
 
 @dataclasses.dataclass
@@ -163,31 +157,25 @@ class RunFollower:
         if _uri.is_remote(file):
             reading = read_batches(file, self.columns)
         else:
-            try:
+            try:  # the file may be gone since the listing (seal_if_abandoned never raises)
                 st = os.stat(file)
+                if st.st_size == progress.size and st.st_mtime_ns == progress.mtime_ns:
+                    # Unchanged: an open file whose writer is gone is sealed, so its last step counts as finished.
+                    if progress.closed or seal_if_abandoned(file, on_sealed=write_index).action != SEALED:
+                        return None
+                    st = os.stat(file)
+                if st.st_size < progress.size:
+                    raise _ShrunkError(file)
+                progress.mtime_ns = st.st_mtime_ns
+                # Walk the headers from where the last read ended, read only the batches after it.
+                if progress.end or not progress.batches:
+                    resume = (progress.end, progress.batches) if progress.end else None
+                    reading = read_batches(file, self.columns, resume=resume)
+                else:  # after damage: walk the whole file, read the batches not read yet
+                    complete = len(read_layout(file).batches)
+                    reading = read_batches(file, self.columns, range(progress.batches, complete))
             except OSError:
                 return None
-            if st.st_size == progress.size and st.st_mtime_ns == progress.mtime_ns:
-                # Unchanged: an open file whose writer is gone is sealed, so its last step counts as finished.
-                if progress.closed or seal_if_abandoned(file, on_sealed=write_index).action != SEALED:
-                    return None
-                try:
-                    st = os.stat(file)
-                except OSError:
-                    return None
-            if st.st_size < progress.size:
-                raise _ShrunkError(file)
-            progress.mtime_ns = st.st_mtime_ns
-            # Walk the headers from where the last read ended, read only the batches after it.
-            if progress.end or not progress.batches:
-                resume = (progress.end, progress.batches) if progress.end else None
-                reading = read_batches(file, self.columns, resume=resume)
-            else:  # after damage: walk the whole file, read the batches not read yet
-                try:
-                    complete = len(read_layout(file).batches)
-                except OSError:
-                    return None
-                reading = read_batches(file, self.columns, range(progress.batches, complete))
         got = list(reading)
         result = reading.result
         message = result.describe()
@@ -306,10 +294,6 @@ class RunFollower:
         """The files holding rows of these trajectories."""
         return sorted({f for t in trace_ids for f in self._trace_files.get(t, ())})
 
-    def open_files(self) -> list[str]:
-        """Files not closed yet: their writers may still add to them."""
-        return sorted(f for f, p in self.files.items() if not p.closed)
-
     def running(self, now_ns: int | None = None) -> pa.Table:
         """Trajectories in progress: no root span yet and a file still open (their writer may be alive).
 
@@ -317,11 +301,8 @@ class RunFollower:
         """
         table = self.trajectories()
         incomplete = table.filter(pc.equal(table.column(S.STATUS), S.STATUS_INCOMPLETE))
-        open_files = set(self.open_files())
-        keep = [
-            any(f in open_files for f in self._trace_files.get(t, ()))
-            for t in incomplete.column(S.TRACE_ID).to_pylist()
-        ]
+        open_files = {f for f, p in self.files.items() if not p.closed}
+        keep = [not open_files.isdisjoint(self._trace_files.get(t, ())) for t in incomplete[S.TRACE_ID].to_pylist()]
         running = incomplete.filter(pa.array(keep, pa.bool_()))
         now = time.time_ns() if now_ns is None else now_ns
         since = pc.divide(
