@@ -106,9 +106,7 @@ def flush(timeout: float | None = 30.0) -> FlushResult:
     previous flush, ``result.message`` says why; the counts are totals.
     """
     rec = _recorder.ACTIVE
-    if rec is None:
-        return FlushResult(True)
-    return rec.flush(timeout)
+    return FlushResult(True) if rec is None else rec.flush(timeout)
 
 
 def shutdown(timeout: float | None = 30.0) -> FlushResult:
@@ -117,6 +115,4 @@ def shutdown(timeout: float | None = 30.0) -> FlushResult:
     rec = _recorder.ACTIVE
     _recorder.ACTIVE = None
     _config = None
-    if rec is None:
-        return FlushResult(True)
-    return rec.shutdown(timeout)
+    return FlushResult(True) if rec is None else rec.shutdown(timeout)

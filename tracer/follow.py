@@ -52,8 +52,6 @@ class Update:
 
     rows: int = 0
     batches: int = 0
-    files_read: int = 0  # files with new batches
-    new_files: int = 0  # files seen for the first time
     changed: list[str] = dataclasses.field(default_factory=list)  # trace ids summarised again
     reset: bool = False  # read again from the start (a file read was replaced or cut)
     warnings: list[str] = dataclasses.field(default_factory=list)  # about damaged files
@@ -150,10 +148,7 @@ class RunFollower:
         return update
 
     def _read_file(self, file: str, update: Update) -> pa.Table | None:
-        progress = self.files.get(file)
-        if progress is None:
-            progress = self.files[file] = FileProgress()
-            update.new_files += 1
+        progress = self.files.setdefault(file, FileProgress())
         if _uri.is_remote(file):
             reading = read_batches(file, self.columns)
         else:
@@ -192,7 +187,6 @@ class RunFollower:
         if not got:
             return None
         update.batches += len(got)
-        update.files_read += 1
         table = pa.Table.from_batches(got)
         progress.changed_at = time.monotonic()
         top = pc.max(table.column(S.STEP)).as_py()

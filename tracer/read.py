@@ -41,12 +41,6 @@ class TraceFileWarning(UserWarning):
     """A trace file was damaged, empty or unreadable; the message says what was kept."""
 
 
-def _as_paths(paths: TracePaths) -> list[str]:
-    if isinstance(paths, (str, os.PathLike)):
-        return [os.fspath(paths)]
-    return [os.fspath(p) for p in paths]
-
-
 def _snapshots(paths: TracePaths, lock: bool) -> Iterator[tuple[list[str], dict[str, Any]]]:
     """``(files, index)`` per directory, in reading order; with ``lock``, its shared lock is held until the next item."""
     seen: set[str] = set()
@@ -60,7 +54,8 @@ def _snapshots(paths: TracePaths, lock: bool) -> Iterator[tuple[list[str], dict[
                 out.append(f)
         return out
 
-    for p in _as_paths(paths):
+    for given in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        p = os.fspath(given)
         if _uri.is_remote(p):
             by_parent: dict[str, list[str]] = {}
             for u in _uri.list_remote(p):
@@ -315,7 +310,7 @@ def dataset(path: TracePaths) -> pds.Dataset:
             remote = _uri.is_remote(file)
             if not remote and os.path.basename(file) not in index["files"]:
                 seal_if_abandoned(file, on_sealed=write_index)
-            (others if remote or not _opens_directly(file) else direct).append(file)
+            (direct if not remote and _opens_directly(file) else others).append(file)
     parts: list[pds.Dataset] = []
     if direct:
         parts.append(pds.dataset(direct, format="ipc", schema=S.SPAN_SCHEMA))

@@ -134,9 +134,7 @@ class Tail:
     def _finished(self, step: int, now: float) -> bool:
         later = [t for s, t in self.step_seen.items() if s > step]
         files = self.follower.files.values()
-        if not later and not all(f.closed for f in files):
-            return False
-        if later and now - min(later) < self.grace:
+        if now - min(later) < self.grace if later else not all(f.closed for f in files):
             return False
         return all(
             f.closed or (f.max_step is not None and f.max_step > step) or now - f.changed_at >= self.grace
@@ -169,8 +167,7 @@ class Tail:
             tid = row[S.TRACE_ID]
             if row[S.STATUS] == S.STATUS_INCOMPLETE:
                 continue
-            seen = self.root_seen.setdefault(tid, now)
-            if now - seen >= self.grace or all_closed:
+            if now - self.root_seen.setdefault(tid, now) >= self.grace or all_closed:
                 self.candidates.discard(tid)
                 self.root_seen.pop(tid, None)
                 out.append(trajectory_line(row))
