@@ -188,9 +188,5 @@ def diff_configs(config_a: Mapping[str, Any], config_b: Mapping[str, Any]) -> li
     A key only one config has shows :data:`MISSING` on the other side.
     """
     fa, fb = flatten_config(config_a), flatten_config(config_b)
-    out = []
-    for key in sorted(set(fa) | set(fb)):
-        va, vb = fa.get(key, MISSING), fb.get(key, MISSING)
-        if not _same(va, vb):
-            out.append((key, va, vb))
-    return out
+    rows = [(key, fa.get(key, MISSING), fb.get(key, MISSING)) for key in sorted(fa.keys() | fb.keys())]
+    return [row for row in rows if not _same(row[1], row[2])]

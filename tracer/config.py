@@ -39,6 +39,7 @@ ON_FULL_CHOICES = ("block", "drop")
 SAMPLE_STRATEGIES = ("uniform", "extremes", "variance")
 #: ``sample_by`` choices: what ``extremes`` and ``variance`` rank groups by.
 SAMPLE_BY_CHOICES = ("reward", "length")
+_CHOICES = {"sample_strategy": SAMPLE_STRATEGIES, "sample_by": SAMPLE_BY_CHOICES, "on_buffer_full": ON_FULL_CHOICES}
 
 #: Prefixes of verl-style dotted keys that address trace fields.
 _TRACE_PREFIXES = ("actor_rollout_ref.rollout.trace.", "rollout.trace.", "trace.")
@@ -157,11 +158,8 @@ class TraceConfig:
                 )
         for key in ("project_name", "experiment_name"):
             dir_segment(key, getattr(self, key))
-        for key, value, choices in (
-            ("sample_strategy", self.sample_strategy, SAMPLE_STRATEGIES),
-            ("sample_by", self.sample_by, SAMPLE_BY_CHOICES),
-            ("on_buffer_full", self.on_buffer_full, ON_FULL_CHOICES),
-        ):
+        for key, choices in _CHOICES.items():
+            value = getattr(self, key)
             if value not in choices:
                 hint = did_you_mean([str(value)], choices)
                 raise TraceConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}{hint}")
@@ -230,12 +228,10 @@ class TraceConfig:
         _check_known("", fields, names | set(_ALIASES))
         if config is None:
             base: dict[str, Any] = _env_config(names)
-            env_dir = os.environ.get(ENV_TRACE_DIR)
-            if env_dir:
-                base["output_dir"] = env_dir
-            env_backend = os.environ.get(ENV_BACKEND)
-            if env_backend is not None:
-                base["backend"] = _parse_backend(env_backend)
+            if os.environ.get(ENV_TRACE_DIR):
+                base["output_dir"] = os.environ[ENV_TRACE_DIR]
+            if ENV_BACKEND in os.environ:
+                base["backend"] = _parse_backend(os.environ[ENV_BACKEND])
             from_env = set(base) - set(fields)
             base.update(fields)
             try:
@@ -289,12 +285,10 @@ class TraceConfig:
     @classmethod
     def _from_pairs(cls, pairs: list[tuple[str, Any]], base: TraceConfig | None) -> TraceConfig:
         types = {f.name: f.type for f in dataclasses.fields(cls)}
-        trace_fields: dict[str, Any] = {}
-        trainer_fields: dict[str, Any] = {}
-        for key, raw in pairs:
+        fields: dict[str, Any] = {}
+        for key, raw in sorted(pairs, key=lambda pair: pair[0] not in _TRAINER_KEYS):  # the trace keys win
             if key in _TRAINER_KEYS:
-                field = _TRAINER_KEYS[key]
-                trainer_fields[field] = _parse_value(key, raw, str(types[field]))
+                fields[_TRAINER_KEYS[key]] = _parse_value(key, raw, str(types[_TRAINER_KEYS[key]]))
                 continue
             prefix = next((p for p in _TRACE_PREFIXES if key.startswith(p)), None)
             if prefix is None:
@@ -308,8 +302,7 @@ class TraceConfig:
                     f"{key}: unknown trace setting {name!r}{hint}; valid settings are "
                     f"{', '.join(prefix + v for v in valid)}"
                 )
-            trace_fields[name] = _parse_value(key, raw, str(types[name]))
-        fields = {**trainer_fields, **trace_fields}
+            fields[name] = _parse_value(key, raw, str(types[name]))
         try:
             return cls.resolve(base, **fields)
         except TraceConfigError as exc:
@@ -476,16 +469,9 @@ _NONE_WORDS = {"none", "null", "~", ""}
 
 
 def _backend_list(backend: str | list[str] | tuple[str, ...] | None) -> list[str]:
-    if backend is None:
-        return []
-    items = [backend] if isinstance(backend, str) else list(backend)
-    out = []
-    for item in items:
-        for part in str(item).split(","):
-            part = part.strip().lower()
-            if part and part not in _NONE_WORDS:
-                out.append(part)
-    return out
+    items = () if backend is None else [backend] if isinstance(backend, str) else backend
+    parts = (part.strip().lower() for item in items for part in str(item).split(","))
+    return [part for part in parts if part not in _NONE_WORDS]
 
 
 def _parse_backend(raw: Any) -> str | list[str] | None:
