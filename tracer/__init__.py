@@ -100,11 +100,9 @@ def get_config() -> TraceConfig | None:
 
 
 def flush(timeout: float | None = 30.0) -> FlushResult:
-    """Return when everything recorded so far is durable on disk.
-
-    Never raises for a storage failure: ``result.ok`` is False when spans failed or were dropped since the
-    previous flush, ``result.message`` says why; the counts are totals.
-    """
+    """Return when everything recorded so far is durable on disk. Never raises for a storage failure:
+    ``result.ok`` is False when spans failed or were dropped since the previous flush, ``result.message`` says
+    why; the counts are totals."""
     rec = _recorder.ACTIVE
     return FlushResult(True) if rec is None else rec.flush(timeout)
 

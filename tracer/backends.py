@@ -218,10 +218,8 @@ def _coerce(backend: str, option: Option, value: Any) -> Any:
 
 
 def resolve_options(name: str, options: Mapping[str, Any], live: bool = False) -> dict[str, Any]:
-    """Every option of backend ``name``: the given ones checked, the rest at their defaults.
-
-    Raises ExportOptionError for an unknown option (naming the closest) or a value of the wrong type or choice.
-    """
+    """Every option of backend ``name``: the given ones checked, the rest at their defaults; ExportOptionError
+    for an unknown option (naming the closest) or a value of the wrong type or choice."""
     entry = get_backend(name)
     known = [o.name for o in entry.options]
     for key in options:

@@ -183,10 +183,8 @@ MISSING = "<not set>"
 
 
 def diff_configs(config_a: Mapping[str, Any], config_b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """The dotted keys whose values differ between two configs: ``(key, value_a, value_b)``, by key.
-
-    A key only one config has shows :data:`MISSING` on the other side.
-    """
+    """The dotted keys whose values differ between two configs: ``(key, value_a, value_b)``, by key; a key
+    only one config has shows :data:`MISSING` on the other side."""
     fa, fb = flatten_config(config_a), flatten_config(config_b)
     rows = [(key, fa.get(key, MISSING), fb.get(key, MISSING)) for key in sorted(fa.keys() | fb.keys())]
     return [row for row in rows if not _same(row[1], row[2])]

@@ -374,10 +374,8 @@ def _as_number(key: str, value: Any, kind: type, low: float, high: float, option
 
 
 def dir_segment(key: str, name: Any) -> str:
-    """The directory name of a project or experiment name (``%``, ``/``, ``\\`` as ``%25``, ``%2F``, ``%5C``).
-
-    Raises TraceConfigError for a name no directory can be made from (empty, NUL, line breaks, too long).
-    """
+    """The directory name of a project or experiment name (``%``, ``/``, ``\\`` as ``%25``, ``%2F``, ``%5C``);
+    TraceConfigError for a name no directory can be made from (empty, NUL, line breaks, too long)."""
     if not isinstance(name, str) or not name.strip():
         raise TraceConfigError(f"{key}: {name!r} is not a usable name; give a non-empty string")
     if any(c in name for c in "\0\n\r"):

@@ -85,10 +85,8 @@ def _step_key(step: int | None) -> tuple[bool, int]:
 
 
 class RunFollower:
-    """Reads a run again and again, each time only what was written since.
-
-    Not thread-safe: callers sharing one follower hold a lock around :meth:`poll`.
-    """
+    """Reads a run again and again, each time only what was written since; not thread-safe (callers sharing
+    one follower hold a lock around :meth:`poll`)."""
 
     def __init__(self, path: TracePaths) -> None:
         self.path = path
@@ -289,10 +287,8 @@ class RunFollower:
         return sorted({f for t in trace_ids for f in self._trace_files.get(t, ())})
 
     def running(self, now_ns: int | None = None) -> pa.Table:
-        """Trajectories in progress: no root span yet and a file still open (their writer may be alive).
-
-        A table with the summary columns plus ``running_s``: seconds since the trajectory's first span started.
-        """
+        """Trajectories in progress (no root span yet, a file still open): the summary columns plus ``running_s``,
+        seconds since the trajectory's first span started."""
         table = self.trajectories()
         incomplete = table.filter(pc.equal(table.column(S.STATUS), S.STATUS_INCOMPLETE))
         open_files = {f for f, p in self.files.items() if not p.closed}

@@ -83,10 +83,8 @@ def _snapshots(paths: TracePaths, lock: bool) -> Iterator[tuple[list[str], dict[
 
 
 def list_trace_files(path: TracePaths) -> list[str]:
-    """Trace files under ``path``, sorted per directory, once each, without those a compaction replaced.
-
-    Raises FileNotFoundError for a path that does not exist.
-    """
+    """Trace files under ``path``, sorted per directory, once each, without those a compaction replaced
+    (FileNotFoundError: no such path)."""
     return [f for files, _ in _snapshots(path, lock=False) for f in files]
 
 
@@ -136,11 +134,8 @@ def _chosen(
 
 
 def indexed_files(path: TracePaths, on_sealed: OnClose = write_index) -> list[tuple[str, ShardIndex | None]]:
-    """The files :func:`iter_batches` would read, each with its index when one agrees with it (else None).
-
-    ``on_sealed`` is called with each shard of a dead writer this call seals. Raises FileNotFoundError for a
-    path that does not exist.
-    """
+    """The files :func:`iter_batches` would read, each with its index when one agrees with it (else None);
+    ``on_sealed`` gets each dead writer's shard this call seals (FileNotFoundError: no such path)."""
     pairs = _snapshots(path, lock=True)
     return [(file, _shard_index(file, index, on_sealed)) for files, index in pairs for file in files]
 
@@ -168,10 +163,8 @@ def run_rollup(path: TracePaths) -> Rollup | None:
 
 
 def read_steps(path: TracePaths) -> tuple[list[int], int]:
-    """The distinct steps of the spans under ``path`` (ascending, None left out) and their row count.
-
-    Rollups and indexes answer where they can; other files give their step column.
-    """
+    """The distinct steps of the spans under ``path`` (ascending, None left out) and their row count, from
+    rollups and indexes where they can answer, else the files' step column."""
     steps: set[int] = set()
     rows = 0
     plain: list[str] = []
@@ -298,9 +291,8 @@ def read_spans(
 def dataset(path: TracePaths) -> pds.Dataset:
     """The spans of a run as a :class:`pyarrow.dataset.Dataset` (DuckDB, Polars): the rows of :func:`read_spans`.
 
-    Closed files in today's schema are read lazily by pyarrow; anything else (open, older or damaged) is read
-    here with the same warnings. Raises FileNotFoundError for a path that does not exist.
-    """
+    pyarrow reads closed files in today's schema lazily; the others (open, older, damaged) are read here with the
+    same warnings (FileNotFoundError: no such path)."""
     import pyarrow.dataset as pds  # heavy (BENCHMARKS.md, `import tracer`): loaded by the first dataset() call
 
     direct: list[str] = []
