@@ -274,13 +274,11 @@ class TraceConfig:
             raise TraceConfigError(f"config file {os.fspath(path)!r} does not exist") from None
         except yaml.YAMLError as exc:
             raise TraceConfigError(f"config file {os.fspath(path)!r} is not valid YAML: {exc}") from None
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
+        if data is not None and not isinstance(data, Mapping):
             raise TraceConfigError(
                 f"config file {os.fspath(path)!r} must hold a mapping of keys, not {type(data).__name__}"
             )
-        return cls._from_pairs(list(_flatten(data)), base)
+        return cls._from_pairs(list(_flatten(data or {})), base)
 
     @classmethod
     def _from_pairs(cls, pairs: list[tuple[str, Any]], base: TraceConfig | None) -> TraceConfig:
@@ -348,10 +346,8 @@ def as_bool(key: str, value: Any) -> bool:
 def _as_number(key: str, value: Any, kind: type, low: float, high: float, optional: bool) -> Any:
     """``value`` as a finite int or float within ``[low, high]`` (text is read); raise naming the key and range."""
     what = "an integer" if kind is int else "a number of seconds"
-    if kind is not int:
+    if kind is not int or high < _MAX_INT:
         fix = f"give {what} from {low:g} to {high:g}"
-    elif high < _MAX_INT:
-        fix = f"give {what} from {int(low)} to {int(high)}"
     else:
         fix = {1: "give a positive integer", 0: "give an integer >= 0"}.get(int(low), "give an integer (64-bit)")
     fix += " (or null for no limit)" if optional else ""

@@ -24,16 +24,6 @@ def _backend_options() -> dict[str, list[tuple[str, Option]]]:
     return out
 
 
-def _add_option(p: argparse.ArgumentParser, name: str, owners: list[tuple[str, Option]]) -> None:
-    first = owners[0][1]
-    helps = "; ".join(
-        f"{b}: {o.help}" + (f" ({'|'.join(map(str, o.choices))})" if o.choices else "") for b, o in owners
-    )
-    boolean = first.type is bool
-    typed: dict[str, Any] = {"action": argparse.BooleanOptionalAction} if boolean else {"type": first.type}
-    p.add_argument(first.cli_flag, dest=name, help=helps, metavar=None if boolean else name.upper(), **typed)
-
-
 def register_export(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "export",
@@ -44,7 +34,13 @@ def register_export(subparsers: Any) -> None:
     p.add_argument("path", help="a trace file or a directory of them (e.g. rollout_traces/PROJECT/EXPERIMENT)")
     p.add_argument("--to", required=True, metavar="BACKEND", help=f"one of: {', '.join(BACKENDS)}")
     for name, owners in _backend_options().items():
-        _add_option(p, name, owners)
+        first = owners[0][1]
+        helps = "; ".join(
+            f"{b}: {o.help}" + (f" ({'|'.join(map(str, o.choices))})" if o.choices else "") for b, o in owners
+        )
+        boolean = first.type is bool
+        typed: dict[str, Any] = {"action": argparse.BooleanOptionalAction} if boolean else {"type": first.type}
+        p.add_argument(first.cli_flag, dest=name, help=helps, metavar=None if boolean else name.upper(), **typed)
     p.add_argument(
         "--opt",
         action="append",
