@@ -311,10 +311,5 @@ def step_progress(trajectories: pa.Table, running: pa.Table) -> list[dict[str, A
     out: dict[int | None, dict[str, Any]] = {}
     for tid, step, status in zip(*trajectories.select([S.TRACE_ID, S.STEP, S.STATUS]).to_pydict().values()):
         row = out.setdefault(step, {S.STEP: step, "finished": 0, "running": 0, "abandoned": 0})
-        if status != S.STATUS_INCOMPLETE:
-            row["finished"] += 1
-        elif tid in running_ids:
-            row["running"] += 1
-        else:
-            row["abandoned"] += 1
+        row["finished" if status != S.STATUS_INCOMPLETE else "running" if tid in running_ids else "abandoned"] += 1
     return [out[s] for s in sorted(out, key=_step_key)]

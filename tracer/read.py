@@ -117,9 +117,7 @@ def _chosen(
     (None, None) to read every batch."""
     if shard is None:
         size = entry.get("size")
-        if isinstance(size, int):
-            return batches_for_steps(entry, size, steps), size
-        return None, None
+        return (batches_for_steps(entry, size, steps), size) if isinstance(size, int) else (None, None)
     if steps is None and trace_ids is None:
         return None, None
     chosen = set(range(len(shard.batch_rows)))
