@@ -1,9 +1,5 @@
-"""Registry of backends: each one's name, sink class, extra and options, declared once.
-
-``arrow`` is the local file writer the others are fed from; each other backend is a :class:`Backend` in
-:data:`BACKENDS` (sink ``"module:Class"``, imported when used). The CLI, the Python API and the live options
-are built from them.
-"""
+"""Registry of backends (:data:`BACKENDS`): each one's name, sink class (imported when used), extra and options,
+declared once for the CLI, the Python API and the live options. ``arrow``, the local writer, feeds the others."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The ``pip install`` line that adds an optional extra, spelled for how this copy was installed.
-
-rollout-trace is not on a package index, so every "needs package X" message names what works here: ``pip install
--e '/clone[viewer]'`` from a source tree, ``pip install '/that/path[viewer]'`` for a local folder or wheel (pip's
-``direct_url.json``), else ``pip install 'rollout-trace[viewer]'``.
-"""
+"""The ``pip install`` line that adds an optional extra, spelled for how this copy was installed (rollout-trace is
+not on a package index, so every "needs package X" message names what works here)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Follow a run while it is written: read only the batches added since the last look.
-
-:class:`RunFollower` remembers per file the complete batches read; each poll summarises again only the
-trajectories that got rows, so :meth:`RunFollower.trajectories` equals
-:func:`tracer.index.readers.read_trajectories` of the run. A file gone or shorter (compaction, repair) makes
-the next poll read the run again.
-"""
+"""Follow a run while it is written: :class:`RunFollower` reads only the batches added since the last look and
+summarises again only the trajectories that got rows, so :meth:`RunFollower.trajectories` equals
+:func:`tracer.index.readers.read_trajectories` of the run. A file gone or shorter (compaction, repair) makes the
+next poll read the run again."""
 
 from __future__ import annotations
 
@@ -26,9 +23,6 @@ from tracer.storage import uri as _uri
 from tracer.storage.files import read_batches, read_layout
 from tracer.storage.seal import SEALED, seal_if_abandoned
 from tracer.summary import SUMMARY_SPAN_COLUMNS, summarize
-
-#: Span columns the follower keeps for every row it read: what the summary needs, plus the span id.
-FOLLOW_SPAN_COLUMNS: tuple[str, ...] = (*SUMMARY_SPAN_COLUMNS, S.SPAN_ID)
 
 _SORT_KEYS = [(c, "ascending") for c in (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.START_NS, S.TRACE_ID)]
 
@@ -90,7 +84,7 @@ class RunFollower:
 
     def __init__(self, path: TracePaths) -> None:
         self.path = path
-        self.columns = list(FOLLOW_SPAN_COLUMNS)
+        self.columns = [*SUMMARY_SPAN_COLUMNS, S.SPAN_ID]  # kept of every row read: what the summary needs
         self._clear()
 
     def _clear(self) -> None:

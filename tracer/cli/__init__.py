@@ -1,10 +1,6 @@
-"""The ``rollout-trace`` command line.
-
-Subcommands are ``register(subparsers)`` entry points of ``rollout_trace.commands``, adding parsers with
-``func(args) -> int`` and ``run_paths`` (missing local ones are refused here). Exit status (docs/cli.md):
-:data:`EXIT_OK` 0, :data:`EXIT_PROBLEM` 1, :data:`EXIT_USAGE` 2 (also an unforeseen error, its traceback with
-``ROLLOUT_TRACE_DEBUG=1``), 130 on Ctrl-C.
-"""
+"""The ``rollout-trace`` command line: subcommands are ``register(subparsers)`` entry points of
+``rollout_trace.commands`` adding parsers with ``func(args) -> int`` and ``run_paths`` (missing local ones are
+refused here); exit statuses in :mod:`tracer.cli.errors`."""
 
 from __future__ import annotations
 

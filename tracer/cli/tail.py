@@ -1,10 +1,8 @@
-"""``rollout-trace tail RUN``: follow a run while it trains, one line per finished step (or trajectory).
-
-Polls with :class:`tracer.follow.RunFollower` every ``--interval`` seconds until Ctrl-C (exit 130). A step's
-line (:func:`tracer.exporters.console.format_step_line`) is printed once, in order, when a later step has been in
-the files for ``--grace`` seconds and every open shard has moved past the step or stood still that long (all
-shards closed: the last step too). ``--trajectories``: a line per trajectory, ``--grace`` seconds after its root.
-"""
+"""``rollout-trace tail RUN``: follow a run (:class:`tracer.follow.RunFollower`) every ``--interval`` seconds
+until Ctrl-C (exit 130). A step's line (:func:`tracer.exporters.console.format_step_line`) is printed once, in
+order, when a later step has been in the files for ``--grace`` seconds and every open shard has moved past the
+step or stood still that long (all shards closed: the last step too). ``--trajectories``: a line per trajectory,
+``--grace`` seconds after its root."""
 
 from __future__ import annotations
 
