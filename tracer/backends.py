@@ -150,15 +150,6 @@ _CONSOLE = Backend(
 #: Backend name -> its entry, in the order help texts list them.
 BACKENDS: dict[str, Backend] = {b.name: b for b in (_MLFLOW, _WANDB, _SWANLAB, _TRACKIO, _OTLP, _CONSOLE)}
 
-#: Options of the file driver, every backend takes them (:func:`export_files`).
-COMMON_OPTIONS: tuple[Option, ...] = (
-    Option("steps", int, None, "export only these steps"),
-    Option("since_step", int, None, "export only steps >= this"),
-    Option("progress", bool, True, "draw a progress bar on stderr"),
-    Option("verify", bool, False, "read the backend back and compare rows, rewards and metrics with the files"),
-    Option("log_val_generations", int, None, "validation rows per step in tables (default: the recorded config's)"),
-)
-
 
 def available_backends() -> tuple[str, ...]:
     """Names a config's ``backend`` may take."""

@@ -106,29 +106,20 @@ class RunFollower:
     def poll(self) -> Update:
         """Read the batches written since the last poll and update the summaries (FileNotFoundError: no path)."""
         files = list_trace_files(self.path)
-        listed = set(files)
         # A file read before is gone (compacted, removed) or remote (no cheap look at its batches): start over.
-        gone = any(f not in listed for f in self.files) or any(_uri.is_remote(f) for f in files)
-        update = self._read(files, gone)
-        if update is None:  # a file got shorter (repaired, rewritten): start over
-            update = self._read(files, True)
-            assert update is not None
-        return update
+        gone = not self.files.keys() <= set(files) or any(_uri.is_remote(f) for f in files)
+        try:
+            return self._read(files, gone)
+        except _ShrunkError:  # a file got shorter (repaired, rewritten): start over
+            return self._read(files, True)
 
-    def _read(self, files: list[str], start_over: bool) -> Update | None:
+    def _read(self, files: list[str], start_over: bool) -> Update:
         update = Update(reset=start_over and bool(self.files))
         if start_over:
             self._clear()
-        pieces: list[pa.Table] = []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", TraceFileWarning)
-            for file in files:
-                try:
-                    piece = self._read_file(file, update)
-                except _ShrunkError:
-                    return None
-                if piece is not None:
-                    pieces.append(piece)
+            pieces = [table for table in (self._read_file(f, update) for f in files) if table is not None]
         update.warnings = list(dict.fromkeys(str(w.message) for w in caught))
         if pieces:
             new = pa.concat_tables(pieces)

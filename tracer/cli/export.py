@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from tracer.backends import BACKENDS, COMMON_OPTIONS, ExportOptionError, Option, get_backend
+from tracer.backends import BACKENDS, ExportOptionError, Option, get_backend
 from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, describe_error, error_text, fail, show_progress
 from tracer.exporters.base import export_files
 
@@ -48,13 +48,21 @@ def register_export(subparsers: Any) -> None:
         metavar="NAME=VALUE",
         help="any option of the backend by its name (repeatable), e.g. --opt max_rows=5000",
     )
-    common = {o.name: o for o in COMMON_OPTIONS}
     p.add_argument(
         "--step", dest="steps", type=int, action="append", metavar="N", help="export only step N (repeatable)"
     )
-    p.add_argument("--since-step", type=int, metavar="N", help=common["since_step"].help)
-    p.add_argument("--log-val-generations", type=int, metavar="N", help=common["log_val_generations"].help)
-    p.add_argument("--verify", action="store_true", help=common["verify"].help)
+    p.add_argument("--since-step", type=int, metavar="N", help="export only steps >= this")
+    p.add_argument(
+        "--log-val-generations",
+        type=int,
+        metavar="N",
+        help="validation rows per step in tables (default: the recorded config's)",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="read the backend back and compare rows, rewards and metrics with the files",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=run_export, run_paths=("path",))
 
