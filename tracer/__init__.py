@@ -72,12 +72,10 @@ _config: TraceConfig | None = None
 
 
 def init(config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
-    """Configure tracing for this process and return the config in force.
-
-    ``fields`` override ``config``, then the environment, then defaults. Calling it again flushes and closes
-    the previous recorder; calls still running are written by the new one, whose first :func:`flush` reports
-    what the old one lost. Raises TraceConfigError for an unknown field or a bad value.
-    """
+    """Configure tracing for this process and return the config in force: ``fields`` over ``config`` over the
+    environment over defaults (TraceConfigError: an unknown field or a bad value). Calling it again flushes and
+    closes the previous recorder; calls still running are written by the new one, whose first :func:`flush`
+    reports what the old one lost."""
     global _config
     cfg = TraceConfig.resolve(config, **fields)
     cfg.check_resources()  # output_dir, tokenizer: fail here, not at the first flush

@@ -105,10 +105,7 @@ class TraceConfig:
     def backends(self) -> tuple[str, ...]:
         """Backend names in force, ``arrow`` first when tracing is on."""
         names = _backend_list(self.backend)
-        if not names:
-            return ()
-        rest = tuple(n for n in names if n != LOCAL_BACKEND)
-        return (LOCAL_BACKEND, *rest)
+        return (LOCAL_BACKEND, *(n for n in names if n != LOCAL_BACKEND)) if names else ()
 
     @property
     def project_dir(self) -> str:

@@ -182,7 +182,6 @@ class RunFollower:
 
     def _absorb(self, new: pa.Table) -> list[str]:
         """File the new rows by step and summarise again every trajectory they touch."""
-        steps_col = new.column(S.STEP)
         for step, rows in _by_step(new).items():
             self._spans.setdefault(step, []).append(rows)
         pairs = new.select([S.TRACE_ID, S.STEP]).group_by([S.TRACE_ID, S.STEP], use_threads=False).aggregate([])
@@ -192,8 +191,7 @@ class RunFollower:
                 affected.add(tid)
                 self._trace_steps.setdefault(tid, set()).add(step)
         # Rewards logged without a trace id join trajectories of their step by key: redo those steps.
-        keyed_steps = set(pc.unique(pc.filter(steps_col, _keyed_rewards(new))).to_pylist())
-        for step in keyed_steps:
+        for step in pc.unique(pc.filter(new.column(S.STEP), _keyed_rewards(new))).to_pylist():
             summary = self._summaries.get(step)
             if summary is not None:
                 affected.update(summary.column(S.TRACE_ID).to_pylist())
@@ -251,11 +249,8 @@ class RunFollower:
         return pa.concat_tables(parts).sort_by([(S.START_NS, "ascending")])
 
     def summary_spans(self, step: int | None) -> pa.Table:
-        """At least every row of the trajectories whose summary is in ``step`` (per-trajectory columns of one step).
-
-        The step's own rows when none of its trajectories has rows in another step (no filtering), else
-        :meth:`spans` of its trajectories. Rows of other trajectories may come along.
-        """
+        """At least every row of the trajectories whose summary is in ``step`` (rows of others may come along):
+        the step's own rows when none of its trajectories has rows in another step, else :meth:`spans`."""
         summary = self._summaries.get(step)
         if summary is None:
             return self._no_spans()

@@ -1,9 +1,5 @@
-"""A trajectory's question and final answer, and a group's ground truth: what the pages name a rollout by.
-
-The question is the last user message before the model's first reply (a few-shot assistant message no llm span
-produced is part of the prompt; a templated prompt, ChatML or Llama 3, gives its last user block). The answer is
-the last assistant turn's text. The ground truth is a ``log_reward`` extra.
-"""
+"""A trajectory's question (:func:`question_of`) and final answer (the last assistant turn's text), and a group's
+ground truth (a ``log_reward`` extra): what the pages name a rollout by."""
 
 from __future__ import annotations
 

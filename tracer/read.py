@@ -1,8 +1,6 @@
 """Readers of trace files: a path or a list of paths (``.arrow`` files, directories searched recursively, URIs).
-
 Damaged, empty or foreign files give a :class:`TraceFileWarning` saying what was kept, never an error; only a
-missing path raises. A directory is read as one snapshot while ``rollout-trace compact`` works on it.
-"""
+missing path raises. A directory is read as one snapshot while ``rollout-trace compact`` works on it."""
 
 from __future__ import annotations
 
