@@ -117,7 +117,6 @@ def compare_runs(
 ) -> pa.Table:
     """Per prompt, the rollouts of run A against run B (:data:`COMPARE_SCHEMA`), by ``delta`` ascending (the
     biggest regression first, nulls last), then prompt; two steps of one run: ``compare_runs(run, run, 10, 200)``.
-
     ``steps_a``/``steps_b``: each side's steps (default all); ``validate``: only validation (True) or training
     (False) rollouts; a rollout passes at ``pass_threshold``; ``prompts`` adds each prompt's text (one trajectory
     read per prompt). ``reward_a/b``: mean reward (null without one); ``delta``: ``reward_b - reward_a``.

@@ -1,8 +1,5 @@
-"""Configuration: :class:`TraceConfig`, resolved from keyword arguments, then the environment, then defaults.
-
-verl-style dotted overrides (``actor_rollout_ref.rollout.trace.backend=arrow``) and the same keys in YAML are
-parsed by :meth:`TraceConfig.from_overrides` and :meth:`TraceConfig.from_yaml`.
-"""
+"""Configuration: :class:`TraceConfig`, resolved from keyword arguments, then the environment, then defaults, or
+parsed from verl-style dotted overrides (``actor_rollout_ref.rollout.trace.backend=arrow``) or the same keys in YAML."""
 
 from __future__ import annotations
 

@@ -172,9 +172,8 @@ class RunFollower:
         update.batches += len(got)
         table = pa.Table.from_batches(got)
         progress.changed_at = time.monotonic()
-        top = pc.max(table.column(S.STEP)).as_py()
-        if top is not None and (progress.max_step is None or top > progress.max_step):
-            progress.max_step = top
+        steps = (pc.max(table.column(S.STEP)).as_py(), progress.max_step)
+        progress.max_step = max((s for s in steps if s is not None), default=None)
         for tid in pc.unique(table.column(S.TRACE_ID)).to_pylist():
             if tid:
                 self._trace_files.setdefault(tid, set()).add(file)

@@ -241,11 +241,7 @@ def iter_batches(
 
 
 def _as_set(value: Any) -> list[Any] | None:
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes, int)):
-        return [value]
-    return list(value)
+    return None if value is None else [value] if isinstance(value, (str, bytes, int)) else list(value)
 
 
 def read_spans(

@@ -1,7 +1,5 @@
-"""``rollout-trace diff RUN_A RUN_B``: per prompt, how run B's rewards differ from run A's.
-
-The numbers are :func:`tracer.compare_runs`'; ``--json`` prints ``config`` differences and ``prompts`` rows.
-"""
+"""``rollout-trace diff RUN_A RUN_B``: per prompt, how run B's rewards differ from run A's
+(:func:`tracer.compare_runs`); ``--json`` prints ``config`` differences and ``prompts`` rows."""
 
 from __future__ import annotations
 

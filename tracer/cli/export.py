@@ -1,8 +1,5 @@
-"""``rollout-trace export PATH --to BACKEND``: post-hoc export of trace files.
-
-Flags are built from the backends' options (:data:`tracer.backends.BACKENDS`), plus ``--opt NAME=VALUE``;
-:func:`tracer.exporters.export_files` does the work.
-"""
+"""``rollout-trace export PATH --to BACKEND``: post-hoc export of trace files (:func:`tracer.exporters.export_files`)
+with flags built from the backends' options (:data:`tracer.backends.BACKENDS`), plus ``--opt NAME=VALUE``."""
 
 from __future__ import annotations
 
