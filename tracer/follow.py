@@ -243,9 +243,7 @@ class RunFollower:
         for step in steps:
             spans = pa.concat_tables(self._spans[step])
             parts.append(spans.filter(pc.fill_null(pc.is_in(spans.column(S.TRACE_ID), value_set=ids), False)))
-        if not parts:
-            return self._no_spans()
-        return pa.concat_tables(parts).sort_by([(S.START_NS, "ascending")])
+        return pa.concat_tables(parts).sort_by([(S.START_NS, "ascending")]) if parts else self._no_spans()
 
     def summary_spans(self, step: int | None) -> pa.Table:
         """At least every row of the trajectories whose summary is in ``step`` (rows of others may come along):

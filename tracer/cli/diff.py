@@ -30,9 +30,7 @@ DIFF_EXAMPLES = """examples:
 """
 
 
-def _steps(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
+def _steps(text: str) -> list[int]:
     try:
         return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
