@@ -72,12 +72,10 @@ _config: TraceConfig | None = None
 
 
 def init(config: TraceConfig | None = None, **fields: Any) -> TraceConfig:
-    """Configure tracing for this process and return the config in force.
-
-    ``fields`` override ``config``, then the environment, then defaults. Calling it again flushes and closes
-    the previous recorder; calls still running are written by the new one, whose first :func:`flush` reports
-    what the old one lost. Raises TraceConfigError for an unknown field or a bad value.
-    """
+    """Configure tracing for this process and return the config in force: ``fields`` over ``config`` over the
+    environment over defaults (TraceConfigError: an unknown field or a bad value). Calling it again flushes and
+    closes the previous recorder; calls still running are written by the new one, whose first :func:`flush`
+    reports what the old one lost."""
     global _config
     cfg = TraceConfig.resolve(config, **fields)
     cfg.check_resources()  # output_dir, tokenizer: fail here, not at the first flush
@@ -100,15 +98,11 @@ def get_config() -> TraceConfig | None:
 
 
 def flush(timeout: float | None = 30.0) -> FlushResult:
-    """Return when everything recorded so far is durable on disk.
-
-    Never raises for a storage failure: ``result.ok`` is False when spans failed or were dropped since the
-    previous flush, ``result.message`` says why; the counts are totals.
-    """
+    """Return when everything recorded so far is durable on disk. Never raises for a storage failure:
+    ``result.ok`` is False when spans failed or were dropped since the previous flush, ``result.message`` says
+    why; the counts are totals."""
     rec = _recorder.ACTIVE
-    if rec is None:
-        return FlushResult(True)
-    return rec.flush(timeout)
+    return FlushResult(True) if rec is None else rec.flush(timeout)
 
 
 def shutdown(timeout: float | None = 30.0) -> FlushResult:
@@ -117,6 +111,4 @@ def shutdown(timeout: float | None = 30.0) -> FlushResult:
     rec = _recorder.ACTIVE
     _recorder.ACTIVE = None
     _config = None
-    if rec is None:
-        return FlushResult(True)
-    return rec.shutdown(timeout)
+    return FlushResult(True) if rec is None else rec.shutdown(timeout)

@@ -1,9 +1,5 @@
-"""Registry of backends: each one's name, sink class, extra and options, declared once.
-
-``arrow`` is the local file writer the others are fed from; each other backend is a :class:`Backend` in
-:data:`BACKENDS` (sink ``"module:Class"``, imported when used). The CLI, the Python API and the live options
-are built from them.
-"""
+"""Registry of backends (:data:`BACKENDS`): each one's name, sink class (imported when used), extra and options,
+declared once for the CLI, the Python API and the live options. ``arrow``, the local writer, feeds the others."""
 
 from __future__ import annotations
 
@@ -41,12 +37,6 @@ class Option:
     def cli_flag(self) -> str:
         """The option's CLI flag."""
         return self.flag or "--" + self.name.replace("_", "-")
-
-    def default_for(self, live: bool) -> Any:
-        """The default in force for live or post-hoc export."""
-        if live and self.live_default is not _SAME:
-            return self.live_default
-        return self.default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,15 +150,6 @@ _CONSOLE = Backend(
 #: Backend name -> its entry, in the order help texts list them.
 BACKENDS: dict[str, Backend] = {b.name: b for b in (_MLFLOW, _WANDB, _SWANLAB, _TRACKIO, _OTLP, _CONSOLE)}
 
-#: Options of the file driver, every backend takes them (:func:`export_files`).
-COMMON_OPTIONS: tuple[Option, ...] = (
-    Option("steps", int, None, "export only these steps"),
-    Option("since_step", int, None, "export only steps >= this"),
-    Option("progress", bool, True, "draw a progress bar on stderr"),
-    Option("verify", bool, False, "read the backend back and compare rows, rewards and metrics with the files"),
-    Option("log_val_generations", int, None, "validation rows per step in tables (default: the recorded config's)"),
-)
-
 
 def available_backends() -> tuple[str, ...]:
     """Names a config's ``backend`` may take."""
@@ -201,21 +182,18 @@ def load_sink(name: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
+_BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
 def _coerce(backend: str, option: Option, value: Any) -> Any:
     if value is None:
         return None
-    if option.type is bool and isinstance(value, str):
-        low = value.strip().lower()
-        if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-            raise ExportOptionError(f"{backend} option {option.name}={value!r} is not a boolean; give true or false")
-        value = low in ("1", "true", "yes", "on")
-    elif option.type in (int, float) and isinstance(value, str):
+    if isinstance(value, str) and option.type is not str:
         try:
-            value = option.type(value)
-        except ValueError:
-            raise ExportOptionError(
-                f"{backend} option {option.name}={value!r} is not a {option.type.__name__}"
-            ) from None
+            value = _BOOL_WORDS[value.strip().lower()] if option.type is bool else option.type(value)
+        except (KeyError, ValueError):
+            what = "boolean; give true or false" if option.type is bool else option.type.__name__
+            raise ExportOptionError(f"{backend} option {option.name}={value!r} is not a {what}") from None
     elif option.type is str and isinstance(value, os.PathLike):
         value = os.fspath(value)
     if option.choices is not None and value not in option.choices:
@@ -227,10 +205,8 @@ def _coerce(backend: str, option: Option, value: Any) -> Any:
 
 
 def resolve_options(name: str, options: Mapping[str, Any], live: bool = False) -> dict[str, Any]:
-    """Every option of backend ``name``: the given ones checked, the rest at their defaults.
-
-    Raises ExportOptionError for an unknown option (naming the closest) or a value of the wrong type or choice.
-    """
+    """Every option of backend ``name``: the given ones checked, the rest at their defaults; ExportOptionError
+    for an unknown option (naming the closest) or a value of the wrong type or choice."""
     entry = get_backend(name)
     known = [o.name for o in entry.options]
     for key in options:
@@ -239,4 +215,8 @@ def resolve_options(name: str, options: Mapping[str, Any], live: bool = False) -
             raise ExportOptionError(
                 f"unknown {name} option {key!r}{did_you_mean([key], known)}; {name} options are: {valid}"
             )
-    return {o.name: _coerce(name, o, options.get(o.name, o.default_for(live))) for o in entry.options}
+    out = {}
+    for o in entry.options:
+        default = o.live_default if live and o.live_default is not _SAME else o.default
+        out[o.name] = _coerce(name, o, options.get(o.name, default))
+    return out

@@ -117,7 +117,6 @@ def compare_runs(
 ) -> pa.Table:
     """Per prompt, the rollouts of run A against run B (:data:`COMPARE_SCHEMA`), by ``delta`` ascending (the
     biggest regression first, nulls last), then prompt; two steps of one run: ``compare_runs(run, run, 10, 200)``.
-
     ``steps_a``/``steps_b``: each side's steps (default all); ``validate``: only validation (True) or training
     (False) rollouts; a rollout passes at ``pass_threshold``; ``prompts`` adds each prompt's text (one trajectory
     read per prompt). ``reward_a/b``: mean reward (null without one); ``delta``: ``reward_b - reward_a``.
@@ -183,14 +182,8 @@ MISSING = "<not set>"
 
 
 def diff_configs(config_a: Mapping[str, Any], config_b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """The dotted keys whose values differ between two configs: ``(key, value_a, value_b)``, by key.
-
-    A key only one config has shows :data:`MISSING` on the other side.
-    """
+    """The dotted keys whose values differ between two configs: ``(key, value_a, value_b)``, by key; a key
+    only one config has shows :data:`MISSING` on the other side."""
     fa, fb = flatten_config(config_a), flatten_config(config_b)
-    out = []
-    for key in sorted(set(fa) | set(fb)):
-        va, vb = fa.get(key, MISSING), fb.get(key, MISSING)
-        if not _same(va, vb):
-            out.append((key, va, vb))
-    return out
+    rows = [(key, fa.get(key, MISSING), fb.get(key, MISSING)) for key in sorted(fa.keys() | fb.keys())]
+    return [row for row in rows if not _same(row[1], row[2])]

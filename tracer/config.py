@@ -1,8 +1,5 @@
-"""Configuration: :class:`TraceConfig`, resolved from keyword arguments, then the environment, then defaults.
-
-verl-style dotted overrides (``actor_rollout_ref.rollout.trace.backend=arrow``) and the same keys in YAML are
-parsed by :meth:`TraceConfig.from_overrides` and :meth:`TraceConfig.from_yaml`.
-"""
+"""Configuration: :class:`TraceConfig`, resolved from keyword arguments, then the environment, then defaults, or
+parsed from verl-style dotted overrides (``actor_rollout_ref.rollout.trace.backend=arrow``) or the same keys in YAML."""
 
 from __future__ import annotations
 
@@ -39,6 +36,7 @@ ON_FULL_CHOICES = ("block", "drop")
 SAMPLE_STRATEGIES = ("uniform", "extremes", "variance")
 #: ``sample_by`` choices: what ``extremes`` and ``variance`` rank groups by.
 SAMPLE_BY_CHOICES = ("reward", "length")
+_CHOICES = {"sample_strategy": SAMPLE_STRATEGIES, "sample_by": SAMPLE_BY_CHOICES, "on_buffer_full": ON_FULL_CHOICES}
 
 #: Prefixes of verl-style dotted keys that address trace fields.
 _TRACE_PREFIXES = ("actor_rollout_ref.rollout.trace.", "rollout.trace.", "trace.")
@@ -104,10 +102,7 @@ class TraceConfig:
     def backends(self) -> tuple[str, ...]:
         """Backend names in force, ``arrow`` first when tracing is on."""
         names = _backend_list(self.backend)
-        if not names:
-            return ()
-        rest = tuple(n for n in names if n != LOCAL_BACKEND)
-        return (LOCAL_BACKEND, *rest)
+        return (LOCAL_BACKEND, *(n for n in names if n != LOCAL_BACKEND)) if names else ()
 
     @property
     def project_dir(self) -> str:
@@ -126,24 +121,21 @@ class TraceConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe view of the config, as written into file metadata (secrets redacted)."""
-        from tracer.record.redact import REDACTED, Redactor, is_secret_key
+        from tracer.record.redact import REDACTED, Redactor
 
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "tokenizer" and value is not None and not isinstance(value, str):
-                value = _tokenizer_label(value)
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[f.name] = value
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        tok = self.tokenizer
+        if tok is not None and not isinstance(tok, str):
+            # The local folder it was loaded from (the viewer decodes with it), else ``<ClassName>``.
+            path = getattr(tok, "name_or_path", None)
+            local = isinstance(path, str) and path and os.path.exists(path)
+            out["tokenizer"] = os.path.abspath(str(path)) if local else f"<{type(tok).__name__}>"
         if self.redact:
-            for key in ("backend_options", "run_config"):
-                out[key] = _redact_keys(out[key], is_secret_key, REDACTED)
             # A pattern is often the literal secret itself: write how many, never what.
             out["redact_patterns"] = [REDACTED] * len(self.redact_patterns)
-        data: dict[str, Any] = json.loads(json.dumps(out, default=repr))
+        data: dict[str, Any] = json.loads(json.dumps(out, default=_jsonable))
         if self.redact:
-            # Secret values anywhere (sk-... in backend options, a token in a URL).
+            # Secret keys' values and secret values anywhere (sk-... in backend options, a token in a URL).
             redactor = Redactor(self.redact_patterns)
             for key in ("backend_options", "run_config", "output_dir", "tokenizer"):
                 data[key] = redactor.value(data[key])
@@ -160,11 +152,8 @@ class TraceConfig:
                 )
         for key in ("project_name", "experiment_name"):
             dir_segment(key, getattr(self, key))
-        for key, value, choices in (
-            ("sample_strategy", self.sample_strategy, SAMPLE_STRATEGIES),
-            ("sample_by", self.sample_by, SAMPLE_BY_CHOICES),
-            ("on_buffer_full", self.on_buffer_full, ON_FULL_CHOICES),
-        ):
+        for key, choices in _CHOICES.items():
+            value = getattr(self, key)
             if value not in choices:
                 hint = did_you_mean([str(value)], choices)
                 raise TraceConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}{hint}")
@@ -213,7 +202,15 @@ class TraceConfig:
         if not self.enabled:
             return
         if not _URI_SCHEME.match(self.output_dir):
-            _check_creatable(self.output_dir, self.run_dir)
+            probe = os.path.abspath(self.run_dir)
+            while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+                probe = os.path.dirname(probe)
+            if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+                why = "is not writable" if os.path.isdir(probe) else "is a file, not a directory"
+                raise TraceConfigError(
+                    f"output_dir: {self.output_dir!r} cannot hold the run directory {self.run_dir!r}: {probe!r} "
+                    f"{why}; give a directory this user can write (output_dir=... or ${ENV_TRACE_DIR})"
+                )
         if self.token2text and self.tokenizer is not None:
             _check_tokenizer(self.tokenizer)
 
@@ -225,12 +222,10 @@ class TraceConfig:
         _check_known("", fields, names | set(_ALIASES))
         if config is None:
             base: dict[str, Any] = _env_config(names)
-            env_dir = os.environ.get(ENV_TRACE_DIR)
-            if env_dir:
-                base["output_dir"] = env_dir
-            env_backend = os.environ.get(ENV_BACKEND)
-            if env_backend is not None:
-                base["backend"] = _parse_backend(env_backend)
+            if os.environ.get(ENV_TRACE_DIR):
+                base["output_dir"] = os.environ[ENV_TRACE_DIR]
+            if ENV_BACKEND in os.environ:
+                base["backend"] = _parse_backend(os.environ[ENV_BACKEND])
             from_env = set(base) - set(fields)
             base.update(fields)
             try:
@@ -273,23 +268,19 @@ class TraceConfig:
             raise TraceConfigError(f"config file {os.fspath(path)!r} does not exist") from None
         except yaml.YAMLError as exc:
             raise TraceConfigError(f"config file {os.fspath(path)!r} is not valid YAML: {exc}") from None
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
+        if data is not None and not isinstance(data, Mapping):
             raise TraceConfigError(
                 f"config file {os.fspath(path)!r} must hold a mapping of keys, not {type(data).__name__}"
             )
-        return cls._from_pairs(list(_flatten(data)), base)
+        return cls._from_pairs(list(_flatten(data or {})), base)
 
     @classmethod
     def _from_pairs(cls, pairs: list[tuple[str, Any]], base: TraceConfig | None) -> TraceConfig:
         types = {f.name: f.type for f in dataclasses.fields(cls)}
-        trace_fields: dict[str, Any] = {}
-        trainer_fields: dict[str, Any] = {}
-        for key, raw in pairs:
+        fields: dict[str, Any] = {}
+        for key, raw in sorted(pairs, key=lambda pair: pair[0] not in _TRAINER_KEYS):  # the trace keys win
             if key in _TRAINER_KEYS:
-                field = _TRAINER_KEYS[key]
-                trainer_fields[field] = _parse_value(key, raw, str(types[field]))
+                fields[_TRAINER_KEYS[key]] = _parse_value(key, raw, str(types[_TRAINER_KEYS[key]]))
                 continue
             prefix = next((p for p in _TRACE_PREFIXES if key.startswith(p)), None)
             if prefix is None:
@@ -303,8 +294,7 @@ class TraceConfig:
                     f"{key}: unknown trace setting {name!r}{hint}; valid settings are "
                     f"{', '.join(prefix + v for v in valid)}"
                 )
-            trace_fields[name] = _parse_value(key, raw, str(types[name]))
-        fields = {**trainer_fields, **trace_fields}
+            fields[name] = _parse_value(key, raw, str(types[name]))
         try:
             return cls.resolve(base, **fields)
         except TraceConfigError as exc:
@@ -350,10 +340,8 @@ def as_bool(key: str, value: Any) -> bool:
 def _as_number(key: str, value: Any, kind: type, low: float, high: float, optional: bool) -> Any:
     """``value`` as a finite int or float within ``[low, high]`` (text is read); raise naming the key and range."""
     what = "an integer" if kind is int else "a number of seconds"
-    if kind is not int:
+    if kind is not int or high < _MAX_INT:
         fix = f"give {what} from {low:g} to {high:g}"
-    elif high < _MAX_INT:
-        fix = f"give {what} from {int(low)} to {int(high)}"
     else:
         fix = {1: "give a positive integer", 0: "give an integer >= 0"}.get(int(low), "give an integer (64-bit)")
     fix += " (or null for no limit)" if optional else ""
@@ -376,10 +364,8 @@ def _as_number(key: str, value: Any, kind: type, low: float, high: float, option
 
 
 def dir_segment(key: str, name: Any) -> str:
-    """The directory name of a project or experiment name (``%``, ``/``, ``\\`` as ``%25``, ``%2F``, ``%5C``).
-
-    Raises TraceConfigError for a name no directory can be made from (empty, NUL, line breaks, too long).
-    """
+    """The directory name of a project or experiment name (``%``, ``/``, ``\\`` as ``%25``, ``%2F``, ``%5C``);
+    TraceConfigError for a name no directory can be made from (empty, NUL, line breaks, too long)."""
     if not isinstance(name, str) or not name.strip():
         raise TraceConfigError(f"{key}: {name!r} is not a usable name; give a non-empty string")
     if any(c in name for c in "\0\n\r"):
@@ -399,30 +385,8 @@ def dir_segment(key: str, name: Any) -> str:
 _URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def _tokenizer_label(tokenizer: Any) -> str:
-    """How a tokenizer object is recorded: the local folder it was loaded from (the viewer decodes with it), else ``<ClassName>``."""
-    path = getattr(tokenizer, "name_or_path", None)
-    if isinstance(path, str) and path and os.path.exists(path):
-        return os.path.abspath(path)
-    return f"<{type(tokenizer).__name__}>"
-
-
-def _check_creatable(output_dir: str, run_dir: str) -> None:
-    """Raise TraceConfigError unless ``run_dir`` exists as a writable directory or can be created."""
-    fix = f"give a directory this user can write (output_dir=... or ${ENV_TRACE_DIR})"
-    probe = os.path.abspath(run_dir)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    why = None if os.path.isdir(probe) else "is a file, not a directory"
-    if why is None and not os.access(probe, os.W_OK | os.X_OK):
-        why = "is not writable"
-    if why is not None:
-        raise TraceConfigError(
-            f"output_dir: {output_dir!r} cannot hold the run directory {run_dir!r}: {probe!r} {why}; {fix}"
-        )
+def _jsonable(value: Any) -> Any:
+    return dict(value) if isinstance(value, Mapping) else repr(value)
 
 
 def _check_tokenizer(tokenizer: Any) -> None:
@@ -452,17 +416,6 @@ def _check_tokenizer(tokenizer: Any) -> None:
         ) from None
 
 
-def _redact_keys(value: Any, is_secret: Any, mark: str) -> Any:
-    if isinstance(value, Mapping):
-        return {
-            k: mark if isinstance(k, str) and is_secret(k) else _redact_keys(v, is_secret, mark)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_redact_keys(v, is_secret, mark) for v in value]
-    return value
-
-
 def _check_known(where: str, fields: Iterable[str], names: set[str]) -> None:
     """Raise naming the fields not in ``names``, the closest valid ones and every valid one."""
     unknown = sorted(set(fields) - names)
@@ -488,9 +441,6 @@ def _env_config(names: set[str]) -> dict[str, Any]:
         raise TraceConfigError(f"{ENV_CONFIG}: must be a JSON object of config fields, not {type(data).__name__}")
     data = {_ALIASES.get(k, k): v for k, v in data.items()}
     _check_known(f"{ENV_CONFIG}: ", data, names)
-    for key in ("token_fields", "redact_patterns"):
-        if isinstance(data.get(key), list):
-            data[key] = tuple(data[key])
     return data
 
 
@@ -507,31 +457,18 @@ _NONE_WORDS = {"none", "null", "~", ""}
 
 
 def _backend_list(backend: str | list[str] | tuple[str, ...] | None) -> list[str]:
-    if backend is None:
-        return []
-    items = [backend] if isinstance(backend, str) else list(backend)
-    out = []
-    for item in items:
-        for part in str(item).split(","):
-            part = part.strip().lower()
-            if part and part not in _NONE_WORDS:
-                out.append(part)
-    return out
+    items = () if backend is None else [backend] if isinstance(backend, str) else backend
+    parts = (part.strip().lower() for item in items for part in str(item).split(","))
+    return [part for part in parts if part not in _NONE_WORDS]
 
 
 def _parse_backend(raw: Any) -> str | list[str] | None:
-    if raw is None:
-        return None
-    if isinstance(raw, (list, tuple)):
-        names = _backend_list(list(raw))
-    else:
+    if raw is not None and not isinstance(raw, (list, tuple)):
         text = str(raw).strip()
-        if text.startswith("[") and text.endswith("]"):
-            text = text[1:-1]
-        names = _backend_list([t.strip().strip("'\"") for t in text.split(",")])
-    if not names:
-        return None
-    return names[0] if len(names) == 1 else names
+        text = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+        raw = [t.strip().strip("'\"") for t in text.split(",")]
+    names = _backend_list(raw)
+    return (names[0] if len(names) == 1 else names) or None
 
 
 def _parse_value(key: str, raw: Any, type_name: str) -> Any:
@@ -540,29 +477,22 @@ def _parse_value(key: str, raw: Any, type_name: str) -> Any:
         return _parse_backend(raw)
     text = raw.strip() if isinstance(raw, str) else None
     optional = "None" in type_name
-    if text is not None and text.lower() in _NONE_WORDS and optional:
-        return None
-    if raw is None:
+    if raw is None or (optional and text is not None and text.lower() in _NONE_WORDS):
         if optional or type_name == "Any":
             return None
         raise TraceConfigError(f"{key}: null is not allowed here; give a {type_name} value")
-    base = type_name.replace(" | None", "").strip()
-    try:
-        if base in ("bool", "int", "float"):
-            return raw  # read and checked with every other source's values (TraceConfig.validate)
-        if base.startswith("tuple"):
-            if isinstance(raw, (list, tuple)):
-                return tuple(str(x) for x in raw)
-            assert text is not None
-            body = text[1:-1] if text.startswith("[") and text.endswith("]") else text
-            return tuple(p.strip().strip("'\"") for p in body.split(",") if p.strip())
-        if base.startswith("dict"):
-            if isinstance(raw, Mapping):
-                return dict(raw)
-            return dict(json.loads(text or "{}"))
-        if base == "str":
-            return str(raw)
-        return raw if text is None else text
-    except (ValueError, TypeError, json.JSONDecodeError):
-        allowed = ("a JSON object" if base.startswith("dict") else base) + (" (or null)" if optional else "")
-        raise TraceConfigError(f"{key}: cannot read {raw!r}; give {allowed}") from None
+    if type_name.startswith("tuple"):
+        if isinstance(raw, (list, tuple)):
+            return tuple(str(x) for x in raw)
+        assert text is not None
+        body = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+        return tuple(p.strip().strip("'\"") for p in body.split(",") if p.strip())
+    if type_name.startswith("dict"):
+        try:
+            return dict(raw) if isinstance(raw, Mapping) else dict(json.loads(text or "{}"))
+        except (ValueError, TypeError):
+            raise TraceConfigError(f"{key}: cannot read {raw!r}; give a JSON object") from None
+    if type_name == "str":
+        return str(raw)
+    # bool, int, float: read and checked with every other source's values (TraceConfig.validate); Any: as given
+    return text if text is not None and type_name == "Any" else raw

@@ -1,12 +1,9 @@
-"""The ``pip install`` line that adds an optional extra, spelled for how this copy was installed.
-
-rollout-trace is not on a package index, so every "needs package X" message names what works here: ``pip install
--e '/clone[viewer]'`` from a source tree, ``pip install '/that/path[viewer]'`` for a local folder or wheel (pip's
-``direct_url.json``), else ``pip install 'rollout-trace[viewer]'``.
-"""
+"""The ``pip install`` line that adds an optional extra, spelled for how this copy was installed (rollout-trace is
+not on a package index, so every "needs package X" message names what works here)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.metadata
@@ -32,41 +29,21 @@ def install_command(extra: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _target() -> str:
-    """The install target with an ``{extra}`` placeholder (computed once per process)."""
-    root = _source_root()
-    if root is not None:
-        return "-e " + shlex.quote(root + "[{extra}]")
-    location = _direct_url_path()
-    if location is not None:
-        return shlex.quote(location + "[{extra}]")
-    return shlex.quote(DISTRIBUTION + "[{extra}]")
-
-
-def _source_root() -> str | None:
-    """The clone this package runs from, when it runs from a source tree (its pyproject.toml is beside it)."""
+    """The install target with an ``{extra}`` placeholder: the source tree this runs from (its pyproject.toml
+    beside it), else the local folder or file pip installed it from, else the distribution name."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with contextlib.suppress(OSError), open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as f:
+        if _NAME_LINE.search(f.read()):
+            return "-e " + shlex.quote(root + "[{extra}]")
     try:
-        with open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
-        return None
-    return root if _NAME_LINE.search(text) else None
-
-
-def _direct_url_path() -> str | None:
-    """The local folder or file pip installed this distribution from, if pip recorded one."""
-    try:
-        raw = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    try:
-        url = json.loads(raw or "{}").get("url", "")
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(url, str) or not url.startswith("file:"):
-        return None
-    path = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
-    return path if os.path.exists(path) else None
+        url = json.loads(importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json") or "{}")["url"]
+    except (importlib.metadata.PackageNotFoundError, ValueError, TypeError, KeyError):
+        url = None
+    if isinstance(url, str) and url.startswith("file:"):
+        path = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
+        if os.path.exists(path):
+            return shlex.quote(path + "[{extra}]")
+    return shlex.quote(DISTRIBUTION + "[{extra}]")
 
 
 def _missing(module: str, extra: str, detail: str = "") -> ImportError:

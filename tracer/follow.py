@@ -1,10 +1,7 @@
-"""Follow a run while it is written: read only the batches added since the last look.
-
-:class:`RunFollower` remembers per file the complete batches read; each poll summarises again only the
-trajectories that got rows, so :meth:`RunFollower.trajectories` equals
-:func:`tracer.index.readers.read_trajectories` of the run. A file gone or shorter (compaction, repair) makes
-the next poll read the run again.
-"""
+"""Follow a run while it is written: :class:`RunFollower` reads only the batches added since the last look and
+summarises again only the trajectories that got rows, so :meth:`RunFollower.trajectories` equals
+:func:`tracer.index.readers.read_trajectories` of the run. A file gone or shorter (compaction, repair) makes the
+next poll read the run again."""
 
 from __future__ import annotations
 
@@ -27,16 +24,7 @@ from tracer.storage.files import read_batches, read_layout
 from tracer.storage.seal import SEALED, seal_if_abandoned
 from tracer.summary import SUMMARY_SPAN_COLUMNS, summarize
 
-#: Span columns the follower keeps for every row it read: what the summary needs, plus the span id.
-FOLLOW_SPAN_COLUMNS: tuple[str, ...] = (*SUMMARY_SPAN_COLUMNS, S.SPAN_ID)
-
-_SORT_KEYS = [
-    (S.STEP, "ascending"),
-    (S.SAMPLE_INDEX, "ascending"),
-    (S.ROLLOUT_N, "ascending"),
-    (S.START_NS, "ascending"),
-    (S.TRACE_ID, "ascending"),
-]
+_SORT_KEYS = [(c, "ascending") for c in (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.START_NS, S.TRACE_ID)]
 
 
 @dataclasses.dataclass
@@ -58,8 +46,6 @@ class Update:
 
     rows: int = 0
     batches: int = 0
-    files_read: int = 0  # files with new batches
-    new_files: int = 0  # files seen for the first time
     changed: list[str] = dataclasses.field(default_factory=list)  # trace ids summarised again
     reset: bool = False  # read again from the start (a file read was replaced or cut)
     warnings: list[str] = dataclasses.field(default_factory=list)  # about damaged files
@@ -93,14 +79,12 @@ def _step_key(step: int | None) -> tuple[bool, int]:
 
 
 class RunFollower:
-    """Reads a run again and again, each time only what was written since.
-
-    Not thread-safe: callers sharing one follower hold a lock around :meth:`poll`.
-    """
+    """Reads a run again and again, each time only what was written since; not thread-safe (callers sharing
+    one follower hold a lock around :meth:`poll`)."""
 
     def __init__(self, path: TracePaths) -> None:
         self.path = path
-        self.columns = list(FOLLOW_SPAN_COLUMNS)
+        self.columns = [*SUMMARY_SPAN_COLUMNS, S.SPAN_ID]  # kept of every row read: what the summary needs
         self._clear()
 
     def _clear(self) -> None:
@@ -122,29 +106,20 @@ class RunFollower:
     def poll(self) -> Update:
         """Read the batches written since the last poll and update the summaries (FileNotFoundError: no path)."""
         files = list_trace_files(self.path)
-        listed = set(files)
         # A file read before is gone (compacted, removed) or remote (no cheap look at its batches): start over.
-        gone = any(f not in listed for f in self.files) or any(_uri.is_remote(f) for f in files)
-        update = self._read(files, gone)
-        if update is None:  # a file got shorter (repaired, rewritten): start over
-            update = self._read(files, True)
-            assert update is not None
-        return update
+        gone = not self.files.keys() <= set(files) or any(_uri.is_remote(f) for f in files)
+        try:
+            return self._read(files, gone)
+        except _ShrunkError:  # a file got shorter (repaired, rewritten): start over
+            return self._read(files, True)
 
-    def _read(self, files: list[str], start_over: bool) -> Update | None:
+    def _read(self, files: list[str], start_over: bool) -> Update:
         update = Update(reset=start_over and bool(self.files))
         if start_over:
             self._clear()
-        pieces: list[pa.Table] = []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", TraceFileWarning)
-            for file in files:
-                try:
-                    piece = self._read_file(file, update)
-                except _ShrunkError:
-                    return None
-                if piece is not None:
-                    pieces.append(piece)
+            pieces = [table for table in (self._read_file(f, update) for f in files) if table is not None]
         update.warnings = list(dict.fromkeys(str(w.message) for w in caught))
         if pieces:
             new = pa.concat_tables(pieces)
@@ -156,38 +131,29 @@ class RunFollower:
         return update
 
     def _read_file(self, file: str, update: Update) -> pa.Table | None:
-        progress = self.files.get(file)
-        if progress is None:
-            progress = self.files[file] = FileProgress()
-            update.new_files += 1
+        progress = self.files.setdefault(file, FileProgress())
         if _uri.is_remote(file):
             reading = read_batches(file, self.columns)
         else:
-            try:
+            try:  # the file may be gone since the listing (seal_if_abandoned never raises)
                 st = os.stat(file)
+                if st.st_size == progress.size and st.st_mtime_ns == progress.mtime_ns:
+                    # Unchanged: an open file whose writer is gone is sealed, so its last step counts as finished.
+                    if progress.closed or seal_if_abandoned(file, on_sealed=write_index).action != SEALED:
+                        return None
+                    st = os.stat(file)
+                if st.st_size < progress.size:
+                    raise _ShrunkError(file)
+                progress.mtime_ns = st.st_mtime_ns
+                # Walk the headers from where the last read ended, read only the batches after it.
+                if progress.end or not progress.batches:
+                    resume = (progress.end, progress.batches) if progress.end else None
+                    reading = read_batches(file, self.columns, resume=resume)
+                else:  # after damage: walk the whole file, read the batches not read yet
+                    complete = len(read_layout(file).batches)
+                    reading = read_batches(file, self.columns, range(progress.batches, complete))
             except OSError:
                 return None
-            if st.st_size == progress.size and st.st_mtime_ns == progress.mtime_ns:
-                # Unchanged: an open file whose writer is gone is sealed, so its last step counts as finished.
-                if progress.closed or seal_if_abandoned(file, on_sealed=write_index).action != SEALED:
-                    return None
-                try:
-                    st = os.stat(file)
-                except OSError:
-                    return None
-            if st.st_size < progress.size:
-                raise _ShrunkError(file)
-            progress.mtime_ns = st.st_mtime_ns
-            # Walk the headers from where the last read ended, read only the batches after it.
-            if progress.end or not progress.batches:
-                resume = (progress.end, progress.batches) if progress.end else None
-                reading = read_batches(file, self.columns, resume=resume)
-            else:  # after damage: walk the whole file, read the batches not read yet
-                try:
-                    complete = len(read_layout(file).batches)
-                except OSError:
-                    return None
-                reading = read_batches(file, self.columns, range(progress.batches, complete))
         got = list(reading)
         result = reading.result
         message = result.describe()
@@ -204,12 +170,10 @@ class RunFollower:
         if not got:
             return None
         update.batches += len(got)
-        update.files_read += 1
         table = pa.Table.from_batches(got)
         progress.changed_at = time.monotonic()
-        top = pc.max(table.column(S.STEP)).as_py()
-        if top is not None and (progress.max_step is None or top > progress.max_step):
-            progress.max_step = top
+        steps = (pc.max(table.column(S.STEP)).as_py(), progress.max_step)
+        progress.max_step = max((s for s in steps if s is not None), default=None)
         for tid in pc.unique(table.column(S.TRACE_ID)).to_pylist():
             if tid:
                 self._trace_files.setdefault(tid, set()).add(file)
@@ -217,7 +181,6 @@ class RunFollower:
 
     def _absorb(self, new: pa.Table) -> list[str]:
         """File the new rows by step and summarise again every trajectory they touch."""
-        steps_col = new.column(S.STEP)
         for step, rows in _by_step(new).items():
             self._spans.setdefault(step, []).append(rows)
         pairs = new.select([S.TRACE_ID, S.STEP]).group_by([S.TRACE_ID, S.STEP], use_threads=False).aggregate([])
@@ -227,8 +190,7 @@ class RunFollower:
                 affected.add(tid)
                 self._trace_steps.setdefault(tid, set()).add(step)
         # Rewards logged without a trace id join trajectories of their step by key: redo those steps.
-        keyed_steps = set(pc.unique(pc.filter(steps_col, _keyed_rewards(new))).to_pylist())
-        for step in keyed_steps:
+        for step in pc.unique(pc.filter(new.column(S.STEP), _keyed_rewards(new))).to_pylist():
             summary = self._summaries.get(step)
             if summary is not None:
                 affected.update(summary.column(S.TRACE_ID).to_pylist())
@@ -281,16 +243,11 @@ class RunFollower:
         for step in steps:
             spans = pa.concat_tables(self._spans[step])
             parts.append(spans.filter(pc.fill_null(pc.is_in(spans.column(S.TRACE_ID), value_set=ids), False)))
-        if not parts:
-            return self._no_spans()
-        return pa.concat_tables(parts).sort_by([(S.START_NS, "ascending")])
+        return pa.concat_tables(parts).sort_by([(S.START_NS, "ascending")]) if parts else self._no_spans()
 
     def summary_spans(self, step: int | None) -> pa.Table:
-        """At least every row of the trajectories whose summary is in ``step`` (per-trajectory columns of one step).
-
-        The step's own rows when none of its trajectories has rows in another step (no filtering), else
-        :meth:`spans` of its trajectories. Rows of other trajectories may come along.
-        """
+        """At least every row of the trajectories whose summary is in ``step`` (rows of others may come along):
+        the step's own rows when none of its trajectories has rows in another step, else :meth:`spans`."""
         summary = self._summaries.get(step)
         if summary is None:
             return self._no_spans()
@@ -306,22 +263,13 @@ class RunFollower:
         """The files holding rows of these trajectories."""
         return sorted({f for t in trace_ids for f in self._trace_files.get(t, ())})
 
-    def open_files(self) -> list[str]:
-        """Files not closed yet: their writers may still add to them."""
-        return sorted(f for f, p in self.files.items() if not p.closed)
-
     def running(self, now_ns: int | None = None) -> pa.Table:
-        """Trajectories in progress: no root span yet and a file still open (their writer may be alive).
-
-        A table with the summary columns plus ``running_s``: seconds since the trajectory's first span started.
-        """
+        """Trajectories in progress (no root span yet, a file still open): the summary columns plus ``running_s``,
+        seconds since the trajectory's first span started."""
         table = self.trajectories()
         incomplete = table.filter(pc.equal(table.column(S.STATUS), S.STATUS_INCOMPLETE))
-        open_files = set(self.open_files())
-        keep = [
-            any(f in open_files for f in self._trace_files.get(t, ()))
-            for t in incomplete.column(S.TRACE_ID).to_pylist()
-        ]
+        open_files = {f for f, p in self.files.items() if not p.closed}
+        keep = [not open_files.isdisjoint(self._trace_files.get(t, ())) for t in incomplete[S.TRACE_ID].to_pylist()]
         running = incomplete.filter(pa.array(keep, pa.bool_()))
         now = time.time_ns() if now_ns is None else now_ns
         since = pc.divide(
@@ -340,10 +288,5 @@ def step_progress(trajectories: pa.Table, running: pa.Table) -> list[dict[str, A
     out: dict[int | None, dict[str, Any]] = {}
     for tid, step, status in zip(*trajectories.select([S.TRACE_ID, S.STEP, S.STATUS]).to_pydict().values()):
         row = out.setdefault(step, {S.STEP: step, "finished": 0, "running": 0, "abandoned": 0})
-        if status != S.STATUS_INCOMPLETE:
-            row["finished"] += 1
-        elif tid in running_ids:
-            row["running"] += 1
-        else:
-            row["abandoned"] += 1
+        row["finished" if status != S.STATUS_INCOMPLETE else "running" if tid in running_ids else "abandoned"] += 1
     return [out[s] for s in sorted(out, key=_step_key)]

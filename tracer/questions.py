@@ -1,9 +1,5 @@
-"""A trajectory's question and final answer, and a group's ground truth: what the pages name a rollout by.
-
-The question is the last user message before the model's first reply (a few-shot assistant message no llm span
-produced is part of the prompt; a templated prompt, ChatML or Llama 3, gives its last user block). The answer is
-the last assistant turn's text. The ground truth is a ``log_reward`` extra.
-"""
+"""A trajectory's question (:func:`question_of`) and final answer (the last assistant turn's text), and a group's
+ground truth (a ``log_reward`` extra): what the pages name a rollout by."""
 
 from __future__ import annotations
 
@@ -29,35 +25,24 @@ _USER_BLOCKS = (
 )
 
 
-def _untemplated(text: str) -> str:
-    """The last user block of a templated prompt, or ``text`` when it holds none."""
-    for pattern in _USER_BLOCKS:
-        blocks = pattern.findall(text)
-        if blocks:
-            return str(blocks[-1]).strip()
-    return text
-
-
-def _text(turn: Turn) -> str:
-    return turn.text if turn.text is not None else ""
-
-
 def question_of(turns: Sequence[Turn], generated: int | None = None) -> str | None:
     """The last user turn before the model's first reply; ``generated``: how many assistant turns the model
     produced (its llm spans; None: all), those before them being part of the prompt (few-shot examples)."""
     assistant = [i for i, t in enumerate(turns) if t.role == ROLE_ASSISTANT]
-    first = len(turns)
-    if assistant:
-        skip = len(assistant) - generated if generated and generated <= len(assistant) else 0
-        first = assistant[skip]
+    skip = len(assistant) - generated if generated and generated <= len(assistant) else 0
+    first = assistant[skip] if assistant else len(turns)
     user = next((t for t in reversed(turns[:first]) if t.role == ROLE_USER), None)
-    return None if user is None else _untemplated(_text(user))
+    if user is None:
+        return None
+    # A templated prompt's last user block, else the text as it is.
+    blocks = next((found for pattern in _USER_BLOCKS if (found := pattern.findall(user.text or ""))), None)
+    return str(blocks[-1]).strip() if blocks else user.text or ""
 
 
 def answer_of(turns: Sequence[Turn]) -> str | None:
     """The final answer: the last assistant turn's text (None when the model never replied)."""
     last = next((t for t in reversed(turns) if t.role == ROLE_ASSISTANT), None)
-    return None if last is None else _text(last) or (last.response_text or "")
+    return None if last is None else last.text or last.response_text or ""
 
 
 def questions_and_answers(spans: pa.Table | Iterable[Mapping[str, Any]]) -> dict[str, tuple[str | None, str | None]]:

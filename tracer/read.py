@@ -1,8 +1,6 @@
 """Readers of trace files: a path or a list of paths (``.arrow`` files, directories searched recursively, URIs).
-
 Damaged, empty or foreign files give a :class:`TraceFileWarning` saying what was kept, never an error; only a
-missing path raises. A directory is read as one snapshot while ``rollout-trace compact`` works on it.
-"""
+missing path raises. A directory is read as one snapshot while ``rollout-trace compact`` works on it."""
 
 from __future__ import annotations
 
@@ -41,12 +39,6 @@ class TraceFileWarning(UserWarning):
     """A trace file was damaged, empty or unreadable; the message says what was kept."""
 
 
-def _as_paths(paths: TracePaths) -> list[str]:
-    if isinstance(paths, (str, os.PathLike)):
-        return [os.fspath(paths)]
-    return [os.fspath(p) for p in paths]
-
-
 def _snapshots(paths: TracePaths, lock: bool) -> Iterator[tuple[list[str], dict[str, Any]]]:
     """``(files, index)`` per directory, in reading order; with ``lock``, its shared lock is held until the next item."""
     seen: set[str] = set()
@@ -60,7 +52,8 @@ def _snapshots(paths: TracePaths, lock: bool) -> Iterator[tuple[list[str], dict[
                 out.append(f)
         return out
 
-    for p in _as_paths(paths):
+    for given in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        p = os.fspath(given)
         if _uri.is_remote(p):
             by_parent: dict[str, list[str]] = {}
             for u in _uri.list_remote(p):
@@ -88,10 +81,8 @@ def _snapshots(paths: TracePaths, lock: bool) -> Iterator[tuple[list[str], dict[
 
 
 def list_trace_files(path: TracePaths) -> list[str]:
-    """Trace files under ``path``, sorted per directory, once each, without those a compaction replaced.
-
-    Raises FileNotFoundError for a path that does not exist.
-    """
+    """Trace files under ``path``, sorted per directory, once each, without those a compaction replaced
+    (FileNotFoundError: no such path)."""
     return [f for files, _ in _snapshots(path, lock=False) for f in files]
 
 
@@ -124,9 +115,7 @@ def _chosen(
     (None, None) to read every batch."""
     if shard is None:
         size = entry.get("size")
-        if isinstance(size, int):
-            return batches_for_steps(entry, size, steps), size
-        return None, None
+        return (batches_for_steps(entry, size, steps), size) if isinstance(size, int) else (None, None)
     if steps is None and trace_ids is None:
         return None, None
     chosen = set(range(len(shard.batch_rows)))
@@ -141,11 +130,8 @@ def _chosen(
 
 
 def indexed_files(path: TracePaths, on_sealed: OnClose = write_index) -> list[tuple[str, ShardIndex | None]]:
-    """The files :func:`iter_batches` would read, each with its index when one agrees with it (else None).
-
-    ``on_sealed`` is called with each shard of a dead writer this call seals. Raises FileNotFoundError for a
-    path that does not exist.
-    """
+    """The files :func:`iter_batches` would read, each with its index when one agrees with it (else None);
+    ``on_sealed`` gets each dead writer's shard this call seals (FileNotFoundError: no such path)."""
     pairs = _snapshots(path, lock=True)
     return [(file, _shard_index(file, index, on_sealed)) for files, index in pairs for file in files]
 
@@ -173,10 +159,8 @@ def run_rollup(path: TracePaths) -> Rollup | None:
 
 
 def read_steps(path: TracePaths) -> tuple[list[int], int]:
-    """The distinct steps of the spans under ``path`` (ascending, None left out) and their row count.
-
-    Rollups and indexes answer where they can; other files give their step column.
-    """
+    """The distinct steps of the spans under ``path`` (ascending, None left out) and their row count, from
+    rollups and indexes where they can answer, else the files' step column."""
     steps: set[int] = set()
     rows = 0
     plain: list[str] = []
@@ -257,11 +241,7 @@ def iter_batches(
 
 
 def _as_set(value: Any) -> list[Any] | None:
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes, int)):
-        return [value]
-    return list(value)
+    return None if value is None else [value] if isinstance(value, (str, bytes, int)) else list(value)
 
 
 def read_spans(
@@ -303,9 +283,8 @@ def read_spans(
 def dataset(path: TracePaths) -> pds.Dataset:
     """The spans of a run as a :class:`pyarrow.dataset.Dataset` (DuckDB, Polars): the rows of :func:`read_spans`.
 
-    Closed files in today's schema are read lazily by pyarrow; anything else (open, older or damaged) is read
-    here with the same warnings. Raises FileNotFoundError for a path that does not exist.
-    """
+    pyarrow reads closed files in today's schema lazily; the others (open, older, damaged) are read here with the
+    same warnings (FileNotFoundError: no such path)."""
     import pyarrow.dataset as pds  # heavy (BENCHMARKS.md, `import tracer`): loaded by the first dataset() call
 
     direct: list[str] = []
@@ -315,7 +294,7 @@ def dataset(path: TracePaths) -> pds.Dataset:
             remote = _uri.is_remote(file)
             if not remote and os.path.basename(file) not in index["files"]:
                 seal_if_abandoned(file, on_sealed=write_index)
-            (others if remote or not _opens_directly(file) else direct).append(file)
+            (direct if not remote and _opens_directly(file) else others).append(file)
     parts: list[pds.Dataset] = []
     if direct:
         parts.append(pds.dataset(direct, format="ipc", schema=S.SPAN_SCHEMA))

@@ -1,8 +1,5 @@
-"""The span record and its Arrow schema: the one place that names the columns.
-
-Every trace file is a zstd-compressed Arrow IPC file (``.arrow``) of :data:`SPAN_SCHEMA` rows (``docs/format.md``).
-No other module spells a column name as a string literal.
-"""
+"""The span record and its Arrow schema, the one place that names the columns (no other module spells one as a
+string literal). Every trace file is a zstd Arrow IPC file (``.arrow``) of :data:`SPAN_SCHEMA` rows (docs/format.md)."""
 
 from __future__ import annotations
 

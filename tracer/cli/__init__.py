@@ -1,10 +1,6 @@
-"""The ``rollout-trace`` command line.
-
-Subcommands are ``register(subparsers)`` entry points of ``rollout_trace.commands``, adding parsers with
-``func(args) -> int`` and ``run_paths`` (missing local ones are refused here). Exit status (docs/cli.md):
-:data:`EXIT_OK` 0, :data:`EXIT_PROBLEM` 1, :data:`EXIT_USAGE` 2 (also an unforeseen error, its traceback with
-``ROLLOUT_TRACE_DEBUG=1``), 130 on Ctrl-C.
-"""
+"""The ``rollout-trace`` command line: subcommands are ``register(subparsers)`` entry points of
+``rollout_trace.commands`` adding parsers with ``func(args) -> int`` and ``run_paths`` (missing local ones are
+refused here); exit statuses in :mod:`tracer.cli.errors`."""
 
 from __future__ import annotations
 
@@ -14,19 +10,10 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
+from tracer.cli import errors
 from tracer.cli.check import register_check
 from tracer.cli.compact import register_compact
 from tracer.cli.diff import register_diff
-from tracer.cli.errors import (
-    ENV_DEBUG,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    describe_error,
-    error_text,
-    fail,
-    missing_package,
-    missing_run_path,
-)
 from tracer.cli.info import register_info
 from tracer.cli.tail import register_tail
 from tracer.extras import install_command
@@ -43,16 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             register = ep.load()
         except ImportError as exc:
-            broken = sub.add_parser(ep.name, help=f"(unavailable: {error_text(exc, ep.name)})")
-            broken.set_defaults(func=_unavailable(ep.name, exc))
+            missing = errors.missing_package(exc, ep.name)
+            text = missing or f"needs a package that is not installed ({exc}); {install_command('all')}"
+            broken = sub.add_parser(ep.name, help=f"(unavailable: {missing or exc})")
+            broken.set_defaults(func=lambda args, text=text, name=ep.name: errors.fail(text, name))
             continue
         register(sub)
     return parser
-
-
-def _unavailable(name: str, exc: ImportError) -> object:
-    text = missing_package(exc, name) or f"needs a package that is not installed ({exc}); {install_command('all')}"
-    return lambda args: fail(text, name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,21 +45,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
-        return EXIT_USAGE
+        return errors.EXIT_USAGE
     for dest in getattr(args, "run_paths", ()):
         given = getattr(args, dest, None)
-        problem = None if given is None else missing_run_path(given)
+        problem = None if given is None else errors.missing_run_path(given)
         if problem is not None:
-            return fail(problem, args.command)
+            return errors.fail(problem, args.command)
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt:
         print(f"rollout-trace {args.command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return errors.EXIT_INTERRUPTED
     except Exception as exc:  # no traceback for the user: one line naming what failed
-        if os.environ.get(ENV_DEBUG) == "1":
+        if os.environ.get(errors.ENV_DEBUG) == "1":
             raise
-        return fail(f"{describe_error(exc, args.command)} (set {ENV_DEBUG}=1 for the traceback)", args.command)
+        return errors.fail(
+            f"{errors.describe_error(exc, args.command)} (set {errors.ENV_DEBUG}=1 for the traceback)", args.command
+        )
 
 
 if __name__ == "__main__":

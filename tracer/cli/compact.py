@@ -8,7 +8,7 @@ from typing import Any
 from tracer.cli.errors import describe_error, error_text, fail, no_trace_files
 from tracer.read import list_trace_files
 from tracer.storage import uri as _uri
-from tracer.storage.compact import REMOTE_DELETE_AFTER_S, CompactReport, compact, describe_store_error, write_parquet
+from tracer.storage.compact import REMOTE_DELETE_AFTER_S, compact, describe_store_error, write_parquet
 from tracer.storage.compact_ray import compact_ray, write_parquet_ray
 from tracer.storage.seal import ENV_SEAL_AFTER_S
 
@@ -68,16 +68,16 @@ def register_compact(subparsers: Any) -> None:
 
 def run_compact(args: argparse.Namespace) -> int:
     """Compact ``args.path`` and print what was merged and what was left alone."""
-    options: dict[str, Any] = {
-        "target_bytes": int(args.target_mb * 1024 * 1024),
-        "seal_after_s": args.seal_after,
-        "delete_after_s": args.delete_after,
-    }
+    ray: dict[str, Any] = {"address": args.ray_address} if args.ray else {}
+    merge, to_parquet = (compact_ray, write_parquet_ray) if args.ray else (compact, write_parquet)
     try:
-        if args.ray:
-            report: CompactReport = compact_ray(args.path, address=args.ray_address, **options)
-        else:
-            report = compact(args.path, **options)
+        report = merge(
+            args.path,
+            target_bytes=int(args.target_mb * 1024 * 1024),
+            seal_after_s=args.seal_after,
+            delete_after_s=args.delete_after,
+            **ray,
+        )
     except (FileNotFoundError, ValueError, ImportError, ConnectionError) as exc:
         return fail(error_text(exc, "compact"))
     except OSError as exc:  # a full disk, a read-only folder: nothing was deleted that was not merged
@@ -101,10 +101,7 @@ def run_compact(args: argparse.Namespace) -> int:
         print(f"not merged, its files are kept and read as before (compact again to retry): {run_dir}: {why}")
     if args.format == "parquet":
         try:
-            if args.ray:
-                out, rows = write_parquet_ray(args.path, args.out, address=args.ray_address)
-            else:
-                out, rows = write_parquet(args.path, args.out)
+            out, rows = to_parquet(args.path, args.out, **ray)
         except (FileNotFoundError, OSError) as exc:
             return fail(f"writing Parquet failed: {_describe(args.path, exc)}")
         print(f"wrote {rows} span(s) as a step-partitioned Parquet dataset: {out}")

@@ -6,16 +6,7 @@ import argparse
 from typing import Any
 
 from tracer.cli.errors import fail
-from tracer.data.dataset import (
-    FORMAT_CHOICES,
-    FORMAT_PARQUET,
-    PER_CHOICES,
-    PER_TRAJECTORY,
-    SPLIT_CHOICES,
-    DatasetOptionError,
-    iter_dataset,
-    write_dataset,
-)
+from tracer.data import dataset as ds
 
 
 def register_dataset(subparsers: Any) -> None:
@@ -29,7 +20,7 @@ def register_dataset(subparsers: Any) -> None:
     p.add_argument("path", help="a trace file or a run's directory (rollout_traces/PROJECT/EXPERIMENT)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the files into")
     p.add_argument("--steps", metavar="SPEC", help="steps to include: N, N,M, N-M, N- or last:K")
-    p.add_argument("--split", choices=SPLIT_CHOICES, help="only training or validation trajectories")
+    p.add_argument("--split", choices=ds.SPLIT_CHOICES, help="only training or validation trajectories")
     p.add_argument(
         "--filter",
         dest="filters",
@@ -38,16 +29,18 @@ def register_dataset(subparsers: Any) -> None:
         metavar="EXPR",
         help="keep trajectories where EXPR holds (repeatable, all must hold): reward>=1, status==ok, turns<=3",
     )
-    p.add_argument("--per", choices=PER_CHOICES, default=PER_TRAJECTORY, help="one row per trajectory or per turn")
-    p.add_argument("--format", choices=FORMAT_CHOICES, default=FORMAT_PARQUET, help="file format")
+    p.add_argument(
+        "--per", choices=ds.PER_CHOICES, default=ds.PER_TRAJECTORY, help="one row per trajectory or per turn"
+    )
+    p.add_argument("--format", choices=ds.FORMAT_CHOICES, default=ds.FORMAT_PARQUET, help="file format")
     p.set_defaults(func=run_dataset, run_paths=("path",))
 
 
 def run_dataset(args: argparse.Namespace) -> int:
     try:
-        tables = iter_dataset(args.path, steps=args.steps, split=args.split, filters=args.filters, per=args.per)
-        counts = write_dataset(tables, args.out, args.format)
-    except (DatasetOptionError, FileNotFoundError) as exc:
+        tables = ds.iter_dataset(args.path, steps=args.steps, split=args.split, filters=args.filters, per=args.per)
+        counts = ds.write_dataset(tables, args.out, args.format)
+    except (ds.DatasetOptionError, FileNotFoundError) as exc:
         return fail(str(exc), "dataset")
     if not counts:
         print(f"no rows: no trajectory of {args.path} matched; nothing written to {args.out}")

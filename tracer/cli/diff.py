@@ -1,7 +1,5 @@
-"""``rollout-trace diff RUN_A RUN_B``: per prompt, how run B's rewards differ from run A's.
-
-The numbers are :func:`tracer.compare_runs`'; ``--json`` prints ``config`` differences and ``prompts`` rows.
-"""
+"""``rollout-trace diff RUN_A RUN_B``: per prompt, how run B's rewards differ from run A's
+(:func:`tracer.compare_runs`); ``--json`` prints ``config`` differences and ``prompts`` rows."""
 
 from __future__ import annotations
 
@@ -12,27 +10,11 @@ import sys
 import warnings
 from typing import Any
 
+from tracer import compare as C  # noqa: N812 - short, as the schema module
 from tracer import schema as S  # noqa: N812 - the schema module, short as elsewhere
 from tracer.cli.errors import no_trace_files
 from tracer.cli.terminal import terminal_text
-from tracer.compare import (
-    DEFAULT_PASS_THRESHOLD,
-    DELTA,
-    PASS_RATE_A,
-    PASS_RATE_B,
-    PROMPT,
-    QUESTION,
-    REWARD_A,
-    REWARD_B,
-    ROLLOUTS_A,
-    ROLLOUTS_B,
-    STEPS_A,
-    STEPS_B,
-    compare_runs,
-    default_steps,
-    diff_configs,
-    read_run_config,
-)
+from tracer.compare import DEFAULT_PASS_THRESHOLD, compare_runs, default_steps, diff_configs, read_run_config
 from tracer.read import TraceFileWarning, list_trace_files, read_steps
 
 #: Rows the text output prints unless --limit says otherwise.
@@ -48,9 +30,7 @@ DIFF_EXAMPLES = """examples:
 """
 
 
-def _steps(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
+def _steps(text: str) -> list[int]:
     try:
         return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
@@ -139,12 +119,12 @@ def run_diff(args: argparse.Namespace) -> int:
             f"{'delta':>8} {'pass_a':>7} {'pass_b':>7}  question"
         )
         for r in rows[: max(0, args.limit)]:
-            prompt = terminal_text(" ".join(str(r[QUESTION] or r[PROMPT] or "").split())[:PROMPT_CHARS])
+            prompt = terminal_text(" ".join(str(r[C.QUESTION] or r[C.PROMPT] or "").split())[:PROMPT_CHARS])
             print(
-                f"{terminal_text(r[S.SAMPLE_INDEX]):>10} {r[STEPS_A] or '-':>7} {r[STEPS_B] or '-':>7} "
-                f"{r[ROLLOUTS_A]:>4} {r[ROLLOUTS_B]:>4} {_fmt(r[REWARD_A]):>9} "
-                f"{_fmt(r[REWARD_B]):>9} {_fmt(r[DELTA], '+.3f'):>8} {_fmt(r[PASS_RATE_A], '.0%'):>7} "
-                f"{_fmt(r[PASS_RATE_B], '.0%'):>7}  {prompt}"
+                f"{terminal_text(r[S.SAMPLE_INDEX]):>10} {r[C.STEPS_A] or '-':>7} {r[C.STEPS_B] or '-':>7} "
+                f"{r[C.ROLLOUTS_A]:>4} {r[C.ROLLOUTS_B]:>4} {_fmt(r[C.REWARD_A]):>9} "
+                f"{_fmt(r[C.REWARD_B]):>9} {_fmt(r[C.DELTA], '+.3f'):>8} {_fmt(r[C.PASS_RATE_A], '.0%'):>7} "
+                f"{_fmt(r[C.PASS_RATE_B], '.0%'):>7}  {prompt}"
             )
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)

@@ -94,18 +94,15 @@ def suggest_path(path: str) -> str | None:
     for part in os.path.normpath(path).split(os.sep):
         if part in ("", "."):
             continue
-        candidate = os.path.join(current, part) if current else part
-        if not os.path.exists(candidate):
+        if not os.path.exists(os.path.join(current, part)):
             try:
-                entries = sorted(os.listdir(current or "."))
+                close = difflib.get_close_matches(part, sorted(os.listdir(current or ".")), n=1, cutoff=0.6)
             except OSError:
                 return None
-            close = difflib.get_close_matches(part, entries, n=1, cutoff=0.6)
             if not close:
                 return None
-            candidate = os.path.join(current, close[0]) if current else close[0]
-            changed = True
-        current = candidate
+            part, changed = close[0], True
+        current = os.path.join(current, part)
     return current if changed else None
 
 

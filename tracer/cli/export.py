@@ -1,8 +1,5 @@
-"""``rollout-trace export PATH --to BACKEND``: post-hoc export of trace files.
-
-Flags are built from the backends' options (:data:`tracer.backends.BACKENDS`), plus ``--opt NAME=VALUE``;
-:func:`tracer.exporters.export_files` does the work.
-"""
+"""``rollout-trace export PATH --to BACKEND``: post-hoc export of trace files (:func:`tracer.exporters.export_files`)
+with flags built from the backends' options (:data:`tracer.backends.BACKENDS`), plus ``--opt NAME=VALUE``."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from tracer.backends import BACKENDS, COMMON_OPTIONS, ExportOptionError, Option, get_backend
+from tracer.backends import BACKENDS, ExportOptionError, Option, get_backend
 from tracer.cli.errors import EXIT_PROBLEM, EXIT_USAGE, describe_error, error_text, fail, show_progress
 from tracer.exporters.base import export_files
 
@@ -24,16 +21,6 @@ def _backend_options() -> dict[str, list[tuple[str, Option]]]:
     return out
 
 
-def _add_option(p: argparse.ArgumentParser, name: str, owners: list[tuple[str, Option]]) -> None:
-    first = owners[0][1]
-    helps = "; ".join(
-        f"{b}: {o.help}" + (f" ({'|'.join(map(str, o.choices))})" if o.choices else "") for b, o in owners
-    )
-    boolean = first.type is bool
-    typed: dict[str, Any] = {"action": argparse.BooleanOptionalAction} if boolean else {"type": first.type}
-    p.add_argument(first.cli_flag, dest=name, help=helps, metavar=None if boolean else name.upper(), **typed)
-
-
 def register_export(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "export",
@@ -44,7 +31,13 @@ def register_export(subparsers: Any) -> None:
     p.add_argument("path", help="a trace file or a directory of them (e.g. rollout_traces/PROJECT/EXPERIMENT)")
     p.add_argument("--to", required=True, metavar="BACKEND", help=f"one of: {', '.join(BACKENDS)}")
     for name, owners in _backend_options().items():
-        _add_option(p, name, owners)
+        first = owners[0][1]
+        helps = "; ".join(
+            f"{b}: {o.help}" + (f" ({'|'.join(map(str, o.choices))})" if o.choices else "") for b, o in owners
+        )
+        boolean = first.type is bool
+        typed: dict[str, Any] = {"action": argparse.BooleanOptionalAction} if boolean else {"type": first.type}
+        p.add_argument(first.cli_flag, dest=name, help=helps, metavar=None if boolean else name.upper(), **typed)
     p.add_argument(
         "--opt",
         action="append",
@@ -52,13 +45,21 @@ def register_export(subparsers: Any) -> None:
         metavar="NAME=VALUE",
         help="any option of the backend by its name (repeatable), e.g. --opt max_rows=5000",
     )
-    common = {o.name: o for o in COMMON_OPTIONS}
     p.add_argument(
         "--step", dest="steps", type=int, action="append", metavar="N", help="export only step N (repeatable)"
     )
-    p.add_argument("--since-step", type=int, metavar="N", help=common["since_step"].help)
-    p.add_argument("--log-val-generations", type=int, metavar="N", help=common["log_val_generations"].help)
-    p.add_argument("--verify", action="store_true", help=common["verify"].help)
+    p.add_argument("--since-step", type=int, metavar="N", help="export only steps >= this")
+    p.add_argument(
+        "--log-val-generations",
+        type=int,
+        metavar="N",
+        help="validation rows per step in tables (default: the recorded config's)",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="read the backend back and compare rows, rewards and metrics with the files",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=run_export, run_paths=("path",))
 

@@ -1,10 +1,8 @@
-"""``rollout-trace tail RUN``: follow a run while it trains, one line per finished step (or trajectory).
-
-Polls with :class:`tracer.follow.RunFollower` every ``--interval`` seconds until Ctrl-C (exit 130). A step's
-line (:func:`tracer.exporters.console.format_step_line`) is printed once, in order, when a later step has been in
-the files for ``--grace`` seconds and every open shard has moved past the step or stood still that long (all
-shards closed: the last step too). ``--trajectories``: a line per trajectory, ``--grace`` seconds after its root.
-"""
+"""``rollout-trace tail RUN``: follow a run (:class:`tracer.follow.RunFollower`) every ``--interval`` seconds
+until Ctrl-C (exit 130). A step's line (:func:`tracer.exporters.console.format_step_line`) is printed once, in
+order, when a later step has been in the files for ``--grace`` seconds and every open shard has moved past the
+step or stood still that long (all shards closed: the last step too). ``--trajectories``: a line per trajectory,
+``--grace`` seconds after its root."""
 
 from __future__ import annotations
 
@@ -134,9 +132,7 @@ class Tail:
     def _finished(self, step: int, now: float) -> bool:
         later = [t for s, t in self.step_seen.items() if s > step]
         files = self.follower.files.values()
-        if not later and not all(f.closed for f in files):
-            return False
-        if later and now - min(later) < self.grace:
+        if now - min(later) < self.grace if later else not all(f.closed for f in files):
             return False
         return all(
             f.closed or (f.max_step is not None and f.max_step > step) or now - f.changed_at >= self.grace
@@ -169,8 +165,7 @@ class Tail:
             tid = row[S.TRACE_ID]
             if row[S.STATUS] == S.STATUS_INCOMPLETE:
                 continue
-            seen = self.root_seen.setdefault(tid, now)
-            if now - seen >= self.grace or all_closed:
+            if now - self.root_seen.setdefault(tid, now) >= self.grace or all_closed:
                 self.candidates.discard(tid)
                 self.root_seen.pop(tid, None)
                 out.append(trajectory_line(row))

@@ -1,8 +1,5 @@
-"""Text from trace files, made safe to print on a terminal: one line, no control sequences.
-
-Every string from a trace file a subcommand prints goes through :func:`terminal_text`: a newline cannot forge
-an output line, an escape sequence cannot move the cursor, retitle the window or hide text.
-"""
+"""Text from trace files made safe to print on a terminal (:func:`terminal_text`, for every such string a subcommand
+prints): a newline cannot forge an output line, an escape sequence cannot move the cursor, retitle or hide text."""
 
 from __future__ import annotations
 

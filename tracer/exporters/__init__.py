@@ -1,9 +1,5 @@
-"""Exporters: ship trace files (or live batches) to MLflow, WandB, SwanLab, OTLP, the console.
-
-A backend is a :class:`~tracer.exporters.base.Sink` registered in :data:`tracer.backends.BACKENDS`, fed by
-:class:`~tracer.exporters.base.LiveDriver` (``tracer.init(backend=...)``) or :func:`export_files` (``rollout-trace
-export``). Importing this package imports no backend library.
-"""
+"""Exporters: a :class:`~tracer.exporters.base.Sink` per backend of :data:`tracer.backends.BACKENDS`, fed live by
+:class:`~tracer.exporters.base.LiveDriver` or from the files by :func:`export_files`. Imports no backend library."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """One exporter interface: a :class:`Sink` per backend (the wire), driven two ways.
 
-:class:`LiveDriver` (``tracer.init(backend=...)``) feeds it the recorder's durable batches, a finished trajectory
-and a complete step at a time, on a thread of its own; :func:`export_files` (``rollout-trace export``) feeds it the
-trace files step chunk by step chunk. A step is complete when a later step arrived, or at flush, shutdown or the
-end of the files. A backend is a sink class plus one entry in :data:`tracer.backends.BACKENDS`.
+:class:`LiveDriver` (``tracer.init(backend=...)``) feeds it the recorder's durable batches on a thread of its own;
+:func:`export_files` (``rollout-trace export``) feeds it the trace files step chunk by step chunk. A step is complete
+when a later step arrived, or at flush, shutdown or the end of the files.
 """
 
 from __future__ import annotations
@@ -29,11 +28,7 @@ from tracer.backends import load_sink, resolve_options
 from tracer.compare import read_run_config, recorded_configs
 from tracer.exporters import lag
 from tracer.exporters.bounded import CALL_TIMEOUT_S, BackendTimeoutError, Deadline, call_within
-from tracer.exporters.tables import (
-    Progress,
-    iter_step_chunks,
-    open_run,
-)
+from tracer.exporters.tables import Progress, iter_step_chunks, open_run
 from tracer.read import TracePaths
 from tracer.record.redact import Redactor
 from tracer.storage.history import expand_history
@@ -120,19 +115,15 @@ _ID_COLUMNS = frozenset((S.TRACE_ID, S.SPAN_ID, S.PARENT_SPAN_ID))
 
 def redact_rows(redactor: Redactor, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``rows`` (span or trajectory rows) with every string and list of strings redacted, ids aside."""
-    out = []
-    for row in rows:
-        clean = {}
-        for key, value in row.items():
-            if key in _ID_COLUMNS:
-                pass
-            elif type(value) is str:
-                value = redactor.text(value)
-            elif type(value) is list and value and all(type(v) is str for v in value):
-                value = redactor.pieces(value)  # per-token texts: a secret split over tokens is caught
-            clean[key] = value
-        out.append(clean)
-    return out
+    return [{k: v if k in _ID_COLUMNS else _redact_value(redactor, v) for k, v in row.items()} for row in rows]
+
+
+def _redact_value(redactor: Redactor, value: Any) -> Any:
+    if type(value) is str:
+        return redactor.text(value)
+    if type(value) is list and value and all(type(v) is str for v in value):
+        return redactor.pieces(value)  # per-token texts: a secret split over tokens is caught
+    return value
 
 
 @dataclasses.dataclass
@@ -150,14 +141,10 @@ class Written:
     problems: list[str] = dataclasses.field(default_factory=list)
 
     def add(self, other: Written) -> None:
-        """Accumulate ``other`` into this one."""
-        self.sent += other.sent
-        self.skipped += other.skipped
-        self.spans += other.spans
-        self.rows.update(other.rows)
-        self.metrics.update(other.metrics)
-        self.notes.extend(other.notes)
-        self.problems.extend(other.problems)
+        """Accumulate ``other`` into this one (counts summed, rows and metrics updated, lines appended)."""
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            setattr(self, f.name, mine | theirs if isinstance(mine, dict) else mine + theirs)
 
 
 @dataclasses.dataclass
@@ -191,18 +178,12 @@ class VerifyResult:
 
     @classmethod
     def compare(
-        cls,
-        backend: str,
-        rows: Mapping[str, float | None],
-        metrics: Mapping[tuple[Any, str], float],
-        found: ReadBack,
+        cls, backend: str, rows: Mapping[str, float | None], metrics: Mapping[tuple[Any, str], float], found: ReadBack
     ) -> VerifyResult:
         """Compare what was sent (``rows``, ``metrics``) with what was read back."""
         got = {t: r for t, r in found.rows.items() if t in rows} if found.shared else dict(found.rows)
-        out = cls(
-            backend, True, len(rows), len(got), [t for t in rows if t not in got], [t for t in got if t not in rows]
-        )
-        out.mismatched = [t for t in rows if t in got and not same_value(rows[t], got[t])]
+        out = cls(backend, True, len(rows), len(got), unexpected=[t for t in got if t not in rows])
+        out.missing, out.mismatched = _diff(rows, got)
         where = f" in {found.where}" if found.where else ""
         row_ok = not (out.missing or out.unexpected or out.mismatched)
         out.lines.append(
@@ -211,10 +192,8 @@ class VerifyResult:
             f"{len(out.mismatched)} with a different reward"
         )
         if found.metrics is not None:
-            there = found.metrics
             out.metrics_expected = len(metrics)
-            out.metrics_missing = [k for k in metrics if k not in there]
-            out.metrics_mismatched = [k for k in metrics if k in there and not same_value(metrics[k], there[k])]
+            out.metrics_missing, out.metrics_mismatched = _diff(metrics, found.metrics)
             bad = out.metrics_missing or out.metrics_mismatched
             out.lines.append(
                 f"verify {backend}: {'FAILED' if bad else 'OK'}: {len(metrics)} step metric values expected, "
@@ -227,6 +206,11 @@ class VerifyResult:
         """Both results as one (several destinations of one export)."""
         summed = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)[2:]}
         return VerifyResult(self.backend, self.ok and other.ok, **summed)
+
+
+def _diff(sent: Mapping[Any, float | None], there: Mapping[Any, float | None]) -> tuple[list[Any], list[Any]]:
+    """``(missing, mismatched)``: keys of ``sent`` not ``there``, and those there with another value."""
+    return [k for k in sent if k not in there], [k for k in sent if k in there and not same_value(sent[k], there[k])]
 
 
 def short_error(exc: BaseException, limit: int = 300) -> str:
@@ -354,13 +338,11 @@ def _metrics_of(summaries: Sequence[dict[str, Any]]) -> dict[bool, dict[str, flo
 
 
 class LiveDriver:
-    """Feeds a sink from the recorder: queue, group into steps, retry, never raise.
+    """Feeds a sink from the recorder on a thread of its own: queue, group into steps, retry, never raise.
 
-    :meth:`export` only queues. The driver's thread finishes a trajectory ``grace_s`` after its root span (so rewards
-    logged just after are in) and writes a step once a later step arrived or at :meth:`flush`/:meth:`shutdown`. Past
-    :data:`MAX_QUEUED_SPANS` the oldest batches are dropped (counted; the files hold them); a write gets
-    :data:`WRITE_TRIES` tries.
-    """
+    A trajectory is finished ``grace_s`` after its root span (rewards logged just after are in); a step is written
+    once a later step arrived or at :meth:`flush`/:meth:`shutdown`. Past :data:`MAX_QUEUED_SPANS` the oldest batches
+    are dropped (counted; the files hold them)."""
 
     def __init__(self, sink: SinkBase, backend: str, target: Target, run_dir: str, grace_s: float) -> None:
         self.sink = sink
@@ -368,9 +350,7 @@ class LiveDriver:
         self.target = target
         self.run_dir = run_dir
         self.grace_s = grace_s
-        self.trajectories_written = 0
-        self.trajectories_failed = 0
-        self.spans_dropped = 0
+        self.trajectories_written = self.trajectories_failed = self.spans_dropped = 0
         self._queue: collections.deque[pa.RecordBatch] = collections.deque()
         self._queued_spans = 0
         self._pending: dict[str, list[pa.RecordBatch]] = {}
@@ -380,22 +360,18 @@ class LiveDriver:
         self._due: set[int | None] = set()  # steps with trajectories whose metrics are not written yet
         self._written: set[str] = set()
         self._newest: int | None = None
-        self._opened = False
+        self._opened = self._stop = self._flush_now = False
         self._open_error: Exception | None = None
         self._open_failed_at = 0.0
         self._warned: set[str] = set()
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._lock = threading.Lock()
-        self._stop = False
         self._deadline = Deadline(None)
         self._redactor = target.redactor()
-        self._flush_now = False
         self._failures: list[str] = []
         self._thread = threading.Thread(target=self._run, name=f"rollout-trace-{backend}", daemon=True)
         self._thread.start()
-
-    # -- called by the recorder ------------------------------------------------
 
     def export(self, batch: pa.RecordBatch) -> None:
         """Queue a durable batch (writer thread; never blocks)."""
@@ -446,20 +422,10 @@ class LiveDriver:
         with self._lock:
             queued, dropped = self._queued_spans, self.spans_dropped
         in_grace = dict(self._root_seen)
-        held = tuple(
-            str(t.summary.get(S.TRACE_ID) or f"#{id(t)}") for ts in list(self._held.values()) for t in list(ts)
-        )
-        return lag.DriverProgress(
-            shipped=self.trajectories_written,
-            failed=self.trajectories_failed,
-            in_grace=in_grace,
-            held=held,
-            running=sum(1 for tid in list(self._pending) if tid not in in_grace),
-            queued_spans=queued,
-            dropped_spans=dropped,
-        )
-
-    # -- the thread --------------------------------------------------------------
+        held = tuple(str(t.summary.get(S.TRACE_ID) or f"#{id(t)}") for ts in list(self._held.values()) for t in ts)
+        running = sum(1 for tid in list(self._pending) if tid not in in_grace)
+        done, failed = self.trajectories_written, self.trajectories_failed
+        return lag.DriverProgress(done, failed, in_grace, held, running, queued, dropped)
 
     def _run(self) -> None:
         while True:
@@ -475,7 +441,11 @@ class LiveDriver:
             if flushing or (not self._pending and not self._queue):
                 self._idle.set()
             if stopping:
-                self._close()
+                try:
+                    for note in self._call(self.sink.close, "close") if self._opened else []:
+                        logger.debug("rollout-trace %s exporter: %s", self.backend, note)
+                except Exception as exc:
+                    self._fail("close", f"could not close ({type(exc).__name__}: {exc})")
                 self._idle.set()
                 return
 
@@ -486,7 +456,15 @@ class LiveDriver:
             self._queued_spans = 0
         now = time.monotonic()
         for batch in batches:
-            self._absorb(batch, now)
+            traces = batch.column(S.TRACE_ID)
+            order: dict[str, list[int]] = {}
+            for i, tid in enumerate(traces.to_pylist()):
+                order.setdefault(tid, []).append(i)
+            roots = set(traces.filter(batch.column(S.PARENT_SPAN_ID).is_null()).to_pylist())
+            for tid, rows in order.items():
+                self._pending.setdefault(tid, []).append(batch.take(pa.array(rows, pa.int64())))
+                if tid in roots:
+                    self._root_seen.setdefault(tid, now)
         ready = [t for t, seen in self._root_seen.items() if stopping or flushing or now - seen >= self.grace_s]
         if stopping:
             ready.extend(t for t in self._pending if t not in self._root_seen)
@@ -510,18 +488,10 @@ class LiveDriver:
             )
         if out:
             self._write(out, stopping)
-        self._forget_old_steps()
-
-    def _absorb(self, batch: pa.RecordBatch, now: float) -> None:
-        traces = batch.column(batch.schema.get_field_index(S.TRACE_ID))
-        order: dict[str, list[int]] = {}
-        for i, tid in enumerate(traces.to_pylist()):
-            order.setdefault(tid, []).append(i)
-        roots = set(traces.filter(batch.column(batch.schema.get_field_index(S.PARENT_SPAN_ID)).is_null()).to_pylist())
-        for tid, rows in order.items():
-            self._pending.setdefault(tid, []).append(batch.take(pa.array(rows, pa.int64())))
-            if tid in roots:
-                self._root_seen.setdefault(tid, now)
+        # Steps far behind the newest forget their trajectories (later late ones get metrics of their own).
+        if (newest := self._newest) is not None:
+            for old in [s for s in self._seen if s is not None and s < newest - KEEP_STEPS and s not in self._due]:
+                self._seen.pop(old, None)
 
     def _take(self, spans: pa.Table) -> None:
         """Turn one finished trajectory's spans into a held :class:`Trajectory` (or drop it)."""
@@ -552,13 +522,6 @@ class LiveDriver:
         if step is not None and (self._newest is None or step > self._newest):
             self._newest = step
 
-    def _forget_old_steps(self) -> None:
-        if self._newest is None:
-            return
-        for old in [s for s in self._seen if s is not None and s < self._newest - KEEP_STEPS]:
-            if old not in self._due:
-                self._seen.pop(old, None)
-
     def _open(self) -> None:
         if self._opened:
             return
@@ -580,17 +543,31 @@ class LiveDriver:
         return _call(self.sink, f"{self.backend} exporter", fn, what, self._deadline.left())
 
     def _write(self, batches: list[StepBatch], stopping: bool) -> None:
+        """Write each batch, tried up to :data:`WRITE_TRIES` times with backoff (fewer once stopping)."""
         for batch in batches:
             n = sum(1 for t in batch.trajectories if t.state == NEW)
-
-            def send(batch: StepBatch = batch) -> Written:
-                self._open()
-                written: Written = self._call(lambda: self.sink.write(batch), f"write of step {batch.step}")
-                self._call(self.sink.flush, "flush")
-                return written
-
-            what = f"{n} trajectories of step {batch.step}"
-            written = self._retry(send, stopping, what)
+            written: Written | None = None
+            delay = 0.5
+            for attempt in range(1, WRITE_TRIES + 1):
+                try:
+                    self._open()
+                    written = self._call(functools.partial(self.sink.write, batch), f"write of step {batch.step}")
+                    self._call(self.sink.flush, "flush")
+                    break
+                except Exception as exc:
+                    left = self._deadline.left()
+                    last = attempt == WRITE_TRIES or (stopping and attempt >= 2) or (left is not None and left < delay)
+                    if last or isinstance(exc, BackendTimeoutError):  # hung: another try would wait on the same call
+                        self._fail(
+                            "write failed",
+                            f"{n} trajectories of step {batch.step} not written after {attempt} attempts "
+                            f"({type(exc).__name__}: {exc}); the files hold them: "
+                            f"rollout-trace export {self.run_dir} --to {self.backend}",
+                        )
+                        written = None
+                        break
+                    time.sleep(delay)
+                    delay = min(delay * 2, 10.0)
             refused, self.sink.refused[:] = list(self.sink.refused), []
             if written is None:
                 self.trajectories_failed += n
@@ -606,35 +583,6 @@ class LiveDriver:
             if len(self._written) > WRITTEN_MEMORY:
                 self._written.clear()  # bounded memory; later late spans then count as trajectories of their own
             self._written.update(t.summary[S.TRACE_ID] for t in batch.trajectories)
-
-    def _retry(self, fn: Any, stopping: bool, what: str) -> Any:
-        """``fn()``'s result, tried up to :data:`WRITE_TRIES` times with backoff; None when every attempt failed."""
-        delay = 0.5
-        for attempt in range(1, WRITE_TRIES + 1):
-            try:
-                return fn()
-            except Exception as exc:
-                left = self._deadline.left()
-                last = attempt == WRITE_TRIES or (stopping and attempt >= 2) or (left is not None and left < delay)
-                if last or isinstance(exc, BackendTimeoutError):  # hung: another attempt would wait on the same call
-                    self._fail(
-                        "write failed",
-                        f"{what} not written after {attempt} attempts ({type(exc).__name__}: {exc}); "
-                        f"the files hold them: rollout-trace export {self.run_dir} --to {self.backend}",
-                    )
-                    return None
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
-        return None
-
-    def _close(self) -> None:
-        if not self._opened:
-            return
-        try:
-            for note in self._call(self.sink.close, "close"):
-                logger.debug("rollout-trace %s exporter: %s", self.backend, note)
-        except Exception as exc:
-            self._fail("close", f"could not close ({type(exc).__name__}: {exc})")
 
     def _fail(self, kind: str, message: str) -> None:
         """Keep ``message`` for the next :meth:`failures` and log it (once per ``kind``)."""
@@ -691,12 +639,11 @@ def _send_run(
     sink: SinkBase, call: Any, run: Any, target: Target, report: ExportReport, progress: bool
 ) -> tuple[set[str], Written, list[str]]:
     """Open ``sink``, write ``run`` step chunk by step chunk, close; return (ids there before, written, notes)."""
-    existing: set[str] = set()
     total = Written()
     redactor = target.redactor()
     bar = Progress(run.trajectories.num_rows, f"export {report.backend}", progress)
     try:
-        existing = call(functools.partial(sink.open, target), "open")
+        existing: set[str] = call(functools.partial(sink.open, target), "open")
         for trajs, spans in iter_step_chunks(run, sink.span_columns):
             by_step: dict[int | None, list[Trajectory]] = {}
             for summary in trajs.to_pylist():
@@ -707,9 +654,8 @@ def _send_run(
             for step in sorted(by_step, key=_step_order):
                 held = sorted(by_step[step], key=_sort_key)
                 batch = StepBatch(step, held, _metrics_of([t.summary for t in held]), [t.summary for t in held])
-                total.add(
-                    call(functools.partial(sink.write, batch), f"write of step {step} ({len(held)} trajectories)")
-                )
+                what = f"write of step {step} ({len(held)} trajectories)"
+                total.add(call(functools.partial(sink.write, batch), what))
                 bar.update(len(held))
         call(sink.flush, "flush")
         notes: list[str] = call(sink.close, "close")
@@ -728,48 +674,12 @@ def _send_run(
 
 
 def _disk_full(destination: str) -> str:
-    """``"; its disk is full"`` when ``destination`` is a local directory with no space left, else ``""``."""
+    """A note when ``destination`` is a local directory with no space left, else ``""``."""
     try:
         full = os.path.isdir(destination) and shutil.disk_usage(destination).free < DISK_FULL_BYTES
     except OSError:
         return ""
     return f" (the disk of {destination} is full: free space)" if full else ""
-
-
-def _count(report: ExportReport, sink: SinkBase, total: Written, backend: str) -> None:
-    """Add what one destination accepted to ``report``: what the sink wrote, less what it refused."""
-    for tid, spans, why in sink.refused:
-        total.sent -= 1
-        total.spans -= spans
-        total.rows.pop(tid, None)
-        report.trajectories_refused += 1
-        report.details.append(f"refused by {backend}, not sent: trajectory {tid}: {why}")
-    report.trajectories_sent += total.sent
-    report.spans_sent += total.spans
-    report.details.extend(total.notes)
-    report.problems.extend(total.problems)
-
-
-def _confirm(report: ExportReport, sink: SinkBase, total: Written, backend: str, verify: bool, call: Any) -> None:
-    """Read the destination back: for ``--verify``, and always where it is local files (a full disk cuts them short)."""
-    try:
-        found = call(sink.read_back, "read-back")
-    except Exception as exc:
-        report.problems.append(
-            f"{backend}: what was written cannot be read back from {sink.destination or 'the destination'} "
-            f"({type(exc).__name__}: {exc}); check its disk and export again"
-        )
-        return
-    result = VerifyResult.compare(backend, total.rows, total.metrics, found)
-    if verify:
-        report.verify = result if report.verify is None else report.verify.merge(result)
-        report.details.extend(result.lines)
-    elif not result.ok:
-        report.problems.append(
-            f"{backend}: {found.where or 'the destination'} holds {result.found} of the {result.expected} "
-            f"trajectories written ({len(result.missing)} missing, {len(result.metrics_missing)} step metric "
-            "values missing): its files stop early (a full disk?); free space and export again"
-        )
 
 
 def recorded_backends(config: Mapping[str, Any]) -> list[str]:
@@ -818,7 +728,16 @@ def export_files(
         sink = sink_class(options)
         call = functools.partial(_call, sink, to)
         existing, total, notes = _send_run(sink, call, run, target, report, progress)
-        _count(report, sink, total, to)
+        for tid, spans, why in sink.refused:  # counted as written: what the destination accepted is less
+            total.sent -= 1
+            total.spans -= spans
+            total.rows.pop(tid, None)
+            report.trajectories_refused += 1
+            report.details.append(f"refused by {to}, not sent: trajectory {tid}: {why}")
+        report.trajectories_sent += total.sent
+        report.spans_sent += total.spans
+        report.details.extend(total.notes)
+        report.problems.extend(total.problems)
         # Sent to a destination that had some, or that the run was recorded live to: all it lacked was a catch-up.
         if total.sent and (existing or any(to in recorded_backends(c) for _, c in recorded_configs(read_path))):
             report.caught_up += total.sent
@@ -830,6 +749,25 @@ def export_files(
         report.details.extend(notes)
         if run.not_selected:
             report.details.append(f"{run.not_selected} trajectories outside the selected steps not exported")
-        if verify or sink.confirms():
-            _confirm(report, sink, total, to, verify, call)
+        if not (verify or sink.confirms()):
+            continue
+        # Read back for --verify, and always where the destination is local files (a full disk cuts them short).
+        try:
+            found = call(sink.read_back, "read-back")
+        except Exception as exc:
+            report.problems.append(
+                f"{to}: what was written cannot be read back from {sink.destination or 'the destination'} "
+                f"({type(exc).__name__}: {exc}); check its disk and export again"
+            )
+            continue
+        result = VerifyResult.compare(to, total.rows, total.metrics, found)
+        if verify:
+            report.verify = result if report.verify is None else report.verify.merge(result)
+            report.details.extend(result.lines)
+        elif not result.ok:
+            report.problems.append(
+                f"{to}: {found.where or 'the destination'} holds {result.found} of the {result.expected} "
+                f"trajectories written ({len(result.missing)} missing, {len(result.metrics_missing)} step metric "
+                "values missing): its files stop early (a full disk?); free space and export again"
+            )
     return report

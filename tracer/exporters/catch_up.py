@@ -7,6 +7,7 @@ each live backend what it lacks, as ``rollout-trace export`` does.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -65,30 +66,23 @@ def runs_written_since(root: str, since: float) -> list[str]:
     for d, dirs, names in os.walk(root):
         dirs.sort()
         for name in names:
-            if not name.endswith(S.FILE_SUFFIX):
-                continue
-            try:
-                if os.stat(os.path.join(d, name)).st_mtime >= since:
+            with contextlib.suppress(OSError):
+                if name.endswith(S.FILE_SUFFIX) and os.stat(os.path.join(d, name)).st_mtime >= since:
                     found.append(d)
                     break
-            except OSError:
-                continue
     return found
-
-
-def _own_file(file: str) -> bool:
-    """True when ``file`` was written by this process (its writer is alive, and ships its own)."""
-    name = SHARD_NAME.match(os.path.basename(file))
-    return name is not None and int(name.group("pid")) == os.getpid()
 
 
 def writers_running(run_dir: str) -> list[str]:
     """The trace files of ``run_dir`` that other processes may still write (the others are sealed on the way)."""
-    return [
-        f
-        for f in list_trace_files(run_dir)
-        if not _own_file(f) and seal_if_abandoned(f, OTHER_HOST_QUIET_S, on_sealed=write_index).action == LIVE
-    ]
+    running = []
+    for f in list_trace_files(run_dir):
+        name = SHARD_NAME.match(os.path.basename(f))
+        if name is not None and int(name.group("pid")) == os.getpid():
+            continue  # this process's own: its writer is alive and ships its own
+        if seal_if_abandoned(f, OTHER_HOST_QUIET_S, on_sealed=write_index).action == LIVE:
+            running.append(f)
+    return running
 
 
 def _without_redacted(value: Any) -> Any:
@@ -105,9 +99,9 @@ def live_backends(run_dir: str) -> dict[str, dict[str, Any]]:
         for name in recorded_backends(config):
             if name == LOCAL_BACKEND or name not in BACKENDS or name in out:
                 continue
-            given = config.get("backend_options")
+            given = _without_redacted(config.get("backend_options") or {})
             try:
-                options = live_options(name, TraceConfig(backend_options=_without_redacted(given or {})))
+                options = live_options(name, TraceConfig(backend_options=given))
             except Exception:  # options the files hold that no longer parse: the backend's defaults
                 options = {}
             out[name] = {k: v for k, v in options.items() if v is not None}
@@ -128,10 +122,9 @@ def catch_up_run(run_dir: str, deadline: float) -> list[CaughtUp]:
     for name, options in backends.items():
         try:
             report = export_files(run_dir, name, progress=False, **options)
+            done.append(CaughtUp(run_dir, name, sent=report.trajectories_sent, present=report.trajectories_skipped))
         except Exception as exc:  # the backend down, not installed, ...: the files keep everything
             done.append(CaughtUp(run_dir, name, problem=f"{type(exc).__name__}: {exc}"))
-            continue
-        done.append(CaughtUp(run_dir, name, sent=report.trajectories_sent, present=report.trajectories_skipped))
     return done
 
 

@@ -2,36 +2,28 @@
 ``rollout_trace``, INFO) and on stderr (option ``print``; live ``backend_options={"console_print": False}``)::
 
     rollout-trace step 3: reward 0.625 ± 0.484 [0, 1] | turns 2.0 | tool calls 1.0, errors 25.0% | 8 trajectories, 0 failed | latency p50 1.20s p95 3.41s
-
-The smallest backend: a sink class and one registry entry.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from tracer.exporters.base import NEW, ExportReport, SinkBase, StepBatch, Written
-from tracer.exporters.base import export_files as _export_files
+from tracer.exporters.base import NEW, SinkBase, StepBatch, Written
 
 logger = logging.getLogger("rollout_trace")
 
 
-def _num(value: float, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:.{digits}g}"
+def _num(value: float) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
 
 
 def format_step_line(step: int | None, metrics: Mapping[str, float], validate: bool = False) -> str:
     """The summary line of one step (``metrics`` as from :func:`tracer.step_metrics`)."""
-    label = f"step {step}" if step is not None else "no step"
-    if validate:
-        label += " validation"
+    label = (f"step {step}" if step is not None else "no step") + (" validation" if validate else "")
     return (
         f"rollout-trace {label}: reward {_num(metrics['reward/mean'])} ± {_num(metrics['reward/std'])} "
         f"[{_num(metrics['reward/min'])}, {_num(metrics['reward/max'])}] | "
@@ -55,8 +47,3 @@ class ConsoleSink(SinkBase):
             if self.options["print"]:
                 print(line, file=sys.stderr, flush=True)
         return Written(sent=sum(1 for t in batch.trajectories if t.state == NEW))
-
-
-def export_files(path: str | os.PathLike[str], **options: Any) -> ExportReport:
-    """Write the summary line of every step in the trace files (:func:`tracer.exporters.export_files`)."""
-    return _export_files(path, "console", **options)

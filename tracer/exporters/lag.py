@@ -69,12 +69,9 @@ class LagRecord:
         counts = ((self.failed, "failed"), (self.queued_spans, "spans queued"), (self.dropped_spans, "spans dropped"))
         parts = [f"{self.shipped} shipped", f"{self.waiting} waiting{oldest}", *(f"{n} {w}" for n, w in counts if n)]
         age = max(now - self.written_at, 0.0)
-        if self.final:
-            state = "finished"
-        elif self.stale(now):
+        state = "finished" if self.final else f"updated {age:.0f} s ago"
+        if self.stale(now):  # never when final
             state = f"no update for {age:.0f} s: the process is gone or stuck"
-        else:
-            state = f"updated {age:.0f} s ago"
         behind = ""
         if (self.failed or self.dropped_spans or (self.final and self.waiting)) and os.path.dirname(self.path):
             behind = f"; catch up: rollout-trace export {os.path.dirname(self.path)} --to {self.backend}"
@@ -103,8 +100,7 @@ class _Reporter:
         )
         self.backend = backend
         self.since: dict[str, float] = {}
-        self.last_look = -1e18
-        self.last_write = -1e18
+        self.last_look = self.last_write = -1e18
         self.failed = False
 
     def look(self, driver: LiveDriver, final: bool) -> None:
@@ -113,28 +109,15 @@ class _Reporter:
             return
         self.last_look = now
         progress = driver.progress()
-        waiting = {*progress.in_grace, *progress.held}
         # A held trajectory was in grace at an earlier look: it keeps the time it has waited since.
-        self.since = {k: self.since.get(k, progress.in_grace.get(k, now)) for k in waiting}
+        self.since = {k: self.since.get(k, progress.in_grace.get(k, now)) for k in {*progress.in_grace, *progress.held}}
         oldest = now - min(self.since.values()) if self.since else 0.0
         if not final and now - self.last_write < WRITE_EVERY_S:
             return
         self.last_write = now
-        record = LagRecord(
-            backend=self.backend,
-            host=host_label(),
-            pid=os.getpid(),
-            written_at=time.time(),
-            shipped=progress.shipped,
-            failed=progress.failed,
-            waiting=len(self.since),
-            oldest_waiting_s=round(max(oldest, 0.0), 3),
-            running=progress.running,
-            queued_spans=progress.queued_spans,
-            dropped_spans=progress.dropped_spans,
-            final=final,
-        )
-        data = dataclasses.asdict(record)
+        fields = {k: getattr(progress, k) for k in ("shipped", "failed", "running", "queued_spans", "dropped_spans")}
+        fields.update(waiting=len(self.since), oldest_waiting_s=round(max(oldest, 0.0), 3), final=final)
+        data = dataclasses.asdict(LagRecord(self.backend, host_label(), os.getpid(), time.time(), **fields))
         del data["path"]  # where the file is, filled in by read_lag
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -152,15 +135,12 @@ def observe(driver: LiveDriver, final: bool = False) -> None:
     try:
         reporter = _REPORTERS.get(driver)
         if reporter is None:
-            run_dir = driver.run_dir
-            if not run_dir or _uri.is_remote(run_dir):
+            if not driver.run_dir or _uri.is_remote(driver.run_dir):
                 return  # an object-store run has no local folder to put the file in
-            reporter = _REPORTERS[driver] = _Reporter(run_dir, driver.backend)
-        if reporter.failed:
-            return
-        if not os.path.isdir(os.path.dirname(reporter.path)):
-            return  # nothing written yet: the run folder appears with the first shard
-        reporter.look(driver, final)
+            reporter = _REPORTERS[driver] = _Reporter(driver.run_dir, driver.backend)
+        # Not before the run folder is there (it appears with the first shard).
+        if not reporter.failed and os.path.isdir(os.path.dirname(reporter.path)):
+            reporter.look(driver, final)
     except Exception as exc:
         if reporter is not None:
             reporter.failed = True
@@ -199,9 +179,7 @@ def read_lag(path: str | os.PathLike[str]) -> list[LagRecord]:
     found: list[LagRecord] = []
     for d, dirs, names in os.walk(folder):
         dirs.sort()
-        for name in sorted(names):
-            if not (name.startswith(LAG_PREFIX) and name.endswith(LAG_SUFFIX)):
-                continue
+        for name in sorted(n for n in names if n.startswith(LAG_PREFIX) and n.endswith(LAG_SUFFIX)):
             file = os.path.join(d, name)
             data = side_files.read_json(file, side_files.MAX_LAG_BYTES, valid_lag, "a lag record")
             if data is not None:

@@ -60,9 +60,7 @@ def traces_url(endpoint: str | None) -> str:
 def parse_headers(text: str | None) -> dict[str, str]:
     """``"k1=v1,k2=v2"`` (as ``OTEL_EXPORTER_OTLP_HEADERS``) as a dict."""
     out: dict[str, str] = {}
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
+    for item in filter(str.strip, (text or "").split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"otlp header {item!r} is not NAME=VALUE; e.g. --headers x-mlflow-experiment-id=1")
@@ -112,12 +110,6 @@ def _span_rows(traj: Trajectory) -> list[dict[str, Any]]:
     return [r for r in traj.spans if not (r[S.KIND] == S.KIND_REWARD and r[S.NAME] == S.REWARD_SPAN_NAME)]
 
 
-def _reward_info(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The trajectory's reward components (``reward_info``, JSON text) as a dict (empty when none or not an object)."""
-    info = S.parse_json_or_text(summary.get(S.REWARD_INFO))
-    return info if isinstance(info, dict) else {}
-
-
 class OtlpSink(SinkBase):
     """POSTs each trajectory as an OTLP trace to an OTLP/HTTP endpoint (protobuf)."""
 
@@ -145,8 +137,6 @@ class OtlpSink(SinkBase):
         """Remember the run's names (resource attributes); nothing is skipped: re-sending upserts."""
         self.target = target
         return set()
-
-    # -- building the request --------------------------------------------------
 
     def _value(self, value: Any) -> Any:
         v = self.common_pb.AnyValue()
@@ -201,9 +191,15 @@ class OtlpSink(SinkBase):
                 attrs["gen_ai.tool.call.arguments"], attrs["gen_ai.tool.call.result"] = turn.arguments, shown.text
         return attrs
 
-    def _root_attrs(self, summary: Mapping[str, Any]) -> dict[str, Any]:
-        info = _reward_info(summary)
-        return {
+    def trajectory_spans(self, traj: Trajectory) -> list[Any]:
+        """The OTLP spans of one trajectory (``log_reward`` rows left out: the reward is on the root)."""
+        tp = self.trace_pb
+        summary = traj.summary
+        rows = _span_rows(traj)
+        turns = trajectory_turns(rows).get(summary[S.TRACE_ID], [])
+        info = S.parse_json_or_text(summary.get(S.REWARD_INFO))
+        info = info if isinstance(info, dict) else {}
+        root_attrs = {
             GEN_AI_OPERATION: "invoke_agent",
             "gen_ai.agent.name": summary[S.NAME],
             ATTR_PREFIX + S.STEP: summary[S.STEP],
@@ -215,52 +211,40 @@ class OtlpSink(SinkBase):
             ATTR_PREFIX + S.STATUS: summary[S.STATUS],
             ATTR_PREFIX + S.REWARD_INFO: summary[S.REWARD_INFO],
         }
-
-    def _evaluations(self, summary: Mapping[str, Any], at_ns: int) -> list[Any]:
-        """The reward and each numeric reward component (the advantage aside) as ``gen_ai.evaluation.result`` events."""
         scores = {S.REWARD: number(summary[S.REWARD])}
-        scores.update({str(k): number(v) for k, v in _reward_info(summary).items() if k != ADVANTAGE})
-        return [
-            self.trace_pb.Span.Event(
-                time_unix_nano=at_ns,
-                name="gen_ai.evaluation.result",
-                attributes=self._attrs({"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.value": score}),
-            )
-            for name, score in scores.items()
-            if score is not None
-        ]
-
-    def trajectory_spans(self, traj: Trajectory) -> list[Any]:
-        """The OTLP spans of one trajectory (``log_reward`` rows left out: the reward is on the root)."""
-        tp = self.trace_pb
-        summary = traj.summary
-        rows = _span_rows(traj)
-        turns = trajectory_turns(rows).get(summary[S.TRACE_ID], [])
+        scores.update({str(k): number(v) for k, v in info.items() if k != ADVANTAGE})
+        scores = {k: v for k, v in scores.items() if v is not None}
         out = []
         for r in rows:
             attrs = self._span_attrs(r, summary, turns)
             is_root = r[S.PARENT_SPAN_ID] is None
             if is_root:
-                attrs.update(self._root_attrs(summary))
-            span = tp.Span(
-                trace_id=bytes.fromhex(r[S.TRACE_ID]),
-                span_id=bytes.fromhex(r[S.SPAN_ID]),
-                name=str(r[S.NAME]),
-                kind=tp.Span.SPAN_KIND_CLIENT if r[S.KIND] == S.KIND_LLM else tp.Span.SPAN_KIND_INTERNAL,
-                start_time_unix_nano=int(r[S.START_NS]),
-                end_time_unix_nano=int(r[S.END_NS]),
-                attributes=self._attrs(attrs),
-                events=self._evaluations(summary, int(r[S.END_NS])) if is_root else [],
+                attrs.update(root_attrs)
+            events = [
+                tp.Span.Event(
+                    time_unix_nano=int(r[S.END_NS]),
+                    name="gen_ai.evaluation.result",
+                    attributes=self._attrs({"gen_ai.evaluation.name": k, "gen_ai.evaluation.score.value": v}),
+                )
+                for k, v in (scores.items() if is_root else ())
+            ]
+            err = r.get(S.ERROR)
+            ok = r[S.STATUS] == S.STATUS_OK
+            status = tp.Status(code=tp.Status.STATUS_CODE_ERROR, message=_cut(str(r[S.STATUS] if err is None else err)))
+            out.append(
+                tp.Span(
+                    trace_id=bytes.fromhex(r[S.TRACE_ID]),
+                    span_id=bytes.fromhex(r[S.SPAN_ID]),
+                    parent_span_id=b"" if is_root else bytes.fromhex(r[S.PARENT_SPAN_ID]),
+                    name=str(r[S.NAME]),
+                    kind=tp.Span.SPAN_KIND_CLIENT if r[S.KIND] == S.KIND_LLM else tp.Span.SPAN_KIND_INTERNAL,
+                    start_time_unix_nano=int(r[S.START_NS]),
+                    end_time_unix_nano=int(r[S.END_NS]),
+                    attributes=self._attrs(attrs),
+                    events=events,
+                    status=tp.Status(code=tp.Status.STATUS_CODE_OK) if ok else status,
+                )
             )
-            if not is_root:
-                span.parent_span_id = bytes.fromhex(r[S.PARENT_SPAN_ID])
-            if r[S.STATUS] == S.STATUS_OK:
-                span.status.code = tp.Status.STATUS_CODE_OK
-            else:
-                span.status.code = tp.Status.STATUS_CODE_ERROR
-                err = r.get(S.ERROR)
-                span.status.message = _cut(str(err) if err is not None else str(r[S.STATUS]))
-            out.append(span)
         return out
 
     def request(self, spans: Sequence[Any]) -> Any:
@@ -279,16 +263,11 @@ class OtlpSink(SinkBase):
         scope.spans.extend(spans)
         return self.pb.ExportTraceServiceRequest(resource_spans=[rs])
 
-    # -- the wire ----------------------------------------------------------------
-
     def post(self, body: bytes) -> tuple[int, str]:
         """POST one protobuf request; return the receiver's ``partial_success`` (spans rejected, its message).
         RuntimeError when the receiver answers with an error status, ConnectionError when it cannot be reached."""
         req = urllib.request.Request(
-            self.url,
-            data=body,
-            method="POST",
-            headers={"Content-Type": "application/x-protobuf", **self.headers},
+            self.url, data=body, method="POST", headers={"Content-Type": "application/x-protobuf", **self.headers}
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 - a user-given http(s) URL

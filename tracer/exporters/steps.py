@@ -1,9 +1,5 @@
-"""TableSink: what the table-shaped sinks (WandB, SwanLab, trackio) share.
-
-A :class:`~tracer.exporters.base.StepBatch` becomes a :class:`~tracer.exporters.tables.StepData`:
-one row per new trajectory, validation rows capped at ``log_val_generations`` per step,
-metrics under the ``rollout_trace/`` and ``rollout_trace_val/`` prefixes.
-"""
+"""TableSink: what the table sinks (WandB, SwanLab, trackio) share: a :class:`~tracer.exporters.base.StepBatch` as
+one table row per new trajectory (validation rows capped at ``log_val_generations`` per step) and its metrics."""
 
 from __future__ import annotations
 
@@ -11,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
-from tracer.exporters.base import NEW, ReadBack, SinkBase, StepBatch, Target, Written
+from tracer.exporters.base import NEW, SinkBase, StepBatch, Target, Written
 from tracer.exporters.tables import (
     COL,
     METRIC_PREFIX,
@@ -29,8 +25,6 @@ class TableSink(SinkBase):
     """Base of sinks that log per-step tables and metrics to the run that :meth:`open` starts."""
 
     span_columns: ClassVar[tuple[str, ...]] = ROW_SPAN_COLUMNS
-    #: Reads a finished run's files back: ``directory -> (rows, metrics)``.
-    read_files: ClassVar[Any] = None
     #: A step published again (late trajectories) is logged at the backend step it had, not one later.
     same_again: ClassVar[bool] = False
 
@@ -72,11 +66,6 @@ class TableSink(SinkBase):
         self.cap = target.log_val_generations
         self.run = self.start(target)
         return set()
-
-    def read_back(self) -> ReadBack:
-        """The rows and metrics of the finished run's files."""
-        rows, metrics = type(self).read_files(self.destination)
-        return ReadBack(rows, metrics, where=self.destination)
 
     def write(self, batch: StepBatch) -> Written:
         """Log the step's rows and metrics at the backend's next step (the rollout step while it rises)."""

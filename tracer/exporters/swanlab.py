@@ -14,18 +14,10 @@ import os
 from typing import Any
 
 from tracer import schema as S
-from tracer.exporters.base import ExportReport, Target
+from tracer.exporters.base import ExportReport, ReadBack, Target
 from tracer.exporters.base import export_files as _export_files
 from tracer.exporters.steps import TableSink
-from tracer.exporters.tables import (
-    COL,
-    STEP_KEY,
-    TABLE_COLUMNS,
-    TABLE_KEY,
-    VAL_TABLE_KEY,
-    StepData,
-    read_leveldb_log,
-)
+from tracer.exporters.tables import COL, STEP_KEY, TABLE_COLUMNS, TABLE_KEY, VAL_TABLE_KEY, StepData, read_leveldb_log
 from tracer.extras import import_backend
 
 #: Key of the per-step conversation texts.
@@ -63,13 +55,8 @@ def read_back(directory: str) -> tuple[dict[str, float | None], dict[tuple[Any, 
 
 
 class SwanlabSink(TableSink):
-    """Per-step tables, conversations and metrics into one SwanLab run.
-
-    Live, the process's active run (``swanlab.get_run()``, left running at :meth:`close`), else one named after
-    the experiment started at the first write. Post hoc, every export is a run of its own (mode ``local`` by default).
-    """
-
-    read_files = staticmethod(read_back)
+    """Per-step tables, conversations and metrics into one SwanLab run: live, the process's active run (left running at
+    :meth:`close`), else one named after the experiment; post hoc, a run of its own (mode ``local`` by default)."""
 
     def start(self, target: Target) -> Any:
         """Start (or, live, join) the run."""
@@ -113,6 +100,10 @@ class SwanlabSink(TableSink):
             payload[TEXT_KEY] = texts
         self.run.log(payload, step=step)
         return []
+
+    def read_back(self) -> ReadBack:
+        """The rows and metrics of the finished run's files."""
+        return ReadBack(*read_back(self.destination), where=self.destination)
 
     def confirms(self) -> bool:
         """A local or offline run is files here: read back after every export."""

@@ -1,10 +1,9 @@
-"""What the table-shaped backends share: one row per trajectory (:data:`TABLE_COLUMNS`),
-reading trace files step chunk by step chunk, a stderr progress bar, and a reader of
-the LevelDB-log framed run files of wandb and swanlab (for ``--verify``).
-"""
+"""Table rows of trajectories (:data:`TABLE_COLUMNS`), trace files read step chunk by step chunk, a progress bar,
+and a reader of the LevelDB-log framed run files of wandb and swanlab (for ``--verify``)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import struct
@@ -61,9 +60,6 @@ SPANS_PER_CHUNK = 200_000
 ROW_SPAN_COLUMNS = tuple(c for c in S.SPAN_COLUMNS if c != S.SPAN_ID)
 
 
-# -- rows ----------------------------------------------------------------------
-
-
 def cut(text: str, limit: int = MAX_CELL_CHARS) -> str:
     """``text`` cut to ``limit`` characters, saying how much was cut."""
     if len(text) <= limit:
@@ -89,24 +85,18 @@ def trajectory_row(traj: Mapping[str, Any], spans: Sequence[Mapping[str, Any]] |
     advantage = info.get("advantage") if isinstance(info, Mapping) else None
     start, end = traj.get(S.START_NS), traj.get(S.END_NS)
     latency = (end - start) / 1e9 if start is not None and end is not None else None
-    row = {
-        "step": traj.get(S.STEP),
-        "sample_index": traj.get(S.SAMPLE_INDEX),
-        "rollout_n": traj.get(S.ROLLOUT_N),
-        "validate": bool(traj.get(S.VALIDATE)),
-        "reward": traj.get(S.REWARD),
+    derived = {  # the other columns are the trajectory's own
+        S.VALIDATE: bool(traj.get(S.VALIDATE)),
         "advantage": number(advantage),
         "turns": traj.get(S.NUM_LLM_CALLS),
         "tool_calls": traj.get(S.NUM_TOOL_CALLS),
         "tool_errors": traj.get(S.NUM_TOOL_ERRORS),
-        "status": traj.get(S.STATUS),
         "latency_s": latency,
         "conversation": cut(render_turns(turns)),
         "prompt": cut(prompt),
         "response": cut(response),
-        "trace_id": traj.get(S.TRACE_ID),
     }
-    return [row[c] for c in TABLE_COLUMNS]
+    return [derived[c] if c in derived else traj.get(c) for c in TABLE_COLUMNS]
 
 
 @dataclasses.dataclass
@@ -117,9 +107,6 @@ class StepData:
     rows: list[list[Any]] = dataclasses.field(default_factory=list)
     val_rows: list[list[Any]] = dataclasses.field(default_factory=list)
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-
-
-# -- reading files ---------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -143,20 +130,15 @@ def open_run(path: TracePaths, steps: Iterable[int] | None = None, since_step: i
         raise FileNotFoundError(f"no trace files (*{S.FILE_SUFFIX}) under {p!r}")
     meta: Mapping[str, Any] = {}
     for f in files:  # the first readable file's names and cap
-        try:
+        with contextlib.suppress(OSError, pa.ArrowException):
             meta = read_file_metadata(f)
             break
-        except (OSError, pa.ArrowException):
-            continue
     config = _loads(meta.get(S.META_CONFIG))
     cap = config.get("log_val_generations") if isinstance(config, Mapping) else None
     log_val = cap if isinstance(cap, int) else 10
     project, experiment = meta.get(S.META_PROJECT) or None, meta.get(S.META_EXPERIMENT) or None
     table = read_trajectories(p)
-    mask = None
-    if steps is not None:
-        wanted = sorted(set(steps))
-        mask = pc.is_in(table[S.STEP], value_set=pa.array(wanted, pa.int64()))
+    mask = None if steps is None else pc.is_in(table[S.STEP], value_set=pa.array(sorted(set(steps)), pa.int64()))
     if since_step is not None:
         m = pc.greater_equal(table[S.STEP], since_step)
         mask = m if mask is None else pc.and_(mask, m)
@@ -172,9 +154,8 @@ def iter_step_chunks(
     table = run.trajectories
     if table.num_rows == 0:
         return
-    counts: dict[int | None, int] = {}
-    for step, n in zip(table[S.STEP].to_pylist(), table[S.NUM_SPANS].to_pylist(), strict=True):
-        counts[step] = counts.get(step, 0) + (n or 0)
+    sums = table.group_by(S.STEP).aggregate([(S.NUM_SPANS, "sum")]).to_pylist()
+    counts = {r[S.STEP]: r[S.NUM_SPANS + "_sum"] or 0 for r in sums}
     chunk: list[int | None] = []
     size = 0
     for step in sorted(counts, key=lambda s: (s is None, s or 0)):
@@ -203,11 +184,8 @@ def _read_chunk(
     return trajs, by_trace
 
 
-# -- progress --------------------------------------------------------------------
-
-
 class Progress:
-    """A one-line progress bar on stderr (silent when disabled or not a terminal's job)."""
+    """A one-line progress bar of trajectories on stderr (silent when not ``enabled``; ``total`` 0: a count)."""
 
     def __init__(self, total: int, label: str, enabled: bool = True) -> None:
         self.total = max(total, 0)
@@ -220,17 +198,16 @@ class Progress:
     def update(self, n: int = 1) -> None:
         """Advance by ``n`` items and redraw (at most 10 times a second)."""
         self.done += n
-        now = time.monotonic()
-        if self.enabled and (now - self._last >= 0.1 or (self.total and self.done >= self.total)):
-            self._last = now
-            self._draw(now)
+        if self.enabled and (time.monotonic() - self._last >= 0.1 or (self.total and self.done >= self.total)):
+            self._draw()
 
-    def _draw(self, now: float) -> None:
-        rate = self.done / max(now - self._start, 1e-9)
+    def _draw(self) -> None:
+        self._last = time.monotonic()
+        rate = self.done / max(self._last - self._start, 1e-9)
         if self.total:
             filled = int(min(self.done / self.total, 1.0) * 30)
             text = f"{self.label} [{'#' * filled}{'-' * (30 - filled)}] {self.done}/{self.total}"
-        else:  # total unknown (an import): a count
+        else:
             text = f"{self.label}: {self.done}"
         sys.stderr.write(f"\r{text} trajectories ({rate:.0f}/s)")
         sys.stderr.flush()
@@ -239,13 +216,12 @@ class Progress:
         """End the bar's line."""
         if self.enabled:
             if self._last == 0.0:
-                self._draw(time.monotonic())
+                self._draw()
             sys.stderr.write("\n")
             sys.stderr.flush()
 
 
-# -- run files written by wandb and swanlab ------------------------------------------
-
+#: LevelDB-log framing of wandb's and swanlab's run files: block size, header size, fragment types.
 _LOG_BLOCK = 32 * 1024
 _LOG_HEADER = 7
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
@@ -275,13 +251,11 @@ def read_leveldb_log(path: str | os.PathLike[str], ident: bytes) -> list[bytes]:
         pos += length
         if kind == 0 or len(chunk) < length:
             break
-        if kind == _FULL:
-            records.append(chunk)
-        elif kind == _FIRST:
+        if kind in (_FULL, _FIRST):
             pending = chunk
-        elif kind == _MIDDLE and pending is not None:
+        elif kind in (_MIDDLE, _LAST) and pending is not None:
             pending += chunk
-        elif kind == _LAST and pending is not None:
-            records.append(pending + chunk)
+        if kind in (_FULL, _LAST) and pending is not None:
+            records.append(pending)
             pending = None
     return records

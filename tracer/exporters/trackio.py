@@ -1,8 +1,5 @@
-"""trackio exporter: per-step trajectory tables and rollout metrics in a trackio run.
-
-Runs live in a local SQLite store under ``TRACKIO_DIR`` (``trackio show`` opens it); each step logs the same
-tables as wandb's and its metrics.
-"""
+"""trackio exporter: wandb's per-step tables and metrics in a trackio run (a local SQLite store under ``TRACKIO_DIR``,
+which ``trackio show`` opens)."""
 
 from __future__ import annotations
 
@@ -54,8 +51,7 @@ class TrackioSink(TableSink):
 
     def read_back(self) -> ReadBack:
         """The rows and metrics the finished run holds in trackio's local store."""
-        rows, metrics = read_back(self._project, str(self._name))
-        return ReadBack(rows, metrics, where=f"trackio {self._project}/{self._name}")
+        return ReadBack(*read_back(self._project, str(self._name)), where=f"trackio {self._project}/{self._name}")
 
 
 def read_back(project: str, run: str) -> tuple[dict[str, float | None], dict[tuple[Any, str], float]]:

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from tracer.exporters.base import ExportReport, Target
+from tracer.exporters.base import ExportReport, ReadBack, Target
 from tracer.exporters.base import export_files as _export_files
 from tracer.exporters.steps import TableSink
 from tracer.exporters.tables import (
@@ -68,7 +68,6 @@ class WandbSink(TableSink):
     by it, started on the driver's thread at the first write, in ``WANDB_MODE``/wandb's mode. Post hoc, every export
     is a new run (mode ``offline`` by default)."""
 
-    read_files = staticmethod(read_back)
     same_again = True
 
     def start(self, target: Target) -> Any:
@@ -118,6 +117,10 @@ class WandbSink(TableSink):
                 self.run.log(payload, step=step)
             payload = {}
         return notes
+
+    def read_back(self) -> ReadBack:
+        """The rows and metrics of the finished run's files."""
+        return ReadBack(*read_back(self.destination), where=self.destination)
 
     def confirms(self) -> bool:
         """An offline run is files here: read back after every export."""

@@ -1,10 +1,9 @@
 """Call-time snapshots of arguments and return values, and the one guard on user objects.
 
-A snapshot copies builtin containers (subclasses through the builtin's methods), arrays, tensors and the
-plain attributes of objects with default attribute access: no user code runs on the caller's or the writer's
-thread. Anything else becomes a :class:`Deferred`, computed by one daemon worker and waited for at most
-:data:`USER_CALL_TIMEOUT_S`; a call past it is abandoned, counted and written as a placeholder, and past
-:data:`MAX_STUCK_CALLS` abandoned calls still running no new one starts until one returns.
+A snapshot copies builtin containers, arrays, tensors and plain attributes: no user code runs on the caller's
+or the writer's thread. Anything else becomes a :class:`Deferred`, computed by one daemon worker and waited for
+at most :data:`USER_CALL_TIMEOUT_S` (then abandoned, counted, written as a placeholder; past
+:data:`MAX_STUCK_CALLS` abandoned calls still running, no new one starts until one returns).
 """
 
 from __future__ import annotations
@@ -55,10 +54,8 @@ _INT_CHECK_OPTS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATAC
 
 
 def int_kind(value: list[Any] | tuple[Any, ...]) -> int:
-    """Whether ``value`` (a list or tuple) holds only plain ints of at most 64 bits (token ids), and their sign.
-
-    :data:`NON_NEGATIVE_INTS` (empty too), :data:`INTS` or :data:`NOT_INTS`, in one C pass: orjson's text must
-    hold only digits, commas and minus signs. Enum members whose value is such an int count as that int.
+    """:data:`NON_NEGATIVE_INTS` (empty too), :data:`INTS` or :data:`NOT_INTS`: whether ``value`` (a list or tuple)
+    holds only ints of at most 64 bits (int enum members count), and their sign; one C pass of orjson's text.
     """
     if not value:
         return NON_NEGATIVE_INTS
@@ -76,10 +73,10 @@ def int_kind(value: list[Any] | tuple[Any, ...]) -> int:
 
 
 def _gc_untrack() -> Callable[[Any], None] | None:
-    """CPython's ``PyObject_GC_UnTrack``, checked to work on a fresh tuple; None where it is not there.
+    """CPython's ``PyObject_GC_UnTrack``, checked on a fresh tuple; None where it is not there.
 
-    A flat capture of scalars can be in no cycle; untracking it at once spares the collector reading its
-    items while the span waits in the buffer (~3.7 us a span of 512 ids, against ~0.2 us for this call).
+    A flat capture of scalars is in no cycle: untracking it spares the collector reading it while it waits in
+    the buffer (~3.7 us a span of 512 ids, against ~0.2 us for this call).
     """
     if sys.implementation.name != "cpython":
         return None
@@ -148,20 +145,16 @@ class Deferred(Placeholder):
         try:
             text = fn(value)
         except BaseException as exc:  # the user's method raised: say so in the text
-            text = f"<{_type_name(value)}: {_describe_fn(fn)} failed: {type(exc).__name__}>"
+            text = f"<{_what(fn, value)} failed: {type(exc).__name__}>"
         if type(text) is not str:
-            text = f"<{_type_name(value)}: {_describe_fn(fn)} returned a {type(text).__name__}>"
+            text = f"<{_what(fn, value)} returned a {type(text).__name__}>"
         elif len(text) > MAX_TEXT_CHARS:
             text = text[:MAX_TEXT_CHARS] + f"... <{len(text) - MAX_TEXT_CHARS} more chars>"
         return text
 
 
-def _type_name(value: Any) -> str:
-    return str(getattr(type(value), "__name__", "object"))
-
-
-def _describe_fn(fn: Callable[[Any], Any]) -> str:
-    return str(getattr(fn, "__name__", "call"))
+def _what(fn: Callable[[Any], Any] | None, value: Any) -> str:
+    return f"{type(value).__name__}: {getattr(fn, '__name__', 'call')}"
 
 
 class _Guard:
@@ -232,11 +225,8 @@ class _Guard:
                             self.cond.wait(0.01)  # another thread is starting the worker
                         continue
                 cur = self.current
-                if cur is None:
-                    self.cond.wait(USER_CALL_TIMEOUT_S)
-                    continue
-                left = cur._started + USER_CALL_TIMEOUT_S - time.monotonic()
-                if left > 0:
+                left = USER_CALL_TIMEOUT_S + (0.0 if cur is None else cur._started - time.monotonic())
+                if cur is None or left > 0:
                     self.cond.wait(left)
                     continue
                 # The call running now is past its bound: abandon it (and its thread).
@@ -249,8 +239,7 @@ class _Guard:
         return result
 
     def _give_up(self, d: Deferred, why: str) -> None:
-        fn = d._fn
-        what = f"{_type_name(d._value)}: {_describe_fn(fn) if fn is not None else 'call'}"
+        what = _what(d._fn, d._value)
         d._result, d._fn, d._value = f"<{what} not recorded: {why}>", None, None
         rec = getattr(sys.modules.get("tracer.record.recorder"), "ACTIVE", None)
         if rec is not None:  # counted where tracer.flush() and the warnings report it
@@ -289,9 +278,8 @@ def capture_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
 def capture(value: Any, depth: int = 0) -> Any:
     """A copy of ``value`` that later mutation cannot change; never runs the user's code, never raises.
 
-    What cannot be copied becomes its repr off this thread (:class:`Deferred`) or a :class:`Placeholder`.
-    In a captured value, an exact ``tuple`` is an id sequence :func:`int_kind` found
-    :data:`NON_NEGATIVE_INTS`: the writer takes it as checked token ids (``Encoder.prepare_captured``).
+    What cannot be copied becomes a :class:`Deferred` repr or a :class:`Placeholder`. An exact ``tuple`` in a
+    capture is a checked id sequence (:data:`NON_NEGATIVE_INTS`): ``Encoder.prepare_captured`` trusts it.
     """
     cls = type(value)
     if cls in IMMUTABLE_TYPES:
@@ -311,7 +299,29 @@ def capture(value: Any, depth: int = 0) -> Any:
     if cls is dict:
         return _capture_dict(value, depth)
     try:
-        return _capture_other(value, cls, depth)
+        kind, extra = _KINDS.get(cls) or _remember(_KINDS, cls, _classify(cls))
+        if kind == _KEEP:
+            return value
+        if kind == _SEQUENCE:
+            return [capture(v, depth + 1) for v in extra[0](value)]
+        if kind == _DICT:
+            return _capture_dict(value, depth)
+        if kind == _NUMPY:
+            if getattr(value, "dtype", None) is not None and value.dtype.hasobject:
+                return capture(value.tolist(), depth)  # the user's objects inside: each one guarded
+            copy = getattr(value, "copy", None)
+            return copy() if copy is not None else value
+        if kind == _TORCH:
+            return value.detach().to("cpu", copy=True)
+        if kind == _BYTES:
+            return memoryview(value).tobytes()  # the buffer itself: a subclass's __bytes__ is never called
+        if kind == _ARRAY:
+            return array.array.__getitem__(value, slice(None))  # a copy in C; the writer converts it in bulk
+        if kind == _OBJECT:
+            attrs = _read_attributes(value, extra[0], extra[1])
+            if attrs and len(attrs) <= MAX_SNAPSHOT_ATTRS:
+                return ObjectSnapshot(cls.__name__, {k: capture(v, depth + 1) for k, v in attrs.items()})
+        return deferred(repr, value)
     except Exception as exc:  # a torch or numpy copy that fails (out of memory, ...)
         return Placeholder(f"<{cls.__name__}: not captured: {type(exc).__name__}>")
 
@@ -327,7 +337,7 @@ def _capture_dict(value: dict[Any, Any], depth: int) -> dict[Any, Any]:
 # What capture() does with instances of a class, decided once per class.
 _SEQUENCE, _DICT, _NUMPY, _TORCH, _BYTES, _ARRAY, _OBJECT, _REPR, _KEEP = range(9)
 _KINDS: dict[type, tuple[int, tuple[Any, ...]]] = {}
-#: Classes remembered by :func:`_kind_of` (classes made at run time would otherwise grow it).
+#: Classes remembered by a cache by class (classes made at run time would otherwise grow it).
 MAX_REMEMBERED_CLASSES = 4096
 #: Builtin sequences: a subclass's items are read through the builtin's own ``__iter__``.
 _SEQUENCES: tuple[type, ...] = (list, tuple, set, frozenset, collections.deque)
@@ -341,13 +351,8 @@ def _remember(cache: dict[type, Any], cls: type, value: Any) -> Any:
     return value
 
 
-def _kind_of(cls: type) -> tuple[int, tuple[Any, ...]]:
-    """How to snapshot instances of ``cls`` without running its code (see :func:`capture`); cached."""
-    known = _KINDS.get(cls)
-    return known if known is not None else _remember(_KINDS, cls, _classify(cls))
-
-
 def _classify(cls: type) -> tuple[int, tuple[Any, ...]]:
+    """How to snapshot instances of ``cls`` without running its code (see :func:`capture`), kept in _KINDS."""
     if issubclass(cls, (Placeholder, ObjectSnapshot)):
         return _KEEP, ()  # captured already
     try:
@@ -369,16 +374,7 @@ def _classify(cls: type) -> tuple[int, tuple[Any, ...]]:
         return _ARRAY, ()
     if issubclass(cls, (type, BaseException)) or not _builtin_getattribute(cls):
         return _REPR, ()
-    return _attribute_readers(cls)
-
-
-def _builtin_getattribute(cls: type) -> bool:
-    """Attribute lookup on instances of ``cls`` is a builtin's (no ``__getattribute__`` of the user's)."""
-    return type(cls.__getattribute__) is types.WrapperDescriptorType
-
-
-def _attribute_readers(cls: type) -> tuple[int, tuple[Any, ...]]:
-    """An instance's ``__dict__`` and slot descriptors, when both are the builtin ones (no user code reads them)."""
+    # Instances whose __dict__ and slot descriptors are the builtin ones: no user code reads them.
     has_dict = False
     slots: list[tuple[str, Any]] = []
     for klass in cls.__mro__:
@@ -399,37 +395,16 @@ def _attribute_readers(cls: type) -> tuple[int, tuple[Any, ...]]:
     return _OBJECT, (has_dict, tuple(slots))
 
 
-def _capture_other(value: Any, cls: type, depth: int) -> Any:
-    kind, extra = _kind_of(cls)
-    if kind == _KEEP:
-        return value
-    if kind == _SEQUENCE:
-        return [capture(v, depth + 1) for v in extra[0](value)]
-    if kind == _DICT:
-        return _capture_dict(value, depth)
-    if kind == _NUMPY:
-        if getattr(value, "dtype", None) is not None and value.dtype.hasobject:
-            return capture(value.tolist(), depth)  # the user's objects inside: each one guarded
-        copy = getattr(value, "copy", None)
-        return copy() if copy is not None else value
-    if kind == _TORCH:
-        return value.detach().to("cpu", copy=True)
-    if kind == _BYTES:
-        return memoryview(value).tobytes()  # the buffer itself: a subclass's __bytes__ is never called
-    if kind == _ARRAY:
-        return array.array.__getitem__(value, slice(None))  # a copy in C; the writer converts it in bulk
-    if kind == _OBJECT:
-        attrs = _read_attributes(value, extra[0], extra[1])
-        if attrs and len(attrs) <= MAX_SNAPSHOT_ATTRS:
-            return ObjectSnapshot(cls.__name__, {k: capture(v, depth + 1) for k, v in attrs.items()})
-    return deferred(repr, value)
+def _builtin_getattribute(cls: type) -> bool:
+    """Attribute lookup on instances of ``cls`` is a builtin's (no ``__getattribute__`` of the user's)."""
+    return type(cls.__getattribute__) is types.WrapperDescriptorType
 
 
 def instance_attribute(value: Any, name: str) -> Any:
     """``value``'s own attribute ``name`` (its ``__dict__`` or a slot), else a plain value its class holds
     under that name (verl's agent loops keep their tokenizer on the class), else None; never runs the
     user's code: properties, other descriptors and ``__getattr__`` are not called."""
-    kind, extra = _kind_of(type(value))
+    kind, extra = _KINDS.get(type(value)) or _remember(_KINDS, type(value), _classify(type(value)))
     if kind != _OBJECT:
         return None
     try:
@@ -466,12 +441,11 @@ _STAND_INS: dict[type, type] = {}
 #: Causes and contexts followed from one exception.
 MAX_ERROR_CHAIN = 8
 
-_ARGS = BaseException.__dict__["args"]
-_TRACEBACK = BaseException.__dict__["__traceback__"]
-_CAUSE = BaseException.__dict__["__cause__"]
-_CONTEXT = BaseException.__dict__["__context__"]
-_SUPPRESS = BaseException.__dict__["__suppress_context__"]
-_DICT_OF = BaseException.__dict__["__dict__"]
+#: BaseException's own descriptors: reading through them runs no ``__getattribute__`` of the user's.
+_ARGS, _TRACEBACK, _CAUSE, _CONTEXT, _SUPPRESS, _DICT_OF = map(
+    BaseException.__dict__.__getitem__,
+    ("args", "__traceback__", "__cause__", "__context__", "__suppress_context__", "__dict__"),
+)
 #: The two cancellation errors (recorded as ``cancelled``, not ``error``).
 CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
 
@@ -523,10 +497,8 @@ def _plain_error(exc: BaseException, depth: int) -> bool:
     notes = _DICT_OF.__get__(exc).get("__notes__")
     if notes is not None and not (type(notes) is list and all(type(n) is str for n in notes)):
         return False  # traceback formatting would str() them
-    cause, context = _CAUSE.__get__(exc), _CONTEXT.__get__(exc)
-    if cause is not None and not (depth + 1 < MAX_ERROR_CHAIN and _plain_error(cause, depth + 1)):
-        return False
-    return context is None or (depth + 1 < MAX_ERROR_CHAIN and _plain_error(context, depth + 1))
+    chain = [e for e in (_CAUSE.__get__(exc), _CONTEXT.__get__(exc)) if e is not None]
+    return all(depth + 1 < MAX_ERROR_CHAIN and _plain_error(e, depth + 1) for e in chain)
 
 
 #: Modules of the numbers :func:`as_text`, :func:`convert` and ``log_reward`` convert directly: no user code.
@@ -555,20 +527,13 @@ def safe_repr(value: Any) -> str:
     return Deferred(repr, value).run()
 
 
-#: How :func:`convert` carries a result of each target type through the worker's text.
-_CODECS: dict[type, tuple[Callable[[Any], str], Callable[[str], Any]]] = {
-    int: (lambda v: str(int(v)), int),
-    bool: (lambda v: "1" if v else "0", lambda t: {"1": True, "0": False}[t]),
-    float: (lambda v: float(v).hex(), float.fromhex),
-}
-
-
 def convert(to: type, value: Any) -> Any:
     """``to(value)`` for ``to`` in int, bool, float, guarded like :func:`as_text`; None when it fails or blocks."""
     try:
         if plain_number(value):
             return to(value)
-        encode, decode = _CODECS[to]
-        return decode(call_bounded(lambda v: encode(to(v)), value))
-    except Exception:  # the user's method raised, or the placeholder text is no number
+        # The worker's text is the result's repr (a bool's as 0 or 1): a placeholder's text is no number.
+        text = call_bounded(lambda v: repr(int(to(v)) if to is bool else to(v)), value)
+        return bool(int(text)) if to is bool else to(text)
+    except Exception:  # the user's method raised, or blocked
         return None

@@ -52,8 +52,8 @@ if frame is not None:
     self_obj = args[0] if has_self else None
     a = args[1:] if has_self else args
     if a and not _IMMUTABLE.issuperset(map(type, a)):
-        a = _capture_args(rec, a)
-    k = _capture_args(rec, kwargs) if kwargs else None
+        a = _guarded(rec, capture_args, a, "arguments")
+    k = _guarded(rec, capture, kwargs, "arguments") if kwargs else None
     token = _set(frame)
     start = _time_ns()
 """
@@ -64,9 +64,9 @@ if token is not None:
     _reset(token)
 end = _time_ns()
 if exc is None:
-    o = out if type(out) in _IMMUTABLE else _capture_out(rec, out)
+    o = out if type(out) in _IMMUTABLE else _guarded(rec, capture, out, "return value")
 else:
-    o, exc = None, _capture_error(rec, exc)
+    o, exc = None, _guarded(rec, capture_error, exc, "exception")
 record = (frame[0], parent_sid, frame[1], spec, frame[2], start, end, exc, a, k, o, self_obj)
 buf = rec.buffer
 if len(buf) < rec.fast_limit:
@@ -181,7 +181,7 @@ def _open_slow(rec: _recorder.Recorder, spec: OpSpec, parent: Any) -> tuple[Any,
     try:
         opened = rec.open_span(spec, parent)
     except Exception as exc:
-        _internal_error(rec, "opening a span", exc)
+        rec.problems.report("internal error", f"opening a span: {type(exc).__name__}: {exc}", exc)
         return None, None
     return (None, None) if opened is None else opened
 
@@ -190,36 +190,24 @@ def _append(rec: _recorder.Recorder, record: tuple[Any, ...]) -> None:
     try:
         rec.append(record)
     except Exception as err:
-        _internal_error(rec, "recording a span", err)
+        rec.problems.report("internal error", f"recording a span: {type(err).__name__}: {err}", err)
 
 
-def _capture_args(rec: _recorder.Recorder, args: Any) -> Any:
+def _guarded(rec: _recorder.Recorder, fn: Callable[[Any], Any], value: Any, what: str) -> Any:
+    """``fn(value)`` (a capture); a failure of the tracer's is counted and ``what`` is written as a placeholder."""
     try:
-        return capture_args(args) if type(args) is tuple else capture(args)
+        return fn(value)
     except Exception as exc:
-        _internal_error(rec, "capturing arguments", exc)
-        return (Placeholder(f"<arguments not captured: {type(exc).__name__}>"),)
+        rec.problems.report("internal error", f"capturing {what}: {type(exc).__name__}: {exc}", exc)
+        return _NOT_CAPTURED[fn](f"<{what} not captured: {type(exc).__name__}>")
 
 
-def _capture_out(rec: _recorder.Recorder, out: Any) -> Any:
-    try:
-        return capture(out)
-    except Exception as exc:
-        _internal_error(rec, "capturing a return value", exc)
-        return Placeholder(f"<return value not captured: {type(exc).__name__}>")
-
-
-def _capture_error(rec: _recorder.Recorder, exc: BaseException) -> BaseException:
-    try:
-        return capture_error(exc)
-    except Exception as err:
-        _internal_error(rec, "capturing an exception", err)
-        return RuntimeError(f"<exception not captured: {type(err).__name__}>")
-
-
-def _internal_error(rec: _recorder.Recorder, what: str, exc: BaseException) -> None:
-    """Count a tracer failure; never let it reach the user's code (except strict mode, in flush)."""
-    rec.problems.report("internal error", f"{what}: {type(exc).__name__}: {exc}", exc)
+#: What stands for a value :func:`_guarded` could not capture, by the capture that failed.
+_NOT_CAPTURED: dict[Callable[[Any], Any], Callable[[str], Any]] = {
+    capture_args: lambda text: (Placeholder(text),),
+    capture: Placeholder,
+    capture_error: RuntimeError,
+}
 
 
 @overload
@@ -245,12 +233,12 @@ def rollout_trace_op(func: Any = None, *, name: str | None = None, kind: str | N
             return type(fn)(decorate(fn.__func__))
         spec = OpSpec(fn, name, kind)
         if inspect.isgeneratorfunction(fn):
-            return _trace_generator(fn, spec)  # type: ignore[return-value]
+            return _trace_generator(fn, spec)
         if inspect.isasyncgenfunction(fn):
-            return _trace_async_generator(fn, spec)  # type: ignore[return-value]
+            return _trace_async_generator(fn, spec)
         if inspect.iscoroutinefunction(fn):
-            return _trace_async(fn, spec)  # type: ignore[return-value]
-        return _trace_plain(fn, spec)  # type: ignore[return-value]
+            return _trace_async(fn, spec)
+        return _trace_plain(fn, spec)
 
     if func is not None:
         if not callable(func) and not isinstance(func, (classmethod, staticmethod)):
@@ -355,28 +343,6 @@ class rollout_trace_attr:  # noqa: N801 - verl's name; used as a context manager
 MAX_YIELDED_RECORDED = 1000
 
 
-_trace_plain: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
-_trace_async: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
-_trace_generator: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
-_trace_async_generator: Callable[[Callable[..., Any], OpSpec], Callable[..., Any]]
-#: Opens a span (see _OPEN): the open span, or None when the call is not recorded.
-_open_call: Callable[[_recorder.Recorder, OpSpec, tuple[Any, ...], dict[str, Any]], Span | None]
-#: Closes an open span (see _CLOSE); returns ``out``.
-_close: Callable[[_recorder.Recorder, Span, BaseException | None, Any], Any]
-
-
-def _build() -> None:
-    """Compile the opener and closer into the wrappers and into _open_call/_close."""
-    global _trace_plain, _trace_async, _trace_generator, _trace_async_generator, _open_call, _close
-    blocks = {"open": _indent(_OPEN, 8), "close": _indent(_CLOSE, 8), "close_on_error": _indent(_CLOSE, 12)}
-    _trace_plain = _compile(_WRAPPER.format(async_="", await_="", **blocks), "plain wrapper")["wrap"]
-    _trace_async = _compile(_WRAPPER.format(async_="async ", await_="await ", **blocks), "async wrapper")["wrap"]
-    functions = _compile(_FUNCTIONS.format(open=_indent(_OPEN, 4), close=_indent(_CLOSE, 4)), "span opener")
-    _open_call, _close = functions["_open_call"], functions["_close"]
-    forms = [{key: pair[i] for key, pair in _GENERATOR_FORMS.items()} for i in (0, 1)]
-    _trace_generator, _trace_async_generator = (_compile(_GENERATOR.format(**f), "generator")["wrap"] for f in forms)
-
-
 class _Yields:
     """A traced generator's span while it runs: its items kept (see :data:`MAX_YIELDED_RECORDED`), then closed."""
 
@@ -391,7 +357,7 @@ class _Yields:
     def add(self, item: Any) -> Any:
         self.count += 1
         if self.count <= MAX_YIELDED_RECORDED:
-            self.items.append(_capture_out(self.rec, item))
+            self.items.append(_guarded(self.rec, capture, item, "return value"))
         return item
 
     def close(self, exc: BaseException | None, value: Any = None) -> None:
@@ -426,8 +392,7 @@ def log_reward(
         return
     try:
         validate = validate if validate is None else convert(bool, validate)
-        step = step if step is None else convert(int, step)
-        rollout_n = rollout_n if rollout_n is None else convert(int, rollout_n)
+        step, rollout_n = convert(int, step), convert(int, rollout_n)  # None stays None
         traj = named_trajectory(rec, "log_reward", step, sample_index, rollout_n, validate)
         if not traj.recording:
             return
@@ -452,12 +417,8 @@ def _reward_value(reward: Any) -> tuple[float, str | None]:
     cls = type(reward)
     if cls is float:
         return reward, None
-    if (
-        cls is bool
-        or not (issubclass(cls, numbers.Real) or issubclass(cls, decimal.Decimal))
-        or cls.__module__ == "numpy"
-        and cls.__name__ == "bool_"
-    ):
+    numpy_bool = cls.__module__ == "numpy" and cls.__name__ == "bool_"
+    if cls is bool or numpy_bool or not issubclass(cls, (numbers.Real, decimal.Decimal)):
         shown = repr(reward) if cls in _IMMUTABLE else f"a {cls.__name__}"
         raise TypeError(
             f"log_reward: reward must be a real number (int, float, Decimal, Fraction, numpy scalar), got {cls.__name__} {shown}"
@@ -504,4 +465,14 @@ def propagate(fn: F) -> F:
     return run  # type: ignore[return-value]
 
 
-_build()
+# Compiled last: a template's namespace is a copy of this module's names as they are then.
+_BLOCKS = {"open": _indent(_OPEN, 8), "close": _indent(_CLOSE, 8), "close_on_error": _indent(_CLOSE, 12)}
+_trace_plain = _compile(_WRAPPER.format(async_="", await_="", **_BLOCKS), "plain wrapper")["wrap"]
+_trace_async = _compile(_WRAPPER.format(async_="async ", await_="await ", **_BLOCKS), "async wrapper")["wrap"]
+#: The generators' opener (None: not recorded) and closer (returns ``out``): see _OPEN and _CLOSE.
+_FUNCS = _compile(_FUNCTIONS.format(open=_indent(_OPEN, 4), close=_indent(_CLOSE, 4)), "span opener")
+_open_call, _close = _FUNCS["_open_call"], _FUNCS["_close"]
+_trace_generator, _trace_async_generator = (
+    _compile(_GENERATOR.format(**{k: pair[i] for k, pair in _GENERATOR_FORMS.items()}), "generator")["wrap"]
+    for i in (0, 1)
+)

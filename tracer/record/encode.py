@@ -1,7 +1,5 @@
-"""Background encoding (writer thread only): captured values -> JSON text, with token2text and truncation.
-
-:class:`Encoder` walks each record once; token id fields are truncated to ``max_tokens`` and queued, then
-decoded per tokenizer in one batch, and the texts written beside the ids before the JSON is produced.
+"""Captured values -> JSON-ready data on the writer thread: :class:`Encoder` walks each record once, cuts token id
+fields to ``max_tokens`` and queues them, then decodes them per tokenizer in one batch, texts beside the ids.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ PROMPT_TOKEN_FIELDS = frozenset({"prompt_ids", "input_ids"})
 
 #: Element types of lists copied to JSON as they are (ints beyond 64 bits: the json module in to_json).
 _FLAT_SCALARS = frozenset({int, str, bool, type(None)})
-_FLOATS = frozenset({float})
 
 _JSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
@@ -46,9 +43,7 @@ class DecodeJob:
     container: dict[str, Any]
     key: str
     tokenizer: Any
-    #: The record's string list: the decoded text joins it (secret scan).
-    strings: list[str]
-    #: Index of the job's record in the batch.
+    #: Index of the job's record in the batch (its decoded text joins the record's strings).
     record: int
     #: No id is negative (a negative index would wrap in the tables).
     non_negative: bool
@@ -86,7 +81,7 @@ class Encoder:
         self._captured = False
 
     def begin_record(self) -> None:
-        """Start collecting the strings of the next record."""
+        """Start collecting the next record's strings."""
         self._cur = []
         self.strings.append(self._cur)
 
@@ -110,8 +105,7 @@ class Encoder:
             if cls is int and not -(2**63) <= value < 2**63:
                 return str(value)
             return value
-        if cls is float:
-            # JSON has no NaN/inf: a marked placeholder, never the plain text "nan".
+        if cls is float:  # JSON has no NaN/inf: a marked placeholder, never the plain text "nan"
             return value if math.isfinite(value) else f"<{value!r}>"
         if depth > 64:
             return "<nested too deep>"
@@ -120,11 +114,10 @@ class Encoder:
         if cls is list or cls is tuple or isinstance(value, (list, tuple, set, frozenset)):
             if cls is tuple and self._captured:
                 return value  # checked ids (see prepare_captured); orjson writes a tuple as a list
-            # Flat lists of plain scalars (token ids, logprobs...) need no walk and no copy.
             if (cls is tuple or cls is list) and value and int_kind(value):
                 return value
             kinds = set(map(type, value))
-            if kinds <= _FLAT_SCALARS or (kinds == _FLOATS and _all_finite(value)):  # ids, texts, logprobs
+            if kinds <= _FLAT_SCALARS or (kinds == {float} and _all_finite(value)):  # ids, texts, logprobs
                 if str in kinds:
                     self._cur.extend(v for v in value if type(v) is str)
                 return value if cls is list else list(value)
@@ -136,7 +129,28 @@ class Encoder:
             return self.prepare({"__type__": value.type_name, **value.attrs}, tokenizer, meta, path, depth + 1)
         captured, self._captured = self._captured, False  # what follows was not captured as it is
         try:
-            return self._prepare_other(value, cls, tokenizer, meta, path, depth)
+            module = cls.__module__
+            if cls is array.array or module.split(".")[0] == "numpy" or (module, cls.__name__) == ("torch", "Tensor"):
+                try:
+                    return self.prepare(value.tolist(), tokenizer, meta, path, depth + 1)
+                except Exception:
+                    return self._opaque(safe_repr(value))
+            if isinstance(value, (bytes, bytearray, memoryview)):
+                raw = bytes(value)
+                try:
+                    return self.prepare(raw.decode("utf-8"), tokenizer, meta, path, depth)
+                except UnicodeDecodeError:
+                    return {"__bytes_b64__": base64.b64encode(raw).decode("ascii")}
+            if isinstance(value, float):
+                return float(value) if math.isfinite(value) else f"<{float(value)!r}>"
+            if isinstance(value, int):
+                return int(value)
+            if isinstance(value, BaseException):
+                return self.prepare({"__type__": cls.__name__, "message": str(value)}, tokenizer, meta, path, depth)
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                fields = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
+                return self.prepare({"__type__": cls.__name__, **fields}, tokenizer, meta, path, depth + 1)
+            return self._opaque(safe_repr(value))
         finally:
             self._captured = captured
 
@@ -182,32 +196,6 @@ class Encoder:
             out[key] = self.prepare(v, tokenizer, meta, f"{path}{key}.", depth + 1)
         return out
 
-    def _prepare_other(self, value: Any, cls: type, tokenizer: Any, meta: dict[str, Any], path: str, depth: int) -> Any:
-        if cls is array.array:  # capture's copy of one
-            return self.prepare(value.tolist(), tokenizer, meta, path, depth + 1)
-        module = cls.__module__
-        if module == "numpy" or module.startswith("numpy.") or (module == "torch" and cls.__name__ == "Tensor"):
-            try:
-                return self.prepare(value.tolist(), tokenizer, meta, path, depth + 1)
-            except Exception:
-                return self._opaque(safe_repr(value))
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            raw = bytes(value)
-            try:
-                return self.prepare(raw.decode("utf-8"), tokenizer, meta, path, depth)
-            except UnicodeDecodeError:
-                return {"__bytes_b64__": base64.b64encode(raw).decode("ascii")}
-        if isinstance(value, float):
-            return float(value) if math.isfinite(value) else f"<{float(value)!r}>"
-        if isinstance(value, int):
-            return int(value)
-        if isinstance(value, BaseException):
-            return self.prepare({"__type__": type(value).__name__, "message": str(value)}, tokenizer, meta, path, depth)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            fields = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
-            return self.prepare({"__type__": cls.__name__, **fields}, tokenizer, meta, path, depth + 1)
-        return self._opaque(safe_repr(value))
-
     def _opaque(self, text: str) -> str:
         self.opaque.add(len(self.strings) - 1)
         return text
@@ -222,16 +210,14 @@ class Encoder:
         meta: dict[str, Any],
         path: str,
     ) -> None:
-        counts = meta.setdefault(ATTR_TOKENS, {})
-        counts[path] = len(ids)
+        meta.setdefault(ATTR_TOKENS, {})[path] = len(ids)
         if self.max_tokens is not None and len(ids) > self.max_tokens:
             meta.setdefault(ATTR_TRUNCATED, {})[path] = len(ids)
             ids = ids[: self.max_tokens]
         out[key] = ids
         if self.token2text and tokenizer is not None:
             text_key, piece_keys = _field_names(key)
-            record = len(self.strings) - 1
-            self.jobs.append(DecodeJob(ids, out, text_key, tokenizer, self._cur, record, non_negative, piece_keys))
+            self.jobs.append(DecodeJob(ids, out, text_key, tokenizer, len(self.strings) - 1, non_negative, piece_keys))
             if not self.store_full_token:
                 self._drop_ids.append((out, key))
 
@@ -248,9 +234,8 @@ class Encoder:
             except Exception:
                 errors += 1
                 table = None
-            valid = [j.non_negative for j in jobs]
             try:
-                if table is not None and table.exact_text and all(valid):
+                if table is not None and table.exact_text and all(j.non_negative for j in jobs):
                     texts = [table.decode(j.ids, checked=True) for j in jobs]
                 else:
                     texts = batch_decode(tok, [list(j.ids) for j in jobs])
@@ -262,31 +247,29 @@ class Encoder:
                         texts.append(batch_decode(tok, [list(j.ids)])[0])
                     except Exception:
                         texts.append("<token2text failed for these ids>")
-            for job, text, ok in zip(jobs, texts, valid):
+            for job, text in zip(jobs, texts):
                 job.container[job.key] = text
-                job.strings.append(text)
+                strings = self.strings[job.record]
+                strings.append(text)
                 if job.piece_keys is None or table is None:
                     continue
                 pieces_key, ends_key = job.piece_keys
                 try:
-                    ends = table.ends(job.ids, tok, text, checked=ok)
-                    if ends is None:
-                        pieces = table.pieces(job.ids, tok, checked=ok)
+                    ends = table.ends(job.ids, tok, text, checked=job.non_negative)
+                    pieces = None if ends is not None else table.pieces(job.ids, tok, checked=job.non_negative)
                 except Exception:
                     errors += 1
                     continue
                 self.piece_jobs.append(job)
-                if ends is not None:
+                if pieces is None:
                     job.container[ends_key] = ends
-                    continue
-                job.container[pieces_key] = pieces
-                joined = "".join(pieces)
-                if joined != text:  # the secret scan sees what the pieces spell
-                    job.strings.append(joined)
+                else:
+                    job.container[pieces_key] = pieces
+                    if "".join(pieces) != text:  # the secret scan sees what the pieces spell
+                        strings.append("".join(pieces))
         for container, key in self._drop_ids:
             container.pop(key, None)
-        self.jobs = []
-        self._drop_ids = []
+        self.jobs, self._drop_ids = [], []
         return errors
 
     def redact_pieces(self, redactor: Redactor, flags: list[bool]) -> set[int]:
@@ -333,21 +316,17 @@ def _all_finite(values: Sequence[float]) -> bool:
 def _as_id_list(value: Any) -> tuple[Sequence[int] | None, int]:
     """``value`` as a flat sequence of ints if it is a token id sequence (a list or tuple as it is), and its :func:`int_kind`."""
     cls = type(value)
-    out = value
-    if cls is array.array:
-        out = value.tolist()
-    elif cls is not list and cls is not tuple:
+    if cls is not list and cls is not tuple:
         module = cls.__module__
-        if module != "numpy" and (module != "torch" or cls.__name__ != "Tensor"):
-            return None, NOT_INTS
+        flat = cls is array.array or module == "numpy" or (module == "torch" and cls.__name__ == "Tensor")
         try:
-            out = value.tolist() if getattr(value, "ndim", 1) == 1 else None
+            value = value.tolist() if flat and getattr(value, "ndim", 1) == 1 else None
         except Exception:
+            value = None
+        if type(value) is not list:
             return None, NOT_INTS
-        if type(out) is not list:
-            return None, NOT_INTS
-    kind = int_kind(out)
-    return (out, kind) if kind != NOT_INTS else (None, NOT_INTS)
+    kind = int_kind(value)
+    return (None if kind == NOT_INTS else value), kind
 
 
 def to_json(value: Any) -> str:

@@ -9,6 +9,7 @@ from outside cannot be hooked: the files and the next ``rollout-trace export`` k
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -40,29 +41,26 @@ def install(drain: Callable[[float], object], timeout_s: float) -> None:
     global _drain, _timeout_s
     with _lock:
         _drain, _timeout_s = drain, float(timeout_s)
-    _install_signals()
-    _wrap_ray()
+    # signal.signal works only on the main thread; atexit and the Ray wrappers still apply elsewhere.
+    for sig in SIGNALS if threading.current_thread() is threading.main_thread() else ():
+        current = signal.getsignal(sig)
+        if current is None or getattr(current, _MARK, False):  # None: installed from C, cannot chain to it
+            continue
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, _on_signal)
+            _previous[sig] = current
+    for module, name in (("ray", "shutdown"), ("ray.actor", "exit_actor")):  # where Ray is imported already
+        fn = getattr(sys.modules.get(module), name, None)
+        if callable(fn) and not getattr(fn, _MARK, False):
+            setattr(sys.modules[module], name, _draining(fn, f"{module}.{name}()"))
 
 
-def uninstall() -> None:
-    """Forget ``drain`` and give the signals back their previous handlers (tests use it)."""
-    global _drain
-    with _lock:
-        _drain = None
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig, previous in list(_previous.items()):
-        if getattr(signal.getsignal(sig), _MARK, False):
-            signal.signal(sig, previous)
-        _previous.pop(sig, None)
-
-
-def drain_now(reason: str) -> bool:
-    """Run the installed drain with the configured bound; True when it finished in time; never raises."""
+def drain_now(reason: str) -> None:
+    """Run the installed drain with the configured bound; an overrun or a failure is logged, never raised."""
     with _lock:
         drain, timeout = _drain, _timeout_s
     if drain is None:
-        return True
+        return
     errors: list[BaseException] = []
 
     def work() -> None:
@@ -81,11 +79,8 @@ def drain_now(reason: str) -> bool:
             reason,
             timeout,
         )
-        return False
-    if errors:
+    elif errors:
         logger.warning("rollout-trace: %s: drain failed (%s: %s)", reason, type(errors[0]).__name__, errors[0])
-        return False
-    return True
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -103,20 +98,6 @@ def _on_signal(signum: int, frame: Any) -> None:
 setattr(_on_signal, _MARK, True)
 
 
-def _install_signals() -> None:
-    if threading.current_thread() is not threading.main_thread():
-        return  # signal.signal works only there; atexit and the Ray wrappers still apply
-    for sig in SIGNALS:
-        current = signal.getsignal(sig)
-        if current is None or getattr(current, _MARK, False):  # None: installed from C, cannot chain to it
-            continue
-        try:
-            signal.signal(sig, _on_signal)
-        except (ValueError, OSError):
-            continue
-        _previous[sig] = current
-
-
 def _draining(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -125,14 +106,3 @@ def _draining(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
 
     setattr(wrapper, _MARK, True)
     return wrapper
-
-
-def _wrap_ray() -> None:
-    """Drain before ``ray.shutdown()`` and ``ray.actor.exit_actor()`` (only when Ray is imported already)."""
-    ray: Any = sys.modules.get("ray")
-    if ray is None:
-        return
-    for module, label, name in ((ray, "ray", "shutdown"), (sys.modules.get("ray.actor"), "ray.actor", "exit_actor")):
-        fn = getattr(module, name, None)
-        if callable(fn) and not getattr(fn, _MARK, False):
-            setattr(module, name, _draining(fn, f"{label}.{name}()"))

@@ -1,15 +1,14 @@
 """Per-token text for token2text: a table from token id to its text and bytes, built once per tokenizer.
 
-A sequence's pieces are a list lookup and its text a join of bytes decoded once (~27 M tokens/s against
-~11.6 M for ``decode_batch``). Rendering is documented in ``docs/format.md``: a character split over
-byte-level tokens shows in the token holding its last byte, the ones before show ``""``. A span stores
-each token's end in the text (``*_token_offsets``) when the pieces spell it, else the pieces
-(``*_token_texts``); :func:`token_texts_of` reads either back.
+A sequence's pieces are a list lookup and its text a join of bytes (~27 M tokens/s against ~11.6 M for
+``decode_batch``); rendering is documented in ``docs/format.md``. :func:`token_texts_of` reads back a span's
+token ends in its text (``*_token_offsets``) or, where the pieces do not spell it, the pieces (``*_token_texts``).
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 import random
 import threading
@@ -37,17 +36,9 @@ _lock = threading.Lock()
 @functools.lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: the printable character standing for each byte."""
-    keep = (
-        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    chars = keep[:]
-    extra = 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(keep, chars)}
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in keep]  # shown as the characters from 256 on, in byte order
+    return {chr(c): b for b, c in zip(keep + moved, keep + list(range(256, 256 + len(moved))))}
 
 
 def batch_decode(tokenizer: Any, sequences: list[list[int]]) -> list[str]:
@@ -62,16 +53,6 @@ def batch_decode(tokenizer: Any, sequences: list[list[int]]) -> list[str]:
     if fn is not None:
         return list(fn(sequences, skip_special_tokens=False))
     return [tokenizer.decode(s) for s in sequences]
-
-
-def _backend(tokenizer: Any) -> Any:
-    """The ``tokenizers.Tokenizer`` under a transformers fast tokenizer, or the tokenizer itself if it is one."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None and callable(getattr(tokenizer, "id_to_token", None)):
-        backend = tokenizer
-    if backend is None or not callable(getattr(backend, "get_vocab_size", None)):
-        return None
-    return backend
 
 
 class PieceTable:
@@ -92,11 +73,12 @@ class PieceTable:
         #: id(ids) -> (ids, their array) of the sequences decoded since :meth:`ends` last ran, for it to reuse.
         self._arrays: dict[int, tuple[Sequence[int], np.ndarray]] = {}
         self._ends_ran = False
-        backend = _backend(tokenizer)
-        if backend is not None:
-            self._build(tokenizer, backend)
-
-    def _build(self, tokenizer: Any, backend: Any) -> None:
+        # The tokenizers.Tokenizer under a transformers fast tokenizer, or the tokenizer itself if it is one.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None and callable(getattr(tokenizer, "id_to_token", None)):
+            backend = tokenizer
+        if backend is None or not callable(getattr(backend, "get_vocab_size", None)):
+            return
         n = int(backend.get_vocab_size(with_added_tokens=True))
         if not 0 < n <= MAX_TABLE_IDS:
             return
@@ -104,7 +86,10 @@ class PieceTable:
         raw = self._byte_level_bytes(backend, n, added)
         if raw is not None:
             self.use_bytes(raw)
-            self.exact_text = self._check(tokenizer, n)
+            rng = random.Random(0)  # random sequences decoded both ways: does the table reproduce the tokenizer?
+            seqs = [[rng.randrange(n) for _ in range(CHECK_LENGTH)] for _ in range(CHECK_SEQUENCES)]
+            with contextlib.suppress(Exception):
+                self.exact_text = batch_decode(tokenizer, seqs) == [self.decode(s) for s in seqs]
             if self.exact_text:
                 return
             self.bytes = []
@@ -129,34 +114,17 @@ class PieceTable:
         if not isinstance(backend.decoder, decoders.ByteLevel):
             return None
         table = _byte_decoder()
-        out: list[bytes] = []
-        for i in range(n):
-            if i in added:
-                out.append(added[i].encode("utf-8"))
-                continue
-            tok = backend.id_to_token(i)
-            if tok is None:
-                out.append(b"")
-                continue
-            try:
-                out.append(bytes(table[c] for c in tok))
-            except KeyError:
-                return None
-        return out
-
-    def _check(self, tokenizer: Any, n: int) -> bool:
-        rng = random.Random(0)
-        seqs = [[rng.randrange(n) for _ in range(CHECK_LENGTH)] for _ in range(CHECK_SEQUENCES)]
-        try:
-            return batch_decode(tokenizer, seqs) == [self.decode(s) for s in seqs]
-        except Exception:
-            return False
+        try:  # a character outside the byte alphabet: not byte-level after all
+            return [
+                added[i].encode("utf-8") if i in added else bytes(table[c] for c in backend.id_to_token(i) or "")
+                for i in range(n)
+            ]
+        except KeyError:
+            return None
 
     def decode(self, ids: Sequence[int], checked: bool = False) -> str:
-        """The whole sequence's text from the byte table (only when :attr:`exact_text`); IndexError outside it.
-
-        ``checked``: the caller knows no id is negative (skips the check).
-        """
+        """The sequence's text from the byte table (when :attr:`exact_text`); IndexError outside it or for a negative
+        id (``checked``: the caller knows there is none)."""
         if not checked and ids and min(ids) < 0:
             raise IndexError(f"negative token id {min(ids)}")
         if len(ids) < NUMPY_DECODE_IDS:
@@ -183,10 +151,7 @@ class PieceTable:
         return joined[index].tobytes().decode("utf-8", "replace")
 
     def pieces(self, ids: Sequence[int], tokenizer: Any, checked: bool = False) -> list[str]:
-        """One text per token of ``ids`` (see the module docstring for split characters).
-
-        ``checked``: the caller knows no id is negative (skips the check).
-        """
+        """One text per token of ``ids`` (``checked``: the caller knows no id is negative)."""
         texts = self.texts
         try:
             if not checked and ids and min(ids) < 0:
@@ -194,10 +159,24 @@ class PieceTable:
             out = list(map(texts.__getitem__, ids))
         except IndexError:  # ids outside the table (or a tokenizer without one)
             out = self._slow(ids, tokenizer)
-        if None in out:
-            if self.bytes:
-                return _split_characters(self.bytes, ids, out)
+        if None in out and not self.bytes:
             out = self._slow(ids, tokenizer)
+        elif None in out:  # byte-level: a character split over tokens shows in its last byte's token
+            table, total, k = self.bytes, len(ids), 0
+            while k < total:
+                if out[k] is not None:
+                    k += 1
+                    continue
+                dec = codecs.getincrementaldecoder("utf-8")("replace")
+                while k < total:
+                    i = ids[k]
+                    out[k] = dec.decode(table[i] if 0 <= i < len(table) else b"")
+                    k += 1
+                    if not dec.getstate()[0] and (k >= total or out[k] is not None):
+                        break
+                tail = dec.decode(b"", final=True)
+                if tail:
+                    out[k - 1] = (out[k - 1] or "") + tail
         return out  # type: ignore[return-value]
 
     def ends(self, ids: Sequence[int], tokenizer: Any, text: str, checked: bool = False) -> np.ndarray | None:
@@ -223,9 +202,7 @@ class PieceTable:
                     out = np.cumsum(per)
                     return out if int(out[-1]) == len(text) else None
         pieces = self.pieces(ids, tokenizer, checked)
-        if "".join(pieces) != text:
-            return None
-        return np.cumsum(np.fromiter(map(len, pieces), np.int64, n))
+        return np.cumsum(np.fromiter(map(len, pieces), np.int64, n)) if "".join(pieces) == text else None
 
     def _slow(self, ids: Sequence[int], tokenizer: Any) -> list[str | None]:
         texts, extra = self.texts, self._extra
@@ -239,28 +216,6 @@ class PieceTable:
                 extra.clear()
             extra.update(zip(missing, decoded))
         return [texts[i] if 0 <= i < len(texts) else extra[i] for i in ids]
-
-
-def _split_characters(table: list[bytes], ids: Sequence[int], out: list[str | None]) -> list[str]:
-    """Fill the byte-level pieces ``out`` lacks (None): each split character goes to its last byte's token."""
-    n = len(table)
-    total = len(ids)
-    k = 0
-    while k < total:
-        if out[k] is not None:
-            k += 1
-            continue
-        dec = codecs.getincrementaldecoder("utf-8")("replace")
-        while k < total:
-            i = ids[k]
-            out[k] = dec.decode(table[i] if 0 <= i < n else b"")
-            k += 1
-            if not dec.getstate()[0] and (k >= total or out[k] is not None):
-                break
-        tail = dec.decode(b"", final=True)
-        if tail:
-            out[k - 1] = (out[k - 1] or "") + tail
-    return out  # type: ignore[return-value]
 
 
 def piece_table(tokenizer: Any) -> PieceTable:

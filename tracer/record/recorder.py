@@ -92,10 +92,17 @@ class Recorder:
         #: Set once shut down: late spans go to the active recorder.
         self.closed = False
         self._cycles = 0
-        self.writer = _open_writer(self)
+        meta = file_meta(c.to_dict(), c.project_name, c.experiment_name, self.sampler and self.sampler.parameters())
+        sizes = (c.compression_level, c.max_file_bytes)
+        if not is_remote(c.output_dir):
+            self.writer: SpanWriter = SpanWriter(c.run_dir, meta, *sizes, on_close=shard_closed)
+        else:  # stages locally, uploads each closed file; at exit it calls back to flush the buffer first (upload.py)
+            dest = join_uri(c.output_dir, c.project_dir, c.experiment_dir)
+            hook = functools.partial(_shutdown_at_exit, self)
+            self.writer = UploadingSpanWriter(
+                dest, meta, *sizes, c.upload_interval_s, self.problems.report, at_exit=hook
+            )
         self._start_thread()
-
-    # -- caller's path -----------------------------------------------------
 
     def append(self, record: tuple[Any, ...]) -> None:
         """Add a finished span; the slow path when the buffer is filling up."""
@@ -160,8 +167,6 @@ class Recorder:
         if self.strict:
             raise exc
 
-    # -- writer thread -----------------------------------------------------
-
     def _start_thread(self) -> None:
         with self._thread_lock:
             if self._thread is None and not self._stopping:
@@ -215,7 +220,16 @@ class Recorder:
     def _write_batch(self, batch: pa.RecordBatch) -> None:
         n = batch.num_rows
         try:
-            self.writer.write(batch, self._batch_metadata(n))
+            meta = {
+                S.BATCH_META_SPANS_WRITTEN: str(self.account.total("written") + n),
+                S.BATCH_META_SPANS_DROPPED: str(self.account.total("dropped")),
+                S.BATCH_META_INTERNAL_ERRORS: str(sum(self.problems.counts.values())),
+            }
+            if self.sampler is not None and self.sampler.has_decisions:
+                decisions = self.sampler.take_decisions()  # sample ids redacted as the columns are
+                redacted = self.redactor.value(decisions) if self.redactor is not None else decisions
+                meta[S.BATCH_META_SAMPLING] = decisions_json(redacted)
+            self.writer.write(batch, meta)
         except Exception as exc:
             self.account.failed += n
             self.encoder.history.clear()  # later turns must not refer to spans that were not written
@@ -229,21 +243,6 @@ class Recorder:
                 driver.export(batch)
             except Exception as exc:
                 self.problems.report("exporter error", f"{type(driver).__qualname__}: {exc}", exc)
-
-    def _batch_metadata(self, n: int) -> dict[str, str]:
-        meta = {
-            S.BATCH_META_SPANS_WRITTEN: str(self.account.total("written") + n),
-            S.BATCH_META_SPANS_DROPPED: str(self.account.total("dropped")),
-            S.BATCH_META_INTERNAL_ERRORS: str(sum(self.problems.counts.values())),
-        }
-        if self.sampler is not None and self.sampler.has_decisions:
-            decisions = self.sampler.take_decisions()  # sample ids redacted as the columns are
-            meta[S.BATCH_META_SAMPLING] = decisions_json(
-                self.redactor.value(decisions) if self.redactor is not None else decisions
-            )
-        return meta
-
-    # -- flush and shutdown -------------------------------------------------
 
     def flush(self, timeout: float | None = 30.0) -> FlushResult:
         """Wait until everything recorded before this call is durable."""
@@ -306,20 +305,6 @@ class Recorder:
             message = "; ".join(m for m in (result.message, late.message) if m)
             result = dataclasses.replace(late, ok=result.ok and late.ok, message=message)
         return result
-
-
-def _open_writer(rec: Recorder) -> SpanWriter:
-    """The recorder's file writer; for a remote output, one that stages locally and uploads each closed file."""
-    c = rec.config
-    sampling = rec.sampler.parameters() if rec.sampler is not None else None
-    meta = file_meta(c.to_dict(), c.project_name, c.experiment_name, sampling)
-    sizes = (c.compression_level, c.max_file_bytes)
-    if not is_remote(c.output_dir):
-        return SpanWriter(c.run_dir, meta, *sizes, on_close=shard_closed)
-    # At exit the uploading writer calls back here to flush the buffer before it uploads (tracer/storage/upload.py).
-    dest = join_uri(c.output_dir, c.project_dir, c.experiment_dir)
-    at_exit = functools.partial(_shutdown_at_exit, rec)
-    return UploadingSpanWriter(dest, meta, *sizes, c.upload_interval_s, rec.problems.report, at_exit=at_exit)
 
 
 def set_active(rec: Recorder | None) -> FlushResult | None:

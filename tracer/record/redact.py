@@ -1,14 +1,9 @@
 """Secret redaction on the writer thread, by one :class:`Redactor` shared by recorder, importers and exporters.
 
-Three rules, each replacing with ``"<redacted>"``: the value of a mapping key that names a secret
-(``api_key``, ``*_TOKEN``, ``Authorization``, ...); the same keys written with a value inside any text
-(JSON, nested JSON, reprs, headers, YAML, URLs, command lines: :func:`redact_key_values`); and credential
-shapes (``sk-...``, ``hf_...``, GitHub/AWS keys, ``Bearer``/``Basic`` headers, ``user:password@``), the
-values of secret environment variables and the config's extra patterns, wherever they appear. Strings are
-redacted as the final text they are, before JSON encoding; a text holding none of the triggers
-(:class:`TriggerScan`, :func:`key_values`) is not searched further. The writer's chunks are gated first by
-RE2 searches of all their records at once (:func:`gate_patterns`, in pyarrow): only records they match
-are walked.
+Three rules replace with ``"<redacted>"``: the value of a mapping key naming a secret; the same keys written
+with a value inside any text (:func:`redact_key_values`); credential shapes, secret environment values and the
+config's extra patterns, anywhere. A text holding none of the triggers is not searched further, and a chunk's
+records are gated first by RE2 searches of them all at once (:func:`gate_patterns`).
 """
 
 from __future__ import annotations
@@ -18,7 +13,6 @@ import collections
 import functools
 import itertools
 import math
-import operator
 import os
 import re
 import string
@@ -59,9 +53,8 @@ URL_USERINFO = re.compile(f"://({_USERINFO})(?=@)")
 #: Characters of a URL scheme (one letter, then any of these).
 _SCHEME_CHARS = frozenset(string.ascii_letters + string.digits + "+.-")
 
-#: How every key name :func:`is_secret_key` accepts ends, as written in a text (lower-cased), by the word it
-#: starts with: a key with its value is found at each occurrence of the word, then the rest of its ending, a
-#: closing quote (escaped or not), at most one space, and ``:`` or ``=``.
+#: How every key name :func:`is_secret_key` accepts ends (lower-cased), by the word it starts with: a key and
+#: its value is that word, the rest of the ending, a closing quote (escaped or not), a space or none, ``:``/``=``.
 KEY_TAILS = {
     "key": ("key", "keyid", "key_id", "key-id"),
     "token": ("token",),
@@ -92,7 +85,6 @@ _BARE_VALUE = re.compile(r"(?ai:(?:bearer|basic|token|digest|negotiate)[ \t]+)?[
 _LINE_VALUE = re.compile(r"[^\r\n,;}\]]*[^\s,;}\]]")
 #: Unquoted values that hold nothing to hide (``api_key=None`` in a repr).
 _EMPTY_VALUES = frozenset({"none", "null", "true", "false", "nil", "undefined"})
-_CLOSE = {"(": ")", "[": "]", "{": "}"}
 
 #: Substrings every match of the OpenAI/Anthropic and AWS patterns above contains.
 TRIGGERS = ("sk-", "AKIA")
@@ -177,9 +169,8 @@ class Redactor:
     def records_to_scan(self, strings: list[list[str]], opaque: set[int]) -> list[bool] | None:
         """Which records may hold a secret, from record i's strings ``strings[i]``; None: no record.
 
-        One search of :attr:`gate` over all records at once (RE2, in pyarrow) where they are long; short ones
-        are redacted (their strings joined at NUL) to decide. ``opaque`` records (text the encoder could not
-        list) are always scanned.
+        Long chunks: one RE2 search of :attr:`gate` over all records; short ones are redacted to decide.
+        ``opaque`` records (text the encoder could not list) are always scanned.
         """
         n = len(strings)
         if self.gate is None:
@@ -225,11 +216,8 @@ class Redactor:
     def pieces(self, pieces: list[str]) -> list[str]:
         """Per-token texts redacted as the one text they spell (see :func:`moved_ends`)."""
         joined = "".join(pieces)
-        clean = self.text(joined)
-        if clean == joined:
-            return pieces
-        ends = moved_ends(list(itertools.accumulate(map(len, pieces))), joined, clean)
-        return [clean[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+        clean, ends = self.text_and_ends(joined, list(itertools.accumulate(map(len, pieces))))
+        return pieces if clean is joined else [clean[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
     def text_and_ends(self, text: str, ends: Any) -> tuple[str, Any]:
         """``text`` redacted, with its tokens' ``ends`` (list or 1-D array, last = ``len(text)``) moved to fit."""
@@ -264,12 +252,11 @@ GATE_MIN_CHARS = 16384
 
 
 def gate_patterns(values: Iterable[str] = ()) -> tuple[str, str]:
-    """Two RE2 patterns, one of which every text a rule changes matches: a key that :func:`is_secret_key` may
-    take before its ``:``/``=``; or a trigger of a credential shape or of URL credentials, or one of the
-    secret ``values``.
+    """Two RE2 patterns, one of which every text a rule changes matches: a secret key before its ``:``/``=``;
+    a trigger of a credential shape or URL credentials, or one of the secret ``values``.
 
-    Letters match in any ASCII case as the rules take them (classes, not ``(?i)``: RE2 folds Unicode case
-    more slowly). Two searches cost less than one of both (a smaller automaton each).
+    Letters match in any ASCII case through classes (RE2's ``(?i)`` folds Unicode case, more slowly); two
+    searches cost less than one of both.
     """
     sep = "[-_.]*"
 
@@ -313,51 +300,30 @@ def _search_all(patterns: Iterable[str], texts: list[str]) -> list[bool] | None:
 
 #: Characters ranked from rarest to commonest in prompts and replies: a trigger is searched for at its rarest.
 _RARE_FIRST = "=_-:/@#$%&|~^`\\KQJZXVWYUFGBHPRMDCLNOISTAEqjzxkvwyfgbpumcldhrsnioate"
-#: Occurrences of one anchor character checked one by one before the text is split at it instead.
+#: Occurrences of one anchor character checked one by one before its triggers are searched for whole instead.
 MAX_ANCHOR_HITS = 16
-#: A common anchor with at most this many triggers has them searched for whole instead of splitting the text.
-MAX_WHOLE_WHEN_COMMON = 2
 #: A trigger whose rarest character ranks past this is searched for whole.
 _ANCHOR_RANK_LIMIT = _RARE_FIRST.index("T")
 
 
 class TriggerScan:
-    """``any(t in text for t in triggers)``, with one pass per anchor character instead of one per trigger.
-
-    Each trigger is found through its rarest character; triggers of common letters only are searched for
-    whole. Where the anchor is common in a text, the text is split at it once and the pieces' ends and
-    starts are compared with the triggers' parts before and after it, in C.
+    """``any(t in text for t in triggers)``, with one pass per anchor character (a trigger's rarest) instead of one
+    per trigger; where the anchor is common in a text, the triggers it anchors are searched for whole.
     """
 
     def __init__(self, triggers: Iterable[str]) -> None:
         #: anchor -> {(offset of the anchor in the trigger, trigger length): triggers}
         self.anchored: dict[str, dict[tuple[int, int], set[str]]] = {}
-        #: anchor -> (text before it, text after it) of each trigger holding it once
-        self.split_parts: dict[str, list[tuple[str, str]]] = {}
-        #: anchor -> triggers searched for whole when it is common
-        self.split_whole: dict[str, list[str]] = {}
         self.whole: list[str] = []
         for t in dict.fromkeys(triggers):
-            if not t:
-                self.whole.append(t)
-                continue
+            # -1: a character outside the ranking (rare: non-ASCII, digits) is best
             rank, i = min(
-                (_RARE_FIRST.index(c) if c in _RARE_FIRST else -1, n) for n, c in enumerate(t)
-            )  # -1: a character outside the ranking (rare: non-ASCII, digits) is best
-            if rank > _ANCHOR_RANK_LIMIT or len(t) > 64:
+                ((_RARE_FIRST.index(c) if c in _RARE_FIRST else -1, n) for n, c in enumerate(t)), default=(0, 0)
+            )
+            if not t or rank > _ANCHOR_RANK_LIMIT or len(t) > 64:
                 self.whole.append(t)
-                continue
-            self.anchored.setdefault(t[i], {}).setdefault((i, len(t)), set()).add(t)
-            if t.count(t[i]) == 1:
-                self.split_parts.setdefault(t[i], []).append((t[:i], t[i + 1 :]))
             else:
-                self.split_whole.setdefault(t[i], []).append(t)
-        for anchor in list(self.split_parts):
-            parts = self.split_parts[anchor]
-            if len(parts) <= MAX_WHOLE_WHEN_COMMON:
-                # Splitting costs more than a search or two of the whole text.
-                self.split_whole.setdefault(anchor, []).extend(b + anchor + a for b, a in parts)
-                del self.split_parts[anchor]
+                self.anchored.setdefault(t[i], {}).setdefault((i, len(t)), set()).add(t)
 
     def found(self, text: str) -> bool:
         """True when some trigger occurs in ``text``."""
@@ -372,39 +338,18 @@ class TriggerScan:
                     if pos >= i and text[pos - i : pos - i + n] in ts:
                         return True
                 hits += 1
-                if hits > MAX_ANCHOR_HITS:  # a common character here: split the text at it
-                    if self._found_split(text, anchor, max(0, pos - 64)):
+                if hits > MAX_ANCHOR_HITS:  # a common character here: its triggers are searched for whole
+                    start = max(0, pos - 64)
+                    if any(text.find(t, start) != -1 for ts in groups.values() for t in ts):
                         return True
                     break
                 pos = text.find(anchor, pos + 1)
         return False
 
-    def _found_split(self, text: str, anchor: str, start: int) -> bool:
-        """Whether a trigger anchored on ``anchor`` occurs in ``text[start:]``, by splitting it at the anchor."""
-        parts = self.split_parts.get(anchor, [])
-        if parts:
-            pieces = text[start:].split(anchor)
-            before = tuple(b for b, _ in parts)
-            after = tuple(a for _, a in parts)
-            rest = pieces[1:]
-            # One side of every trigger empty (``key=``, ``hf_``): one C pass over the pieces decides.
-            if not any(after):
-                found = any(map(str.endswith, itertools.islice(pieces, len(rest)), itertools.repeat(before)))
-            elif not any(before):
-                found = any(map(str.startswith, rest, itertools.repeat(after)))
-            else:  # gaps where some trigger's start ends the piece and some trigger's end starts the next
-                ends = map(str.endswith, pieces, itertools.repeat(before))
-                starts = map(str.startswith, rest, itertools.repeat(after))
-                maybe = itertools.compress(range(len(rest)), map(operator.and_, ends, starts))
-                found = any(any(pieces[k].endswith(b) and rest[k].startswith(a) for b, a in parts) for k in maybe)
-            if found:
-                return True
-        return any(text.find(t, start) != -1 for t in self.split_whole.get(anchor, ()))
-
 
 def _common_length(a: str, b: str, limit: int, window: Callable[[str, int, int], str]) -> int:
-    """The largest ``k <= limit`` whose first (or last) ``k`` characters ``a`` and ``b`` share, by bisection:
-    ``window(s, i, j)`` is characters ``i:j`` from that end, and only the window still in doubt is compared."""
+    """The largest ``k <= limit`` whose first (or last) ``k`` characters ``a`` and ``b`` share, by bisection of
+    ``window(s, i, j)``: characters ``i:j`` from that end."""
     lo, hi = 0, limit
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -416,11 +361,8 @@ def _common_length(a: str, b: str, limit: int, window: Callable[[str, int, int],
 
 
 def moved_ends(ends: Any, old: str, new: str) -> Any:
-    """Token ends in ``old`` (a list, or a 1-D numpy array: one comes back) moved to ``new``, which differs
-    from it in one stretch (a redaction).
-
-    The stretch goes to the token where it starts, the other tokens it covers show ``""``, later ones keep
-    their text: every token it touches shows the mask, none the secret.
+    """Token ends in ``old`` (a list or 1-D numpy array, as given) moved to ``new``, which differs from it in one
+    stretch: the token where it starts shows the stretch, the others it covers ``""``, none the secret.
     """
     n = len(ends)
     if n == 0:
@@ -451,10 +393,8 @@ def _url_userinfo(match: re.Match[str]) -> str:
 
 
 def redact_key_values(text: str, lowered: str | None = None) -> str:
-    """``text`` with the value of every secret-named key written in it (JSON, reprs, forms, headers) replaced.
-
-    A quoted value is replaced inside its quotes; a bracketed one (``auth=('user', 'pw')``) whole.
-    ``lowered``: :func:`_lower` of ``text``, where the caller has it.
+    """``text`` with the value of every secret-named key written in it (JSON, reprs, forms, headers) replaced:
+    inside its quotes, or a bracketed one whole. ``lowered``: :func:`_lower` of ``text``, where the caller has it.
     """
     out: list[str] = []
     done = 0
@@ -536,7 +476,7 @@ def _value_span(text: str, at: int, key_quote: str | None, join: str) -> tuple[i
             k += 1
     # A value that is not a string keeps the key's mapping valid as a quoted placeholder.
     wrap = key_quote or ""
-    if at < len(text) and text[at] in _CLOSE:
+    if at < len(text) and text[at] in "([{":
         return at, _group_end(text, at), wrap
     m = (_LINE_VALUE if key_quote is None and join == ":" else _BARE_VALUE).match(text, at)
     end = at if m is None else m.end()

@@ -8,9 +8,11 @@ is decided. Each decision is written into the next batch's metadata (:data:`trac
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import math
+import statistics
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -70,17 +72,12 @@ class Group:
     @property
     def exact_mean(self) -> Fraction | None:
         """Mean of the values, exactly (None without any): groups rank by it."""
-        if not self.values:
-            return None
-        return sum((Fraction(v) for v in self.values), Fraction(0)) / len(self.values)
+        return statistics.mean(map(Fraction, self.values)) if self.values else None
 
     @property
     def exact_variance(self) -> Fraction | None:
         """Population variance of the values, exactly (None without any): groups rank by it."""
-        m = self.exact_mean
-        if m is None:
-            return None
-        return sum(((Fraction(v) - m) ** 2 for v in self.values), Fraction(0)) / len(self.values)
+        return statistics.pvariance(map(Fraction, self.values)) if self.values else None
 
 
 def _as_float(x: Fraction | None) -> float | None:
@@ -93,37 +90,33 @@ def _as_float(x: Fraction | None) -> float | None:
         return math.inf if x > 0 else -math.inf
 
 
-def variance_rank(group: Group) -> tuple[int, Fraction, float]:
+def variance_rank(group: Group) -> tuple[int, Fraction]:
     """Sort key of ``variance``: values that differ (largest variance first), then all equal, then none."""
     var = group.exact_variance
-    if var is None:
-        return (2, Fraction(0), group.score)
-    differ = len(set(group.values)) > 1
-    return (0 if differ else 1, -var, group.score)
+    return (2, Fraction(0)) if var is None else (0 if len(set(group.values)) > 1 else 1, -var)
 
 
 def choose_groups(strategy: str, groups: Sequence[Group], limit: int) -> list[tuple[Group, str | None]]:
-    """The groups ``strategy`` keeps, at most ``limit``, in any order the same, with their ``extremes`` rank or None."""
+    """The groups ``strategy`` keeps, at most ``limit``, in any order the same, with their ``extremes`` rank or None.
+
+    Ties go to the lower seeded score (sorts are stable over the score order).
+    """
     if limit <= 0:
         return []
+    by_score = sorted(groups, key=lambda g: (g.score, str(g.key)))
     if strategy == UNIFORM:
-        return [(g, None) for g in sorted(groups, key=lambda g: (g.score, str(g.key)))[:limit]]
+        return [(g, None) for g in by_score[:limit]]
     if strategy == VARIANCE:
-        return [(g, None) for g in sorted(groups, key=lambda g: (*variance_rank(g), str(g.key)))[:limit]]
+        return [(g, None) for g in sorted(by_score, key=variance_rank)[:limit]]
     if strategy != EXTREMES:
         raise ValueError(f"unknown sample_strategy {strategy!r}; choose {UNIFORM}, {EXTREMES} or {VARIANCE}")
-    known = [g for g in groups if g.values]
-    unknown = sorted((g for g in groups if not g.values), key=lambda g: (g.score, str(g.key)))
-    n_high = (limit + 1) // 2
+    known = [g for g in by_score if g.values]
     means = {id(g): g.exact_mean or Fraction(0) for g in known}
-    high = sorted(known, key=lambda g: (-means[id(g)], g.score, str(g.key)))[:n_high]
+    high = sorted(known, key=lambda g: -means[id(g)])[: (limit + 1) // 2]
     taken = {id(g) for g in high}
-    rest = [g for g in known if id(g) not in taken]
-    low = sorted(rest, key=lambda g: (means[id(g)], g.score, str(g.key)))[: limit - len(high)]
-    ranked: list[tuple[Group, str | None]] = [(g, RANK_HIGH) for g in high]
-    ranked += [(g, RANK_LOW) for g in low]
-    ranked += [(g, None) for g in unknown[: limit - len(ranked)]]
-    return ranked
+    low = sorted((g for g in known if id(g) not in taken), key=lambda g: means[id(g)])[: limit - len(high)]
+    unknown = [(g, None) for g in by_score if not g.values]
+    return [*((g, RANK_HIGH) for g in high), *((g, RANK_LOW) for g in low), *unknown][:limit]
 
 
 def response_tokens(reply: Any) -> int | None:
@@ -136,10 +129,8 @@ def response_tokens(reply: Any) -> int | None:
     for key in RESPONSE_ID_KEYS:
         ids = reply.get(key) if isinstance(reply, Mapping) else getattr(reply, key, None)
         if ids is not None and not isinstance(ids, (str, bytes)):
-            try:
+            with contextlib.suppress(TypeError):
                 return len(ids)
-            except TypeError:
-                continue
     return None
 
 
@@ -238,13 +229,25 @@ class StepSampler:
             out.update(by=self.by, candidates_per_step=self.candidates, decide_after_s=self.decide_after_s)
         return out
 
-    # -- caller's path ---------------------------------------------------
-
     def admit(self, step: Any, validate: Any, sample_index: Any) -> Sample | None:
         """Return the sample's state if it is (so far) chosen, else None."""
         bkey = (step, bool(validate))
         with self._lock:
-            bucket = self._buckets.get(bkey) or self._new_bucket(bkey)
+            bucket = self._buckets.get(bkey)
+            if bucket is None:
+                bucket = self._buckets[bkey] = _Bucket()
+                # A later step ends the earlier ones: uniform decides them now, the others a writer cycle later.
+                for okey, other in self._buckets.items() if isinstance(step, int) else ():
+                    if isinstance(okey[0], int) and okey[0] < step and not other.decided:
+                        if not self.watches:
+                            self._decide(okey, other, BY_LATER_STEP)
+                        elif other.due_epoch is None:
+                            other.due_epoch = self._epoch
+                if len(self._buckets) > MAX_BUCKETS:
+                    okey = next(iter(self._buckets))
+                    other = self._buckets.pop(okey)
+                    if not other.decided:
+                        self._decide(okey, other, BY_EVICTED)
             sample = bucket.admitted.get(sample_index)
             if sample is not None:
                 return sample if sample.state != OUT else None
@@ -273,27 +276,6 @@ class StepSampler:
             sample = bucket.admitted[sample_index] = Sample(sample_index, score, PENDING)
             bucket.last_admit = time.monotonic()
             return sample
-
-    def _new_bucket(self, bkey: tuple[Any, bool]) -> _Bucket:
-        bucket = _Bucket()
-        step = bkey[0]
-        # A later step starting ends the earlier ones: uniform decides them now, the others a writer cycle later.
-        if isinstance(step, int):
-            for okey, other in self._buckets.items():
-                if isinstance(okey[0], int) and okey[0] < step and not other.decided:
-                    if not self.watches:
-                        self._decide(okey, other, BY_LATER_STEP)
-                    elif other.due_epoch is None:
-                        other.due_epoch = self._epoch
-        self._buckets[bkey] = bucket
-        if len(self._buckets) > MAX_BUCKETS:
-            okey = next(iter(self._buckets))
-            other = self._buckets.pop(okey)
-            if not other.decided:
-                self._decide(okey, other, BY_EVICTED)
-        return bucket
-
-    # -- writer thread ---------------------------------------------------
 
     def observe(self, traj: Any, ended: bool, log_reward: Any, op_reward: Any, reply: Any) -> None:
         """Note what one span of a held trajectory says (writer thread, spans in recording order).
@@ -379,14 +361,8 @@ class StepSampler:
         return ready
 
     def _complete(self, bucket: _Bucket) -> bool:
-        for sample in bucket.admitted.values():
-            for traj in sample.trajectories:
-                seen = sample.seen.get(traj.root_span_id)
-                if seen is None or not seen.ended:
-                    return False
-                if self.by == BY_REWARD and seen.reward is None:
-                    return False
-        return True
+        seen = [s.seen.get(t.root_span_id) for s in bucket.admitted.values() for t in s.trajectories]
+        return all(x is not None and x.ended and (self.by != BY_REWARD or x.reward is not None) for x in seen)
 
     def _group(self, sample: Sample) -> Group:
         seen = [sample.seen.get(traj.root_span_id) for traj in sample.trajectories]
@@ -402,8 +378,7 @@ class StepSampler:
                     sample.state = IN
                 kept.append({S.SAMPLE_INDEX: sample.key, "trajectories": len(sample.trajectories)})
         else:
-            groups = {s.key: self._group(s) for s in bucket.admitted.values()}
-            chosen = choose_groups(self.strategy, list(groups.values()), self.limit)
+            chosen = choose_groups(self.strategy, [self._group(s) for s in bucket.admitted.values()], self.limit)
             keep = {g.key for g, _ in chosen}
             for key in list(bucket.admitted):
                 sample = bucket.admitted[key]
@@ -461,12 +436,9 @@ def read_sampling(path: TracePaths) -> list[dict[str, Any]]:
         customs = [custom for _, custom in batches.with_metadata()]
         schema_meta = batches.schema.metadata if batches.schema is not None else None
         out.extend({**d, "file": file} for d in file_decisions(file, schema_meta, customs))
-    out.sort(
-        key=lambda d: (
-            d["file"],
-            d[SOURCE_FILE],
-            d[S.STEP] if isinstance(d.get(S.STEP), int) else -1,
-            bool(d.get(S.VALIDATE)),
-        )
-    )
-    return out
+
+    def order(d: dict[str, Any]) -> tuple[Any, ...]:
+        step = d.get(S.STEP)
+        return d["file"], d[SOURCE_FILE], step if isinstance(step, int) else -1, bool(d.get(S.VALIDATE))
+
+    return sorted(out, key=order)

@@ -91,9 +91,7 @@ class SpanEncoder:
         if not self.config.token2text:
             return None
         tok = self._configured_tokenizer
-        if tok is not None:
-            return tok
-        return instance_attribute(self_obj, "tokenizer") if self_obj is not None else None
+        return tok if tok is not None or self_obj is None else instance_attribute(self_obj, "tokenizer")
 
     @functools.cached_property
     def _configured_tokenizer(self) -> Any:
@@ -189,9 +187,13 @@ class SpanEncoder:
         flags = redactor.records_to_scan(enc.strings, enc.opaque) if redactor is not None else None
         # Each decoded text with its tokens, before verl moves it.
         done = enc.redact_pieces(redactor, flags) if redactor is not None and flags is not None else set()
-        for j, rec in enumerate(chunk):
-            if rec[R_SPEC].signature is not None:
-                _verl_texts(prepared[j][0], prepared[j][1])
+        for rec, (inputs, outputs, _, _) in zip(chunk, prepared):  # verl's layout: texts where verl puts them
+            if rec[R_SPEC].signature is None or not isinstance(outputs, dict):
+                continue
+            if "prompt_text" not in outputs and isinstance(inputs, dict) and isinstance(inputs.get("prompt_text"), str):
+                outputs["prompt_text"] = inputs["prompt_text"]
+            if "response_text" not in outputs and isinstance(outputs.get("token_text"), str):
+                outputs["response_text"] = outputs.pop("token_text")
         if redactor is not None and flags is not None:
             # Redact the strings themselves, before JSON escaping.
             clean = functools.partial(redactor.value, done=done)
@@ -297,7 +299,7 @@ _JSON_COLUMNS = frozenset({S.INPUTS, S.OUTPUTS, S.ATTRIBUTES, S.ERROR})
 
 def _byte_bounded_slices(cols: dict[str, list[Any]], n: int) -> tuple[list[tuple[int, int]], bool]:
     """Row ranges whose JSON text stays under :data:`BATCH_CHARS`, and whether a row may pass MAX_VALUE_BYTES."""
-    text_cols = [cols[name] for name in (S.INPUTS, S.OUTPUTS, S.ATTRIBUTES, S.ERROR)]
+    text_cols = [cols[name] for name in _JSON_COLUMNS]
     total = sum(sum(map(len, filter(None, c))) for c in text_cols)  # in C: the common case, one batch
     if total <= BATCH_CHARS:
         return [(0, n)], total * 4 > MAX_VALUE_BYTES
@@ -312,16 +314,6 @@ def _byte_bounded_slices(cols: dict[str, list[Any]], n: int) -> tuple[list[tuple
         acc += size
     out.append((lo, n))
     return out, big
-
-
-def _verl_texts(inputs: Any, outputs: Any) -> None:
-    """Put token2text's texts in the outputs where verl puts them (``prompt_text``, ``response_text``)."""
-    if not isinstance(outputs, dict):
-        return
-    if "prompt_text" not in outputs and isinstance(inputs, dict) and isinstance(inputs.get("prompt_text"), str):
-        outputs["prompt_text"] = inputs["prompt_text"]
-    if "response_text" not in outputs and isinstance(outputs.get("token_text"), str):
-        outputs["response_text"] = outputs.pop("token_text")
 
 
 def as_reward(value: Any) -> float | None:

@@ -26,22 +26,15 @@ class OpSpec:
         self.name: str = name or str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "span"))
         self.kind = kind or S.KIND_SPAN
         self.special = special
-        self.params: tuple[str, ...] = ()
-        self.varargs: str | None = None
-        self.has_self = False
-        #: Set for the verl layout: calls are bound to it as verl binds them.
-        self.signature: inspect.Signature | None = None
-        if fn is None:
-            return
         try:
-            sig = inspect.signature(fn)
-            params = list(sig.parameters.values())
+            sig = None if fn is None else inspect.signature(fn)
         except (TypeError, ValueError):
-            sig, params = None, []
-        if sig is not None and getattr(fn, LAYOUT_ATTR, None) == LAYOUT_VERL:
-            self.signature = sig
-        if params and params[0].name in ("self", "cls"):
-            self.has_self = True
+            sig = None
+        #: Set for the verl layout: calls are bound to it as verl binds them.
+        self.signature = sig if sig is not None and getattr(fn, LAYOUT_ATTR, None) == LAYOUT_VERL else None
+        params = [] if sig is None else list(sig.parameters.values())
+        self.has_self = bool(params) and params[0].name in ("self", "cls")
+        if self.has_self:
             params = params[1:]
         positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         self.params = tuple(p.name for p in params if p.kind in positional)

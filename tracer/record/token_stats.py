@@ -25,25 +25,6 @@ TOKEN_STATS_SOURCE_KEY = "source"
 TOKEN_STATS_SPEC = OpSpec(None, TOKEN_STATS_SPAN_NAME, S.KIND_SPAN)
 
 
-def _check_arrays(arrays: dict[str, Any]) -> None:
-    if not arrays:
-        raise ValueError("log_token_stats: give at least one array, e.g. log_token_stats(0, old_logprobs=[...])")
-    for name, value in arrays.items():
-        if name in TOKEN_STATS_KEY_COLUMNS:
-            raise ValueError(f"log_token_stats: {name!r} is a key column of the stats table; rename that array")
-        ndim = getattr(value, "ndim", None)
-        if ndim is not None and ndim != 1:
-            raise ValueError(
-                f"log_token_stats: {name} has {ndim} dimensions; give one value per response token of this turn "
-                f"(for a batch tensor, the row of this trajectory, masked to its response: t[i, :length])"
-            )
-        if ndim is None and (isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__")):
-            raise TypeError(
-                f"log_token_stats: {name} must be a sequence of numbers (list, numpy array, tensor), "
-                f"got {type(value).__name__}"
-            )
-
-
 def log_token_stats(
     turn: int,
     *,
@@ -65,7 +46,22 @@ def log_token_stats(
         raise TypeError(f"log_token_stats: turn must be the 0-based index of the llm call, got {turn!r}")
     if source is not None and not isinstance(source, str):
         raise TypeError(f"log_token_stats: source must be a string naming where the arrays came from, got {source!r}")
-    _check_arrays(arrays)
+    if not arrays:
+        raise ValueError("log_token_stats: give at least one array, e.g. log_token_stats(0, old_logprobs=[...])")
+    for name, value in arrays.items():
+        if name in TOKEN_STATS_KEY_COLUMNS:
+            raise ValueError(f"log_token_stats: {name!r} is a key column of the stats table; rename that array")
+        ndim = getattr(value, "ndim", None)
+        if ndim is not None and ndim != 1:
+            raise ValueError(
+                f"log_token_stats: {name} has {ndim} dimensions; give one value per response token of this turn "
+                f"(for a batch tensor, the row of this trajectory, masked to its response: t[i, :length])"
+            )
+        if ndim is None and (isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__")):
+            raise TypeError(
+                f"log_token_stats: {name} must be a sequence of numbers (list, numpy array, tensor), "
+                f"got {type(value).__name__}"
+            )
     rec = _recorder.ACTIVE
     if rec is None:
         return

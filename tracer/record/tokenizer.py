@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import Any
@@ -48,11 +49,9 @@ def has_decode(tokenizer: Any) -> bool:
 def _load(path: str, file: str, version: tuple[str, int, int]) -> Any:
     """The tokenizer at ``path``, cached per ``version`` of its file (real path, mtime, size)."""
     if os.path.isfile(file):
-        try:
+        with contextlib.suppress(ImportError):
             from tokenizers import Tokenizer
-        except ImportError:
-            pass
-        else:
+
             return Tokenizer.from_file(file)
     try:
         from transformers import AutoTokenizer

@@ -45,33 +45,29 @@ class Trajectories:
         self, spec: OpSpec, parent: tuple[int, int, Trajectory | None] | None
     ) -> tuple[tuple[int, int, Trajectory | None], int | None] | None:
         """Return (frame, parent span id) for a new span, or None to not record."""
-        if parent is None:
-            if spec.kind == S.KIND_ROLLOUT:
-                traj = self.new_trajectory(None, None, None, None, spec.name, None, True)
-                traj.root_claimed = True
-                traj.spans = 1
-                return (traj.root_span_id, traj.trace_id, traj), None
-            return (next(self.span_ids), next(self.trace_ids), None), None
-        ptraj = parent[2]
-        if ptraj is not None:
-            traj = ptraj
+        traj = None if parent is None else parent[2]
+        if traj is not None:
             if not traj.recording:
                 return None
             traj.spans += 1
-            if spec.kind == S.KIND_ROLLOUT:
-                if parent[0] == traj.root_span_id and not traj.root_claimed:
-                    traj.root_claimed = True
-                    return (traj.root_span_id, traj.trace_id, traj), None
-                # A rollout inside a trajectory starts a trajectory of its own.
-                t = traj
-                child = self.new_trajectory(
-                    t.step, t.sample_index, t.rollout_n, t.validate, spec.name, t.extra, True, remember=False
-                )
-                child.root_claimed = True
-                child.spans = 1
-                child.sample = traj.sample
-                return (child.root_span_id, child.trace_id, child), None
-        return (next(self.span_ids), parent[1], ptraj), parent[0]
+        if spec.kind != S.KIND_ROLLOUT or (parent is not None and traj is None):
+            if parent is None:
+                return (next(self.span_ids), next(self.trace_ids), None), None
+            return (next(self.span_ids), parent[1], traj), parent[0]
+        if traj is not None and parent is not None and parent[0] == traj.root_span_id and not traj.root_claimed:
+            traj.root_claimed = True
+            return (traj.root_span_id, traj.trace_id, traj), None
+        # A rollout op starts a trajectory; inside one, a child with its keys and sample (not remembered).
+        t = traj
+        if t is None:
+            child = self.new_trajectory(None, None, None, None, spec.name, None, True)
+        else:
+            child = self.new_trajectory(
+                t.step, t.sample_index, t.rollout_n, t.validate, spec.name, t.extra, True, False
+            )
+            child.sample = t.sample
+        child.root_claimed, child.spans = True, 1
+        return (child.root_span_id, child.trace_id, child), None
 
     def new_trajectory(
         self,
@@ -95,13 +91,10 @@ class Trajectories:
                 sample = self.sampler.admit(step, validate, sample_index)
             finally:
                 CALLER.busy = busy
-            if sample is None:
-                traj.recording = False
-            else:
+            if sample is not None:
                 traj.sample = sample
                 sample.trajectories.append(traj)
-                if sample.state == OUT:
-                    traj.recording = False
+            traj.recording = sample is not None and sample.state != OUT
         if remember and sample_index is not None:
             key = (step, sample_index, rollout_n, bool(validate))
             with self._lock:

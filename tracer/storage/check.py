@@ -1,13 +1,9 @@
-"""``rollout-trace check``: validate trace files, and repair the damaged ones.
-
-Files are read as the readers read them (:func:`tracer.storage.files.read_batches`), so both agree on what is
-damaged: empty, not Arrow, torn, corrupt, refused for its size, skipped by the readers, or holding a
-``(trace_id, span_id)`` twice. Orphan spans and files without an end-of-stream marker are reported, not damage
-(a killed worker leaves both). ``--repair`` applies :func:`tracer.storage.repair.repair_file`.
-"""
+"""``rollout-trace check``: validate trace files as the readers read them, and repair the damaged ones (empty, not
+Arrow, torn, corrupt, refused, skipped, or a span twice); orphan spans and open files are only reported."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 from typing import Any
@@ -54,31 +50,25 @@ class CheckReport:
 
 
 def _damage(read: Any) -> str:
-    if read.skipped:
-        return read.skipped
-    parts = []
-    if read.damage:
-        what = "unreadable" if read.batches == 0 and not read.schema_version else "torn"
-        parts.append(f"{what} after {read.batches} complete batch(es), {read.rows} span(s) readable: {read.damage}")
-    if read.refused:
-        parts.append(read.refused)
-    return "; ".join(parts)
+    if read.skipped or read.refused or not read.damage:  # a read stops at the first refusal or damage: never both
+        return str(read.skipped or read.refused)
+    what = "unreadable" if read.batches == 0 and not read.schema_version else "torn"
+    return f"{what} after {read.batches} complete batch(es), {read.rows} span(s) readable: {read.damage}"
 
 
 def check_path(path: TracePaths, repair: bool = False) -> CheckReport:
     """Validate every trace file under ``path``; with ``repair``, fix the damaged ones."""
     out = CheckReport()
-    seen: dict[tuple[str, str], int] = {}
+    seen: collections.Counter[tuple[str, str]] = collections.Counter()
     parents: list[tuple[str, str]] = []
     traces: set[str] = set()
     for file in list_trace_files(path):
         reading = read_batches(file, list(S.SPAN_COLUMNS))
         for batch in reading:
-            for tid, sid, pid in zip(*(batch.column(c).to_pylist() for c in (S.TRACE_ID, S.SPAN_ID, S.PARENT_SPAN_ID))):
-                seen[(tid, sid)] = seen.get((tid, sid), 0) + 1
-                traces.add(tid)
-                if pid is not None:
-                    parents.append((tid, pid))
+            tids, sids, pids = (batch.column(c).to_pylist() for c in (S.TRACE_ID, S.SPAN_ID, S.PARENT_SPAN_ID))
+            seen.update(zip(tids, sids))
+            traces.update(tids)
+            parents.extend((tid, pid) for tid, pid in zip(tids, pids) if pid is not None)
         read = reading.result
         report = FileReport(file, read.rows, read.batches, read.closed, _damage(read), read.schema_version)
         out.files.append(report)

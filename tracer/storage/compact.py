@@ -2,24 +2,18 @@
 
 Shards whose writer is gone are sealed first (:mod:`tracer.storage.seal`). Rows are sorted by step, sample,
 rollout and trace; each record batch holds one step and ``_index.json`` says which. Only files read completely
-(:attr:`tracer.storage.files.FileRead.complete`) are merged; the rest stay untouched and are named in
-:attr:`CompactReport.set_aside`. The merged file keeps only the metadata its inputs agree on.
-
+are merged (the rest are named in :attr:`CompactReport.set_aside`), keeping the metadata they agree on.
 Every row is kept exactly once; a crash at any point is safe by the order of operations:
 
-1. write the merged files as ``*.tmp`` and fsync them;
+1. write the merged files as ``*.tmp`` and fsync them (possibly elsewhere: :mod:`tracer.storage.compact_ray`);
 2. write the index with the new entries and the names they replace (atomic rename);
 3. rename the ``*.tmp`` files to ``*.arrow`` (readers now skip the replaced files);
-4. under the directory's exclusive lock (:mod:`tracer.storage.locks`), delete
-   the originals, then drop the ``replaces`` lists from the index.
+4. under the directory's exclusive lock (readers hold it shared while they list and read; waited for up to
+   :data:`DELETE_WAIT_S`, else left to the next compaction), delete the originals, then the ``replaces`` lists.
 
-Each merged file gets its shard index (:mod:`tracer.index.shard`): written after step 3 locally, uploaded with
-step 1 on an object store; one that cannot be written never fails the compaction. Readers hold the shared lock
-while they read a listing, so step 4 waits up to :data:`DELETE_WAIT_S` and otherwise leaves the originals to the
-next compaction. Merges (step 1) may run elsewhere (:mod:`tracer.storage.compact_ray`).
-
-On object stores (:mod:`tracer.storage.uri`) step 3 is a server-side copy, the index one PUT, and step 4 deletes
-originals hidden for ``delete_after_s`` (:data:`REMOTE_DELETE_AFTER_S`); run one compaction of a prefix at a time.
+Each merged file gets its shard index (:mod:`tracer.index.shard`; never fails the compaction). On object stores
+step 3 is a server-side copy, the index one PUT, and step 4 deletes originals hidden for ``delete_after_s``
+(:data:`REMOTE_DELETE_AFTER_S`); run one compaction of a prefix at a time.
 """
 
 from __future__ import annotations
@@ -93,8 +87,7 @@ class CompactReport:
 
 @dataclasses.dataclass(frozen=True)
 class MergeUnit:
-    """One merge: input files of one run directory and the name of the compacted file they become. Plain strings only,
-    so a unit travels to another process or machine (a Ray task)."""
+    """One merge: input files of one run directory and the compacted file they become (plain strings: a Ray task)."""
 
     run_dir: str
     files: tuple[str, ...]
@@ -106,7 +99,7 @@ class MergeResult:
     """What :func:`merge_unit` read and wrote; the index is not touched yet."""
 
     unit: MergeUnit
-    #: The files merged (read completely); the others are in ``skipped_open`` or ``set_aside``.
+    #: The files merged (read completely).
     inputs: list[str] = dataclasses.field(default_factory=list)
     #: The index entry of the written ``<name>.tmp`` (None when nothing was merged).
     entry: dict[str, Any] | None = None
@@ -119,7 +112,6 @@ class MergeResult:
 
 
 def _index_name(name: str) -> str:
-    """The name of the shard index of the file ``name`` in the same directory."""
     return os.path.basename(shard_index_path(name))
 
 
@@ -146,11 +138,7 @@ class _Dir:
     def exists(self, name: str) -> bool:
         return bool(self.fs.get_file_info(self._key(name)).type == pafs.FileType.File)
 
-    def size(self, name: str) -> int:
-        return int(self.fs.get_file_info(self._key(name)).size)
-
     def remove(self, name: str) -> None:
-        """Delete ``name`` if it exists."""
         if self.exists(name):
             self.fs.delete_file(self._key(name))
 
@@ -169,8 +157,7 @@ class _Dir:
             upload_file(os.path.join(stage, INDEX_NAME), self.path)  # readers see the old index or the new one
 
     def may_delete(self, entries: list[dict[str, Any]], delete_after_s: float) -> Callable[[], None] | None:
-        """How to let go once the originals may go; None while they must stay. Locally: the directory's exclusive
-        lock (readers hold it shared). On a store (no locks): once every entry hid its originals ``delete_after_s``."""
+        """How to let go once the originals may go (the exclusive lock, or ``delete_after_s`` on a store); else None."""
         if not self.remote:
             fd = try_exclusive(self.path, DELETE_WAIT_S)
             return None if fd is None else (lambda: os.close(fd))
@@ -179,8 +166,7 @@ class _Dir:
 
 
 def run_dirs(path: str | os.PathLike[str]) -> list[str]:
-    """The run directories under ``path`` (those holding trace files), local paths or URIs, sorted. Raises
-    FileNotFoundError when ``path`` does not exist, ValueError when it is a file."""
+    """The run directories (holding trace files) under ``path``, sorted; FileNotFoundError, or ValueError for a file."""
     src = os.fspath(path)
     if _uri.is_remote(src):
         base = _uri.strip_query(src).rstrip("/")
@@ -203,8 +189,7 @@ def run_dirs(path: str | os.PathLike[str]) -> list[str]:
 
 @contextlib.contextmanager
 def compacting(run_dir: str) -> Iterator[None]:
-    """Hold the run directory's compaction lock: one compaction of a local directory at a time. Object stores have no
-    locks: run one compaction of a prefix at a time there."""
+    """Hold the compaction lock of a local run directory (object stores have none)."""
     if _uri.is_remote(run_dir):
         yield
         return
@@ -220,9 +205,8 @@ def compact(
     delete_after_s: float | None = None,
 ) -> CompactReport:
     """Compact every run directory under ``path`` (local or a URI); see the module docstring. ``seal_after_s``: seal
-    shards of other hosts unchanged this long (default :func:`tracer.storage.seal.seal_after_s`). ``delete_after_s``: on
-    object stores, how long replaced originals stay hidden before they are deleted (default
-    :data:`REMOTE_DELETE_AFTER_S`)."""
+    shards of other hosts unchanged this long (default :func:`tracer.storage.seal.seal_after_s`); ``delete_after_s``
+    defaults to :data:`REMOTE_DELETE_AFTER_S`."""
     return compact_dirs(run_dirs(path), target_bytes, seal_after_s, delete_after_s)
 
 
@@ -233,9 +217,8 @@ def compact_dirs(
     delete_after_s: float | None,
     merges: Callable[[list[MergeUnit]], Iterable[tuple[MergeUnit, MergeResult | str]]] | None = None,
 ) -> CompactReport:
-    """Compact ``dirs`` (from :func:`run_dirs`). ``merges`` runs the merges (:func:`merge_unit`), yielding each unit
-    with its result or why it failed, in any order (None: one after the other, here). This process alone holds the
-    compaction locks, writes the indexes, renames and deletes (steps 2-4 of the module docstring)."""
+    """Compact ``dirs`` (from :func:`run_dirs`). ``merges`` runs the merges (:func:`merge_unit`; None: one after the
+    other, here), yielding each unit with its result or why it failed; steps 2-4 happen here alone."""
     after_s = REMOTE_DELETE_AFTER_S if delete_after_s is None else delete_after_s
     report = CompactReport()
     with contextlib.ExitStack() as held:
@@ -264,45 +247,35 @@ def compact_dirs(
     return report
 
 
-_ENDPOINT_TROUBLE = ("NETWORK_CONNECTION", "curlCode", "Could not connect", "Couldn't connect", "resolve host")
-_CREDENTIAL_TROUBLE = (
-    "ACCESS_DENIED",
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "HTTP status 403",
-    "credentials",
-    "ExpiredToken",
-)
+#: Words of a store's error ("|" between them) -> what to fix; the first match wins.
+_STORE_HINTS = {
+    "NETWORK_CONNECTION|curlCode|Could not connect|Couldn't connect|resolve host": (
+        "the storage endpoint for bucket {bucket!r} did not answer: set AWS_ENDPOINT_URL (or "
+        "?endpoint_override=host:port in the URI) to your S3-compatible server, or unset it for AWS"
+    ),
+    "ACCESS_DENIED|AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|HTTP status 403|credentials|ExpiredToken": (
+        "bucket {bucket!r} refused the credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+        "(or AWS_PROFILE), and AWS_DEFAULT_REGION to the bucket's region"
+    ),
+    "NO_SUCH_BUCKET|NoSuchBucket": (
+        "bucket {bucket!r} does not exist at this endpoint (check the name, AWS_ENDPOINT_URL and the region)"
+    ),
+    "": "{scheme}:// bucket {bucket!r}: check AWS_ENDPOINT_URL, the credentials (AWS_*) and the region",
+}
 
 
 def describe_store_error(uri: str, exc: BaseException) -> str:
     """One line for pyarrow's error ``exc`` compacting ``uri``: the bucket, what went wrong and which setting to fix."""
     scheme, _, rest = _uri.strip_query(uri).partition("://")
-    bucket = rest.split("/", 1)[0]
     text = " ".join(str(exc).split())
-    if any(k in text for k in _ENDPOINT_TROUBLE):
-        hint = (
-            f"the storage endpoint for bucket {bucket!r} did not answer: set AWS_ENDPOINT_URL (or "
-            "?endpoint_override=host:port in the URI) to your S3-compatible server, or unset it for AWS"
-        )
-    elif any(k in text for k in _CREDENTIAL_TROUBLE):
-        hint = (
-            f"bucket {bucket!r} refused the credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-            "(or AWS_PROFILE), and AWS_DEFAULT_REGION to the bucket's region"
-        )
-    elif "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
-        hint = f"bucket {bucket!r} does not exist at this endpoint (check the name, AWS_ENDPOINT_URL and the region)"
-    else:
-        hint = f"{scheme}:// bucket {bucket!r}: check AWS_ENDPOINT_URL, the credentials (AWS_*) and the region"
-    return f"{hint} ({type(exc).__name__}: {text[:300]})"
+    hint = next(h for words, h in _STORE_HINTS.items() if any(w in text for w in words.split("|")))
+    return f"{hint.format(scheme=scheme, bucket=rest.split('/', 1)[0])} ({type(exc).__name__}: {text[:300]})"
 
 
 def _plan_dir(
     d: _Dir, target_bytes: int, report: CompactReport, seal_after_s: float | None, delete_after_s: float
 ) -> tuple[dict[str, Any], list[MergeUnit]]:
-    """Finish an interrupted compaction, seal abandoned shards, group the rest into merges of ``target_bytes``.
-    Returns the directory's index and the merges."""
+    """Finish an interrupted compaction, seal abandoned shards; the index and the merges of ``target_bytes``."""
     index = load_index(d.path)
     _finish_interrupted(d, index, report, delete_after_s)
     names = d.names()
@@ -317,7 +290,7 @@ def _plan_dir(
             continue
         full = d.full(name)
         if d.remote:  # objects are whole files, uploaded once closed (sealed where they were written)
-            candidates.append((full, d.size(name)))
+            candidates.append((full, int(d.fs.get_file_info(d._key(name)).size)))
             continue
         try:
             mode = os.lstat(full).st_mode
@@ -328,7 +301,6 @@ def _plan_dir(
         elif not stat.S_ISREG(mode):
             report.set_aside.append((full, "not a regular file (a FIFO, device or directory): not opened"))
         else:
-            # No index at the seal: the shard is merged now, and the merged file gets one.
             sealing = seal_if_abandoned(full, seal_after_s, on_sealed=None)
             if sealing.action == SEALED:
                 report.sealed.append(full)
@@ -352,9 +324,8 @@ def _plan_dir(
 
 
 def merge_unit(unit: MergeUnit) -> MergeResult:
-    """Merge what of ``unit.files`` reads completely into ``<unit.name>.tmp`` (step 1 of the module docstring). Touches
-    neither the index nor the inputs, so it may run anywhere (a Ray task); a death here leaves at most a ``.tmp`` that
-    readers never list and the next compaction removes."""
+    """Merge what of ``unit.files`` reads completely into ``<unit.name>.tmp`` (step 1). Touches neither the index nor
+    the inputs, so it may run anywhere (a Ray task); a death leaves at most a ``.tmp``, which readers never list."""
     out = MergeResult(unit)
     batches: list[pa.RecordBatch] = []
     common: dict[bytes, bytes] | None = None  # the schema metadata every input agrees on
@@ -377,7 +348,7 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
             out.set_aside.append((file, result.describe() or "not read completely"))
     if not out.inputs:
         return out
-    table = pa.Table.from_batches(batches, schema=S.SPAN_SCHEMA) if batches else S.SPAN_SCHEMA.empty_table()
+    table = pa.Table.from_batches(batches, schema=S.SPAN_SCHEMA)
     del batches
     meta = {**(common or {}), S.META_SCHEMA_VERSION.encode(): S.SCHEMA_VERSION.encode()}
     meta[META_COMPACTED_FROM.encode()] = str(len(out.inputs)).encode()
@@ -387,10 +358,24 @@ def merge_unit(unit: MergeUnit) -> MergeResult:
     assert table.num_rows == out.rows
     d = _Dir(unit.run_dir)
     schema = S.SPAN_SCHEMA.with_metadata(meta)
-    if d.remote:
-        out.entry = _write_remote_indexed(d, unit.name, table, schema)
-    else:
+    if not d.remote:
         out.entry, out.index = _write_compacted(d.full(unit.name + ".tmp"), table, schema)
+    else:  # written locally first; uploaded as name.tmp, then its shard index (ignored until the rename)
+        with tempfile.TemporaryDirectory(prefix="rollout-trace-compact-") as stage:
+            local = os.path.join(stage, unit.name)
+            out.entry, builder = _write_compacted(local, table, schema)
+            try:
+                if builder is not None:
+                    write_shard_index(local, builder)
+            except Exception as exc:
+                warn_no_index(d.full(unit.name), exc)
+            os.replace(local, local + ".tmp")
+            upload_file(local + ".tmp", d.path)
+            if os.path.exists(shard_index_path(local)):
+                try:
+                    upload_file(shard_index_path(local), d.path)
+                except Exception as exc:
+                    warn_no_index(d.full(unit.name), exc)
     d.sync()
     return out
 
@@ -431,9 +416,8 @@ def _finish_dir(d: _Dir, index: dict[str, Any], report: CompactReport, delete_af
 
 
 def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, delete_after_s: float) -> None:
-    """Bring the directory to a consistent state after a compaction stopped at any step. A group of outputs that all
-    exist (or whose complete ``.tmp`` is renamed now) deletes the originals it replaces; otherwise step 3 was never
-    reached: its entries and partial outputs go, the originals stay."""
+    """Bring the directory to a consistent state after a compaction stopped at any step: a group of outputs that all
+    exist (or whose ``.tmp`` is renamed now) deletes its originals; any other's entries and partial outputs go."""
     changed = False
     groups = dict.fromkeys(tuple(entry.get("group", [name])) for name, entry in index["files"].items())
     for group in groups:
@@ -473,30 +457,8 @@ def _finish_interrupted(d: _Dir, index: dict[str, Any], report: CompactReport, d
         d.save_index(index)
 
 
-def _write_remote_indexed(d: _Dir, name: str, table: pa.Table, schema: pa.Schema) -> dict[str, Any]:
-    """Upload ``table`` as ``name.tmp`` and then its shard index (ignored until the rename), both written first in a
-    local directory as writers write them."""
-    with tempfile.TemporaryDirectory(prefix="rollout-trace-compact-") as stage:
-        local = os.path.join(stage, name)
-        entry, builder = _write_compacted(local, table, schema)
-        try:
-            if builder is not None:
-                write_shard_index(local, builder)
-        except Exception as exc:
-            warn_no_index(d.full(name), exc)
-        os.replace(local, local + ".tmp")
-        upload_file(local + ".tmp", d.path)
-        if os.path.exists(shard_index_path(local)):
-            try:
-                upload_file(shard_index_path(local), d.path)
-            except Exception as exc:
-                warn_no_index(d.full(name), exc)
-    return entry
-
-
 def _write_compacted(path: str, table: pa.Table, schema: pa.Schema) -> tuple[dict[str, Any], ShardIndexBuilder | None]:
-    """Write ``table`` (sorted by step) to the local ``path`` as an IPC file, one step per batch; return its index
-    entry and its shard index (None when that outgrew its memory)."""
+    """Write ``table`` to the local ``path``, one step per batch; its index entry and shard index (None: too big)."""
     batch_steps: list[int | None] = []
     builder: ShardIndexBuilder | None = _shard.builder(bounded=False)  # ``table`` is held whole anyway
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))
@@ -524,17 +486,16 @@ def _write_compacted(path: str, table: pa.Table, schema: pa.Schema) -> tuple[dic
     return {"size": size, "rows": table.num_rows, "batch_steps": batch_steps, "format": "ipc-file"}, builder
 
 
-#: Where ``compact --format parquet`` writes, under the path compacted, unless told otherwise.
+#: Where ``compact --format parquet`` writes, under the path compacted, and (on object stores) the empty object
+#: written last into it (Spark's convention).
 PARQUET_DIR = "parquet"
-#: On object stores, the empty object written last into the Parquet dataset (Spark's convention).
 PARQUET_DONE = "_SUCCESS"
 
 
 def write_parquet(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> tuple[str, int]:
-    """Write the spans under ``path`` as a Hive-style step-partitioned zstd Parquet dataset; return (directory, rows).
-    Spans without a step go under ``step=__HIVE_DEFAULT_PARTITION__``. The rows are those :func:`tracer.read_spans`
-    returns, read in batches. ``out`` (default ``path/parquet``) is replaced: written beside and renamed in; on object
-    stores written in place and marked complete by an empty ``_SUCCESS`` object."""
+    """Write the spans :func:`tracer.read_spans` returns under ``path`` as a Hive-style step-partitioned zstd Parquet
+    dataset (no step: ``step=__HIVE_DEFAULT_PARTITION__``); return (directory, rows). ``out`` (default ``path/parquet``)
+    is replaced: written beside and renamed in; on object stores written in place, then an empty ``_SUCCESS``."""
     import pyarrow.dataset as pds  # heavy (BENCHMARKS.md, `import tracer`): loaded by its one user, here
 
     src = os.fspath(path)

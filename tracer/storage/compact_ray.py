@@ -1,10 +1,8 @@
 """``rollout-trace compact --ray``: the same compaction, its merges run as Ray tasks on a cluster.
 
 The driver alone plans, writes ``_index.json``, renames and deletes (:func:`~tracer.storage.compact.compact_dirs`);
-each task runs one :func:`~tracer.storage.compact.merge_unit` through pyarrow's filesystems. The guarantees are
-those of local compaction: a task that dies changes neither index nor input, and Ray retries it (``retries``)
-before the merge counts as failed. Workers must reach the same files as the driver (the same bucket and
-``AWS_*`` settings, or the same shared filesystem)."""
+each task runs one :func:`~tracer.storage.compact.merge_unit`, so a task that dies changes neither index nor input.
+Workers must reach the same files as the driver (the same bucket and ``AWS_*`` settings, or a shared filesystem)."""
 
 from __future__ import annotations
 
@@ -30,7 +28,6 @@ from tracer.storage.uri import is_remote
 
 #: How many times Ray reruns a merge whose worker died before it counts as failed (Ray's own default).
 DEFAULT_RETRIES = 3
-#: How long to wait for the cluster's address to accept a connection before saying it is unreachable.
 CONNECT_TIMEOUT_S = 5.0
 #: Environment variable Ray itself reads for the cluster's address.
 ENV_RAY_ADDRESS = "RAY_ADDRESS"
@@ -41,9 +38,8 @@ class ClusterUnreachableError(ConnectionError):
 
 
 def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """Fail fast when ``address`` (``host:port`` or ``ray://host:port``) does not accept a connection: Ray itself
-    retries for minutes. ``None``, ``""``, ``"auto"`` and ``"local"`` are left to Ray. Raises ValueError when
-    ``address`` is not ``host:port``, ClusterUnreachableError when nothing answers there."""
+    """Fail fast (Ray itself retries for minutes) with ClusterUnreachableError when nothing answers at ``address``
+    (``host:port`` or ``ray://host:port``; else ValueError); ``None``, ``""``, ``"auto"`` and ``"local"`` pass."""
     if not address or address in ("auto", "local"):
         return
     host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
@@ -63,8 +59,8 @@ def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -
 
 @contextlib.contextmanager
 def connected(address: str | None) -> Iterator[Any]:
-    """The ``ray`` module, connected for the block to the cluster at ``address`` (default: join or start one here);
-    one already initialised here is used and left up. ImportError names the install command when Ray is missing."""
+    """The ``ray`` module, connected for the block to the cluster at ``address`` (default: join or start one here;
+    one already initialised is used and left up); ImportError names the install command."""
     try:
         import ray
     except ImportError as exc:
@@ -92,11 +88,9 @@ def compact_ray(
     retries: int = DEFAULT_RETRIES,
     merge: Callable[[MergeUnit], MergeResult] = merge_unit,
 ) -> CompactReport:
-    """Compact every run directory under ``path`` with one Ray task per merge; see the module docstring. ``path`` is a
-    URI or a path every node sees. ``address`` (``host:port``, ``ray://host:port``) defaults to ``$RAY_ADDRESS``, else
-    a cluster on this machine (one already initialised here is used). ``retries``: reruns of a task whose worker died.
-    ``merge``: what each task runs (default :func:`~tracer.storage.compact.merge_unit`; a wrapper returns its result).
-    Failed merges are in :attr:`CompactReport.failed`."""
+    """Compact every run directory under ``path`` (a URI or a path every node sees) with one Ray task per merge.
+    ``address`` defaults to ``$RAY_ADDRESS``, else a cluster here; ``retries``: reruns of a task whose worker died;
+    ``merge``: what each task runs (a wrapper of the default). Failed merges are in :attr:`CompactReport.failed`."""
     dirs = run_dirs(path)  # a bad path fails before a cluster is started
     with connected(address) as ray:
         task = ray.remote(num_cpus=1, max_retries=retries)(merge)

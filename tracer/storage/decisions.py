@@ -1,10 +1,8 @@
 """Sampling decisions carried in trace files' metadata, and kept through compaction.
 
-The recorder writes each step's sampling decision (what ``sample_strategy`` kept and dropped) into the custom
-metadata of the batch after it, under :data:`tracer.schema.BATCH_META_SAMPLING`: a JSON list of decisions, a later
-one for the same ``(step, validate)`` superseding an earlier one. Compaction moves the decisions of its inputs into
-the compacted file's schema metadata under the same key, each naming its ``source_file`` (the shard that decided
-it). :func:`file_decisions` reads both places; it is the one reader of that key."""
+The recorder writes each step's sampling decision into the custom metadata of the batch after it, under
+:data:`tracer.schema.BATCH_META_SAMPLING` (a JSON list; later decisions supersede); compaction moves them into the
+schema metadata, each naming its ``source_file``. :func:`file_decisions` is the one reader of both places."""
 
 from __future__ import annotations
 

@@ -1,17 +1,16 @@
 """The one reader of trace files, whole or damaged: :func:`read_batches`.
 
-Every path that reads spans goes through here. The file's messages are walked by hand before pyarrow decodes
-anything, so that a torn file reads up to its last complete batch (:attr:`FileRead.damage` says where and why);
-a file whose span column types the readers cannot use is refused whole (:attr:`FileRead.skipped`); and memory
-stays bounded: a batch is decompressed only while the bytes it declares fit the file's budget,
-``max(MIN_BUDGET_BYTES, expansion x size on disk)``; it and every later batch are refused otherwise
-(:attr:`FileRead.refused`). Only regular files are opened (a FIFO would block).
+The messages are walked by hand before pyarrow decodes anything: a torn file reads up to its last complete batch
+(:attr:`FileRead.damage`); a file with span column types readers cannot use is skipped whole; a batch is
+decompressed only while the bytes it declares fit the file's budget, ``max(MIN_BUDGET_BYTES, expansion x size on
+disk)``, else it and the later ones are refused (:attr:`FileRead.refused`). Only regular files are opened.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import os
 import stat
@@ -42,8 +41,6 @@ _CONTINUATION = 0xFFFFFFFF
 #: One Block of an IPC footer (File.fbs: offset, metaDataLength, padding, bodyLength).
 _BLOCK = struct.Struct("<qi4xq")
 _SCHEMA, _DICTIONARY, _RECORD_BATCH = 1, 2, 3
-_INT_WIDTH = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
-_UINT_WIDTH = {pa.uint8(): 8, pa.uint16(): 16, pa.uint32(): 32}
 
 
 class _CorruptError(ValueError):
@@ -96,15 +93,10 @@ class FileRead:
         """One sentence for a warning or a report; empty when there is nothing to say."""
         if self.skipped:
             return f"{self.path}: skipped, {self.skipped}"
-        parts = []
-        if self.damage:
-            parts.append(
-                f"{self.path}: damaged after {self.batches} complete batch(es); recovered {self.rows} span(s) "
-                f"({self.damage})"
-            )
-        if self.refused:
-            parts.append(f"{self.path}: {self.refused}; kept {self.batches} batch(es), {self.rows} span(s)")
-        return "; ".join(parts)
+        if self.refused:  # a read stops at the first refusal or damage: never both
+            return f"{self.path}: {self.refused}; kept {self.batches} batch(es), {self.rows} span(s)"
+        kept = f"{self.batches} complete batch(es); recovered {self.rows} span(s)"
+        return f"{self.path}: damaged after {kept} ({self.damage})" if self.damage else ""
 
 
 @dataclasses.dataclass
@@ -118,15 +110,8 @@ class _Message:
     compressed: bool
 
 
-# -- flatbuffers, read by hand ---------------------------------------------------
-
-
 #: Stands for a batch before a resume point (never read).
 _SKIPPED = _Message(offset=-1, body=-1, end=-1, kind=_RECORD_BATCH, rows=0, buffers=[], compressed=False)
-
-
-#: Compiled struct layouts of :meth:`_Flat._get`, by format.
-_STRUCTS: dict[str, struct.Struct] = {}
 
 
 class _Flat:
@@ -136,10 +121,9 @@ class _Flat:
         self.data = data
 
     def _get(self, fmt: str, pos: int) -> Any:
-        layout = _STRUCTS.get(fmt) or _STRUCTS.setdefault(fmt, struct.Struct(fmt))
-        if pos < 0 or pos + layout.size > len(self.data):
+        if pos < 0 or pos + struct.calcsize(fmt) > len(self.data):  # struct caches compiled formats
             raise _CorruptError(f"header field at {pos} outside its {len(self.data)} bytes")
-        return layout.unpack_from(self.data, pos)[0]
+        return struct.unpack_from(fmt, self.data, pos)[0]
 
     def root(self) -> int:
         return int(self._get("<I", 0))
@@ -199,43 +183,29 @@ def _parse_header(meta: bytes, offset: int, body: int) -> _Message:
     return _Message(offset, body, body + body_len, kind, rows, buffers, compressed)
 
 
-# -- the source: local file or URI -----------------------------------------------
-
-
-class _Source:
-    def __init__(self, path: str) -> None:
-        self.handle: Any = _uri.open_input(path)
-
-    def read_at(self, offset: int, n: int) -> bytes:
-        return bytes(self.handle.read_at(n, offset))
-
-    def close(self) -> None:
-        self.handle.close()
+#: A pyarrow file, local or remote (:func:`tracer.storage.uri.open_input`): ``read_at(n, offset)`` gives bytes.
+_Source = Any
 
 
 def _read_message(src: _Source, offset: int, size: int) -> _Message | None:
     """The message starting at ``offset``; None at an end-of-stream marker or at the end of the file."""
     if offset == size:
         return None
-    head = src.read_at(offset, 8)
+    head = src.read_at(8, offset)
     if len(head) < 4:
         raise _TornError(f"{size - offset} stray byte(s) at the end")
-    (first,) = struct.unpack_from("<I", head, 0)
-    if first == _CONTINUATION:
-        if len(head) < 8:
-            raise _TornError(f"message at byte {offset} cut inside its length")
-        (meta_len,) = struct.unpack_from("<i", head, 4)
-        start = offset + 8
-    else:  # framing of Arrow < 0.15: no continuation marker
-        meta_len = struct.unpack_from("<i", head, 0)[0]
-        start = offset + 4
+    prefix = 8 if struct.unpack_from("<I", head, 0)[0] == _CONTINUATION else 4  # Arrow < 0.15: no continuation
+    if len(head) < prefix:
+        raise _TornError(f"message at byte {offset} cut inside its length")
+    (meta_len,) = struct.unpack_from("<i", head, prefix - 4)
+    start = offset + prefix
     if meta_len == 0:
         return None
     if meta_len < 0:
         raise _CorruptError(f"message at byte {offset} declares a header of {meta_len} bytes")
     if start + meta_len > size:
         raise _TornError(f"message at byte {offset} declares a {meta_len}-byte header; {size - start} byte(s) are left")
-    meta = src.read_at(start, meta_len)
+    meta = src.read_at(meta_len, start)
     msg = _parse_header(meta, offset, start + meta_len)
     if msg.end > size:
         raise _TornError(f"batch at byte {offset} declares {msg.end - msg.body} body bytes; {size - msg.body} are left")
@@ -258,17 +228,19 @@ def _walk(src: _Source, start: int, size: int) -> tuple[list[_Message], str, boo
 
 
 def _schema_at(src: _Source, msg: _Message) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(src.read_at(msg.offset, msg.end - msg.offset)))
+    return pa.ipc.read_schema(pa.py_buffer(src.read_at(msg.end - msg.offset, msg.offset)))
 
 
-def _plain_schema(src: _Source, start: int, size: int) -> tuple[_Message, pa.Schema] | None:
-    """The schema message at ``start`` and its schema when no field is dictionary-encoded (a batch is then found
-    without the messages before it); None otherwise."""
+def _start(src: _Source) -> int:
+    """Where the stream starts: after the magic of an IPC file."""
+    return 8 if src.read_at(len(ARROW_FILE_MAGIC), 0) == ARROW_FILE_MAGIC else 0
+
+
+def _first_schema(src: _Source, start: int, size: int) -> tuple[_Message, pa.Schema]:
     first = _read_message(src, start, size)
     if first is None or first.kind != _SCHEMA:
-        return None
-    schema = _schema_at(src, first)
-    return None if any(pa.types.is_dictionary(f.type) for f in schema) else (first, schema)
+        raise _CorruptError("it does not start with an Arrow schema")
+    return first, _schema_at(src, first)
 
 
 #: What reading a header, a schema or a footer raises when the bytes are not what they should be.
@@ -277,10 +249,9 @@ _UNREADABLE = (_TornError, _CorruptError, OSError, pa.ArrowException, UnicodeDec
 
 @dataclasses.dataclass
 class Layout:
-    """Where the messages of a trace file are, for sealing it (see :mod:`tracer.storage.seal`). ``schema_message``
-    includes its prefix (empty: none); ``batches`` and ``dictionaries`` are ``(offset, metadata length, body length)``
-    as a footer lists them; ``stop`` says why the walk ended before the end (empty otherwise); ``at_eos``: it ended at
-    an end-of-stream marker (a footer may follow)."""
+    """Where the messages of a trace file are, for sealing it (:mod:`tracer.storage.seal`). ``batches`` and
+    ``dictionaries`` are ``(offset, metadata length, body length)`` as a footer lists them; ``stop`` and ``at_eos`` as
+    :class:`FileRead` says why the walk ended (an end-of-stream marker: a footer may follow)."""
 
     file_format: bool
     size: int
@@ -295,30 +266,24 @@ class Layout:
 def read_layout(path: str) -> Layout:
     """Walk the message headers of a local trace file without decoding any batch (OSError: it cannot be opened)."""
     size = _uri.file_size(path)
-    src = _Source(path)
-    try:
-        file_format = size >= 8 and src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC
-        start = 8 if file_format else 0
+    with _uri.open_input(path) as src:
+        start = _start(src) if size >= 8 else 0
         messages, stop, at_eos = _walk(src, start, size)
         schema = b""
         if messages and messages[0].kind == _SCHEMA:
-            schema = src.read_at(messages[0].offset, messages[0].end - messages[0].offset)
+            schema = src.read_at(messages[0].end - messages[0].offset, messages[0].offset)
         blocks = {
             kind: [(m.offset, m.body - m.offset, m.end - m.body) for m in messages if m.kind == kind]
             for kind in (_RECORD_BATCH, _DICTIONARY)
         }
         end = messages[-1].end if messages else start
-        return Layout(file_format, size, schema, blocks[_RECORD_BATCH], blocks[_DICTIONARY], end, stop, at_eos)
-    finally:
-        src.close()
+        return Layout(start == 8, size, schema, blocks[_RECORD_BATCH], blocks[_DICTIONARY], end, stop, at_eos)
 
 
 def footer_for(layout: Layout) -> bytes:
-    """The bytes pyarrow writes when it closes an IPC file with ``layout``'s schema and batches: end-of-stream
-    marker, footer, footer length, magic."""
+    """The bytes pyarrow writes after ``layout``'s batches when it closes an IPC file (end-of-stream marker, footer)."""
     schema = pa.ipc.read_schema(pa.py_buffer(layout.schema_message))
-    # pyarrow builds the footer (schema, metadata version) for as many empty batches; then the
-    # fixed-width Block entries of the batch vector are overwritten with where the real ones are.
+    # pyarrow builds the footer for as many empty batches; its fixed-width Blocks then say where the real ones are.
     sink = io.BytesIO()
     with pa.ipc.new_file(sink, schema) as writer:
         empty = pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
@@ -338,32 +303,26 @@ def footer_for(layout: Layout) -> bytes:
 
 
 def ends_closed(path: str) -> bool:
-    """True when ``path`` ends like a closed trace file: a stream's end-of-stream marker or a file's magic. Reads only
-    the last bytes; a sound footer is checked by :func:`read_batches`. Anything but a regular file (a FIFO would block
-    the open) is not closed."""
-    n = len(EOS_MARKER)
+    """True when ``path`` is a regular file that ends like a closed trace file: a stream's end-of-stream marker or a
+    file's magic (the footer itself is checked by :func:`read_batches`)."""
+    n, tail = len(EOS_MARKER), None
     if not _uri.is_remote(path):  # a plain descriptor: readers call this for every shard they list
         tail = _on_regular(path, n, lambda fd, size: os.pread(fd, n, size - n))
-        return tail is not None and (tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC))
-    try:
-        with _uri.open_input(path) as f:
-            size = f.size()
-            tail = bytes(f.read_at(n, size - n)) if size >= n else b""
-    except OSError:
-        return False
-    return tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC)
+    else:
+        with contextlib.suppress(OSError), _uri.open_input(path) as f:
+            tail = f.read_at(n, f.size() - n) if f.size() >= n else None
+    return tail is not None and (tail == EOS_MARKER or tail.endswith(ARROW_FILE_MAGIC))
 
 
 def _footer(read_at: Callable[[int, int], bytes], size: int, use: Callable[[_Flat, bytes], _T]) -> _T | None:
-    """``use(footer, the 10 bytes after it (its length, the magic))`` of an IPC file read by ``read_at(offset, n)``;
-    None without a sound footer."""
-    tail = read_at(size - 10, 10) if size >= 8 + 10 else b""
+    """``use(footer, its length and the magic)`` of an IPC file read by ``read_at(n, offset)``; None without one."""
+    tail = read_at(10, size - 10) if size >= 8 + 10 else b""
     if len(tail) != 10 or tail[4:] != ARROW_FILE_MAGIC:
         return None
     (footer_len,) = struct.unpack_from("<i", tail, 0)
     if footer_len <= 0 or footer_len > size - 18:
         return None
-    footer = read_at(size - 10 - footer_len, footer_len)
+    footer = read_at(footer_len, size - 10 - footer_len)
     if len(footer) != footer_len:
         return None
     try:
@@ -372,15 +331,14 @@ def _footer(read_at: Callable[[int, int], bytes], size: int, use: Callable[[_Fla
         return None
 
 
-def _footer_blocks(src: _Source, size: int) -> list[tuple[int, int, int]] | None:
-    """``(offset, metadata length, body length)`` of each record batch an IPC file's footer lists; None without a sound footer."""
-    return _footer(src.read_at, size, lambda fb, _: [(b[0], b[1], b[2]) for b in fb.structs(fb.root(), 3, "<qi4xq")])
+def _footer_blocks(src: _Source, size: int) -> list[tuple[int, ...]] | None:
+    """``(offset, metadata length, body length)`` of each batch an IPC file's footer lists; None without a footer."""
+    return _footer(src.read_at, size, lambda fb, _: fb.structs(fb.root(), 3, "<qi4xq"))
 
 
 def _on_regular(path: str, min_size: int, use: Callable[[int, int], _T]) -> _T | None:
-    """``use(descriptor, size)`` of the local ``path`` opened read-only; None when an OSError is raised, or unless it is
-    a regular file of at least ``min_size`` bytes: checked before the open (a device or FIFO is never opened) and again
-    on the descriptor (the path may change in between)."""
+    """``use(descriptor, size)`` of the local ``path`` opened read-only; None on OSError or unless it is a regular file
+    of at least ``min_size`` bytes, checked before the open (a FIFO is never opened) and on the descriptor."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
@@ -397,9 +355,9 @@ def _on_regular(path: str, min_size: int, use: Callable[[int, int], _T]) -> _T |
 
 
 def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict[str, str] | None:
-    """The schema metadata (only ``keys`` when given) of a local Arrow IPC *file* that ends closed, from its
-    schema message alone; for the small files this library writes and checks itself (shard indexes). None when
-    it is not such a file or the message does not parse; the rest is not checked."""
+    """The schema metadata (only ``keys`` when given) of a local IPC *file* that ends closed, from its schema message
+    alone (shard indexes, which this library writes and checks itself); None when the message does not parse."""
+    wanted = None if keys is None else {k.encode() for k in keys}
 
     def read(fd: int, size: int) -> dict[str, str] | None:
         head = os.pread(fd, 16, 0)
@@ -412,10 +370,7 @@ def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict
             return None
         try:
             meta = pa.ipc.read_schema(pa.py_buffer(os.pread(fd, 8 + meta_len, 8))).metadata or {}
-            if keys is None:
-                return {k.decode(): v.decode() for k, v in meta.items()}
-            wanted = {k.encode(): k for k in keys}
-            return {wanted[k]: v.decode() for k, v in meta.items() if k in wanted}
+            return {k.decode(): v.decode() for k, v in meta.items() if wanted is None or k in wanted}
         except (pa.ArrowException, UnicodeDecodeError):
             return None
 
@@ -423,18 +378,13 @@ def closed_file_metadata(path: str, keys: Collection[str] | None = None) -> dict
 
 
 def footer_bytes(path: str) -> tuple[bytes, int] | None:
-    """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists. None
-    when there is no sound footer or the file is not regular or unreadable. Two positional reads: every shard index a
-    reader loads is checked against its shard's footer this way."""
-    return _on_regular(path, 8 + 10, lambda fd, size: _footer(lambda at, n: os.pread(fd, n, at), size, _with_count))
+    """The footer of a local IPC file (everything after its end-of-stream marker) and how many batches it lists; None
+    without a sound footer. Two positional reads: every shard index a reader loads is checked against it."""
 
+    def with_count(fb: _Flat, tail: bytes) -> tuple[bytes, int]:
+        return fb.data + tail, fb.count(fb.root(), 3, _BLOCK.size)
 
-def _with_count(fb: _Flat, tail: bytes) -> tuple[bytes, int]:
-    """The footer with the 10 bytes after it, and how many batches it lists."""
-    return fb.data + tail, fb.count(fb.root(), 3, _BLOCK.size)
-
-
-# -- schemas and buffers ---------------------------------------------------------
+    return _on_regular(path, 8 + 10, lambda fd, size: _footer(functools.partial(os.pread, fd), size, with_count))
 
 
 def compatible(found: pa.DataType, wanted: pa.DataType) -> bool:
@@ -443,27 +393,15 @@ def compatible(found: pa.DataType, wanted: pa.DataType) -> bool:
         return True
     if pa.types.is_dictionary(found):
         return compatible(found.value_type, wanted)
-    if wanted in _INT_WIDTH:
-        if found in _INT_WIDTH:
-            return _INT_WIDTH[found] <= _INT_WIDTH[wanted]
-        return found in _UINT_WIDTH and _UINT_WIDTH[found] < _INT_WIDTH[wanted]
+    if pa.types.is_signed_integer(wanted):
+        if pa.types.is_signed_integer(found):
+            return bool(found.bit_width <= wanted.bit_width)
+        return pa.types.is_unsigned_integer(found) and found.bit_width < wanted.bit_width
     if pa.types.is_floating(wanted):
         return pa.types.is_floating(found) and found.bit_width <= wanted.bit_width
     if pa.types.is_string(wanted) or pa.types.is_large_string(wanted):
         return pa.types.is_string(found) or pa.types.is_large_string(found)
     return False
-
-
-def _type_problem(schema: pa.Schema) -> str:
-    problems = []
-    for name in S.SPAN_COLUMNS:
-        i = schema.get_field_index(name)
-        if i < 0:
-            continue
-        found, wanted = schema.field(i).type, S.SPAN_SCHEMA.field(name).type
-        if not compatible(found, wanted):
-            problems.append(f"column {name!r} is {found}, readers need {wanted}")
-    return "; ".join(problems)
 
 
 def _buffer_count(t: pa.DataType) -> int | None:
@@ -514,19 +452,11 @@ def _cost(src: _Source, msg: _Message, wanted: set[int] | None, columns: int) ->
             continue
         if length < 8:
             raise _CorruptError(f"batch at byte {msg.offset}: compressed buffer {i} of {length} bytes has no length")
-        (declared,) = struct.unpack("<q", src.read_at(msg.body + offset, 8))
+        (declared,) = struct.unpack("<q", src.read_at(8, msg.body + offset))
         if declared < -1:
             raise _CorruptError(f"batch at byte {msg.offset}: buffer {i} declares {declared} bytes")
         total += length - 8 if declared == -1 else declared
     return total
-
-
-def _budget(size: int) -> tuple[int, float]:
-    try:
-        expansion = float(os.environ.get(ENV_MAX_EXPANSION) or MAX_EXPANSION)
-    except ValueError:
-        expansion = MAX_EXPANSION
-    return max(MIN_BUDGET_BYTES, int(expansion * size)), expansion
 
 
 def _human(n: float) -> str:
@@ -548,9 +478,6 @@ def conform(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-# -- the reader ----------------------------------------------------------------------
-
-
 @dataclasses.dataclass(eq=False)
 class TraceFileBatches:
     """The batches of one trace file (from :func:`read_batches`); iterate once, then read :attr:`result`."""
@@ -566,26 +493,23 @@ class TraceFileBatches:
     schema: pa.Schema | None = dataclasses.field(default=None, init=False)
     # Found by :meth:`_walk_chosen`, so :meth:`_head` does not read and parse them a second time.
     _first_schema: pa.Schema | None = dataclasses.field(default=None, init=False)
-    _footer_blocks: list[tuple[int, int, int]] | None = dataclasses.field(default=None, init=False)
+    _footer_blocks: list[tuple[int, ...]] | None = dataclasses.field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.result = FileRead(self.path)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        for batch, _ in self.with_metadata():
-            yield batch
+        return (batch for batch, _ in self.with_metadata())
 
     def with_metadata(self) -> Iterator[tuple[pa.RecordBatch, Any]]:
         """``(batch, custom metadata)`` pairs: conformed to ``columns``, or as written when ``columns`` is None."""
         src = self._open()
         if src is None:
             return
-        try:
+        with src:
             head = self._head(src)
             if head is not None:
                 yield from self._batches(src, *head)
-        finally:
-            src.close()
 
     def _open(self) -> _Source | None:
         res = self.result
@@ -605,64 +529,54 @@ class TraceFileBatches:
             res.skipped, res.repairable = "empty file (0 bytes)", True
             return None
         try:
-            return _Source(self.path)
+            return _uri.open_input(self.path)
         except OSError as exc:
             res.skipped = f"cannot open: {exc}"
             return None
 
     def _walk(self, src: _Source, start: int, size: int) -> tuple[list[_Message], str, bool, int]:
-        """:func:`_walk` from the start, or the schema message and then from :attr:`resume`; also how many batches that
-        skipped. A resume point is used only when it lies after the schema message and within the file, and the schema
-        has no dictionary-encoded field (dictionaries before the point would be missed)."""
+        """:func:`_walk` from the start, or the schema message and then from :attr:`resume` when that fits the file and
+        no dictionary would be missed; also how many batches that skipped."""
         if self.trust_footer and self.batch_numbers is not None and self.expect_size == size and start == 8:
-            found = self._walk_chosen(src, start, size)
-            if found is not None:
-                return found, "", False, 0
+            with contextlib.suppress(*_UNREADABLE):  # else walk
+                return self._walk_chosen(src, start, size), "", False, 0
         if self.resume is not None:
             offset, count = self.resume
-            try:
-                plain = _plain_schema(src, start, size)
-                if plain is not None and plain[0].end <= offset <= size and count >= 0:
+            with contextlib.suppress(*_UNREADABLE):  # else read it the ordinary way, which says what is wrong
+                first, schema = _first_schema(src, start, size)
+                dictionaries = any(pa.types.is_dictionary(f.type) for f in schema)  # would be missed before offset
+                if not dictionaries and first.end <= offset <= size and count >= 0:
                     rest, stop, at_eos = _walk(src, offset, size)
-                    return [plain[0], *rest], stop, at_eos, count
-            except _UNREADABLE:
-                pass  # read it the ordinary way, which says what is wrong
+                    return [first, *rest], stop, at_eos, count
         messages, stop, at_eos = _walk(src, start, size)
         return messages, stop, at_eos, 0
 
-    def _walk_chosen(self, src: _Source, start: int, size: int) -> list[_Message] | None:
-        """The schema and the chosen batches' headers only, the others where the footer puts them; None to walk. For a
-        file whose footer an index vouches for (:mod:`tracer.index.shard`): the footer is the one its writer wrote, so
-        batches are where it says, and only those read are parsed."""
-        try:
-            plain = _plain_schema(src, start, size)
-            blocks = _footer_blocks(src, size)
-            if plain is None or blocks is None:
-                return None
-            chosen = set(self.batch_numbers or ())
-            messages = [plain[0]]
-            for i, (offset, meta_len, body_len) in enumerate(blocks):
-                if i in chosen:
-                    msg = _read_message(src, offset, size)
-                    if msg is None or msg.kind != _RECORD_BATCH or msg.end != offset + meta_len + body_len:
-                        return None
-                else:
-                    body = offset + meta_len
-                    msg = _Message(offset, body, body + body_len, _RECORD_BATCH, 0, [], False)
-                messages.append(msg)
-            self._first_schema, self._footer_blocks = plain[1], blocks
-            return messages
-        except _UNREADABLE:
-            return None
+    def _walk_chosen(self, src: _Source, start: int, size: int) -> list[_Message]:
+        """The schema and the chosen batches' headers only, the others where the footer (vouched for by its shard index)
+        puts them; raises :data:`_UNREADABLE` when that cannot be trusted."""
+        first, schema = _first_schema(src, start, size)
+        blocks = _footer_blocks(src, size)
+        if blocks is None or any(pa.types.is_dictionary(f.type) for f in schema):
+            raise _CorruptError("no footer to find batches by")
+        chosen = set(self.batch_numbers or ())
+        messages = [first]
+        for i, (offset, meta_len, body_len) in enumerate(blocks):
+            end = offset + meta_len + body_len
+            msg: _Message | None = _Message(offset, offset + meta_len, end, _RECORD_BATCH, 0, [], False)
+            if i in chosen:
+                msg = _read_message(src, offset, size)
+            if msg is None or msg.kind != _RECORD_BATCH or msg.end != end:
+                raise _CorruptError(f"batch {i} is not where the footer says")
+            messages.append(msg)
+        self._first_schema, self._footer_blocks = schema, blocks
+        return messages
 
-    def _head(self, src: _Source) -> tuple[list[_Message], list[_Message], int, str | None, int, pa.Schema] | None:
-        """The file's messages, its batches, how many are skipped, why it stops, where its stream starts
-        and its schema; None (with ``self.result`` saying why) when none of it can be read."""
+    def _head(self, src: _Source) -> tuple[list[_Message], list[_Message], int, str | None, pa.Schema] | None:
+        """The file's messages, its batches, how many are skipped, why it stops and its schema; else None."""
         res = self.result
         size = res.size
-        res.file_format = src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC
-        start = 8 if res.file_format else 0
-        # Walk the messages' headers: where each batch is, where the file stops making sense.
+        start = _start(src)
+        res.file_format = start == 8
         messages, stop, ended_at_eos, skipped = self._walk(src, start, size)
         res.closed = not res.file_format and ended_at_eos
         if not messages or messages[0].kind != _SCHEMA:
@@ -686,7 +600,11 @@ class TraceFileBatches:
                 "upgrade rollout-trace"
             )
             return None
-        problem = _type_problem(schema)
+        found = {name: schema.field(i).type for name in S.SPAN_COLUMNS if (i := schema.get_field_index(name)) >= 0}
+        wanted = {name: S.SPAN_SCHEMA.field(name).type for name in found}
+        problem = "; ".join(
+            f"column {n!r} is {t}, readers need {wanted[n]}" for n, t in found.items() if not compatible(t, wanted[n])
+        )
         if problem:
             res.skipped = f"column types readers cannot use: {problem}"
             return None
@@ -700,12 +618,10 @@ class TraceFileBatches:
             listed = [] if blocks is None else [b[0] for b in blocks]
             if blocks is not None and len(listed) == len(batches) and listed[skipped:] == walked and not stop:
                 res.closed = True
-            elif ended_at_eos or stop:
-                # Something follows the last batch but it is not a footer that lists the batches: damage.
+            elif ended_at_eos or stop:  # what follows the last batch is not a footer listing the batches
                 stop = stop or "footer missing or unreadable; batches read in order"
-            # else: the file ends right after a complete batch: still being written, or its writer is gone
-            # and nobody sealed it yet (tracer.storage.seal). Not damage.
-        return messages, batches, skipped, stop, start, schema
+            # else: it ends right after a complete batch (being written, or not sealed yet): not damage.
+        return messages, batches, skipped, stop, schema
 
     def _batches(
         self,
@@ -714,27 +630,27 @@ class TraceFileBatches:
         batches: list[_Message],
         skipped: int,
         stop: str | None,
-        start: int,
         schema: pa.Schema,
     ) -> Iterator[tuple[pa.RecordBatch, Any]]:
         """Decode the chosen batches within the file's budget; damage ends the read with its reason."""
         res = self.result
         size = res.size
-        schema_names = schema.names
         columns = self.columns
         names = list(S.SPAN_COLUMNS) if columns is None else columns
-        # Only span columns are ever decoded, even "as written" (for repair): a column the readers
-        # never return must not decide, by failing to decompress, how much of a file they all keep.
-        fields = [i for i, f in enumerate(schema_names) if f in names]
-        project = columns is not None or len(fields) < len(schema_names)
+        # Only span columns are decoded, even "as written": others must not decide how much of a file is kept.
+        fields = [i for i, f in enumerate(schema.names) if f in names]
+        project = columns is not None or len(fields) < len(schema.names)
         wanted = _wanted_buffers(schema, fields) if project else None
         per_row = max(len(fields), len(names))
         options = pa.ipc.IpcReadOptions(included_fields=fields if project else None)
         if columns is None and project:
             self.schema = pa.schema([schema.field(i) for i in fields], metadata=schema.metadata)
-        budget, expansion = _budget(size)
+        try:
+            expansion = float(os.environ.get(ENV_MAX_EXPANSION) or MAX_EXPANSION)
+        except ValueError:
+            expansion = MAX_EXPANSION
+        budget = max(MIN_BUDGET_BYTES, int(expansion * size))
         # One handle for the scan (positional reads) and pyarrow: the bytes checked are the bytes decoded.
-        data = src.handle
         try:
             # Dictionaries are decoded along with the batches after them: charge them up front.
             spent = sum(_cost(src, m, None, 1) for m in messages if m.kind == _DICTIONARY)
@@ -742,22 +658,20 @@ class TraceFileBatches:
             use_footer = res.file_format and res.closed
             if use_footer:
                 try:
-                    # The footer's whole schema must be the first message's, whatever is projected:
-                    # otherwise a rotten footer would pass for some column sets and not others.
-                    if not pa.ipc.open_file(data).schema.equals(schema, check_metadata=True):
+                    # The whole footer schema, whatever is projected: a rotten one must fail for every column set.
+                    if not pa.ipc.open_file(src).schema.equals(schema, check_metadata=True):
                         raise pa.ArrowInvalid("the footer's schema differs from the file's first message")
-                    reader = pa.ipc.open_file(data, options=options)
+                    reader = pa.ipc.open_file(src, options=options)
                 except Exception as exc:  # a corrupt footer: read the batches in order instead
                     use_footer, res.closed, reader = False, False, None
                     stop = stop or f"footer unreadable ({type(exc).__name__}: {exc}); batches read in order"
             if reader is None:
-                data.seek(start)
-                reader = pa.ipc.open_stream(data, options=options)
+                src.seek(8 if res.file_format else 0)
+                reader = pa.ipc.open_stream(src, options=options)
             position = messages[0].end  # where the stream reader goes on from (after a positional read, seek)
             # Without a footer batches come in order: read them all (callers filter rows anyway).
             chosen = list(range(skipped, len(batches)))
-            # An append-only file keeps its batches' numbers: with no expected size, batch i of a file
-            # still being written is read by seeking to it (tracer.follow reads only the new batches).
+            # Batch i of an append-only file still being written is read by seeking to it (tracer.follow).
             seekable = self.expect_size is None and not any(m.kind == _DICTIONARY for m in messages)
             if self.batch_numbers is not None and (use_footer or seekable) and self.expect_size in (None, size):
                 chosen = [i for i in self.batch_numbers if skipped <= i < len(batches)]
@@ -777,7 +691,7 @@ class TraceFileBatches:
                     if use_footer:
                         batch, custom = reader.get_batch_with_custom_metadata(i)
                     else:
-                        data.seek(batches[i].offset if seekable else position)
+                        src.seek(batches[i].offset if seekable else position)
                         batch, custom = reader.read_next_batch_with_custom_metadata()
                         position = batches[i].end
                     # Full validation: a flipped byte in an offsets buffer must not reach to_pylist.
@@ -808,17 +722,14 @@ def read_batches(
     """The record batches of one trace file (a local path or a URI), as far as they can be read safely; nothing raises
     for a damaged file. ``columns``: span columns to return, conformed to :data:`tracer.schema.SPAN_SCHEMA` (missing
     ones as nulls); None: every span column the file has, as written, with each batch's custom metadata.
-    ``batch_numbers``: read only these record batches, if the file has ``expect_size`` (else every batch). ``resume``:
-    ``(offset, batches)`` from an earlier read of this append-only file (:attr:`FileRead.end`,
-    :attr:`FileRead.batches_in_file`): walk from there and return only later batches (numbering unchanged); ignored
-    when it does not fit the file. ``trust_footer``: with ``batch_numbers`` and a fitting ``expect_size``, locate those
-    batches by the footer instead of walking every message (files whose shard index vouches for the footer). After
-    iterating, the result's ``result`` (a :class:`FileRead`) says what was kept, damaged, skipped or refused."""
+    ``batch_numbers``: read only these batches, if the file has ``expect_size`` (else every batch). ``resume``:
+    ``(FileRead.end, FileRead.batches_in_file)`` of an earlier read of this append-only file: return only later
+    batches (numbering unchanged; ignored when it does not fit). ``trust_footer``: find ``batch_numbers`` by the footer
+    (its shard index vouches for it). After iterating, ``result`` says what was kept, damaged, skipped or refused."""
     cols = None if columns is None else list(columns)
-    if cols is not None:
-        unknown = [c for c in cols if c not in S.SPAN_COLUMNS]
-        if unknown:
-            raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
+    unknown = [c for c in cols or () if c not in S.SPAN_COLUMNS]
+    if unknown:
+        raise ValueError(f"unknown column(s) {', '.join(unknown)}; columns are {', '.join(S.SPAN_COLUMNS)}")
     chosen = None if batch_numbers is None else sorted(set(batch_numbers))
     return TraceFileBatches(os.fspath(path), cols, chosen, expect_size, resume, trust_footer)
 
@@ -830,16 +741,11 @@ def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
     src = reading._open()
     if src is None:
         raise OSError(f"{file}: {reading.result.skipped}")
-    try:
-        start = 8 if src.read_at(0, len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC else 0
-        msg = _read_message(src, start, reading.result.size)
-        if msg is None or msg.kind != _SCHEMA:
-            raise _CorruptError("it does not start with an Arrow schema")
-        return _schema_at(src, msg)
-    except (_TornError, _CorruptError, pa.ArrowException) as exc:
-        raise OSError(f"{file}: not a readable trace file: {exc}") from None
-    finally:
-        src.close()
+    with src:
+        try:
+            return _first_schema(src, _start(src), reading.result.size)[1]
+        except (_TornError, _CorruptError, pa.ArrowException) as exc:
+            raise OSError(f"{file}: not a readable trace file: {exc}") from None
 
 
 def major_version(version: str) -> int:
@@ -851,8 +757,8 @@ def major_version(version: str) -> int:
 
 
 def write_replacing(target: str, tmp: str, write: Callable[[BinaryIO], object]) -> None:
-    """Write ``target`` whole or not at all: ``write`` fills ``tmp``, which is fsynced and renamed over
-    ``target``; on any failure ``tmp`` is removed and the failure raised (``target`` as it was)."""
+    """Write ``target`` whole or not at all: ``write`` fills ``tmp``, which is fsynced and renamed over ``target``
+    (removed on any failure, which is raised)."""
     try:
         with open(tmp, "wb") as f:
             write(f)

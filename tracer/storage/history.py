@@ -6,9 +6,8 @@ The writer (:class:`HistoryTracker`) stores, in the span's ``inputs`` JSON::
                    "prefix": k, "response": "response_ids", "ids": [...new ids...]}
 
 meaning the first ``k`` ids of (that span's full ``prompt_ids`` then its ``outputs[response]``), then ``ids``.
-:func:`expand_history` (called by :func:`tracer.read_spans`) is the one place that rebuilds the list. When the
-earlier span was not read, the reference stays, with ``"rollout_trace.missing"`` saying why: never a wrong
-list. Raw readers see the reference as written (``docs/format.md`` shows how to rebuild it).
+:func:`expand_history` (called by :func:`tracer.read_spans`) rebuilds the list; when the earlier span was not
+read, the reference stays, with ``"rollout_trace.missing"`` saying why (``docs/format.md``).
 """
 
 from __future__ import annotations
@@ -60,18 +59,8 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
-def _response(outputs: Any) -> tuple[str | None, Sequence[int]]:
-    if isinstance(outputs, dict):
-        for key in RESPONSE_FIELDS:
-            value = outputs.get(key)
-            if type(value) is list or type(value) is tuple:
-                return key, value
-    return None, ()
-
-
 class HistoryTracker:
-    """The writer's side: remembers each live trajectory's last llm context and rewrites the next prompt. Writer thread
-    only, on prepared values in written order; it holds references to the id lists, never copies."""
+    """The writer thread's side: remembers each trajectory's last llm context (by reference), rewrites the next one."""
 
     def __init__(self) -> None:
         #: trajectory key -> (span id, response field, whole prompt ids, response ids)
@@ -85,25 +74,25 @@ class HistoryTracker:
         self._last.clear()
         self._held = 0
 
-    def end(self, key: Any) -> None:
-        """The trajectory ended: its context is no longer needed."""
+    def end(self, key: Any) -> Any:
+        """The trajectory ended: forget its context (returned; None when there is none)."""
         old = self._last.pop(key, None)
         if old is not None:
             self._held -= len(old[2]) + len(old[3])
+        return old
 
     def encode(self, key: Any, span_id: str, inputs: Any, outputs: Any) -> None:
-        """Replace ``inputs["prompt_ids"]`` by a reference when it extends this trajectory's last llm context,
-        then remember this span's prompt and response for the next turn."""
+        """Replace ``inputs["prompt_ids"]`` by a reference when it extends the trajectory's last llm context."""
         if not isinstance(inputs, dict):
             return
         prompt = inputs.get(PROMPT_FIELD)
         if type(prompt) is not list and type(prompt) is not tuple:
             return
-        field, response = _response(outputs)
-        prev = self._last.pop(key, None)
+        found = ((k, v) for k in RESPONSE_FIELDS if type(v := outputs.get(k)) in (list, tuple))
+        field, response = next(found, (None, ())) if isinstance(outputs, dict) else (None, ())
+        prev = self.end(key)
         if prev is not None:
             base_span, base_field, base_prompt, base_response = prev
-            self._held -= len(base_prompt) + len(base_response)
             k = _common_prefix(prompt, base_prompt) if base_span != span_id else 0
             if k == len(base_prompt):
                 k += _common_prefix(prompt[k:], base_response)
@@ -120,8 +109,7 @@ class HistoryTracker:
         self._last[key] = (span_id, field, prompt, response)
         self._held += size
         while self._held > MAX_HELD_IDS and self._last:
-            _, (_, _, old_prompt, old_response) = self._last.popitem(last=False)
-            self._held -= len(old_prompt) + len(old_response)
+            self.end(next(iter(self._last)))
 
 
 def _loads(text: Any) -> Any:
@@ -131,17 +119,9 @@ def _loads(text: Any) -> Any:
         return None
 
 
-def _dumps(value: Any) -> str:
-    try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode("utf-8")
-    except TypeError:  # a lone surrogate (written escaped by the json module): same fallback as the writer
-        return json.dumps(value)
-
-
 def expand_history(table: pa.Table) -> pa.Table:
-    """``table`` (with ``inputs``, ``trace_id``, ``span_id``, ``outputs``) with every referenced ``prompt_ids``
-    rebuilt from its own rows; a reference whose base is absent, damaged or circular stays, with
-    ``rollout_trace.missing`` naming why. A table without ``inputs`` is returned as it is."""
+    """``table`` with every referenced ``prompt_ids`` rebuilt from its own rows (a reference that cannot be stays, with
+    ``rollout_trace.missing`` naming why); needs :data:`HISTORY_COLUMNS` beside ``inputs`` (else returned as it is)."""
     if S.INPUTS not in table.column_names or table.num_rows == 0:
         return table
     inputs = table.column(S.INPUTS)
@@ -151,81 +131,75 @@ def expand_history(table: pa.Table) -> pa.Table:
     missing_cols = [c for c in HISTORY_COLUMNS if c not in table.column_names]
     if missing_cols:
         raise ValueError(f"expand_history needs the columns {', '.join(missing_cols)} to rebuild prompt_ids")
-    marked_rows = pc.indices_nonzero(marked).to_pylist()
+    marked_rows = pc.indices_nonzero(marked)
     trace_col = table.column(S.TRACE_ID)
-    traces = pc.unique(pc.take(trace_col, pa.array(marked_rows, pa.int64())))
-    in_traces = pc.indices_nonzero(pc.fill_null(pc.is_in(trace_col, value_set=traces), False)).to_pylist()
-    sub = table.select([S.TRACE_ID, S.SPAN_ID, S.INPUTS, S.OUTPUTS]).take(pa.array(in_traces, pa.int64()))
-    rows = dict(zip(zip(sub.column(S.TRACE_ID).to_pylist(), sub.column(S.SPAN_ID).to_pylist()), range(sub.num_rows)))
-    sub_inputs = sub.column(S.INPUTS).to_pylist()
-    sub_outputs = sub.column(S.OUTPUTS).to_pylist()
-    trace_of = sub.column(S.TRACE_ID).to_pylist()
+    traces = pc.unique(trace_col.take(marked_rows))
+    in_traces = pc.indices_nonzero(pc.fill_null(pc.is_in(trace_col, value_set=traces), False))
+    sub = table.select([S.TRACE_ID, S.SPAN_ID, S.INPUTS, S.OUTPUTS]).take(in_traces)
+    trace_of, span_of, sub_inputs, sub_outputs = (column.to_pylist() for column in sub.columns)
+    rows = dict(zip(zip(trace_of, span_of), range(sub.num_rows)))
     resolved: dict[int, list[int] | str] = {}
 
     @functools.cache
     def inputs_of(i: int) -> Any:
         return _loads(sub_inputs[i])
 
+    def prompt_of(i: int) -> Any:
+        data = inputs_of(i)
+        return data.get(PROMPT_FIELD) if isinstance(data, dict) else None
+
     def resolve(i: int, depth: int = 0) -> list[int] | str:
         """Row ``i``'s full prompt_ids, or why it cannot be rebuilt."""
-        if i in resolved:
-            return resolved[i]
-        resolved[i] = "circular reference"  # until resolved: a cycle finds this
-        data = inputs_of(i)
-        value = data.get(PROMPT_FIELD) if isinstance(data, dict) else None
-        out: list[int] | str
-        if isinstance(value, list):
-            out = value
-        elif not isinstance(value, dict) or S.HISTORY_EXTENDS not in value:
-            out = "no prompt_ids"
-        elif depth > 10_000:
-            out = "reference chain too long"
-        else:
-            base = rows.get((trace_of[i], value[S.HISTORY_EXTENDS]))
-            k, ids, field = value.get(S.HISTORY_PREFIX), value.get(S.HISTORY_IDS), value.get(S.HISTORY_RESPONSE)
-            if base is None:
-                out = f"earlier span {value[S.HISTORY_EXTENDS]!r} not in what was read"
-            elif type(k) is not int or type(ids) is not list:
-                out = "damaged reference"
-            else:
-                prefix = resolve(base, depth + 1)
-                if isinstance(prefix, str):
-                    out = f"earlier span {value[S.HISTORY_EXTENDS]!r}: {prefix}"
-                else:
-                    response: Any = []
-                    if field is not None:
-                        base_out = _loads(sub_outputs[base])
-                        response = base_out.get(field) if isinstance(base_out, dict) else None
-                    if type(response) is not list:
-                        out = f"earlier span {value[S.HISTORY_EXTENDS]!r} has no {field}"
-                    elif len(prefix) + len(response) < k:
-                        out = f"earlier span {value[S.HISTORY_EXTENDS]!r} holds fewer than {k} ids"
-                    else:
-                        ctx = prefix + response if len(prefix) < k else prefix
-                        out = ctx[:k] + ids
-        resolved[i] = out
-        return out
+        if i not in resolved:
+            resolved[i] = "circular reference"  # until resolved: a cycle finds this
+            resolved[i] = rebuild(i, depth)
+        return resolved[i]
 
-    sub_index = {row: n for n, row in enumerate(in_traces)}
+    def rebuild(i: int, depth: int) -> list[int] | str:
+        value = prompt_of(i)
+        if isinstance(value, list):
+            return value
+        if not isinstance(value, dict) or S.HISTORY_EXTENDS not in value:
+            return "no prompt_ids"
+        if depth > 10_000:
+            return "reference chain too long"
+        base, earlier = rows.get((trace_of[i], value[S.HISTORY_EXTENDS])), f"earlier span {value[S.HISTORY_EXTENDS]!r}"
+        k, ids, field = value.get(S.HISTORY_PREFIX), value.get(S.HISTORY_IDS), value.get(S.HISTORY_RESPONSE)
+        if base is None:
+            return f"{earlier} not in what was read"
+        if type(k) is not int or type(ids) is not list:
+            return "damaged reference"
+        prefix = resolve(base, depth + 1)
+        if isinstance(prefix, str):
+            return f"{earlier}: {prefix}"
+        outputs = {None: []} if field is None else _loads(sub_outputs[base])  # no field: no response ids
+        response = outputs.get(field) if isinstance(outputs, dict) else None
+        if type(response) is not list:
+            return f"{earlier} has no {field}"
+        if len(prefix) + len(response) < k:
+            return f"{earlier} holds fewer than {k} ids"
+        return (prefix + response if len(prefix) < k else prefix)[:k] + ids
+
+    sub_index = {row: n for n, row in enumerate(in_traces.to_pylist())}
     new_values = []
-    for row in marked_rows:
+    for row in marked_rows.to_pylist():
         i = sub_index[row]
-        data = inputs_of(i)
-        ref = data.get(PROMPT_FIELD) if isinstance(data, dict) else None
+        ref = prompt_of(i)
         if not isinstance(ref, dict) or S.HISTORY_EXTENDS not in ref:  # the marker text inside some string
             new_values.append(sub_inputs[i])
             continue
         full = resolve(i)
-        data = dict(data)
-        data[PROMPT_FIELD] = full if isinstance(full, list) else {**ref, S.HISTORY_MISSING: full}
-        new_values.append(_dumps(data))
+        data = {**inputs_of(i), PROMPT_FIELD: full if isinstance(full, list) else {**ref, S.HISTORY_MISSING: full}}
+        try:
+            new_values.append(orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS).decode("utf-8"))
+        except TypeError:  # a lone surrogate (written escaped by the json module): same fallback as the writer
+            new_values.append(json.dumps(data))
     column = _replaced(inputs, marked, new_values)
     return table.set_column(table.column_names.index(S.INPUTS), S.INPUTS, column)
 
 
 def _replaced(inputs: pa.ChunkedArray, marked: pa.ChunkedArray, values: list[str]) -> pa.ChunkedArray:
-    """``inputs`` with its ``marked`` rows replaced by ``values``, in order. Chunk by chunk: one combined string array
-    could pass Arrow's 2 GiB limit."""
+    """``inputs`` with its ``marked`` rows replaced by ``values``, by chunk (one string array could pass 2 GiB)."""
     chunks, start, used = [], 0, 0
     for chunk in inputs.chunks:
         mask = marked.slice(start, len(chunk)).combine_chunks()

@@ -1,8 +1,5 @@
-"""The run-directory index written by compaction, ``_index.json``: which batches hold which step.
-
-It maps compacted file names to their size, rows and each batch's step, so reading one step opens only its
-batches. An entry may list the files it ``replaces``: readers skip those while the entry's file exists.
-"""
+"""The run-directory index written by compaction, ``_index.json``: compacted file names to their size, rows and each
+batch's step (reading one step opens only its batches), and the files each ``replaces`` (readers skip those)."""
 
 from __future__ import annotations
 
@@ -56,9 +53,8 @@ def save_index(run_dir: str, index: dict[str, Any]) -> None:
 
 
 def listing(run_dir: str) -> tuple[list[str], dict[str, Any]]:
-    """The trace files of the local directory ``run_dir`` readers read (names, sorted) and its index. Listed first, then
-    the index loaded: a compacted file in the listing has its entry, and the files it replaced are left out. Raises
-    OSError when the directory cannot be listed."""
+    """The trace files readers read in the local ``run_dir`` (names, sorted; replaced ones left out) and its index,
+    loaded after the listing. Raises OSError when the directory cannot be listed."""
     listed = sorted(e.name for e in os.scandir(run_dir) if e.name.endswith(FILE_SUFFIX) and not e.is_dir())
     index = load_index(run_dir)
     hidden = replaced_files(index, set(listed))
@@ -66,8 +62,8 @@ def listing(run_dir: str) -> tuple[list[str], dict[str, Any]]:
 
 
 def replaced_files(index: dict[str, Any], listed: set[str]) -> set[str]:
-    """Names readers must skip: replaced by compacted files in ``listed``. ``index`` is loaded *after* ``listed`` was
-    taken, so every row is read exactly once even while a compaction renames its output."""
+    """Names readers must skip: replaced by compacted files in ``listed`` (taken *before* ``index`` was loaded, so every
+    row is read exactly once even while a compaction renames its output)."""
     hidden: set[str] = set()
     for name, entry in index["files"].items():
         if entry.get("replaces") and all(g in listed for g in entry.get("group", [name])):

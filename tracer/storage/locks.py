@@ -1,9 +1,5 @@
-"""Who may delete trace files while others read them.
-
-Readers of a local run directory hold a shared ``flock`` on the directory from listing to reading (they may
-seal shards, never create, rename or delete a file); compaction deletes only under the exclusive lock. Where
-locks are not supported both sides go on without one.
-"""
+"""Who may delete trace files while others read them: readers of a local run directory hold a shared ``flock`` on
+it from listing to reading; compaction deletes only under the exclusive lock (where locks work at all)."""
 
 from __future__ import annotations
 
@@ -32,8 +28,7 @@ def reading(run_dir: str) -> Iterator[None]:
 
 
 def try_exclusive(run_dir: str, wait_s: float) -> int | None:
-    """The exclusive lock of ``run_dir`` as an fd to close, waiting at most ``wait_s``; None if readers keep it. Where
-    the filesystem cannot lock a directory, returns an fd without a lock (nothing better is possible there)."""
+    """The exclusive lock of ``run_dir`` as an fd to close, waiting at most ``wait_s``; None if readers keep it."""
     try:
         fd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
@@ -42,8 +37,7 @@ def try_exclusive(run_dir: str, wait_s: float) -> int | None:
 
 
 def exclusive_within(fd: int, wait_s: float) -> int | None:
-    """``fd`` once its exclusive ``flock`` is held, retrying every :data:`POLL_S` for at most ``wait_s``, or where the
-    filesystem cannot lock (nothing better is possible there); None, ``fd`` closed, when others kept it."""
+    """``fd`` once its exclusive ``flock`` is held (or cannot be), trying for ``wait_s``; else None, ``fd`` closed."""
     deadline = time.monotonic() + wait_s
     while True:
         try:

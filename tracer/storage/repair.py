@@ -1,9 +1,7 @@
-"""Repair of damaged trace files: one behaviour for ``check --repair`` and for the uploader.
+"""Repair of damaged trace files, for ``check --repair`` and the uploader.
 
-A file :func:`tracer.storage.files.read_batches` cannot read to its end, or at all while it is ours to fix
-(empty, not Arrow), has its readable batches written as written to ``<stem>.repaired.arrow`` (temporary name,
-fsync, rename) and is renamed ``<name>.damaged``, which readers skip; nothing is deleted. Sound files, open
-ones and files sound but not for this reader are left as they are. Repairing twice changes nothing more.
+A file :func:`tracer.storage.files.read_batches` cannot read to its end (or at all: empty, not Arrow) has its
+readable batches written to ``<stem>.repaired.arrow`` and is renamed ``<name>.damaged`` (readers skip it).
 """
 
 from __future__ import annotations
@@ -19,9 +17,8 @@ from tracer import schema as S
 from tracer.storage.files import FileRead, read_batches
 from tracer.storage.writer import fsync_dir
 
-#: Suffix appended to a damaged original once repaired (readers skip it).
+#: Suffix appended to a damaged original once repaired (readers skip it); its readable batches go to REPAIRED_SUFFIX.
 DAMAGED_SUFFIX = ".damaged"
-#: Suffix of the file holding a damaged file's readable batches.
 REPAIRED_SUFFIX = ".repaired" + S.FILE_SUFFIX
 
 SOUND = "sound"

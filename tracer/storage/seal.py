@@ -1,27 +1,21 @@
 """Sealing: closing a shard whose writer is gone (``ray.shutdown()``, ``os._exit``, SIGKILL).
 
-:func:`seal_if_abandoned` acts once the writer is gone: on this host, when no process holds the file's
-``flock`` (writers that do not lock: when the pid in its name no longer runs); on another host, when the file
-has not changed for :data:`SEAL_AFTER_S` (:data:`ENV_SEAL_AFTER_S`); a quiet writer then starts a new file.
-
-Sealing appends, under the file's ``flock``, exactly what pyarrow writes at close after the last complete
-batch (end-of-stream marker; for an IPC file also the footer, its length and the magic) and changes nothing
-written. A file torn inside a batch is not sealed (``rollout-trace check --repair`` handles it). The sealed
-shard goes to ``on_sealed`` (readers pass :func:`tracer.index.shard.write_index`; a failure there leaves the
-seal standing). A file found closed is not opened again while its size, mtime and inode stay the same.
+The writer is gone when, on this host, nobody holds the file's ``flock`` (or the pid in its name no longer
+runs); on another host, when the file has not changed for :data:`SEAL_AFTER_S` (a quiet writer then starts a new
+file). Sealing appends, under the ``flock``, exactly what pyarrow writes at close after the last complete batch
+and changes nothing written; a file torn inside a batch is left to ``rollout-trace check --repair``.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import errno
 import fcntl
+import functools
 import os
 import re
 import stat
-import threading
 import time
 
 import pyarrow as pa
@@ -47,21 +41,23 @@ ALREADY_CLOSED = "closed"
 LIVE = "live"
 NOT_SEALED = "not sealed"
 
-#: Files found closed, by path: (size, mtime, inode) then; while that is the same, the file is not opened again.
-_closed: collections.OrderedDict[str, tuple[int, int, int]] = collections.OrderedDict()
-_closed_lock = threading.Lock()
-#: How many closed files :data:`_closed` remembers.
 CLOSED_CACHE_ENTRIES = 65536
 
 
 @dataclasses.dataclass
 class SealResult:
-    """What :func:`seal_if_abandoned` did: ``action`` is ``"sealed"``, ``"closed"`` (nothing to do), ``"live"``
-    (its writer may still write) or ``"not sealed"``; ``why`` is one sentence for a report."""
+    """What :func:`seal_if_abandoned` did: ``action`` is ``"sealed"``, ``"closed"`` (already), ``"live"`` or
+    ``"not sealed"``; ``why`` is one sentence for a report."""
 
     path: str
     action: str
     why: str = ""
+
+
+@functools.lru_cache(maxsize=CLOSED_CACHE_ENTRIES)
+def _ends_closed(file: str, stamp: tuple[int, int, int]) -> bool:
+    """:func:`ends_closed` once per (size, mtime, inode) of ``file``: while they stay, it is not opened again."""
+    return ends_closed(file)
 
 
 def seal_after_s() -> float:
@@ -70,16 +66,6 @@ def seal_after_s() -> float:
         return float(os.environ.get(ENV_SEAL_AFTER_S) or SEAL_AFTER_S)
     except ValueError:
         return SEAL_AFTER_S
-
-
-def _pid_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process, among others
-        return True
-    return True
 
 
 def _writer_gone(path: str, fd: int, file_format: bool, max_age_s: float) -> str:
@@ -96,8 +82,12 @@ def _writer_gone(path: str, fd: int, file_format: bool, max_age_s: float) -> str
     if name is not None and name["host"] == host_label():
         if locks and file_format:
             return "its writer no longer holds the file's lock"
-        if not _pid_runs(int(name["pid"])):
+        try:
+            os.kill(int(name["pid"]), 0)
+        except ProcessLookupError:
             return f"process {name['pid']} that wrote it no longer runs"
+        except OSError:  # another user's process, among others
+            pass
     if age >= max_age_s:
         return f"unchanged for {age:.0f} s (sealed after {max_age_s:g} s)"
     return ""
@@ -106,9 +96,8 @@ def _writer_gone(path: str, fd: int, file_format: bool, max_age_s: float) -> str
 def seal_if_abandoned(
     path: str | os.PathLike[str], max_age_s: float | None = None, on_sealed: OnClose | None = None
 ) -> SealResult:
-    """Close the local ``path`` as its writer would have if that writer is gone (see the module docstring). Never raises
-    for the file's sake. ``max_age_s`` overrides :func:`seal_after_s`; ``on_sealed`` gets the path of a shard this call
-    sealed (readers pass :func:`tracer.index.shard.write_index`)."""
+    """Close the local ``path`` as its writer would have if that writer is gone; never raises for the file's sake.
+    ``max_age_s`` overrides :func:`seal_after_s`; ``on_sealed`` gets the path of a shard this call sealed."""
     result = _seal(os.fspath(path), max_age_s)
     if on_sealed is not None and result.action == SEALED:
         with contextlib.suppress(Exception):  # derived data only: the seal stands
@@ -125,16 +114,7 @@ def _seal(file: str, max_age_s: float | None) -> SealResult:
             return SealResult(file, NOT_SEALED, "not a regular file")
     except OSError as exc:
         return SealResult(file, NOT_SEALED, str(exc))
-    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
-    with _closed_lock:
-        if _closed.get(file) == stamp:
-            return SealResult(file, ALREADY_CLOSED)
-    if ends_closed(file):
-        with _closed_lock:
-            _closed[file] = stamp
-            _closed.move_to_end(file)
-            while len(_closed) > CLOSED_CACHE_ENTRIES:
-                _closed.popitem(last=False)
+    if _ends_closed(file, (st.st_size, st.st_mtime_ns, st.st_ino)):
         return SealResult(file, ALREADY_CLOSED)
     limit = seal_after_s() if max_age_s is None else max_age_s
     try:
@@ -161,11 +141,9 @@ def _seal(file: str, max_age_s: float | None) -> SealResult:
         if layout.file_format and layout.dictionaries:
             return SealResult(file, NOT_SEALED, "holds dictionary batches, which sealing does not list")
         tail = footer_for(layout) if layout.file_format else EOS_MARKER
-        os.lseek(fd, layout.size, os.SEEK_SET)
-        view = memoryview(tail)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        written = 0
+        while written < len(tail):
+            written += os.pwrite(fd, tail[written:], layout.size + written)
         os.fsync(fd)
         return SealResult(file, SEALED, gone)
     except (OSError, ValueError, pa.ArrowException) as exc:

@@ -1,9 +1,7 @@
-"""The one way side files of a run directory are opened: ``_index.json``, ``_lag.*.json``, the rollup, shard indexes.
-
-A side file is data a reader can do without. ``lstat`` first refuses links, FIFOs, devices and directories
-unopened; a regular file over its kind's size cap is refused; the open follows no link and does not block and
-the descriptor is checked again; JSON is checked against its shape. A refused file is named in a
-:class:`SideFileWarning` and skipped; a missing one is skipped without a word.
+"""The one way side files of a run directory (data a reader can do without) are opened: ``_index.json``,
+``_lag.*.json``, the rollup, shard indexes. Links, FIFOs, devices, directories and files over their kind's size cap
+are refused unopened (the open follows no link and does not block; the descriptor is checked again); JSON is checked
+against its shape. A refused file is named in a :class:`SideFileWarning`; a missing one is skipped quietly.
 """
 
 from __future__ import annotations
@@ -44,8 +42,8 @@ def refuse(path: str, why: str) -> None:
 
 
 def checked(path: str, max_bytes: int) -> os.stat_result | None:
-    """``lstat`` of the local ``path`` when it is a regular file of at most ``max_bytes``; else None. Nothing is opened.
-    A missing file gives None quietly; any other refusal is named in a warning."""
+    """``lstat`` of the local ``path`` when it is a regular file of at most ``max_bytes``; else None (with a warning
+    unless it is missing). Nothing is opened."""
     try:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):

@@ -1,10 +1,8 @@
 """Staging and upload: ``output_dir`` on object storage or a remote filesystem (:mod:`tracer.storage.uri`).
 
-The recorder writes into a local **staging directory** as it does locally, and :class:`UploadingSpanWriter`
-uploads each file once it is closed (by size, by age ``upload_interval_s``, or at shutdown), so an object
-never holds half a file: one PUT on S3 and GCS, else ``<name>.arrow.partial-<nonce>`` then a rename. Each
-writer holds an ``flock`` on ``<stem>.lock`` in staging; a writer that starts (or ``rollout-trace upload``)
-repairs and uploads the files whose lock nobody holds.
+The recorder writes into a local staging directory; :class:`UploadingSpanWriter` uploads each file once it is
+closed (one PUT on S3 and GCS, else a ``.partial-<nonce>`` name then a rename). A writer that starts, or
+``rollout-trace upload``, repairs and uploads the files whose ``<stem>.lock`` nobody holds.
 """
 
 from __future__ import annotations
@@ -36,24 +34,22 @@ from tracer.storage.writer import SpanWriter
 
 logger = logging.getLogger("rollout_trace")
 
-#: Environment variable: root of the local staging directories (default ``<tempdir>/rollout_trace_staging``).
-#: Put it on a disk that survives a restart, so the next run can upload what a crash left.
+#: Environment variable: root of the staging directories; on a disk that survives a restart, the next run uploads
+#: what a crash left.
 ENV_STAGING_DIR = "ROLLOUT_TRACE_STAGING_DIR"
 #: File in each staging directory naming the URI its files go to.
 DESTINATION_FILE = "DESTINATION"
-#: Suffix of a writer's lock file in the staging directory.
 LOCK_SUFFIX = ".lock"
 #: Marker in the name of an upload not yet renamed to its final name.
 PARTIAL_MARK = ".partial-"
 #: Filesystems on which one PUT makes the whole object appear at once.
 ATOMIC_PUT_FILESYSTEMS = ("s3", "gcs")
 UPLOAD_CHUNK_BYTES = 8 * 1024 * 1024
-#: Longest wait between retries of a failed upload.
 MAX_RETRY_S = 60.0
 
 
 def staging_root() -> str:
-    """The root of staging directories (``ROLLOUT_TRACE_STAGING_DIR`` or a temp folder)."""
+    """The root of staging directories (:data:`ENV_STAGING_DIR` or ``<tempdir>/rollout_trace_staging``)."""
     return os.environ.get(ENV_STAGING_DIR) or os.path.join(tempfile.gettempdir(), "rollout_trace_staging")
 
 
@@ -64,13 +60,11 @@ def staging_dir_for(dest_uri: str, root: str | None = None) -> str:
     return os.path.join(root or staging_root(), f"{readable}-{digest}")
 
 
-def _stem_of(name: str) -> str:
-    """``host_pid_start_nonce_0003.arrow`` -> ``host_pid_start_nonce``."""
+def _stem_of(name: str) -> str:  # host_pid_start_nonce_0003.arrow -> host_pid_start_nonce
     return name[: -len(S.FILE_SUFFIX)].rsplit("_", 1)[0]
 
 
 def _try_lock(path: str) -> int | None:
-    """Open and exclusively flock ``path``; the fd, or None if another process holds it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -85,8 +79,8 @@ class NotUploadableError(Exception):
 
 
 def prepare_for_upload(path: str) -> str | None:
-    """Repair a staged file a writer may have left torn; return the file to upload, or None if nothing is readable.
-    Raises NotUploadableError when the file is not one to repair or upload (it stays in staging)."""
+    """Repair a staged file a writer may have left torn; the file to upload, or None if nothing is readable. Raises
+    NotUploadableError for a file not to repair or upload (it stays in staging)."""
     result = repair_file(path)
     if result.action == SOUND:
         return path
@@ -103,8 +97,7 @@ def prepare_for_upload(path: str) -> str | None:
 
 
 def upload_file(local: str, dest_uri: str) -> str:
-    """Upload one closed trace file into ``dest_uri`` (a prefix); return the object's URI. The object appears whole or
-    not at all; the local file is removed once the object's size matches."""
+    """Upload one closed trace file into the prefix ``dest_uri``, whole or not at all, then remove it; its URI."""
     name = os.path.basename(local)
     final_uri = join_uri(dest_uri, name)
     fs, final = filesystem(final_uri)
@@ -124,15 +117,6 @@ def upload_file(local: str, dest_uri: str) -> str:
     return final_uri
 
 
-def _write_destination(staging: str, dest_uri: str) -> None:
-    os.makedirs(staging, exist_ok=True)
-    path = os.path.join(staging, DESTINATION_FILE)
-    with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
-        if f.read().strip() == dest_uri:
-            return
-    write_replacing(path, f"{path}.{secrets.token_hex(4)}", lambda f: f.write(dest_uri.encode() + b"\n"))
-
-
 def claim_orphans(staging: str, own_stem: str | None = None) -> tuple[list[str], dict[str, int]]:
     """Files in ``staging`` whose writer is gone, and the lock fds now held for them."""
     try:
@@ -143,21 +127,17 @@ def claim_orphans(staging: str, own_stem: str | None = None) -> tuple[list[str],
     for name in names:
         if name.endswith(S.FILE_SUFFIX):
             stems[_stem_of(name)].append(os.path.join(staging, name))
-        elif name.endswith(LOCK_SUFFIX) and name[: -len(LOCK_SUFFIX)] not in stems:
-            stems.setdefault(name[: -len(LOCK_SUFFIX)], [])
+        elif name.endswith(LOCK_SUFFIX):
+            stems.setdefault(name.removesuffix(LOCK_SUFFIX), [])
     files: list[str] = []
     locks: dict[str, int] = {}
     for stem, paths in stems.items():
-        if stem == own_stem:
-            continue
-        fd = _try_lock(os.path.join(staging, stem + LOCK_SUFFIX))
-        if fd is None:
-            continue  # its writer is alive
-        if not paths:
+        fd = None if stem == own_stem else _try_lock(os.path.join(staging, stem + LOCK_SUFFIX))
+        if fd is not None and not paths:
             _release(staging, stem, fd)
-            continue
-        locks[stem] = fd
-        files.extend(paths)
+        elif fd is not None:  # its writer is gone
+            locks[stem] = fd
+            files.extend(paths)
     return files, locks
 
 
@@ -202,10 +182,8 @@ def _close_at_exit(ref: weakref.ref[UploadingSpanWriter]) -> None:
 
 
 class UploadingSpanWriter(SpanWriter):
-    """A :class:`SpanWriter` into a local staging directory that uploads each closed file to ``dest_uri``. Files close
-    (and upload) at ``max_file_bytes`` or ``upload_interval_s`` old. ``report(kind, detail, exc)`` gets upload problems.
-    ``at_exit`` runs at interpreter exit instead of :meth:`close` (the recorder's shutdown), before pyarrow finalizes
-    S3."""
+    """A :class:`SpanWriter` into a staging directory that uploads each closed file (``upload_interval_s`` old at most)
+    to ``dest_uri``; ``report(kind, detail, exc)`` gets problems; ``at_exit`` replaces :meth:`close` at exit."""
 
     def __init__(
         self,
@@ -233,7 +211,9 @@ class UploadingSpanWriter(SpanWriter):
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        _write_destination(staging, dest_uri)
+        os.makedirs(staging, exist_ok=True)
+        path = os.path.join(staging, DESTINATION_FILE)
+        write_replacing(path, f"{path}.{secrets.token_hex(4)}", lambda f: f.write(dest_uri.encode() + b"\n"))
         try:
             filesystem(join_uri(dest_uri, "x"))  # a bad URI fails here, not at the first upload
         except (ValueError, TypeError, pa.ArrowInvalid):
@@ -247,8 +227,6 @@ class UploadingSpanWriter(SpanWriter):
         self._pending.extend((path, True, 0.0, 0) for path in orphans)
         if orphans:
             self._start()
-
-    # -- SpanWriter hooks --------------------------------------------------
 
     def _open(self) -> None:
         if self._lock_fd is None:
@@ -265,8 +243,7 @@ class UploadingSpanWriter(SpanWriter):
                 super().write(batch, batch_metadata)
             finally:
                 self._in_write = False
-            if self._stream is not None and time.monotonic() - self._opened_at >= self.upload_interval_s:
-                self._rotate()
+            self._rotate(old_only=True)
 
     def _abandon(self) -> None:
         path = self.path
@@ -289,14 +266,11 @@ class UploadingSpanWriter(SpanWriter):
         self._drain(retry=False)
         self._stopping = False
         if not self._pending and self._lock_fd is not None:
-            # Nothing of ours left in staging: drop the lock file too.
             _release(self.run_dir, self._stem, self._lock_fd)
             self._lock_fd = None
 
-    # -- rotation and upload -----------------------------------------------
-
-    def _rotate(self) -> None:
-        if self._stream is None:
+    def _rotate(self, old_only: bool = False) -> None:
+        if self._stream is None or (old_only and time.monotonic() - self._opened_at < self.upload_interval_s):
             return
         path = self.path
         SpanWriter.close(self)
@@ -317,8 +291,7 @@ class UploadingSpanWriter(SpanWriter):
             if self._stopping:
                 return
             with self._lock:
-                if self._stream is not None and time.monotonic() - self._opened_at >= self.upload_interval_s:
-                    self._rotate()
+                self._rotate(old_only=True)
             self._drain(retry=True)
 
     def _drain(self, retry: bool) -> None:
@@ -333,9 +306,8 @@ class UploadingSpanWriter(SpanWriter):
                     continue  # another process recovered it first
                 try:
                     ready = prepare_for_upload(path) if check else path
-                    if ready is None:
-                        continue
-                    upload_file(ready, self.dest_uri)
+                    if ready is not None:
+                        upload_file(ready, self.dest_uri)
                 except NotUploadableError as exc:
                     self._report("upload failed", f"{path} kept in staging, not uploaded: {exc}", exc)
                 except Exception as exc:

@@ -1,8 +1,5 @@
-"""URIs as trace paths (``s3://bucket/prefix``, ``gs://...``, anything pyarrow or fsspec resolves).
-
-Credentials and endpoints come from the usual places (``AWS_*`` variables, ``AWS_ENDPOINT_URL``, or URI
-options such as ``?endpoint_override=...``).
-"""
+"""URIs as trace paths (``s3://bucket/prefix``, ``gs://...``, anything pyarrow or fsspec resolves), with
+credentials and endpoints from the usual places (``AWS_*``, or URI options such as ``?endpoint_override=...``)."""
 
 from __future__ import annotations
 
@@ -66,8 +63,7 @@ def filesystem(uri: str) -> tuple[Any, str]:
 
 
 def list_remote(uri: str) -> list[str]:
-    """Trace files under ``uri`` (a file, or a prefix searched recursively) as URIs, sorted; FileNotFoundError
-    when nothing exists there."""
+    """Trace files under ``uri`` (a file, or a prefix searched recursively), sorted; FileNotFoundError if none."""
     fs, path = filesystem(uri)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File:

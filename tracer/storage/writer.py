@@ -1,11 +1,8 @@
 """SpanWriter: zstd-compressed Arrow IPC files, fsync'd per batch, rotated by size.
 
-Files are ``{run_dir}/{host}_{pid}_{start}_{nonce}_{seq}.arrow``, so writers never collide. Each is an Arrow
-IPC *file* (format version 2; version 1 wrote streams): a stream after the magic, so a killed writer's complete
-batches read, and a footer at close for ``pyarrow.dataset``, Polars and DuckDB. After :meth:`SpanWriter.write`
-returns the batch is on disk. An open file's writer holds its ``flock``, which the kernel drops however the
-process ends: how :mod:`tracer.storage.seal` tells a dead writer. A cleanly closed file goes to ``on_close``
-(the recorder passes :func:`tracer.index.closed.shard_closed`); a failure there never fails a write.
+Files are ``{run_dir}/{host}_{pid}_{start}_{nonce}_{seq}.arrow`` IPC *files* (format version 2; version 1 wrote
+streams), so writers never collide. An open file's writer holds its ``flock``, which the kernel drops however the
+process ends: how :mod:`tracer.storage.seal` tells a dead writer.
 """
 
 from __future__ import annotations
@@ -58,8 +55,7 @@ def fsync_dir(path: str) -> None:
 
 
 class SpanWriter:
-    """Appends record batches of :data:`tracer.schema.SPAN_SCHEMA` to files in ``run_dir`` (created on first
-    write), a new one past ``max_file_bytes``; ``on_close`` gets each cleanly closed file's path."""
+    """Appends span batches to files in ``run_dir``, a new one past ``max_file_bytes``; ``on_close`` gets each one."""
 
     def __init__(
         self,
@@ -74,9 +70,8 @@ class SpanWriter:
         self.schema = S.SPAN_SCHEMA.with_metadata(metadata)
         self.options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
         self.max_file_bytes = max_file_bytes
-        host = host_label()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        self._stem = f"{host}_{os.getpid()}_{stamp}_{secrets.token_hex(4)}"
+        self._stem = f"{host_label()}_{os.getpid()}_{stamp}_{secrets.token_hex(4)}"
         self._seq = 0
         self._batches = 0
         self._file: Any = None
@@ -92,8 +87,7 @@ class SpanWriter:
         self._seq += 1
         self._file = open(self.path, "wb")  # noqa: SIM115 - closed in _close
         self.paths.append(self.path)
-        # Held until the file is closed: readers seal it only once it is gone. Without flock here, sealers fall back
-        # to the process id and the file's age.
+        # Held until the file is closed: readers seal it only once it is gone (else by pid and age).
         with contextlib.suppress(OSError):
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._stream = pa.ipc.new_file(self._file, self.schema, options=self.options)
@@ -102,10 +96,10 @@ class SpanWriter:
         fsync_dir(self.run_dir)
 
     def write(self, batch: pa.RecordBatch, batch_metadata: dict[str, str] | None = None) -> None:
-        """Append ``batch`` and make it durable; on failure the file is abandoned as it is and the error raised
-        (the next call starts a new file)."""
-        if self._stream is not None and self._sealed_meanwhile():
-            self._let_go()  # someone took the file for a dead writer's: its batches stay as sealed
+        """Append ``batch`` durably; on failure the file is abandoned as it is (the next call starts a new one)."""
+        with contextlib.suppress(OSError, ValueError):  # the file grew behind our back: sealed as a dead writer's
+            if self._stream is not None and os.fstat(self._file.fileno()).st_size != self._file.tell():
+                self._let_go()  # its batches stay as sealed
         try:
             if self._stream is None:
                 self._open()
@@ -120,15 +114,7 @@ class SpanWriter:
         if self._file.tell() >= self.max_file_bytes:
             self.close()
 
-    def _sealed_meanwhile(self) -> bool:
-        """True when the file grew behind this writer's back (sealed after a long quiet spell)."""
-        try:
-            return bool(os.fstat(self._file.fileno()).st_size != self._file.tell())
-        except (OSError, ValueError):
-            return False
-
     def _let_go(self) -> None:
-        """Forget the current file without writing to it again (no footer: it has one, or it is abandoned)."""
         with contextlib.suppress(Exception):
             if self._file is not None:
                 self._file.close()
@@ -144,17 +130,15 @@ class SpanWriter:
                 self.paths.remove(self.path)
 
     def close(self) -> None:
-        """End the current file cleanly (footer, fsync; its lock goes with the descriptor), then ``on_close``."""
+        """End the current file cleanly (footer, fsync, unlock), then ``on_close`` (whose failure is ignored)."""
         if self._stream is None:
             return
         try:
             self._stream.close()
             self._file.flush()
             os.fsync(self._file.fileno())
-            self._file.close()
         finally:
-            self._file = None
-            self._stream = None
+            self._let_go()
         if self._on_close is not None and self.path is not None:
             with contextlib.suppress(Exception):  # derived data only: the file and its spans are whole
                 self._on_close(self.path)

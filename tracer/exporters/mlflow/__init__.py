@@ -113,153 +113,13 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
 
 def fast_path_available() -> bool:
     """True when the installed mlflow is one the fast path was checked on."""
-    version = getattr(import_backend("mlflow", "mlflow"), "__version__", "")
-    return any(version.startswith(v) for v in FAST_PATH_VERSIONS)
-
-
-# -- sending -----------------------------------------------------------------
+    return str(getattr(import_backend("mlflow", "mlflow"), "__version__", "")).startswith(FAST_PATH_VERSIONS)
 
 
 #: MLflow keeps a param value of at most this many characters.
 MLFLOW_PARAM_CHARS = 6000
 #: Params per ``log_batch`` call (MLflow's limit is 100).
 MLFLOW_PARAMS_PER_BATCH = 100
-
-
-def _log_run_config(dest: _Destination, run_config: Mapping[str, Any]) -> None:
-    """Log the run's config as MLflow params (dotted keys); a param already logged with another value stays."""
-    from mlflow.entities import Param
-
-    params = [
-        Param(k, (v if isinstance(v, str) else json.dumps(v, default=str))[:MLFLOW_PARAM_CHARS])
-        for k, v in flatten_config(run_config).items()
-    ]
-    for i in range(0, len(params), MLFLOW_PARAMS_PER_BATCH):
-        try:
-            dest.client.log_batch(dest.run_id, params=params[i : i + MLFLOW_PARAMS_PER_BATCH])
-        except Exception as exc:  # a changed value of an existing param: keep the run going
-            logger.warning("rollout-trace mlflow exporter: run config not logged as params: %s", exc)
-            return
-
-
-class _Destination:
-    """An MLflow experiment and run, and how traces are sent there."""
-
-    def __init__(self, tracking_uri: str, project: str, experiment: str, method: str = "auto") -> None:
-        mlflow = import_backend("mlflow", "mlflow")
-        from mlflow.tracking import MlflowClient
-
-        check_tracking_uri(tracking_uri)  # a server that is down: said in seconds, not after MLflow's retries
-        self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        self.project = project
-        self.experiment = experiment
-        exp = self.client.get_experiment_by_name(project)
-        try:
-            self.experiment_id = exp.experiment_id if exp is not None else self.client.create_experiment(project)
-        except Exception:
-            exp = self.client.get_experiment_by_name(project)  # created meanwhile
-            if exp is None:
-                raise
-            self.experiment_id = exp.experiment_id
-        self.run_id = self._find_or_create_run()
-        self.method = ("fast" if fast_path_available() else "public") if method == "auto" else method
-        self._sql_store: Any = None
-        #: Traces per :meth:`send`.
-        self.batch_size = PUBLIC_BATCH_TRACES
-        if self.method == "fast":
-            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-            from mlflow.tracing.client import TracingClient
-
-            self._tracing = TracingClient(tracking_uri)
-            # SQL stores: tags and the run link in one statement per batch (MLflow: ~11 queries a trace).
-            self._sql_store = self._tracing.store if isinstance(self._tracing.store, SqlAlchemyStore) else None
-            self.batch_size = SQL_BATCH_TRACES if self._sql_store is not None else BATCH_TRACES
-        else:
-            mlflow.set_tracking_uri(tracking_uri)
-
-    def _find_or_create_run(self) -> str:
-        # MLflow's filter syntax has no escape for quotes: names with one are matched here.
-        quoted = "'" in self.experiment
-        runs = self.client.search_runs(
-            [self.experiment_id],
-            filter_string="" if quoted else f"tags.`{RUN_TAG_EXPERIMENT}` = '{self.experiment}'",
-            max_results=1000 if quoted else 50,
-        )
-        for run in runs:
-            if run.data.tags.get(RUN_TAG_EXPERIMENT) == self.experiment:
-                return str(run.info.run_id)
-        run = self.client.create_run(
-            self.experiment_id, run_name=self.experiment, tags={RUN_TAG_EXPERIMENT: self.experiment}
-        )
-        return str(run.info.run_id)
-
-    def traces(self, **search: Any) -> Iterator[Any]:
-        """The experiment's traces (without spans), page by page; ``search``: more of ``search_traces``'s arguments."""
-        token = None
-        while True:
-            page = self.client.search_traces(
-                locations=[self.experiment_id], include_spans=False, max_results=500, page_token=token, **search
-            )
-            yield from page
-            token = page.token
-            if not token:
-                return
-
-    def send(self, trajectories: Sequence[TrajectoryData]) -> list[str]:
-        """Write these traces and link them to the run; return their MLflow ids."""
-        late = [t for t in trajectories if t.partial]
-        if late:
-            self._send_late(late)
-            trajectories = [t for t in trajectories if not t.partial]
-        if not trajectories:
-            return []
-        if self.method == "fast":
-            sql = self._sql_store is not None
-            spans = [s for t in trajectories for s in _mlflow_spans(t, tags_as_attributes=not sql)]
-            self._tracing.log_spans(self.experiment_id, spans)
-            if sql:
-                _write_sql_tags(self._sql_store, trajectories, self.run_id)
-            ids = [t.mlflow_trace_id for t in trajectories]
-        else:
-            ids = [_send_public(t, self.experiment_id, self.run_id) for t in trajectories]
-            import_backend("mlflow", "mlflow").flush_trace_async_logging()
-        for i in range(0, len(ids), LINK_BATCH):
-            self.client.link_traces_to_run(ids[i : i + LINK_BATCH], self.run_id)
-        return ids
-
-    def _send_late(self, late: Sequence[TrajectoryData]) -> None:
-        """Add late spans (a reward logged after its trajectory was shipped) to their traces."""
-        if self.method != "fast":
-            # The public API cannot add spans to a finished trace; the files hold them.
-            logger.debug("rollout-trace mlflow exporter: %d late span groups left in the files", len(late))
-            return
-        self._tracing.log_spans(self.experiment_id, [s for t in late for s in _mlflow_spans(t)])
-        for t in late:
-            for key, value in t.tags.items():
-                self.client.set_trace_tag(t.mlflow_trace_id, key, value)
-
-    def log_step_metrics(
-        self, metrics: dict[tuple[int | None, bool], dict[str, float]], timestamps: dict[tuple[int | None, bool], int]
-    ) -> int:
-        """Log per-step metrics on the run (idempotent: same values, same timestamps)."""
-        from mlflow.entities import Metric
-
-        batch = [
-            Metric(METRIC_PREFIX[validate] + key, float(value), timestamps.get((step, validate), 0), int(step))
-            for (step, validate), values in metrics.items()
-            if step is not None
-            for key, value in values.items()
-            if value is not None and math.isfinite(value)
-        ]
-        for i in range(0, len(batch), 1000):
-            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
-        return len(batch)
-
-    def finish(self) -> None:
-        """Mark the run finished (it stays usable for later exports)."""
-        with contextlib.suppress(Exception):
-            self.client.set_terminated(self.run_id)
 
 
 def _write_sql_tags(store: Any, trajectories: Sequence[TrajectoryData], run_id: str) -> None:
@@ -269,12 +129,10 @@ def _write_sql_tags(store: Any, trajectories: Sequence[TrajectoryData], run_id: 
     from mlflow.store.tracking.dbmodels.models import SqlTraceInfo, SqlTraceMetadata, SqlTraceTag
 
     internal: Any = importlib.import_module("mlflow.store.tracking.sqlalchemy_store")  # checked on 3.17.x
-    _bulk_upsert, _validate_trace_tag = internal._bulk_upsert, internal._validate_trace_tag
-
     tags, meta, names = [], [], {}
     for t in trajectories:
         for key, value in t.tags.items():
-            key, value = _validate_trace_tag(key, value)
+            key, value = internal._validate_trace_tag(key, value)
             if key == TAG_TRACE_NAME:
                 names[t.mlflow_trace_id] = value  # a column of the trace's row in SQL stores, not a tag row
                 continue
@@ -291,7 +149,7 @@ def _write_sql_tags(store: Any, trajectories: Sequence[TrajectoryData], run_id: 
                 )
                 session.execute(stmt, rows)
             else:
-                _bulk_upsert(session, model, rows)
+                internal._bulk_upsert(session, model, rows)
         for trace_id, name in names.items():
             session.query(SqlTraceInfo).filter(SqlTraceInfo.request_id == trace_id).update(
                 {SqlTraceInfo.trace_name: name}, synchronize_session=False
@@ -363,38 +221,14 @@ def _send_public(t: TrajectoryData, experiment_id: str, run_id: str) -> str:
     return str(live[t.spans[0].span_id].trace_id)
 
 
-# -- reading the files ---------------------------------------------------------
-
-
 def _span_response_tokens(spans: Sequence[dict[str, Any]]) -> int:
     """Response tokens of a trajectory's llm spans (from their ``tokens`` attribute)."""
-    total = 0
-    for r in spans:
-        if r.get(S.KIND) != S.KIND_LLM or not r.get(S.ATTRIBUTES):
-            continue
-        attrs = orjson.loads(r[S.ATTRIBUTES])
-        total += count_tokens(attrs.get(S.ATTR_TOKENS) if isinstance(attrs, dict) else None, RESPONSE_TOKEN_KEYS)
-    return total
+    llm = [orjson.loads(r[S.ATTRIBUTES]) for r in spans if r.get(S.KIND) == S.KIND_LLM and r.get(S.ATTRIBUTES)]
+    return sum(count_tokens(a.get(S.ATTR_TOKENS), RESPONSE_TOKEN_KEYS) for a in llm if isinstance(a, dict))
 
 
-def _step_timestamps(summaries: Sequence[dict[str, Any]]) -> dict[tuple[int | None, bool], int]:
-    """Per (step, validate): the end of its last trajectory, in ms (a stable metric timestamp)."""
-    out: dict[tuple[int | None, bool], int] = {}
-    for t in summaries:
-        key = (t[S.STEP], bool(t[S.VALIDATE]))
-        out[key] = max(out.get(key, 0), (t[S.END_NS] or 0) // 1_000_000)
-    return out
-
-
-def _read_back(dest: _Destination) -> ReadBack:
-    """Our trace ids and reward tags of the traces linked to the destination's run."""
-    found: dict[str, float | None] = {}
-    for trace in dest.traces(run_id=dest.run_id):
-        tags = trace.info.tags
-        if tags.get(TAG_EXPERIMENT) == dest.experiment and tags.get(TAG_TRACE_ID):
-            tagged = tags.get(TAG_REWARD)
-            found[tags[TAG_TRACE_ID]] = float(tagged) if tagged is not None else None
-    return ReadBack(found, shared=True, where=f"MLflow run {dest.run_id}")
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 class MlflowSink(SinkBase):
@@ -406,7 +240,7 @@ class MlflowSink(SinkBase):
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         super().__init__(options)
-        self._dest: _Destination | None = None
+        self.client: Any = None  # set by :meth:`_connect`, with the experiment and run
         self._live = False
         self._pending: list[TrajectoryData] = []
         self._response: dict[tuple[int | None, bool], list[int]] = {}
@@ -431,29 +265,116 @@ class MlflowSink(SinkBase):
             yield (path if len(groups) == 1 else files), project, experiment
 
     def open(self, target: Target) -> set[str]:
-        """Find or create the experiment and run; return our trace ids already there (post hoc)."""
+        """Find or create the experiment and run, log the run config as params; return our trace ids there (post hoc)."""
         self._live = target.live
         project = self.options.get("experiment") or target.project or "rollout_trace"
-        self._dest = _Destination(
-            resolve_tracking_uri(self.options.get("tracking_uri")),
-            project,
-            target.experiment or "default",
-            self.options.get("method") or "auto",
-        )
-        _log_run_config(self._dest, target.run_config)
+        self._connect(project, target.experiment or "default", self.options.get("method") or "auto")
+        from mlflow.entities import Param
+
+        params = [
+            Param(k, (v if isinstance(v, str) else json.dumps(v, default=str))[:MLFLOW_PARAM_CHARS])
+            for k, v in flatten_config(target.run_config).items()
+        ]
+        for i in range(0, len(params), MLFLOW_PARAMS_PER_BATCH):
+            try:
+                self.client.log_batch(self.run_id, params=params[i : i + MLFLOW_PARAMS_PER_BATCH])
+            except Exception as exc:  # a changed value of an existing param: keep the run going
+                logger.warning("rollout-trace mlflow exporter: run config not logged as params: %s", exc)
+                break
         if target.live:
             return set()
-        return {t.info.tags[TAG_TRACE_ID] for t in self._dest.traces() if t.info.tags.get(TAG_TRACE_ID)}
+        return {t.info.tags[TAG_TRACE_ID] for t in self._traces() if t.info.tags.get(TAG_TRACE_ID)}
+
+    def _connect(self, project: str, experiment: str, method: str = "auto") -> None:
+        """Find or create MLflow experiment ``project`` and its run ``experiment``; pick how traces are sent."""
+        mlflow = import_backend("mlflow", "mlflow")
+        from mlflow.tracking import MlflowClient
+
+        tracking_uri = self.destination
+        check_tracking_uri(tracking_uri)  # a server that is down: said in seconds, not after MLflow's retries
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.project = project
+        self.experiment = experiment
+        exp = self.client.get_experiment_by_name(project)
+        try:
+            self.experiment_id = exp.experiment_id if exp is not None else self.client.create_experiment(project)
+        except Exception:
+            exp = self.client.get_experiment_by_name(project)  # created meanwhile
+            if exp is None:
+                raise
+            self.experiment_id = exp.experiment_id
+        # MLflow's filter syntax has no escape for quotes: names with one are matched here.
+        quoted = "'" in experiment
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string="" if quoted else f"tags.`{RUN_TAG_EXPERIMENT}` = '{experiment}'",
+            max_results=1000 if quoted else 50,
+        )
+        run = next((r for r in runs if r.data.tags.get(RUN_TAG_EXPERIMENT) == experiment), None)
+        if run is None:
+            run = self.client.create_run(self.experiment_id, run_name=experiment, tags={RUN_TAG_EXPERIMENT: experiment})
+        self.run_id = str(run.info.run_id)
+        self.method = ("fast" if fast_path_available() else "public") if method == "auto" else method
+        self._sql_store: Any = None
+        self.batch_size = PUBLIC_BATCH_TRACES  # traces per :meth:`_write_traces`
+        if self.method == "fast":
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+            from mlflow.tracing.client import TracingClient
+
+            self._tracing = TracingClient(tracking_uri)
+            # SQL stores: tags and the run link in one statement per batch (MLflow: ~11 queries a trace).
+            self._sql_store = self._tracing.store if isinstance(self._tracing.store, SqlAlchemyStore) else None
+            self.batch_size = SQL_BATCH_TRACES if self._sql_store is not None else BATCH_TRACES
+        else:
+            mlflow.set_tracking_uri(tracking_uri)
+
+    def _traces(self, **search: Any) -> Iterator[Any]:
+        """The experiment's traces (without spans), page by page; ``search``: more of ``search_traces``'s arguments."""
+        token = None
+        while True:
+            page = self.client.search_traces(
+                locations=[self.experiment_id], include_spans=False, max_results=500, page_token=token, **search
+            )
+            yield from page
+            token = page.token
+            if not token:
+                return
+
+    def _write_traces(self, trajectories: Sequence[TrajectoryData]) -> list[str]:
+        """Write these traces and link them to the run; return their MLflow ids."""
+        late = [t for t in trajectories if t.partial]  # late spans (a reward logged after the trace went)
+        if late and self.method == "fast":
+            self._tracing.log_spans(self.experiment_id, [s for t in late for s in _mlflow_spans(t)])
+            for t in late:
+                for key, value in t.tags.items():
+                    self.client.set_trace_tag(t.mlflow_trace_id, key, value)
+        elif late:  # the public API cannot add spans to a finished trace; the files hold them
+            logger.debug("rollout-trace mlflow exporter: %d late span groups left in the files", len(late))
+        trajectories = [t for t in trajectories if not t.partial]
+        if not trajectories:
+            return []
+        if self.method == "fast":
+            sql = self._sql_store is not None
+            spans = [s for t in trajectories for s in _mlflow_spans(t, tags_as_attributes=not sql)]
+            self._tracing.log_spans(self.experiment_id, spans)
+            if sql:
+                _write_sql_tags(self._sql_store, trajectories, self.run_id)
+            ids = [t.mlflow_trace_id for t in trajectories]
+        else:
+            ids = [_send_public(t, self.experiment_id, self.run_id) for t in trajectories]
+            import_backend("mlflow", "mlflow").flush_trace_async_logging()
+        for i in range(0, len(ids), LINK_BATCH):
+            self.client.link_traces_to_run(ids[i : i + LINK_BATCH], self.run_id)
+        return ids
 
     def write(self, batch: StepBatch) -> Written:
         """Queue the step's new trajectories (and late spans) as traces; log its metrics when complete."""
-        dest = self._destination()
         written = Written()
         for t in batch.trajectories:
             key = (t.summary[S.STEP], bool(t.summary[S.VALIDATE]))
             tid = t.summary[S.TRACE_ID]
             if t.state == LATE:
-                self._pending.append(trajectory_data(t.spans, dest.project, dest.experiment, partial=True))
+                self._pending.append(trajectory_data(t.spans, self.project, self.experiment, partial=True))
                 continue
             written.rows[tid] = t.summary[S.REWARD]
             if t.state == EXISTING:
@@ -463,7 +384,7 @@ class MlflowSink(SinkBase):
             reward = None if self._live else (t.summary[S.REWARD], t.summary[S.REWARD_INFO])
             written.sent += 1  # a refused one is taken back out with its refusal
             try:
-                data = trajectory_data(t.spans, dest.project, dest.experiment, reward=reward)
+                data = trajectory_data(t.spans, self.project, self.experiment, reward=reward)
             except Exception as exc:  # this trajectory's content: refuse it alone, the rest go
                 self.refused.append((tid, 0, f"{type(exc).__name__}: {short_error(exc)}"))
                 continue
@@ -471,8 +392,8 @@ class MlflowSink(SinkBase):
             self._pending.append(data)
             written.spans += len(data.spans)
         self._skipped += written.skipped
-        while len(self._pending) >= dest.batch_size:
-            self._send(dest.batch_size)
+        while len(self._pending) >= self.batch_size:
+            self._send(self.batch_size)
         if batch.metrics is not None:
             self._log_metrics(batch)
         return written
@@ -484,76 +405,83 @@ class MlflowSink(SinkBase):
 
     def close(self) -> list[str]:
         """Send what is queued, mark the run finished, and say where everything went."""
-        dest = self._dest
-        if dest is None:
+        if self.client is None:
             return []
         self.flush()
-        dest.finish()
+        with contextlib.suppress(Exception):  # the run stays usable for later exports
+            self.client.set_terminated(self.run_id)
         notes = [
-            f"{dest.project}/{dest.experiment}: sent {self._sent} trajectories ({self._spans} spans) to MLflow "
-            f"experiment {dest.project!r} (id {dest.experiment_id}), run {dest.experiment!r} (id {dest.run_id}) at "
-            f"{dest.tracking_uri} {_METHOD_WORDS[dest.method]}; "
+            f"{self.project}/{self.experiment}: sent {self._sent} trajectories ({self._spans} spans) to MLflow "
+            f"experiment {self.project!r} (id {self.experiment_id}), run {self.experiment!r} (id {self.run_id}) at "
+            f"{self.destination} {_METHOD_WORDS[self.method]}; "
             f"logged {self._metrics_logged} step metrics"
         ]
         if self._skipped:
             notes.append(f"skipped {self._skipped} trajectories already in MLflow")
         return notes
 
-    def read_back(self) -> ReadBack:
-        """The traces linked to the run, with their reward tags."""
-        return _read_back(self._destination())
-
-    def _destination(self) -> _Destination:
-        if self._dest is None:
-            raise RuntimeError("MlflowSink.open() was not called")
-        return self._dest
-
     def _send(self, n: int) -> None:
         """Send the first ``n`` queued traces; when the batch fails, one by one, refusing only the bad ones."""
-        dest = self._destination()
         chunk = self._pending[:n]
+        went: list[TrajectoryData] = []
+        failed: list[tuple[TrajectoryData, Exception]] = []
         try:
-            dest.send(chunk)
+            self._write_traces(chunk)
             went = chunk
         except Exception as exc:
             logger.debug("rollout-trace mlflow exporter: a batch of %d failed (%s); sending one by one", n, exc)
-            went = self._send_one_by_one(dest, chunk)
+            for t in chunk:
+                try:
+                    self._write_traces([t])
+                    went.append(t)
+                except Exception as one:
+                    failed.append((t, one))
+                    if not went and not self._sent and len(failed) >= MAX_REFUSED_BEFORE_GIVING_UP:
+                        raise  # the first few all fail: the destination is broken, stop here with its error
+        for t, error in failed:  # refused alone: recorded, the rest went
+            if t.partial:
+                logger.warning("rollout-trace mlflow exporter: late spans of %s not sent: %s", t.trace_id, error)
+                continue
+            self.refused.append((t.trace_id, len(t.spans), f"{type(error).__name__}: {short_error(error)}"))
         del self._pending[:n]
         whole = [t for t in went if not t.partial]
         self._sent += len(whole)
         self._spans += sum(len(t.spans) for t in whole)
 
-    def _send_one_by_one(self, dest: _Destination, chunk: Sequence[TrajectoryData]) -> list[TrajectoryData]:
-        """Send each trace alone; a refused one is recorded in :attr:`refused` unless every one fails."""
-        went: list[TrajectoryData] = []
-        failed: list[tuple[TrajectoryData, Exception]] = []
-        for t in chunk:
-            try:
-                dest.send([t])
-                went.append(t)
-            except Exception as exc:
-                failed.append((t, exc))
-                if not went and not self._sent and len(failed) >= MAX_REFUSED_BEFORE_GIVING_UP:
-                    raise  # the first few all fail: the destination is broken, stop here with its error
-        for t, error in failed:
-            if t.partial:
-                logger.warning("rollout-trace mlflow exporter: late spans of %s not sent: %s", t.trace_id, error)
-                continue
-            self.refused.append((t.trace_id, len(t.spans), f"{type(error).__name__}: {short_error(error)}"))
-        return went
-
     def _log_metrics(self, batch: StepBatch) -> None:
-        metrics: dict[tuple[int | None, bool], dict[str, float]] = {}
+        """Log a complete step's metrics on the run (idempotent: same values, same timestamps)."""
+        from mlflow.entities import Metric
+
+        step = batch.step
+        if step is None:
+            return
+        metrics: list[Any] = []
         for validate, values in (batch.metrics or {}).items():
-            key = (batch.step, validate)
-            metrics[key] = dict(values)
-            lengths = self._response.get(key)
+            values = dict(values)
+            lengths = self._response.get((step, validate))
             if lengths:
-                metrics[key]["response_length/mean"] = sum(lengths) / len(lengths)
-        self._metrics_logged += self._destination().log_step_metrics(metrics, _step_timestamps(batch.summaries))
-        if self._live and batch.step is not None:
-            for old in [k for k in self._response if k[0] is not None and k[0] < batch.step - KEEP_STEPS]:
+                values["response_length/mean"] = sum(lengths) / len(lengths)
+            # The end of the step's last trajectory, in ms: a stable timestamp.
+            ends = (t[S.END_NS] or 0 for t in batch.summaries if bool(t[S.VALIDATE]) == validate)
+            at = max(ends, default=0) // 1_000_000
+            prefix = METRIC_PREFIX[validate]
+            metrics += [Metric(prefix + k, float(v), at, int(step)) for k, v in values.items() if _finite(v)]
+        for i in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+        self._metrics_logged += len(metrics)
+        if self._live:
+            for old in [k for k in self._response if k[0] is not None and k[0] < step - KEEP_STEPS]:
                 del self._response[old]
+
+    def read_back(self) -> ReadBack:
+        """Our trace ids and reward tags of the traces linked to the run."""
+        found: dict[str, float | None] = {}
+        for trace in self._traces(run_id=self.run_id):
+            tags = trace.info.tags
+            if tags.get(TAG_EXPERIMENT) == self.experiment and tags.get(TAG_TRACE_ID):
+                tagged = tags.get(TAG_REWARD)
+                found[tags[TAG_TRACE_ID]] = float(tagged) if tagged is not None else None
+        return ReadBack(found, shared=True, where=f"MLflow run {self.run_id}")
 
 
 def export_files(path: str | os.PathLike[str], **options: Any) -> ExportReport:
@@ -570,14 +498,14 @@ def verify_export(
     since_step: int | None = None,
 ) -> tuple[bool, list[str]]:
     """``(ok, a line per destination)``: whether every trajectory of the files is in MLflow with the same reward."""
-    uri = resolve_tracking_uri(tracking_uri)
     wanted = [steps] if isinstance(steps, int) else steps
     result: VerifyResult | None = None
     for read_path, project, exp in MlflowSink.sources(os.fspath(path), {"experiment": experiment}):
         run = open_run(read_path, wanted, since_step)
         expected = dict(zip(run.trajectories[S.TRACE_ID].to_pylist(), run.trajectories[S.REWARD].to_pylist()))
-        dest = _Destination(uri, project or "rollout_trace", exp or "default")
-        one = VerifyResult.compare(BACKEND, expected, {}, _read_back(dest))
+        sink = MlflowSink({"tracking_uri": tracking_uri})
+        sink._connect(project or "rollout_trace", exp or "default")
+        one = VerifyResult.compare(BACKEND, expected, {}, sink.read_back())
         result = one if result is None else result.merge(one)
     assert result is not None  # sources() yields at least once or raises
     return result.ok, result.lines

@@ -82,8 +82,7 @@ def _str(value: Any) -> str | None:
 def _bool(value: Any) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    return True if text in ("true", "1") else False if text in ("false", "0") else None
+    return {"true": True, "1": True, "false": False, "0": False}.get(str(value).strip().lower())
 
 
 def _float(value: Any) -> float | None:
@@ -103,17 +102,6 @@ def _strip_added(value: Any, added: Mapping[str, Any], side: str) -> Any:
     if isinstance(value, dict) and isinstance(keys, list):
         return {k: v for k, v in value.items() if k not in keys}
     return value
-
-
-def _trace_id(trace: Any, tags: Mapping[str, str], root_attrs: Mapping[str, Any]) -> str:
-    """Our trace id of an MLflow trace: the one the exporter recorded, else its MLflow id's hex."""
-    mlflow_id = str(trace.info.trace_id)
-    hex_id = mlflow_id.removeprefix(M.MLFLOW_TRACE_ID_PREFIX)
-    return str(
-        tags.get(M.TAG_TRACE_ID)
-        or root_attrs.get(M.ATTR_TRACE_ID)
-        or (hex_id if len(hex_id) == 32 else _hex(mlflow_id, 32))
-    )
 
 
 def _error(s: Any, attrs: Mapping[str, Any], failed: bool) -> Any:
@@ -151,7 +139,11 @@ def trace_rows(trace: Any) -> list[dict[str, Any]]:
     tags: Mapping[str, str] = trace.info.tags or {}
     root = next((s for s in spans if s.parent_id is None), spans[0])
     root_attrs = root.attributes or {}
-    trace_id = _trace_id(trace, tags, root_attrs)
+    # Our trace id: the one the exporter recorded, else the MLflow id's hex.
+    mlflow_id = str(trace.info.trace_id)
+    hex_id = mlflow_id.removeprefix(M.MLFLOW_TRACE_ID_PREFIX)
+    fallback = hex_id if len(hex_id) == 32 else _hex(mlflow_id, 32)
+    trace_id = str(tags.get(M.TAG_TRACE_ID) or root_attrs.get(M.ATTR_TRACE_ID) or fallback)
     ours = M.ATTR_KIND in root_attrs
     ctx = {col: root_attrs.get(attr, tags.get(tag)) for col, attr, tag in M.CONTEXT_KEYS}
     our_ids = {s.span_id: (s.attributes or {}).get(M.ATTR_SPAN_ID) or s.span_id for s in spans}
@@ -171,10 +163,8 @@ def trace_rows(trace: Any) -> list[dict[str, Any]]:
         if not ours and s is root:
             kind = S.KIND_ROLLOUT
         failed = str(getattr(s.status.status_code, "value", s.status.status_code)) == "ERROR"
-        if ours:
-            own = attrs.get(M.ATTR_ATTRIBUTES)
-        else:
-            own = {k: v for k, v in attrs.items() if not k.startswith("mlflow.") and k not in M.OUR_ATTR_KEYS} or None
+        foreign = {k: v for k, v in attrs.items() if not k.startswith("mlflow.") and k not in M.OUR_ATTR_KEYS}
+        own = attrs.get(M.ATTR_ATTRIBUTES) if ours else foreign or None
         added = attrs.get(M.ATTR_ADDED) or {}
         inputs, outputs = _strip_added(s.inputs, added, "inputs"), _strip_added(s.outputs, added, "outputs")
         context = {col: attrs.get(attr, ctx[col]) for col, attr, _ in M.CONTEXT_KEYS}
@@ -259,17 +249,11 @@ def import_traces(
     redactor = Redactor()
     out = _Outputs(os.fspath(out_dir), tracking_uri, experiment, report)
     bar = Progress(0, f"import {experiment}", progress)
+    query = {"locations": [exp.experiment_id], "filter_string": filter_string, "include_spans": True}
     token = None
     try:
         while True:
-            search = functools.partial(
-                client.search_traces,
-                locations=[exp.experiment_id],
-                filter_string=filter_string,
-                max_results=PAGE_SIZE,
-                page_token=token,
-                include_spans=True,
-            )
+            search = functools.partial(client.search_traces, max_results=PAGE_SIZE, page_token=token, **query)
             page = call_within(search, f"mlflow at {tracking_uri}: search of traces", timeout_s)
             for trace in page:
                 name = str(getattr(trace.info, "trace_id", "?"))
@@ -302,8 +286,7 @@ def import_traces(
     )
     if report.skipped:
         report.details.append(f"skipped {report.skipped} traces without spans")
-    for line in report.refused:
-        report.details.append(f"not imported: {line}")
+    report.details.extend(f"not imported: {line}" for line in report.refused)
     return report
 
 
@@ -323,7 +306,9 @@ class _Outputs:
             return
         if key not in self.writers:
             folder = os.path.join(self.out_dir, _safe(key[0]), _safe(key[1]))
-            self.writers[key] = (SpanWriter(folder, self._meta(key), on_close=shard_closed), [], [])
+            config = {"project_name": key[0], "experiment_name": key[1], "imported_from": self.tracking_uri}
+            meta = file_meta({**config, "mlflow_experiment": self.experiment}, key[0], key[1])
+            self.writers[key] = (SpanWriter(folder, meta, on_close=shard_closed), [], [])
         _, buf, names = self.writers[key]
         buf.append(batch)
         names.append(name)
@@ -365,7 +350,3 @@ class _Outputs:
                         f"{writer.run_dir}: not closed ({type(exc).__name__}: {short_error(exc)})"
                     )
                 self.report.files.extend(writer.paths)
-
-    def _meta(self, key: tuple[str, str]) -> dict[str, str]:
-        config = {"project_name": key[0], "experiment_name": key[1], "imported_from": self.tracking_uri}
-        return file_meta({**config, "mlflow_experiment": self.experiment}, key[0], key[1])

@@ -1,7 +1,5 @@
-"""Is the MLflow tracking destination there? Asked once, in seconds, before any MLflow call.
-
-MLflow's HTTP client retries a refused connection for minutes; ``/health`` answers in seconds.
-"""
+"""Is the MLflow tracking destination there? Asked once before any MLflow call: ``/health`` answers in seconds, where
+MLflow's HTTP client retries a refused connection for minutes."""
 
 from __future__ import annotations
 
@@ -24,17 +22,14 @@ def check_tracking_uri(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     ``GET /health`` within ``timeout_s``; other schemes are left to MLflow."""
     try:
         parts = urllib.parse.urlsplit(uri)
+        scheme = parts.scheme.lower()
+        port = parts.port if scheme in ("http", "https") else None
     except ValueError as exc:
         raise TrackingUriError(f"MLflow tracking URI {uri!r} is malformed ({exc}); {_HINT}") from None
-    scheme = parts.scheme.lower()
     if scheme.split("+")[0] not in _KNOWN_SCHEMES and len(scheme) > 1:  # one letter: a Windows drive
         raise TrackingUriError(f"MLflow tracking URI {uri!r} has an unknown scheme {scheme!r}; {_HINT}")
     if scheme not in ("http", "https"):
         return
-    try:
-        port = parts.port
-    except ValueError as exc:
-        raise TrackingUriError(f"MLflow tracking URI {uri!r} is malformed ({exc}); {_HINT}") from None
     if not parts.hostname:
         raise TrackingUriError(f"MLflow tracking URI {uri!r} names no host; {_HINT}")
     health = urllib.parse.urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + "/health", "", ""))

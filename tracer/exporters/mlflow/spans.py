@@ -33,13 +33,8 @@ SPAN_TYPE_BY_KIND = {
     S.KIND_REWARD: "EVALUATOR",
     S.KIND_SPAN: "CHAIN",
 }
-KIND_BY_SPAN_TYPE = {
-    "AGENT": S.KIND_ROLLOUT,
-    "CHAT_MODEL": S.KIND_LLM,
-    "LLM": S.KIND_LLM,
-    "TOOL": S.KIND_TOOL,
-    "EVALUATOR": S.KIND_REWARD,
-}
+#: And back, with MLflow's ``LLM`` as an llm span.
+KIND_BY_SPAN_TYPE = {**{t: k for k, t in SPAN_TYPE_BY_KIND.items()}, "LLM": S.KIND_LLM}
 
 # MLflow's reserved span attribute keys (mlflow.tracing.constant.SpanAttributeKey).
 MLFLOW_REQUEST_ID = "mlflow.traceRequestId"
@@ -71,7 +66,6 @@ ATTR_EXPERIMENT = "rollout_trace.experiment_name"
 #: Every span attribute key this exporter writes itself (an importer tells them from the user's own).
 OUR_ATTR_KEYS: frozenset[str] = frozenset(v for k, v in list(globals().items()) if k.startswith("ATTR_"))
 
-# Trace tags.
 TAG_TRACE_ID = "rollout_trace.trace_id"
 TAG_EXPERIMENT = "experiment_name"
 TAG_PROJECT = "project_name"
@@ -90,9 +84,7 @@ _HEX16 = re.compile(r"^[0-9a-f]{16}$")
 
 def otel_span_hex(span_id: str) -> str:
     """Our span id as 16 hex chars (itself when it already is)."""
-    if _HEX16.match(span_id) and int(span_id, 16):
-        return span_id
-    return hashlib.sha256(span_id.encode()).hexdigest()[:16]
+    return span_id if _HEX16.match(span_id) and int(span_id, 16) else hashlib.sha256(span_id.encode()).hexdigest()[:16]
 
 
 def namespaced_trace_hex(trace_id: str, experiment: str) -> str:
@@ -141,9 +133,8 @@ class TrajectoryData:
 
 
 def _loads(text: Any) -> Any:
-    """A JSON column parsed with the standard library, which (unlike ``tracer.read.parse_json_or_text``'s
-    orjson) decodes lone surrogates, so that a hostile value is refused by MLflow's UTF-8 encoding,
-    trajectory by trajectory, instead of reaching the trace as unparsed JSON text."""
+    """A JSON column parsed with the standard library, which (unlike orjson) decodes lone surrogates: a hostile value
+    is then refused by MLflow's UTF-8 encoding, trajectory by trajectory, instead of reaching it as JSON text."""
     if not isinstance(text, str):
         return text
     try:
@@ -162,18 +153,8 @@ def dumps(value: Any) -> str:
 
 def count_tokens(tokens: Any, keys: Sequence[str]) -> int:
     """Sum of the token counts under ``keys`` of a span's ``tokens`` attribute."""
-    if not isinstance(tokens, Mapping):
-        return 0
-    return sum(int(tokens[k]) for k in keys if isinstance(tokens.get(k), (int, float)))
-
-
-def _tag_value(value: Any) -> str:
-    # str() of the value, as verl's MLflow backend writes tags ('False', '3'): its searches find ours.
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, float) and value.is_integer():
-        return repr(value)
-    return str(value)
+    numbers = [tokens.get(k) for k in keys] if isinstance(tokens, Mapping) else []
+    return sum(int(n) for n in numbers if isinstance(n, (int, float)))
 
 
 def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -194,10 +175,6 @@ def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _chat_completion(message: Mapping[str, Any], finish_reason: Any) -> list[dict[str, Any]]:
-    return [{"index": 0, "message": dict(message), "finish_reason": finish_reason or "stop"}]
-
-
 def _augment(value: Any, key: str, extra: Any, added: dict[str, Any], side: str) -> Any:
     """Add ``key: extra`` to a dict-valued input/output, recording what was added."""
     if value is None:
@@ -207,6 +184,10 @@ def _augment(value: Any, key: str, extra: Any, added: dict[str, Any], side: str)
         added[side] = [key]
         return {**value, key: extra}
     return value
+
+
+def _chat_completion(message: Mapping[str, Any], finish_reason: Any) -> list[dict[str, Any]]:
+    return [{"index": 0, "message": dict(message), "finish_reason": finish_reason or "stop"}]
 
 
 #: ``(column, span attribute, trace tag)`` of the context a trajectory's spans share.
@@ -238,8 +219,7 @@ class _Chat:
             prompt = own.prompt_text if own is not None else None
             prompt_msgs = [{"role": "user", "content": prompt if prompt is not None else json.dumps(inputs)}]
             reply = own.as_message() if own is not None else {"role": "assistant", "content": ""}
-        finish = own.finish_reason if own is not None else None
-        return prompt_msgs, _chat_completion(reply, finish)
+        return prompt_msgs, _chat_completion(reply, own.finish_reason if own is not None else None)
 
 
 #: ``(exception event attribute, key of our error JSON)``.
@@ -262,10 +242,7 @@ def _span_data(
     if r[S.REWARD] is not None:
         attrs[ATTR_REWARD] = r[S.REWARD] if math.isfinite(r[S.REWARD]) else str(r[S.REWARD])
     own_attrs, error = _loads(r[S.ATTRIBUTES]), _loads(r[S.ERROR])
-    if own_attrs is not None:
-        attrs[ATTR_ATTRIBUTES] = own_attrs
-    if error is not None:
-        attrs[ATTR_ERROR] = error
+    attrs.update({k: v for k, v in ((ATTR_ATTRIBUTES, own_attrs), (ATTR_ERROR, error)) if v is not None})
     inputs, outputs = _loads(r[S.INPUTS]), _loads(r[S.OUTPUTS])
     added: dict[str, Any] = {}
     if kind == S.KIND_LLM:
@@ -291,45 +268,9 @@ def _span_data(
         exc = {f"exception.{k}": str(error.get(f, "")) for k, f in EXCEPTION_KEYS}
         events = [("exception", r[S.END_NS], exc)]
     message = (str(error.get("message", "")) if isinstance(error, Mapping) else r[S.STATUS]) if failed else ""
-    return SpanData(
-        span_id=otel_span_hex(r[S.SPAN_ID]),
-        parent_id=parent_hex,
-        name=r[S.NAME],
-        span_type=SPAN_TYPE_BY_KIND.get(kind, "UNKNOWN"),
-        start_ns=r[S.START_NS],
-        end_ns=max(r[S.END_NS], r[S.START_NS]),
-        error=failed,
-        status_message=message,
-        inputs=inputs,
-        outputs=outputs,
-        attributes=attrs,
-        events=events,
-    )
-
-
-def _tags(
-    summary: dict[str, Any], root: SpanData | None, trace_id: str, project: str, experiment: str
-) -> dict[str, str]:
-    """The trace's tags (with no ``root``, a partial trajectory's: the reward alone)."""
-    tags: dict[str, str] = {}
-    if root is not None:
-        root.attributes.update({ATTR_PROJECT: project, ATTR_EXPERIMENT: experiment, ATTR_TRACE_ID: trace_id})
-        tags = {
-            TAG_TRACE_ID: trace_id,
-            TAG_PROJECT: project,
-            TAG_EXPERIMENT: experiment,
-            "status": summary[S.STATUS],
-            TAG_TRACE_NAME: root.name,
-        }
-        tags.update({tag: _tag_value(summary[col]) for col, _, tag in CONTEXT_KEYS if summary[col] is not None})
-    if summary[S.REWARD] is not None:
-        tags[TAG_REWARD] = _tag_value(summary[S.REWARD])
-    info = _loads(summary[S.REWARD_INFO])
-    if isinstance(info, Mapping):
-        for k, v in info.items():
-            if isinstance(v, (int, float, str, bool)):
-                tags[TAG_REWARD_PREFIX + str(k)] = _tag_value(v)
-    return tags
+    names = (otel_span_hex(r[S.SPAN_ID]), parent_hex, r[S.NAME], SPAN_TYPE_BY_KIND.get(kind, "UNKNOWN"))
+    times = (r[S.START_NS], max(r[S.END_NS], r[S.START_NS]))
+    return SpanData(*names, *times, failed, message, inputs, outputs, attrs, events)
 
 
 def trajectory_data(
@@ -364,13 +305,23 @@ def trajectory_data(
         orphan = r is not root_row and (parent is None or not (parent in ids or partial))
         parent_hex = None if r is root_row else root_hex if orphan else otel_span_hex(parent)
         spans.append(_span_data(r, r is root_row, parent_hex, orphan, summary, chat))
-    return TrajectoryData(
-        trace_id=trace_id,
-        mlflow_trace_id=mlflow_trace_id(trace_id, project),
-        otel_trace_hex=namespaced_trace_hex(trace_id, project),
-        tags=_tags(summary, None if partial else spans[0], trace_id, project, experiment),
-        spans=spans,
-        summary=summary,
-        response_tokens=sum(s.attributes.get(MLFLOW_CHAT_USAGE, {}).get("output_tokens", 0) for s in spans),
-        partial=partial,
-    )
+    tags: dict[str, str] = {}  # a partial trajectory's: the reward alone
+    if not partial:
+        spans[0].attributes.update({ATTR_PROJECT: project, ATTR_EXPERIMENT: experiment, ATTR_TRACE_ID: trace_id})
+        tags = {
+            TAG_TRACE_ID: trace_id,
+            TAG_PROJECT: project,
+            TAG_EXPERIMENT: experiment,
+            "status": summary[S.STATUS],
+            TAG_TRACE_NAME: spans[0].name,
+        }
+        # str() of the value, as verl's MLflow backend writes tags ('False', '3'): its searches find ours.
+        tags.update({tag: str(summary[col]) for col, _, tag in CONTEXT_KEYS if summary[col] is not None})
+    if summary[S.REWARD] is not None:
+        tags[TAG_REWARD] = str(summary[S.REWARD])
+    info = _loads(summary[S.REWARD_INFO])
+    extras = info.items() if isinstance(info, Mapping) else ()
+    tags.update({TAG_REWARD_PREFIX + str(k): str(v) for k, v in extras if isinstance(v, (int, float, str, bool))})
+    trace_ids = (trace_id, mlflow_trace_id(trace_id, project), namespaced_trace_hex(trace_id, project))
+    response_tokens = sum(s.attributes.get(MLFLOW_CHAT_USAGE, {}).get("output_tokens", 0) for s in spans)
+    return TrajectoryData(*trace_ids, tags, spans, summary, response_tokens, partial)
