@@ -31,7 +31,7 @@ from tracer.summary import (
     trajectory_tokens,
     trajectory_turns,
 )
-from tracer.summary.turns import _openai_call
+from tracer.summary.turns import openai_tool_call
 
 # Column names of the dataset (those not named in tracer.schema).
 MESSAGES = "messages"
@@ -202,7 +202,7 @@ def _message(turn: Turn) -> dict[str, Any]:
     return {
         "role": turn.role,
         "content": content if content is not None else "",
-        "tool_calls": [_openai_call(c) for c in turn.tool_calls] or None,
+        "tool_calls": [openai_tool_call(c) for c in turn.tool_calls] or None,
         "tool_call_id": turn.tool_call_id,
         "name": turn.tool_name,
     }

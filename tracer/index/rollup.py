@@ -22,7 +22,7 @@ import orjson
 import pyarrow as pa
 
 from tracer import schema as S
-from tracer.index.shard import ShardIndex, _checked, cached, load_shard_index, stored_step_partials
+from tracer.index.shard import ShardIndex, cached, checked_table, load_shard_index, stored_step_partials
 from tracer.storage import side_files
 from tracer.storage.files import write_replacing
 from tracer.storage.index import listing
@@ -96,7 +96,7 @@ def _read_table(path: str) -> pa.Table | None:
             table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(use_threads=False)).read_all()
     except (OSError, ValueError, pa.ArrowException):
         return None
-    return _checked(table, S.ROLLUP_SCHEMA)
+    return checked_table(table, S.ROLLUP_SCHEMA)
 
 
 def _read(path: str) -> Rollup | None:

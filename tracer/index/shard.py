@@ -352,7 +352,7 @@ def _read_buckets(index: ShardIndex, wanted: list[int]) -> pa.Table | None:
         table = pa.Table.from_batches([reader.get_batch(b) for b in wanted], schema=expected)
     except (OSError, ValueError, pa.ArrowException):
         return None
-    return _checked(table, expected, len(index.batch_rows))
+    return checked_table(table, expected, len(index.batch_rows))
 
 
 def _read_table(path: str, batches: int, columns: Sequence[str] | None = None) -> pa.Table | None:
@@ -363,7 +363,7 @@ def _read_table(path: str, batches: int, columns: Sequence[str] | None = None) -
             table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=fields)).read_all()
     except (OSError, ValueError, pa.ArrowException):
         return None
-    return _checked(table, expected, batches)
+    return checked_table(table, expected, batches)
 
 
 def _steps_meta(table: pa.Table, step_partials: PartialsOf) -> tuple[str, tuple[pa.Array, pa.Array]]:
@@ -434,7 +434,7 @@ def step_sources(index: ShardIndex, columns: Sequence[str]) -> tuple[StoredParti
                     table = table.select(fields)
     except (OSError, ValueError, pa.ArrowException):
         return None, None
-    checked = None if table is None else _checked(table, pa.schema([INDEX_SCHEMA.field(i) for i in fields]))
+    checked = None if table is None else checked_table(table, pa.schema([INDEX_SCHEMA.field(i) for i in fields]))
     return (None if text is None else _decode_partials(text)), checked
 
 
@@ -469,7 +469,7 @@ def _as_fixed(col: pa.ChunkedArray) -> Fixed:
 FIXED_COLUMNS = frozenset((S.INDEX_TRACE_HASH, *SORTED_COLUMNS))
 
 
-def _checked(table: pa.Table, expected: pa.Schema, batches: int | None = None) -> pa.Table | None:
+def checked_table(table: pa.Table, expected: pa.Schema, batches: int | None = None) -> pa.Table | None:
     """``table`` without metadata when it has the ``expected`` columns, validates and (given ``batches``) lists
     only batches below it; else None."""
     # Fixed-width columns have nothing more to check in a full validation (offsets, UTF-8 are for others).
@@ -497,7 +497,7 @@ def _decode_partials(text: bytes | str) -> StoredPartials | None:
         span, keyed, counts = (orjson.loads(meta[k]) if k in meta else None for k in keys)
     except (ValueError, UnicodeDecodeError, pa.ArrowException):
         return None
-    table = _checked(raw, S.STEP_PARTIALS_SCHEMA)
+    table = checked_table(raw, S.STEP_PARTIALS_SCHEMA)
     if table is None:
         return None
     if span is not None and not (isinstance(span, list) and len(span) == 2 and all(isinstance(t, str) for t in span)):

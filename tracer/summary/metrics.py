@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
-from tracer.summary.turns import _KEY_COLUMNS
+from tracer.summary.turns import KEY_COLUMNS
 
 
 def _percentile(ordered: Sequence[float] | np.ndarray, q: float) -> float:
@@ -36,7 +36,7 @@ TURN = "turn"
 #: Column of that table: where the arrays came from (``log_token_stats(source=...)``, e.g. ``"synthetic"``).
 TOKEN_STATS_SOURCE = "source"
 #: Columns of that table that are not arrays.
-TOKEN_STATS_KEY_COLUMNS: tuple[str, ...] = (S.TRACE_ID, *_KEY_COLUMNS, TURN, TOKEN_STATS_SOURCE)
+TOKEN_STATS_KEY_COLUMNS: tuple[str, ...] = (S.TRACE_ID, *KEY_COLUMNS, TURN, TOKEN_STATS_SOURCE)
 
 
 def token_stat_metrics(token_stats: pa.Table) -> dict[tuple[int | None, bool], dict[str, float]]:

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
 from tracer.schema import parse_json_or_text as _loads
-from tracer.summary.turns import _KEY_COLUMNS, is_log_reward
+from tracer.summary.turns import KEY_COLUMNS, is_log_reward
 
 #: log_reward attribute naming where a reward came from (``rollout-trace rescore`` sets it).
 REWARD_SOURCE_KEY = "reward_source"
@@ -69,7 +69,7 @@ def log_reward_row(
     step, sample, rollout and validate (``attributes``: JSON text)."""
     return {
         **dict.fromkeys(S.SPAN_COLUMNS),
-        **{k: keys[k] for k in (S.TRACE_ID, *_KEY_COLUMNS)},
+        **{k: keys[k] for k in (S.TRACE_ID, *KEY_COLUMNS)},
         S.SPAN_ID: span_id,
         S.PARENT_SPAN_ID: parent_span_id,
         S.NAME: S.REWARD_SPAN_NAME,

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracer import schema as S  # noqa: N812 - the schema module, short as in tracer/read.py
-from tracer.summary.turns import _KEY_COLUMNS, is_log_reward
+from tracer.summary.turns import KEY_COLUMNS, is_log_reward
 
 #: Span columns :func:`summarize` needs: all but span ids, errors and payloads.
 SUMMARY_SPAN_COLUMNS: tuple[str, ...] = tuple(
@@ -90,7 +90,7 @@ def _summarize_rows(rows: list[dict[str, Any]]) -> pa.Table:
             {
                 S.TRACE_ID: tid,
                 S.NAME: first[S.NAME] if root else None,
-                **{c: first[c] for c in _KEY_COLUMNS},
+                **{c: first[c] for c in KEY_COLUMNS},
                 S.REWARD: reward,
                 S.REWARD_INFO: info,
                 S.STATUS: first[S.STATUS] if root else S.STATUS_INCOMPLETE,
@@ -134,7 +134,7 @@ def summarize(spans: pa.Table) -> pa.Table:
     columns = {
         S.TRACE_ID: first[S.TRACE_ID],
         S.NAME: pc.if_else(has_root, first[S.NAME], pa.scalar(None, pa.string())),
-        **{c: first[c] for c in _KEY_COLUMNS},
+        **{c: first[c] for c in KEY_COLUMNS},
         S.REWARD: reward,
         S.REWARD_INFO: info,
         S.STATUS: pc.if_else(has_root, first[S.STATUS], S.STATUS_INCOMPLETE),

@@ -15,9 +15,9 @@ from tracer.record.pieces import split_text
 from tracer.schema import parse_json_or_text as _loads
 
 #: A trajectory's key: the columns it takes from its first row besides its name and status.
-_KEY_COLUMNS = (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)
+KEY_COLUMNS = (S.STEP, S.SAMPLE_INDEX, S.ROLLOUT_N, S.VALIDATE)
 #: Span columns :func:`trajectory_turns` reads (missing ones count as null): all but the keys and the reward.
-TURN_SPAN_COLUMNS: tuple[str, ...] = tuple(c for c in S.SPAN_COLUMNS if c not in (*_KEY_COLUMNS, S.REWARD))
+TURN_SPAN_COLUMNS: tuple[str, ...] = tuple(c for c in S.SPAN_COLUMNS if c not in (*KEY_COLUMNS, S.REWARD))
 
 
 def text_field_name(ids_field: str) -> str:
@@ -118,14 +118,16 @@ class Turn:
             return dict(self.message)
         out: dict[str, Any] = {"role": self.role, "content": self.text if self.text is not None else ""}
         if self.tool_calls:
-            out["tool_calls"] = [{k: v for k, v in _openai_call(c).items() if v is not None} for c in self.tool_calls]
+            out["tool_calls"] = [
+                {k: v for k, v in openai_tool_call(c).items() if v is not None} for c in self.tool_calls
+            ]
         if self.role == ROLE_TOOL:
             named = {"tool_call_id": self.tool_call_id, "name": self.tool_name}
             out.update({k: v for k, v in named.items() if v is not None})
         return out
 
 
-def _openai_call(c: ToolCall) -> dict[str, Any]:
+def openai_tool_call(c: ToolCall) -> dict[str, Any]:
     return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
