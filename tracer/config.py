@@ -178,14 +178,13 @@ class TraceConfig:
                 raise TraceConfigError(
                     f"redact_patterns: {pattern!r} is not a valid regular expression: {exc}"
                 ) from None
-        if self.run_config is None:
-            self.run_config = {}
-        if not isinstance(self.run_config, Mapping):
+        run_config = {} if self.run_config is None else self.run_config
+        if not isinstance(run_config, Mapping):
             raise TraceConfigError(
                 f"run_config: a {type(self.run_config).__name__} is not a mapping; give the training config as a "
                 f"dict (for an OmegaConf config: OmegaConf.to_container(cfg, resolve=True))"
             )
-        self.run_config = dict(self.run_config)
+        self.run_config = dict(run_config)
         if self.tokenizer is not None and not isinstance(self.tokenizer, str) and not has_decode(self.tokenizer):
             raise TraceConfigError(
                 f"tokenizer: a {type(self.tokenizer).__name__} cannot decode token ids (it has no batch_decode, "
