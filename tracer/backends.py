@@ -61,7 +61,6 @@ class ExportOptionError(ValueError):
 
 _PROJECT = Option("project", str, None, "project on the backend (default: the recorded project name)")
 _EXPERIMENT = Option("experiment", str, None, "run name on the backend (default: the recorded experiment name)")
-#: How long one call into the backend (open, a step's write, close) is waited for before the export gives up.
 _TIMEOUT = Option("timeout_s", float, 120.0, "seconds one call to the backend (a step's write) may take")
 
 

@@ -29,8 +29,6 @@ ENV_DRAIN_S = "ROLLOUT_TRACE_DRAIN_S"
 #: Default for :data:`ENV_DRAIN_S`, in seconds.
 DEFAULT_DRAIN_S = 120.0
 
-DEFAULT_OUTPUT_DIR = "./rollout_traces"
-
 ON_FULL_CHOICES = ("block", "drop")
 #: ``sample_strategy`` choices (see ``tracer.record.sampling``).
 SAMPLE_STRATEGIES = ("uniform", "extremes", "variance")
@@ -40,12 +38,8 @@ _CHOICES = {"sample_strategy": SAMPLE_STRATEGIES, "sample_by": SAMPLE_BY_CHOICES
 
 #: Prefixes of verl-style dotted keys that address trace fields.
 _TRACE_PREFIXES = ("actor_rollout_ref.rollout.trace.", "rollout.trace.", "trace.")
-#: verl's trainer keys that give the project and experiment names.
-_TRAINER_KEYS = {
-    "trainer.project_name": "project_name",
-    "trainer.experiment_name": "experiment_name",
-    "trainer.log_val_generations": "log_val_generations",
-}
+#: verl's trainer keys read as the fields of the same name.
+_TRAINER_KEYS = {f"trainer.{name}": name for name in ("project_name", "experiment_name", "log_val_generations")}
 #: Alternative names accepted for fields.
 _ALIASES = {"max_samples": "max_samples_per_step_per_worker"}
 
@@ -61,7 +55,7 @@ class TraceConfig:
     project_name: str = "rollout_trace"
     experiment_name: str = "default"
     backend: str | list[str] | None = LOCAL_BACKEND
-    output_dir: str = DEFAULT_OUTPUT_DIR
+    output_dir: str = "./rollout_traces"
     token2text: bool = False
     tokenizer: Any = None
     token_fields: tuple[str, ...] = ()
@@ -178,14 +172,13 @@ class TraceConfig:
                 raise TraceConfigError(
                     f"redact_patterns: {pattern!r} is not a valid regular expression: {exc}"
                 ) from None
-        if self.run_config is None:
-            self.run_config = {}
-        if not isinstance(self.run_config, Mapping):
+        run_config = {} if self.run_config is None else self.run_config
+        if not isinstance(run_config, Mapping):
             raise TraceConfigError(
                 f"run_config: a {type(self.run_config).__name__} is not a mapping; give the training config as a "
                 f"dict (for an OmegaConf config: OmegaConf.to_container(cfg, resolve=True))"
             )
-        self.run_config = dict(self.run_config)
+        self.run_config = dict(run_config)
         if self.tokenizer is not None and not isinstance(self.tokenizer, str) and not has_decode(self.tokenizer):
             raise TraceConfigError(
                 f"tokenizer: a {type(self.tokenizer).__name__} cannot decode token ids (it has no batch_decode, "
@@ -289,9 +282,8 @@ class TraceConfig:
             name = _ALIASES.get(name, name)
             if name not in types:
                 valid = sorted(set(types) | set(_ALIASES))
-                hint = did_you_mean([name], valid, prefix)
                 raise TraceConfigError(
-                    f"{key}: unknown trace setting {name!r}{hint}; valid settings are "
+                    f"{key}: unknown trace setting {name!r}{did_you_mean([name], valid, prefix)}; valid settings are "
                     f"{', '.join(prefix + v for v in valid)}"
                 )
             fields[name] = _parse_value(key, raw, str(types[name]))

@@ -93,17 +93,14 @@ def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
 
 
 def _shard_index(file: str, index: dict[str, Any], on_sealed: OnClose = write_index) -> ShardIndex | None:
-    """The index of ``file`` (shard or compacted) when one agrees with it, a dead writer's shard sealed first.
-
-    None for remote files: the check would cost three more requests per object.
-    """
+    """The index of ``file`` (shard or compacted) when one agrees with it, a dead writer's shard sealed first;
+    None for remote files (the check would cost three more requests per object)."""
     if _uri.is_remote(file):
         return None
     found = load_shard_index(file)
-    if found is not None:  # it agrees with the file's footer as it is now: the file is closed, nothing to seal
+    # One that agrees with the footer as it is now: the file is closed; compacted files are closed by their writer.
+    if found is not None or os.path.basename(file) in index["files"]:
         return found
-    if os.path.basename(file) in index["files"]:  # compacted files are closed by their writer
-        return None
     seal_if_abandoned(file, on_sealed=on_sealed)  # a dead writer's shard: the footer it never wrote, its index
     return load_shard_index(file)
 
@@ -132,8 +129,7 @@ def _chosen(
 def indexed_files(path: TracePaths, on_sealed: OnClose = write_index) -> list[tuple[str, ShardIndex | None]]:
     """The files :func:`iter_batches` would read, each with its index when one agrees with it (else None);
     ``on_sealed`` gets each dead writer's shard this call seals (FileNotFoundError: no such path)."""
-    pairs = _snapshots(path, lock=True)
-    return [(file, _shard_index(file, index, on_sealed)) for files, index in pairs for file in files]
+    return [(f, _shard_index(f, index, on_sealed)) for files, index in _snapshots(path, lock=True) for f in files]
 
 
 def _rolled_up(path: TracePaths) -> Iterator[tuple[Rollup | None, Callable[[], list[tuple[str, ShardIndex | None]]]]]:

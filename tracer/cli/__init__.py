@@ -46,8 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return errors.EXIT_USAGE
-    for dest in getattr(args, "run_paths", ()):
-        given = getattr(args, dest, None)
+    for given in (getattr(args, dest, None) for dest in getattr(args, "run_paths", ())):
         problem = None if given is None else errors.missing_run_path(given)
         if problem is not None:
             return errors.fail(problem, args.command)

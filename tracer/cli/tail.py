@@ -132,9 +132,8 @@ class Tail:
     def _finished(self, step: int, now: float) -> bool:
         later = [t for s, t in self.step_seen.items() if s > step]
         files = self.follower.files.values()
-        if now - min(later) < self.grace if later else not all(f.closed for f in files):
-            return False
-        return all(
+        settled = now - min(later) >= self.grace if later else all(f.closed for f in files)
+        return settled and all(
             f.closed or (f.max_step is not None and f.max_step > step) or now - f.changed_at >= self.grace
             for f in files
         )
