@@ -76,11 +76,8 @@ class Trajectory:
 def named_trajectory(
     rec: Any, who: str, step: int | None, sample_index: int | str | None, rollout_n: int | None, validate: bool | None
 ) -> Trajectory:
-    """The trajectory a ``log_reward``-style call applies to: the current one, else the one the keys name.
-
-    An ended one gets a detached record that readers join by the same keys. ValueError (starting with
-    ``who``): called outside a trajectory without naming one.
-    """
+    """The trajectory a ``log_reward``-style call applies to: the current one, else the one the keys name (an ended
+    one: a detached record readers join by the keys). ValueError (from ``who``): outside one, naming none."""
     frame = CURRENT_SPAN.get()
     if frame is not None and frame[2] is not None and step is None and sample_index is None:
         return frame[2]

@@ -273,10 +273,8 @@ class Encoder:
         return errors
 
     def redact_pieces(self, redactor: Redactor, flags: list[bool]) -> set[int]:
-        """Redact each decoded text once with its per-token texts, where ``flags`` says.
-
-        Returns the ids of the texts redacted with their offsets (for :meth:`Redactor.value`'s ``done``).
-        """
+        """Redact each decoded text once with its per-token texts, where ``flags`` says; returns the ids of the texts
+        redacted with their offsets (for :meth:`Redactor.value`'s ``done``)."""
         done: set[int] = set()
         for job in self.piece_jobs:
             if not flags[job.record]:

@@ -308,10 +308,8 @@ class Recorder:
 
 
 def set_active(rec: Recorder | None) -> FlushResult | None:
-    """Install ``rec`` as this process's recorder, taking over the previous one's counts and late spans.
-
-    Returns the previous recorder's shutdown result (None without one).
-    """
+    """Install ``rec`` as this process's recorder, taking over the previous one's counts and late spans; returns the
+    previous recorder's shutdown result (None without one)."""
     global ACTIVE
     old, ACTIVE = ACTIVE, rec
     if rec is not None:

@@ -278,11 +278,8 @@ class StepSampler:
             return sample
 
     def observe(self, traj: Any, ended: bool, log_reward: Any, op_reward: Any, reply: Any) -> None:
-        """Note what one span of a held trajectory says (writer thread, spans in recording order).
-
-        ``ended``: the span is the root; ``log_reward``/``op_reward``: a ``log_reward`` span's reward or a
-        ``kind="reward"`` op's return; ``reply``: an llm span's return; each None where absent.
-        """
+        """Note what one span of a held trajectory says (writer thread, in recording order): ``ended`` (the root),
+        a ``log_reward`` span's reward, a reward op's return, an llm span's ``reply``; each None where absent."""
         sample = traj.sample
         with self._lock:
             seen = sample.seen.setdefault(traj.root_span_id, _Seen())
@@ -426,10 +423,8 @@ def decisions_json(decisions: Iterable[Mapping[str, Any]]) -> str:
 
 
 def read_sampling(path: TracePaths) -> list[dict[str, Any]]:
-    """Every sampling decision written under ``path`` (docs/data.md): the last version of each, per shard.
-
-    Sorted by ``file``, ``source_file`` (the deciding shard), step and validate.
-    """
+    """Every sampling decision written under ``path`` (docs/data.md), the last version of each per shard, sorted by
+    ``file``, ``source_file`` (the deciding shard), step and validate."""
     out: list[dict[str, Any]] = []
     for file in list_trace_files(path):
         batches = read_batches(file, [S.TRACE_ID])

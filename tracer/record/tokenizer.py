@@ -31,10 +31,8 @@ def load_tokenizer(path: str) -> Any:
 
 
 def check_decodes(tokenizer: Any, loaded_from_path: bool) -> None:
-    """Decode ``[0]`` (a tokenizer loaded from a path) or ``[]`` the way the writer will; raises what it raised.
-
-    TypeError when it returned something other than one string.
-    """
+    """Decode ``[0]`` (a tokenizer loaded from a path) or ``[]`` the way the writer will; raises what it raised, or
+    TypeError when it returned something other than one string."""
     out = batch_decode(tokenizer, [[0] if loaded_from_path else []])
     if len(out) != 1 or not isinstance(out[0], str):
         raise TypeError(f"decoding one sequence returned {out!r}, not one string")
