@@ -312,7 +312,7 @@ def _all_finite(values: Sequence[float]) -> bool:
 
 
 def _as_id_list(value: Any) -> tuple[Sequence[int] | None, int]:
-    """``value`` as a flat sequence of ints if it is a token id sequence (a list or tuple as it is), and its :func:`int_kind`."""
+    """``value`` as a flat id sequence if it is one (a list or tuple as it is), and its :func:`int_kind`."""
     cls = type(value)
     if cls is not list and cls is not tuple:
         module = cls.__module__

@@ -97,10 +97,8 @@ def variance_rank(group: Group) -> tuple[int, Fraction]:
 
 
 def choose_groups(strategy: str, groups: Sequence[Group], limit: int) -> list[tuple[Group, str | None]]:
-    """The groups ``strategy`` keeps, at most ``limit``, in any order the same, with their ``extremes`` rank or None.
-
-    Ties go to the lower seeded score (sorts are stable over the score order).
-    """
+    """The groups ``strategy`` keeps, at most ``limit``, in any order the same, with their ``extremes`` rank or None;
+    ties go to the lower seeded score (sorts are stable over the score order)."""
     if limit <= 0:
         return []
     by_score = sorted(groups, key=lambda g: (g.score, str(g.key)))
@@ -191,10 +189,8 @@ def _drop(bucket: _Bucket, sample: Sample) -> None:
 
 
 class StepSampler:
-    """Chooses which ``limit`` groups of each (step, validate) are recorded.
-
-    ``decide_after_s``: quiet time after which a step's choice is final; ``candidates``: groups per step held
-    until extremes/variance decide (None: :data:`CANDIDATE_FACTOR` x ``limit``).
+    """Chooses which ``limit`` groups of each (step, validate) are recorded; ``decide_after_s``: quiet time after which
+    a choice is final; ``candidates``: groups held until extremes/variance decide (None: :data:`CANDIDATE_FACTOR` x).
     """
 
     def __init__(
@@ -326,11 +322,8 @@ class StepSampler:
         return bool(self._unwritten)
 
     def gate(self, records: list[tuple[Any, ...]], force: bool) -> list[tuple[Any, ...]]:
-        """The span records to write now, of the held ones and ``records`` (writer thread; ``force``: decide all).
-
-        Spans of groups not decided yet are held between writer cycles; extremes/variance see their ends,
-        rewards and lengths first.
-        """
+        """The span records to write now, of the held ones and ``records`` (writer thread; ``force``: decide all);
+        spans of groups not decided yet are held, extremes/variance see their ends, rewards and lengths first."""
         for rec in records if self.watches else ():
             traj = rec[R_TRAJ]
             if traj is None or traj.sample is None or traj.sample.state != PENDING:

@@ -15,11 +15,9 @@ LOADED_TOKENIZERS_KEPT = 2
 
 
 def load_tokenizer(path: str) -> Any:
-    """Load a Hugging Face tokenizer from a folder or a ``tokenizer.json`` (local files only; cached while unchanged).
-
-    ``tokenizers`` reads a ``tokenizer.json``, else ``transformers.AutoTokenizer``. Raises FileNotFoundError,
-    ImportError naming the pip line, or whatever the library raises.
-    """
+    """Load a Hugging Face tokenizer from a folder or a ``tokenizer.json`` (local files only; cached while unchanged)
+    with ``tokenizers``, else ``transformers.AutoTokenizer``. Raises FileNotFoundError, ImportError naming the pip line,
+    or whatever the library raises."""
     if not os.path.exists(path):
         raise FileNotFoundError(
             f"tokenizer path {path!r} does not exist; give a folder with tokenizer.json or a tokenizer.json file"
