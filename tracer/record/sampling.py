@@ -370,10 +370,9 @@ class StepSampler:
         else:
             chosen = choose_groups(self.strategy, [self._group(s) for s in bucket.admitted.values()], self.limit)
             keep = {g.key for g, _ in chosen}
-            for key in list(bucket.admitted):
-                sample = bucket.admitted[key]
+            for sample in list(bucket.admitted.values()):
                 sample.seen.clear()
-                if key in keep:
+                if sample.key in keep:
                     sample.state = IN
                 else:
                     _drop(bucket, sample)
@@ -383,9 +382,7 @@ class StepSampler:
                     "trajectories": len(bucket.admitted[g.key].trajectories),
                     "value": _as_float(g.exact_mean if self.strategy == EXTREMES else g.exact_variance),
                 }
-                if rank is not None:
-                    entry["rank"] = rank
-                kept.append(entry)
+                kept.append(entry if rank is None else {**entry, "rank": rank})
         bucket.record = {
             S.STEP: bkey[0],
             S.VALIDATE: bkey[1],
