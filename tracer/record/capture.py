@@ -455,11 +455,8 @@ class CapturedError(Exception):
 
 
 def capture_error(exc: BaseException, depth: int = 0) -> BaseException:
-    """``exc``, or for the record only a stand-in whose formatting runs no code of the user's.
-
-    A builtin-like exception with plain scalar args and a chain of the same sort is kept; any other becomes a
-    :class:`CapturedError` with the same class name, module, traceback and chain, its message a :class:`Deferred`.
-    """
+    """``exc`` when it is builtin-like (plain scalar args, a chain of the same sort), else a :class:`CapturedError`
+    of the same class name, module, traceback and chain, its message a :class:`Deferred`: never the user's code."""
     if depth < MAX_ERROR_CHAIN and _plain_error(exc, depth):
         return exc
     cls = type(exc)

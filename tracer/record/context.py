@@ -1,7 +1,5 @@
-"""The tracer's only ContextVar and the per-trajectory state it carries.
-
-``CURRENT_SPAN`` holds a ``(span_id, trace_id, trajectory)`` tuple (cheaper than an object on the rollout's
-path); context copies (``create_task``, ``to_thread``, :func:`tracer.wrap_context`) carry it to children.
+"""The tracer's only ContextVar, ``CURRENT_SPAN`` (a ``(span_id, trace_id, trajectory)`` tuple: cheaper than an object
+on the rollout's path), carried to children by context copies (``create_task``, ``to_thread``, ``wrap_context``).
 """
 
 from __future__ import annotations
@@ -20,11 +18,8 @@ CURRENT_SPAN: contextvars.ContextVar[tuple[int, int, Trajectory | None] | None] 
 
 
 class SpanRecord(NamedTuple):
-    """One finished span as the decorators hand it to the recorder's buffer (the one layout of a span record).
-
-    On the rollout's path it is built as a plain tuple of these fields in this order (the NamedTuple's
-    constructor costs about 5x); ``SpanRecord._make(record)`` names one.
-    """
+    """One finished span as the decorators hand it to the recorder's buffer (the one layout of a span record): on the
+    rollout's path a plain tuple of these fields in this order (the NamedTuple costs 5x); ``_make`` names one."""
 
     #: The span's id (an int; the writer prefixes it per process).
     span_id: int
@@ -76,11 +71,8 @@ class Trajectory:
 def named_trajectory(
     rec: Any, who: str, step: int | None, sample_index: int | str | None, rollout_n: int | None, validate: bool | None
 ) -> Trajectory:
-    """The trajectory a ``log_reward``-style call applies to: the current one, else the one the keys name.
-
-    An ended one gets a detached record that readers join by the same keys. ValueError (starting with
-    ``who``): called outside a trajectory without naming one.
-    """
+    """The trajectory a ``log_reward``-style call applies to: the current one, else the one the keys name (an ended
+    one: a detached record readers join by the keys). ValueError (from ``who``): outside one, naming none."""
     frame = CURRENT_SPAN.get()
     if frame is not None and frame[2] is not None and step is None and sample_index is None:
         return frame[2]

@@ -409,9 +409,8 @@ def log_reward(
 
 
 def _reward_value(reward: Any) -> tuple[float, str | None]:
-    """``reward`` as a float, and why the float is not its value (None when it is, NaN and infinities included).
+    """``reward`` as a float (clamped past the float range, NaN where refused) and why it is not its value, or None.
 
-    Past the float range it is clamped to the largest float of its sign; a value the conversion refuses is NaN.
     TypeError: no real number (a bool, a complex, a string, ...).
     """
     cls = type(reward)

@@ -273,10 +273,8 @@ class Encoder:
         return errors
 
     def redact_pieces(self, redactor: Redactor, flags: list[bool]) -> set[int]:
-        """Redact each decoded text once with its per-token texts, where ``flags`` says.
-
-        Returns the ids of the texts redacted with their offsets (for :meth:`Redactor.value`'s ``done``).
-        """
+        """Redact each decoded text once with its per-token texts, where ``flags`` says; returns the ids of the texts
+        redacted with their offsets (for :meth:`Redactor.value`'s ``done``)."""
         done: set[int] = set()
         for job in self.piece_jobs:
             if not flags[job.record]:
@@ -314,7 +312,7 @@ def _all_finite(values: Sequence[float]) -> bool:
 
 
 def _as_id_list(value: Any) -> tuple[Sequence[int] | None, int]:
-    """``value`` as a flat sequence of ints if it is a token id sequence (a list or tuple as it is), and its :func:`int_kind`."""
+    """``value`` as a flat id sequence if it is one (a list or tuple as it is), and its :func:`int_kind`."""
     cls = type(value)
     if cls is not list and cls is not tuple:
         module = cls.__module__

@@ -34,10 +34,8 @@ _previous: dict[int, Any] = {}
 
 
 def install(drain: Callable[[float], object], timeout_s: float) -> None:
-    """Run ``drain(timeout_s)`` (which must honour its timeout) when this process is told to stop.
-
-    Calling it again replaces ``drain`` and the bound; the signal handlers and Ray wrappers are installed once.
-    """
+    """Run ``drain(timeout_s)`` (which must honour its timeout) when this process is told to stop; a second call
+    replaces ``drain`` and the bound (the signal handlers and Ray wrappers are installed once)."""
     global _drain, _timeout_s
     with _lock:
         _drain, _timeout_s = drain, float(timeout_s)

@@ -1,8 +1,6 @@
-"""The process's recorder (``ACTIVE``, set by :func:`tracer.init`): the buffer decorators append to, and the writer.
-
-The writer thread drains the buffer every ``flush_interval_s`` (sooner when it fills or on :func:`tracer.flush`)
-through the sampler and the span encoder, writes a zstd Arrow batch with ``fsync``, then feeds the live
-exporters (its drivers, one per backend).
+"""The process's recorder (``ACTIVE``, set by :func:`tracer.init`): the buffer decorators append to, and a writer
+thread that drains it every ``flush_interval_s`` (sooner when full or on :func:`tracer.flush`) through the sampler
+and the span encoder, writes a zstd Arrow batch with ``fsync``, then feeds the live exporters (one driver each).
 """
 
 from __future__ import annotations
@@ -308,10 +306,8 @@ class Recorder:
 
 
 def set_active(rec: Recorder | None) -> FlushResult | None:
-    """Install ``rec`` as this process's recorder, taking over the previous one's counts and late spans.
-
-    Returns the previous recorder's shutdown result (None without one).
-    """
+    """Install ``rec`` as this process's recorder, taking over the previous one's counts and late spans; returns the
+    previous recorder's shutdown result (None without one)."""
     global ACTIVE
     old, ACTIVE = ACTIVE, rec
     if rec is not None:

@@ -148,12 +148,8 @@ def secret_env_values(environ: dict[str, str] | None = None) -> list[str]:
 
 
 class Redactor:
-    """Replaces secrets in strings; built once per recorder.
-
-    Args:
-        extra_patterns: More regular expressions to redact (from the config).
-        environ: Environment to take secret values from (default ``os.environ``).
-    """
+    """Replaces secrets in strings; built once per recorder from the config's ``extra_patterns`` (more regular
+    expressions) and the secret values of ``environ`` (default ``os.environ``)."""
 
     def __init__(self, extra_patterns: Iterable[str] = (), environ: dict[str, str] | None = None) -> None:
         values = secret_env_values(environ)

@@ -97,10 +97,8 @@ def variance_rank(group: Group) -> tuple[int, Fraction]:
 
 
 def choose_groups(strategy: str, groups: Sequence[Group], limit: int) -> list[tuple[Group, str | None]]:
-    """The groups ``strategy`` keeps, at most ``limit``, in any order the same, with their ``extremes`` rank or None.
-
-    Ties go to the lower seeded score (sorts are stable over the score order).
-    """
+    """The groups ``strategy`` keeps, at most ``limit``, in any order the same, with their ``extremes`` rank or None;
+    ties go to the lower seeded score (sorts are stable over the score order)."""
     if limit <= 0:
         return []
     by_score = sorted(groups, key=lambda g: (g.score, str(g.key)))
@@ -191,10 +189,8 @@ def _drop(bucket: _Bucket, sample: Sample) -> None:
 
 
 class StepSampler:
-    """Chooses which ``limit`` groups of each (step, validate) are recorded.
-
-    ``decide_after_s``: quiet time after which a step's choice is final; ``candidates``: groups per step held
-    until extremes/variance decide (None: :data:`CANDIDATE_FACTOR` x ``limit``).
+    """Chooses which ``limit`` groups of each (step, validate) are recorded; ``decide_after_s``: quiet time after which
+    a choice is final; ``candidates``: groups held until extremes/variance decide (None: :data:`CANDIDATE_FACTOR` x).
     """
 
     def __init__(
@@ -278,11 +274,8 @@ class StepSampler:
             return sample
 
     def observe(self, traj: Any, ended: bool, log_reward: Any, op_reward: Any, reply: Any) -> None:
-        """Note what one span of a held trajectory says (writer thread, spans in recording order).
-
-        ``ended``: the span is the root; ``log_reward``/``op_reward``: a ``log_reward`` span's reward or a
-        ``kind="reward"`` op's return; ``reply``: an llm span's return; each None where absent.
-        """
+        """Note what one span of a held trajectory says (writer thread, in recording order): ``ended`` (the root),
+        a ``log_reward`` span's reward, a reward op's return, an llm span's ``reply``; each None where absent."""
         sample = traj.sample
         with self._lock:
             seen = sample.seen.setdefault(traj.root_span_id, _Seen())
@@ -329,11 +322,8 @@ class StepSampler:
         return bool(self._unwritten)
 
     def gate(self, records: list[tuple[Any, ...]], force: bool) -> list[tuple[Any, ...]]:
-        """The span records to write now, of the held ones and ``records`` (writer thread; ``force``: decide all).
-
-        Spans of groups not decided yet are held between writer cycles; extremes/variance see their ends,
-        rewards and lengths first.
-        """
+        """The span records to write now, of the held ones and ``records`` (writer thread; ``force``: decide all);
+        spans of groups not decided yet are held, extremes/variance see their ends, rewards and lengths first."""
         for rec in records if self.watches else ():
             traj = rec[R_TRAJ]
             if traj is None or traj.sample is None or traj.sample.state != PENDING:
@@ -380,10 +370,9 @@ class StepSampler:
         else:
             chosen = choose_groups(self.strategy, [self._group(s) for s in bucket.admitted.values()], self.limit)
             keep = {g.key for g, _ in chosen}
-            for key in list(bucket.admitted):
-                sample = bucket.admitted[key]
+            for sample in list(bucket.admitted.values()):
                 sample.seen.clear()
-                if key in keep:
+                if sample.key in keep:
                     sample.state = IN
                 else:
                     _drop(bucket, sample)
@@ -393,9 +382,7 @@ class StepSampler:
                     "trajectories": len(bucket.admitted[g.key].trajectories),
                     "value": _as_float(g.exact_mean if self.strategy == EXTREMES else g.exact_variance),
                 }
-                if rank is not None:
-                    entry["rank"] = rank
-                kept.append(entry)
+                kept.append(entry if rank is None else {**entry, "rank": rank})
         bucket.record = {
             S.STEP: bkey[0],
             S.VALIDATE: bkey[1],
@@ -426,10 +413,8 @@ def decisions_json(decisions: Iterable[Mapping[str, Any]]) -> str:
 
 
 def read_sampling(path: TracePaths) -> list[dict[str, Any]]:
-    """Every sampling decision written under ``path`` (docs/data.md): the last version of each, per shard.
-
-    Sorted by ``file``, ``source_file`` (the deciding shard), step and validate.
-    """
+    """Every sampling decision written under ``path`` (docs/data.md), the last version of each per shard, sorted by
+    ``file``, ``source_file`` (the deciding shard), step and validate."""
     out: list[dict[str, Any]] = []
     for file in list_trace_files(path):
         batches = read_batches(file, [S.TRACE_ID])

@@ -1,7 +1,6 @@
-"""Span records to Arrow batches of :data:`tracer.schema.SPAN_SCHEMA`: a pure function run on the writer thread.
-
-Arguments are bound to names, values walked into JSON, token ids decoded, secrets redacted, multi-turn
-prompts stored once (:class:`HistoryTracker`) and values a column cannot hold replaced by a marked placeholder.
+"""Span records to Arrow batches of :data:`tracer.schema.SPAN_SCHEMA` on the writer thread: arguments bound to names,
+values walked into JSON, token ids decoded, secrets redacted, multi-turn prompts stored once
+(:class:`HistoryTracker`), values a column cannot hold replaced by a marked placeholder.
 """
 
 from __future__ import annotations
@@ -107,11 +106,9 @@ class SpanEncoder:
         return tok
 
     def encode_batches(self, records: list[tuple[Any, ...]]) -> list[pa.RecordBatch]:
-        """Turn span records into Arrow batches of at most :data:`BATCH_CHARS` of text.
-
-        A value a column cannot hold (a non-string name, a lone surrogate, an int beyond int64, over 2 GiB)
-        becomes a marked placeholder, named in the span's ``rollout_trace.replaced`` attribute and counted.
-        """
+        """Span records as Arrow batches of at most :data:`BATCH_CHARS` of text; a value a column cannot hold (a
+        non-string name, a lone surrogate, an int beyond int64, over 2 GiB) becomes a placeholder, named in the
+        span's ``rollout_trace.replaced`` and counted."""
         n = len(records)
         cols: dict[str, list[Any]] = {S.REWARD: [None] * n, S.STATUS: [S.STATUS_OK] * n, S.ERROR: [None] * n}
         cols.update({S.NAME: [None] * n, S.INPUTS: [], S.OUTPUTS: [], S.ATTRIBUTES: []})
@@ -154,8 +151,7 @@ class SpanEncoder:
             exc = rec[R_EXC]
             special = spec.special
             attrs: dict[str, Any] = {}
-            inputs: Any = None
-            outputs: Any = None
+            inputs = outputs = None
             try:
                 if special == "reward":
                     rewards[i] = rec[R_ARGS][0]

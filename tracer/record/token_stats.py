@@ -1,6 +1,4 @@
-"""Recording per-token arrays a trainer computes for a turn: :func:`log_token_stats`.
-
-One span row per call (:data:`TOKEN_STATS_SPAN_NAME`) in the trajectory's trace, its ``inputs`` holding
+"""Per-token arrays a trainer computes for a turn (:func:`log_token_stats`): one span row per call, its ``inputs``
 ``{"turn": i, "arrays": {name: [...]}}``; :func:`tracer.read_token_stats` reads them back.
 """
 

@@ -15,11 +15,9 @@ LOADED_TOKENIZERS_KEPT = 2
 
 
 def load_tokenizer(path: str) -> Any:
-    """Load a Hugging Face tokenizer from a folder or a ``tokenizer.json`` (local files only; cached while unchanged).
-
-    ``tokenizers`` reads a ``tokenizer.json``, else ``transformers.AutoTokenizer``. Raises FileNotFoundError,
-    ImportError naming the pip line, or whatever the library raises.
-    """
+    """Load a Hugging Face tokenizer from a folder or a ``tokenizer.json`` (local files only; cached while unchanged)
+    with ``tokenizers``, else ``transformers.AutoTokenizer``. Raises FileNotFoundError, ImportError naming the pip line,
+    or whatever the library raises."""
     if not os.path.exists(path):
         raise FileNotFoundError(
             f"tokenizer path {path!r} does not exist; give a folder with tokenizer.json or a tokenizer.json file"
@@ -31,10 +29,8 @@ def load_tokenizer(path: str) -> Any:
 
 
 def check_decodes(tokenizer: Any, loaded_from_path: bool) -> None:
-    """Decode ``[0]`` (a tokenizer loaded from a path) or ``[]`` the way the writer will; raises what it raised.
-
-    TypeError when it returned something other than one string.
-    """
+    """Decode ``[0]`` (a tokenizer loaded from a path) or ``[]`` the way the writer will; raises what it raised, or
+    TypeError when it returned something other than one string."""
     out = batch_decode(tokenizer, [[0] if loaded_from_path else []])
     if len(out) != 1 or not isinstance(out[0], str):
         raise TypeError(f"decoding one sequence returned {out!r}, not one string")
