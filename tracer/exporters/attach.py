@@ -27,8 +27,7 @@ def live_options(name: str, config: TraceConfig) -> dict[str, Any]:
     TraceConfigError for a value of the wrong type or choice."""
     entry = get_backend(name)
     given = config.backend_options or {}
-    nested = given.get(name)
-    nested = nested if isinstance(nested, Mapping) else {}
+    nested = given[name] if isinstance(given.get(name), Mapping) else {}
     found: dict[str, Any] = {}
     for option in (o for o in entry.options if o.live):
         flat = option.live_key or f"{name}_{option.name}"

@@ -94,9 +94,7 @@ def _float(value: Any) -> float | None:
 
 def _strip_added(value: Any, added: Mapping[str, Any], side: str) -> Any:
     """``value`` (a span's ``side``, inputs or outputs) without what the exporter added for MLflow's chat view."""
-    if side not in added:
-        return value
-    keys = added[side]
+    keys = added.get(side, ())
     if keys is None:
         return None  # the original was null
     if isinstance(value, dict) and isinstance(keys, list):
