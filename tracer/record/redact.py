@@ -212,7 +212,7 @@ class Redactor:
     def pieces(self, pieces: list[str]) -> list[str]:
         """Per-token texts redacted as the one text they spell (see :func:`moved_ends`)."""
         joined = "".join(pieces)
-        clean, ends = self.text_and_ends(joined, list(itertools.accumulate(map(len, pieces))))
+        clean, ends = self.text_and_ends(joined, itertools.accumulate(map(len, pieces)))  # listed only when moved
         return pieces if clean is joined else [clean[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
     def text_and_ends(self, text: str, ends: Any) -> tuple[str, Any]:
