@@ -1,4 +1,4 @@
-"""The shape of tracer/: no import cycle among its modules, and `import tracer` loads no heavy backend."""
+"""The shape of tracer/: no import cycle, `import tracer` loads no heavy backend, and its size stays in budget."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ PACKAGE = os.path.join(REPO, "tracer")
 #: Libraries `import tracer` must not load (they are optional backends or heavy; pyarrow.dataset
 #: alone was 0.2 s of it: tracer.dataset and compaction's Parquet writer import it when called).
 HEAVY = ("mlflow", "wandb", "swanlab", "torch", "transformers", "vllm", "streamlit", "ray", "pyarrow.dataset")
+#: Lines of tracer/ outside tracer/integrations/ (framework integrations grow with the frameworks).
+MAX_TRACER_LINES = 17_000
+MAX_CLASS_LINES, MAX_FUNCTION_LINES = 400, 100
 
 
 def _modules() -> dict[str, str]:
@@ -237,3 +240,20 @@ def test_the_column_literal_finder_finds_one(tmp_path: object) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write("def f(row, t):\n    return row['trace_id'], t.get('num_spans'), row['other']\n")
     assert [k for _, k, _ in _column_literals(path, {"trace_id", "num_spans"})] == ["trace_id", "num_spans"]
+
+
+def test_tracer_stays_within_its_line_budget() -> None:
+    """tracer/ outside integrations/ holds at most MAX_TRACER_LINES lines; no class or function outgrows its budget."""
+    lines, too_long = 0, []
+    for path in _modules().values():
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if os.sep + "integrations" + os.sep not in path:
+            lines += len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+                if (node.end_lineno or node.lineno) - node.lineno + 1 > limit:
+                    too_long.append(f"{os.path.relpath(path, REPO)}:{node.lineno} {node.name}")
+    assert lines <= MAX_TRACER_LINES, f"tracer/ outside integrations/ has {lines} lines (budget {MAX_TRACER_LINES})"
+    assert not too_long, f"over {MAX_CLASS_LINES} (class) or {MAX_FUNCTION_LINES} (function) lines: {too_long}"
